@@ -1,0 +1,5 @@
+"""``python -m ipcshare`` is the ``ipcshare`` command."""
+
+from .cli.main import main
+
+raise SystemExit(main())

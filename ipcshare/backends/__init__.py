@@ -1,0 +1,54 @@
+"""Memory backends: host shared memory, legacy cudaIpc, cuMem VMM.
+
+``open_backend`` is the one place that maps a backend name to its class; GPU backends
+are imported only when asked for, so a machine without CUDA never loads them.
+"""
+
+from __future__ import annotations
+
+from ..errors import BackendUnavailable, ConfigError
+from .base import Allocation, Backend, Buffer, Engine, Exported
+
+__all__ = ["open_backend", "gpu_count", "BACKEND_NAMES", "Allocation", "Backend", "Buffer",
+           "Engine", "Exported"]
+
+BACKEND_NAMES = ("host", "cuda-ipc", "cuda-vmm")
+
+
+def gpu_count() -> tuple[int, str]:
+    """(number of visible CUDA devices, reason when zero). Never raises."""
+    try:
+        from . import cuda_driver
+    except ImportError as exc:
+        return 0, f"cuda-python is not installed ({exc.name or exc})"
+    try:
+        return cuda_driver.device_count(), "no CUDA device is visible"
+    except Exception as exc:  # noqa: BLE001 - any driver failure means "no GPU here"
+        return 0, str(exc)
+
+
+def open_backend(name: str, *, local_rank: int = 0, local_size: int = 1,
+                 handle: str = "posix-fd") -> Backend:
+    """Create the backend called ``name`` (``auto`` must be resolved by the caller).
+
+    Raises:
+        ConfigError: unknown name.
+        BackendUnavailable: the backend cannot run here (e.g. no GPU), with the reason.
+    """
+    if name == "host":
+        from .host import HostBackend
+
+        return HostBackend(local_size=local_size)
+    if name in ("cuda-ipc", "cuda-vmm"):
+        count, reason = gpu_count()
+        if count == 0:
+            raise BackendUnavailable(
+                f"backend {name!r} needs a GPU, but {reason}; use --backend host or auto")
+        if name == "cuda-ipc":
+            from .cuda_ipc import CudaIpcBackend
+
+            return CudaIpcBackend(local_rank=local_rank, local_size=local_size)
+        from .cuda_vmm import CudaVmmBackend
+
+        return CudaVmmBackend(local_rank=local_rank, local_size=local_size, handle=handle)
+    raise ConfigError(f"unknown backend {name!r}; choose one of: auto, {', '.join(BACKEND_NAMES)}")

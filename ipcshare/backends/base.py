@@ -1,0 +1,216 @@
+"""The contract every memory backend fills in: allocate, export, import, close, and an
+engine that moves bytes and raises/waits on signal words in that memory.
+
+Backends know nothing of MPI: the window layer hands them bytes and descriptors that
+the exchange layer carried.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any, Callable, Protocol
+
+import numpy as np
+
+from ..exchange.fds import OwnedFd
+
+__all__ = ["Buffer", "Allocation", "Exported", "Backend", "Engine", "Timer"]
+
+
+class Buffer(abc.ABC):
+    """A byte range of some rank's memory, mapped in this process.
+
+    Concrete buffers speak their memory's array protocols (host: ``__array_interface__``
+    and ``memoryview()``; device: ``__cuda_array_interface__`` and ``__dlpack__``).
+    A buffer is a view: it never owns memory, its allocation does.
+    """
+
+    ptr: int
+    nbytes: int
+
+    @abc.abstractmethod
+    def slice(self, offset: int, nbytes: int) -> "Buffer":
+        """The sub-range ``[offset, offset + nbytes)`` of this buffer.
+
+        Raises:
+            ValueError: the range does not lie inside this buffer.
+        """
+
+    def _check_range(self, offset: int, nbytes: int) -> None:
+        if offset < 0 or nbytes < 0 or offset + nbytes > self.nbytes:
+            raise ValueError(
+                f"range [{offset}, {offset + nbytes}) lies outside a buffer of {self.nbytes} bytes")
+
+
+class Allocation(abc.ABC):
+    """Memory owned by this process: a local allocation or the mapping of a peer's.
+
+    ``close()`` is idempotent and releases everything the allocation holds.
+    """
+
+    ptr: int
+    nbytes: int
+
+    @abc.abstractmethod
+    def buffer(self, offset: int = 0, nbytes: int | None = None) -> Buffer:
+        """A view of ``[offset, offset + nbytes)`` (default: to the end)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release the memory or the mapping (idempotent)."""
+
+    @property
+    @abc.abstractmethod
+    def closed(self) -> bool:
+        """Whether close() has run."""
+
+    def __enter__(self) -> "Allocation":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclasses.dataclass
+class Exported:
+    """What one rank sends its peers for one allocation.
+
+    ``payload`` travels by MPI allgather; ``fd``, when the backend exports descriptors,
+    travels by the exchange's descriptor path. The exporter keeps ``fd`` open until its
+    peers hold their copies, then closes it.
+    """
+
+    payload: bytes
+    fd: OwnedFd | None = None
+
+    def close(self) -> None:
+        if self.fd is not None:
+            self.fd.close()
+
+
+class Timer(Protocol):
+    """Elapsed time of work submitted between start() and stop()."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> float:
+        """Seconds from start() to stop(), waiting for the work in between."""
+        ...
+
+
+class Engine(Protocol):
+    """Moves bytes and signals in one backend's memory, in submission order.
+
+    Host engines act at once; device engines enqueue on a stream, and ``synchronize``
+    waits for it.
+    """
+
+    def copy(self, dst: Buffer, src: Buffer) -> None:
+        """Copy ``src`` into ``dst`` (same length)."""
+        ...
+
+    def upload(self, dst: Buffer, data: np.ndarray) -> None:
+        """Copy host bytes ``data`` (uint8, same length) into ``dst``."""
+        ...
+
+    def download(self, src: Buffer) -> np.ndarray:
+        """Return the bytes of ``src`` as a new host uint8 array (after pending work)."""
+        ...
+
+    def store_signal(self, pad: Buffer, slot: int, value: int) -> None:
+        """Write the 64-bit ``value`` into word ``slot`` of ``pad``, ordered after the
+        writes submitted before it (release)."""
+        ...
+
+    def wait_signal(self, pad: Buffer, slot: int, value: int, *, timeout: float,
+                    what: str) -> None:
+        """Wait until word ``slot`` of ``pad`` is >= ``value`` (acquire).
+
+        Raises:
+            SignalTimeout: not raised within ``timeout`` seconds; ``what`` names the peer.
+        """
+        ...
+
+    def copier(self, pairs: list[tuple[Buffer, Buffer]]) -> Callable[[], None]:
+        """A callable that performs every ``dst <- src`` copy of ``pairs``, in order.
+
+        Patterns bind their copies once per size so the timed loop does no bookkeeping.
+        """
+        ...
+
+    def signal_poster(self, pad: Buffer, slot: int) -> Callable[[int], None]:
+        """A callable storing its argument into word ``slot`` of ``pad`` (release)."""
+        ...
+
+    def signal_waiter(self, pad: Buffer, slot: int, *, timeout: float,
+                      what: str) -> Callable[[int], None]:
+        """A callable waiting until word ``slot`` of ``pad`` reaches its argument."""
+        ...
+
+    def make_barrier(self, own_pad: Buffer, peer_pads: list[Buffer], my_slot: int,
+                     peer_slots: list[int], *, timeout: float,
+                     what: Callable[[int], str]) -> Callable[[], None]:
+        """A barrier through signal pads: each call stores the next epoch into word
+        ``my_slot`` of every pad in ``peer_pads``, then waits until words ``peer_slots``
+        of ``own_pad`` reach it. ``what(slot)`` names the peer on a timeout."""
+        ...
+
+    def synchronize(self) -> None:
+        """Wait until everything submitted has finished."""
+        ...
+
+    def timer(self) -> Timer:
+        ...
+
+
+class Backend(abc.ABC):
+    """One kind of shareable memory.
+
+    ``uses_fds`` tells the window whether exports carry a descriptor (memfd, cuMem
+    POSIX-FD) or only opaque bytes (legacy cudaIpc handles).
+    """
+
+    name: str = ""
+    uses_fds: bool = False
+    # Window sizes are rounded up to this many bytes (page size, VMM granularity).
+    granularity: int = 4096
+
+    @abc.abstractmethod
+    def allocate(self, nbytes: int) -> Allocation:
+        """Allocate ``nbytes`` of shareable memory (already rounded to granularity)."""
+
+    @abc.abstractmethod
+    def export(self, allocation: Allocation) -> Exported:
+        """The handle of ``allocation`` for peers."""
+
+    @abc.abstractmethod
+    def import_peer(self, payload: bytes, fd: OwnedFd | None, nbytes: int) -> Allocation:
+        """Map a peer's exported allocation of ``nbytes`` here.
+
+        The backend takes what it needs from ``fd`` and leaves closing it to the caller.
+
+        Raises:
+            BackendError: malformed payload, wrong kind or size of descriptor, map failure.
+        """
+
+    @abc.abstractmethod
+    def engine(self) -> Engine:
+        """The engine that moves bytes in this backend's memory."""
+
+    def capacity_bytes(self) -> int | None:
+        """Memory this process may still allocate, or None when unknown."""
+        return None
+
+    def describe_device(self) -> str:
+        """Short label of where this rank's memory lives (for tables and JSON)."""
+        return "host"
+
+    def close(self) -> None:
+        """Release backend-wide state (contexts, streams); idempotent."""
+
+    def __enter__(self) -> "Backend":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

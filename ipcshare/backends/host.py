@@ -1,0 +1,317 @@
+"""Host shared memory: each rank's buffer is a memfd, shared as a descriptor and mmapped.
+
+This backend is what runs on a machine without a GPU, so demos, tests and CI exercise
+the same window and pattern code that the GPU backends use.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import platform
+import stat
+import struct
+import time
+from typing import Callable
+
+import numpy as np
+
+from ..errors import BackendError, BackendUnavailable, SignalTimeout
+from ..exchange.fds import OwnedFd
+from .base import Allocation, Backend, Buffer, Exported
+
+__all__ = ["HostBackend", "HostBuffer", "HostAllocation", "HostEngine", "HANDLE_FORMAT"]
+
+# magic, format version, bytes, exporter pid
+HANDLE_FORMAT = struct.Struct("!4sHQI")
+_MAGIC = b"IPCH"
+_VERSION = 1
+
+
+class HostBuffer(Buffer):
+    """A range of a host mapping; ``numpy.asarray(buf)`` is a zero-copy uint8 view."""
+
+    __slots__ = ("_view", "ptr", "nbytes")
+
+    def __init__(self, view: memoryview, ptr: int) -> None:
+        self._view = view
+        self.ptr = ptr
+        self.nbytes = len(view)
+
+    @property
+    def __array_interface__(self) -> dict:
+        # Handing numpy the memoryview (not the raw pointer) makes every array keep the
+        # mapping alive, so a view can never outlive the memory it points to.
+        return {"shape": (self.nbytes,), "typestr": "|u1", "data": self._view, "version": 3}
+
+    def memoryview(self) -> memoryview:
+        """A writable memoryview of the bytes (buffer protocol)."""
+        return self._view
+
+    def numpy(self, dtype: str | np.dtype = "u1") -> np.ndarray:
+        """A zero-copy numpy view with ``dtype`` elements."""
+        return np.asarray(self).view(dtype)
+
+    def slice(self, offset: int, nbytes: int) -> "HostBuffer":
+        self._check_range(offset, nbytes)
+        return HostBuffer(self._view[offset:offset + nbytes], self.ptr + offset)
+
+    def words(self) -> memoryview:
+        """The buffer as native 64-bit unsigned words (signal pads)."""
+        return self._view.cast("Q")
+
+    def __repr__(self) -> str:
+        return f"HostBuffer(ptr=0x{self.ptr:x}, nbytes={self.nbytes})"
+
+
+class HostAllocation(Allocation):
+    """A memfd and its mapping; owns both."""
+
+    def __init__(self, fd: OwnedFd | None, mapping: mmap.mmap, nbytes: int) -> None:
+        self._fd = fd
+        self._mmap: mmap.mmap | None = mapping
+        self._view: memoryview | None = memoryview(mapping)
+        self.nbytes = nbytes
+        self.ptr = _address_of(self._view)
+
+    @property
+    def fd(self) -> OwnedFd:
+        if self._fd is None or self._fd.closed:
+            raise BackendError("allocation has no open descriptor")
+        return self._fd
+
+    @property
+    def closed(self) -> bool:
+        return self._mmap is None
+
+    def buffer(self, offset: int = 0, nbytes: int | None = None) -> HostBuffer:
+        if self._view is None:
+            raise BackendError("allocation is closed")
+        nbytes = self.nbytes - offset if nbytes is None else nbytes
+        return HostBuffer(self._view, self.ptr).slice(offset, nbytes)
+
+    def close(self) -> None:
+        if self._mmap is None:
+            return
+        mapping, self._mmap = self._mmap, None
+        if self._view is not None:
+            self._view.release()
+            self._view = None
+        try:
+            mapping.close()
+        except BufferError:
+            # A user still holds a view (numpy array, memoryview): the mapping goes away
+            # with the last of them instead of leaving them pointing at nothing.
+            pass
+        if self._fd is not None:
+            self._fd.close()
+
+
+def _address_of(view: memoryview) -> int:
+    import ctypes
+
+    return ctypes.addressof(ctypes.c_char.from_buffer(view))
+
+
+def _mem_available() -> int | None:
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+class HostEngine:
+    """Copies with memcpy (memoryview assignment) and signals with 64-bit stores.
+
+    Signal ordering relies on the host's memory model: on x86-64 (TSO) stores become
+    visible in program order, so data copied before a signal store is visible to a peer
+    that has seen the signal. See docs/MEMORY-ORDERING.md.
+    """
+
+    def __init__(self, *, spin_before_yield: int = 2000) -> None:
+        # Spin this many polls before yielding the core; 0 when ranks outnumber cores,
+        # where spinning only delays the peer we wait for.
+        self._spin = spin_before_yield
+
+    def copy(self, dst: HostBuffer, src: HostBuffer) -> None:
+        dst._view[:] = src._view
+
+    def upload(self, dst: HostBuffer, data: np.ndarray) -> None:
+        np.copyto(np.asarray(dst), data, casting="no")
+
+    def download(self, src: HostBuffer) -> np.ndarray:
+        return np.array(src, copy=True)
+
+    def store_signal(self, pad: HostBuffer, slot: int, value: int) -> None:
+        pad.words()[slot] = value
+
+    def wait_signal(self, pad: HostBuffer, slot: int, value: int, *, timeout: float,
+                    what: str) -> None:
+        words = pad.words()
+        if words[slot] < value:
+            self._wait_words(words, slot, value, timeout, what)
+
+    def _wait_words(self, words: memoryview, slot: int, value: int, timeout: float,
+                    what: str | Callable[[], str]) -> None:
+        # Spin first: a peer on another core usually arrives within a microsecond or two.
+        for _ in range(self._spin):
+            if words[slot] >= value:
+                return
+        spins = 0
+        deadline = time.monotonic() + timeout
+        while words[slot] < value:
+            spins += 1
+            os.sched_yield()  # ranks may outnumber cores: let the peer run
+            if spins % 256 == 0:
+                if time.monotonic() > deadline:
+                    label = what() if callable(what) else what
+                    raise SignalTimeout(
+                        f"{label}: signal word {slot} still {words[slot]} < {value} "
+                        f"after {timeout:g} s")
+                if spins > 50_000:
+                    time.sleep(50e-6)  # a long wait: stop burning a shared core
+
+    def copier(self, pairs: list[tuple[HostBuffer, HostBuffer]]) -> Callable[[], None]:
+        views = [(dst._view, src._view) for dst, src in pairs]
+
+        def copy_all() -> None:
+            for dst, src in views:
+                dst[:] = src
+        return copy_all
+
+    def signal_poster(self, pad: HostBuffer, slot: int) -> Callable[[int], None]:
+        words = pad.words()
+
+        def post(value: int) -> None:
+            words[slot] = value
+        return post
+
+    def signal_waiter(self, pad: HostBuffer, slot: int, *, timeout: float,
+                      what: str) -> Callable[[int], None]:
+        words, slow = pad.words(), self._wait_words
+
+        def wait(value: int) -> None:
+            if words[slot] < value:
+                slow(words, slot, value, timeout, what)
+        return wait
+
+    def make_barrier(self, own_pad: HostBuffer, peer_pads: list[HostBuffer], my_slot: int,
+                     peer_slots: list[int], *, timeout: float,
+                     what: Callable[[int], str]) -> Callable[[], None]:
+        mine = own_pad.words()
+        theirs = [pad.words() for pad in peer_pads]
+        epoch = 0
+        wait = self._wait_words
+
+        def barrier() -> None:
+            nonlocal epoch
+            epoch += 1
+            for words in theirs:
+                words[my_slot] = epoch
+            for slot in peer_slots:
+                if mine[slot] < epoch:
+                    wait(mine, slot, epoch, timeout, lambda: what(slot))
+        return barrier
+
+    def synchronize(self) -> None:
+        pass
+
+    def timer(self) -> "HostTimer":
+        return HostTimer()
+
+
+class HostTimer:
+    """Wall-clock timer: host work is done when the call returns."""
+
+    def __init__(self) -> None:
+        self._start = 0.0
+
+    def start(self) -> None:
+        self._start = time.perf_counter()
+
+    def stop(self) -> float:
+        return time.perf_counter() - self._start
+
+
+class HostBackend(Backend):
+    """memfd-backed host shared memory."""
+
+    name = "host"
+    uses_fds = True
+    granularity = mmap.PAGESIZE
+
+    def __init__(self, *, local_size: int = 1) -> None:
+        if not hasattr(os, "memfd_create"):
+            raise BackendUnavailable(
+                f"the host backend needs memfd_create (Linux >= 3.17); this is {platform.system()}")
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        self._engine = HostEngine(spin_before_yield=0 if local_size > (cores or 1) else 2000)
+
+    def allocate(self, nbytes: int) -> HostAllocation:
+        fd = OwnedFd(os.memfd_create("ipcshare", os.MFD_CLOEXEC))
+        try:
+            os.ftruncate(fd.fileno(), nbytes)
+            try:
+                # Reserve the pages now: running out later would be a SIGBUS, not an error.
+                os.posix_fallocate(fd.fileno(), 0, nbytes)
+            except OSError as exc:
+                raise BackendError(
+                    f"cannot reserve {nbytes} bytes of shared memory: {exc.strerror}") from exc
+            mapping = mmap.mmap(fd.fileno(), nbytes, mmap.MAP_SHARED,
+                                mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            fd.close()
+            raise
+        return HostAllocation(fd, mapping, nbytes)
+
+    def export(self, allocation: Allocation) -> Exported:
+        assert isinstance(allocation, HostAllocation)
+        payload = HANDLE_FORMAT.pack(_MAGIC, _VERSION, allocation.nbytes, os.getpid())
+        return Exported(payload=payload, fd=OwnedFd(os.dup(allocation.fd.fileno())))
+
+    def import_peer(self, payload: bytes, fd: OwnedFd | None, nbytes: int) -> HostAllocation:
+        announced = parse_host_handle(payload)
+        if announced != nbytes:
+            raise BackendError(f"peer announced {announced} bytes, the window has {nbytes}")
+        if fd is None:
+            raise BackendError("host handle arrived without its descriptor")
+        info = os.fstat(fd.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise BackendError("peer descriptor is not shared memory (not a regular file)")
+        if info.st_size < nbytes:
+            raise BackendError(
+                f"peer descriptor holds {info.st_size} bytes, fewer than the {nbytes} announced")
+        try:
+            mapping = mmap.mmap(fd.fileno(), nbytes, mmap.MAP_SHARED,
+                                mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError as exc:
+            raise BackendError(f"mmap of peer memory failed: {exc.strerror}") from exc
+        # mmap keeps its own duplicate of the descriptor; the caller closes ``fd``.
+        return HostAllocation(None, mapping, nbytes)
+
+    def engine(self) -> HostEngine:
+        return self._engine
+
+    def capacity_bytes(self) -> int | None:
+        return _mem_available()
+
+
+def parse_host_handle(payload: bytes) -> int:
+    """Bytes announced by a host handle.
+
+    Raises:
+        BackendError: wrong length, magic or version.
+    """
+    if len(payload) != HANDLE_FORMAT.size:
+        raise BackendError(
+            f"host handle has {len(payload)} bytes, expected {HANDLE_FORMAT.size}")
+    magic, version, nbytes, _pid = HANDLE_FORMAT.unpack(payload)
+    if magic != _MAGIC:
+        raise BackendError("host handle has a bad magic number (not an ipcshare host handle)")
+    if version != _VERSION:
+        raise BackendError(f"host handle format {version} is not supported (expected {_VERSION})")
+    return nbytes

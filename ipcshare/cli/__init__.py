@@ -1,0 +1,1 @@
+"""The ``ipcshare`` command line: info, ring, allgather."""

@@ -1,0 +1,115 @@
+"""Argument parsing and the error policy: one clear line per rank, no traceback, and a
+non-zero exit status that says what went wrong."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Sequence
+
+from .. import __version__
+
+__all__ = ["main", "build_parser", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_WRONG",
+           "EXIT_SLOW"]
+
+EXIT_OK = 0
+EXIT_ERROR = 1      # an error on some rank (config, backend, exchange...)
+EXIT_USAGE = 2      # the command line itself is malformed
+EXIT_WRONG = 3      # data verification found mismatches
+EXIT_SLOW = 4       # bandwidth under --min-bw
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line, not usage text plus an error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        raise SystemExit(EXIT_USAGE)
+
+
+def _add_pattern_flags(parser: argparse.ArgumentParser) -> None:
+    # Defaults are None so that a YAML config can fill what the command line leaves out.
+    add = parser.add_argument
+    add("--backend", help="auto | host | cuda-ipc | cuda-vmm (default auto)")
+    add("--exchange", help="auto | mpi | socket | pidfd (default auto)")
+    add("--handle", help="cuda-vmm handle type: posix-fd | fabric (default posix-fd)")
+    add("-b", "--minbytes", dest="min_bytes", metavar="SIZE",
+        help="smallest size, with K/M/G suffixes (default 1M)")
+    add("-e", "--maxbytes", dest="max_bytes", metavar="SIZE",
+        help="largest size (default 1M)")
+    add("-f", "--stepfactor", dest="step_factor", type=int, metavar="F",
+        help="multiply the size by F between rows (default 2)")
+    add("-n", "--iters", dest="iters", type=int, metavar="N", help="timed iterations (default 20)")
+    add("-w", "--warmup_iters", dest="warmup", type=int, metavar="N",
+        help="untimed warm-up iterations (default 5)")
+    add("-c", "--check", dest="checks", type=int, metavar="N",
+        help="verified iterations per size, 0 to skip checks (default 1)")
+    add("-d", "--datatype", dest="datatype", help="element type (default float32)")
+    add("--baseline", help="none | mpi | nccl: time the baseline on the same sizes")
+    add("--graph", action="store_true", default=None, help="CUDA-graph timing mode")
+    add("--min-bw", dest="min_bw", type=float, metavar="GBPS",
+        help="exit with status 4 when average busbw is below GBPS")
+    add("--config", metavar="FILE.yaml", help="YAML config; flags override it")
+    add("--json", metavar="FILE", help="write the results as JSON (rank 0)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``ipcshare`` parser (no MPI, no CUDA: ``--help`` works anywhere)."""
+    parser = _Parser(prog="ipcshare",
+                     description="Share GPU or host memory between MPI ranks; verify and time it.")
+    parser.add_argument("--version", action="version", version=f"ipcshare {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    info = commands.add_parser("info", help="what each rank sees: host, MPI, backends, devices")
+    info.add_argument("--json", metavar="FILE", help="write the facts as JSON (rank 0)")
+    for name, text in (("ring", "each rank writes into the next rank's window, n-1 steps"),
+                       ("allgather", "every rank gathers every rank's block, single copy")):
+        _add_pattern_flags(commands.add_parser(name, help=text))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``ipcshare`` command; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    if args.command is None:
+        build_parser().print_help()
+        return EXIT_USAGE
+    from ..errors import IpcShareError
+
+    try:
+        if args.command == "info":
+            from .info import run_info
+
+            return run_info(args)
+        from .run_pattern import run_pattern_command
+
+        return run_pattern_command(args)
+    except IpcShareError as exc:
+        # Raised collectively: every rank gets here with the same story, nobody waits.
+        sys.stderr.write(f"ipcshare: error: {exc}\n")
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # noqa: BLE001 - last line of defence: no rank may hang
+        _abort_job(exc)
+        return EXIT_ERROR
+
+
+def _abort_job(exc: BaseException) -> None:
+    """An unexpected error on one rank: say so, then abort the job so nobody waits."""
+    if os.environ.get("IPCSHARE_DEBUG"):
+        import traceback
+
+        traceback.print_exc()
+    rank = "?"
+    try:
+        from mpi4py import MPI
+
+        rank = str(MPI.COMM_WORLD.Get_rank())
+        sys.stderr.write(f"ipcshare: internal error on rank {rank}: {type(exc).__name__}: {exc}"
+                         " (IPCSHARE_DEBUG=1 shows the traceback)\n")
+        sys.stderr.flush()
+        if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
+            MPI.COMM_WORLD.Abort(EXIT_ERROR)
+    except ImportError:
+        sys.stderr.write(f"ipcshare: internal error: {type(exc).__name__}: {exc}\n")

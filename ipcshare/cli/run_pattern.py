@@ -1,0 +1,82 @@
+"""``ipcshare ring`` and ``ipcshare allgather``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..config import PatternOptions, load_yaml_config, merge_options
+from ..consensus import collective_step
+from ..topology import World
+
+__all__ = ["run_pattern_command", "resolve_options"]
+
+_OPTION_KEYS = ("backend", "exchange", "handle", "min_bytes", "max_bytes", "step_factor",
+                "iters", "warmup", "checks", "datatype", "baseline", "graph", "json", "min_bw")
+
+
+def resolve_options(args: argparse.Namespace) -> PatternOptions:
+    """Defaults, then the YAML config, then the flags given on the command line."""
+    from_file = load_yaml_config(args.config) if args.config else {}
+    from_flags = {key: getattr(args, key) for key in _OPTION_KEYS}
+    return merge_options(from_file, from_flags)
+
+
+def run_pattern_command(args: argparse.Namespace) -> int:
+    from ..patterns import make_pattern
+    from ..patterns.driver import run_pattern
+    from ..window import Group
+    from .main import EXIT_OK, EXIT_SLOW, EXIT_WRONG
+
+    world = World.from_comm()
+    try:
+        with collective_step(world, "reading options"):
+            options = resolve_options(args)
+            if options.graph:
+                from ..errors import ConfigError
+
+                raise ConfigError("--graph needs a GPU backend with graph capture; "
+                                  "the host backend times eagerly")
+            pattern = make_pattern(args.command)
+    finally:
+        world.close()
+    with Group(options.backend, options.exchange, handle=options.handle) as group:
+        baseline = _make_baseline(options.baseline, group, pattern.name)
+        result = run_pattern(group, pattern, options, baseline=baseline,
+                             emit=lambda line: print(line, flush=True))
+        if options.json:
+            with collective_step(group.world, f"writing {options.json}"):
+                if group.rank == 0:
+                    _write_json(options.json, result.to_dict())
+    if result.wrong_total:
+        sys.stderr.write(f"ipcshare: error: {result.wrong_total} wrong elements\n")
+        return EXIT_WRONG
+    if options.min_bw is not None and result.avg_busbw < options.min_bw:
+        sys.stderr.write(f"ipcshare: error: average busbw {result.avg_busbw:.2f} GB/s is below "
+                         f"--min-bw {options.min_bw:g}\n")
+        return EXIT_SLOW
+    return EXIT_OK
+
+
+def _make_baseline(name: str, group, op: str):
+    if name == "none":
+        return None
+    if name == "mpi":
+        from ..patterns.baseline_mpi import MpiBaseline
+
+        return MpiBaseline(group.world, op)
+    from ..errors import ConfigError
+
+    raise ConfigError(f"baseline {name!r} needs a GPU backend and torch; use --baseline mpi here")
+
+
+def _write_json(path: str, document: dict) -> None:
+    from ..errors import ConfigError
+
+    try:
+        with open(path, "w") as out:
+            json.dump(document, out, indent=1)
+            out.write("\n")
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path!r}: {exc.strerror}") from None

@@ -1,0 +1,211 @@
+"""Run options as frozen dataclasses, sizes with K/M/G suffixes, YAML configs."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from pathlib import Path
+from typing import Any, Mapping
+
+from .errors import ConfigError
+
+__all__ = [
+    "BACKENDS",
+    "EXCHANGES",
+    "BASELINES",
+    "DATATYPES",
+    "PatternOptions",
+    "parse_size",
+    "format_size",
+    "load_yaml_config",
+    "merge_options",
+]
+
+BACKENDS = ("auto", "host", "cuda-ipc", "cuda-vmm")
+EXCHANGES = ("auto", "mpi", "socket", "pidfd")
+BASELINES = ("none", "mpi", "nccl")
+HANDLES = ("posix-fd", "fabric")
+# name -> (numpy dtype string, bytes per element)
+DATATYPES = {
+    "uint8": ("u1", 1), "int8": ("i1", 1),
+    "int32": ("i4", 4), "uint32": ("u4", 4), "float32": ("f4", 4), "float": ("f4", 4),
+    "float16": ("f2", 2), "half": ("f2", 2), "bfloat16": ("u2", 2),
+    "int64": ("i8", 8), "float64": ("f8", 8), "double": ("f8", 8),
+}
+
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
+_SUFFIX = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str | int, *, what: str = "size") -> int:
+    """Bytes from ``"64"``, ``"4K"``, ``"1M"``, ``"2G"`` (binary suffixes) or an int.
+
+    Raises:
+        ConfigError: zero, negative, fractional or non-numeric input.
+    """
+    if isinstance(text, bool):
+        raise ConfigError(f"{what}: expected a size such as 1M, got {text!r}")
+    if isinstance(text, int):
+        value = text
+    else:
+        match = _SIZE_RE.match(str(text))
+        if not match:
+            raise ConfigError(
+                f"{what}: {text!r} is not a size; use a positive integer with an optional "
+                "K, M or G suffix (binary), e.g. 64K or 1M")
+        value = int(match.group(1)) * _SUFFIX[match.group(2).lower()]
+    if value <= 0:
+        raise ConfigError(f"{what}: must be at least 1 byte, got {text!r}")
+    return value
+
+
+def format_size(nbytes: int) -> str:
+    """Shortest exact binary-suffixed spelling: 1048576 -> '1M', 1000 -> '1000'."""
+    for suffix, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale}{suffix}"
+    return str(nbytes)
+
+
+@dataclasses.dataclass(frozen=True)
+class PatternOptions:
+    """Everything a ring or all-gather run needs; immutable once validated."""
+
+    backend: str = "auto"
+    exchange: str = "auto"
+    handle: str = "posix-fd"
+    min_bytes: int = 1 << 20
+    max_bytes: int = 1 << 20
+    step_factor: int = 2
+    iters: int = 20
+    warmup: int = 5
+    checks: int = 1
+    datatype: str = "float32"
+    baseline: str = "none"
+    graph: bool = False
+    json: str | None = None
+    min_bw: float | None = None
+
+    def __post_init__(self) -> None:
+        _choice("backend", self.backend, BACKENDS)
+        _choice("exchange", self.exchange, EXCHANGES)
+        _choice("handle", self.handle, HANDLES)
+        _choice("baseline", self.baseline, BASELINES)
+        _choice("datatype", self.datatype, tuple(DATATYPES))
+        for name in ("min_bytes", "max_bytes"):
+            parse_size(getattr(self, name), what=name)
+        if self.max_bytes < self.min_bytes:
+            raise ConfigError(
+                f"max_bytes ({format_size(self.max_bytes)}) is smaller than "
+                f"min_bytes ({format_size(self.min_bytes)}): use -e >= -b")
+        if self.step_factor < 2 and self.max_bytes != self.min_bytes:
+            raise ConfigError(f"step_factor must be >= 2 to sweep sizes, got {self.step_factor}")
+        for name, low in (("iters", 1), ("warmup", 0), ("checks", 0)):
+            value = getattr(self, name)
+            if value < low:
+                raise ConfigError(f"{name} must be >= {low}, got {value}")
+        if self.min_bw is not None and (math.isnan(self.min_bw) or self.min_bw < 0):
+            raise ConfigError(f"min_bw must be a non-negative number of GB/s, got {self.min_bw}")
+
+    @property
+    def element_size(self) -> int:
+        """Bytes per element of ``datatype``."""
+        return DATATYPES[self.datatype][1]
+
+    def sizes(self) -> list[int]:
+        """The sweep: min, min*f, ... up to and including max (nccl-tests order)."""
+        sizes, size = [], self.min_bytes
+        while size <= self.max_bytes:
+            sizes.append(size)
+            if self.step_factor < 2:
+                break
+            size *= self.step_factor
+        return sizes
+
+
+def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"unknown {name} {value!r}; choose one of: {', '.join(allowed)}")
+
+
+_FIELD_TYPES = {
+    "backend": str, "exchange": str, "handle": str, "datatype": str, "baseline": str,
+    "min_bytes": "size", "max_bytes": "size", "step_factor": int, "iters": int,
+    "warmup": int, "checks": int, "graph": bool, "json": str, "min_bw": float,
+}
+
+
+def merge_options(*layers: Mapping[str, Any]) -> PatternOptions:
+    """Build PatternOptions from dicts, later layers winning; None means 'not given'.
+
+    This is the one place where user dicts (YAML, CLI) become typed options.
+
+    Raises:
+        ConfigError: unknown key, wrong type or invalid value.
+    """
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        for key, value in layer.items():
+            if value is None:
+                continue
+            key = key.replace("-", "_")
+            if key not in _FIELD_TYPES:
+                raise ConfigError(
+                    f"unknown option {key!r}; known options: {', '.join(sorted(_FIELD_TYPES))}")
+            merged[key] = _coerce(key, value)
+    return PatternOptions(**merged)
+
+
+def _coerce(key: str, value: Any) -> Any:
+    kind = _FIELD_TYPES[key]
+    if kind == "size":
+        return parse_size(value, what=key)
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true or false, got {value!r}")
+        return value
+    if kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if not isinstance(value, str):
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    return value
+
+
+def load_yaml_config(path: str | Path) -> dict[str, Any]:
+    """Read a YAML run config: a mapping of option names to values.
+
+    Raises:
+        ConfigError: missing file, YAML syntax error, or a document that is not a mapping.
+    """
+    import yaml  # a light import, but only commands that read configs need it
+
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(path)!r} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {str(path)!r} cannot be read: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        at = f" at line {where.line + 1}" if where is not None else ""
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML{at}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"config file {str(path)!r} must be a mapping of option: value, "
+            f"got a {type(data).__name__}")
+    for key in data:
+        if not isinstance(key, str):
+            raise ConfigError(f"config file {str(path)!r}: option names must be strings, got {key!r}")
+    return data

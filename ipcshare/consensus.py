@@ -1,0 +1,49 @@
+"""Collectives fail together: after each step every rank learns whether any rank failed."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+from .errors import error_class
+from .topology import World
+
+__all__ = ["agree", "collective_step"]
+
+
+def agree(world: World, step: str, error: BaseException | None, *, comm=None) -> None:
+    """Collective: raise the same typed error on every rank if any rank failed ``step``.
+
+    The message names the first failing rank, its host, the step and the cause, e.g.
+    ``import failed on rank 1@node3: cuMemImportFromShareableHandle -> CUDA_ERROR_...``.
+
+    Raises:
+        IpcShareError (or the failing rank's subclass of it): when any rank failed.
+    """
+    comm = world.comm if comm is None else comm
+    status = None
+    if error is not None:
+        status = (type(error).__name__, str(error) or type(error).__name__)
+    statuses = comm.allgather((world.rank, status))
+    failures = [(rank, s) for rank, s in statuses if s is not None]
+    if not failures:
+        return
+    rank, (name, message) = failures[0]
+    cls = error_class(name)  # an OSError on one rank becomes IpcShareError everywhere
+    more = f" (and on {len(failures) - 1} more rank(s))" if len(failures) > 1 else ""
+    exc = cls(f"{step} failed on {world.where(rank)}: {message}{more}")
+    if error is not None:
+        raise exc from error
+    raise exc
+
+
+@contextlib.contextmanager
+def collective_step(world: World, step: str, *, comm=None) -> Iterator[None]:
+    """Run the body on every rank, then agree: all ranks raise if any rank raised."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - re-raised, typed, on every rank
+        agree(world, step, exc, comm=comm)
+        raise  # agree always raises when exc is set; keeps type checkers honest
+    else:
+        agree(world, step, None, comm=comm)

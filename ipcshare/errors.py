@@ -1,0 +1,70 @@
+"""Typed exceptions: every error says which rank, on which host, doing what."""
+
+from __future__ import annotations
+
+__all__ = [
+    "IpcShareError",
+    "ConfigError",
+    "ExchangeError",
+    "ExchangeTimeout",
+    "BackendError",
+    "BackendUnavailable",
+    "CudaError",
+    "WindowError",
+    "SignalTimeout",
+    "VerificationError",
+    "error_class",
+]
+
+
+class IpcShareError(Exception):
+    """Base class of every error ipcshare raises on purpose."""
+
+
+class ConfigError(IpcShareError, ValueError):
+    """Bad option, flag, size or YAML config."""
+
+
+class ExchangeError(IpcShareError):
+    """A handle or descriptor could not travel between ranks."""
+
+
+class ExchangeTimeout(ExchangeError, TimeoutError):
+    """A peer did not show up in time at a descriptor exchange."""
+
+
+class BackendError(IpcShareError):
+    """Allocate, export, import or map failed in a memory backend."""
+
+
+class BackendUnavailable(BackendError):
+    """The requested backend cannot run here (no GPU, no driver, no memfd...)."""
+
+
+class CudaError(BackendError):
+    """A CUDA driver call failed; the message starts with the call and the error name."""
+
+
+class WindowError(IpcShareError):
+    """A collective window operation was misused (size mismatch, closed window...)."""
+
+
+class SignalTimeout(IpcShareError, TimeoutError):
+    """A peer never raised the signal that this rank waited for."""
+
+
+class VerificationError(IpcShareError):
+    """A pattern produced bytes that differ from the expected ones."""
+
+
+_BY_NAME = {cls.__name__: cls for cls in (
+    IpcShareError, ConfigError, ExchangeError, ExchangeTimeout, BackendError,
+    BackendUnavailable, CudaError, WindowError, SignalTimeout, VerificationError)}
+
+
+def error_class(name: str) -> type[IpcShareError]:
+    """The ipcshare error class called ``name`` (IpcShareError when unknown).
+
+    Used to re-raise on every rank the same type that one rank hit.
+    """
+    return _BY_NAME.get(name, IpcShareError)

@@ -1,0 +1,89 @@
+"""All-gather by single copy: each rank pulls every peer's block straight from the peer's
+window into its own output, between two barriers (inputs ready; outputs read)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ..window import Window
+from .base import Pattern, SizePlan, align
+from .seeding import count_wrong, poison, seeded_bytes
+
+__all__ = ["AllGather", "allgather_busbw_factor"]
+
+
+def allgather_busbw_factor(world_size: int) -> float:
+    """nccl-tests' all-gather bus factor (n-1)/n."""
+    return (world_size - 1) / world_size if world_size > 1 else 1.0
+
+
+class AllGather(Pattern):
+    """nccl-tests' all-gather: ``size`` is the total gathered bytes, each rank gives size/n.
+
+    Window layout per rank: [send block][pad to 4 KiB][n output blocks]. In place, the
+    send block is the rank's own slot of the output.
+    """
+
+    name = "allgather"
+    modes = ("out-of-place", "in-place")
+
+    def plan(self, size: int, world_size: int, element_size: int) -> SizePlan:
+        per_rank = max(1, size // (world_size * element_size))
+        block = per_rank * element_size
+        return SizePlan(size=block * world_size, count=per_rank * world_size,
+                        block_bytes=block, element_size=element_size)
+
+    def window_bytes(self, plan: SizePlan, world_size: int) -> int:
+        return align(plan.block_bytes) + plan.block_bytes * world_size
+
+    @staticmethod
+    def _recv_offset(plan: SizePlan) -> int:
+        return align(plan.block_bytes)
+
+    def _send_of(self, window: Window, rank: int, plan: SizePlan, mode: str):
+        buffer = window.peer(rank)
+        if mode == "in-place":
+            return buffer.slice(self._recv_offset(plan) + rank * plan.block_bytes, plan.block_bytes)
+        return buffer.slice(0, plan.block_bytes)
+
+    def _recv_slot(self, window: Window, slot: int, plan: SizePlan):
+        return window.local.slice(self._recv_offset(plan) + slot * plan.block_bytes,
+                                  plan.block_bytes)
+
+    def prepare(self, window: Window, plan: SizePlan, mode: str, iteration: int) -> None:
+        engine, n = window.engine, window.world_size
+        output = window.local.slice(self._recv_offset(plan), plan.block_bytes * n)
+        engine.upload(output, poison(output.nbytes))
+        engine.upload(self._send_of(window, window.rank, plan, mode),
+                      seeded_bytes(iteration, window.rank, plan.block_bytes))
+
+    def bind(self, window: Window, plan: SizePlan, mode: str) -> Callable[[], None]:
+        me, n = window.rank, window.world_size
+        pairs = []
+        for step in range(n):
+            peer = (me + step) % n  # own block first, then staggered so peers spread reads
+            if peer == me and mode == "in-place":
+                continue
+            pairs.append((self._recv_slot(window, peer, plan), self._send_of(window, peer, plan, mode)))
+        copy_all = window.engine.copier(pairs)
+        barrier = window.barrier
+
+        def allgather() -> None:
+            barrier()   # every peer's input is in place
+            copy_all()
+            barrier()   # every peer has read our input: it may be reused
+        return allgather
+
+    def check(self, window: Window, plan: SizePlan, mode: str, iteration: int) -> int:
+        got = window.engine.download(
+            window.local.slice(self._recv_offset(plan), plan.block_bytes * window.world_size))
+        wrong = 0
+        for rank in range(window.world_size):
+            block = got[rank * plan.block_bytes:(rank + 1) * plan.block_bytes]
+            wrong += count_wrong(block, seeded_bytes(iteration, rank, plan.block_bytes),
+                                 plan.element_size)
+        return wrong
+
+    def bandwidth(self, plan: SizePlan, seconds: float, world_size: int) -> tuple[float, float]:
+        algbw = plan.size / seconds / 1e9
+        return algbw, algbw * allgather_busbw_factor(world_size)

@@ -1,0 +1,60 @@
+"""The fixed interface every pattern fills in (sizes, data, run, expected, bandwidth);
+the driver owns the sweep, warm-up, timing, checks and the table."""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Callable
+
+from ..window import Window
+
+__all__ = ["SizePlan", "Pattern", "align"]
+
+
+def align(value: int, multiple: int = 4096) -> int:
+    """Round ``value`` up to a multiple of ``multiple`` (region starts in windows)."""
+    return -(-value // multiple) * multiple
+
+
+@dataclasses.dataclass(frozen=True)
+class SizePlan:
+    """One row of the sweep: what the table calls size and count, and the per-rank block."""
+
+    size: int          # the table's size column, in bytes
+    count: int         # the table's count column, in elements
+    block_bytes: int   # bytes each rank contributes
+    element_size: int
+
+
+class Pattern(abc.ABC):
+    """A communication pattern over a window, run by the shared driver."""
+
+    name: str = ""
+    # Variants timed in separate table columns, e.g. ("out-of-place", "in-place").
+    modes: tuple[str, ...] = ("",)
+
+    @abc.abstractmethod
+    def plan(self, size: int, world_size: int, element_size: int) -> SizePlan:
+        """Turn a requested size into the exact sizes this pattern will move."""
+
+    @abc.abstractmethod
+    def window_bytes(self, plan: SizePlan, world_size: int) -> int:
+        """Window bytes per rank that every mode of ``plan`` needs."""
+
+    @abc.abstractmethod
+    def prepare(self, window: Window, plan: SizePlan, mode: str, iteration: int) -> None:
+        """Write this rank's seeded input and poison its output (local memory only)."""
+
+    @abc.abstractmethod
+    def bind(self, window: Window, plan: SizePlan, mode: str) -> Callable[[], None]:
+        """A callable running one operation; on return this rank's output is complete
+        once the engine synchronises. Binding resolves buffers once, outside timing."""
+
+    @abc.abstractmethod
+    def check(self, window: Window, plan: SizePlan, mode: str, iteration: int) -> int:
+        """Mismatched elements in this rank's output after a checked run."""
+
+    @abc.abstractmethod
+    def bandwidth(self, plan: SizePlan, seconds: float, world_size: int) -> tuple[float, float]:
+        """(algbw, busbw) in GB/s (1e9 bytes) for one operation of ``seconds``."""

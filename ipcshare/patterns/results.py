@@ -1,0 +1,95 @@
+"""Measured rows and the JSON document of DESIGN.md."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+__all__ = ["Measurement", "Row", "BaselineResult", "RunResult"]
+
+
+@dataclasses.dataclass
+class Measurement:
+    """One timed variant of one size."""
+
+    time_us: float
+    algbw: float
+    busbw: float
+    wrong: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"time_us": round(self.time_us, 3), "algbw": round(self.algbw, 3),
+                "busbw": round(self.busbw, 3), "wrong": self.wrong}
+
+
+@dataclasses.dataclass
+class Row:
+    """All variants of one size: ``modes`` maps a mode name to its measurement."""
+
+    size: int
+    count: int
+    modes: dict[str, Measurement]
+
+    @property
+    def primary(self) -> Measurement:
+        return next(iter(self.modes.values()))
+
+    @property
+    def wrong(self) -> int:
+        return sum(m.wrong for m in self.modes.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"size": self.size, "count": self.count, **self.primary.to_dict()}
+        if "in-place" in self.modes:
+            data["in_place"] = self.modes["in-place"].to_dict()
+        return data
+
+
+@dataclasses.dataclass
+class BaselineResult:
+    name: str
+    version: str
+    rows: list[Row]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "version": self.version,
+                "rows": [{k: v for k, v in row.to_dict().items() if k != "count"}
+                         for row in self.rows]}
+
+
+@dataclasses.dataclass
+class RunResult:
+    """Everything one ``ipcshare ring|allgather`` run measured."""
+
+    version: str
+    op: str
+    backend: str
+    exchange: str
+    world_size: int
+    nodes: int
+    timing: str
+    devices: list[str]
+    rows: list[Row]
+    baseline: BaselineResult | None
+
+    @property
+    def wrong_total(self) -> int:
+        total = sum(row.wrong for row in self.rows)
+        if self.baseline is not None:
+            total += sum(row.wrong for row in self.baseline.rows)
+        return total
+
+    @property
+    def avg_busbw(self) -> float:
+        values = [row.primary.busbw for row in self.rows]
+        return sum(values) / len(values) if values else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ipcshare": self.version, "op": self.op, "backend": self.backend,
+            "exchange": self.exchange, "world_size": self.world_size, "nodes": self.nodes,
+            "timing": self.timing, "devices": self.devices,
+            "rows": [row.to_dict() for row in self.rows],
+            "baseline": None if self.baseline is None else self.baseline.to_dict(),
+            "wrong_total": self.wrong_total,
+        }

@@ -1,0 +1,67 @@
+"""The nccl-tests style table: header, one line per size, and the footer."""
+
+from __future__ import annotations
+
+from .results import Measurement, Row, RunResult
+
+__all__ = ["Table"]
+
+_CELL = "{:>9} {:>7} {:>7} {:>6}"
+
+
+def _cells(m: Measurement | None) -> str:
+    if m is None:
+        return _CELL.format("n/a", "", "", "")
+    return _CELL.format(_fmt_time(m.time_us), f"{m.algbw:.2f}", f"{m.busbw:.2f}", m.wrong)
+
+
+def _fmt_time(us: float) -> str:
+    return f"{us:.2f}" if us < 1e4 else f"{us:.1f}" if us < 1e6 else f"{us:.0f}"
+
+
+class Table:
+    """Formats rows as they come, so long sweeps show progress line by line."""
+
+    def __init__(self, modes: tuple[str, ...], datatype: str, baseline: str | None) -> None:
+        self.modes = modes
+        self.datatype = datatype
+        self.baseline = baseline
+
+    def header(self, title: str, rank_lines: list[str]) -> list[str]:
+        lines = [f"# {title}", "#", *rank_lines, "#"]
+        groups = "".join(f"{mode or 'result':>34} " for mode in self.modes)
+        extra = f"{self.baseline + ' baseline':>33}" if self.baseline else ""
+        lines.append(f"#{'':>38}{groups}{extra}")
+        cols = "".join(f"{'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6}  " for _ in self.modes)
+        units = "".join(f"{'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6}  " for _ in self.modes)
+        bcols = f"{'time':>9} {'busbw':>7} {'#wrong':>6} {'speedup':>7}" if self.baseline else ""
+        bunits = f"{'(us)':>9} {'(GB/s)':>7} {'':>6} {'(x)':>7}" if self.baseline else ""
+        lines.append(f"#{'size':>14} {'count':>13} {'type':>8}  {cols}{bcols}")
+        lines.append(f"#{'(B)':>14} {'(elements)':>13} {'':>8}  {units}{bunits}")
+        return lines
+
+    def row(self, row: Row, baseline_row: Row | None) -> str:
+        cells = "".join(_cells(row.modes.get(mode)) + "  " for mode in self.modes)
+        text = f" {row.size:>14} {row.count:>13} {self.datatype:>8}  {cells}"
+        if self.baseline:
+            if baseline_row is None:
+                text += f"{'skipped':>9}"
+            else:
+                b = baseline_row.primary
+                speedup = b.time_us / row.primary.time_us if row.primary.time_us > 0 else 0.0
+                text += f"{_fmt_time(b.time_us):>9} {b.busbw:>7.2f} {b.wrong:>6} {speedup:>7.2f}"
+        return text.rstrip()
+
+    @staticmethod
+    def footer(result: RunResult) -> list[str]:
+        status = "OK" if result.wrong_total == 0 else "FAILED"
+        lines = [f"# Out of bounds values : {result.wrong_total} {status}",
+                 f"# Avg bus bandwidth    : {result.avg_busbw:.3f}"]
+        if result.baseline is not None and result.baseline.rows:
+            ratios = [b.primary.time_us / r.primary.time_us
+                      for r, b in zip(result.rows, result.baseline.rows) if r.primary.time_us > 0]
+            if ratios:
+                lines.append(f"# Speedup over {result.baseline.name:<7}: "
+                             f"min {min(ratios):.2f}x  max {max(ratios):.2f}x")
+        lines.append("#")
+        return lines

@@ -1,0 +1,392 @@
+"""``Group`` (world + backend + exchange) and ``Window`` (one symmetric buffer per rank,
+plus a signal pad, mapped in every process of the node)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+from typing import Any
+
+from .backends import Allocation, Backend, Buffer, gpu_count, open_backend
+from .config import BACKENDS, EXCHANGES, HANDLES, format_size
+from .consensus import collective_step
+from .errors import ConfigError, WindowError
+from .exchange import Exchange, OwnedFd
+from .topology import World
+
+__all__ = ["Group", "Window", "SIGNAL_PAD_BYTES", "BARRIER_SLOTS", "USER_SLOT_BASE",
+           "USER_SLOTS"]
+
+# Signal pad: 512 64-bit words after the data. Words [0, 256) belong to the barrier
+# (word i is written only by local rank i); words [256, 512) are free for patterns and
+# users. One writer per word means no atomics are needed, only ordered stores.
+SIGNAL_PAD_BYTES = 4096
+BARRIER_SLOTS = 256
+USER_SLOT_BASE = BARRIER_SLOTS
+USER_SLOTS = SIGNAL_PAD_BYTES // 8 - BARRIER_SLOTS
+_PAD_ALIGN = 4096
+_DEFAULT_SIGNAL_TIMEOUT_S = 30.0
+# Flag-based barriers need stores that become visible in program order.
+_ORDERED_HOST_STORES = platform.machine().lower() in ("x86_64", "amd64")
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def _signal_timeout() -> float:
+    text = os.environ.get("IPCSHARE_SIGNAL_TIMEOUT")
+    try:
+        return float(text) if text else _DEFAULT_SIGNAL_TIMEOUT_S
+    except ValueError:
+        raise ConfigError(f"IPCSHARE_SIGNAL_TIMEOUT={text!r} is not a number of seconds") from None
+
+
+def resolve_backend_name(name: str) -> str:
+    """``auto`` -> ``cuda-vmm`` when a GPU is visible here, else ``host``."""
+    if name != "auto":
+        return name
+    count, _reason = gpu_count()
+    return "cuda-vmm" if count > 0 else "host"
+
+
+class Group:
+    """The ranks of a communicator, sharing memory through one backend.
+
+    Collective over ``comm`` (default ``MPI.COMM_WORLD``): every rank must create it
+    with the same arguments.
+
+    Raises:
+        ConfigError: unknown backend or exchange name (on every rank).
+        BackendUnavailable: the backend cannot run on some rank (on every rank).
+    """
+
+    def __init__(self, backend: str = "auto", exchange: str = "auto", *, comm: Any = None,
+                 handle: str = "posix-fd", timeout: float | None = None) -> None:
+        self.world = World.from_comm(comm)
+        self.backend: Backend | None = None
+        self.exchange: Exchange | None = None
+        self._windows: list[Window] = []
+        self._closed = False
+        try:
+            with collective_step(self.world, "group setup"):
+                if backend not in BACKENDS:
+                    raise ConfigError(
+                        f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
+                if exchange not in EXCHANGES:
+                    raise ConfigError(
+                        f"unknown exchange {exchange!r}; choose one of: {', '.join(EXCHANGES)}")
+                if handle not in HANDLES:
+                    raise ConfigError(
+                        f"unknown handle type {handle!r}; choose one of: {', '.join(HANDLES)}")
+                self.exchange = Exchange(self.world, exchange, timeout=timeout)
+                self.signal_timeout = _signal_timeout() if timeout is None else timeout
+                chosen = resolve_backend_name(backend)
+            choices = self.world.comm.allgather(chosen)
+            with collective_step(self.world, "backend setup"):
+                if len(set(choices)) > 1:
+                    odd = next(r for r, c in enumerate(choices) if c != choices[0])
+                    raise ConfigError(
+                        f"ranks chose different backends: rank 0 {choices[0]!r}, "
+                        f"{self.world.where(odd)} {choices[odd]!r} (a GPU missing on one node?)")
+                self.backend = open_backend(chosen, local_rank=self.world.local_rank,
+                                            local_size=self.world.local_size, handle=handle)
+        except BaseException:
+            self._release()
+            raise
+
+    @property
+    def rank(self) -> int:
+        return self.world.rank
+
+    @property
+    def size(self) -> int:
+        return self.world.size
+
+    @property
+    def backend_name(self) -> str:
+        assert self.backend is not None
+        return self.backend.name
+
+    @property
+    def exchange_name(self) -> str:
+        """How handles travelled: ``pidfd``, ``socket`` (descriptors) or ``mpi`` (bytes)."""
+        assert self.exchange is not None and self.backend is not None
+        return self.exchange.name if self.backend.uses_fds else "mpi"
+
+    def window(self, nbytes: int) -> "Window":
+        """Collective: allocate, export, exchange, import and map ``nbytes`` on every rank.
+
+        Every rank must pass the same ``nbytes``.
+
+        Raises:
+            WindowError: ranks disagree on the size, or the group is closed.
+            BackendError / ExchangeError: a step failed on some rank (raised on all).
+        """
+        if self._closed:
+            raise WindowError("group is closed")
+        window = Window(self, nbytes)
+        self._windows.append(window)
+        return window
+
+    def barrier(self) -> None:
+        """Collective, host-blocking: an MPI barrier over the group."""
+        self.world.comm.Barrier()
+
+    def _forget(self, window: "Window") -> None:
+        with contextlib.suppress(ValueError):
+            self._windows.remove(window)
+
+    def close(self) -> None:
+        """Close every window, the exchange and the backend. Idempotent; collective."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            for window in reversed(list(self._windows)):
+                window.close()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        try:
+            if self.exchange is not None:
+                self.exchange.close()
+        finally:
+            self.exchange = None
+            if self.backend is not None:
+                self.backend.close()
+                self.backend = None
+            self.world.close()
+
+    def __enter__(self) -> "Group":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Window:
+    """One symmetric buffer per rank and a signal pad after it, mapped on every rank of
+    the node. Created by ``Group.window``; ``close()`` is idempotent and collective."""
+
+    def __init__(self, group: Group, nbytes: int) -> None:
+        assert group.backend is not None and group.exchange is not None
+        self.group = group
+        world = self.world = group.world
+        backend = group.backend
+        self.engine = backend.engine()
+        self._closed = False
+        self._barrier = None
+        self._allocations: dict[int, Allocation] = {}
+        sizes = world.comm.allgather(nbytes)
+        with collective_step(world, "window rendezvous"):
+            if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+                raise WindowError(f"window size must be a non-negative int, got {nbytes!r}")
+            if len(set(sizes)) > 1:
+                other = next(r for r, s in enumerate(sizes) if s != sizes[world.rank])
+                raise WindowError(
+                    f"ranks disagree on the window size: {world.where()} asks for "
+                    f"{format_size(sizes[world.rank])} bytes, {world.where(other)} for "
+                    f"{format_size(sizes[other])} bytes")
+            if world.local_size > BARRIER_SLOTS:
+                raise WindowError(f"{world.local_size} ranks on one node; at most {BARRIER_SLOTS}")
+        self.nbytes = nbytes
+        self.pad_offset = _round_up(nbytes, _PAD_ALIGN)
+        self.total_bytes = _round_up(self.pad_offset + SIGNAL_PAD_BYTES, backend.granularity)
+        with contextlib.ExitStack() as undo:
+            with collective_step(world, "allocate"):
+                capacity = backend.capacity_bytes()
+                needed = self.total_bytes * world.local_size
+                if capacity is not None and needed > capacity:
+                    raise WindowError(
+                        f"a window of {format_size(nbytes)} bytes on each of the node's "
+                        f"{world.local_size} ranks needs {format_size(needed)} bytes, more than "
+                        f"the {format_size(capacity)} bytes available: choose a smaller size")
+                local = backend.allocate(self.total_bytes)
+                undo.callback(local.close)
+                self._allocations[world.rank] = local
+            exported = None
+            with collective_step(world, "export"):
+                exported = backend.export(local)
+                undo.callback(exported.close)
+                # Zero the pad before any peer can see it, so stale flags never leak in.
+                self.engine.upload(local.buffer(self.pad_offset, SIGNAL_PAD_BYTES),
+                                   _zeros(SIGNAL_PAD_BYTES))
+                self.engine.synchronize()
+            payloads = group.exchange.allgather_bytes(exported.payload)
+            fds: dict[int, OwnedFd] = {}
+            if backend.uses_fds and world.size > 1:  # every rank joins: it agrees world-wide
+                fds = group.exchange.share_fds(exported.fd)  # collective, agrees itself
+                for owned in fds.values():
+                    undo.callback(owned.close)
+            with collective_step(world, "import"):
+                for rank in world.local_ranks:
+                    if rank == world.rank:
+                        continue
+                    mapping = backend.import_peer(payloads[rank], fds.get(rank), self.total_bytes)
+                    undo.callback(mapping.close)
+                    self._allocations[rank] = mapping
+            # Imports hold what they need; the descriptors and the export can go now.
+            for owned in fds.values():
+                owned.close()
+            exported.close()
+            undo.pop_all()
+        self._local_buffer = local.buffer(0, nbytes)
+        self._buffers = {r: a.buffer(0, nbytes) for r, a in self._allocations.items()}
+        self._pads = {r: a.buffer(self.pad_offset, SIGNAL_PAD_BYTES)
+                      for r, a in self._allocations.items()}
+
+    # -- the API of DESIGN.md -------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self.world.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.world.size
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def local(self) -> Buffer:
+        """This rank's buffer."""
+        self._check_open()
+        return self._local_buffer
+
+    def peer(self, rank: int) -> Buffer:
+        """Rank ``rank``'s buffer, mapped here (``peer(self.rank)`` is ``local``).
+
+        Raises:
+            WindowError: closed window, rank out of range, or a rank on another node.
+        """
+        self._check_open()
+        self._check_rank(rank)
+        return self._buffers[rank]
+
+    def is_local(self, rank: int) -> bool:
+        """Whether rank ``rank``'s buffer is mapped here (same node)."""
+        self._check_rank(rank)
+        return self.world.is_local(rank)
+
+    @property
+    def buffer_ptrs(self) -> list[int]:
+        """One address per rank (0 for ranks on other nodes)."""
+        self._check_open()
+        return [self._buffers[r].ptr if r in self._buffers else 0 for r in range(self.world.size)]
+
+    @property
+    def signal_pad_ptrs(self) -> list[int]:
+        """Address of each rank's signal pad (0 for ranks on other nodes)."""
+        self._check_open()
+        return [self._pads[r].ptr if r in self._pads else 0 for r in range(self.world.size)]
+
+    def signal_pad(self, rank: int) -> Buffer:
+        """Rank ``rank``'s signal pad: SIGNAL_PAD_BYTES of 64-bit words."""
+        self._check_open()
+        self._check_rank(rank)
+        return self._pads[rank]
+
+    def put_signal(self, rank: int, slot: int, value: int) -> None:
+        """Write ``value`` into word ``slot`` of rank ``rank``'s pad, after this rank's
+        earlier writes (release). Slots ``USER_SLOT_BASE`` and up are free for users."""
+        self._check_slot(slot)
+        self.engine.store_signal(self.signal_pad(rank), slot, value)
+
+    def wait_signal(self, slot: int, value: int, *, peer: int | None = None,
+                    timeout: float | None = None) -> None:
+        """Wait until word ``slot`` of this rank's pad is >= ``value`` (acquire).
+
+        Raises:
+            SignalTimeout: naming ``peer`` (the rank expected to signal) and the slot.
+        """
+        self._check_slot(slot)
+        who = f"waiting for {self.world.where(peer)}" if peer is not None else "waiting"
+        self.engine.wait_signal(self._pads[self.world.rank], slot, value,
+                                timeout=self.group.signal_timeout if timeout is None else timeout,
+                                what=f"{self.world.where()} {who}")
+
+    def barrier(self) -> None:
+        """Collective over the node's ranks: returns once every rank has entered it, and
+        each rank's earlier writes into windows are visible to all.
+
+        Uses the signal pads (no MPI call) where host stores are ordered; an MPI barrier
+        otherwise. On multi-node groups the node barriers are joined by MPI.
+        """
+        self._check_open()
+        if self._barrier is None:
+            self._barrier = self._make_barrier()
+        self._barrier()
+
+    def _make_barrier(self):
+        world = self.world
+        if not _ORDERED_HOST_STORES and self.group.backend_name == "host":
+            return world.comm.Barrier
+        others = [r for r in world.local_ranks if r != world.rank]
+        node_barrier = self.engine.make_barrier(
+            self._pads[world.rank], [self._pads[r] for r in others], world.local_rank,
+            [world.local_index(r) for r in others], timeout=self.group.signal_timeout,
+            what=lambda slot: f"{world.where()} in barrier waiting for "
+                              f"{world.where(world.local_ranks[slot])}")
+        if world.node_count == 1:
+            return node_barrier
+        engine, comm = self.engine, world.comm
+
+        def barrier() -> None:
+            node_barrier()
+            engine.synchronize()
+            comm.Barrier()
+        return barrier
+
+    def close(self) -> None:
+        """Unmap peers and free this rank's memory. Idempotent; collective (it waits for
+        the node's ranks so nobody's memory goes while a peer may still touch it)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.engine.synchronize()
+            self.world.local_comm.Barrier()
+        finally:
+            self._buffers.clear()
+            self._pads.clear()
+            self._local_buffer = None
+            self._barrier = None
+            for rank in sorted(self._allocations, key=lambda r: r == self.world.rank):
+                self._allocations[rank].close()  # peers' mappings first, own memory last
+            self._allocations.clear()
+            self.group._forget(self)
+
+    def __enter__(self) -> "Window":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise WindowError("window is closed")
+
+    def _check_rank(self, rank: int) -> None:
+        if not isinstance(rank, int) or not 0 <= rank < self.world.size:
+            raise WindowError(f"rank {rank!r} is not in this group of {self.world.size}")
+        if not self.world.is_local(rank):
+            raise WindowError(
+                f"rank {rank} runs on {self.world.hostnames[rank]}, another node: its memory "
+                "cannot be mapped here (reach it through MPI)")
+
+    @staticmethod
+    def _check_slot(slot: int) -> None:
+        if not 0 <= slot < SIGNAL_PAD_BYTES // 8:
+            raise WindowError(f"signal slot {slot} outside the pad (0..{SIGNAL_PAD_BYTES // 8 - 1})")
+
+
+def _zeros(nbytes: int):
+    import numpy as np
+
+    return np.zeros(nbytes, dtype=np.uint8)
+
+
