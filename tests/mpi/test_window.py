@@ -1,0 +1,148 @@
+"""Group and Window on the host backend, at every world size the suite runs with."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ipcshare
+from ipcshare.errors import ConfigError, SignalTimeout, WindowError
+from ipcshare.window import USER_SLOT_BASE
+
+from ..resources import mapping_count, open_fd_count
+
+pytestmark = pytest.mark.mpi
+
+EXCHANGES = ["auto", "socket", "pidfd", "mpi"]
+
+
+@pytest.mark.parametrize("exchange", EXCHANGES)
+def test_every_rank_writes_into_the_next_and_the_owner_reads_it(comm, exchange):
+    with ipcshare.Group(backend="host", exchange=exchange) as g:
+        w = g.window(64 * 1024)
+        n, me = g.size, g.rank
+        np.asarray(w.local)[:] = 0
+        w.barrier()
+        nxt = (me + 1) % n
+        np.asarray(w.peer(nxt))[:8] = np.frombuffer(np.int64(1000 + me).tobytes(), np.uint8)
+        w.barrier()
+        got = int(np.asarray(w.local)[:8].view(np.int64)[0])
+        assert got == 1000 + (me - 1) % n
+        assert comm.allgather(got) == [1000 + (r - 1) % n for r in range(n)]
+        if n > 1:
+            assert g.exchange_name == ("socket" if exchange in ("socket", "mpi") else
+                                       "pidfd" if exchange == "pidfd" else g.exchange_name)
+            assert g.exchange_name in ("pidfd", "socket")
+        w.close()
+
+
+def test_peer_views_are_zero_copy_and_cover_every_rank(comm):
+    with ipcshare.Group(backend="host") as g:
+        w = g.window(4096)
+        view = np.asarray(w.peer(g.rank))
+        view[:] = g.rank + 1
+        assert w.peer(g.rank).ptr == w.local.ptr == w.buffer_ptrs[g.rank]
+        assert np.asarray(w.local)[0] == g.rank + 1  # same memory, not a copy
+        assert len(w.buffer_ptrs) == len(w.signal_pad_ptrs) == g.size
+        w.barrier()
+        for r in range(g.size):
+            assert np.asarray(w.peer(r))[100] == r + 1
+        del view
+        w.close()
+
+
+def test_signals_carry_data_written_before_them(comm):
+    with ipcshare.Group(backend="host") as g:
+        w = g.window(1 << 20)
+        n, me = g.size, g.rank
+        nxt, prev = (me + 1) % n, (me - 1) % n
+        payload = np.full(1 << 20, me, dtype=np.uint8)
+        w.barrier()
+        np.asarray(w.peer(nxt))[:] = payload
+        w.put_signal(nxt, USER_SLOT_BASE + 1, 7)
+        w.wait_signal(USER_SLOT_BASE + 1, 7, peer=prev)
+        assert np.all(np.asarray(w.local) == prev)
+        w.close()
+
+
+def test_wait_signal_times_out_naming_the_peer(comm):
+    with ipcshare.Group(backend="host") as g:
+        w = g.window(4096)
+        prev = (g.rank - 1) % g.size
+        with pytest.raises(SignalTimeout, match=rf"waiting for rank {prev}@"):
+            w.wait_signal(USER_SLOT_BASE + 5, 1, peer=prev, timeout=0.2)
+        w.close()
+
+
+def test_size_mismatch_raises_on_every_rank(comm):
+    if comm.size == 1:
+        pytest.skip("needs 2 ranks to disagree")
+    with ipcshare.Group(backend="host") as g:
+        with pytest.raises(WindowError, match="disagree on the window size"):
+            g.window(4096 * (1 + g.rank))
+        # The group is still usable after a collective failure.
+        g.window(4096).close()
+
+
+def test_bad_names_raise_on_every_rank(comm):
+    with pytest.raises(ConfigError, match="unknown backend 'nope'"):
+        ipcshare.Group(backend="nope")
+    with pytest.raises(ConfigError, match="unknown exchange 'carrier-pigeon'"):
+        ipcshare.Group(backend="host", exchange="carrier-pigeon")
+
+
+def test_window_larger_than_memory_fails_cleanly(comm):
+    before = open_fd_count()
+    with ipcshare.Group(backend="host") as g:
+        with pytest.raises(WindowError, match="more than the .* bytes available"):
+            g.window(1 << 50)
+    assert open_fd_count() == before
+
+
+def test_close_is_idempotent_and_use_after_close_raises(comm):
+    g = ipcshare.Group(backend="host")
+    w = g.window(4096)
+    w.close()
+    w.close()
+    with pytest.raises(WindowError, match="closed"):
+        w.local
+    g.close()
+    g.close()
+    with pytest.raises(WindowError, match="closed"):
+        g.window(4096)
+
+
+def test_remote_rank_lookup_is_rejected(comm):
+    with ipcshare.Group(backend="host") as g:
+        w = g.window(4096)
+        with pytest.raises(WindowError, match="not in this group"):
+            w.peer(g.size)
+        w.close()
+
+
+@pytest.mark.parametrize("exchange", ["socket", "pidfd"])
+def test_500_windows_leak_no_descriptors_or_mappings(comm, exchange):
+    with ipcshare.Group(backend="host", exchange=exchange) as g:
+        g.window(4096).close()  # warm up: sockets, first-use imports
+        fds, shared, maps = open_fd_count(), mapping_count("memfd:ipcshare"), mapping_count()
+        for _ in range(500):
+            with g.window(8192) as w:
+                np.asarray(w.local)[:1] = 1
+                assert mapping_count("memfd:ipcshare") == shared + g.world.local_size
+        assert open_fd_count() == fds
+        assert mapping_count("memfd:ipcshare") == shared
+        assert mapping_count() < maps + 10  # arenas may grow; 500 windows would show
+
+
+def test_window_creation_is_fast(comm):
+    import time
+
+    with ipcshare.Group(backend="host") as g:
+        g.window(4096).close()
+        comm.Barrier()
+        start = time.perf_counter()
+        w = g.window(1 << 20)
+        elapsed = comm.allreduce(time.perf_counter() - start, op=__import__("mpi4py").MPI.MAX)
+        w.close()
+    # Generous bound for a loaded CI machine; docs/BENCHMARKS.md has the measured figure.
+    assert elapsed < 2.0
