@@ -34,7 +34,7 @@ DATATYPES = {
     "int64": ("i8", 8), "float64": ("f8", 8), "double": ("f8", 8),
 }
 
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
+_SIZE_RE = re.compile(r"^\s*([-+]?\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
 _SUFFIX = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 

@@ -32,6 +32,8 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
         plan = pattern.plan(size, n, options.element_size)
         if not plans or plans[-1].size != plan.size:
             plans.append(plan)
+    # The window comes first: its exchange decides which descriptor path the header shows.
+    window = group.window(max(pattern.window_bytes(plan, n) for plan in plans))
     table = Table(pattern.modes, options.datatype, baseline.name if baseline else None)
     devices = world.comm.gather(group.backend.describe_device(), root=0) or []
     exchange = group.exchange_name
@@ -43,7 +45,6 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
     for line in table.header(title, rank_lines):
         say(line)
 
-    window = group.window(max(pattern.window_bytes(plan, n) for plan in plans))
     engine = window.engine
     rows: list[Row] = []
     baseline_rows: list[Row] = []

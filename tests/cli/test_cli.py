@@ -1,0 +1,152 @@
+"""The command line as users run it: under mpiexec, with good and bad input.
+
+Every bad input must give one clear line per rank, a non-zero exit, no traceback, no
+rank left waiting (each run has a timeout), and nothing left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BIN = Path(sys.executable).parent
+MPIEXEC = shutil.which("mpiexec", path=str(BIN)) or shutil.which("mpiexec")
+IPCSHARE = [sys.executable, "-m", "ipcshare"]
+
+needs_mpiexec = pytest.mark.skipif(MPIEXEC is None, reason="needs mpiexec (pip install mpich)")
+
+
+@pytest.fixture
+def socket_dir(tmp_path, monkeypatch):
+    path = tmp_path / "sockets"
+    path.mkdir()
+    monkeypatch.setenv("IPCSHARE_SOCKET_DIR", str(path))
+    return path
+
+
+def run(args, n=None, timeout=120, cwd=None):
+    cmd = ([MPIEXEC, "-n", str(n)] if n else []) + IPCSHARE + args
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+
+
+def shm_entries():
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def test_help_runs_without_mpi():
+    out = subprocess.run(IPCSHARE + ["--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "ring" in out.stdout and "allgather" in out.stdout
+    # Importing the package must not start MPI or CUDA.
+    probe = subprocess.run([sys.executable, "-c", "import ipcshare, sys; "
+                            "print('mpi4py.MPI' in sys.modules, 'cuda' in sys.modules)"],
+                           capture_output=True, text=True, timeout=60)
+    assert probe.stdout.split() == ["False", "False"]
+
+
+def test_a_world_of_one_runs_without_mpiexec(tmp_path):
+    out = run(["allgather", "-b", "1K", "-e", "64K", "-f", "8", "--json", str(tmp_path / "r.json")])
+    assert out.returncode == 0, out.stderr
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["world_size"] == 1 and doc["wrong_total"] == 0 and doc["op"] == "allgather"
+
+
+@needs_mpiexec
+@pytest.mark.parametrize("op", ["ring", "allgather"])
+def test_json_has_the_design_shape(tmp_path, socket_dir, op):
+    path = tmp_path / "out.json"
+    out = run([op, "-b", "4K", "-e", "64K", "-f", "4", "-n", "3", "-w", "1",
+               "--baseline", "mpi", "--json", str(path)], n=2)
+    assert out.returncode == 0, out.stderr
+    assert "# Out of bounds values : 0 OK" in out.stdout
+    doc = json.loads(path.read_text())
+    assert set(doc) == {"ipcshare", "op", "backend", "exchange", "world_size", "nodes",
+                        "timing", "devices", "rows", "baseline", "wrong_total"}
+    assert doc["op"] == op and doc["backend"] == "host" and doc["world_size"] == 2
+    assert doc["nodes"] == 1 and doc["exchange"] in ("pidfd", "socket")
+    row = doc["rows"][0]
+    assert {"size", "count", "time_us", "algbw", "busbw", "wrong"} <= set(row)
+    assert doc["baseline"]["name"] == "mpi" and "MPICH" in doc["baseline"]["version"] \
+        or "Open MPI" in doc["baseline"]["version"]
+    assert [r["size"] for r in doc["baseline"]["rows"]] == [r["size"] for r in doc["rows"]]
+    assert list(socket_dir.iterdir()) == []
+
+
+@needs_mpiexec
+def test_yaml_config_with_flag_override(tmp_path, socket_dir):
+    config = tmp_path / "c.yaml"
+    config.write_text("backend: host\nmin_bytes: 1K\nmax_bytes: 1M\nstep_factor: 4\niters: 2\n")
+    out = run(["ring", "--config", str(config), "-e", "4K"], n=2)
+    assert out.returncode == 0, out.stderr
+    sizes = [line.split()[0] for line in out.stdout.splitlines()
+             if line and not line.startswith("#")]
+    assert sizes == ["1024", "4096"]
+
+
+BAD_INPUTS = [
+    (["ring", "--backend", "warp-drive"], "unknown backend 'warp-drive'"),
+    (["ring", "--exchange", "telepathy"], "unknown exchange 'telepathy'"),
+    (["ring", "-b", "0"], "min_bytes: must be at least 1 byte"),
+    (["ring", "-b", "-5"], "min_bytes: must be at least 1 byte"),
+    (["ring", "-b", "lots"], "is not a size"),
+    (["ring", "-b", "1M", "-e", "1K"], "smaller than min_bytes"),
+    (["allgather", "-b", "1T", "-e", "1T"], "more than the .* bytes available"),
+    (["ring", "--config", "/nonexistent/run.yaml"], "does not exist"),
+    (["allgather", "--baseline", "nccl"], "baseline 'nccl' needs a GPU"),
+]
+
+
+@needs_mpiexec
+@pytest.mark.parametrize("args,message", BAD_INPUTS)
+def test_bad_input_fails_cleanly_on_every_rank(args, message, socket_dir):
+    import re
+
+    shm = shm_entries()
+    n = 2
+    out = run(args, n=n, timeout=90)
+    assert out.returncode != 0
+    errors = [line for line in out.stderr.splitlines() if line.startswith("ipcshare: error:")]
+    assert len(errors) == n, out.stderr  # one line per rank
+    assert all(re.search(message, line) for line in errors), out.stderr
+    assert "Traceback" not in out.stderr and "Traceback" not in out.stdout
+    assert list(socket_dir.iterdir()) == []
+    assert shm_entries() == shm
+
+
+@needs_mpiexec
+@pytest.mark.parametrize("text,message", [
+    ("- 1\n- 2\n", "must be a mapping"),
+    ("backend: host\nwarp: 9\n", "unknown option 'warp'"),
+    ("iters: many\n", "iters: expected an integer"),
+])
+def test_bad_yaml_fails_cleanly(tmp_path, socket_dir, text, message):
+    config = tmp_path / "bad.yaml"
+    config.write_text(text)
+    out = run(["allgather", "--config", str(config)], n=2, timeout=90)
+    errors = [line for line in out.stderr.splitlines() if line.startswith("ipcshare: error:")]
+    assert out.returncode != 0 and len(errors) == 2 and all(message in e for e in errors)
+    assert "Traceback" not in out.stderr
+
+
+@needs_mpiexec
+def test_ranks_disagreeing_on_the_size_all_fail_at_rendezvous(socket_dir):
+    cmd = [MPIEXEC, "-n", "1", *IPCSHARE, "ring", "-b", "1M", "-e", "1M", ":",
+           "-n", "1", *IPCSHARE, "ring", "-b", "2M", "-e", "2M"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+    errors = [line for line in out.stderr.splitlines() if line.startswith("ipcshare: error:")]
+    assert out.returncode != 0
+    assert len(errors) == 2 and all("disagree on the window size" in e for e in errors)
+    assert "Traceback" not in out.stderr
+    assert list(socket_dir.iterdir()) == []
+
+
+def test_usage_errors_are_one_line():
+    out = subprocess.run(IPCSHARE + ["ring", "--iters", "x"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and "invalid int value" in out.stderr

@@ -1,0 +1,85 @@
+"""Sizes, options and YAML configs: every bad input gets a clear ConfigError."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ipcshare.config import format_size, load_yaml_config, merge_options, parse_size
+from ipcshare.errors import ConfigError
+
+
+@pytest.mark.parametrize("text,value", [("1", 1), ("64", 64), ("4K", 4096), ("1M", 1 << 20),
+                                        ("2G", 2 << 30), ("8k", 8192), ("1MiB", 1 << 20),
+                                        ("3MB", 3 << 20), (512, 512)])
+def test_sizes_with_binary_suffixes(text, value):
+    assert parse_size(text) == value
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "-4K", "abc", "1.5M", "", "1X", "M", True])
+def test_bad_sizes_are_refused_with_a_hint(text):
+    with pytest.raises(ConfigError, match="size|at least 1 byte"):
+        parse_size(text)
+
+
+@given(st.integers(min_value=1, max_value=1 << 45))
+def test_format_size_round_trips(n):
+    assert parse_size(format_size(n)) == n
+
+
+def test_defaults_and_layers_later_wins():
+    opts = merge_options({"min_bytes": "1K", "max_bytes": "4K", "iters": 3},
+                         {"iters": 7, "backend": None})
+    assert (opts.min_bytes, opts.max_bytes, opts.iters, opts.backend) == (1024, 4096, 7, "auto")
+    assert opts.sizes() == [1024, 2048, 4096]
+
+
+@pytest.mark.parametrize("layer,message", [
+    ({"backend": "gpu9000"}, "unknown backend 'gpu9000'"),
+    ({"exchange": "fax"}, "unknown exchange 'fax'"),
+    ({"bogus": 1}, "unknown option 'bogus'"),
+    ({"iters": "ten"}, "iters: expected an integer"),
+    ({"iters": 0}, "iters must be >= 1"),
+    ({"graph": "yes"}, "graph: expected true or false"),
+    ({"min_bytes": "2M", "max_bytes": "1M"}, "smaller than min_bytes"),
+    ({"datatype": "complex256"}, "unknown datatype"),
+    ({"min_bw": -1}, "min_bw must be a non-negative"),
+])
+def test_bad_options(layer, message):
+    with pytest.raises(ConfigError, match=message):
+        merge_options(layer)
+
+
+def test_yaml_config_loads_a_mapping(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("backend: host\nmin_bytes: 4K\nmax_bytes: 1M\nstep_factor: 4\n")
+    opts = merge_options(load_yaml_config(path), {"max_bytes": "16K"})
+    assert opts.backend == "host" and opts.max_bytes == 16384 and opts.sizes() == [4096, 16384]
+
+
+@pytest.mark.parametrize("text,message", [
+    ("- a\n- b\n", "must be a mapping"),
+    ("just words", "must be a mapping"),
+    ("a: [1, 2\n", "not valid YAML"),
+])
+def test_bad_yaml(tmp_path, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_yaml_config(path)
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_yaml_config(tmp_path / "nope.yaml")
+
+
+def test_shipped_configs_are_valid():
+    from pathlib import Path
+
+    configs = sorted(Path(__file__).resolve().parents[2].joinpath("configs").glob("*.yaml"))
+    assert configs, "configs/ should ship example run configs"
+    for path in configs:
+        data = load_yaml_config(path)
+        merge_options({k: v for k, v in data.items() if k != "op"})
