@@ -1,0 +1,111 @@
+"""``ipcshare info``: what every rank sees — host, process, MPI, memory paths, devices."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+
+from .. import __version__
+from ..topology import World, mpi
+
+__all__ = ["run_info", "rank_facts"]
+
+
+def _namespace(kind: str) -> str:
+    try:
+        return os.readlink(f"/proc/self/ns/{kind}")
+    except OSError:
+        return "unknown"
+
+
+def _pidfd_support() -> str:
+    """Whether this kernel offers pidfd_getfd (probed on our own process)."""
+    from ..exchange.pidfd import pidfd_getfd
+
+    if not hasattr(os, "pidfd_open"):
+        return "no pidfd_open in this Python"
+    try:
+        pidfd = os.pidfd_open(os.getpid())
+    except OSError as exc:
+        return f"pidfd_open refused: {exc.strerror}"
+    try:
+        os.close(pidfd_getfd(pidfd, 0))
+        return "available"
+    except OSError as exc:
+        return f"pidfd_getfd refused: {exc.strerror}"
+    finally:
+        os.close(pidfd)
+
+
+def rank_facts(world: World) -> dict:
+    """Facts about this rank, cheap to gather (no memory is shared)."""
+    from ..backends import gpu_count
+
+    gpus, reason = gpu_count()
+    facts = {
+        "rank": world.rank, "host": world.hostname, "pid": os.getpid(),
+        "local_rank": world.local_rank, "node": world.node_index,
+        "pid_namespace": _namespace("pid"), "cores": len(os.sched_getaffinity(0)),
+        "memfd": hasattr(os, "memfd_create"), "pidfd_getfd": _pidfd_support(),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "gpus": gpus, "backend_auto": "cuda-vmm" if gpus else "host",
+    }
+    if not gpus:
+        facts["no_gpu_reason"] = reason
+    else:
+        try:
+            from .. import devices
+
+            facts["device"] = devices.bind_device(world.local_rank, world.local_size)
+            facts["devices"] = devices.describe_devices()
+            facts["p2p"] = devices.p2p_matrix()
+            facts["handles"] = devices.handle_support(facts["device"])
+        except Exception as exc:  # noqa: BLE001 - info reports problems, it does not stop
+            facts["device_error"] = str(exc)
+    return facts
+
+
+def run_info(args: argparse.Namespace) -> int:
+    MPI = mpi()
+    world = World.from_comm()
+    try:
+        facts = world.comm.gather(rank_facts(world), root=0)
+    finally:
+        world.close()
+    if world.rank != 0:
+        return 0
+    document = {"ipcshare": __version__, "python": platform.python_version(),
+                "mpi": " ".join(MPI.Get_library_version().split()[:3]),
+                "world_size": world.size, "nodes": world.node_count, "ranks": facts}
+    print(f"ipcshare {__version__}  python {document['python']}  MPI: {document['mpi']}")
+    print(f"world: {world.size} rank(s) on {world.node_count} node(s)")
+    print(f"{'rank':>4} {'host':>12} {'pid':>8} {'local':>5} {'cores':>5} {'gpus':>4} "
+          f"{'auto backend':>12}  pidfd_getfd")
+    for f in facts:
+        print(f"{f['rank']:>4} {f['host']:>12} {f['pid']:>8} {f['local_rank']:>5} "
+              f"{f['cores']:>5} {f['gpus']:>4} {f['backend_auto']:>12}  {f['pidfd_getfd']}")
+    namespaces = {f["pid_namespace"] for f in facts}
+    if len(namespaces) > 1:
+        print("note: ranks live in different PID namespaces: pidfd_getfd cannot reach peers, "
+              "descriptors will go over unix sockets")
+    for f in facts:
+        if "no_gpu_reason" in f and f["rank"] == 0:
+            print(f"GPU: none ({f['no_gpu_reason']}); the auto backend is host shared memory")
+        if "devices" in f:
+            print(f"rank {f['rank']}: device {f['device']} "
+                  + ", ".join(f"{k}={v}" for k, v in f["devices"][f["device"]].items()))
+            print(f"rank {f['rank']}: handle types: {f.get('handles')}")
+        if "device_error" in f:
+            print(f"rank {f['rank']}: device error: {f['device_error']}")
+    p2p = next((f["p2p"] for f in facts if "p2p" in f), None)
+    if p2p:
+        print("P2P matrix (access/native atomics/perf rank):")
+        for row in p2p:
+            print("  " + str(row))
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(document, out, indent=1, default=str)
+            out.write("\n")
+    return 0
