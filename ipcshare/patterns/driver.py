@@ -3,6 +3,7 @@ table rows as they are measured, and the result document."""
 
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 from .. import __version__
@@ -33,7 +34,10 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
         if not plans or plans[-1].size != plan.size:
             plans.append(plan)
     # The window comes first: its exchange decides which descriptor path the header shows.
+    world.comm.Barrier()
+    started = time.perf_counter()
     window = group.window(max(pattern.window_bytes(plan, n) for plan in plans))
+    setup_ms = world.comm.allreduce((time.perf_counter() - started) * 1e3, op=MPI.MAX)
     table = Table(pattern.modes, options.datatype, baseline.name if baseline else None)
     devices = world.comm.gather(group.backend.describe_device(), root=0) or []
     exchange = group.exchange_name
@@ -42,6 +46,8 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
     title = (f"ipcshare {__version__}  op: {pattern.name}  backend: {group.backend_name}  "
              f"exchange: {exchange}  ranks: {n}  nodes: {world.node_count}  "
              f"iters: {options.iters}  warmup: {options.warmup}  checks: {options.checks}")
+    rank_lines.append(f"#  window setup: {setup_ms:.2f} ms for {window.total_bytes} bytes per rank "
+                      f"(slowest rank: allocate, export, exchange, import, map)")
     for line in table.header(title, rank_lines):
         say(line)
 
