@@ -5,8 +5,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from .errors import ConfigError
 
@@ -207,5 +208,6 @@ def load_yaml_config(path: str | Path) -> dict[str, Any]:
             f"got a {type(data).__name__}")
     for key in data:
         if not isinstance(key, str):
-            raise ConfigError(f"config file {str(path)!r}: option names must be strings, got {key!r}")
+            raise ConfigError(
+                f"config file {str(path)!r}: option names must be strings, got {key!r}")
     return data

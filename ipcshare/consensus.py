@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 from .errors import error_class
 from .topology import World
@@ -42,7 +42,7 @@ def collective_step(world: World, step: str, *, comm=None) -> Iterator[None]:
     """Run the body on every rank, then agree: all ranks raise if any rank raised."""
     try:
         yield
-    except Exception as exc:  # noqa: BLE001 - re-raised, typed, on every rank
+    except Exception as exc:
         agree(world, step, exc, comm=comm)
         raise  # agree always raises when exc is set; keeps type checkers honest
     else:

@@ -44,7 +44,7 @@ class World:
     _owns_local_comm: bool = True
 
     @classmethod
-    def from_comm(cls, comm: Any = None) -> "World":
+    def from_comm(cls, comm: Any = None) -> World:
         """Collective over ``comm``: split it into nodes and learn every rank's place."""
         MPI = mpi()
         comm = MPI.COMM_WORLD if comm is None else comm
@@ -84,6 +84,6 @@ class World:
         if self._owns_local_comm and self.local_comm is not None:
             try:
                 self.local_comm.Free()
-            except Exception:  # noqa: BLE001 - MPI may already be finalised
+            except Exception:
                 pass
             self.local_comm = None

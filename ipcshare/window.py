@@ -115,7 +115,7 @@ class Group:
         assert self.exchange is not None and self.backend is not None
         return self.exchange.name if self.backend.uses_fds else "mpi"
 
-    def window(self, nbytes: int) -> "Window":
+    def window(self, nbytes: int) -> Window:
         """Collective: allocate, export, exchange, import and map ``nbytes`` on every rank.
 
         Every rank must pass the same ``nbytes``.
@@ -134,7 +134,7 @@ class Group:
         """Collective, host-blocking: an MPI barrier over the group."""
         self.world.comm.Barrier()
 
-    def _forget(self, window: "Window") -> None:
+    def _forget(self, window: Window) -> None:
         with contextlib.suppress(ValueError):
             self._windows.remove(window)
 
@@ -160,7 +160,7 @@ class Group:
                 self.backend = None
             self.world.close()
 
-    def __enter__(self) -> "Group":
+    def __enter__(self) -> Group:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -360,7 +360,7 @@ class Window:
             self._allocations.clear()
             self.group._forget(self)
 
-    def __enter__(self) -> "Window":
+    def __enter__(self) -> Window:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -381,7 +381,8 @@ class Window:
     @staticmethod
     def _check_slot(slot: int) -> None:
         if not 0 <= slot < SIGNAL_PAD_BYTES // 8:
-            raise WindowError(f"signal slot {slot} outside the pad (0..{SIGNAL_PAD_BYTES // 8 - 1})")
+            last = SIGNAL_PAD_BYTES // 8 - 1
+            raise WindowError(f"signal slot {slot} outside the pad (0..{last})")
 
 
 def _zeros(nbytes: int):

@@ -23,7 +23,7 @@ def gpu_count() -> tuple[int, str]:
         return 0, f"cuda-python is not installed ({exc.name or exc})"
     try:
         return cuda_driver.device_count(), "no CUDA device is visible"
-    except Exception as exc:  # noqa: BLE001 - any driver failure means "no GPU here"
+    except Exception as exc:
         return 0, str(exc)
 
 

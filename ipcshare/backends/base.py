@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -30,7 +31,7 @@ class Buffer(abc.ABC):
     nbytes: int
 
     @abc.abstractmethod
-    def slice(self, offset: int, nbytes: int) -> "Buffer":
+    def slice(self, offset: int, nbytes: int) -> Buffer:
         """The sub-range ``[offset, offset + nbytes)`` of this buffer.
 
         Raises:
@@ -65,7 +66,7 @@ class Allocation(abc.ABC):
     def closed(self) -> bool:
         """Whether close() has run."""
 
-    def __enter__(self) -> "Allocation":
+    def __enter__(self) -> Allocation:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -206,10 +207,10 @@ class Backend(abc.ABC):
         """Short label of where this rank's memory lives (for tables and JSON)."""
         return "host"
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a no-op unless the backend holds state
         """Release backend-wide state (contexts, streams); idempotent."""
 
-    def __enter__(self) -> "Backend":
+    def __enter__(self) -> Backend:
         return self
 
     def __exit__(self, *exc: Any) -> None:

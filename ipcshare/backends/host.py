@@ -12,7 +12,7 @@ import platform
 import stat
 import struct
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -52,7 +52,7 @@ class HostBuffer(Buffer):
         """A zero-copy numpy view with ``dtype`` elements."""
         return np.asarray(self).view(dtype)
 
-    def slice(self, offset: int, nbytes: int) -> "HostBuffer":
+    def slice(self, offset: int, nbytes: int) -> HostBuffer:
         self._check_range(offset, nbytes)
         return HostBuffer(self._view[offset:offset + nbytes], self.ptr + offset)
 
@@ -214,13 +214,13 @@ class HostEngine:
                 words[my_slot] = epoch
             for slot in peer_slots:
                 if mine[slot] < epoch:
-                    wait(mine, slot, epoch, timeout, lambda: what(slot))
+                    wait(mine, slot, epoch, timeout, lambda slot=slot: what(slot))
         return barrier
 
     def synchronize(self) -> None:
         pass
 
-    def timer(self) -> "HostTimer":
+    def timer(self) -> HostTimer:
         return HostTimer()
 
 

@@ -62,7 +62,7 @@ def rank_facts(world: World) -> dict:
             facts["devices"] = devices.describe_devices()
             facts["p2p"] = devices.p2p_matrix()
             facts["handles"] = devices.handle_support(facts["device"])
-        except Exception as exc:  # noqa: BLE001 - info reports problems, it does not stop
+        except Exception as exc:
             facts["device_error"] = str(exc)
     return facts
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from .. import __version__
 
@@ -90,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
-    except Exception as exc:  # noqa: BLE001 - last line of defence: no rank may hang
+    except Exception as exc:
         _abort_job(exc)
         return EXIT_ERROR
 

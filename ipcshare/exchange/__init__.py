@@ -32,7 +32,8 @@ def _default_timeout() -> float:
     try:
         value = float(text)
     except ValueError:
-        raise ConfigError(f"IPCSHARE_EXCHANGE_TIMEOUT={text!r} is not a number of seconds") from None
+        raise ConfigError(
+            f"IPCSHARE_EXCHANGE_TIMEOUT={text!r} is not a number of seconds") from None
     if value <= 0:
         raise ConfigError(f"IPCSHARE_EXCHANGE_TIMEOUT must be positive, got {text!r}")
     return value
@@ -108,7 +109,7 @@ class Exchange:
     def _try(share, fd: OwnedFd) -> tuple[dict[int, OwnedFd], BaseException | None]:
         try:
             return share(fd), None
-        except Exception as exc:  # noqa: BLE001 - reported collectively by the caller
+        except Exception as exc:
             return {}, exc
 
     def _share_by_pidfd(self, fd: OwnedFd) -> dict[int, OwnedFd]:

@@ -59,7 +59,7 @@ class OwnedFd:
             _close_quietly(self._fd)
             self._fd = -1
 
-    def __enter__(self) -> "OwnedFd":
+    def __enter__(self) -> OwnedFd:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -113,9 +113,10 @@ class SocketEndpoint:
                 if time.monotonic() > deadline:
                     raise ExchangeTimeout(
                         f"local rank {peer_local_rank} did not accept a descriptor at "
-                        f"{self.describe_address(peer_local_rank)} within {self.timeout:g} s") from exc
+                        f"{self.describe_address(peer_local_rank)} within {self.timeout:g} s"
+                    ) from exc
                 time.sleep(0.001)
-            except socket.timeout as exc:
+            except TimeoutError as exc:
                 raise ExchangeTimeout(
                     f"sending a descriptor to local rank {peer_local_rank} timed out "
                     f"after {self.timeout:g} s") from exc
@@ -148,7 +149,7 @@ class SocketEndpoint:
                 self._listener.settimeout(remaining)
                 try:
                     conn, _ = self._listener.accept()
-                except socket.timeout:
+                except TimeoutError:
                     continue
                 with conn:
                     result = self._receive_one(conn, expected, sequence, remaining)
@@ -177,7 +178,7 @@ class SocketEndpoint:
         conn.settimeout(max(timeout, 0.001))
         try:
             data, fds, flags, _ = socket.recv_fds(conn, _HEADER.size, 4)
-        except (socket.timeout, OSError) as exc:
+        except (TimeoutError, OSError) as exc:
             raise ExchangeError(f"recvmsg from pid {pid} failed: {exc}") from exc
         owned = [OwnedFd(fd) for fd in fds]
         try:
@@ -189,7 +190,8 @@ class SocketEndpoint:
                     f"{len(owned)} descriptors (expected {_HEADER.size} and 1)")
             magic, token, sender, seq = _HEADER.unpack(data)
             if magic != _MAGIC or token != self.token.encode():
-                raise ExchangeError(f"descriptor message from pid {pid} carries another job's token")
+                raise ExchangeError(
+                    f"descriptor message from pid {pid} carries another job's token")
             if sender >= len(self.peer_pids) or self.peer_pids[sender] != pid:
                 raise ExchangeError(f"pid {pid} claims to be local rank {sender}, which it is not")
             if seq != sequence:

@@ -3,7 +3,7 @@ window into its own output, between two barriers (inputs ready; outputs read).""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from ..window import Window
 from .base import Pattern, SizePlan, align
@@ -64,7 +64,8 @@ class AllGather(Pattern):
             peer = (me + step) % n  # own block first, then staggered so peers spread reads
             if peer == me and mode == "in-place":
                 continue
-            pairs.append((self._recv_slot(window, peer, plan), self._send_of(window, peer, plan, mode)))
+            pairs.append((self._recv_slot(window, peer, plan),
+                          self._send_of(window, peer, plan, mode)))
         copy_all = window.engine.copier(pairs)
         barrier = window.barrier
 

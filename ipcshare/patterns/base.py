@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 from ..window import Window
 

@@ -4,7 +4,7 @@ table rows as they are measured, and the result document."""
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from .. import __version__
 from ..config import PatternOptions

@@ -4,7 +4,7 @@ every block. Steps are chained by per-step signals, not barriers, so the ring pi
 from __future__ import annotations
 
 import weakref
-from typing import Callable
+from collections.abc import Callable
 
 from ..window import USER_SLOT_BASE, Window
 from .base import Pattern, SizePlan

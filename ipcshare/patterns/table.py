@@ -58,8 +58,9 @@ class Table:
         lines = [f"# Out of bounds values : {result.wrong_total} {status}",
                  f"# Avg bus bandwidth    : {result.avg_busbw:.3f}"]
         if result.baseline is not None and result.baseline.rows:
+            pairs = zip(result.rows, result.baseline.rows, strict=True)
             ratios = [b.primary.time_us / r.primary.time_us
-                      for r, b in zip(result.rows, result.baseline.rows) if r.primary.time_us > 0]
+                      for r, b in pairs if r.primary.time_us > 0]
             if ratios:
                 lines.append(f"# Speedup over {result.baseline.name:<7}: "
                              f"min {min(ratios):.2f}x  max {max(ratios):.2f}x")

@@ -23,7 +23,7 @@ def test_auto_falls_back_to_sockets_when_one_rank_is_refused(comm, monkeypatch):
     if comm.rank == refused_rank:
         def refuse(pid, fd):
             raise ExchangeError(f"pidfd_getfd(pid {pid}, fd {fd}) -> EPERM: Operation not "
-                                "permitted (ptrace policy (yama ptrace_scope) or seccomp refuses it)")
+                                "permitted (ptrace policy or seccomp refuses it)")
         monkeypatch.setattr(exchange_module, "fetch_fd", refuse)
     with ipcshare.Group(backend="host", exchange="auto") as g:
         w = g.window(4096)

@@ -105,7 +105,7 @@ def test_close_is_idempotent_and_use_after_close_raises(comm):
     w.close()
     w.close()
     with pytest.raises(WindowError, match="closed"):
-        w.local
+        _ = w.local
     g.close()
     g.close()
     with pytest.raises(WindowError, match="closed"):

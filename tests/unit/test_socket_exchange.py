@@ -12,7 +12,12 @@ import pytest
 
 from ipcshare.errors import ExchangeTimeout
 from ipcshare.exchange.unix_socket import (
-    SUN_PATH_MAX, SocketEndpoint, make_socket_dir, remove_socket_dir, socket_path_fits)
+    SUN_PATH_MAX,
+    SocketEndpoint,
+    make_socket_dir,
+    remove_socket_dir,
+    socket_path_fits,
+)
 
 TOKEN = "0123456789abcdef"
 
