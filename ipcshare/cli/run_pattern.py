@@ -36,8 +36,8 @@ def run_pattern_command(args: argparse.Namespace) -> int:
             if options.graph:
                 from ..errors import ConfigError
 
-                raise ConfigError("--graph needs a GPU backend with graph capture; "
-                                  "the host backend times eagerly")
+                raise ConfigError("--graph (CUDA-graph replay timing) is not available yet; "
+                                  "run without it for eager timing")
             pattern = make_pattern(args.command)
     finally:
         world.close()
@@ -68,7 +68,11 @@ def _make_baseline(name: str, group, op: str):
         return MpiBaseline(group.world, op)
     from ..errors import ConfigError
 
-    raise ConfigError(f"baseline {name!r} needs a GPU backend and torch; use --baseline mpi here")
+    if group.backend_name == "host":
+        raise ConfigError(f"baseline {name!r} needs a GPU backend and torch; use --baseline mpi")
+    from ..patterns.baseline_nccl import NcclBaseline
+
+    return NcclBaseline(group.world, op, group.backend.device)
 
 
 def _write_json(path: str, document: dict) -> None:

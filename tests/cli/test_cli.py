@@ -98,6 +98,8 @@ BAD_INPUTS = [
     (["allgather", "-b", "1T", "-e", "1T"], "more than the .* bytes available"),
     (["ring", "--config", "/nonexistent/run.yaml"], "does not exist"),
     (["allgather", "--baseline", "nccl"], "baseline 'nccl' needs a GPU"),
+    (["ring", "--graph"], "--graph .* is not available yet"),
+    (["ring", "--json", "/nonexistent-dir/out.json", "-b", "4K", "-e", "4K"], "cannot write"),
 ]
 
 
