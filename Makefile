@@ -26,7 +26,7 @@ test-unit: $(VENV)/.installed
 test-mpi: $(VENV)/.installed
 	for n in 1 2 3 4; do \
 	  echo "== mpiexec -n $$n"; \
-	  $(MPIEXEC) -n $$n $(MPI_PYTEST) tests/mpi || exit 1; \
+	  $(MPIEXEC) -n $$n $(MPI_PYTEST) tests/mpi tests/gpu || exit 1; \
 	done
 
 # On a GPU node (see docs/GPU.md): GPU tests and a short benchmark, logs under $$OUT.

@@ -92,6 +92,13 @@ class Group:
                         f"{self.world.where(odd)} {choices[odd]!r} (a GPU missing on one node?)")
                 self.backend = open_backend(chosen, local_rank=self.world.local_rank,
                                             local_size=self.world.local_size, handle=handle)
+            # Launch wrappers often give each rank its own CUDA_VISIBLE_DEVICES, so device
+            # ordinals say nothing about sharing: count the ranks holding the same GPU UUID.
+            uuid = getattr(self.backend, "uuid", None)
+            uuids = self.world.local_comm.allgather(uuid)
+            if uuid is not None:
+                self.backend.ranks_per_device = uuids.count(uuid)
+                self.backend.engine().timeout = self.signal_timeout
         except BaseException:
             self._release()
             raise

@@ -43,8 +43,12 @@ def run_pattern_command(args: argparse.Namespace) -> int:
         world.close()
     with Group(options.backend, options.exchange, handle=options.handle) as group:
         baseline = _make_baseline(options.baseline, group, pattern.name)
-        result = run_pattern(group, pattern, options, baseline=baseline,
-                             emit=lambda line: print(line, flush=True))
+        try:
+            result = run_pattern(group, pattern, options, baseline=baseline,
+                                 emit=lambda line: print(line, flush=True))
+        finally:
+            if baseline is not None and hasattr(baseline, "close"):
+                baseline.close()
         if options.json:
             with collective_step(group.world, f"writing {options.json}"):
                 if group.rank == 0:

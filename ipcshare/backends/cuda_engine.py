@@ -1,0 +1,398 @@
+"""The device engine: copies, signals and barriers as work on one non-blocking stream.
+
+Everything is stream-ordered: ``copy`` and ``store_signal`` return once enqueued, and
+``wait_signal`` makes later work on the stream wait (cuStreamWaitValue64) without
+blocking the host. The host blocks only in ``synchronize``, ``download`` and a timer's
+``stop``, and there it polls with a deadline, so a peer that never signals turns into a
+SignalTimeout naming it, not a hung job.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .. import cuda_driver
+from ..cuda_driver import check, describe_error, driver
+from ..errors import CudaError, SignalTimeout
+from .device_buffer import DeviceBuffer
+
+__all__ = ["CudaEngine", "CudaTimer", "DEFAULT_SYNC_TIMEOUT_S"]
+
+# How long synchronize() waits when no signal wait with its own timeout is pending.
+DEFAULT_SYNC_TIMEOUT_S = 30.0
+# Busy polls of cuStreamQuery before backing off to sleeps: most waits end in microseconds.
+_SPIN_POLLS = 200
+_MAX_SLEEP_S = 1e-3
+
+_WORD = 8
+_WAIT_GEQ = int(driver.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ)
+# Default write flags put a memory barrier before the store: data written earlier on
+# the stream is visible to whoever sees the new value (release).
+_WRITE_RELEASE = int(driver.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT)
+_Label = str | Callable[[], str]  # a name, or a function making one on a timeout
+# Bindings for CUDA 12.0-12.x may know only the _V1 spelling of this attribute.
+_WIDE_OPS_ATTRIBUTE = next(
+    name for name in ("CAN_USE_64_BIT_STREAM_MEM_OPS", "CAN_USE_64_BIT_STREAM_MEM_OPS_V1")
+    if hasattr(driver.CUdevice_attribute, f"CU_DEVICE_ATTRIBUTE_{name}"))
+
+
+def _word_address(pad: DeviceBuffer, slot: int) -> int:
+    if slot < 0 or (slot + 1) * _WORD > pad.nbytes:
+        raise ValueError(f"signal slot {slot} lies outside a pad of {pad.nbytes} bytes")
+    return pad.ptr + slot * _WORD
+
+
+class CudaEngine:
+    """Moves bytes and signals on one ``CU_STREAM_NON_BLOCKING`` stream of ``device``.
+
+    The device's context must be current on the calling thread when the engine is
+    created and used. ``timeout`` bounds ``synchronize`` when no signal wait with its
+    own timeout is pending.
+
+    Raises:
+        CudaError: the stream could not be created.
+    """
+
+    def __init__(self, device: int, *, timeout: float = DEFAULT_SYNC_TIMEOUT_S) -> None:
+        self.device = device
+        self.timeout = timeout
+        self._stream: Any = None
+        # 64-bit stream memory operations are standard on current GPUs; where they are
+        # not, signals fall back to the low 32 bits of each word (little-endian).
+        self.wide_signals = bool(cuda_driver.device_attribute(device, _WIDE_OPS_ATTRIBUTE))
+        if self.wide_signals:
+            self._write, self._wait = driver.cuStreamWriteValue64, driver.cuStreamWaitValue64
+            self._write_name, self._wait_name = "cuStreamWriteValue64", "cuStreamWaitValue64"
+        else:
+            self._write, self._wait = driver.cuStreamWriteValue32, driver.cuStreamWaitValue32
+            self._write_name, self._wait_name = "cuStreamWriteValue32", "cuStreamWaitValue32"
+        self._mask = (1 << 64) - 1 if self.wide_signals else (1 << 32) - 1
+        # Waits enqueued since the last synchronize: word address -> (value, timeout, label).
+        # Only the latest wait per word matters: values on a word only grow.
+        self._pending: dict[int, tuple[int, float, _Label]] = {}
+        # Host arrays whose copies may still be in flight (pinned sources copy late).
+        self._keep: list[np.ndarray] = []
+        self._timers: set[CudaTimer] = set()
+        # Last: nothing after it can fail and leak the stream.
+        self._stream = check("cuStreamCreate", driver.cuStreamCreate(
+            int(driver.CUstream_flags.CU_STREAM_NON_BLOCKING)))
+
+    # -- bytes ---------------------------------------------------------------------
+    def copy(self, dst: DeviceBuffer, src: DeviceBuffer) -> None:
+        """Enqueue ``dst <- src`` (same length).
+
+        Raises:
+            ValueError: lengths differ.
+            CudaError: the copy could not be enqueued.
+        """
+        if dst.nbytes != src.nbytes:
+            raise ValueError(f"copy of {src.nbytes} bytes into a buffer of {dst.nbytes}")
+        if dst.nbytes:
+            check("cuMemcpyDtoDAsync",
+                  driver.cuMemcpyDtoDAsync(dst.ptr, src.ptr, dst.nbytes, self._live_stream()))
+
+    def copier(self, pairs: list[tuple[DeviceBuffer, DeviceBuffer]]) -> Callable[[], None]:
+        """A callable enqueueing every ``dst <- src`` of ``pairs`` in order.
+
+        Raises:
+            ValueError: a pair's lengths differ (at bind time).
+        """
+        jobs = []
+        for dst, src in pairs:
+            if dst.nbytes != src.nbytes:
+                raise ValueError(f"copy of {src.nbytes} bytes into a buffer of {dst.nbytes}")
+            if dst.nbytes:
+                jobs.append((dst.ptr, src.ptr, dst.nbytes))
+        memcpy, stream = driver.cuMemcpyDtoDAsync, self._live_stream()
+
+        def copy_all() -> None:
+            for dst_ptr, src_ptr, nbytes in jobs:
+                err, = memcpy(dst_ptr, src_ptr, nbytes, stream)
+                if err:
+                    raise CudaError(describe_error("cuMemcpyDtoDAsync", err))
+        return copy_all
+
+    def upload(self, dst: DeviceBuffer, data: np.ndarray) -> None:
+        """Copy host bytes ``data`` (uint8, ``dst.nbytes`` long) into ``dst``, after the
+        work already on the stream.
+
+        Raises:
+            ValueError: wrong length.
+            SignalTimeout: earlier work on the stream never finished (a missing peer).
+            CudaError: the copy failed.
+        """
+        data = np.ascontiguousarray(data, dtype=np.uint8).reshape(-1)
+        if data.nbytes != dst.nbytes:
+            raise ValueError(f"upload of {data.nbytes} bytes into a buffer of {dst.nbytes}")
+        if not data.nbytes:
+            return
+        # A copy from pageable memory first waits for the stream on the host, with no
+        # deadline; drain the stream here, where a missing peer becomes a SignalTimeout.
+        self.synchronize()
+        check("cuMemcpyHtoDAsync",
+              driver.cuMemcpyHtoDAsync(dst.ptr, data.ctypes.data, data.nbytes,
+                                       self._live_stream()))
+        self._keep.append(data)
+
+    def download(self, src: DeviceBuffer) -> np.ndarray:
+        """The bytes of ``src`` as a new host uint8 array, after all work submitted.
+
+        Raises:
+            SignalTimeout: the stream never finished (a missing peer).
+            CudaError: the copy failed.
+        """
+        out = np.empty(src.nbytes, dtype=np.uint8)
+        self.synchronize()
+        if src.nbytes:
+            check("cuMemcpyDtoHAsync",
+                  driver.cuMemcpyDtoHAsync(out.ctypes.data, src.ptr, src.nbytes,
+                                           self._live_stream()))
+            self.synchronize()
+        return out
+
+    # -- signals -------------------------------------------------------------------
+    def store_signal(self, pad: DeviceBuffer, slot: int, value: int) -> None:
+        """Enqueue a release store of ``value`` into word ``slot`` of ``pad``.
+
+        Raises:
+            ValueError: slot outside the pad.
+            CudaError: the write could not be enqueued.
+        """
+        check(self._write_name, self._write(self._live_stream(), _word_address(pad, slot),
+                                            value & self._mask, _WRITE_RELEASE))
+
+    def wait_signal(self, pad: DeviceBuffer, slot: int, value: int, *, timeout: float,
+                    what: str) -> None:
+        """Make later work on the stream wait until word ``slot`` of ``pad`` >= ``value``.
+
+        Returns at once; ``synchronize`` raises SignalTimeout naming ``what`` if the word
+        is still short of ``value`` after ``timeout`` seconds.
+
+        Raises:
+            ValueError: slot outside the pad.
+            CudaError: the wait could not be enqueued.
+        """
+        address = _word_address(pad, slot)
+        check(self._wait_name,
+              self._wait(self._live_stream(), address, value & self._mask, _WAIT_GEQ))
+        self._pending[address] = (value & self._mask, timeout, what)
+
+    def signal_poster(self, pad: DeviceBuffer, slot: int) -> Callable[[int], None]:
+        """A callable enqueueing a release store of its argument into word ``slot``."""
+        address, write, mask = _word_address(pad, slot), self._write, self._mask
+        stream, name = self._live_stream(), self._write_name
+
+        def post(value: int) -> None:
+            err, = write(stream, address, value & mask, _WRITE_RELEASE)
+            if err:
+                raise CudaError(describe_error(name, err))
+        return post
+
+    def signal_waiter(self, pad: DeviceBuffer, slot: int, *, timeout: float,
+                      what: str) -> Callable[[int], None]:
+        """A callable enqueueing a wait until word ``slot`` reaches its argument."""
+        address, wait, mask = _word_address(pad, slot), self._wait, self._mask
+        stream, name, pending = self._live_stream(), self._wait_name, self._pending
+
+        def wait_for(value: int) -> None:
+            err, = wait(stream, address, value & mask, _WAIT_GEQ)
+            if err:
+                raise CudaError(describe_error(name, err))
+            pending[address] = (value & mask, timeout, what)
+        return wait_for
+
+    def make_barrier(self, own_pad: DeviceBuffer, peer_pads: list[DeviceBuffer], my_slot: int,
+                     peer_slots: list[int], *, timeout: float,
+                     what: Callable[[int], str]) -> Callable[[], None]:
+        """A stream-ordered barrier: each call stores the next epoch into word
+        ``my_slot`` of every peer pad, then makes the stream wait until words
+        ``peer_slots`` of ``own_pad`` reach it. The host does not block."""
+        outgoing = [_word_address(pad, my_slot) for pad in peer_pads]
+        incoming = [(_word_address(own_pad, slot), (lambda s=slot: what(s)))
+                    for slot in peer_slots]
+        write, wait, stream, mask = self._write, self._wait, self._live_stream(), self._mask
+        write_name, wait_name, pending = self._write_name, self._wait_name, self._pending
+        epoch = 0
+
+        def barrier() -> None:
+            nonlocal epoch
+            epoch += 1
+            value = epoch & mask
+            for address in outgoing:
+                err, = write(stream, address, value, _WRITE_RELEASE)
+                if err:
+                    raise CudaError(describe_error(write_name, err))
+            for address, label in incoming:
+                err, = wait(stream, address, value, _WAIT_GEQ)
+                if err:
+                    raise CudaError(describe_error(wait_name, err))
+                pending[address] = (value, timeout, label)
+        return barrier
+
+    # -- completion ----------------------------------------------------------------
+    def synchronize(self) -> None:
+        """Wait until everything enqueued has finished.
+
+        Raises:
+            SignalTimeout: the stream did not finish in time (it is most likely waiting
+                for a peer's signal; the message names the waits still unmet).
+            CudaError: the stream failed.
+        """
+        stream = self._stream
+        if stream is None:
+            return  # closed: nothing can be pending
+        self._poll(lambda: driver.cuStreamQuery(stream), "cuStreamQuery")
+        self._pending.clear()
+        self._keep.clear()
+
+    def _poll(self, query: Callable[[], tuple], call: str) -> None:
+        err, = query()
+        if err == cuda_driver.SUCCESS:
+            return
+        if err != cuda_driver.NOT_READY:
+            raise CudaError(describe_error(call, err))
+        # Waits carry their own deadlines (the window's signal timeout); plain work gets
+        # the engine's.
+        timeout = (max(entry[1] for entry in self._pending.values()) if self._pending
+                   else self.timeout)
+        deadline = time.monotonic() + timeout
+        polls, sleep = 0, 1e-6
+        while True:
+            err, = query()
+            if err == cuda_driver.SUCCESS:
+                return
+            if err != cuda_driver.NOT_READY:
+                raise CudaError(describe_error(call, err))
+            polls += 1
+            if polls > _SPIN_POLLS:
+                # Past the first microseconds the peer is slow or gone: stop burning a core
+                # that a rank sharing it may need.
+                time.sleep(sleep)
+                sleep = min(sleep * 2, _MAX_SLEEP_S)
+                if time.monotonic() > deadline:
+                    raise SignalTimeout(self._timeout_message(timeout))
+
+    def _timeout_message(self, timeout: float) -> str:
+        head = (f"the stream of cuda:{self.device} did not finish within {timeout:g} s; "
+                "it is most likely waiting for a peer's signal")
+        unmet = []
+        for address, (value, _timeout, label) in self._pending.items():
+            current = self._peek_word(address)
+            if current is not None and self._reached(current, value):
+                continue
+            name = label() if callable(label) else label
+            seen = "unreadable" if current is None else str(current)
+            unmet.append(f"{name}: signal word at 0x{address:x} is {seen}, waiting for >= {value}")
+        if unmet:
+            return f"{'; '.join(unmet)} ({head})"
+        if self._pending:
+            return head
+        return (f"the stream of cuda:{self.device} did not finish within {timeout:g} s "
+                "(no signal wait is pending: a copy is stuck)")
+
+    def _reached(self, current: int, value: int) -> bool:
+        # The driver's GEQ is cyclic: (signed)(current - value) >= 0.
+        bits = 64 if self.wide_signals else 32
+        diff = (current - value) & ((1 << bits) - 1)
+        return diff < (1 << (bits - 1))
+
+    def _peek_word(self, address: int) -> int | None:
+        # Our stream is blocked; a synchronous copy runs on the legacy default stream,
+        # which does not wait for non-blocking streams.
+        word = ctypes.c_uint64(0)
+        size = _WORD if self.wide_signals else 4
+        try:
+            err, = driver.cuMemcpyDtoH(ctypes.addressof(word), address, size)
+        except Exception:  # diagnosis only
+            return None
+        return int(word.value) if err == cuda_driver.SUCCESS else None
+
+    def timer(self) -> CudaTimer:
+        """A timer from CUDA events recorded on this stream."""
+        return CudaTimer(self)
+
+    def _live_stream(self) -> Any:
+        if self._stream is None:
+            raise CudaError("cuStreamQuery -> the engine is closed (its stream was destroyed)")
+        return self._stream
+
+    def close(self) -> None:
+        """Destroy the stream and any timer's events (idempotent).
+
+        Raises:
+            CudaError: the driver refused (the engine counts as closed).
+        """
+        for timer in list(self._timers):
+            timer.close()
+        self._timers.clear()
+        stream, self._stream = self._stream, None
+        self._pending.clear()
+        self._keep.clear()
+        if stream is not None:
+            check("cuStreamDestroy", driver.cuStreamDestroy(stream))
+
+    @property
+    def closed(self) -> bool:
+        return self._stream is None
+
+    @property
+    def stream(self) -> Any:
+        """The ``CUstream`` (for users who launch their own work after ours)."""
+        return self._stream
+
+
+class CudaTimer:
+    """Elapsed GPU time between ``start()`` and ``stop()``, from two CUDA events."""
+
+    def __init__(self, engine: CudaEngine) -> None:
+        self._engine = engine
+        self._events: tuple[Any, Any] | None = None
+
+    def start(self) -> None:
+        """Record the start event on the engine's stream.
+
+        Raises:
+            CudaError: event creation or recording failed.
+        """
+        self.close()
+        flags = int(driver.CUevent_flags.CU_EVENT_DEFAULT)
+        begin = check("cuEventCreate", driver.cuEventCreate(flags))
+        try:
+            end = check("cuEventCreate", driver.cuEventCreate(flags))
+        except BaseException:
+            driver.cuEventDestroy(begin)
+            raise
+        self._events = (begin, end)
+        self._engine._timers.add(self)  # the engine destroys live events when it closes
+        check("cuEventRecord", driver.cuEventRecord(begin, self._engine._live_stream()))
+
+    def stop(self) -> float:
+        """Seconds of GPU time from start() to now, once the work in between is done.
+
+        Raises:
+            SignalTimeout: the work never finished (a missing peer).
+            CudaError: no start(), or an event call failed.
+        """
+        if self._events is None:
+            raise CudaError("cuEventRecord -> timer stopped before it was started")
+        begin, end = self._events
+        try:
+            check("cuEventRecord", driver.cuEventRecord(end, self._engine._live_stream()))
+            self._engine._poll(lambda: driver.cuEventQuery(end), "cuEventQuery")
+            milliseconds = check("cuEventElapsedTime", driver.cuEventElapsedTime(begin, end))
+        finally:
+            self.close()
+        return float(milliseconds) / 1e3
+
+    def close(self) -> None:
+        """Destroy the events (idempotent)."""
+        events, self._events = self._events, None
+        self._engine._timers.discard(self)
+        if events is not None:
+            for event in events:
+                driver.cuEventDestroy(event)

@@ -1,0 +1,235 @@
+"""Legacy CUDA IPC: cuMemAlloc'd buffers shared as 64-byte cuIpcMemHandles (opaque bytes
+that travel by MPI), opened with cuIpcOpenMemHandle.
+
+Also home of ``DeviceBackend``, what both GPU backends share: device binding, the
+retained primary context, the stream engine, the peer-mapping cache, capacity.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import struct
+
+from .. import cuda_driver, devices
+from ..cuda_driver import check, driver
+from ..errors import BackendError
+from ..exchange.fds import OwnedFd
+from .base import Allocation, Backend, Exported
+from .cuda_engine import CudaEngine
+from .device_buffer import DeviceAllocation, ImportCache
+
+__all__ = ["CudaIpcBackend", "DeviceBackend", "IpcHandleInfo", "parse_ipc_handle",
+           "IPC_HEADER", "IPC_PAYLOAD_BYTES"]
+
+# magic, format version, bytes, exporter's device UUID; the 64-byte handle follows.
+IPC_HEADER = struct.Struct("!4sHQ16s")
+_MAGIC = b"IPCC"
+_VERSION = 1
+_IPC_HANDLE_BYTES = 64
+IPC_PAYLOAD_BYTES = IPC_HEADER.size + _IPC_HANDLE_BYTES
+
+
+class DeviceBackend(Backend):
+    """What the GPU backends share: this rank's device (``local_rank % device_count``),
+    a retained primary context made current, one CudaEngine, the peer-mapping cache.
+
+    Raises:
+        BackendUnavailable: no device visible.
+        ConfigError: too many ranks per GPU (IPCSHARE_MAX_RANKS_PER_GPU).
+        CudaError: the driver failed.
+    """
+
+    def __init__(self, *, local_rank: int = 0, local_size: int = 1) -> None:
+        self._closed = False
+        self._engine: CudaEngine | None = None
+        self._imports = ImportCache()
+        self.device = devices.bind_device(local_rank, local_size)
+        self._sharing = devices.ranks_sharing(self.device, local_size, cuda_driver.device_count())
+        self._local_size = local_size
+        self._context = cuda_driver.PrimaryContext(self.device)
+        try:
+            self.uuid = cuda_driver.device_uuid(self.device)
+            self._label = (f"cuda:{self.device} {cuda_driver.device_name(self.device)} "
+                           f"{cuda_driver.format_uuid(self.uuid)[:12]}")
+            self._peer_ordinals: dict[bytes, int] | None = None
+            self._engine = CudaEngine(self.device)
+        except BaseException:
+            self._context.close()
+            raise
+
+    def engine(self) -> CudaEngine:
+        if self._engine is None:
+            raise BackendError(f"{self.name} backend is closed")
+        return self._engine
+
+    @property
+    def imports_mapped(self) -> int:
+        """Distinct peer allocations mapped by this backend right now."""
+        return len(self._imports)
+
+    @property
+    def ranks_per_device(self) -> int:
+        """Ranks of this node bound to this rank's device (this one included).
+
+        Computed assuming every rank of the node sees the same devices; a caller that
+        knows better (ranks compared device UUIDs) sets it, and capacity follows.
+        """
+        return self._sharing
+
+    @ranks_per_device.setter
+    def ranks_per_device(self, ranks: int) -> None:
+        if ranks < 1:
+            raise ValueError(f"ranks_per_device must be at least 1, got {ranks}")
+        self._sharing = ranks
+
+    def capacity_bytes(self) -> int | None:
+        """Free device memory, scaled so that the window's per-node check
+        (bytes per rank x ranks on the node) compares against what one GPU holds.
+
+        Raises:
+            CudaError: the query failed.
+        """
+        self._context.make_current()
+        free, _total = cuda_driver.mem_get_info()
+        return free * self._local_size // self._sharing
+
+    def describe_device(self) -> str:
+        return self._label
+
+    def _check_peer_reachable(self, peer_uuid: bytes) -> None:
+        # The driver would fail later with a bare error; name the two GPUs instead.
+        if peer_uuid == self.uuid:
+            return
+        if self._peer_ordinals is None:
+            self._peer_ordinals = {cuda_driver.device_uuid(o): o
+                                   for o in range(cuda_driver.device_count())}
+        peer = self._peer_ordinals.get(peer_uuid)
+        if peer is not None and not cuda_driver.can_access_peer(self.device, peer):
+            raise BackendError(
+                f"cuDeviceCanAccessPeer -> 0: cuda:{self.device} cannot reach the memory of "
+                f"cuda:{peer} ({cuda_driver.format_uuid(peer_uuid)}) peer-to-peer "
+                "(no NVLink or PCIe P2P path between them)")
+
+    def close(self) -> None:
+        """Unmap peers still mapped, destroy the stream, release the context
+        (idempotent).
+
+        Raises:
+            CudaError: a release failed (every step is still attempted).
+        """
+        if self._closed:
+            return
+        self._closed = True
+        engine, self._engine = self._engine, None
+        try:
+            self._context.make_current()
+            self._imports.close()
+        finally:
+            try:
+                if engine is not None:
+                    engine.close()
+            finally:
+                self._context.close()
+
+
+def _free(ptr: int) -> None:
+    check("cuMemFree", driver.cuMemFree(ptr))
+
+
+def _close_ipc(ptr: int) -> None:
+    check("cuIpcCloseMemHandle", driver.cuIpcCloseMemHandle(ptr))
+
+
+@dataclasses.dataclass(frozen=True)
+class IpcHandleInfo:
+    """A parsed cuda-ipc payload."""
+
+    nbytes: int
+    device_uuid: bytes
+    handle: bytes
+
+
+def parse_ipc_handle(payload: bytes) -> IpcHandleInfo:
+    """Validate and split a cuda-ipc payload.
+
+    Raises:
+        BackendError: wrong length, magic or version.
+    """
+    payload = bytes(payload)
+    if len(payload) != IPC_PAYLOAD_BYTES:
+        raise BackendError(
+            f"cuda-ipc handle has {len(payload)} bytes, expected {IPC_PAYLOAD_BYTES}")
+    magic, version, nbytes, uuid = IPC_HEADER.unpack_from(payload)
+    if magic != _MAGIC:
+        raise BackendError("cuda-ipc handle has a bad magic number (not an ipcshare cuda-ipc "
+                           "handle: do all ranks use the same backend?)")
+    if version != _VERSION:
+        raise BackendError(
+            f"cuda-ipc handle format {version} is not supported (expected {_VERSION})")
+    return IpcHandleInfo(nbytes, uuid, payload[IPC_HEADER.size:])
+
+
+class CudaIpcBackend(DeviceBackend):
+    """cuMemAlloc memory shared with legacy cudaIpc handles (bytes only, no descriptor).
+
+    Works between processes on the same GPU and between P2P-capable GPUs.
+    """
+
+    name = "cuda-ipc"
+    uses_fds = False
+    # cuMemAlloc needs no rounding, but window regions then start on the large-page
+    # boundary the driver uses for big allocations anyway.
+    granularity = 2 << 20
+
+    def allocate(self, nbytes: int) -> DeviceAllocation:
+        """cuMemAlloc ``nbytes`` (256-byte aligned or better).
+
+        Raises:
+            CudaError: out of memory, or another driver failure.
+        """
+        self._context.make_current()
+        ptr = int(check("cuMemAlloc", driver.cuMemAlloc(nbytes)))
+        return DeviceAllocation(ptr, nbytes, self.device, functools.partial(_free, ptr),
+                                what="cuda-ipc allocation")
+
+    def export(self, allocation: Allocation) -> Exported:
+        """The allocation's cuIpcMemHandle behind a small header.
+
+        Raises:
+            BackendError: not an allocation of this backend, or a closed one.
+            CudaError: cuIpcGetMemHandle failed.
+        """
+        if not isinstance(allocation, DeviceAllocation) or allocation.closed:
+            raise BackendError("cuda-ipc can only export its own open allocations")
+        self._context.make_current()
+        handle = check("cuIpcGetMemHandle", driver.cuIpcGetMemHandle(allocation.ptr))
+        raw = bytes(handle.reserved)
+        if len(raw) != _IPC_HANDLE_BYTES:
+            raise BackendError(
+                f"cuIpcGetMemHandle gave {len(raw)} bytes, expected {_IPC_HANDLE_BYTES}")
+        header = IPC_HEADER.pack(_MAGIC, _VERSION, allocation.nbytes, self.uuid)
+        return Exported(payload=header + raw)
+
+    def import_peer(self, payload: bytes, fd: OwnedFd | None, nbytes: int) -> DeviceAllocation:
+        """Open a peer's cuIpcMemHandle (once per distinct handle; later imports share it).
+
+        Raises:
+            BackendError: malformed payload, size mismatch, or GPUs without P2P.
+            CudaError: cuIpcOpenMemHandle failed.
+        """
+        info = parse_ipc_handle(payload)
+        if info.nbytes != nbytes:
+            raise BackendError(f"peer announced {info.nbytes} bytes, the window has {nbytes}")
+        self._context.make_current()
+        self._check_peer_reachable(info.device_uuid)
+
+        def open_mapping() -> tuple[int, int, functools.partial]:
+            handle = driver.CUipcMemHandle()
+            handle.reserved = info.handle
+            flags = int(driver.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
+            ptr = int(check("cuIpcOpenMemHandle", driver.cuIpcOpenMemHandle(handle, flags)))
+            return ptr, nbytes, functools.partial(_close_ipc, ptr)
+
+        return self._imports.acquire(info.handle, open_mapping, nbytes, self.device,
+                                     what="cuda-ipc peer mapping")

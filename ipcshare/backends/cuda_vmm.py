@@ -1,0 +1,270 @@
+"""cuMem virtual memory management: cuMemCreate'd memory shared as a POSIX file
+descriptor (through the exchange's descriptor path) or a fabric handle (opaque bytes,
+where an IMEX channel permits), mapped with cuMemAddressReserve + cuMemMap.
+
+Multi-step setup registers each step's undo as it succeeds and disarms them at the
+end, so a failure half-way releases everything. NVLink multicast is never used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import os
+import struct
+from collections.abc import Callable
+from typing import Any
+
+from .. import cuda_driver, devices
+from ..cuda_driver import check, driver
+from ..errors import BackendError, BackendUnavailable, ConfigError, CudaError
+from ..exchange.fds import OwnedFd
+from .base import Allocation, Exported
+from .cuda_ipc import DeviceBackend
+from .device_buffer import DeviceAllocation
+
+__all__ = ["CudaVmmBackend", "VmmAllocation", "VmmHandleInfo", "parse_vmm_handle",
+           "VMM_HEADER", "FABRIC_REFUSED_MESSAGE"]
+
+# magic, format version, bytes announced, bytes mapped (granularity-rounded), handle
+# type code, exporter's device UUID, exporter pid, exporter's allocation number.
+# A fabric payload carries the 64-byte CUmemFabricHandle after it.
+VMM_HEADER = struct.Struct("!4sHQQB16sIQ")
+_MAGIC = b"IPCV"
+_VERSION = 1
+_HANDLE_CODES = {"posix-fd": 1, "fabric": 2}
+_HANDLE_NAMES = {code: name for name, code in _HANDLE_CODES.items()}
+_FABRIC_HANDLE_BYTES = 64
+
+FABRIC_REFUSED_MESSAGE = (
+    "fabric handles refused: CUDA_ERROR_NOT_PERMITTED \u2014 no IMEX channel on this node "
+    "(needs nvidia-imex and /dev/nvidia-caps-imex-channels); use --handle posix-fd")
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def _release_mapping(ptr: int, size: int, handle: Any) -> None:
+    # Unmap, free the address range, release the handle: each step runs even if an
+    # earlier one failed, and the first failure is reported.
+    first: CudaError | None = None
+    for call, result in (("cuMemUnmap", lambda: driver.cuMemUnmap(ptr, size)),
+                         ("cuMemAddressFree", lambda: driver.cuMemAddressFree(ptr, size)),
+                         ("cuMemRelease", lambda: driver.cuMemRelease(handle))):
+        try:
+            check(call, result())
+        except CudaError as exc:
+            first = first or exc
+    if first is not None:
+        raise first
+
+
+def _releaser(ptr: int, size: int, handle: Any) -> Callable[[], None]:
+    return lambda: _release_mapping(ptr, size, handle)
+
+
+def _undo(call: Callable[..., Any], *args: Any) -> None:
+    # Rollback after a failure: the original error is the one worth reporting.
+    with contextlib.suppress(Exception):
+        call(*args)
+
+
+class VmmAllocation(DeviceAllocation):
+    """A cuMemCreate allocation mapped here; keeps its handle for export."""
+
+    def __init__(self, ptr: int, nbytes: int, device: int, release: Callable[[], None], *,
+                 handle: Any, size: int, number: int) -> None:
+        super().__init__(ptr, nbytes, device, release, what="cuda-vmm allocation")
+        self.handle = handle
+        self.size = size
+        self.number = number
+
+
+@dataclasses.dataclass(frozen=True)
+class VmmHandleInfo:
+    """A parsed cuda-vmm payload."""
+
+    nbytes: int
+    size: int
+    handle: str
+    device_uuid: bytes
+    pid: int
+    number: int
+    fabric: bytes | None
+
+    @property
+    def key(self) -> tuple[bytes, int, int]:
+        """Identity of the exporter's allocation (for the import cache)."""
+        return (self.device_uuid, self.pid, self.number)
+
+
+def parse_vmm_handle(payload: bytes) -> VmmHandleInfo:
+    """Validate and split a cuda-vmm payload.
+
+    Raises:
+        BackendError: wrong length, magic, version, handle type or sizes.
+    """
+    payload = bytes(payload)
+    if len(payload) < VMM_HEADER.size:
+        raise BackendError(
+            f"cuda-vmm handle has {len(payload)} bytes, fewer than its "
+            f"{VMM_HEADER.size}-byte header")
+    magic, version, nbytes, size, code, uuid, pid, number = VMM_HEADER.unpack_from(payload)
+    if magic != _MAGIC:
+        raise BackendError("cuda-vmm handle has a bad magic number (not an ipcshare cuda-vmm "
+                           "handle: do all ranks use the same backend?)")
+    if version != _VERSION:
+        raise BackendError(
+            f"cuda-vmm handle format {version} is not supported (expected {_VERSION})")
+    handle = _HANDLE_NAMES.get(code)
+    if handle is None:
+        raise BackendError(f"cuda-vmm handle names unknown handle type {code}")
+    expected = VMM_HEADER.size + (_FABRIC_HANDLE_BYTES if handle == "fabric" else 0)
+    if len(payload) != expected:
+        raise BackendError(
+            f"cuda-vmm {handle} handle has {len(payload)} bytes, expected {expected}")
+    if size < nbytes or size == 0:
+        raise BackendError(f"cuda-vmm handle maps {size} bytes, fewer than the {nbytes} announced")
+    fabric = payload[VMM_HEADER.size:] if handle == "fabric" else None
+    return VmmHandleInfo(nbytes, size, handle, uuid, pid, number, fabric)
+
+
+class CudaVmmBackend(DeviceBackend):
+    """cuMemCreate memory exported as ``posix-fd`` (descriptors) or ``fabric`` (bytes).
+
+    The handle type is checked at construction with a real allocation and export:
+    device attributes can claim fabric support that the node then refuses.
+
+    Raises:
+        ConfigError: unknown handle type.
+        BackendUnavailable: VMM or the handle type does not work here (fabric without
+            IMEX says so and suggests ``--handle posix-fd``).
+        CudaError: the driver failed.
+    """
+
+    name = "cuda-vmm"
+    uses_fds = True
+
+    def __init__(self, *, local_rank: int = 0, local_size: int = 1,
+                 handle: str = "posix-fd") -> None:
+        if handle not in cuda_driver.HANDLE_TYPES:
+            raise ConfigError(f"unknown handle type {handle!r}; choose one of: "
+                              f"{', '.join(cuda_driver.HANDLE_TYPES)}")
+        super().__init__(local_rank=local_rank, local_size=local_size)
+        try:
+            self.handle = handle
+            self.uses_fds = handle == "posix-fd"
+            self._handle_type = cuda_driver.handle_type(handle)
+            self._prop = cuda_driver.vmm_allocation_prop(self.device, handle)
+            self._access = [cuda_driver.vmm_access_desc(self.device)]
+            probe = devices.probe_vmm_handle(self.device, handle)
+            if not probe.ok:
+                if handle == "fabric" and probe.error == "CUDA_ERROR_NOT_PERMITTED":
+                    raise BackendUnavailable(FABRIC_REFUSED_MESSAGE)
+                raise BackendUnavailable(
+                    f"cuMem {handle} handles do not work on cuda:{self.device}: "
+                    f"{probe.describe()}{' (' + probe.call + ')' if probe.call else ''}")
+            self.granularity = cuda_driver.vmm_granularity(self._prop, recommended=True)
+            self._pid = os.getpid()
+            self._numbers = itertools.count(1)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- memory --------------------------------------------------------------------
+    def _map(self, handle: Any, size: int, undo: contextlib.ExitStack) -> int:
+        ptr = int(check("cuMemAddressReserve",
+                        driver.cuMemAddressReserve(size, self.granularity, 0, 0)))
+        undo.callback(_undo, driver.cuMemAddressFree, ptr, size)
+        check("cuMemMap", driver.cuMemMap(ptr, size, 0, handle, 0))
+        undo.callback(_undo, driver.cuMemUnmap, ptr, size)
+        # Each process grants access to its own device only; importers do the same.
+        check("cuMemSetAccess", driver.cuMemSetAccess(ptr, size, self._access, len(self._access)))
+        return ptr
+
+    def allocate(self, nbytes: int) -> VmmAllocation:
+        """cuMemCreate + reserve + map + set access, all undone on a failure half-way.
+
+        Raises:
+            CudaError: the failing step (out of memory, ...).
+        """
+        size = _round_up(max(nbytes, 1), self.granularity)
+        self._context.make_current()
+        with contextlib.ExitStack() as undo:
+            handle = check("cuMemCreate", driver.cuMemCreate(size, self._prop, 0))
+            undo.callback(_undo, driver.cuMemRelease, handle)
+            ptr = self._map(handle, size, undo)
+            undo.pop_all()
+        # The release closure holds plain values, never the backend or the allocation.
+        return VmmAllocation(ptr, nbytes, self.device, _releaser(ptr, size, handle),
+                             handle=handle, size=size,
+                             number=next(self._numbers))
+
+    def export(self, allocation: Allocation) -> Exported:
+        """A header naming the allocation, plus its descriptor (posix-fd) or fabric
+        handle bytes.
+
+        Raises:
+            BackendError: not an open allocation of this backend.
+            CudaError: cuMemExportToShareableHandle failed.
+        """
+        if not isinstance(allocation, VmmAllocation) or allocation.closed:
+            raise BackendError("cuda-vmm can only export its own open allocations")
+        self._context.make_current()
+        header = VMM_HEADER.pack(_MAGIC, _VERSION, allocation.nbytes, allocation.size,
+                                 _HANDLE_CODES[self.handle], self.uuid, self._pid,
+                                 allocation.number)
+        shared = check("cuMemExportToShareableHandle",
+                       driver.cuMemExportToShareableHandle(allocation.handle, self._handle_type, 0))
+        if self.handle == "posix-fd":
+            return Exported(payload=header, fd=OwnedFd(int(shared)))
+        raw = bytes(shared.data)
+        if len(raw) != _FABRIC_HANDLE_BYTES:
+            raise BackendError(f"cuMemExportToShareableHandle gave a {len(raw)}-byte fabric "
+                               f"handle, expected {_FABRIC_HANDLE_BYTES}")
+        return Exported(payload=header + raw)
+
+    def import_peer(self, payload: bytes, fd: OwnedFd | None, nbytes: int) -> DeviceAllocation:
+        """Import and map a peer's allocation (once per distinct allocation; later
+        imports share the mapping). The caller closes ``fd`` afterwards.
+
+        Raises:
+            BackendError: malformed payload, wrong handle type, size mismatch, missing
+                descriptor, or GPUs without P2P.
+            CudaError: import, reserve, map or set-access failed (all undone).
+        """
+        info = parse_vmm_handle(payload)
+        if info.nbytes != nbytes:
+            raise BackendError(f"peer announced {info.nbytes} bytes, the window has {nbytes}")
+        if info.handle != self.handle:
+            raise BackendError(
+                f"peer exported a {info.handle} handle, this rank uses {self.handle}")
+        if info.size % self.granularity:
+            raise BackendError(f"peer mapping of {info.size} bytes is not a multiple of this "
+                               f"device's granularity {self.granularity}")
+        if info.handle == "posix-fd" and fd is None:
+            raise BackendError("cuda-vmm posix-fd handle arrived without its descriptor")
+        self._context.make_current()
+        self._check_peer_reachable(info.device_uuid)
+        return self._imports.acquire(info.key, lambda: self._open_peer(info, fd), nbytes,
+                                     self.device, what="cuda-vmm peer mapping")
+
+    def _open_peer(self, info: VmmHandleInfo, fd: OwnedFd | None) -> tuple[int, int, Callable]:
+        fabric = None
+        if info.handle == "posix-fd":
+            assert fd is not None
+            os_handle: Any = fd.fileno()  # the binding passes an int as (void*)fd, as C does
+        else:
+            fabric = driver.CUmemFabricHandle()
+            fabric.data = info.fabric
+            os_handle = fabric.getPtr()  # address of the 64 bytes; ``fabric`` keeps them alive
+        with contextlib.ExitStack() as undo:
+            handle = check("cuMemImportFromShareableHandle",
+                           driver.cuMemImportFromShareableHandle(os_handle, self._handle_type))
+            undo.callback(_undo, driver.cuMemRelease, handle)
+            ptr = self._map(handle, info.size, undo)
+            undo.pop_all()
+        del fabric
+        return ptr, info.size, _releaser(ptr, info.size, handle)

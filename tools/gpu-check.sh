@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# The one script run on a GPU node: facts, the GPU test suite at 2 (and 4) ranks and with
+# two ranks sharing one GPU, then ring / all-gather sweeps on both GPU backends against NCCL.
+#
+#   tools/gpu-check.sh [all|tests|bench]      (default all; run from anywhere)
+#
+# Writes under ${OUT:-out}: gpu-check.log (everything), results.jsonl (one result document
+# per line), info.json (ipcshare info), summary.txt. Keeps going after a failure and exits
+# non-zero at the end if any step failed. Each step runs under `timeout`.
+#
+# Knobs: BENCH_MAX (largest size, default 1G), BENCH_ITERS (default 20), BENCH_BASELINE
+# (nccl, mpi or none; default nccl), STEP_TIMEOUT_TESTS (seconds per pytest run, default
+# 240), STEP_TIMEOUT_BENCH (per sweep, default 150), PYTHON, MPIEXEC.
+set -u
+
+phase=${1:-all}
+case "$phase" in all|tests|bench) ;; *) echo "usage: $0 [all|tests|bench]" >&2; exit 2 ;; esac
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo" || exit 2
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+LOG="$OUT/gpu-check.log"
+RESULTS="$OUT/results.jsonl"
+SUMMARY="$OUT/summary.txt"
+: >"$SUMMARY"
+
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1 PYTHONUNBUFFERED=1
+
+BENCH_MAX=${BENCH_MAX:-1G}
+BENCH_ITERS=${BENCH_ITERS:-20}
+BENCH_BASELINE=${BENCH_BASELINE:-nccl}
+STEP_TIMEOUT_TESTS=${STEP_TIMEOUT_TESTS:-240}
+STEP_TIMEOUT_BENCH=${STEP_TIMEOUT_BENCH:-150}
+PY=${PYTHON:-python3}
+MPIEXEC=${MPIEXEC:-mpiexec}
+
+failures=0
+started=$(date +%s)
+
+log() { echo "$*" | tee -a "$LOG"; }
+
+# step NAME TIMEOUT CMD...: run (a program or an exported function), tee, record the
+# outcome. timeout signals its whole process group, so mpiexec and its ranks go too.
+step() {
+  local name=$1 limit=$2 t0 rc verdict
+  shift 2
+  log ""
+  log "===== $name ($(date -u +%H:%M:%S), limit ${limit}s)"
+  log "+ $*"
+  t0=$(date +%s)
+  timeout -k 15 "$limit" bash -c '"$@"' step "$@" 2>&1 | tee -a "$LOG"
+  rc=${PIPESTATUS[0]}
+  if [[ $rc -eq 0 ]]; then
+    verdict=ok
+  elif [[ $rc -eq 124 || $rc -eq 137 ]]; then
+    verdict="TIMEOUT after ${limit}s"
+    failures=$((failures + 1))
+  else
+    verdict="FAILED rc=$rc"
+    failures=$((failures + 1))
+  fi
+  printf '%-58s %-22s %4ss\n' "$name" "$verdict" "$(( $(date +%s) - t0 ))" | tee -a "$SUMMARY" >>"$LOG"
+}
+
+# Wheels brought along (pytest-mpi is not on the nodes' image).
+if [[ -d .whl ]] && compgen -G ".whl/*.whl" >/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>&1 | tee -a "$LOG"
+  export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+# The package is not installed on the node: run it from the checkout.
+export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
+
+log "===== gpu-check $phase on $(hostname) at $(date -u +%FT%TZ)"
+log "PYTHONPATH=$PYTHONPATH"
+if command -v nvidia-smi >/dev/null 2>&1; then
+  nvidia-smi 2>&1 | tee -a "$LOG"
+  nvidia-smi topo -m 2>&1 | tee -a "$LOG"
+  G=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+else
+  log "nvidia-smi: not found"
+  G=0
+fi
+if [[ -n "${CUDA_VISIBLE_DEVICES:-}" ]]; then
+  IFS=, read -r -a visible <<<"$CUDA_VISIBLE_DEVICES"
+  G=${#visible[@]}
+fi
+"$PY" - <<'EOF' 2>&1 | tee -a "$LOG"
+import importlib, platform
+print("python", platform.python_version())
+for name in ("numpy", "mpi4py", "torch", "cupy", "cuda.bindings", "pytest", "pytest_mpi"):
+    try:
+        module = importlib.import_module(name)
+        print(f"{name:14s}", getattr(module, "__version__", "?"))
+    except Exception as exc:  # report and carry on
+        print(f"{name:14s} not importable: {exc}")
+try:
+    import torch
+    print("torch cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(),
+          "devices", torch.cuda.device_count())
+except Exception as exc:
+    print("torch cuda: n/a:", exc)
+EOF
+"$MPIEXEC" --version 2>&1 | head -1 | tee -a "$LOG"
+log "GPUs visible: $G"
+
+step "ipcshare info" 120 "$PY" -m ipcshare info --json "$OUT/info.json"
+
+if [[ $G -lt 1 ]]; then
+  log "no GPU visible: nothing more to check"
+  failures=$((failures + 1))
+fi
+
+pytest_run() {  # pytest_run N [extra mpiexec args...]
+  local n=$1
+  shift
+  "$MPIEXEC" -n "$n" --bind-to none "$@" "$PY" -m pytest -q -rs --with-mpi -m gpu \
+    -p no:cacheprovider tests/gpu
+}
+export -f pytest_run
+export PY MPIEXEC OUT RESULTS BENCH_MAX BENCH_ITERS BENCH_BASELINE
+
+if [[ $G -ge 1 && ( $phase == all || $phase == tests ) ]]; then
+  step "pytest tests/gpu, 2 ranks" "$STEP_TIMEOUT_TESTS" pytest_run 2
+  if [[ $G -ge 4 ]]; then
+    step "pytest tests/gpu, 4 ranks" "$STEP_TIMEOUT_TESTS" pytest_run 4
+  fi
+  # Open MPI passes -x variables to every rank explicitly.
+  CUDA_VISIBLE_DEVICES=0 step "pytest tests/gpu, 2 ranks sharing GPU 0" "$STEP_TIMEOUT_TESTS" \
+    pytest_run 2 -x CUDA_VISIBLE_DEVICES
+fi
+
+bench() {  # bench OP BACKEND N
+  local op=$1 backend=$2 n=$3 json="$OUT/$1-$2-$3.json" rc
+  "$MPIEXEC" -n "$n" --bind-to none "$PY" -m ipcshare "$op" --backend "$backend" \
+    -b 1M -e "$BENCH_MAX" -f 4 -n "$BENCH_ITERS" -w 5 -c 1 --baseline "$BENCH_BASELINE" --json "$json"
+  rc=$?
+  # One line per document in results.jsonl: the node hands back few files.
+  if [[ -s "$json" ]]; then
+    "$PY" -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1]))))' "$json" >>"$RESULTS"
+    rm -f "$json"
+  fi
+  return $rc
+}
+export -f bench
+
+if [[ $G -ge 2 && ( $phase == all || $phase == bench ) ]]; then
+  sizes=(2)
+  [[ $G -ge 4 ]] && sizes+=(4)
+  for backend in cuda-ipc cuda-vmm; do
+    for n in "${sizes[@]}"; do
+      for op in allgather ring; do
+        step "bench $op $backend n=$n" "$STEP_TIMEOUT_BENCH" bench "$op" "$backend" "$n"
+      done
+    done
+  done
+elif [[ $phase == all || $phase == bench ]]; then
+  log "bench: needs 2 GPUs (NCCL runs one rank per GPU); skipped"
+fi
+
+log ""
+log "===== summary ($phase, $(( $(date +%s) - started ))s, $failures failed)"
+tee -a "$LOG" <"$SUMMARY"
+[[ $failures -eq 0 ]]
