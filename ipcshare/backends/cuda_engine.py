@@ -47,6 +47,9 @@ def _word_address(pad: DeviceBuffer, slot: int) -> int:
     return pad.ptr + slot * _WORD
 
 
+# Copies at least this large, to several destinations, run on concurrent side streams.
+_CONCURRENT_COPY_BYTES = 1 << 20
+
 class CudaEngine:
     """Moves bytes and signals on one ``CU_STREAM_NON_BLOCKING`` stream of ``device``.
 
@@ -78,6 +81,9 @@ class CudaEngine:
         # Host arrays whose copies may still be in flight (pinned sources copy late).
         self._keep: list[np.ndarray] = []
         self._timers: set[CudaTimer] = set()
+        # Side streams (and their completion events) for concurrent large copies.
+        self._side: list[tuple[Any, Any]] = []
+        self._fork: Any = None
         # Last: nothing after it can fail and leak the stream.
         self._stream = check("cuStreamCreate", driver.cuStreamCreate(
             int(driver.CUstream_flags.CU_STREAM_NON_BLOCKING)))
@@ -109,6 +115,8 @@ class CudaEngine:
             if dst.nbytes:
                 jobs.append((dst.ptr, src.ptr, dst.nbytes))
         memcpy, stream = driver.cuMemcpyDtoDAsync, self._live_stream()
+        if len(jobs) > 1 and max(job[2] for job in jobs) >= _CONCURRENT_COPY_BYTES:
+            return self._concurrent_copier(jobs)
 
         def copy_all() -> None:
             for dst_ptr, src_ptr, nbytes in jobs:
@@ -116,6 +124,46 @@ class CudaEngine:
                 if err:
                     raise CudaError(describe_error("cuMemcpyDtoDAsync", err))
         return copy_all
+
+    def _concurrent_copier(self, jobs: list[tuple[int, int, int]]) -> Callable[[], None]:
+        """Large copies to different peers run at once on side streams (each copy engine
+        serves one), forked from and joined back into the engine's stream with events."""
+        stream = self._live_stream()
+        while len(self._side) < len(jobs) - 1:
+            self._side.append(self._new_side_lane())
+        fork = self._side_event_fork()
+        lanes = self._side[:len(jobs) - 1]
+        memcpy, record = driver.cuMemcpyDtoDAsync, driver.cuEventRecord
+        wait = driver.cuStreamWaitEvent
+
+        def copy_all() -> None:
+            check("cuEventRecord", record(fork, stream))
+            for (dst_ptr, src_ptr, nbytes), (side, done) in zip(jobs[1:], lanes, strict=True):
+                check("cuStreamWaitEvent", wait(side, fork, 0))
+                check("cuMemcpyDtoDAsync", memcpy(dst_ptr, src_ptr, nbytes, side))
+                check("cuEventRecord", record(done, side))
+            dst_ptr, src_ptr, nbytes = jobs[0]
+            check("cuMemcpyDtoDAsync", memcpy(dst_ptr, src_ptr, nbytes, stream))
+            for _side, done in lanes:
+                check("cuStreamWaitEvent", wait(stream, done, 0))
+        return copy_all
+
+    def _new_side_lane(self) -> tuple[Any, Any]:
+        side = check("cuStreamCreate", driver.cuStreamCreate(
+            int(driver.CUstream_flags.CU_STREAM_NON_BLOCKING)))
+        try:
+            done = check("cuEventCreate", driver.cuEventCreate(
+                int(driver.CUevent_flags.CU_EVENT_DISABLE_TIMING)))
+        except BaseException:
+            driver.cuStreamDestroy(side)
+            raise
+        return side, done
+
+    def _side_event_fork(self) -> Any:
+        if self._fork is None:
+            self._fork = check("cuEventCreate", driver.cuEventCreate(
+                int(driver.CUevent_flags.CU_EVENT_DISABLE_TIMING)))
+        return self._fork
 
     def upload(self, dst: DeviceBuffer, data: np.ndarray) -> None:
         """Copy host bytes ``data`` (uint8, ``dst.nbytes`` long) into ``dst``, after the
@@ -330,6 +378,13 @@ class CudaEngine:
         for timer in list(self._timers):
             timer.close()
         self._timers.clear()
+        for side, done in self._side:
+            driver.cuEventDestroy(done)
+            driver.cuStreamDestroy(side)
+        self._side.clear()
+        if self._fork is not None:
+            driver.cuEventDestroy(self._fork)
+            self._fork = None
         stream, self._stream = self._stream, None
         self._pending.clear()
         self._keep.clear()

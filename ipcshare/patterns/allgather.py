@@ -1,5 +1,5 @@
-"""All-gather by single copy: each rank pulls every peer's block straight from the peer's
-window into its own output, between two barriers (inputs ready; outputs read)."""
+"""All-gather by single copy: each rank pushes its block straight into every peer's output
+window, between two barriers (outputs free to write; every block landed)."""
 
 from __future__ import annotations
 
@@ -59,20 +59,24 @@ class AllGather(Pattern):
 
     def bind(self, window: Window, plan: SizePlan, mode: str) -> Callable[[], None]:
         me, n = window.rank, window.world_size
+        mine = self._send_of(window, me, plan, mode)
         pairs = []
-        for step in range(n):
-            peer = (me + step) % n  # own block first, then staggered so peers spread reads
-            if peer == me and mode == "in-place":
-                continue
-            pairs.append((self._recv_slot(window, peer, plan),
-                          self._send_of(window, peer, plan, mode)))
+        for step in range(1, n):
+            # Push: write our block into every peer's output (on NVLink the copy engine
+            # writes faster than it reads); staggered so peers spread their traffic.
+            peer = (me + step) % n
+            target = window.peer(peer).slice(self._recv_offset(plan) + me * plan.block_bytes,
+                                             plan.block_bytes)
+            pairs.append((target, mine))
+        if mode == "out-of-place":
+            pairs.append((self._recv_slot(window, me, plan), mine))
         copy_all = window.engine.copier(pairs)
         barrier = window.barrier
 
         def allgather() -> None:
-            barrier()   # every peer's input is in place
+            barrier()   # every peer is done with its output from before: we may write it
             copy_all()
-            barrier()   # every peer has read our input: it may be reused
+            barrier()   # every peer's block has landed in our output
         return allgather
 
     def check(self, window: Window, plan: SizePlan, mode: str, iteration: int) -> int:
