@@ -90,6 +90,34 @@ def describe_devices() -> list[dict[str, Any]]:
     ]
 
 
+def disabled_p2p_pairs() -> set[frozenset[int]]:
+    """Device pairs named in ``IPCSHARE_DISABLE_P2P`` (e.g. ``"0-1,2-3"``, ordinals as this
+    process sees them), treated as having no peer path. On machines where every pair has
+    NVLink this is how the no-peer-access paths are exercised.
+
+    Raises:
+        ConfigError: a malformed pair.
+    """
+    text = os.environ.get("IPCSHARE_DISABLE_P2P", "").strip()
+    pairs: set[frozenset[int]] = set()
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        ends = item.split("-")
+        if len(ends) != 2 or not all(end.strip().isdigit() for end in ends):
+            raise ConfigError(
+                f"IPCSHARE_DISABLE_P2P: {item!r} is not a pair of device numbers like 0-1")
+        pairs.add(frozenset(int(end) for end in ends))
+    return pairs
+
+
+def peer_access(src: int, dst: int) -> tuple[bool, str]:
+    """(whether ``src`` may map ``dst``'s memory, why not when it may not)."""
+    if frozenset((src, dst)) in disabled_p2p_pairs():
+        return False, "disabled by IPCSHARE_DISABLE_P2P"
+    if not cuda_driver.can_access_peer(src, dst):
+        return False, "cuDeviceCanAccessPeer -> 0: no NVLink or PCIe P2P path between them"
+    return True, ""
+
+
 def p2p_matrix() -> list[dict[str, Any]]:
     """For every ordered pair of distinct devices: whether src can access dst's memory,
     whether native atomics work over the link, and the link's performance rank.
@@ -105,7 +133,8 @@ def p2p_matrix() -> list[dict[str, Any]]:
                 continue
             pairs.append({
                 "src": src, "dst": dst,
-                "access": bool(cuda_driver.p2p_attribute("ACCESS_SUPPORTED", src, dst)),
+                "access": bool(cuda_driver.p2p_attribute("ACCESS_SUPPORTED", src, dst))
+                          and peer_access(src, dst)[0],
                 "native_atomics": bool(
                     cuda_driver.p2p_attribute("NATIVE_ATOMIC_SUPPORTED", src, dst)),
                 "perf_rank": cuda_driver.p2p_attribute("PERFORMANCE_RANK", src, dst),

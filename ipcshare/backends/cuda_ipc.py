@@ -105,11 +105,13 @@ class DeviceBackend(Backend):
             self._peer_ordinals = {cuda_driver.device_uuid(o): o
                                    for o in range(cuda_driver.device_count())}
         peer = self._peer_ordinals.get(peer_uuid)
-        if peer is not None and not cuda_driver.can_access_peer(self.device, peer):
+        if peer is None:
+            return
+        reachable, why = devices.peer_access(self.device, peer)
+        if not reachable:
             raise BackendError(
-                f"cuDeviceCanAccessPeer -> 0: cuda:{self.device} cannot reach the memory of "
-                f"cuda:{peer} ({cuda_driver.format_uuid(peer_uuid)}) peer-to-peer "
-                "(no NVLink or PCIe P2P path between them)")
+                f"cuda:{self.device} cannot reach the memory of cuda:{peer} "
+                f"({cuda_driver.format_uuid(peer_uuid)}) peer-to-peer: {why}")
 
     def close(self) -> None:
         """Unmap peers still mapped, destroy the stream, release the context

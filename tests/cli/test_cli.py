@@ -15,10 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from ipcshare.backends import gpu_count
+
 BIN = Path(sys.executable).parent
 MPIEXEC = shutil.which("mpiexec", path=str(BIN)) or shutil.which("mpiexec")
 IPCSHARE = [sys.executable, "-m", "ipcshare"]
 
+without_gpu = pytest.mark.skipif(gpu_count()[0] > 0, reason="a GPU is present here")
 needs_mpiexec = pytest.mark.skipif(MPIEXEC is None, reason="needs mpiexec (pip install mpich)")
 
 
@@ -99,6 +102,11 @@ BAD_INPUTS = [
     (["ring", "--config", "/nonexistent/run.yaml"], "does not exist"),
     (["allgather", "--baseline", "nccl"], "baseline 'nccl' needs a GPU"),
     (["ring", "--graph"], "--graph .* is not available yet"),
+    pytest.param(["ring", "--backend", "cuda-vmm"], "backend 'cuda-vmm' needs a GPU, but ",
+                 marks=without_gpu),
+    pytest.param(["allgather", "--backend", "cuda-ipc"], "backend 'cuda-ipc' needs a GPU, but ",
+                 marks=without_gpu),
+    (["ring", "--handle", "carrier-pigeon"], "unknown handle 'carrier-pigeon'"),
     (["ring", "--json", "/nonexistent-dir/out.json", "-b", "4K", "-e", "4K"], "cannot write"),
 ]
 

@@ -293,3 +293,17 @@ def test_cupy_views_of_peer_memory_are_zero_copy(comm, backend):
             w.close()
     assert same
     assert _all(comm, ok) == [True] * comm.size
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_pair_without_peer_access_fails_on_every_rank(comm, backend, gpus, monkeypatch):
+    if gpus < 2 or comm.size < 2:
+        pytest.skip("needs 2 ranks on 2 GPUs")
+    # Every pair here has NVLink; declare GPUs 0 and 1 unreachable from each other.
+    monkeypatch.setenv("IPCSHARE_DISABLE_P2P", "0-1")
+    before = open_fd_count()
+    with ipcshare.Group(backend=backend) as g:
+        with pytest.raises(BackendError, match=r"import failed on rank \d+@.*cannot reach the "
+                                               r"memory of cuda:\d .*IPCSHARE_DISABLE_P2P"):
+            g.window(1 << 20)
+    assert open_fd_count() == before
