@@ -15,6 +15,7 @@ set -u
 
 phase=${1:-all}
 case "$phase" in all|tests|bench) ;; *) echo "usage: $0 [all|tests|bench]" >&2; exit 2 ;; esac
+# Bench sizes: BENCH_MIN (default 1M) to BENCH_MAX.
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo" || exit 2
@@ -126,16 +127,29 @@ if [[ $G -ge 1 && ( $phase == all || $phase == tests ) ]]; then
   step "pytest tests/gpu, 2 ranks" "$STEP_TIMEOUT_TESTS" pytest_run 2
   if [[ $G -ge 4 ]]; then
     step "pytest tests/gpu, 4 ranks" "$STEP_TIMEOUT_TESTS" pytest_run 4
+    step "pytest tests/gpu, $((2 * G)) ranks on $G GPUs" "$STEP_TIMEOUT_TESTS" pytest_run $((2 * G))
   fi
   # Open MPI passes -x variables to every rank explicitly.
   CUDA_VISIBLE_DEVICES=0 step "pytest tests/gpu, 2 ranks sharing GPU 0" "$STEP_TIMEOUT_TESTS" \
     pytest_run 2 -x CUDA_VISIBLE_DEVICES
 fi
 
+setup_time() {  # setup_time BACKEND N: window creation with a small (1 MiB) window
+  "$MPIEXEC" -n "$2" --bind-to none "$PY" -m ipcshare allgather --backend "$1" \
+    -b 1M -e 1M -n 5 -w 1 -c 1 | grep -E "window setup|Out of bounds"
+}
+export -f setup_time
+
+if [[ $G -ge 2 && ( $phase == all || $phase == bench ) ]]; then
+  for backend in cuda-ipc cuda-vmm; do
+    step "window setup $backend n=$G" 120 setup_time "$backend" "$G"
+  done
+fi
+
 bench() {  # bench OP BACKEND N
   local op=$1 backend=$2 n=$3 json="$OUT/$1-$2-$3.json" rc
   "$MPIEXEC" -n "$n" --bind-to none "$PY" -m ipcshare "$op" --backend "$backend" \
-    -b 1M -e "$BENCH_MAX" -f 4 -n "$BENCH_ITERS" -w 5 -c 1 --baseline "$BENCH_BASELINE" --json "$json"
+    -b "${BENCH_MIN:-1M}" -e "$BENCH_MAX" -f 4 -n "$BENCH_ITERS" -w 5 -c 1 --baseline "$BENCH_BASELINE" --json "$json"
   rc=$?
   # One line per document in results.jsonl: the node hands back few files.
   if [[ -s "$json" ]]; then
