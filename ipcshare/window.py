@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import time
 from typing import Any
 
 from .backends import Allocation, Backend, Buffer, gpu_count, open_backend
@@ -187,6 +188,9 @@ class Window:
         self._closed = False
         self._barrier = None
         self._allocations: dict[int, Allocation] = {}
+        # Milliseconds this rank spent in each setup step (the table header shows them).
+        self.setup_ms: dict[str, float] = {}
+        lap = _Lap(self.setup_ms)
         sizes = world.comm.allgather(nbytes)
         with collective_step(world, "window rendezvous"):
             if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
@@ -203,6 +207,7 @@ class Window:
         self.pad_offset = _round_up(nbytes, _PAD_ALIGN)
         self.total_bytes = _round_up(self.pad_offset + SIGNAL_PAD_BYTES, backend.granularity)
         with contextlib.ExitStack() as undo:
+            lap("rendezvous")
             with collective_step(world, "allocate"):
                 capacity = backend.capacity_bytes()
                 needed = self.total_bytes * world.local_size
@@ -215,6 +220,7 @@ class Window:
                 undo.callback(local.close)
                 self._allocations[world.rank] = local
             exported = None
+            lap("allocate")
             with collective_step(world, "export"):
                 exported = backend.export(local)
                 undo.callback(exported.close)
@@ -222,17 +228,19 @@ class Window:
                 self.engine.upload(local.buffer(self.pad_offset, SIGNAL_PAD_BYTES),
                                    _zeros(SIGNAL_PAD_BYTES))
                 self.engine.synchronize()
+            lap("export")
             payloads = group.exchange.allgather_bytes(exported.payload)
             fds: dict[int, OwnedFd] = {}
             if backend.uses_fds and world.size > 1:  # every rank joins: it agrees world-wide
                 fds = group.exchange.share_fds(exported.fd)  # collective, agrees itself
                 for owned in fds.values():
                     undo.callback(owned.close)
+            lap("exchange")
             with collective_step(world, "import"):
-                for rank in world.local_ranks:
-                    if rank == world.rank:
-                        continue
-                    mapping = backend.import_peer(payloads[rank], fds.get(rank), self.total_bytes)
+                peers = [r for r in world.local_ranks if r != world.rank]
+                mappings = backend.import_peers([(payloads[r], fds.get(r)) for r in peers],
+                                                self.total_bytes)
+                for rank, mapping in zip(peers, mappings, strict=True):
                     undo.callback(mapping.close)
                     self._allocations[rank] = mapping
             # Imports hold what they need; the descriptors and the export can go now.
@@ -240,6 +248,7 @@ class Window:
                 owned.close()
             exported.close()
             undo.pop_all()
+            lap("import")
         self._local_buffer = local.buffer(0, nbytes)
         self._buffers = {r: a.buffer(0, nbytes) for r, a in self._allocations.items()}
         self._pads = {r: a.buffer(self.pad_offset, SIGNAL_PAD_BYTES)
@@ -390,6 +399,19 @@ class Window:
         if not 0 <= slot < SIGNAL_PAD_BYTES // 8:
             last = SIGNAL_PAD_BYTES // 8 - 1
             raise WindowError(f"signal slot {slot} outside the pad (0..{last})")
+
+
+class _Lap:
+    """Records the time since the previous lap under a step name."""
+
+    def __init__(self, into: dict[str, float]) -> None:
+        self._into = into
+        self._last = time.perf_counter()
+
+    def __call__(self, step: str) -> None:
+        now = time.perf_counter()
+        self._into[step] = (now - self._last) * 1e3
+        self._last = now
 
 
 def _zeros(nbytes: int):

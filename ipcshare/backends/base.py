@@ -195,6 +195,24 @@ class Backend(abc.ABC):
             BackendError: malformed payload, wrong kind or size of descriptor, map failure.
         """
 
+    def import_peers(self, peers: list[tuple[bytes, OwnedFd | None]],
+                     nbytes: int) -> list[Allocation]:
+        """Map every peer of a window at once (same order as ``peers``); on a failure
+        nothing stays mapped. Backends that can share work between peers override it.
+
+        Raises:
+            BackendError: as ``import_peer``.
+        """
+        mapped: list[Allocation] = []
+        try:
+            for payload, fd in peers:
+                mapped.append(self.import_peer(payload, fd, nbytes))
+        except BaseException:
+            for allocation in reversed(mapped):
+                allocation.close()
+            raise
+        return mapped
+
     @abc.abstractmethod
     def engine(self) -> Engine:
         """The engine that moves bytes in this backend's memory."""

@@ -71,6 +71,33 @@ def _undo(call: Callable[..., Any], *args: Any) -> None:
         call(*args)
 
 
+class _SharedRange:
+    """One reserved virtual range holding several peers' mappings: each peer unmaps and
+    releases its own part; the range is freed with the last part."""
+
+    def __init__(self, base: int, size: int, parts: int) -> None:
+        self._base, self._size, self._parts = base, size, parts
+
+    def releaser(self, ptr: int, size: int, handle: Any) -> Callable[[], None]:
+        def release() -> None:
+            first: CudaError | None = None
+            for call, result in (("cuMemUnmap", lambda: driver.cuMemUnmap(ptr, size)),
+                                 ("cuMemRelease", lambda: driver.cuMemRelease(handle))):
+                try:
+                    check(call, result())
+                except CudaError as exc:
+                    first = first or exc
+            self._parts -= 1
+            if self._parts == 0:
+                try:
+                    check("cuMemAddressFree", driver.cuMemAddressFree(self._base, self._size))
+                except CudaError as exc:
+                    first = first or exc
+            if first is not None:
+                raise first
+        return release
+
+
 class VmmAllocation(DeviceAllocation):
     """A cuMemCreate allocation mapped here; keeps its handle for export."""
 
@@ -226,15 +253,47 @@ class CudaVmmBackend(DeviceBackend):
                                f"handle, expected {_FABRIC_HANDLE_BYTES}")
         return Exported(payload=header + raw)
 
-    def import_peer(self, payload: bytes, fd: OwnedFd | None, nbytes: int) -> DeviceAllocation:
-        """Import and map a peer's allocation (once per distinct allocation; later
-        imports share the mapping). The caller closes ``fd`` afterwards.
+    def import_peers(self, peers: list[tuple[bytes, OwnedFd | None]],
+                     nbytes: int) -> list[Allocation]:
+        """Map every peer of a window into ONE reserved virtual range, with one
+        cuMemSetAccess for all of them; each peer's mapping is released on its own and
+        the range goes with the last one. Everything is undone on a failure half-way.
 
         Raises:
-            BackendError: malformed payload, wrong handle type, size mismatch, missing
-                descriptor, or GPUs without P2P.
-            CudaError: import, reserve, map or set-access failed (all undone).
+            BackendError / CudaError: as ``import_peer``.
         """
+        if not peers:
+            return []
+        infos = [self._validate(payload, fd, nbytes) for payload, fd in peers]
+        self._context.make_current()
+        for info in infos:
+            self._check_peer_reachable(info.device_uuid)
+        total = sum(info.size for info in infos)
+        with contextlib.ExitStack() as undo:
+            base = int(check("cuMemAddressReserve",
+                             driver.cuMemAddressReserve(total, self.granularity, 0, 0)))
+            undo.callback(_undo, driver.cuMemAddressFree, base, total)
+            placed = []
+            offset = 0
+            for info, (_payload, fd) in zip(infos, peers, strict=True):
+                handle = self._import_handle(info, fd)
+                undo.callback(_undo, driver.cuMemRelease, handle)
+                check("cuMemMap", driver.cuMemMap(base + offset, info.size, 0, handle, 0))
+                undo.callback(_undo, driver.cuMemUnmap, base + offset, info.size)
+                placed.append((base + offset, info.size, handle))
+                offset += info.size
+            err, = driver.cuMemSetAccess(base, total, self._access, len(self._access))
+            if err:  # a driver that wants one call per mapping: grant them one by one
+                for ptr, size, _handle in placed:
+                    check("cuMemSetAccess",
+                          driver.cuMemSetAccess(ptr, size, self._access, len(self._access)))
+            undo.pop_all()
+        shared = _SharedRange(base, total, len(placed))
+        return [DeviceAllocation(ptr, nbytes, self.device, shared.releaser(ptr, size, handle),
+                                 what="cuda-vmm peer mapping")
+                for ptr, size, handle in placed]
+
+    def _validate(self, payload: bytes, fd: OwnedFd | None, nbytes: int) -> VmmHandleInfo:
         info = parse_vmm_handle(payload)
         if info.nbytes != nbytes:
             raise BackendError(f"peer announced {info.nbytes} bytes, the window has {nbytes}")
@@ -246,25 +305,39 @@ class CudaVmmBackend(DeviceBackend):
                                f"device's granularity {self.granularity}")
         if info.handle == "posix-fd" and fd is None:
             raise BackendError("cuda-vmm posix-fd handle arrived without its descriptor")
+        return info
+
+    def _import_handle(self, info: VmmHandleInfo, fd: OwnedFd | None) -> Any:
+        if info.handle == "posix-fd":
+            assert fd is not None
+            # The binding passes an int as (void*)fd, as C does.
+            return check("cuMemImportFromShareableHandle",
+                         driver.cuMemImportFromShareableHandle(fd.fileno(), self._handle_type))
+        fabric = driver.CUmemFabricHandle()
+        fabric.data = info.fabric
+        # getPtr() is the address of the 64 bytes; ``fabric`` keeps them alive meanwhile.
+        return check("cuMemImportFromShareableHandle",
+                     driver.cuMemImportFromShareableHandle(fabric.getPtr(), self._handle_type))
+
+    def import_peer(self, payload: bytes, fd: OwnedFd | None, nbytes: int) -> DeviceAllocation:
+        """Import and map a peer's allocation (once per distinct allocation; later
+        imports share the mapping). The caller closes ``fd`` afterwards.
+
+        Raises:
+            BackendError: malformed payload, wrong handle type, size mismatch, missing
+                descriptor, or GPUs without P2P.
+            CudaError: import, reserve, map or set-access failed (all undone).
+        """
+        info = self._validate(payload, fd, nbytes)
         self._context.make_current()
         self._check_peer_reachable(info.device_uuid)
         return self._imports.acquire(info.key, lambda: self._open_peer(info, fd), nbytes,
                                      self.device, what="cuda-vmm peer mapping")
 
     def _open_peer(self, info: VmmHandleInfo, fd: OwnedFd | None) -> tuple[int, int, Callable]:
-        fabric = None
-        if info.handle == "posix-fd":
-            assert fd is not None
-            os_handle: Any = fd.fileno()  # the binding passes an int as (void*)fd, as C does
-        else:
-            fabric = driver.CUmemFabricHandle()
-            fabric.data = info.fabric
-            os_handle = fabric.getPtr()  # address of the 64 bytes; ``fabric`` keeps them alive
         with contextlib.ExitStack() as undo:
-            handle = check("cuMemImportFromShareableHandle",
-                           driver.cuMemImportFromShareableHandle(os_handle, self._handle_type))
+            handle = self._import_handle(info, fd)
             undo.callback(_undo, driver.cuMemRelease, handle)
             ptr = self._map(handle, info.size, undo)
             undo.pop_all()
-        del fabric
         return ptr, info.size, _releaser(ptr, info.size, handle)

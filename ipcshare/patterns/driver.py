@@ -38,6 +38,7 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
     started = time.perf_counter()
     window = group.window(max(pattern.window_bytes(plan, n) for plan in plans))
     setup_ms = world.comm.allreduce((time.perf_counter() - started) * 1e3, op=MPI.MAX)
+    steps = {step: world.comm.allreduce(ms, op=MPI.MAX) for step, ms in window.setup_ms.items()}
     table = Table(pattern.modes, options.datatype, baseline.name if baseline else None)
     devices = world.comm.gather(group.backend.describe_device(), root=0) or []
     exchange = group.exchange_name
@@ -47,7 +48,7 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
              f"exchange: {exchange}  ranks: {n}  nodes: {world.node_count}  "
              f"iters: {options.iters}  warmup: {options.warmup}  checks: {options.checks}")
     rank_lines.append(f"#  window setup: {setup_ms:.2f} ms for {window.total_bytes} bytes per rank "
-                      f"(slowest rank: allocate, export, exchange, import, map)")
+                      "(slowest rank): " + ", ".join(f"{k} {v:.2f}" for k, v in steps.items()))
     for line in table.header(title, rank_lines):
         say(line)
 
