@@ -59,6 +59,10 @@ class World:
         node_of_rank = [leaders.index(fact[2]) for fact in facts]
         node_index = node_of_rank[rank]
         local_ranks = [r for r in range(size) if node_of_rank[r] == node_index]
+        # Some MPIs (Open MPI) set up a new communicator's shared-memory collectives on its
+        # first use, which can take tens of milliseconds: pay that here, at group setup,
+        # not inside the first window's descriptor exchange.
+        local_comm.Barrier()
         return cls(
             comm=comm, local_comm=local_comm, rank=rank, size=size,
             local_rank=local_comm.Get_rank(), local_size=local_comm.Get_size(),
