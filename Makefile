@@ -12,7 +12,7 @@ MPI_PYTEST := $(PY) -m pytest -q -p no:cacheprovider --with-mpi -m mpi
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -m venv $(VENV) || { echo "make: '$(PYTHON) -m venv' failed; on Debian/Ubuntu: apt-get install python3-venv" >&2; rm -rf $(VENV); exit 1; }
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[mpich,test]'
+	$(PY) -m pip install -q -e '.[mpich,test,nvrtc]'
 	touch $@
 
 demo: $(VENV)/.installed

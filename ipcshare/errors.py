@@ -13,6 +13,7 @@ __all__ = [
     "WindowError",
     "SignalTimeout",
     "VerificationError",
+    "KernelCompileError",
     "error_class",
 ]
 
@@ -53,13 +54,18 @@ class SignalTimeout(IpcShareError, TimeoutError):
     """A peer never raised the signal that this rank waited for."""
 
 
+class KernelCompileError(IpcShareError):
+    """NVRTC is missing or a kernel does not compile (the message carries NVRTC's log)."""
+
+
 class VerificationError(IpcShareError):
     """A pattern produced bytes that differ from the expected ones."""
 
 
 _BY_NAME = {cls.__name__: cls for cls in (
     IpcShareError, ConfigError, ExchangeError, ExchangeTimeout, BackendError,
-    BackendUnavailable, CudaError, WindowError, SignalTimeout, VerificationError)}
+    BackendUnavailable, CudaError, WindowError, SignalTimeout, VerificationError,
+    KernelCompileError)}
 
 
 def error_class(name: str) -> type[IpcShareError]:

@@ -17,15 +17,19 @@ from .exchange import Exchange, OwnedFd
 from .topology import World
 
 __all__ = ["Group", "Window", "SIGNAL_PAD_BYTES", "BARRIER_SLOTS", "USER_SLOT_BASE",
-           "USER_SLOTS"]
+           "USER_SLOTS", "ERROR_SLOT", "KERNEL_SLOT_BASE"]
 
-# Signal pad: 512 64-bit words after the data. Words [0, 256) belong to the barrier
-# (word i is written only by local rank i); words [256, 512) are free for patterns and
-# users. One writer per word means no atomics are needed, only ordered stores.
-SIGNAL_PAD_BYTES = 4096
+# Signal pad: 8192 64-bit words after the data (layout shared with the CUDA header
+# kernels/include/ipcshare/signal.cuh). Words [0, 256) belong to the host barrier (word i
+# is written only by local rank i); [256, 511) are free for patterns and users; word 511
+# is where a kernel that gave up records why; [512, 8192) belong to ipcshare's kernels.
+# One writer per word means no atomics are needed, only ordered stores.
+SIGNAL_PAD_BYTES = 65536
 BARRIER_SLOTS = 256
 USER_SLOT_BASE = BARRIER_SLOTS
-USER_SLOTS = SIGNAL_PAD_BYTES // 8 - BARRIER_SLOTS
+ERROR_SLOT = 511
+USER_SLOTS = ERROR_SLOT - USER_SLOT_BASE
+KERNEL_SLOT_BASE = 512
 _PAD_ALIGN = 4096
 _DEFAULT_SIGNAL_TIMEOUT_S = 30.0
 # Flag-based barriers need stores that become visible in program order.

@@ -1,0 +1,166 @@
+"""Compile ipcshare's CUDA C++ kernels with NVRTC to CUBIN for one architecture, cached on
+disk by (source hash, architecture, NVRTC version).
+
+CUBIN, not PTX: an NVRTC newer than the node's driver emits PTX the driver cannot load,
+while machine code for the exact architecture (sm_90 on H100/H200) always loads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from importlib import resources
+from pathlib import Path
+
+from ..errors import KernelCompileError
+
+__all__ = ["KERNEL_SOURCES", "include_dir", "nvrtc_version", "compile_kernel_source",
+           "cache_dir", "device_arch"]
+
+# Kernel source files shipped in ipcshare/kernels/src, and the entry points each defines.
+KERNEL_SOURCES = {
+    "allgather.cu": ("allgather_push", "allgather_pull", "allgather_ring"),
+    "barrier.cu": ("device_barrier",),
+}
+_OPTIONS = ("-std=c++17", "-default-device", "--use_fast_math")
+
+
+def _package_dir() -> Path:
+    return Path(str(resources.files("ipcshare.kernels")))
+
+
+def include_dir() -> Path:
+    """The folder to pass as ``--include-path`` so ``#include <ipcshare/signal.cuh>`` works."""
+    return _package_dir() / "include"
+
+
+def _nvrtc():
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError as exc:
+        raise KernelCompileError(
+            "kernel compilation needs NVRTC: pip install 'ipcshare[nvrtc]' "
+            f"(cuda-bindings and nvidia-cuda-nvrtc) — {exc}") from exc
+    return nvrtc
+
+
+def _check(nvrtc, call: str, result: tuple):
+    err, *values = result
+    if int(err) != 0:
+        _, name = nvrtc.nvrtcGetErrorString(err)
+        raise KernelCompileError(f"{call} -> {name.decode() if isinstance(name, bytes) else name}")
+    return values[0] if len(values) == 1 else values
+
+
+def nvrtc_version() -> tuple[int, int]:
+    """(major, minor) of the NVRTC library that compiles our kernels.
+
+    Raises:
+        KernelCompileError: NVRTC is not installed or cannot be loaded.
+    """
+    nvrtc = _nvrtc()
+    try:
+        major, minor = _check(nvrtc, "nvrtcVersion", nvrtc.nvrtcVersion())
+    except RuntimeError as exc:  # the bindings could not find libnvrtc
+        raise KernelCompileError(f"NVRTC library not found: {exc}; "
+                                 "pip install nvidia-cuda-nvrtc") from exc
+    return int(major), int(minor)
+
+
+def cache_dir() -> Path:
+    """Where CUBINs are kept: ``$IPCSHARE_KERNEL_CACHE`` or ``~/.cache/ipcshare/kernels``."""
+    configured = os.environ.get("IPCSHARE_KERNEL_CACHE")
+    if configured:
+        return Path(configured)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "ipcshare" / "kernels"
+
+
+def device_arch(ordinal: int) -> str:
+    """``sm_XY`` for CUDA device ``ordinal`` (compute capability X.Y)."""
+    from .. import cuda_driver
+
+    major = cuda_driver.device_attribute(ordinal, "COMPUTE_CAPABILITY_MAJOR")
+    minor = cuda_driver.device_attribute(ordinal, "COMPUTE_CAPABILITY_MINOR")
+    return f"sm_{major}{minor}"
+
+
+def _source_text(source: str | os.PathLike, code: str | None) -> tuple[str, str]:
+    if code is not None:
+        return str(source), code
+    path = Path(source)
+    if not path.is_absolute():
+        path = _package_dir() / "src" / path
+    try:
+        return path.name, path.read_text()
+    except OSError as exc:
+        raise KernelCompileError(f"kernel source {str(path)!r} cannot be read: {exc.strerror}") \
+            from None
+
+
+def _headers_digest() -> str:
+    digest = hashlib.sha256()
+    for header in sorted(include_dir().rglob("*.cuh")):
+        digest.update(header.name.encode())
+        digest.update(header.read_bytes())
+    return digest.hexdigest()
+
+
+def compile_kernel_source(source: str | os.PathLike, *, arch: str = "sm_90",
+                          code: str | None = None, options: tuple[str, ...] = (),
+                          use_cache: bool = True) -> bytes:
+    """CUBIN for ``source`` (a file in ipcshare/kernels/src, a path, or a name with ``code``).
+
+    Raises:
+        KernelCompileError: NVRTC missing, or the source does not compile (the message
+            carries NVRTC's log).
+    """
+    if not arch.startswith("sm_") or not arch[3:].rstrip("a").isdigit():
+        raise KernelCompileError(f"architecture {arch!r} is not of the form sm_90 / sm_90a")
+    name, text = _source_text(source, code)
+    major, minor = nvrtc_version()
+    all_options = (f"--gpu-architecture={arch}", *_OPTIONS,
+                   f"--include-path={include_dir()}", *options)
+    key = hashlib.sha256("\0".join((text, _headers_digest(), *all_options)).encode())
+    key = key.hexdigest()[:20]
+    cached = cache_dir() / f"{Path(name).stem}-{key}-{arch}-nvrtc{major}.{minor}.cubin"
+    if use_cache and cached.is_file():
+        return cached.read_bytes()
+    cubin = _compile(name, text, all_options, arch)
+    if use_cache:
+        _store(cached, cubin)
+    return cubin
+
+
+def _compile(name: str, text: str, options: tuple[str, ...], arch: str) -> bytes:
+    nvrtc = _nvrtc()
+    program = _check(nvrtc, "nvrtcCreateProgram",
+                     nvrtc.nvrtcCreateProgram(text.encode(), name.encode(), 0, [], []))
+    try:
+        encoded = [option.encode() for option in options]
+        (err,) = nvrtc.nvrtcCompileProgram(program, len(encoded), encoded)
+        if int(err) != 0:
+            size = _check(nvrtc, "nvrtcGetProgramLogSize", nvrtc.nvrtcGetProgramLogSize(program))
+            log = b" " * size
+            _check(nvrtc, "nvrtcGetProgramLog", nvrtc.nvrtcGetProgramLog(program, log))
+            text_log = log.decode(errors="replace").rstrip("\x00 \n")
+            raise KernelCompileError(f"NVRTC could not compile {name} for {arch}:\n{text_log}")
+        size = _check(nvrtc, "nvrtcGetCUBINSize", nvrtc.nvrtcGetCUBINSize(program))
+        cubin = b" " * size
+        _check(nvrtc, "nvrtcGetCUBIN", nvrtc.nvrtcGetCUBIN(program, cubin))
+        return cubin
+    finally:
+        nvrtc.nvrtcDestroyProgram(program)
+
+
+def _store(path: Path, data: bytes) -> None:
+    # Write then rename: ranks compiling the same kernel at once never see half a file.
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # an unwritable cache only costs a recompile next time

@@ -1,0 +1,80 @@
+// ipcshare device-side signals: include this from kernels that synchronise through the
+// signal pads of an ipcshare window (w.signal_pad_ptrs), e.g. with NVRTC
+//   --include-path=<ipcshare>/kernels/include   and   #include <ipcshare/signal.cuh>
+//
+// Memory-ordering contract (docs/MEMORY-ORDERING.md): put_signal is a release at system
+// scope, wait_signal an acquire at system scope, so data written before a signal is
+// visible to whoever has seen the signal. Signal words are 64-bit counters with a single
+// writer each: always signal a larger value, always wait with >=.
+#pragma once
+
+namespace ipcshare {
+
+typedef unsigned long long u64;
+
+// Pad layout, in 64-bit words (keep in step with ipcshare/window.py).
+constexpr int kPadWords = 8192;          // SIGNAL_PAD_BYTES / 8
+constexpr int kHostBarrierWords = 256;   // [0, 256): Window.barrier(), one word per local rank
+constexpr int kUserWords = 256;          // [256, 512): free for users
+constexpr int kErrorWord = 511;          // a kernel that gave up writes why here
+constexpr int kKernelWordBase = 512;     // [512, 8192): ipcshare's own kernels
+constexpr int kMaxRanks = 8;             // ranks a kernel argument block can name
+
+__device__ __forceinline__ void put_signal(u64* word, u64 value) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(word), "l"(value) : "memory");
+}
+
+__device__ __forceinline__ u64 load_acquire(const u64* word) {
+  u64 value;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(value) : "l"(word) : "memory");
+  return value;
+}
+
+__device__ __forceinline__ u64 now_ns() {
+  u64 t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Wait until *word >= value. Returns false after timeout_ns (0 = wait forever) instead of
+// hanging the GPU: the caller records the failure and returns.
+__device__ __forceinline__ bool wait_signal(const u64* word, u64 value, u64 timeout_ns) {
+  if (load_acquire(word) >= value) return true;
+  const u64 start = now_ns();
+  while (load_acquire(word) < value) {
+    if (timeout_ns != 0 && now_ns() - start > timeout_ns) return false;
+    __nanosleep(100);
+  }
+  return true;
+}
+
+// Record a failure for the host: the error word holds (1 + the rank waited for) and the
+// epoch, so the host can raise an error that names the peer. First writer wins.
+__device__ __forceinline__ void record_timeout(u64* own_pad, int peer, u64 epoch) {
+  atomicCAS(own_pad + kErrorWord, 0ull, ((u64)(peer + 1) << 48) | (epoch & 0xFFFFFFFFFFFFull));
+}
+
+// A barrier of one thread block with the same block of every peer: thread t < nranks
+// signals peer t, then waits for peer t. `slot_base` selects the words this barrier owns
+// (one word per source rank); `epoch` must grow by one per use. All threads return the
+// same verdict.
+__device__ __forceinline__ bool block_barrier(u64* const* pads, int rank, int nranks,
+                                              int slot_base, u64 epoch, u64 timeout_ns) {
+  __shared__ int failed;
+  if (threadIdx.x == 0) failed = 0;
+  // Every thread's earlier writes must be visible system-wide before any signal leaves.
+  __threadfence_system();
+  __syncthreads();
+  const int t = threadIdx.x;
+  if (t < nranks && t != rank) put_signal(pads[t] + slot_base + rank, epoch);
+  if (t < nranks && t != rank) {
+    if (!wait_signal(pads[rank] + slot_base + t, epoch, timeout_ns)) {
+      record_timeout(pads[rank], t, epoch);
+      failed = 1;
+    }
+  }
+  __syncthreads();
+  return failed == 0;
+}
+
+}  // namespace ipcshare

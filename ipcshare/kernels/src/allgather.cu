@@ -1,0 +1,113 @@
+// All-gather kernels over ipcshare windows: one-shot push, one-shot pull, and a ring
+// pipelined with per-chunk flags. Each block owns one slice of the block of bytes every
+// rank contributes and synchronises with the same block of its peers only, so a kernel
+// needs no grid-wide barrier.
+#include <ipcshare/signal.cuh>
+
+using ipcshare::u64;
+using ipcshare::kMaxRanks;
+
+struct AllGatherArgs {
+  char* outputs[kMaxRanks];            // every rank's output (all `nranks` blocks), mapped here
+  const char* inputs[kMaxRanks];       // every rank's input block, mapped here
+  u64* pads[kMaxRanks];                // every rank's signal pad, mapped here
+  unsigned long long block_bytes;      // bytes each rank contributes
+  u64 epoch;                           // grows by one per operation on this window
+  u64 timeout_ns;                      // 0: wait forever
+  int rank;
+  int nranks;
+  int slot_base;                       // first pad word this operation family owns
+};
+
+// Words used per block: two barrier phases of kMaxRanks words each.
+__device__ __forceinline__ int block_slots(const AllGatherArgs& a, int phase) {
+  return a.slot_base + (blockIdx.x * 2 + phase) * kMaxRanks;
+}
+
+// Copy this block's share of [0, bytes) from src to dst: 16-byte vectors where both
+// pointers allow it, bytes for the rest.
+__device__ __forceinline__ void copy_slice(char* dst, const char* src, unsigned long long bytes) {
+  const unsigned long long per_block = (bytes + gridDim.x - 1) / gridDim.x;
+  unsigned long long begin = per_block * blockIdx.x;
+  unsigned long long end = begin + per_block < bytes ? begin + per_block : bytes;
+  if (begin >= end) return;
+  dst += begin;
+  src += begin;
+  const unsigned long long n = end - begin;
+  const bool vector_ok = ((((unsigned long long)dst) | ((unsigned long long)src)) & 15ull) == 0;
+  unsigned long long done = 0;
+  if (vector_ok) {
+    const unsigned long long vectors = n / 16;
+    const uint4* s = reinterpret_cast<const uint4*>(src);
+    uint4* d = reinterpret_cast<uint4*>(dst);
+    for (unsigned long long i = threadIdx.x; i < vectors; i += blockDim.x) d[i] = s[i];
+    done = vectors * 16;
+  }
+  for (unsigned long long i = done + threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+}
+
+// Push: write our block into every rank's output (ours included: out of place, or a
+// no-op copy when in place), between "outputs free" and "blocks landed" barriers.
+extern "C" __global__ void allgather_push(AllGatherArgs a) {
+  if (!ipcshare::block_barrier(a.pads, a.rank, a.nranks, block_slots(a, 0), a.epoch,
+                               a.timeout_ns))
+    return;
+  const unsigned long long offset = a.block_bytes * a.rank;
+  for (int step = 0; step < a.nranks; ++step) {
+    const int peer = (a.rank + step) % a.nranks;  // staggered: spread traffic over links
+    char* dst = a.outputs[peer] + offset;
+    if (dst != a.inputs[a.rank]) copy_slice(dst, a.inputs[a.rank], a.block_bytes);
+  }
+  ipcshare::block_barrier(a.pads, a.rank, a.nranks, block_slots(a, 1), a.epoch, a.timeout_ns);
+}
+
+// Pull: read every rank's block into our output, between "inputs ready" and "inputs read"
+// barriers (the mode NCCL prefers on Hopper NVLink for small messages).
+extern "C" __global__ void allgather_pull(AllGatherArgs a) {
+  if (!ipcshare::block_barrier(a.pads, a.rank, a.nranks, block_slots(a, 0), a.epoch,
+                               a.timeout_ns))
+    return;
+  for (int step = 0; step < a.nranks; ++step) {
+    const int peer = (a.rank + step) % a.nranks;
+    char* dst = a.outputs[a.rank] + a.block_bytes * peer;
+    if (dst != a.inputs[peer]) copy_slice(dst, a.inputs[peer], a.block_bytes);
+  }
+  ipcshare::block_barrier(a.pads, a.rank, a.nranks, block_slots(a, 1), a.epoch, a.timeout_ns);
+}
+
+// Ring, pipelined: the block of bytes is cut into chunks, one per thread block; at step s a
+// block forwards chunk c of block (rank - s) to the next rank and flags it; the next rank
+// waits for that flag before forwarding the same chunk onward. Flags are per (block, step)
+// so chunks of different blocks move independently.
+extern "C" __global__ void allgather_ring(AllGatherArgs a) {
+  const int next = (a.rank + 1) % a.nranks;
+  const int prev = (a.rank + a.nranks - 1) % a.nranks;
+  // Entry: the next rank's output is free (it has entered this operation).
+  if (!ipcshare::block_barrier(a.pads, a.rank, a.nranks, block_slots(a, 0), a.epoch,
+                               a.timeout_ns))
+    return;
+  __shared__ int failed;
+  if (threadIdx.x == 0) failed = 0;
+  __syncthreads();
+  const int flag = block_slots(a, 1);  // word `flag` of the receiver: steps received
+  for (int step = 0; step < a.nranks - 1; ++step) {
+    const int index = (a.rank - step + a.nranks) % a.nranks;
+    const char* src = step == 0 ? a.inputs[a.rank] : a.outputs[a.rank] + a.block_bytes * index;
+    copy_slice(a.outputs[next] + a.block_bytes * index, src, a.block_bytes);
+    __threadfence_system();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const u64 value = (a.epoch - 1) * (u64)(kMaxRanks) + (u64)step + 1;
+      ipcshare::put_signal(a.pads[next] + flag, value);
+      if (!ipcshare::wait_signal(a.pads[a.rank] + flag, value, a.timeout_ns)) {
+        ipcshare::record_timeout(a.pads[a.rank], prev, a.epoch);
+        failed = 1;
+      }
+    }
+    __syncthreads();
+    if (failed) return;
+  }
+  // Own block, out of place.
+  char* own = a.outputs[a.rank] + a.block_bytes * a.rank;
+  if (own != a.inputs[a.rank]) copy_slice(own, a.inputs[a.rank], a.block_bytes);
+}

@@ -1,0 +1,67 @@
+"""Every shipped kernel compiles with NVRTC to CUBIN (no GPU needed), errors carry the
+NVRTC log, and compiled kernels are cached by source, architecture and NVRTC version."""
+
+from __future__ import annotations
+
+import pytest
+
+from ipcshare.errors import KernelCompileError
+from ipcshare.kernels import KERNEL_SOURCES, compile_kernel_source, nvrtc_version
+
+pytestmark = pytest.mark.nvrtc
+
+
+@pytest.fixture(autouse=True)
+def _needs_nvrtc(tmp_path, monkeypatch):
+    try:
+        nvrtc_version()
+    except KernelCompileError as exc:
+        pytest.skip(f"needs NVRTC: {exc}")
+    monkeypatch.setenv("IPCSHARE_KERNEL_CACHE", str(tmp_path / "cache"))
+
+
+def _is_cubin(blob: bytes) -> bool:
+    return blob[:4] == b"\x7fELF"
+
+
+@pytest.mark.parametrize("source", sorted(KERNEL_SOURCES))
+@pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
+def test_every_kernel_compiles_to_cubin(source, arch):
+    cubin = compile_kernel_source(source, arch=arch)
+    assert _is_cubin(cubin)
+    for entry in KERNEL_SOURCES[source]:
+        assert entry.encode() in cubin  # extern "C": the entry point keeps its name
+
+
+def test_compiled_kernels_are_cached(tmp_path):
+    first = compile_kernel_source("barrier.cu")
+    files = list((tmp_path / "cache").glob("barrier-*-sm_90-nvrtc*.cubin"))
+    assert len(files) == 1
+    stamp = files[0].stat().st_mtime_ns
+    assert compile_kernel_source("barrier.cu") == first
+    assert files[0].stat().st_mtime_ns == stamp  # served from the cache, not rewritten
+    compile_kernel_source("barrier.cu", arch="sm_80")
+    assert len(list((tmp_path / "cache").glob("barrier-*.cubin"))) == 2
+
+
+def test_user_kernels_can_include_the_signal_header():
+    code = """
+    #include <ipcshare/signal.cuh>
+    extern "C" __global__ void ping(ipcshare::u64* peer_word, ipcshare::u64* my_word) {
+      ipcshare::put_signal(peer_word, 1);
+      ipcshare::wait_signal(my_word, 1, 1000000);
+    }
+    """
+    assert _is_cubin(compile_kernel_source("user.cu", code=code, use_cache=False))
+
+
+def test_a_kernel_that_does_not_compile_shows_the_nvrtc_log():
+    code = 'extern "C" __global__ void broken() { undeclared_thing = 1; }'
+    with pytest.raises(KernelCompileError, match=r"(?s)could not compile bad\.cu for sm_90:.*"
+                                                 r"undeclared_thing"):
+        compile_kernel_source("bad.cu", code=code, use_cache=False)
+
+
+def test_bad_architecture_is_refused():
+    with pytest.raises(KernelCompileError, match="not of the form sm_90"):
+        compile_kernel_source("barrier.cu", arch="hopper")
