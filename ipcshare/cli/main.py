@@ -65,6 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     for name, text in (("ring", "each rank writes into the next rank's window, n-1 steps"),
                        ("allgather", "every rank gathers every rank's block, single copy")):
         _add_pattern_flags(commands.add_parser(name, help=text))
+    from .doctor import add_doctor_flags
+
+    add_doctor_flags(commands.add_parser(
+        "doctor", help="validate sharing on every node: capability matrix, limits, causes, fixes"))
     return parser
 
 
@@ -81,6 +85,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .info import run_info
 
             return run_info(args)
+        if args.command == "doctor":
+            from .doctor import run_doctor_command
+
+            return run_doctor_command(args)
         from .run_pattern import run_pattern_command
 
         return run_pattern_command(args)

@@ -1,0 +1,52 @@
+"""``ipcshare doctor [--json F] [--yaml F] [--quick]``: the CLI side of the doctor, and
+its exit policy (0 every node passes, 1 a required check failed or an error)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+__all__ = ["run_doctor_command", "add_doctor_flags"]
+
+
+def add_doctor_flags(parser: argparse.ArgumentParser) -> None:
+    """The doctor's flags, on its subparser."""
+    parser.add_argument("--json", metavar="FILE", help="write the verdict as JSON (rank 0)")
+    parser.add_argument("--yaml", metavar="FILE", help="write the verdict as YAML (rank 0)")
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes and bounds: finishes in seconds")
+
+
+def run_doctor_command(args: argparse.Namespace) -> int:
+    """Run the doctor on every rank; returns the exit status.
+
+    A rank lost during the run (died, hung) is reported by the others, which then leave
+    at once with status 1: MPI_Finalize could wait forever for the lost rank.
+
+    Raises:
+        IpcShareError: collective errors (bad IPCSHARE_DOCTOR_TIMEOUT, unwritable
+            output), the same on every rank; main() prints them.
+    """
+    from ..consensus import collective_step
+    from ..doctor.liveness import PeerLost
+    from ..doctor.plan import DoctorPlan
+    from ..doctor.runner import run_doctor
+    from ..topology import World
+    from .main import EXIT_ERROR, EXIT_OK
+
+    world = World.from_comm()
+    try:
+        with collective_step(world, "reading the doctor's settings"):
+            plan = DoctorPlan.make(quick=bool(args.quick))
+    finally:
+        world.close()
+    try:
+        outcome = run_doctor(plan, json_path=args.json, yaml_path=args.yaml,
+                             emit=lambda line: print(line, flush=True), error_status=EXIT_ERROR)
+    except PeerLost as exc:
+        sys.stdout.flush()
+        sys.stderr.write(f"ipcshare: error: doctor: {exc}\n")
+        sys.stderr.flush()
+        os._exit(EXIT_ERROR)
+    return EXIT_OK if outcome.passed else EXIT_ERROR

@@ -1,0 +1,157 @@
+"""Bandwidth and latency per ordered pair of a node's ranks, one pair at a time (as
+p2pBandwidthLatencyTest does): the writer copies a large block from its window into the
+owner's window through its mapping (the copy engine on GPUs, memcpy on the host), timed
+with the engine's timer (CUDA events on GPUs), then repeats 4-byte writes for latency.
+The owner checks what arrived, so a fast number is also a correct one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import IpcShareError
+from ..patterns.seeding import seeded_bytes
+from .paths import PathSpec, close_window_together, describe_failure, open_group
+from .plan import EXPECTED_MIN_GBPS
+
+__all__ = ["measure_pairs", "link_kind", "judge_rows", "checksum", "LATENCY_BYTES"]
+
+LATENCY_BYTES = 4
+_SEED_ITERATION = 0xB0B  # any iteration the matrix does not use
+
+
+def checksum(data: np.ndarray) -> tuple[int, int]:
+    """(wrapping sum, xor) of the 64-bit words of ``data`` (padded to whole words):
+    cheap enough for 64 MiB per pair, and any lost or misplaced word changes it."""
+    data = np.ascontiguousarray(data, dtype=np.uint8).reshape(-1)
+    if data.nbytes % 8:
+        data = np.concatenate([data, np.zeros(8 - data.nbytes % 8, dtype=np.uint8)])
+    words = data.view(np.uint64)
+    return int(np.add.reduce(words, dtype=np.uint64)), int(np.bitwise_xor.reduce(words))
+
+
+def measure_pairs(spec: PathSpec, comm: Any, members: list[int], *, nbytes: int,
+                  repeats: int, latency_writes: int, timeout: float,
+                  world_rank: int) -> dict[str, Any]:
+    """Collective over the node's ``comm``: time every ordered pair on ``spec``.
+
+    Returns this rank's record: ``rows`` (pairs where it wrote: GB/s and latency) and
+    ``received`` (pairs where it owned the window: whether the bytes arrived intact).
+    A failure to set up the path is recorded, not raised.
+    """
+    count = comm.Get_size()
+    record: dict[str, Any] = {"path": spec.name, "bytes": nbytes, "status": "ok", "rows": [],
+                              "received": []}
+    if count < 2:
+        record["status"] = "skipped"
+        return record
+    try:
+        group = open_group(spec, comm, timeout=timeout, world_rank=world_rank)
+    except IpcShareError as exc:
+        record.update(status="failed", failure=describe_failure(exc, members))
+        return record
+    try:
+        try:
+            window = group.window(2 * nbytes)
+        except IpcShareError as exc:
+            record.update(status="failed", failure=describe_failure(exc, members))
+            return record
+        record["device"] = group.backend.describe_device()
+        _time_every_pair(window, comm, members, record, nbytes=nbytes, repeats=repeats,
+                         latency_writes=latency_writes)
+        closing = close_window_together(window)
+        if closing:
+            record["close_error"] = closing
+    finally:
+        try:
+            group.close()
+        except Exception as exc:
+            record["close_error"] = f"{type(exc).__name__}: {exc}"
+    return record
+
+
+def _time_every_pair(window: Any, comm: Any, members: list[int], record: dict[str, Any], *,
+                     nbytes: int, repeats: int, latency_writes: int) -> None:
+    me, count = comm.Get_rank(), comm.Get_size()
+    engine = window.engine
+    outbox = window.local.slice(0, nbytes)
+    mine = seeded_bytes(_SEED_ITERATION, members[me], nbytes)
+    try:
+        engine.upload(outbox, mine)
+        engine.synchronize()
+        stage_error = None
+    except Exception as exc:
+        stage_error = f"{type(exc).__name__}: {exc}"
+    sums = comm.allgather(checksum(mine))
+    del mine
+    for writer in range(count):
+        for owner in range(count):
+            if writer == owner:
+                continue
+            comm.Barrier()
+            if me == writer:
+                row: dict[str, Any] = {"writer": members[me], "owner": members[owner]}
+                if stage_error:
+                    row["error"] = stage_error
+                else:
+                    try:
+                        row.update(_time_one_pair(engine, outbox,
+                                                  window.peer(owner).slice(nbytes, nbytes),
+                                                  repeats, latency_writes))
+                    except Exception as exc:
+                        row["error"] = f"{type(exc).__name__}: {exc}"
+                record["rows"].append(row)
+            comm.Barrier()
+            if me == owner:
+                received: dict[str, Any] = {"writer": members[writer], "owner": members[me]}
+                try:
+                    got = engine.download(window.local.slice(nbytes, nbytes))
+                    received["intact"] = checksum(got) == tuple(sums[writer])
+                except Exception as exc:
+                    received.update(intact=False, error=f"{type(exc).__name__}: {exc}")
+                record["received"].append(received)
+
+
+def _time_one_pair(engine: Any, source: Any, target: Any, repeats: int,
+                   latency_writes: int) -> dict[str, float]:
+    engine.copy(target, source)  # warm-up: first touch, lazy peer mappings
+    timer = engine.timer()
+    timer.start()
+    for _ in range(repeats):
+        engine.copy(target, source)
+    seconds = timer.stop() / repeats
+    tiny_target, tiny_source = target.slice(0, LATENCY_BYTES), source.slice(0, LATENCY_BYTES)
+    engine.copy(tiny_target, tiny_source)
+    timer.start()
+    for _ in range(latency_writes):
+        engine.copy(tiny_target, tiny_source)
+    latency = timer.stop() / latency_writes
+    return {"gbps": round(source.nbytes / seconds / 1e9, 3),
+            "latency_us": round(latency * 1e6, 3)}
+
+
+def link_kind(writer_uuid: str | None, owner_uuid: str | None,
+              links: dict[str, dict] | None) -> str:
+    """``same-gpu``, ``nvlink``, ``pcie`` or ``unknown`` for two ranks' GPUs, from the
+    node's ``nvidia-smi topo -m`` links keyed ``'<uuid>|<uuid>'``."""
+    if writer_uuid is None or owner_uuid is None:
+        return "unknown"
+    if writer_uuid == owner_uuid:
+        return "same-gpu"
+    link = (links or {}).get(f"{writer_uuid}|{owner_uuid}")
+    return link["kind"] if link else "unknown"
+
+
+def judge_rows(rows: list[dict[str, Any]], kinds: dict[tuple[int, int], str]) -> None:
+    """Mark each GPU row with its link kind, the floor it is held to and ``slow`` when
+    it is correct but below that floor (``kinds`` maps (writer, owner) to a link kind)."""
+    for row in rows:
+        kind = kinds.get((row["writer"], row["owner"]))
+        if kind is None:
+            continue
+        row["link"] = kind
+        floor = EXPECTED_MIN_GBPS[kind]
+        row["expected_min_gbps"] = floor
+        row["slow"] = "gbps" in row and row["gbps"] < floor

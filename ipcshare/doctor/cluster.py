@@ -1,0 +1,54 @@
+"""The cluster summary rank 0 prints last: which nodes pass, which fail, and why (the
+failing required checks with the cause and fix the rules found for each)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["summarize_cluster", "render_summary"]
+
+
+def summarize_cluster(document: dict[str, Any]) -> dict[str, Any]:
+    """``{'passed': [keys], 'failed': {key: [reasons]}, 'warnings': {key: count}}``.
+
+    A reason is ``'<check>: <cause> (fix: <fix>)'`` for every failing finding of the
+    node (the rules always leave at least one for each failing required check).
+    """
+    passed, failed, warnings = [], {}, {}
+    for key, node in document["nodes"].items():
+        fails = [f for f in node["findings"] if f["severity"] == "fail"]
+        warns = [f for f in node["findings"] if f["severity"] == "warn"]
+        if warns:
+            warnings[key] = len(warns)
+        if node["pass"]:
+            passed.append(key)
+        else:
+            failed[key] = [f"{f['check']}: {f['cause']} (fix: {f['fix']})" for f in fails] or [
+                f"{c['name']}: {c['detail']}" for c in node["checks"]
+                if c["required"] and not c["ok"]]
+    return {"passed": passed, "failed": failed, "warnings": warnings}
+
+
+def _label(node: dict[str, Any]) -> str:
+    gpus = len(node["gpu_uuids"])
+    driver = f"driver {node['driver']}" if node.get("driver") else "no driver"
+    return (f"{node['host']} (boot {str(node['boot_id'])[:8]}, {driver}, "
+            f"{gpus or 'no'} GPU{'s' if gpus != 1 else ''}, ranks "
+            f"{','.join(map(str, node['world_ranks']))})")
+
+
+def render_summary(document: dict[str, Any]) -> list[str]:
+    """Lines of the cluster summary."""
+    summary = summarize_cluster(document)
+    nodes = document["nodes"]
+    lines = [f"cluster summary: {len(summary['passed'])} of {len(nodes)} node(s) pass"]
+    for key, node in nodes.items():
+        if key in summary["passed"]:
+            warns = summary["warnings"].get(key)
+            lines.append(f"  PASS  {_label(node)}"
+                         + (f"  ({warns} warning{'s' if warns != 1 else ''})" if warns else ""))
+        else:
+            lines.append(f"  FAIL  {_label(node)}")
+            for reason in summary["failed"][key]:
+                lines.append(f"        {reason}")
+    return lines
