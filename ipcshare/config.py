@@ -14,6 +14,7 @@ from .errors import ConfigError
 __all__ = [
     "BACKENDS",
     "EXCHANGES",
+    "ALGOS",
     "BASELINES",
     "DATATYPES",
     "PatternOptions",
@@ -27,6 +28,9 @@ BACKENDS = ("auto", "host", "cuda-ipc", "cuda-vmm")
 EXCHANGES = ("auto", "mpi", "socket", "pidfd")
 BASELINES = ("none", "mpi", "nccl")
 HANDLES = ("posix-fd", "fabric")
+# auto / copy-engine: engine copies (memcpy on host, the copy engine on GPUs);
+# push / pull / ring: all-gather kernels (GPU backends).
+ALGOS = ("auto", "copy-engine", "push", "pull", "ring")
 # name -> (numpy dtype string, bytes per element)
 DATATYPES = {
     "uint8": ("u1", 1), "int8": ("i1", 1),
@@ -84,6 +88,7 @@ class PatternOptions:
     checks: int = 1
     datatype: str = "float32"
     baseline: str = "none"
+    algo: str = "auto"
     graph: bool = False
     json: str | None = None
     min_bw: float | None = None
@@ -93,6 +98,7 @@ class PatternOptions:
         _choice("exchange", self.exchange, EXCHANGES)
         _choice("handle", self.handle, HANDLES)
         _choice("baseline", self.baseline, BASELINES)
+        _choice("algo", self.algo, ALGOS)
         _choice("datatype", self.datatype, tuple(DATATYPES))
         for name in ("min_bytes", "max_bytes"):
             parse_size(getattr(self, name), what=name)
@@ -133,7 +139,7 @@ def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
 _FIELD_TYPES = {
     "backend": str, "exchange": str, "handle": str, "datatype": str, "baseline": str,
     "min_bytes": "size", "max_bytes": "size", "step_factor": int, "iters": int,
-    "warmup": int, "checks": int, "graph": bool, "json": str, "min_bw": float,
+    "warmup": int, "checks": int, "graph": bool, "algo": str, "json": str, "min_bw": float,
 }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import struct
+from typing import Any
 
 from .. import cuda_driver, devices
 from ..cuda_driver import check, driver
@@ -44,6 +45,7 @@ class DeviceBackend(Backend):
         self._closed = False
         self._engine: CudaEngine | None = None
         self._imports = ImportCache()
+        self._kernels: dict[str, Any] = {}  # source file -> LoadedKernels in our context
         self.device = devices.bind_device(local_rank, local_size)
         self._sharing = devices.ranks_sharing(self.device, local_size, cuda_driver.device_count())
         self._local_size = local_size
@@ -62,6 +64,25 @@ class DeviceBackend(Backend):
         if self._engine is None:
             raise BackendError(f"{self.name} backend is closed")
         return self._engine
+
+    def kernels(self, source: str) -> Any:
+        """ipcshare's kernels from ``source`` (a file of kernels/src), compiled with NVRTC
+        for this device's architecture and loaded into this backend's context once.
+
+        Raises:
+            KernelCompileError: NVRTC missing or the source does not compile.
+            CudaError: the CUBIN does not load.
+        """
+        if self._closed:
+            raise BackendError(f"{self.name} backend is closed")
+        if source not in self._kernels:
+            from ..kernels.compiler import compile_kernel_source, device_arch
+            from ..kernels.launcher import LoadedKernels
+
+            cubin = compile_kernel_source(source, arch=device_arch(self.device))
+            self._context.make_current()
+            self._kernels[source] = LoadedKernels(cubin)
+        return self._kernels[source]
 
     @property
     def imports_mapped(self) -> int:
@@ -126,6 +147,9 @@ class DeviceBackend(Backend):
         engine, self._engine = self._engine, None
         try:
             self._context.make_current()
+            for loaded in self._kernels.values():
+                loaded.close()
+            self._kernels.clear()
             self._imports.close()
         finally:
             try:

@@ -13,7 +13,8 @@ from ..topology import World
 __all__ = ["run_pattern_command", "resolve_options"]
 
 _OPTION_KEYS = ("backend", "exchange", "handle", "min_bytes", "max_bytes", "step_factor",
-                "iters", "warmup", "checks", "datatype", "baseline", "graph", "json", "min_bw")
+                "iters", "warmup", "checks", "datatype", "baseline", "graph", "json", "min_bw",
+                "algo")
 
 
 def resolve_options(args: argparse.Namespace) -> PatternOptions:
@@ -38,10 +39,16 @@ def run_pattern_command(args: argparse.Namespace) -> int:
 
                 raise ConfigError("--graph (CUDA-graph replay timing) is not available yet; "
                                   "run without it for eager timing")
-            pattern = make_pattern(args.command)
+            pattern = make_pattern(args.command, options.algo)
     finally:
         world.close()
     with Group(options.backend, options.exchange, handle=options.handle) as group:
+        with collective_step(group.world, "choosing the algorithm"):
+            if options.algo in ("push", "pull", "ring") and group.backend_name == "host":
+                from ..errors import ConfigError
+
+                raise ConfigError(f"--algo {options.algo} runs GPU kernels: it needs a GPU "
+                                  "backend (cuda-ipc or cuda-vmm), not host")
         baseline = _make_baseline(options.baseline, group, pattern.name)
         try:
             result = run_pattern(group, pattern, options, baseline=baseline,

@@ -7,16 +7,27 @@ __all__ = ["make_pattern", "PATTERNS"]
 PATTERNS = ("ring", "allgather")
 
 
-def make_pattern(name: str):
-    """A fresh pattern object for ``name`` (``ring`` or ``allgather``)."""
+def make_pattern(name: str, algo: str = "auto"):
+    """A fresh pattern object for ``name`` (``ring`` or ``allgather``) and ``algo``:
+    ``auto`` / ``copy-engine`` (engine copies: memcpy on host, the copy engine on GPUs),
+    or one of the all-gather kernels ``push``, ``pull``, ``ring`` (GPU backends)."""
+    from ..config import ALGOS
+    from ..errors import ConfigError
+
+    if algo not in ALGOS:
+        raise ConfigError(f"unknown algorithm {algo!r}; choose one of: {', '.join(ALGOS)}")
     if name == "ring":
+        if algo not in ("auto", "copy-engine"):
+            raise ConfigError(f"the ring op has no {algo!r} algorithm; use --algo auto")
         from .ring import Ring
 
         return Ring()
     if name == "allgather":
+        if algo in ("push", "pull", "ring"):
+            from .allgather_kernels import KernelAllGather
+
+            return KernelAllGather(algo)
         from .allgather import AllGather
 
         return AllGather()
-    from ..errors import ConfigError
-
     raise ConfigError(f"unknown op {name!r}; choose one of: {', '.join(PATTERNS)}")

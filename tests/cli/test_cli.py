@@ -107,6 +107,10 @@ BAD_INPUTS = [
     pytest.param(["allgather", "--backend", "cuda-ipc"], "backend 'cuda-ipc' needs a GPU, but ",
                  marks=without_gpu),
     (["ring", "--handle", "carrier-pigeon"], "unknown handle 'carrier-pigeon'"),
+    (["allgather", "--algo", "warp"], "unknown algo 'warp'"),
+    (["ring", "--algo", "push"], "the ring op has no 'push' algorithm"),
+    pytest.param(["allgather", "--algo", "pull"], "--algo pull runs GPU kernels",
+                 marks=without_gpu),
     (["ring", "--json", "/nonexistent-dir/out.json", "-b", "4K", "-e", "4K"], "cannot write"),
 ]
 

@@ -307,3 +307,58 @@ def test_a_pair_without_peer_access_fails_on_every_rank(comm, backend, gpus, mon
                                                r"memory of cuda:\d .*IPCSHARE_DISABLE_P2P"):
             g.window(1 << 20)
     assert open_fd_count() == before
+
+
+KERNEL_ALGOS = ["push", "pull", "ring"]
+
+
+@pytest.mark.nvrtc
+@pytest.mark.parametrize("algo", KERNEL_ALGOS)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_allgather_kernels_verify_every_size(comm, backend, algo):
+    from ipcshare.errors import KernelCompileError
+
+    if comm.size > 8:
+        pytest.skip("kernels take at most 8 ranks")
+    opts = merge_options({"backend": backend, "iters": 3, "warmup": 1, "checks": 2,
+                          "min_bytes": 1, "max_bytes": 9 << 20, "step_factor": 13,
+                          "datatype": "uint8", "algo": algo})
+    with ipcshare.Group(backend=backend) as g:
+        try:
+            result = run_pattern(g, make_pattern("allgather", algo), opts, emit=lambda _l: None)
+        except KernelCompileError as exc:  # the same on every rank
+            pytest.skip(f"needs NVRTC: {exc}")
+    assert _all(comm, result.wrong_total) == [0] * comm.size
+    assert len(result.rows) >= 5 and all(r.primary.time_us > 0 for r in result.rows)
+
+
+@pytest.mark.nvrtc
+def test_a_kernel_waiting_for_a_silent_peer_times_out_naming_it(comm):
+    from ipcshare.errors import KernelCompileError
+    from ipcshare.patterns.allgather_kernels import KernelAllGather
+
+    if comm.size < 2 or comm.size > 8:
+        pytest.skip("needs 2 to 8 ranks")
+    pattern = KernelAllGather("push")
+    with ipcshare.Group(backend="cuda-vmm", timeout=2.0) as g:
+        w = g.window(1 << 20)
+        plan = pattern.plan(64 << 10, g.size, 1)
+        try:
+            op = pattern.bind(w, plan, "out-of-place")
+        except KernelCompileError as exc:
+            pytest.skip(f"needs NVRTC: {exc}")
+        comm.Barrier()
+        if g.rank != 0:  # rank 0 stays silent: everyone else's kernel must give up
+            op()
+        w.engine.synchronize()
+        comm.Barrier()
+        outcome = "ok"
+        try:
+            pattern.check(w, plan, "out-of-place", 0)
+        except SignalTimeout as exc:
+            outcome = str(exc)
+        w.close()
+    if g.rank == 0:
+        assert outcome == "ok"
+    else:
+        assert "gave up waiting for rank 0@" in outcome

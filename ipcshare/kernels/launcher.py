@@ -1,0 +1,97 @@
+"""Load compiled kernels into the current CUDA context and launch them on a stream.
+
+Kernel arguments travel as one ctypes structure passed by value, mirroring the C++
+``struct`` the kernel takes, so Python and CUDA agree on the layout in one place each.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+from ..cuda_driver import check, driver
+
+__all__ = ["LoadedKernels", "AllGatherArgs", "BarrierArgs", "MAX_KERNEL_RANKS"]
+
+MAX_KERNEL_RANKS = 8  # kMaxRanks in signal.cuh
+
+
+class AllGatherArgs(ctypes.Structure):
+    """``AllGatherArgs`` of kernels/src/allgather.cu."""
+
+    _fields_ = [
+        ("outputs", ctypes.c_void_p * MAX_KERNEL_RANKS),
+        ("inputs", ctypes.c_void_p * MAX_KERNEL_RANKS),
+        ("pads", ctypes.c_void_p * MAX_KERNEL_RANKS),
+        ("block_bytes", ctypes.c_ulonglong),
+        ("epoch", ctypes.c_ulonglong),
+        ("timeout_ns", ctypes.c_ulonglong),
+        ("rank", ctypes.c_int),
+        ("nranks", ctypes.c_int),
+        ("slot_base", ctypes.c_int),
+    ]
+
+
+class BarrierArgs(ctypes.Structure):
+    """``BarrierArgs`` of kernels/src/barrier.cu."""
+
+    _fields_ = [
+        ("pads", ctypes.c_void_p * MAX_KERNEL_RANKS),
+        ("epoch", ctypes.c_ulonglong),
+        ("timeout_ns", ctypes.c_ulonglong),
+        ("rank", ctypes.c_int),
+        ("nranks", ctypes.c_int),
+        ("slot_base", ctypes.c_int),
+    ]
+
+
+class LoadedKernels:
+    """A CUBIN loaded with ``cuModuleLoadData`` into the current context.
+
+    ``close()`` unloads it (idempotent); entry points are looked up once.
+
+    Raises:
+        CudaError: the image does not load (e.g. built for another architecture).
+    """
+
+    def __init__(self, cubin: bytes) -> None:
+        self._module: Any = check("cuModuleLoadData", driver.cuModuleLoadData(cubin))
+        self._functions: dict[str, Any] = {}
+
+    def function(self, name: str) -> Any:
+        """The ``CUfunction`` called ``name``.
+
+        Raises:
+            CudaError: no such entry point (CUDA_ERROR_NOT_FOUND).
+        """
+        if self._module is None:
+            raise ValueError("kernels were unloaded")
+        if name not in self._functions:
+            self._functions[name] = check(
+                "cuModuleGetFunction", driver.cuModuleGetFunction(self._module, name.encode()))
+        return self._functions[name]
+
+    def launcher(self, name: str, args: ctypes.Structure, *, grid: int, block: int,
+                 stream: Any):
+        """A callable launching ``name`` with the current contents of ``args``.
+
+        The driver copies the arguments at launch, so the caller may change ``args``
+        (an epoch, say) between launches.
+        """
+        function = self.function(name)
+        params = (ctypes.c_void_p * 1)(ctypes.addressof(args))
+        address = ctypes.addressof(params)
+        launch = driver.cuLaunchKernel
+
+        def run() -> None:
+            check("cuLaunchKernel",
+                  launch(function, grid, 1, 1, block, 1, 1, 0, stream, address, 0))
+            run.keep = (args, params)  # both must outlive every launch
+        run.keep = (args, params)
+        return run
+
+    def close(self) -> None:
+        if self._module is not None:
+            module, self._module = self._module, None
+            self._functions.clear()
+            check("cuModuleUnload", driver.cuModuleUnload(module))

@@ -1,0 +1,87 @@
+"""All-gather by kernels that read or write peer memory directly and synchronise through
+flags in the peers' signal pads: one-shot push, one-shot pull, and a pipelined ring.
+
+Same window layout, data, checks and bandwidth formula as the copy-engine all-gather, so
+the driver's table compares them directly; only ``bind`` differs.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+
+from ..errors import ConfigError, SignalTimeout
+from ..window import ERROR_SLOT, KERNEL_SLOT_BASE, Window
+from .allgather import AllGather
+from .base import SizePlan
+
+__all__ = ["KernelAllGather", "KERNEL_ALGOS"]
+
+KERNEL_ALGOS = {"push": "allgather_push", "pull": "allgather_pull", "ring": "allgather_ring"}
+_THREADS = 512
+_MAX_BLOCKS = 64
+_BYTES_PER_BLOCK = 256 << 10  # below this per block, fewer blocks: flags cost more than bytes
+# Pad words: push and pull share one region, the ring (whose flags count steps, not
+# operations) has its own, so algorithms can alternate on one window.
+_SLOT_BASE = {"push": KERNEL_SLOT_BASE, "pull": KERNEL_SLOT_BASE, "ring": KERNEL_SLOT_BASE + 3840}
+# Operations launched on each window: the epoch every rank's kernels agree on.
+_EPOCHS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def kernel_blocks(block_bytes: int) -> int:
+    """Thread blocks for a per-rank block of ``block_bytes``."""
+    return max(1, min(_MAX_BLOCKS, -(-block_bytes // _BYTES_PER_BLOCK)))
+
+
+class KernelAllGather(AllGather):
+    """All-gather through one of ipcshare's kernels (``algo``: push, pull or ring)."""
+
+    def __init__(self, algo: str) -> None:
+        if algo not in KERNEL_ALGOS:
+            raise ConfigError(f"unknown kernel algorithm {algo!r}; choose one of: "
+                              f"{', '.join(KERNEL_ALGOS)}")
+        self.algo = algo
+
+    def bind(self, window: Window, plan: SizePlan, mode: str) -> Callable[[], None]:
+        from ..kernels.launcher import MAX_KERNEL_RANKS, AllGatherArgs
+
+        backend, n, me = window.group.backend, window.world_size, window.rank
+        if not hasattr(backend, "kernels"):
+            raise ConfigError(f"--algo {self.algo} runs kernels: it needs a GPU backend "
+                              "(cuda-ipc or cuda-vmm), not host")
+        if n > MAX_KERNEL_RANKS or window.world.node_count > 1:
+            raise ConfigError(f"--algo {self.algo} works within one node of at most "
+                              f"{MAX_KERNEL_RANKS} ranks; this job has {n} on "
+                              f"{window.world.node_count} node(s)")
+        args = AllGatherArgs()
+        for rank in range(n):
+            args.outputs[rank] = window.peer(rank).ptr + self._recv_offset(plan)
+            args.inputs[rank] = self._send_of(window, rank, plan, mode).ptr
+            args.pads[rank] = window.signal_pad(rank).ptr
+        args.block_bytes = plan.block_bytes
+        # Device waits give up at half the host's patience, so a kernel reports the silent
+        # peer (in the pad's error word) before the host gives up on the stream.
+        args.timeout_ns = int(window.group.signal_timeout * 0.5e9)
+        args.rank, args.nranks, args.slot_base = me, n, _SLOT_BASE[self.algo]
+        launch = backend.kernels("allgather.cu").launcher(
+            KERNEL_ALGOS[self.algo], args, grid=kernel_blocks(plan.block_bytes),
+            block=_THREADS, stream=window.engine.stream)
+        epochs = _EPOCHS.setdefault(window, [0])
+
+        def allgather() -> None:
+            epochs[0] += 1
+            args.epoch = epochs[0]
+            launch()
+        return allgather
+
+    def check(self, window: Window, plan: SizePlan, mode: str, iteration: int) -> int:
+        wrong = super().check(window, plan, mode, iteration)
+        word = window.engine.download(window.signal_pad(window.rank).slice(ERROR_SLOT * 8, 8))
+        code = int(word.view("<u8")[0])
+        if code:
+            peer = (code >> 48) - 1
+            raise SignalTimeout(
+                f"{window.world.where()}: a {self.algo} all-gather kernel gave up waiting for "
+                f"{window.world.where(peer)} (epoch {code & 0xFFFFFFFFFFFF}) after "
+                f"{window.group.signal_timeout / 2:g} s")
+        return wrong
