@@ -23,13 +23,17 @@ _SEED_ITERATION = 0xB0B  # any iteration the matrix does not use
 
 
 def checksum(data: np.ndarray) -> tuple[int, int]:
-    """(wrapping sum, xor) of the 64-bit words of ``data`` (padded to whole words):
-    cheap enough for 64 MiB per pair, and any lost or misplaced word changes it."""
+    """(sum, position-weighted sum) of the 64-bit words of ``data`` (padded to whole
+    words), both wrapping at 2**64: cheap enough for 64 MiB per pair, and a lost, changed
+    or misplaced word changes it."""
     data = np.ascontiguousarray(data, dtype=np.uint8).reshape(-1)
     if data.nbytes % 8:
         data = np.concatenate([data, np.zeros(8 - data.nbytes % 8, dtype=np.uint8)])
     words = data.view(np.uint64)
-    return int(np.add.reduce(words, dtype=np.uint64)), int(np.bitwise_xor.reduce(words))
+    weights = np.arange(1, words.size + 1, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        return (int(np.add.reduce(words, dtype=np.uint64)),
+                int(np.add.reduce(words * weights, dtype=np.uint64)))
 
 
 def measure_pairs(spec: PathSpec, comm: Any, members: list[int], *, nbytes: int,

@@ -116,6 +116,10 @@ class Checkpoints:
         if self.rank == 0:
             self._answer_all(("ok", value), skip=set())
             return value
+        # Rank 0 may itself wait up to the timeout for the slowest rank before it answers,
+        # and may arrive up to the timeout late: allow both, so that it is rank 0 that
+        # names a missing rank, not every early rank that names rank 0.
+        limit = 2 * limit + 1.0
         deadline = time.monotonic() + limit
         pause = _FIRST_POLL_S
         while True:
