@@ -4,12 +4,15 @@ seeded data, same checks, timed the same way as ours."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 
 from ..topology import World, mpi
 from .base import SizePlan
+from .rotation import warmup_iterations
 from .seeding import count_wrong, poison, seeded_bytes
+from .timing import slowest_rank_samples
 
 __all__ = ["MpiBaseline"]
 
@@ -25,37 +28,66 @@ class MpiBaseline:
         self.version = mpi().Get_library_version().splitlines()[0].strip()
         self.version = " ".join(self.version.split())
 
-    def measure(self, plan: SizePlan, mode: str, *, iters: int, warmup: int,
-                checks: int) -> tuple[float, int]:
-        """(seconds per operation averaged over ranks, wrong elements summed over ranks)."""
-        comm, n, me = self.world.comm, self.world.size, self.world.rank
+    def measure(self, plan: SizePlan, mode: str, *, iters: int, warmup: int, checks: int,
+                buffers: int = 1) -> tuple[float, int]:
+        """Collective, nccl-tests timing: (seconds per operation averaged over ranks,
+        wrong elements summed over ranks). ``buffers`` > 1 cycles the operations over
+        that many disjoint send/receive buffer pairs."""
+        comm, n = self.world.comm, self.world.size
+        operations, wrong = self._checked_operations(plan, mode, checks, buffers)
+        for iteration in range(warmup_iterations(warmup, buffers)):
+            operations[iteration % buffers]()
+        sequence = [operations[i % buffers] for i in range(iters)]
+        comm.Barrier()
+        start = time.perf_counter()
+        for operation in sequence:
+            operation()
+        seconds = (time.perf_counter() - start) / iters
+        return comm.allreduce(seconds, op=mpi().SUM) / n, wrong
+
+    def measure_latency(self, plan: SizePlan, mode: str, *, iters: int, warmup: int,
+                        checks: int, buffers: int = 1) -> tuple[list[float], int]:
+        """Collective, latency timing: (seconds of each of ``iters`` samples of one
+        operation, each the slowest rank's; wrong elements summed over ranks)."""
+        comm = self.world.comm
+        operations, wrong = self._checked_operations(plan, mode, checks, buffers)
+        for iteration in range(warmup_iterations(warmup, buffers)):
+            operations[iteration % buffers]()
+        samples = []
+        for iteration in range(iters):
+            operation = operations[iteration % buffers]
+            comm.Barrier()
+            start = time.perf_counter()
+            operation()
+            samples.append(time.perf_counter() - start)
+        return slowest_rank_samples(comm, samples), wrong
+
+    def _checked_operations(self, plan: SizePlan, mode: str, checks: int,
+                            buffers: int) -> tuple[list[Callable[[], None]], int]:
+        """One operation per buffer pair, and the wrong elements of ``checks`` verified
+        runs (iteration i on pair i mod ``buffers``), summed over ranks."""
+        n, me = self.world.size, self.world.rank
         block = plan.block_bytes
-        recv = np.empty(block * n, dtype=np.uint8)
-        send = np.empty(block, dtype=np.uint8)
-        operation = self._operation(send, recv, block, mode)
+        pairs = [(np.empty(block, dtype=np.uint8), np.empty(block * n, dtype=np.uint8))
+                 for _ in range(buffers)]
+        operations = [self._operation(send, recv, block, mode) for send, recv in pairs]
         wrong = 0
         for iteration in range(checks):
+            send, recv = pairs[iteration % buffers]
             recv[:] = poison(recv.nbytes)
             data = seeded_bytes(iteration, me, block)
             if mode == "in-place" or self.op == "ring":
                 recv[me * block:(me + 1) * block] = data
             else:
                 send[:] = data
-            operation()
+            operations[iteration % buffers]()
             for rank in range(n):
                 wrong += count_wrong(recv[rank * block:(rank + 1) * block],
                                      seeded_bytes(iteration, rank, block), plan.element_size)
-        for _ in range(warmup):
-            operation()
-        comm.Barrier()
-        start = time.perf_counter()
-        for _ in range(iters):
-            operation()
-        seconds = (time.perf_counter() - start) / iters
-        MPI = mpi()
-        return comm.allreduce(seconds, op=MPI.SUM) / n, comm.allreduce(wrong, op=MPI.SUM)
+        return operations, self.world.comm.allreduce(wrong, op=mpi().SUM)
 
-    def _operation(self, send: np.ndarray, recv: np.ndarray, block: int, mode: str):
+    def _operation(self, send: np.ndarray, recv: np.ndarray, block: int,
+                   mode: str) -> Callable[[], None]:
         MPI = mpi()
         comm, n, me = self.world.comm, self.world.size, self.world.rank
         if self.op == "allgather":

@@ -4,6 +4,7 @@ times (barrier, synchronize, host clock around back-to-back calls, synchronize).
 
 from __future__ import annotations
 
+import copy
 import os
 import socket
 import time
@@ -14,7 +15,9 @@ from ..consensus import collective_step
 from ..errors import ConfigError
 from ..topology import World, mpi
 from .base import SizePlan
+from .rotation import warmup_iterations
 from .seeding import count_wrong, poison, seeded_bytes
+from .timing import slowest_rank_samples
 
 __all__ = ["NcclBaseline"]
 
@@ -101,17 +104,80 @@ class NcclBaseline:
         dist.barrier(device_ids=[ordinal])
         torch.cuda.synchronize(self.device)
 
-    def measure(self, plan: SizePlan, mode: str, *, iters: int, warmup: int,
-                checks: int) -> tuple[float, int]:
-        """(seconds per operation averaged over ranks, wrong elements summed over ranks)."""
+    def for_op(self, op: str) -> NcclBaseline:
+        """This baseline's process group timing ``op`` instead; the view does not own the
+        group (its ``close()`` does nothing), so one group serves a whole suite.
+
+        Raises:
+            ConfigError: an op NCCL has no equivalent for here.
+        """
+        if op not in ("allgather", "ring"):
+            raise ConfigError(f"the nccl baseline knows allgather and ring, not {op!r}")
+        view = copy.copy(self)
+        view.op = op
+        view._group_ready = False
+        return view
+
+    def measure(self, plan: SizePlan, mode: str, *, iters: int, warmup: int, checks: int,
+                buffers: int = 1) -> tuple[float, int]:
+        """Collective, nccl-tests timing: (seconds per operation averaged over ranks,
+        wrong elements summed over ranks). ``buffers`` > 1 cycles the operations over
+        that many disjoint send/receive tensor pairs."""
         torch, dist = self._torch, self._dist
-        comm, n, me = self.world.comm, self.world.size, self.world.rank
+        comm, n = self.world.comm, self.world.size
+        operations, wrong = self._checked_operations(plan, mode, checks, buffers)
+        for iteration in range(warmup_iterations(warmup, buffers)):
+            operations[iteration % buffers]()
+        sequence = [operations[i % buffers] for i in range(iters)]
+        torch.cuda.synchronize(self.device)
+        dist.barrier(device_ids=[self.device.index])
+        torch.cuda.synchronize(self.device)
+        start = time.perf_counter()
+        for operation in sequence:
+            operation()
+        torch.cuda.synchronize(self.device)
+        seconds = (time.perf_counter() - start) / iters
+        return comm.allreduce(seconds, op=mpi().SUM) / n, wrong
+
+    def measure_latency(self, plan: SizePlan, mode: str, *, iters: int, warmup: int,
+                        checks: int, buffers: int = 1) -> tuple[list[float], int]:
+        """Collective, latency timing: (seconds of each of ``iters`` samples of one
+        operation, timed by CUDA events on the current stream, which NCCL's work joins;
+        each sample the slowest rank's; wrong elements summed over ranks)."""
+        torch = self._torch
+        comm = self.world.comm
+        operations, wrong = self._checked_operations(plan, mode, checks, buffers)
+        for iteration in range(warmup_iterations(warmup, buffers)):
+            operations[iteration % buffers]()
+        stream = torch.cuda.current_stream(self.device)
+        begin = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        samples = []
+        for iteration in range(iters):
+            operation = operations[iteration % buffers]
+            torch.cuda.synchronize(self.device)
+            comm.Barrier()
+            begin.record(stream)
+            operation()
+            end.record(stream)
+            end.synchronize()
+            samples.append(begin.elapsed_time(end) / 1e3)  # milliseconds
+        return slowest_rank_samples(comm, samples), wrong
+
+    def _checked_operations(self, plan: SizePlan, mode: str, checks: int,
+                            buffers: int) -> tuple[list[Callable[[], None]], int]:
+        """One operation per tensor pair, and the wrong elements of ``checks`` verified
+        runs (iteration i on pair i mod ``buffers``), summed over ranks."""
+        torch, dist = self._torch, self._dist
+        n, me = self.world.size, self.world.rank
         block = plan.block_bytes
-        recv = torch.empty(block * n, dtype=torch.uint8, device=self.device)
-        send = torch.empty(block, dtype=torch.uint8, device=self.device)
-        operation = self._operation(send, recv, block, mode)
+        pairs = [(torch.empty(block, dtype=torch.uint8, device=self.device),
+                  torch.empty(block * n, dtype=torch.uint8, device=self.device))
+                 for _ in range(buffers)]
+        operations = [self._operation(send, recv, block, mode) for send, recv in pairs]
         wrong = 0
         for iteration in range(checks):
+            send, recv = pairs[iteration % buffers]
             recv.copy_(torch.from_numpy(poison(recv.numel())))
             data = torch.from_numpy(seeded_bytes(iteration, me, block).copy())
             if mode == "in-place" or self.op == "ring":
@@ -120,24 +186,13 @@ class NcclBaseline:
                 send.copy_(data)
             torch.cuda.synchronize(self.device)
             dist.barrier(device_ids=[self.device.index])
-            operation()
+            operations[iteration % buffers]()
             torch.cuda.synchronize(self.device)
             got = recv.cpu().numpy()
             for rank in range(n):
                 wrong += count_wrong(got[rank * block:(rank + 1) * block],
                                      seeded_bytes(iteration, rank, block), plan.element_size)
-        for _ in range(warmup):
-            operation()
-        torch.cuda.synchronize(self.device)
-        dist.barrier(device_ids=[self.device.index])
-        torch.cuda.synchronize(self.device)
-        start = time.perf_counter()
-        for _ in range(iters):
-            operation()
-        torch.cuda.synchronize(self.device)
-        seconds = (time.perf_counter() - start) / iters
-        MPI = mpi()
-        return comm.allreduce(seconds, op=MPI.SUM) / n, comm.allreduce(wrong, op=MPI.SUM)
+        return operations, self.world.comm.allreduce(wrong, op=mpi().SUM)
 
     def _operation(self, send: Any, recv: Any, block: int, mode: str) -> Callable[[], None]:
         dist = self._dist

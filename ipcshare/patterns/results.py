@@ -10,16 +10,35 @@ __all__ = ["Measurement", "Row", "BaselineResult", "RunResult"]
 
 @dataclasses.dataclass
 class Measurement:
-    """One timed variant of one size."""
+    """One timed variant of one size.
+
+    In latency timing ``time_us`` is the median of the samples and ``p5_us`` / ``p95_us``
+    their 5th and 95th percentiles; over repetitions (``bench --repeat``) the fields are
+    medians and the ranges hold the smallest and largest value seen.
+    """
 
     time_us: float
     algbw: float
     busbw: float
     wrong: int
+    p5_us: float | None = None
+    p95_us: float | None = None
+    time_us_range: tuple[float, float] | None = None
+    busbw_range: tuple[float, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"time_us": round(self.time_us, 3), "algbw": round(self.algbw, 3),
-                "busbw": round(self.busbw, 3), "wrong": self.wrong}
+        data: dict[str, Any] = {"time_us": round(self.time_us, 3), "algbw": round(self.algbw, 3),
+                                "busbw": round(self.busbw, 3), "wrong": self.wrong}
+        if self.p5_us is not None and self.p95_us is not None:
+            data.update(p5_us=round(self.p5_us, 3), p50_us=round(self.time_us, 3),
+                        p95_us=round(self.p95_us, 3))
+        if self.time_us_range is not None:
+            data.update(time_us_min=round(self.time_us_range[0], 3),
+                        time_us_max=round(self.time_us_range[1], 3))
+        if self.busbw_range is not None:
+            data.update(busbw_min=round(self.busbw_range[0], 3),
+                        busbw_max=round(self.busbw_range[1], 3))
+        return data
 
 
 @dataclasses.dataclass
@@ -47,6 +66,8 @@ class Row:
 
 @dataclasses.dataclass
 class BaselineResult:
+    """A baseline's rows, measured on the same sizes as ours."""
+
     name: str
     version: str
     rows: list[Row]
@@ -71,12 +92,19 @@ class RunResult:
     devices: list[str]
     rows: list[Row]
     baseline: BaselineResult | None
+    # Further baselines timed in the same run (``bench`` with several); not in to_dict.
+    extra_baselines: list[BaselineResult] = dataclasses.field(default_factory=list)
+
+    @property
+    def baselines(self) -> list[BaselineResult]:
+        """Every baseline of the run, the table's first."""
+        return ([] if self.baseline is None else [self.baseline]) + list(self.extra_baselines)
 
     @property
     def wrong_total(self) -> int:
         total = sum(row.wrong for row in self.rows)
-        if self.baseline is not None:
-            total += sum(row.wrong for row in self.baseline.rows)
+        for baseline in self.baselines:
+            total += sum(row.wrong for row in baseline.rows)
         return total
 
     @property
