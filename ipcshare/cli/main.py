@@ -66,6 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
     for name, text in (("ring", "each rank writes into the next rank's window, n-1 steps"),
                        ("allgather", "every rank gathers every rank's block, single copy")):
         _add_pattern_flags(commands.add_parser(name, help=text))
+    from .bench import add_bench_flags
+
+    add_bench_flags(commands.add_parser(
+        "bench", help="run a YAML suite of cases against MPI / NCCL: tables, JSON, plot, report"))
     from .doctor import add_doctor_flags
 
     add_doctor_flags(commands.add_parser(
@@ -86,6 +90,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .info import run_info
 
             return run_info(args)
+        if args.command == "bench":
+            from .bench import run_bench_command
+
+            return run_bench_command(args)
         if args.command == "doctor":
             from .doctor import run_doctor_command
 

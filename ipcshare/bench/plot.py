@@ -1,0 +1,195 @@
+"""The bench figure: busbw against size and time against size, one line per case and per
+baseline, with the ceilings that bound them. matplotlib is imported only to draw."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+from ..config import format_size
+from ..errors import ConfigError
+from .runner import BenchResult
+
+__all__ = ["Ceiling", "ceilings", "require_matplotlib", "write_plot", "NVLINK4_GBPS"]
+
+# NVLink 4 (H100 / H200, 18 links): line rate per direction, GB/s.
+NVLINK4_GBPS = 450.0
+_GPU_BACKENDS = ("cuda-ipc", "cuda-vmm")
+# Line styles say who moved the bytes; colours say which case.
+_STYLES = {"ours": "-", "mpi": "--", "nccl": ":"}
+_SOURCE_NAMES = {"ours": "ipcshare", "mpi": "MPI baseline", "nccl": "NCCL baseline"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Ceiling:
+    """A horizontal line on the busbw panel."""
+
+    label: str
+    gbps: float
+
+
+def ceilings(result: BenchResult) -> list[Ceiling]:
+    """The bounds worth drawing: on GPUs the measured copy-engine peer copy (best busbw
+    of a ring case) and NVLink 4's line rate; on host memory the best single-copy
+    bandwidth measured (ring cases first: one copy per step, nothing else)."""
+    lines = []
+    gpu = [c for c in result.cases if c.case.backend in _GPU_BACKENDS]
+    host = [c for c in result.cases if c.case.backend == "host"]
+    if gpu:
+        best = _best_busbw([c for c in gpu if c.case.op == "ring"])
+        if best:
+            lines.append(Ceiling(f"copy-engine peer copy, measured (best ring busbw): "
+                                 f"{best:.0f} GB/s", best))
+        lines.append(Ceiling(f"NVLink 4 line rate: {NVLINK4_GBPS:.0f} GB/s per direction",
+                             NVLINK4_GBPS))
+    if host:
+        best = _best_busbw([c for c in host if c.case.op == "ring"] or host)
+        if best:
+            lines.append(Ceiling(f"single-copy on host memory, measured best: {best:.1f} GB/s",
+                                 best))
+    return lines
+
+
+def _best_busbw(cases: list[Any]) -> float:
+    return max((row.primary.busbw for c in cases for row in c.result.rows), default=0.0)
+
+
+def require_matplotlib() -> None:
+    """Raises ConfigError, with the install hint, when matplotlib is missing."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ConfigError("--plot needs matplotlib, which is not installed: "
+                          "pip install 'ipcshare[plot]'") from None
+
+
+def write_plot(result: BenchResult, facts: dict[str, Any], path: str | Path) -> None:
+    """Draw the two panels into ``path`` (PNG) with matplotlib's Agg canvas.
+
+    Raises:
+        ConfigError: matplotlib is missing, or ``path`` cannot be written.
+    """
+    require_matplotlib()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    figure = Figure(figsize=(14, 7.2), dpi=110, layout="constrained")
+    FigureCanvasAgg(figure)
+    bandwidth, latency = figure.subplots(1, 2)
+    colours = _colours(len(result.cases))
+    sizes: set[int] = set()
+    handles: list[Any] = []
+    for colour, record in zip(colours, result.cases, strict=True):
+        run = record.result
+        sources = [("ours", run.rows)] + [(b.name, b.rows) for b in run.baselines]
+        for source, rows in sources:
+            x = [row.size for row in rows]
+            sizes.update(x)
+            style = dict(color=colour, linestyle=_STYLES.get(source, "-."), linewidth=1.6,
+                         marker="o" if source == "ours" else None, markersize=3.5)
+            bandwidth.plot(x, [row.primary.busbw for row in rows], **style)
+            latency.plot(x, [row.primary.time_us for row in rows], **style)
+            if source == "ours":
+                _shade_spread(bandwidth, latency, rows, colour)
+        handles.append(Line2D([], [], color=colour, marker="o", markersize=4,
+                              label=_case_label(record.case, run)))
+    for index, ceiling in enumerate(ceilings(result)):
+        colour = ("0.25", "0.55", "0.4")[index % 3]
+        bandwidth.axhline(ceiling.gbps, color=colour, linestyle=(0, (6, 2, 1, 2)),
+                          linewidth=1.2)
+        bandwidth.annotate(ceiling.label, xy=(0.01, ceiling.gbps),
+                           xycoords=("axes fraction", "data"), xytext=(0, 2),
+                           textcoords="offset points", va="bottom", fontsize=8, color=colour)
+        handles.append(Line2D([], [], color=colour, linestyle=(0, (6, 2, 1, 2)),
+                              label=ceiling.label))
+    used = {"ours"} | {b.name for c in result.cases for b in c.result.baselines}
+    for source in ("ours", "mpi", "nccl"):
+        if source in used:
+            handles.append(Line2D([], [], color="black", linestyle=_STYLES[source],
+                                  label=f"line style: {_SOURCE_NAMES[source]}"))
+
+    ticks = _size_ticks(sorted(sizes))
+    for axes in (bandwidth, latency):
+        axes.set_xscale("log", base=2)
+        axes.xaxis.set_major_locator(FixedLocator(ticks))
+        axes.xaxis.set_minor_locator(NullLocator())
+        axes.xaxis.set_major_formatter(FuncFormatter(lambda value, _pos: _size_text(value)))
+        axes.set_xlabel("size (bytes; all-gather: total gathered, ring: per rank)")
+        axes.grid(True, which="major", alpha=0.3)
+    bandwidth.set_ylabel("busbw (GB/s)")
+    bandwidth.set_title("Bus bandwidth (higher is better)")
+    bandwidth.set_ylim(bottom=0)
+    latency.set_yscale("log")
+    latency.set_ylabel("time per operation (µs)")
+    latency.set_title("Time per operation (lower is better; shaded: p5-p95 in latency mode)")
+    latency.grid(True, which="minor", axis="y", alpha=0.12)
+    figure.suptitle(_title(result, facts), fontsize=12)
+    figure.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=8.5,
+                  frameon=False)
+    try:
+        figure.savefig(path, format="png")
+    except OSError as exc:
+        raise ConfigError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
+
+
+def _shade_spread(bandwidth: Any, latency: Any, rows: list[Any], colour: Any) -> None:
+    """p5-p95 of latency samples and min-max over repetitions, lightly shaded."""
+    x = [row.size for row in rows]
+    primary = [row.primary for row in rows]
+    if all(m.p5_us is not None and m.p95_us is not None for m in primary):
+        latency.fill_between(x, [m.p5_us for m in primary], [m.p95_us for m in primary],
+                             color=colour, alpha=0.15, linewidth=0)
+    elif all(m.time_us_range is not None for m in primary):
+        latency.fill_between(x, [m.time_us_range[0] for m in primary],
+                             [m.time_us_range[1] for m in primary], color=colour, alpha=0.15,
+                             linewidth=0)
+    if all(m.busbw_range is not None for m in primary):
+        bandwidth.fill_between(x, [m.busbw_range[0] for m in primary],
+                               [m.busbw_range[1] for m in primary], color=colour, alpha=0.15,
+                               linewidth=0)
+
+
+def _case_label(case: Any, run: Any) -> str:
+    mode = next(iter(run.rows[0].modes)) if run.rows else ""
+    variant = f" {mode}" if mode and mode != case.op else ""
+    names = ", ".join(b.name for b in run.baselines)
+    against = f" (vs {names})" if names else ""
+    return f"{case.op}{variant} · {case.backend} {case.algorithm} · {case.timing}{against}"
+
+
+def _colours(count: int) -> list[Any]:
+    from matplotlib import colormaps
+
+    palette = colormaps["tab10" if count <= 10 else "tab20"]
+    return [palette(index % palette.N) for index in range(count)]
+
+
+def _size_ticks(sizes: list[int]) -> list[float]:
+    """Powers of two spanning ``sizes``, thinned to at most 12 labels."""
+    if not sizes:
+        return [1.0]
+    low = math.floor(math.log2(sizes[0]))
+    high = math.ceil(math.log2(sizes[-1]))
+    step = max(1, math.ceil((high - low + 1) / 12))
+    return [float(2 ** exponent) for exponent in range(low, high + 1, step)]
+
+
+def _size_text(value: float) -> str:
+    nbytes = int(round(value))
+    return format_size(nbytes) if nbytes >= 1 else f"{value:g}"
+
+
+def _title(result: BenchResult, facts: dict[str, Any]) -> str:
+    hosts = facts.get("hosts") or {}
+    where = ", ".join(hosts) if hosts else "?"
+    world = result.cases[0].result.world_size if result.cases else facts.get("world_size", "?")
+    parts = [f"ipcshare bench: {result.suite.name}", f"{world} ranks on {where}"]
+    if facts.get("date"):
+        parts.append(str(facts["date"]))
+    if facts.get("commit"):
+        parts.append(f"commit {facts['commit']}")
+    return "  ·  ".join(parts)

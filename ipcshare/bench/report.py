@@ -1,0 +1,244 @@
+"""What a reader gets after a bench: the closing summary on screen, and the Markdown
+report (machine, method, ratio summary, plot, one table per case)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from ..config import format_size
+from ..errors import ConfigError
+from ..patterns.results import Measurement, RunResult
+from ..patterns.rotation import ROTATION_MAX_BLOCK_BYTES
+from ..patterns.timing import LATENCY_LABEL
+from .bands import SIZE_BANDS, BandRatio, band_ratios
+from .plot import ceilings
+from .runner import BenchResult, CaseResult, timing_label
+
+__all__ = ["summary_lines", "render_markdown", "write_markdown"]
+
+
+def _ratio_cell(ratio: BandRatio | None) -> str:
+    if ratio is None:
+        return "-"
+    if ratio.sizes == 1:
+        return f"{ratio.ratio:.2f}"
+    return f"{ratio.ratio:.2f} [{ratio.low:.2f}-{ratio.high:.2f}]"
+
+
+def _ratio_table(result: BenchResult) -> list[tuple[CaseResult, str, dict[str, BandRatio]]]:
+    """(case, baseline name, ratio per band) for every case and baseline."""
+    table = []
+    for record in result.cases:
+        by_baseline: dict[str, dict[str, BandRatio]] = {}
+        for ratio in band_ratios(record.result):
+            by_baseline.setdefault(ratio.baseline, {})[ratio.band] = ratio
+        for name, bands in by_baseline.items():
+            table.append((record, name, bands))
+    return table
+
+
+def _skipped_notes(result: BenchResult) -> list[str]:
+    notes: dict[tuple[str, str], int] = {}
+    for record in result.cases:
+        for entry in record.skipped:
+            notes[(entry.name, entry.reason)] = notes.get((entry.name, entry.reason), 0) + 1
+    return [f"{name} baseline skipped in {count} case(s): {reason}"
+            for (name, reason), count in notes.items()]
+
+
+def summary_lines(result: BenchResult) -> list[str]:
+    """The closing summary: per case and baseline, our time over the baseline's in each
+    size band; average busbw; skipped baselines; totals."""
+    lines = ["#", "# Summary: our time / baseline time per size band (geometric mean over the "
+             "band's sizes, [min-max]); below 1 = ours is faster"]
+    width = max((len(record.case.label) for record in result.cases), default=4)
+    header = (f"#  {'case':<{width}}  {'avg busbw':>9}  {'baseline':<8}"
+              + "".join(f"  {band:>19}" for band in SIZE_BANDS))
+    lines.append(header)
+    ratios = {(id(record), name): bands for record, name, bands in _ratio_table(result)}
+    for record in result.cases:
+        names = [b.name for b in record.result.baselines] or ["-"]
+        for index, name in enumerate(names):
+            bands = ratios.get((id(record), name), {})
+            label = record.case.label if index == 0 else ""
+            busbw = f"{record.result.avg_busbw:>9.2f}" if index == 0 else " " * 9
+            lines.append(f"#  {label:<{width}}  {busbw}  {name:<8}"
+                         + "".join(f"  {_ratio_cell(bands.get(band)):>19}"
+                                   for band in SIZE_BANDS))
+    for note in _skipped_notes(result):
+        lines.append(f"# {note}")
+    status = "OK" if result.wrong_total == 0 else "FAILED"
+    lines.append(f"# {len(result.cases)} cases x {result.suite.repeat} repetition(s) in "
+                 f"{result.elapsed_s:.1f} s; wrong elements: {result.wrong_total} {status}")
+    return lines
+
+
+def render_markdown(result: BenchResult, facts: dict[str, Any], *,
+                    plot_link: str | None = None) -> str:
+    """The report as Markdown text; ``plot_link`` is the figure's path relative to the
+    report (no figure section without it)."""
+    suite = result.suite
+    out = [f"# ipcshare bench: {suite.name}", ""]
+    out.append(f"{facts.get('date', '?')}, ipcshare {facts.get('ipcshare', '?')}, commit "
+               f"`{facts.get('commit') or 'unknown (not a git checkout)'}`, "
+               f"suite `{suite.source}`, {result.elapsed_s:.0f} s.")
+    if facts.get("command"):
+        out += ["", f"```\n{facts['command']}\n```"]
+    out += ["", "## Machine", "", "| | |", "|---|---|"]
+    for hostname, host in (facts.get("hosts") or {}).items():
+        cpus = f"{host.get('cpus')} CPUs ({host.get('usable_cpus')} usable by this job)"
+        out.append(f"| host `{hostname}` | {cpus}, {host.get('ranks')} rank(s) |")
+    out.append(f"| ranks | {facts.get('world_size')} on {facts.get('nodes')} node(s) |")
+    out.append(f"| GPUs | {_devices(result)} |")
+    out.append(f"| MPI library | {facts.get('mpi', '?')} |")
+    out.append(f"| software | Python {facts.get('python', '?')}, numpy {facts.get('numpy', '?')},"
+               f" {facts.get('machine', '?')}, Linux {facts.get('kernel', '?')} |")
+    versions = {b.name: b.version for c in result.cases for b in c.result.baselines}
+    for name, version in versions.items():
+        out.append(f"| {name} baseline | {version} |")
+    out += ["", "## Method", ""]
+    out += _method(result)
+    out += ["", "## Summary", "",
+            "Our time over the baseline's, per size band: geometric mean over the band's sizes "
+            "with [min-max]; below 1 means ipcshare is faster. Primary variant only "
+            "(all-gather: out-of-place).", ""]
+    out.append("| case | avg busbw (GB/s) | baseline | " + " | ".join(SIZE_BANDS) + " |")
+    out.append("|---|---|---|" + "---|" * len(SIZE_BANDS))
+    ratios = _ratio_table(result)
+    for record, name, bands in ratios:
+        out.append(f"| {record.case.label} | {record.result.avg_busbw:.2f} | {name} | "
+                   + " | ".join(_ratio_cell(bands.get(band)) for band in SIZE_BANDS) + " |")
+    if not ratios:
+        out.append("| (no baseline was timed) | | | " + " | " * (len(SIZE_BANDS) - 1) + " |")
+    notes = _skipped_notes(result)
+    if notes:
+        out.append("")
+        out += [f"- {note}" for note in notes]
+    bounds = ceilings(result)
+    if bounds:
+        out += ["", "Ceilings drawn on the busbw panel: "
+                + "; ".join(bound.label for bound in bounds) + "."]
+    if plot_link:
+        out += ["", "## Plot", "", f"![busbw and time per operation against size]({plot_link})"]
+    out += ["", "## Cases"]
+    for record in result.cases:
+        out += ["", *_case_section(record)]
+    status = "OK" if result.wrong_total == 0 else "FAILED"
+    out += ["", f"Wrong elements over all cases and baselines: **{result.wrong_total}** "
+            f"({status}).", ""]
+    return "\n".join(out)
+
+
+def _devices(result: BenchResult) -> str:
+    devices = sorted({d for c in result.cases for d in c.result.devices if d != "host"})
+    return ", ".join(devices) if devices else "none used (host memory)"
+
+
+def _method(result: BenchResult) -> list[str]:
+    suite = result.suite
+    modes = {c.case.timing for c in result.cases}
+    lines = []
+    if "nccl-tests" in modes:
+        lines.append("- **nccl-tests** timing: barrier, `iters` back-to-back operations, one "
+                     "host timer (GPU: synchronised), averaged over ranks.")
+    if "latency" in modes:
+        lines.append(f"- **{LATENCY_LABEL}**: `iters` samples of one operation each, started "
+                     "together after a barrier and timed alone (host clock; CUDA events on "
+                     "GPUs); each sample is the slowest rank's; the table gives the median "
+                     "with p5 and p95. CUDA-graph replay does not exist yet, so GPU samples "
+                     "include the launch cost of eager calls.")
+    if suite.rotate_buffers > 1:
+        lines.append(f"- Buffers rotate at sizes up to {format_size(ROTATION_MAX_BLOCK_BYTES)} "
+                     f"per rank: {suite.rotate_buffers} disjoint buffer sets used in turn, for "
+                     "ipcshare and the baselines alike, so no cache holds the last operation's "
+                     "data.")
+    if suite.repeat > 1:
+        lines.append(f"- The suite ran {suite.repeat} times; figures are medians, "
+                     "[min-max] the spread over repetitions.")
+    lines.append("- nccl-tests formulas: all-gather size = total gathered bytes, algbw = size / "
+                 "time, busbw = algbw x (n-1)/n; ring follows sendrecv (size = bytes per rank "
+                 "and step, busbw = algbw). GB = 1e9 bytes. Every size is verified bit-exact "
+                 "(`checks` runs) for ipcshare and the baselines.")
+    return lines
+
+
+def _case_section(record: CaseResult) -> list[str]:
+    case, run = record.case, record.result
+    options = case.options
+    lines = [f"### {case.label}", "",
+             f"backend `{run.backend}`, exchange `{run.exchange}`, {run.world_size} ranks, "
+             f"algorithm {case.algorithm}, timing {timing_label(case.timing)}, {options.datatype}, "
+             f"iters {options.iters}, warmup {options.warmup}, checks {options.checks}, "
+             f"avg busbw {run.avg_busbw:.2f} GB/s.", ""]
+    modes = list(run.rows[0].modes) if run.rows else []
+    spread = _has(run, "p5_us")
+    ranged = _has(run, "time_us_range")
+    head = ["size (B)"]
+    for mode in modes:
+        name = "" if mode in ("", case.op) else f" {mode}"
+        head += [f"time{name} (µs)", f"busbw{name} (GB/s)"]
+        if spread:
+            head.append(f"p5-p95{name} (µs)")
+        if ranged:
+            head.append(f"time{name} min-max (µs)")
+    for baseline in run.baselines:
+        head += [f"{baseline.name} time (µs)", f"{baseline.name} busbw (GB/s)",
+                 f"ours / {baseline.name}"]
+    head.append("#wrong")
+    lines.append("| " + " | ".join(head) + " |")
+    lines.append("|" + "---|" * len(head))
+    for index, row in enumerate(run.rows):
+        cells = [format_size(row.size)]
+        for mode in modes:
+            m = row.modes[mode]
+            cells += [_us(m.time_us), f"{m.busbw:.2f}"]
+            if spread:
+                cells.append(f"{_us(m.p5_us)}-{_us(m.p95_us)}" if m.p5_us is not None else "")
+            if ranged:
+                cells.append(_range(m))
+        wrong = row.wrong
+        for baseline in run.baselines:
+            theirs = baseline.rows[index]
+            other = theirs.primary
+            ratio = row.primary.time_us / other.time_us if other.time_us > 0 else float("nan")
+            cells += [_us(other.time_us), f"{other.busbw:.2f}", f"{ratio:.2f}"]
+            wrong += theirs.wrong
+        cells.append(str(wrong))
+        lines.append("| " + " | ".join(cells) + " |")
+    for entry in record.skipped:
+        lines += ["", f"{entry.name} baseline skipped: {entry.reason}"]
+    return lines
+
+
+def _has(run: RunResult, field: str) -> bool:
+    return any(getattr(m, field) is not None for row in run.rows for m in row.modes.values())
+
+
+def _us(value: float | None) -> str:
+    if value is None:
+        return ""
+    return f"{value:.2f}" if value < 1e4 else f"{value:.0f}"
+
+
+def _range(m: Measurement) -> str:
+    if m.time_us_range is None:
+        return ""
+    return f"{_us(m.time_us_range[0])}-{_us(m.time_us_range[1])}"
+
+
+def write_markdown(result: BenchResult, facts: dict[str, Any], path: str | Path, *,
+                   plot_path: str | Path | None = None) -> None:
+    """Write the report to ``path``, linking the figure at ``plot_path`` relatively.
+
+    Raises:
+        ConfigError: ``path`` cannot be written.
+    """
+    link = None
+    if plot_path is not None:
+        link = os.path.relpath(Path(plot_path).resolve(), Path(path).resolve().parent)
+    try:
+        Path(path).write_text(render_markdown(result, facts, plot_link=link))
+    except OSError as exc:
+        raise ConfigError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None

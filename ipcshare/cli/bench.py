@@ -1,0 +1,118 @@
+"""``ipcshare bench``: a suite from YAML, run in one launch, with tables on screen, a
+closing summary, and JSON / PNG / Markdown outputs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from ..consensus import collective_step
+from ..errors import ConfigError
+from ..topology import World
+
+__all__ = ["run_bench_command", "add_bench_flags"]
+
+
+def add_bench_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``ipcshare bench``."""
+    add = parser.add_argument
+    add("--config", required=True, metavar="FILE.yaml",
+        help="the suite: ops, backends, algorithms, timing modes, sizes, baselines")
+    add("--json", metavar="FILE", help="write a JSON list of case documents (rank 0)")
+    add("--plot", metavar="FILE.png", help="draw busbw and time against size (needs matplotlib)")
+    add("--markdown", metavar="FILE.md", help="write a report: machine, summary, plot, tables")
+    add("--repeat", type=int, metavar="K", help="run the whole suite K times; report medians "
+        "and min/max (overrides the suite's repeat)")
+    add("--min-bw", dest="min_bw", type=float, metavar="GBPS",
+        help="exit with status 4 when any case's average busbw is below GBPS")
+    add("--baseline", metavar="NAMES",
+        help="none, or mpi and/or nccl, comma-separated (overrides the suite's baselines)")
+
+
+def run_bench_command(args: argparse.Namespace) -> int:
+    """Run ``ipcshare bench``; returns the exit status (errors raise, on every rank)."""
+    from ..bench.machine import machine_facts
+    from ..bench.progress import ProgressLine
+    from ..bench.report import summary_lines
+    from ..bench.runner import run_suite
+    from ..bench.suite import load_suite
+    from .main import EXIT_OK, EXIT_SLOW, EXIT_WRONG
+
+    world = World.from_comm()
+    try:
+        with collective_step(world, "reading the suite"):
+            suite = load_suite(args.config, overrides={
+                "repeat": args.repeat, "min_bw": args.min_bw, "baselines": args.baseline})
+            _check_outputs(args)
+        facts = machine_facts(world)
+        progress = ProgressLine() if world.rank == 0 else None
+
+        def emit(line: str) -> None:
+            if progress is not None:
+                progress.clear()
+            print(line, flush=True)
+
+        result = run_suite(suite, world, emit=emit, progress=progress)
+        if world.rank == 0:
+            for line in summary_lines(result):
+                print(line, flush=True)
+        with collective_step(world, "writing the outputs"):
+            if world.rank == 0:
+                _write_outputs(args, result, facts)
+    finally:
+        world.close()
+    if result.wrong_total:
+        sys.stderr.write(f"ipcshare: error: {result.wrong_total} wrong elements\n")
+        return EXIT_WRONG
+    if suite.min_bw is not None:
+        slow = result.below(suite.min_bw)
+        if slow:
+            names = "; ".join(f"{record.case.label} {record.result.avg_busbw:.2f} GB/s"
+                              for record in slow)
+            sys.stderr.write(f"ipcshare: error: average busbw below --min-bw "
+                             f"{suite.min_bw:g} GB/s: {names}\n")
+            return EXIT_SLOW
+    return EXIT_OK
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Refuse before a long run what would fail after it: no matplotlib for --plot, an
+    output whose folder is missing or not writable."""
+    if args.plot:
+        from ..bench.plot import require_matplotlib
+
+        require_matplotlib()
+    for flag in ("json", "plot", "markdown"):
+        path = getattr(args, flag)
+        if not path:
+            continue
+        folder = Path(path).resolve().parent
+        if Path(path).is_dir():
+            raise ConfigError(f"--{flag} {path!r} is a directory; give a file name")
+        if not folder.is_dir():
+            raise ConfigError(f"cannot write --{flag} {path!r}: folder {str(folder)!r} "
+                              "does not exist")
+        if not os.access(folder, os.W_OK):
+            raise ConfigError(f"cannot write --{flag} {path!r}: folder {str(folder)!r} "
+                              "is not writable")
+
+
+def _write_outputs(args: argparse.Namespace, result, facts: dict) -> None:
+    if args.json:
+        try:
+            with open(args.json, "w") as out:
+                json.dump(result.documents(), out, indent=1)
+                out.write("\n")
+        except OSError as exc:
+            raise ConfigError(f"cannot write {args.json!r}: {exc.strerror}") from None
+    if args.plot:
+        from ..bench.plot import write_plot
+
+        write_plot(result, facts, args.plot)
+    if args.markdown:
+        from ..bench.report import write_markdown
+
+        write_markdown(result, facts, args.markdown, plot_path=args.plot or None)
