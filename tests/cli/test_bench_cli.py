@@ -1,0 +1,153 @@
+"""``ipcshare bench`` as users run it: the shipped CPU suite with every output, and bad
+input failing cleanly (one line per rank, non-zero exit, no traceback)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from .test_cli import IPCSHARE, MPIEXEC, needs_mpiexec, run, shm_entries, socket_dir  # noqa: F401
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+TINY = """\
+ops: [allgather, ring]
+backends: [host]
+timing: [nccl-tests, latency]
+min_bytes: 1K
+max_bytes: 64K
+step_factor: 8
+iters: 3
+warmup: 1
+"""
+
+
+def _errors(out: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in out.stderr.splitlines() if line.startswith("ipcshare: error:")]
+
+
+def test_bench_help_runs_without_mpi():
+    out = subprocess.run(IPCSHARE + ["bench", "--help"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0
+    for flag in ("--config", "--json", "--plot", "--markdown", "--repeat", "--min-bw",
+                 "--baseline"):
+        assert flag in out.stdout
+
+
+@needs_mpiexec
+def test_the_cpu_suite_writes_json_plot_and_report(tmp_path, socket_dir):  # noqa: F811
+    pytest.importorskip("matplotlib")
+    files = {name: tmp_path / f"bench.{name}" for name in ("json", "png", "md")}
+    out = run(["bench", "--config", str(CONFIGS / "bench-cpu.yaml"), "--json", str(files["json"]),
+               "--plot", str(files["png"]), "--markdown", str(files["md"])], n=2, timeout=240)
+    assert out.returncode == 0, out.stderr
+    assert "# Out of bounds values : 0 OK" in out.stdout
+    assert "# Summary: our time / baseline time per size band" in out.stdout
+    assert "wrong elements: 0 OK" in out.stdout
+    docs = json.loads(files["json"].read_text())
+    assert isinstance(docs, list) and len(docs) == 4
+    assert {doc["timing"] for doc in docs} == {"nccl-tests", "latency (eager samples)"}
+    for doc in docs:
+        assert doc["world_size"] == 2 and doc["wrong_total"] == 0 and doc["backend"] == "host"
+        assert doc["op"] in ("allgather", "ring") and doc["baseline"]["name"] == "mpi"
+        assert doc["rows"] and all(row["wrong"] == 0 for row in doc["rows"])
+    assert files["png"].read_bytes()[:8] == PNG_SIGNATURE
+    report = files["md"].read_text()
+    assert "](bench.png)" in report and "## Summary" in report and "## Machine" in report
+    assert list(socket_dir.iterdir()) == []
+
+
+@needs_mpiexec
+def test_nccl_on_host_memory_is_noted_and_skipped(tmp_path, socket_dir):  # noqa: F811
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY)
+    path = tmp_path / "out.json"
+    out = run(["bench", "--config", str(config), "--baseline", "nccl", "--json", str(path),
+               "--repeat", "2"], n=2, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "# nccl baseline skipped: NCCL runs on GPU memory only" in out.stdout
+    assert "(repetition 2/2)" in out.stdout
+    docs = json.loads(path.read_text())
+    assert all(doc["baseline"] is None and doc["skipped_baselines"][0]["name"] == "nccl"
+               for doc in docs)
+    assert all(doc["repeats"] == 2 for doc in docs)
+
+
+@needs_mpiexec
+def test_min_bw_miss_exits_4_on_every_rank(tmp_path, socket_dir):  # noqa: F811
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY)
+    out = run(["bench", "--config", str(config), "--min-bw", "1e9"], n=2, timeout=120)
+    assert out.returncode == 4
+    errors = _errors(out)
+    assert len(errors) == 2 and all("below --min-bw 1e+09 GB/s" in e for e in errors)
+
+
+BAD_SUITES = [
+    ("ops: [alltoall]\n", "unknown op 'alltoall'"),
+    ("ops: [ring]\nbackends: [warp-drive]\n", "unknown backend 'warp-drive'"),
+    ("ops: [ring]\nalgorithms: [butterfly]\n", "unknown algorithm 'butterfly'"),
+    ("ops: [ring]\nbackends: [host]\nalgorithms: [copy-engine]\n",
+     "backend 'host' runs none of the algorithms copy-engine"),
+    ("ops: [ring]\nmin_bytes: 1M\nmax_bytes: 1K\n", "smaller than min_bytes"),
+    ("ops: [ring]\ntiming: [graph]\n", "unknown timing mode 'graph'"),
+    ("ops: ring\niters: many\n", "iters: expected an integer"),
+    ("- ring\n", "must be a mapping"),
+]
+
+
+@needs_mpiexec
+@pytest.mark.parametrize("text,message", BAD_SUITES)
+def test_bad_suites_fail_cleanly_on_every_rank(tmp_path, socket_dir, text, message):  # noqa: F811
+    config = tmp_path / "bad.yaml"
+    config.write_text(text)
+    shm = shm_entries()
+    out = run(["bench", "--config", str(config)], n=2, timeout=90)
+    errors = _errors(out)
+    assert out.returncode == 1 and len(errors) == 2, out.stderr
+    assert all(re.search(message, line) for line in errors), out.stderr
+    assert "Traceback" not in out.stderr + out.stdout
+    assert list(socket_dir.iterdir()) == [] and shm_entries() == shm
+
+
+@needs_mpiexec
+@pytest.mark.parametrize("extra,message", [
+    ([], "does not exist"),
+    (["--json", "/nonexistent-dir/out.json"], "folder '/nonexistent-dir' does not exist"),
+    (["--repeat", "0"], "repeat must be >= 1"),
+    (["--baseline", "gloo"], "unknown baseline 'gloo'"),
+])
+def test_bad_flags_fail_cleanly_on_every_rank(tmp_path, socket_dir, extra, message):  # noqa: F811
+    config = tmp_path / "suite.yaml"
+    if extra:
+        config.write_text(TINY)
+    out = run(["bench", "--config", str(config), *extra], n=2, timeout=90)
+    errors = _errors(out)
+    assert out.returncode == 1 and len(errors) == 2, out.stderr
+    assert all(message in line for line in errors), out.stderr
+    assert "Traceback" not in out.stderr + out.stdout
+
+
+@needs_mpiexec
+def test_plot_without_matplotlib_names_the_extra(tmp_path, socket_dir):  # noqa: F811
+    # A matplotlib that cannot be imported shadows the real one.
+    fake = tmp_path / "shadow" / "matplotlib"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('matplotlib hidden by the test')\n")
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY)
+    cmd = [MPIEXEC, "-n", "2", *IPCSHARE, "bench", "--config", str(config), "--plot",
+           str(tmp_path / "x.png")]
+    env = dict(os.environ, PYTHONPATH=str(fake.parent))
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=90, env=env)
+    errors = _errors(out)
+    assert out.returncode == 1 and len(errors) == 2, out.stderr
+    assert all("pip install 'ipcshare[plot]'" in line for line in errors)
+    assert not (tmp_path / "x.png").exists()

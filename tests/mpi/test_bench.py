@@ -1,0 +1,144 @@
+"""bench under mpiexec: a tiny suite on host memory in both timing modes, buffer rotation
+verified byte for byte, baselines timed per sample; every rank agrees on every figure."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import ipcshare
+from ipcshare.bench.runner import run_suite
+from ipcshare.bench.suite import parse_suite
+from ipcshare.config import merge_options
+from ipcshare.errors import ConfigError
+from ipcshare.patterns import make_pattern
+from ipcshare.patterns.baseline_mpi import MpiBaseline
+from ipcshare.patterns.driver import run_pattern
+from ipcshare.patterns.rotation import WindowRegion, rotation_count, window_regions
+from ipcshare.topology import World
+
+pytestmark = pytest.mark.mpi
+
+TINY = {"ops": ["allgather", "ring"], "backends": ["host"],
+        "timing": ["nccl-tests", "latency"], "baselines": ["mpi"], "min_bytes": 64,
+        "max_bytes": "2M", "step_factor": 32, "iters": 5, "warmup": 1, "checks": 4,
+        "datatype": "uint8"}
+
+
+def _suite(**changes):
+    return parse_suite({**TINY, **changes}, source="tiny.yaml", resolve_backend=lambda b: b)
+
+
+@pytest.fixture
+def world():
+    world = World.from_comm()
+    yield world
+    world.close()
+
+
+def test_a_tiny_suite_runs_both_timing_modes_and_verifies(comm, world):
+    lines: list[str] = []
+    result = run_suite(_suite(), world, emit=lines.append)
+    assert result.wrong_total == 0
+    docs = result.documents()
+    assert [doc["case"] for doc in docs] == [
+        "allgather host single-copy nccl-tests", "allgather host single-copy latency",
+        "ring host single-copy nccl-tests", "ring host single-copy latency"]
+    for doc in docs:
+        assert {"op", "world_size", "rows", "baseline", "timing", "wrong_total"} <= set(doc)
+        assert doc["world_size"] == comm.size and doc["wrong_total"] == 0
+        assert [row["size"] for row in doc["baseline"]["rows"]] == [
+            row["size"] for row in doc["rows"]]
+        latency = doc["timing"] == "latency (eager samples)"
+        assert latency or doc["timing"] == "nccl-tests"
+        for row in doc["rows"] + doc["baseline"]["rows"]:
+            assert row["wrong"] == 0 and row["time_us"] > 0
+            if latency:
+                assert row["p5_us"] <= row["p50_us"] <= row["p95_us"]
+                assert row["p50_us"] == row["time_us"]
+            else:
+                assert "p5_us" not in row
+    # Times are reduced over ranks: every rank holds the same figures (devices are
+    # gathered on rank 0 only).
+    text = json.dumps([{k: v for k, v in doc.items() if k != "devices"} for doc in docs],
+                      sort_keys=True)
+    assert comm.allgather(text) == [text] * comm.size
+    if comm.rank == 0:
+        assert sum(line.startswith("# [case ") for line in lines) == 4
+        assert any("timing: latency (eager samples)" in line for line in lines)
+        assert any("buffers: 4 in rotation" in line for line in lines)
+    else:
+        assert lines == []
+
+
+def test_repetitions_report_medians_and_ranges(comm, world):
+    result = run_suite(_suite(ops=["ring"], timing=["latency"], max_bytes=64, repeat=3), world,
+                       emit=lambda _line: None)
+    (record,) = result.cases
+    assert len(record.runs) == 3
+    row = result.documents()[0]["rows"][0]
+    assert row["time_us_min"] <= row["time_us"] <= row["time_us_max"]
+    assert row["busbw_min"] <= row["busbw"] <= row["busbw_max"]
+
+
+def test_nccl_asked_for_on_host_memory_is_skipped_with_a_note(comm, world):
+    lines: list[str] = []
+    result = run_suite(_suite(ops=["allgather"], timing=["nccl-tests"], max_bytes=64,
+                              baselines=["nccl", "mpi"]), world, emit=lines.append)
+    (doc,) = result.documents()
+    assert doc["baseline"]["name"] == "mpi" and doc["wrong_total"] == 0
+    assert doc["skipped_baselines"][0]["name"] == "nccl"
+    assert "GPU memory" in doc["skipped_baselines"][0]["reason"]
+    if comm.rank == 0:
+        assert any(line.startswith("# nccl baseline skipped:") for line in lines)
+
+
+@pytest.mark.parametrize("op", ["ring", "allgather"])
+def test_rotated_regions_are_disjoint_and_each_one_verified(comm, op):
+    options = merge_options({"backend": "host", "min_bytes": 3, "max_bytes": 3 << 20,
+                             "step_factor": 16, "iters": 6, "warmup": 0, "checks": 8,
+                             "datatype": "uint8"})
+    with ipcshare.Group(backend="host") as g:
+        pattern = make_pattern(op)
+        result = run_pattern(g, pattern, options, emit=lambda _line: None, rotate=4,
+                             baseline=MpiBaseline(g.world, op), timing="latency")
+        assert result.wrong_total == 0 and len(result.rows) == 6
+        plan = pattern.plan(4096, g.size, 1)
+        window = g.window(1 << 20)
+        regions = window_regions(window, pattern, plan, 4)
+        assert regions[0] is window and all(isinstance(r, WindowRegion) for r in regions[1:])
+        starts = [region.local.ptr for region in regions]
+        stride = starts[1] - starts[0]
+        assert stride >= pattern.window_bytes(plan, g.size) and stride % 4096 == 0
+        assert starts == [starts[0] + k * stride for k in range(4)]
+        assert all(region == window and hash(region) == hash(window) for region in regions)
+        assert len(window_regions(window, pattern, plan, 1)) == 1
+        # Rotation stops above 1 MiB per rank.
+        edge = pattern.plan((1 << 20) * (g.size if op == "allgather" else 1), g.size, 1)
+        past = pattern.plan(((1 << 20) + 1) * (g.size if op == "allgather" else 1), g.size, 1)
+        assert (rotation_count(edge, 4), rotation_count(past, 4)) == (4, 1)
+
+
+def test_mpi_baseline_samples_are_the_slowest_rank_s(comm):
+    from ipcshare.patterns.base import SizePlan
+
+    with ipcshare.Group(backend="host") as g:
+        baseline = MpiBaseline(g.world, "allgather")
+        plan = SizePlan(size=256 * g.size, count=256 * g.size, block_bytes=256, element_size=1)
+        samples, wrong = baseline.measure_latency(plan, "out-of-place", iters=7, warmup=1,
+                                                  checks=3, buffers=3)
+        seconds, wrong_again = baseline.measure(plan, "in-place", iters=7, warmup=0, checks=3,
+                                                buffers=3)
+    assert len(samples) == 7 and all(s > 0 for s in samples) and seconds > 0
+    assert wrong == 0 and wrong_again == 0
+    assert comm.allgather(samples) == [samples] * comm.size
+
+
+def test_an_unknown_timing_mode_is_refused(comm):
+    options = merge_options({"backend": "host", "min_bytes": 64, "max_bytes": 64})
+    with ipcshare.Group(backend="host") as g:
+        with pytest.raises(ConfigError, match="unknown timing mode 'graph'"):
+            run_pattern(g, make_pattern("ring"), options, timing="graph")
+        with pytest.raises(ConfigError, match="rotate must be an integer >= 1"):
+            run_pattern(g, make_pattern("ring"), options, rotate=0)

@@ -1,0 +1,188 @@
+"""The bench suite loader: matrices expand into frozen cases, and every bad input, of
+any shape, is a clear ConfigError and nothing else."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ipcshare.bench.suite import BenchCase, load_suite, parse_suite
+from ipcshare.errors import ConfigError
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def on_cpu(name: str) -> str:
+    """What ``auto`` resolves to on a machine without a GPU."""
+    return "host" if name == "auto" else name
+
+
+def parse(data, **kwargs):
+    return parse_suite(data, source="s.yaml", resolve_backend=on_cpu, **kwargs)
+
+
+def test_a_matrix_expands_into_frozen_cases():
+    suite = parse({"ops": ["allgather", "ring"], "backends": ["host"],
+                   "timing": ["nccl-tests", "latency"], "min_bytes": "1K", "max_bytes": "64K",
+                   "step_factor": 8, "iters": 7})
+    assert [case.label for case in suite.cases] == [
+        "allgather host single-copy nccl-tests", "allgather host single-copy latency",
+        "ring host single-copy nccl-tests", "ring host single-copy latency"]
+    case = suite.cases[0]
+    assert case.options.sizes() == [1024, 8192, 65536] and case.options.iters == 7
+    assert case.baselines == ("mpi",) and case.options.backend == "host"
+    assert suite.name == "s" and suite.repeat == 1 and suite.rotate_buffers == 4
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        case.op = "ring"  # type: ignore[misc]
+
+
+def test_defaults_auto_and_duplicates():
+    suite = parse({"backends": ["auto", "host"], "algorithms": ["auto", "single-copy"]})
+    # auto is host here and auto's algorithm is single-copy: one case, not four.
+    assert [case.label for case in suite.cases] == ["allgather host single-copy nccl-tests"]
+    assert suite.backends == ("host",)
+
+
+def test_cases_override_the_top_level_and_overrides_win():
+    suite = parse({"ops": "allgather, ring", "backends": "host", "min_bytes": "1K",
+                   "max_bytes": "1M", "baselines": ["mpi"], "repeat": 2,
+                   "cases": [{"timing": ["nccl-tests"]},
+                             {"ops": ["ring"], "timing": "latency", "max_bytes": "4K"}]},
+                  overrides={"repeat": 3, "min_bw": 2.5, "baselines": "nccl"})
+    assert [(case.op, case.timing, case.options.max_bytes) for case in suite.cases] == [
+        ("allgather", "nccl-tests", 1 << 20), ("ring", "nccl-tests", 1 << 20),
+        ("ring", "latency", 4096)]
+    assert all(case.baselines == ("nccl",) for case in suite.cases)
+    assert suite.repeat == 3 and suite.min_bw == 2.5
+
+
+def test_gpu_algorithms_resolve_per_backend():
+    suite = parse({"backends": ["cuda-ipc", "cuda-vmm", "host"],
+                   "algorithms": ["copy-engine", "single-copy"], "baselines": "none"})
+    assert [(c.backend, c.algorithm) for c in suite.cases] == [
+        ("cuda-ipc", "copy-engine"), ("cuda-vmm", "copy-engine"), ("host", "single-copy")]
+    assert suite.cases[0].baselines == ()
+
+
+@pytest.mark.parametrize("data,message", [
+    ({"ops": ["alltoall"]}, "unknown op 'alltoall'; choose one of: ring, allgather"),
+    ({"backends": ["warp-drive"]}, "unknown backend 'warp-drive'"),
+    ({"algorithms": ["tree"]}, "unknown algorithm 'tree'; choose one of: auto, single-copy"),
+    ({"backends": ["host"], "algorithms": ["copy-engine"]},
+     "backend 'host' runs none of the algorithms copy-engine; it runs single-copy"),
+    ({"timing": ["graph"]}, "unknown timing mode 'graph'"),
+    ({"baselines": ["gloo"]}, "unknown baseline 'gloo'"),
+    ({"baselines": ["none", "mpi"]}, "'none' cannot be combined"),
+    ({"min_bytes": "1M", "max_bytes": "1K"},
+     r"max_bytes \(1K\) is smaller than min_bytes \(1M\)"),
+    ({"cases": [{"min_bytes": "4M"}]}, r"cases\[0\]: max_bytes \(1M\) is smaller"),
+    ({"min_bytes": "lots"}, "is not a size"),
+    ({"ops": 5}, "ops: expected a list of names, got 5"),
+    ({"ops": [["ring"]]}, "ops: expected names"),
+    ({"ops": []}, "ops: give at least one"),
+    ({"iters": "ten"}, "iters: expected an integer"),
+    ({"iters": 0}, "iters must be >= 1"),
+    ({"datatype": "complex256"}, "unknown datatype"),
+    ({"repeat": True}, "repeat: expected an integer"),
+    ({"repeat": 0}, "repeat must be >= 1"),
+    ({"rotate_buffers": 0}, r"rotate_buffers must be within \[1, 64\]"),
+    ({"min_bw": -1}, "min_bw must be a non-negative"),
+    ({"min_bw": "fast"}, "min_bw: expected a number"),
+    ({"exchange": "fax"}, "unknown exchange 'fax'"),
+    ({"op": "ring"}, "unknown key 'op' \\(did you mean 'ops'\\?\\)"),
+    ({"name": 3}, "name: expected a non-empty string"),
+    ({"cases": "all"}, "cases: expected a non-empty list"),
+    ({"cases": [3]}, r"cases\[0\]: expected a mapping"),
+    ({"cases": [{"repeat": 2}]}, r"cases\[0\]: unknown key 'repeat'"),
+    ({1: "x"}, "keys must be strings"),
+    (["ops"], "a suite is a mapping"),
+])
+def test_bad_suites_are_clear_config_errors(data, message):
+    with pytest.raises(ConfigError, match=message):
+        parse(data)
+
+
+def test_bad_overrides_are_config_errors():
+    with pytest.raises(ConfigError, match="repeat must be >= 1"):
+        parse({"ops": ["ring"]}, overrides={"repeat": 0})
+    with pytest.raises(ConfigError, match="unknown baseline 'gloo'"):
+        parse({"ops": ["ring"]}, overrides={"baselines": "mpi,gloo"})
+
+
+def test_files(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_suite(tmp_path / "missing.yaml")
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing\n")
+    with pytest.raises(ConfigError, match="is empty"):
+        load_suite(empty)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("ops: [ring\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_suite(broken)
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("bench-*.yaml")), ids=lambda p: p.name)
+def test_shipped_suites_are_valid(path):
+    suite = load_suite(path, resolve_backend=lambda name: name)
+    assert suite.cases and all(isinstance(case, BenchCase) for case in suite.cases)
+    if "cpu" in path.name:
+        assert suite.backends == ("host",)
+        assert {case.timing for case in suite.cases} == {"nccl-tests", "latency"}
+    else:
+        assert set(suite.backends) == {"cuda-ipc", "cuda-vmm"}
+        assert all(case.baselines[0] == "nccl" and "mpi" in case.baselines
+                   for case in suite.cases)
+        assert max(case.options.max_bytes for case in suite.cases) == 1 << 30
+        assert min(case.options.min_bytes for case in suite.cases) == 1 << 10
+
+
+def test_cpu_suite_is_named_for_cpu_machines():
+    assert any("cpu" in path.name for path in CONFIGS.glob("bench-*.yaml"))
+
+
+# -- fuzzing: whatever the mapping holds, the loader raises ConfigError or succeeds ---------
+
+_KEYS = ["name", "exchange", "handle", "repeat", "rotate_buffers", "min_bw", "cases", "ops",
+         "backends", "algorithms", "timing", "baselines", "min_bytes", "max_bytes",
+         "step_factor", "iters", "warmup", "checks", "datatype"]
+_WORDS = ["allgather", "ring", "host", "auto", "cuda-ipc", "cuda-vmm", "single-copy",
+          "copy-engine", "nccl-tests", "latency", "mpi", "nccl", "none", "1K", "64K", "1M",
+          "float32", "uint8", "pidfd", "socket", "posix-fd", "fabric", "mpi,nccl"]
+_scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(min_value=-(1 << 70), max_value=1 << 70),
+    st.floats(allow_nan=True, allow_infinity=True), st.sampled_from(_WORDS),
+    st.text(max_size=6))
+_values = st.recursive(
+    _scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=4),
+                            st.dictionaries(st.one_of(st.sampled_from(_KEYS), st.text(max_size=4),
+                                                      st.integers()), inner, max_size=4)),
+    max_leaves=12)
+_mappings = st.dictionaries(st.one_of(st.sampled_from(_KEYS), st.text(max_size=6),
+                                      st.integers()), _values, max_size=8)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_mappings)
+def test_fuzzed_mappings_raise_only_config_errors(data):
+    try:
+        suite = parse(data)
+    except ConfigError:
+        return
+    for case in suite.cases:  # what got through is complete and consistent
+        assert case.options.min_bytes <= case.options.max_bytes
+        assert case.backend in ("host", "cuda-ipc", "cuda-vmm")
+
+
+@settings(max_examples=150, deadline=None)
+@given(_values)
+def test_fuzzed_documents_of_any_shape_raise_only_config_errors(data):
+    try:
+        parse(data)
+    except ConfigError:
+        pass
