@@ -170,7 +170,7 @@ def parse_acs(lspci_text: str) -> dict[str, Any]:
 def _pci_acs() -> dict[str, Any] | None:
     lspci = shutil.which("lspci")
     if lspci is None:
-        return None
+        return {"error": "lspci is not installed"}
     try:
         out = subprocess.run([lspci, "-vvv"], capture_output=True, text=True,
                              timeout=_COMMAND_TIMEOUT_S)

@@ -105,12 +105,14 @@ def probe_window_limit(spec: PathSpec, comm: Any, members: list[int], *, bound: 
                 break
             opening += time.perf_counter() - tick
         held = len(windows)
+        # Memory behind each window on every rank: data, signal pad, granularity rounding.
+        window_bytes = windows[0].total_bytes if windows else None
         tick = time.perf_counter()
         while windows:
             windows.pop().close()
         closing = time.perf_counter() - tick
         result.update(stopped=stopped, windows=held, imports=held * (count - 1),
-                      window_bytes=group.backend.granularity if held else None)
+                      window_bytes=window_bytes)
         if held:
             result["ms_per_window"] = round(opening / held * 1e3, 3)
             result["ms_per_close"] = round(closing / held * 1e3, 3)

@@ -70,7 +70,7 @@ def _rank_lines(node: dict[str, Any]) -> list[str]:
     first = node["ranks"][0]
     iommu = first.get("iommu") or {}
     acs = first.get("pci_acs")
-    acs_text = ("not probed" if acs is None else acs.get("error") or
+    acs_text = ("not probed (--quick)" if acs is None else acs.get("error") or
                 f"{acs.get('devices_with_acs', 0)} device(s) with ACS, "
                 f"{acs.get('redirecting', 0)} redirecting")
     units = iommu.get("units")
@@ -171,7 +171,9 @@ def _bandwidth_lines(node: dict[str, Any]) -> list[str]:
 def _limit_lines(node: dict[str, Any]) -> list[str]:
     lines = ["  limits"]
     for window in node["limits"]["windows"]:
-        text = (f"    {window['path']}: {window['windows']} windows held "
+        size = (f" of {human_bytes(window['window_bytes'])}" if window.get("window_bytes")
+                else "")
+        text = (f"    {window['path']}: {window['windows']} windows{size} held "
                 f"({window['imports']} peer imports per process), stopped by "
                 f"{window.get('stopped')}")
         if window.get("ms_per_window_slowest_rank") is not None:
