@@ -213,6 +213,8 @@ def run_doctor(plan: DoctorPlan, *, json_path: str | None = None, yaml_path: str
         result = {"rank": world.rank, "local_rank": world.local_rank, "node": world.node_index,
                   "environment": facts, "matrix": records, "bandwidth": bandwidth,
                   "limits": limits, "leak": leak, "stage_seconds": stages.seconds}
+        # The job-wide gather has its own deadline; the stage watchdog would only race it.
+        watchdog.stop()
         results = everyone.gather("report", result)
         document = None
         answer: dict[str, Any] = {"passed": False, "error": None}
