@@ -49,7 +49,8 @@ class World:
         MPI = mpi()
         comm = MPI.COMM_WORLD if comm is None else comm
         rank, size = comm.Get_rank(), comm.Get_size()
-        configure_logging(rank)
+        # Logs name the job's rank, also for groups over a sub-communicator.
+        configure_logging(MPI.COMM_WORLD.Get_rank())
         local_comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
         hostname = socket.gethostname()
         # Rank of each node's first member names the node; order nodes by it.

@@ -368,8 +368,11 @@ class Window:
             return
         self._closed = True
         try:
-            self.engine.synchronize()
-            self.world.local_comm.Barrier()
+            try:
+                self.engine.synchronize()
+            finally:
+                # Even when our stream failed, the peers are waiting in this barrier.
+                self.world.local_comm.Barrier()
         finally:
             self._buffers.clear()
             self._pads.clear()

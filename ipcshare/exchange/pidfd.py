@@ -50,9 +50,11 @@ def fetch_fd(pid: int, target_fd: int) -> OwnedFd:
     try:
         pidfd = os.pidfd_open(pid)
     except OSError as exc:
+        hint = (" (is the peer in another PID namespace?)" if exc.errno == errno.ESRCH else
+                " (raise the descriptor limit: ulimit -n)" if exc.errno == errno.EMFILE else "")
         raise ExchangeError(
             f"pidfd_open({pid}) -> {errno.errorcode.get(exc.errno, exc.errno)}: {exc.strerror}"
-            " (is the peer in another PID namespace?)") from exc
+            + hint) from exc
     try:
         return OwnedFd(pidfd_getfd(pidfd, target_fd))
     except OSError as exc:
