@@ -120,12 +120,18 @@ def write_plot(result: BenchResult, facts: dict[str, Any], path: str | Path) -> 
         axes.xaxis.set_major_formatter(FuncFormatter(lambda value, _pos: _size_text(value)))
         axes.set_xlabel("size (bytes; all-gather: total gathered, ring: per rank)")
         axes.grid(True, which="major", alpha=0.3)
+    repeated = result.suite.repeat > 1
+    sampled = any(c.case.timing == "latency" for c in result.cases)
+    shading = [text for text, shown in (("p5-p95 of latency samples", sampled),
+                                        ("min-max over repetitions", repeated)) if shown]
     bandwidth.set_ylabel("busbw (GB/s)")
-    bandwidth.set_title("Bus bandwidth (higher is better)")
+    bandwidth.set_title("Bus bandwidth (higher is better)"
+                        + ("\nshaded: min-max over repetitions" if repeated else ""))
     bandwidth.set_ylim(bottom=0)
     latency.set_yscale("log")
     latency.set_ylabel("time per operation (µs)")
-    latency.set_title("Time per operation (lower is better; shaded: p5-p95 in latency mode)")
+    latency.set_title("Time per operation (lower is better)"
+                      + (f"\nshaded: {', or '.join(shading)}" if shading else ""))
     latency.grid(True, which="minor", axis="y", alpha=0.12)
     figure.suptitle(_title(result, facts), fontsize=12)
     figure.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=8.5,

@@ -83,7 +83,7 @@ def render_markdown(result: BenchResult, facts: dict[str, Any], *,
     out = [f"# ipcshare bench: {suite.name}", ""]
     out.append(f"{facts.get('date', '?')}, ipcshare {facts.get('ipcshare', '?')}, commit "
                f"`{facts.get('commit') or 'unknown (not a git checkout)'}`, "
-               f"suite `{suite.source}`, {result.elapsed_s:.0f} s.")
+               f"suite `{suite.source}`, ran in {result.elapsed_s:.0f} s.")
     if facts.get("command"):
         out += ["", f"```\n{facts['command']}\n```"]
     out += ["", "## Machine", "", "| | |", "|---|---|"]

@@ -46,7 +46,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
         with collective_step(world, "reading the suite"):
             suite = load_suite(args.config, overrides={
                 "repeat": args.repeat, "min_bw": args.min_bw, "baselines": args.baseline})
-            _check_outputs(args)
+            if world.rank == 0:  # only rank 0 writes, and its folders may be its own
+                _check_outputs(args)
         facts = machine_facts(world)
         progress = ProgressLine() if world.rank == 0 else None
 
