@@ -1,4 +1,4 @@
-"""A progress line on a terminal, rewritten in place with a carriage return."""
+"""A progress line on stderr, rewritten in place with a carriage return."""
 
 from __future__ import annotations
 
@@ -11,20 +11,24 @@ __all__ = ["ProgressLine"]
 
 
 class ProgressLine:
-    """One status line on ``stream``, shown only when it is a terminal and only once the
-    run has lasted ``delay_s`` (short runs stay quiet). ``clear()`` before printing
-    anything else to the same terminal."""
+    """One status line on ``stream`` (default stderr), shown once the run has lasted
+    ``delay_s`` (short runs stay quiet) and rewritten at most every ``interval_s``.
 
-    def __init__(self, stream: TextIO | None = None, *, enabled: bool | None = None,
-                 delay_s: float = 2.0, clock: Callable[[], float] = time.monotonic) -> None:
+    MPI launchers hand ranks pipes, not terminals, so the line does not wait for a
+    terminal; a log gets one carriage-return-separated line per update. ``clear()``
+    before printing anything else to the same terminal.
+    """
+
+    def __init__(self, stream: TextIO | None = None, *, enabled: bool = True,
+                 delay_s: float = 2.0, interval_s: float = 0.5,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.stream = sys.stderr if stream is None else stream
-        if enabled is None:
-            isatty = getattr(self.stream, "isatty", None)
-            enabled = bool(isatty and isatty())
         self.enabled = enabled
         self._clock = clock
         self._started = clock()
         self._delay_s = delay_s
+        self._interval_s = interval_s
+        self._shown_at: float | None = None
         self._width = 0
 
     @property
@@ -33,11 +37,16 @@ class ProgressLine:
         return self._clock() - self._started
 
     def show(self, text: str) -> None:
-        """Replace the line with ``text`` (nothing when disabled or still early)."""
-        if not self.enabled or self.elapsed_s < self._delay_s:
+        """Replace the line with ``text`` (nothing when disabled, early, or too soon
+        after the last update)."""
+        now = self._clock()
+        if not self.enabled or now - self._started < self._delay_s:
+            return
+        if self._shown_at is not None and now - self._shown_at < self._interval_s:
             return
         self.stream.write("\r" + text.ljust(self._width))
         self.stream.flush()
+        self._shown_at = now
         self._width = len(text)
 
     def clear(self) -> None:

@@ -30,6 +30,8 @@ def add_bench_flags(parser: argparse.ArgumentParser) -> None:
         help="exit with status 4 when any case's average busbw is below GBPS")
     add("--baseline", metavar="NAMES",
         help="none, or mpi and/or nccl, comma-separated (overrides the suite's baselines)")
+    add("--no-progress", dest="progress", action="store_false",
+        help="no progress line on stderr (it appears on runs longer than 2 s)")
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
@@ -49,14 +51,18 @@ def run_bench_command(args: argparse.Namespace) -> int:
             if world.rank == 0:  # only rank 0 writes, and its folders may be its own
                 _check_outputs(args)
         facts = machine_facts(world)
-        progress = ProgressLine() if world.rank == 0 else None
+        progress = ProgressLine() if world.rank == 0 and args.progress else None
 
         def emit(line: str) -> None:
             if progress is not None:
                 progress.clear()
             print(line, flush=True)
 
-        result = run_suite(suite, world, emit=emit, progress=progress)
+        try:
+            result = run_suite(suite, world, emit=emit, progress=progress)
+        finally:
+            if progress is not None:
+                progress.clear()  # an error line must not land on top of it
         if world.rank == 0:
             for line in summary_lines(result):
                 print(line, flush=True)

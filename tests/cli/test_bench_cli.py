@@ -37,7 +37,7 @@ def test_bench_help_runs_without_mpi():
                          timeout=60)
     assert out.returncode == 0
     for flag in ("--config", "--json", "--plot", "--markdown", "--repeat", "--min-bw",
-                 "--baseline"):
+                 "--baseline", "--no-progress"):
         assert flag in out.stdout
 
 
@@ -53,6 +53,12 @@ def test_the_cpu_suite_writes_json_plot_and_report(tmp_path, socket_dir):  # noq
     assert "# Out of bounds values : 0 OK" in out.stdout
     assert "# Summary: our time / baseline time per size band" in out.stdout
     assert "wrong elements: 0 OK" in out.stdout
+    # Runs past 2 s show a progress line on rank 0's stderr, rewritten with \r (which
+    # text mode reads as a line end).
+    progress = [part for part in out.stderr.splitlines()
+                if part.startswith("ipcshare bench: case")]
+    assert progress and all(re.search(r"case \d+/4 .*, size \w+, \d+ s elapsed", part)
+                            for part in progress)
     docs = json.loads(files["json"].read_text())
     assert isinstance(docs, list) and len(docs) == 4
     assert {doc["timing"] for doc in docs} == {"nccl-tests", "latency (eager samples)"}

@@ -130,23 +130,23 @@ def test_missing_matplotlib_says_how_to_install_it(monkeypatch):
         write_plot(_result(), FACTS, "unused.png")
 
 
-class _Terminal(io.StringIO):
-    def isatty(self) -> bool:
-        return True
-
-
-def test_progress_line_rewrites_itself_only_on_a_terminal_and_after_a_while():
+def test_progress_line_waits_for_a_long_run_and_rewrites_itself():
     now = [0.0]
-    stream = _Terminal()
-    progress = ProgressLine(stream, delay_s=2.0, clock=lambda: now[0])
+    stream = io.StringIO()
+    progress = ProgressLine(stream, delay_s=2.0, interval_s=0.5, clock=lambda: now[0])
     progress.show("case 1/2")
     assert stream.getvalue() == ""          # short runs stay quiet
     now[0] = 3.0
     progress.show("case 1/2, size 1M")
+    now[0] = 3.1
+    progress.show("too soon")               # at most one update per interval
+    now[0] = 3.6
     progress.show("case 2/2")
     assert stream.getvalue() == "\rcase 1/2, size 1M\rcase 2/2         "
     progress.clear()
     assert stream.getvalue().endswith("\r" + " " * 8 + "\r")
+    progress.clear()                         # nothing shown: nothing to blank
+    assert stream.getvalue().endswith("\r" + " " * 8 + "\r")
     quiet = io.StringIO()
-    ProgressLine(quiet, delay_s=0).show("x")
-    assert quiet.getvalue() == ""           # not a terminal: nothing
+    ProgressLine(quiet, enabled=False, delay_s=0).show("x")
+    assert quiet.getvalue() == ""
