@@ -22,21 +22,10 @@ def _namespace(kind: str) -> str:
 
 def _pidfd_support() -> str:
     """Whether this kernel offers pidfd_getfd (probed on our own process)."""
-    from ..exchange.pidfd import pidfd_getfd
+    from ..exchange.pidfd import probe_self
 
-    if not hasattr(os, "pidfd_open"):
-        return "no pidfd_open in this Python"
-    try:
-        pidfd = os.pidfd_open(os.getpid())
-    except OSError as exc:
-        return f"pidfd_open refused: {exc.strerror}"
-    try:
-        os.close(pidfd_getfd(pidfd, 0))
-        return "available"
-    except OSError as exc:
-        return f"pidfd_getfd refused: {exc.strerror}"
-    finally:
-        os.close(pidfd)
+    refused = probe_self()
+    return "available" if refused is None else refused
 
 
 def rank_facts(world: World) -> dict:

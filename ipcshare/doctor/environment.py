@@ -7,7 +7,6 @@ Nothing here shares memory; the capability matrix does the real work.
 
 from __future__ import annotations
 
-import errno
 import glob
 import os
 import re
@@ -113,26 +112,11 @@ def _filesystem(path: str) -> dict[str, int] | None:
 
 
 def _pidfd_self_probe() -> str:
-    """``'ok'`` when this process may pidfd_getfd from itself, else the errno and why.
+    """``'ok'`` when this process may pidfd_getfd from itself, else the errno and why."""
+    from ..exchange.pidfd import probe_self
 
-    A seccomp filter or a kernel without the call refuses even this; ptrace policy
-    does not (a process may always reach itself), so peers can still be refused.
-    """
-    from ..exchange.pidfd import pidfd_getfd
-
-    if not hasattr(os, "pidfd_open"):
-        return "unavailable: no os.pidfd_open in this Python"
-    try:
-        pidfd = os.pidfd_open(os.getpid())
-    except OSError as exc:
-        return f"{errno.errorcode.get(exc.errno, exc.errno)}: pidfd_open refused"
-    try:
-        os.close(pidfd_getfd(pidfd, pidfd))
-        return "ok"
-    except OSError as exc:
-        return f"{errno.errorcode.get(exc.errno, exc.errno)}: pidfd_getfd refused"
-    finally:
-        os.close(pidfd)
+    refused = probe_self()
+    return "ok" if refused is None else refused
 
 
 def _iommu_hints() -> dict[str, Any]:

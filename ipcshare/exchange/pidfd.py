@@ -9,7 +9,7 @@ import os
 from ..errors import ExchangeError
 from .fds import OwnedFd
 
-__all__ = ["pidfd_getfd", "fetch_fd", "PIDFD_GETFD_SYSCALL"]
+__all__ = ["pidfd_getfd", "fetch_fd", "probe_self", "PIDFD_GETFD_SYSCALL"]
 
 # pidfd_getfd has the same number on every Linux architecture (unified syscall table).
 PIDFD_GETFD_SYSCALL = 438
@@ -67,5 +67,27 @@ def fetch_fd(pid: int, target_fd: int) -> OwnedFd:
             f"pidfd_getfd(pid {pid}, fd {target_fd}) -> "
             f"{errno.errorcode.get(exc.errno, exc.errno)}: {exc.strerror}"
             + (f" ({hint})" if hint else "")) from exc
+    finally:
+        os.close(pidfd)
+
+
+def probe_self() -> str | None:
+    """None when this process may pidfd_getfd from itself, else ``"EPERM: pidfd_getfd
+    refused"`` and the like.
+
+    A seccomp filter or a kernel without the call refuses even this; ptrace policy does
+    not (a process may always reach itself), so peers can still be refused.
+    """
+    if not hasattr(os, "pidfd_open"):
+        return "unavailable: no os.pidfd_open in this Python"
+    try:
+        pidfd = os.pidfd_open(os.getpid())
+    except OSError as exc:
+        return f"{errno.errorcode.get(exc.errno, exc.errno)}: pidfd_open refused"
+    try:
+        os.close(pidfd_getfd(pidfd, pidfd))
+        return None
+    except OSError as exc:
+        return f"{errno.errorcode.get(exc.errno, exc.errno)}: pidfd_getfd refused"
     finally:
         os.close(pidfd)
