@@ -225,6 +225,9 @@ class HostEngine:
         theirs = [pad.words() for pad in peer_pads]
         epoch = 0
         wait = self._wait_words
+        # A peer on another core usually arrives within a few polls: poll inline first,
+        # and only then pay for the general wait (yielding, timeout, error text).
+        quick_polls = range(self._spin // 8)
 
         def barrier() -> None:
             nonlocal epoch
@@ -233,7 +236,11 @@ class HostEngine:
                 words[my_slot] = epoch
             for slot in peer_slots:
                 if mine[slot] < epoch:
-                    wait(mine, slot, epoch, timeout, lambda slot=slot: what(slot))
+                    for _ in quick_polls:
+                        if mine[slot] >= epoch:
+                            break
+                    else:
+                        wait(mine, slot, epoch, timeout, lambda slot=slot: what(slot))
         return barrier
 
     def synchronize(self) -> None:
