@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -22,6 +23,7 @@ __all__ = [
     "format_size",
     "load_yaml_config",
     "merge_options",
+    "seconds_from_env",
 ]
 
 BACKENDS = ("auto", "host", "cuda-ipc", "cuda-vmm")
@@ -182,6 +184,24 @@ def _coerce(key: str, value: Any) -> Any:
         return float(value)
     if not isinstance(value, str):
         raise ConfigError(f"{key}: expected a string, got {value!r}")
+    return value
+
+
+def seconds_from_env(name: str, default: float) -> float:
+    """A positive number of seconds from environment variable ``name``, else ``default``.
+
+    Raises:
+        ConfigError: set but not a positive number.
+    """
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{name}={text!r} is not a number of seconds") from None
+    if not value > 0:  # also refuses NaN
+        raise ConfigError(f"{name} must be positive, got {text!r}")
     return value
 
 

@@ -4,13 +4,12 @@ plus a signal pad, mapped in every process of the node)."""
 from __future__ import annotations
 
 import contextlib
-import os
 import platform
 import time
 from typing import Any
 
 from .backends import Allocation, Backend, Buffer, gpu_count, open_backend
-from .config import BACKENDS, EXCHANGES, HANDLES, format_size
+from .config import BACKENDS, EXCHANGES, HANDLES, format_size, seconds_from_env
 from .consensus import collective_step
 from .errors import ConfigError, WindowError
 from .exchange import Exchange, OwnedFd
@@ -41,11 +40,7 @@ def _round_up(value: int, multiple: int) -> int:
 
 
 def _signal_timeout() -> float:
-    text = os.environ.get("IPCSHARE_SIGNAL_TIMEOUT")
-    try:
-        return float(text) if text else _DEFAULT_SIGNAL_TIMEOUT_S
-    except ValueError:
-        raise ConfigError(f"IPCSHARE_SIGNAL_TIMEOUT={text!r} is not a number of seconds") from None
+    return seconds_from_env("IPCSHARE_SIGNAL_TIMEOUT", _DEFAULT_SIGNAL_TIMEOUT_S)
 
 
 def resolve_backend_name(name: str) -> str:

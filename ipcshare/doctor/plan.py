@@ -7,9 +7,8 @@ place and the thresholds in docs/DOCTOR.md have one source.
 from __future__ import annotations
 
 import dataclasses
-import os
 
-from ..errors import ConfigError
+from ..config import seconds_from_env
 
 __all__ = [
     "DoctorPlan",
@@ -55,17 +54,7 @@ def doctor_timeout() -> float:
     Raises:
         ConfigError: not a positive number.
     """
-    text = os.environ.get("IPCSHARE_DOCTOR_TIMEOUT", "").strip()
-    if not text:
-        return DEFAULT_TIMEOUT_S
-    try:
-        value = float(text)
-    except ValueError:
-        raise ConfigError(
-            f"IPCSHARE_DOCTOR_TIMEOUT={text!r} is not a number of seconds") from None
-    if not value > 0:
-        raise ConfigError(f"IPCSHARE_DOCTOR_TIMEOUT must be positive, got {text!r}")
-    return value
+    return seconds_from_env("IPCSHARE_DOCTOR_TIMEOUT", DEFAULT_TIMEOUT_S)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,9 +7,9 @@ private unix sockets; ``auto`` tries pidfd first and falls back for good, tellin
 
 from __future__ import annotations
 
-import os
 import secrets
 
+from ..config import seconds_from_env
 from ..consensus import agree, collective_step
 from ..errors import ConfigError, ExchangeError
 from ..logs import get_logger
@@ -26,17 +26,7 @@ DEFAULT_TIMEOUT_S = 30.0
 
 
 def _default_timeout() -> float:
-    text = os.environ.get("IPCSHARE_EXCHANGE_TIMEOUT")
-    if not text:
-        return DEFAULT_TIMEOUT_S
-    try:
-        value = float(text)
-    except ValueError:
-        raise ConfigError(
-            f"IPCSHARE_EXCHANGE_TIMEOUT={text!r} is not a number of seconds") from None
-    if value <= 0:
-        raise ConfigError(f"IPCSHARE_EXCHANGE_TIMEOUT must be positive, got {text!r}")
-    return value
+    return seconds_from_env("IPCSHARE_EXCHANGE_TIMEOUT", DEFAULT_TIMEOUT_S)
 
 
 class Exchange:
