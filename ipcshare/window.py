@@ -11,12 +11,13 @@ from typing import Any
 from .backends import Allocation, Backend, Buffer, gpu_count, open_backend
 from .config import BACKENDS, EXCHANGES, HANDLES, format_size, seconds_from_env
 from .consensus import collective_step
-from .errors import ConfigError, WindowError
+from .errors import ConfigError, SignalTimeout, WindowError
 from .exchange import Exchange, OwnedFd
 from .topology import World
 
-__all__ = ["Group", "Window", "SIGNAL_PAD_BYTES", "BARRIER_SLOTS", "USER_SLOT_BASE",
-           "USER_SLOTS", "ERROR_SLOT", "KERNEL_SLOT_BASE"]
+__all__ = ["Group", "Window", "StreamWindow", "SIGNAL_PAD_BYTES", "BARRIER_SLOTS",
+           "USER_SLOT_BASE", "USER_SLOTS", "ERROR_SLOT", "KERNEL_SLOT_BASE",
+           "DEVICE_BARRIER_SLOT_BASE", "EPOCH_SLOT_BASE"]
 
 # Signal pad: 8192 64-bit words after the data (layout shared with the CUDA header
 # kernels/include/ipcshare/signal.cuh). Words [0, 256) belong to the host barrier (word i
@@ -29,6 +30,11 @@ USER_SLOT_BASE = BARRIER_SLOTS
 ERROR_SLOT = 511
 USER_SLOTS = ERROR_SLOT - USER_SLOT_BASE
 KERNEL_SLOT_BASE = 512
+# Inside the kernels' range: the device barrier kernel's words (one per local rank), and
+# the device-side epochs of ipcshare's kernel families (kEpochWordBase in the header).
+DEVICE_BARRIER_SLOT_BASE = 8000
+EPOCH_SLOT_BASE = 8064
+_DEVICE_BARRIER_EPOCH_SLOT = EPOCH_SLOT_BASE + 4
 _PAD_ALIGN = 4096
 _DEFAULT_SIGNAL_TIMEOUT_S = 30.0
 # Flag-based barriers need stores that become visible in program order.
@@ -186,6 +192,11 @@ class Window:
         self.engine = backend.engine()
         self._closed = False
         self._barrier = None
+        # Stream-ordered barriers on the same pad words share one epoch, whatever stream
+        # they run on; keyed by stream handle (None: the engine's own stream).
+        self._barrier_epochs = [0]
+        self._stream_barriers: dict[Any, Any] = {}
+        self._device_barriers: dict[Any, Any] = {}
         self._allocations: dict[int, Allocation] = {}
         # Milliseconds this rank spent in each setup step (the table header shows them).
         self.setup_ms: dict[str, float] = {}
@@ -305,50 +316,166 @@ class Window:
         self._check_rank(rank)
         return self._pads[rank]
 
-    def put_signal(self, rank: int, slot: int, value: int) -> None:
+    def put_signal(self, rank: int, slot: int, value: int, *, stream: Any = None) -> None:
         """Write ``value`` into word ``slot`` of rank ``rank``'s pad, after this rank's
-        earlier writes (release). Slots ``USER_SLOT_BASE`` and up are free for users."""
+        earlier writes (release). Slots ``USER_SLOT_BASE`` and up are free for users.
+
+        On GPU windows the store is enqueued on ``stream`` (default: the window's own;
+        see ``on_stream`` for what a stream may be)."""
         self._check_slot(slot)
-        self.engine.store_signal(self.signal_pad(rank), slot, value)
+        self._engine_on(stream).store_signal(self.signal_pad(rank), slot, value)
 
     def wait_signal(self, slot: int, value: int, *, peer: int | None = None,
-                    timeout: float | None = None) -> None:
+                    timeout: float | None = None, stream: Any = None) -> None:
         """Wait until word ``slot`` of this rank's pad is >= ``value`` (acquire).
+
+        On GPU windows the wait is enqueued on ``stream`` (default: the window's own) and
+        the host does not block; a synchronize after ``timeout`` raises instead of hanging.
 
         Raises:
             SignalTimeout: naming ``peer`` (the rank expected to signal) and the slot.
         """
         self._check_slot(slot)
         who = f"waiting for {self.world.where(peer)}" if peer is not None else "waiting"
-        self.engine.wait_signal(self._pads[self.world.rank], slot, value,
-                                timeout=self.group.signal_timeout if timeout is None else timeout,
-                                what=f"{self.world.where()} {who}")
+        self._engine_on(stream).wait_signal(
+            self._pads[self.world.rank], slot, value,
+            timeout=self.group.signal_timeout if timeout is None else timeout,
+            what=f"{self.world.where()} {who}")
 
-    def barrier(self) -> None:
+    def barrier(self, stream: Any = None) -> None:
         """Collective over the node's ranks: returns once every rank has entered it, and
         each rank's earlier writes into windows are visible to all.
 
-        Uses the signal pads (no MPI call) where host stores are ordered; an MPI barrier
-        otherwise. On multi-node groups the node barriers are joined by MPI.
+        Host windows use the signal pads (no MPI call) where host stores are ordered, an
+        MPI barrier otherwise. GPU windows enqueue it on ``stream`` (default: the
+        window's own) with stream memory operations; the host does not block. On
+        multi-node groups the node barriers are joined by MPI.
         """
         self._check_open()
+        if stream is not None:
+            engine = self._engine_on(stream)
+            if engine is not self.engine:
+                key = int(engine.stream)
+                if key not in self._stream_barriers:
+                    self._stream_barriers[key] = self._make_barrier(engine)
+                self._stream_barriers[key]()
+                return
         if self._barrier is None:
-            self._barrier = self._make_barrier()
+            self._barrier = self._make_barrier(self.engine)
         self._barrier()
 
-    def _make_barrier(self):
+    def device_barrier(self, stream: Any = None) -> None:
+        """Like ``barrier`` on a GPU window, but run by a one-block kernel that keeps its
+        epoch on the device, so it can be captured in a CUDA graph and replayed. Over
+        the node's ranks (at most 8). A peer that never arrives makes the kernel give up
+        after half the signal timeout; ``synchronize()`` then raises naming it.
+
+        Raises:
+            WindowError: a host window, or more than 8 ranks on the node.
+            KernelCompileError: NVRTC is missing or the kernel does not compile.
+        """
+        self._check_open()
+        if not hasattr(self.group.backend, "kernels"):
+            raise WindowError(f"device_barrier runs a kernel: a {self.group.backend_name} "
+                              "window has none (use barrier())")
+        engine = self._engine_on(stream)
+        key = int(engine.stream)
+        if key not in self._device_barriers:
+            self._device_barriers[key] = self._make_device_barrier(engine)
+        self._device_barriers[key]()
+
+    def on_stream(self, stream: Any, *, graph_safe: bool = False) -> StreamWindow:
+        """This window with its GPU work enqueued on ``stream``: a cuda.core Stream (or
+        anything with ``__cuda_stream__``), a ``torch.cuda.Stream``, a cupy stream, a
+        ``CUstream`` or a raw handle. Patterns bound to the view run on that stream.
+        With ``graph_safe``, the view's ``barrier`` is ``device_barrier``, so work bound
+        to it can be captured in a CUDA graph.
+
+        Raises:
+            ConfigError: not a stream, or one of another device.
+            WindowError: a host window (host memory has no streams).
+        """
+        self._check_open()
+        engine = self._engine_on(stream)
+        if graph_safe:
+            if not hasattr(self.group.backend, "kernels"):
+                raise WindowError("a graph-safe view runs device_barrier, a kernel: a "
+                                  f"{self.group.backend_name} window has none")
+            # Compile and load the kernel now: module loading has no place in a capture.
+            key = int(engine.stream)
+            if key not in self._device_barriers:
+                self._device_barriers[key] = self._make_device_barrier(engine)
+
+            def barrier() -> None:
+                self.device_barrier(engine.stream)
+        else:
+            def barrier() -> None:
+                self.barrier(engine.stream)
+        return StreamWindow(self, engine, barrier)
+
+    def synchronize(self) -> None:
+        """Wait for the window's stream, then raise if one of ipcshare's kernels on this
+        rank gave up waiting for a peer (it records why in the pad's error word).
+
+        Raises:
+            SignalTimeout: naming the silent peer.
+        """
+        self._check_open()
+        self.engine.synchronize()
+        self.raise_kernel_error()
+
+    def raise_kernel_error(self, what: str = "a kernel") -> None:
+        """Raise SignalTimeout if a kernel on this rank recorded a timeout in the error
+        word of its pad (after the stream has finished)."""
+        if not hasattr(self.group.backend, "kernels"):
+            return
+        word = self.engine.download(self.signal_pad(self.rank).slice(ERROR_SLOT * 8, 8))
+        code = int(word.view("<u8")[0])
+        if code:
+            peer = self.world.local_ranks[(code >> 48) - 1]
+            raise SignalTimeout(
+                f"{self.world.where()}: {what} gave up waiting for {self.world.where(peer)} "
+                f"(epoch {code & 0xFFFFFFFFFFFF}) after {self.group.signal_timeout / 2:g} s")
+
+    def _engine_on(self, stream: Any) -> Any:
+        if stream is None:
+            return self.engine
+        if not hasattr(self.engine, "on_stream"):
+            raise WindowError(f"a {self.group.backend_name} window has no CUDA streams: "
+                              "call without stream=")
+        return self.engine.on_stream(stream)
+
+    def _make_device_barrier(self, engine: Any):
+        from .kernels.launcher import MAX_KERNEL_RANKS, BarrierArgs
+
+        world, backend = self.world, self.group.backend
+        if world.local_size > MAX_KERNEL_RANKS:
+            raise WindowError(f"device_barrier spans at most {MAX_KERNEL_RANKS} ranks of a "
+                              f"node; this node has {world.local_size}")
+        args = BarrierArgs()
+        for index, rank in enumerate(world.local_ranks):
+            args.pads[index] = self._pads[rank].ptr
+        args.timeout_ns = int(self.group.signal_timeout * 0.5e9)
+        args.rank, args.nranks = world.local_rank, world.local_size
+        args.slot_base, args.epoch_word = DEVICE_BARRIER_SLOT_BASE, _DEVICE_BARRIER_EPOCH_SLOT
+        return backend.kernels("barrier.cu").launcher(
+            "device_barrier", args, grid=1, block=32, stream=engine.stream)
+
+    def _make_barrier(self, engine: Any):
         world = self.world
         if not _ORDERED_HOST_STORES and self.group.backend_name == "host":
             return world.comm.Barrier
         others = [r for r in world.local_ranks if r != world.rank]
-        node_barrier = self.engine.make_barrier(
+        # Device engines may run barriers on several streams: one epoch for all of them.
+        shared = {"epochs": self._barrier_epochs} if hasattr(engine, "on_stream") else {}
+        node_barrier = engine.make_barrier(
             self._pads[world.rank], [self._pads[r] for r in others], world.local_rank,
             [world.local_index(r) for r in others], timeout=self.group.signal_timeout,
             what=lambda slot: f"{world.where()} in barrier waiting for "
-                              f"{world.where(world.local_ranks[slot])}")
+                              f"{world.where(world.local_ranks[slot])}", **shared)
         if world.node_count == 1:
             return node_barrier
-        engine, comm = self.engine, world.comm
+        comm = world.comm
 
         def barrier() -> None:
             node_barrier()
@@ -373,6 +500,8 @@ class Window:
             self._pads.clear()
             self._local_buffer = None
             self._barrier = None
+            self._stream_barriers.clear()
+            self._device_barriers.clear()
             for rank in sorted(self._allocations, key=lambda r: r == self.world.rank):
                 self._allocations[rank].close()  # peers' mappings first, own memory last
             self._allocations.clear()
@@ -401,6 +530,38 @@ class Window:
         if not 0 <= slot < SIGNAL_PAD_BYTES // 8:
             last = SIGNAL_PAD_BYTES // 8 - 1
             raise WindowError(f"signal slot {slot} outside the pad (0..{last})")
+
+
+class StreamWindow:
+    """A window whose GPU work goes to another stream (``Window.on_stream``): ``engine``
+    enqueues there and ``barrier`` runs there; buffers, pads and ranks are the window's.
+    Compares and hashes equal to its window, so per-window state is shared."""
+
+    def __init__(self, window: Window, engine: Any, barrier: Any) -> None:
+        self.window = window
+        self.engine = engine
+        self.barrier = barrier
+
+    @property
+    def stream(self) -> Any:
+        """The ``CUstream`` this view enqueues on."""
+        return self.engine.stream
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "window":  # not set yet (a copy in the making): no recursion
+            raise AttributeError(name)
+        return getattr(self.window, name)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, StreamWindow):
+            other = other.window
+        return other is self.window
+
+    def __hash__(self) -> int:
+        return hash(self.window)
+
+    def __repr__(self) -> str:
+        return f"StreamWindow({self.window!r}, stream={self.stream!r})"
 
 
 class _Lap:

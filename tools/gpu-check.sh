@@ -2,7 +2,16 @@
 # The one script run on a GPU node: facts, the GPU test suite at 2 (and 4) ranks and with
 # two ranks sharing one GPU, then ring / all-gather sweeps on both GPU backends against NCCL.
 #
-#   tools/gpu-check.sh [all|tests|bench]      (default all; run from anywhere)
+#   tools/gpu-check.sh [all|tests|bench|suite|sweep|doctor]...   (default all; from anywhere)
+#
+#   tests   the GPU pytest suite at 2, 4 and 2xG ranks, and 2 ranks sharing one GPU
+#   bench   quick ring / all-gather sweeps of both backends against NCCL, window setup time
+#   suite   `ipcshare bench` with configs/bench-h200-x$G.yaml (every algorithm, eager and
+#           graph timing, NCCL and MPI); JSON, plot and Markdown under $OUT/bench/
+#   sweep   correctness at the world sizes the suite and tests do not cover (3 and 2xG
+#           ranks): every all-gather algorithm, 1 byte to 387 MiB in odd sizes (factor 9),
+#           eager and in CUDA graphs; plus window setup time of both backends
+#   doctor  `ipcshare doctor --quick`, then the full check with --json/--yaml under $OUT/doctor/
 #
 # Writes under ${OUT:-out}: gpu-check.log (everything), results.jsonl (one result document
 # per line), info.json (ipcshare info), summary.txt. Keeps going after a failure and exits
@@ -13,8 +22,19 @@
 # 240), STEP_TIMEOUT_BENCH (per sweep, default 150), PYTHON, MPIEXEC.
 set -u
 
-phase=${1:-all}
-case "$phase" in all|tests|bench) ;; *) echo "usage: $0 [all|tests|bench]" >&2; exit 2 ;; esac
+phases=("${@:-all}")
+for phase in "${phases[@]}"; do
+  case "$phase" in all|tests|bench|suite|sweep|doctor) ;;
+    *) echo "usage: $0 [all|tests|bench|suite|sweep|doctor]..." >&2; exit 2 ;; esac
+done
+wants() {  # wants PHASE: whether PHASE was asked for (all = tests and bench)
+  local asked
+  for asked in "${phases[@]}"; do
+    [[ $asked == "$1" || ( $asked == all && ( $1 == tests || $1 == bench ) ) ]] && return 0
+  done
+  return 1
+}
+phase="${phases[*]}"
 # Bench sizes: BENCH_MIN (default 1M) to BENCH_MAX.
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -123,7 +143,7 @@ pytest_run() {  # pytest_run N [extra mpiexec args...]
 export -f pytest_run
 export PY MPIEXEC OUT RESULTS BENCH_MAX BENCH_ITERS BENCH_BASELINE
 
-if [[ $G -ge 1 && ( $phase == all || $phase == tests ) ]]; then
+if [[ $G -ge 1 ]] && wants tests; then
   step "pytest tests/gpu, 2 ranks" "$STEP_TIMEOUT_TESTS" pytest_run 2
   if [[ $G -ge 4 ]]; then
     step "pytest tests/gpu, 4 ranks" "$STEP_TIMEOUT_TESTS" pytest_run 4
@@ -140,7 +160,7 @@ setup_time() {  # setup_time BACKEND N: window creation with a small (1 MiB) win
 }
 export -f setup_time
 
-if [[ $G -ge 2 && ( $phase == all || $phase == bench ) ]]; then
+if [[ $G -ge 2 ]] && wants bench; then
   for backend in cuda-ipc cuda-vmm; do
     step "window setup $backend n=$G" 120 setup_time "$backend" "$G"
   done
@@ -160,7 +180,7 @@ bench() {  # bench OP BACKEND N
 }
 export -f bench
 
-if [[ $G -ge 2 && ( $phase == all || $phase == bench ) ]]; then
+if [[ $G -ge 2 ]] && wants bench; then
   sizes=(2)
   [[ $G -ge 4 ]] && sizes+=(4)
   for backend in cuda-ipc cuda-vmm; do
@@ -170,8 +190,54 @@ if [[ $G -ge 2 && ( $phase == all || $phase == bench ) ]]; then
       done
     done
   done
-elif [[ $phase == all || $phase == bench ]]; then
+elif wants bench; then
   log "bench: needs 2 GPUs (NCCL runs one rank per GPU); skipped"
+fi
+
+suite() {  # suite N CONFIG: one `ipcshare bench` launch, outputs under $OUT/bench
+  mkdir -p "$OUT/bench"
+  local name
+  name=$(basename "$2" .yaml)-n$1
+  "$MPIEXEC" -n "$1" --bind-to none "$PY" -m ipcshare bench --config "$2"     --json "$OUT/bench/$name.json" --plot "$OUT/bench/$name.png" --markdown "$OUT/bench/$name.md"
+}
+export -f suite
+if wants suite; then
+  if [[ -f configs/bench-h200-x$G.yaml ]]; then
+    step "bench suite configs/bench-h200-x$G.yaml n=$G" "${STEP_TIMEOUT_SUITE:-540}" \
+      suite "$G" "configs/bench-h200-x$G.yaml"
+  else
+    log "suite: no configs/bench-h200-x$G.yaml for $G GPUs; skipped"
+  fi
+fi
+
+sweep() {  # sweep N ALGO [--graph]: 1 byte to 1 GiB, odd sizes, every check verified
+  "$MPIEXEC" -n "$1" --bind-to none "$PY" -m ipcshare allgather --backend cuda-vmm \
+    --algo "$2" -b 1 -e 1G -f 9 -n 2 -w 1 -c 2 -d uint8 "${@:3}" | grep -Ev "^#  Rank"
+}
+export -f sweep
+if [[ $G -ge 2 ]] && wants sweep; then
+  for backend in cuda-ipc cuda-vmm; do
+    step "window setup $backend n=$G" 120 setup_time "$backend" "$G"
+  done
+  for n in 3 $((2 * G)); do
+    for algo in copy-engine push pull ring; do
+      step "sweep allgather $algo n=$n 1B-1G" 240 sweep "$n" "$algo"
+    done
+    step "sweep allgather auto n=$n 1B-64M in graphs" 240 sweep "$n" auto --graph -e 64M
+    step "sweep allgather push n=$n 1B-64M in graphs" 240 sweep "$n" push --graph -e 64M
+  done
+fi
+
+doctor_run() {  # doctor_run N [--quick]
+  mkdir -p "$OUT/doctor"
+  "$MPIEXEC" -n "$1" --bind-to none "$PY" -m ipcshare doctor "${@:2}"
+}
+export -f doctor_run
+if [[ $G -ge 1 ]] && wants doctor; then
+  step "doctor --quick n=$G" 120 doctor_run "$G" --quick
+  step "doctor (full) n=$G" 180 doctor_run "$G" --json "$OUT/doctor/h200-x$G.json" \
+    --yaml "$OUT/doctor/h200-x$G.yaml"
+  step "doctor --quick n=$((2 * G)) (2 ranks per GPU)" 120 doctor_run $((2 * G)) --quick
 fi
 
 log ""

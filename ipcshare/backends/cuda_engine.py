@@ -9,6 +9,7 @@ SignalTimeout naming it, not a hung job.
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import time
 from collections.abc import Callable
@@ -18,7 +19,9 @@ import numpy as np
 
 from .. import cuda_driver
 from ..cuda_driver import check, describe_error, driver
-from ..errors import CudaError, SignalTimeout
+from ..errors import ConfigError, CudaError, SignalTimeout
+from .cuda_graph import CapturedGraph
+from .cuda_streams import stream_device, stream_handle
 from .device_buffer import DeviceBuffer
 
 __all__ = ["CudaEngine", "CudaTimer", "DEFAULT_SYNC_TIMEOUT_S"]
@@ -83,10 +86,54 @@ class CudaEngine:
         self._timers: set[CudaTimer] = set()
         # Side streams (and their completion events) for concurrent large copies.
         self._side: list[tuple[Any, Any]] = []
-        self._fork: Any = None
+        # The engine this one is a view of (on_stream), or None for the owner of the stream.
+        self._parent: CudaEngine | None = None
+        self._fork = check("cuEventCreate", driver.cuEventCreate(
+            int(driver.CUevent_flags.CU_EVENT_DISABLE_TIMING)))
         # Last: nothing after it can fail and leak the stream.
-        self._stream = check("cuStreamCreate", driver.cuStreamCreate(
-            int(driver.CUstream_flags.CU_STREAM_NON_BLOCKING)))
+        try:
+            self._stream = check("cuStreamCreate", driver.cuStreamCreate(
+                int(driver.CUstream_flags.CU_STREAM_NON_BLOCKING)))
+        except BaseException:
+            driver.cuEventDestroy(self._fork)
+            raise
+
+    def on_stream(self, stream: Any) -> CudaEngine:
+        """This engine enqueuing on ``stream`` instead of its own: a cuda.core Stream (or
+        anything speaking ``__cuda_stream__``), a torch or cupy stream, a ``CUstream`` or
+        a raw handle. The view shares the engine's side streams, timers and pending
+        waits; it never destroys ``stream`` (the caller owns it), and closing it only
+        forgets it.
+
+        Raises:
+            ConfigError: not a stream, or a stream of another device.
+            CudaError: the handle is not a live stream.
+        """
+        handle = stream_handle(stream)
+        owner = self._parent or self
+        owner._live_stream()
+        if handle == int(owner._stream):
+            return owner
+        device = stream_device(handle)
+        if device is not None and device != self.device:
+            raise ConfigError(f"the stream given belongs to cuda:{device}, but this window "
+                              f"lives on cuda:{self.device}: pass a stream of cuda:{self.device}")
+        view = copy.copy(owner)  # shallow: the lists, dicts and events stay shared
+        view._stream = driver.CUstream(handle)
+        view._parent = owner
+        return view
+
+    def capture(self, enqueue: Callable[[], None]) -> CapturedGraph:
+        """A CUDA graph of what ``enqueue()`` puts on this engine's stream; launch it
+        with ``.launch()`` (on the same stream) and close it when done.
+
+        Only graph-safe work may be captured: kernels and device barriers, whose epochs
+        live on the device, and copies. The stream must be idle of waits from the host.
+
+        Raises:
+            CudaError: the capture failed (e.g. an operation that cannot be captured).
+        """
+        return CapturedGraph(self._live_stream(), enqueue)
 
     # -- bytes ---------------------------------------------------------------------
     def copy(self, dst: DeviceBuffer, src: DeviceBuffer) -> None:
@@ -160,9 +207,6 @@ class CudaEngine:
         return side, done
 
     def _side_event_fork(self) -> Any:
-        if self._fork is None:
-            self._fork = check("cuEventCreate", driver.cuEventCreate(
-                int(driver.CUevent_flags.CU_EVENT_DISABLE_TIMING)))
         return self._fork
 
     def upload(self, dst: DeviceBuffer, data: np.ndarray) -> None:
@@ -255,22 +299,24 @@ class CudaEngine:
         return wait_for
 
     def make_barrier(self, own_pad: DeviceBuffer, peer_pads: list[DeviceBuffer], my_slot: int,
-                     peer_slots: list[int], *, timeout: float,
-                     what: Callable[[int], str]) -> Callable[[], None]:
+                     peer_slots: list[int], *, timeout: float, what: Callable[[int], str],
+                     epochs: list[int] | None = None) -> Callable[[], None]:
         """A stream-ordered barrier: each call stores the next epoch into word
         ``my_slot`` of every peer pad, then makes the stream wait until words
-        ``peer_slots`` of ``own_pad`` reach it. The host does not block."""
+        ``peer_slots`` of ``own_pad`` reach it. The host does not block.
+
+        ``epochs`` (a one-element list) holds the epoch; barriers on the same words but
+        different streams must share it, or their values would collide."""
         outgoing = [_word_address(pad, my_slot) for pad in peer_pads]
         incoming = [(_word_address(own_pad, slot), (lambda s=slot: what(s)))
                     for slot in peer_slots]
         write, wait, stream, mask = self._write, self._wait, self._live_stream(), self._mask
         write_name, wait_name, pending = self._write_name, self._wait_name, self._pending
-        epoch = 0
+        counter = [0] if epochs is None else epochs
 
         def barrier() -> None:
-            nonlocal epoch
-            epoch += 1
-            value = epoch & mask
+            counter[0] += 1
+            value = counter[0] & mask
             for address in outgoing:
                 err, = write(stream, address, value, _WRITE_RELEASE)
                 if err:
@@ -365,16 +411,20 @@ class CudaEngine:
         return CudaTimer(self)
 
     def _live_stream(self) -> Any:
-        if self._stream is None:
+        if self._stream is None or (self._parent is not None and self._parent._stream is None):
             raise CudaError("cuStreamQuery -> the engine is closed (its stream was destroyed)")
         return self._stream
 
     def close(self) -> None:
-        """Destroy the stream and any timer's events (idempotent).
+        """Destroy the stream and any timer's events (idempotent). A view made by
+        ``on_stream`` only forgets its stream: the caller owns it.
 
         Raises:
             CudaError: the driver refused (the engine counts as closed).
         """
+        if self._parent is not None:
+            self._stream = None
+            return
         for timer in list(self._timers):
             timer.close()
         self._timers.clear()

@@ -147,8 +147,13 @@ def _method(result: BenchResult) -> list[str]:
         lines.append(f"- **{LATENCY_LABEL}**: `iters` samples of one operation each, started "
                      "together after a barrier and timed alone (host clock; CUDA events on "
                      "GPUs); each sample is the slowest rank's; the table gives the median "
-                     "with p5 and p95. CUDA-graph replay does not exist yet, so GPU samples "
-                     "include the launch cost of eager calls.")
+                     "with p5 and p95. GPU all-gather samples replay a CUDA graph of one "
+                     "operation (ours and NCCL's), so they measure the operation, not the "
+                     "Python launching it; ring samples are eager launches.")
+    if "graph" in modes:
+        lines.append("- **graph** timing: nccl-tests timing of `iters` operations captured in "
+                     "one CUDA graph (ours and NCCL's), launched once to warm it, then once "
+                     "timed.")
     if suite.rotate_buffers > 1:
         lines.append(f"- Buffers rotate at sizes up to {format_size(ROTATION_MAX_BLOCK_BYTES)} "
                      f"per rank: {suite.rotate_buffers} disjoint buffer sets used in turn, for "
@@ -169,7 +174,8 @@ def _case_section(record: CaseResult) -> list[str]:
     options = case.options
     lines = [f"### {case.label}", "",
              f"backend `{run.backend}`, exchange `{run.exchange}`, {run.world_size} ranks, "
-             f"algorithm {case.algorithm}, timing {timing_label(case.timing)}, {options.datatype}, "
+             f"algorithm {case.algorithm}, timing {timing_label(case.timing, case)}, "
+             f"{options.datatype}, "
              f"iters {options.iters}, warmup {options.warmup}, checks {options.checks}, "
              f"avg busbw {run.avg_busbw:.2f} GB/s.", ""]
     modes = list(run.rows[0].modes) if run.rows else []

@@ -16,7 +16,8 @@ from ..patterns.baseline_mpi import MpiBaseline
 from ..patterns.driver import run_pattern
 from ..patterns.results import RunResult
 from ..patterns.rotation import ROTATION_MAX_BLOCK_BYTES
-from ..patterns.timing import LATENCY_LABEL
+from ..patterns.timing import GRAPH_LATENCY_LABEL, LATENCY_LABEL
+from ..patterns.timing import timing_label as result_timing_label
 from ..topology import World
 from ..window import Group
 from .progress import ProgressLine
@@ -26,9 +27,30 @@ from .suite import BenchCase, Suite
 __all__ = ["SkippedBaseline", "CaseResult", "BenchResult", "run_suite", "timing_label"]
 
 
-def timing_label(mode: str) -> str:
+def timing_label(mode: str, case: BenchCase | None = None) -> str:
     """How a case's timing mode is named in outputs."""
+    if case is not None:
+        timing, graphed = driver_timing(case)
+        if timing == "latency":
+            return result_timing_label(timing, graphed)
+        return "graph" if graphed else timing
     return LATENCY_LABEL if mode == "latency" else mode
+
+
+def driver_timing(case: BenchCase) -> tuple[str, bool]:
+    """(the driver's timing mode, whether operations run as CUDA graphs) for ``case``.
+
+    Latency samples of GPU all-gathers are graph replays, for us and NCCL alike: a
+    sample then measures the operation, not Python launching it. The ring's signals
+    carry host-chosen values, so its samples stay eager."""
+    if case.timing == "graph":
+        return "nccl-tests", True
+    graphed = case.timing == "latency" and case.backend != "host" and case.op == "allgather"
+    return case.timing, graphed
+
+
+# The driver's algorithm names for the suite's.
+_DRIVER_ALGO = {"single-copy": "copy-engine"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +81,7 @@ class CaseResult:
         """DESIGN.md's document of one run, plus what identifies the case."""
         result = self.result
         document = result.to_dict()
-        document["timing"] = timing_label(self.case.timing)
+        document["timing"] = timing_label(self.case.timing, self.case)
         options = self.case.options
         document.update(
             case=self.case.label, algorithm=self.case.algorithm, datatype=options.datatype,
@@ -107,8 +129,14 @@ class _Baselines:
         """Collective: (baselines to time, in the suite's order; those skipped)."""
         timed: list[Any] = []
         skipped: list[SkippedBaseline] = []
+        graphed = driver_timing(case)[1]
         for name in case.baselines:
             if name == "mpi":
+                if graphed:
+                    skipped.append(SkippedBaseline(
+                        name, "MPI calls cannot be captured in a CUDA graph; this case "
+                              "replays graphs"))
+                    continue
                 timed.append(MpiBaseline(self.group.world, case.op))
                 continue
             nccl = self._open_nccl(case.op)
@@ -189,10 +217,12 @@ def run_suite(suite: Suite, world: World, *, emit: Callable[[str], None] = print
 def _run_case(group: Group, case: BenchCase, suite: Suite, timed: list[Any],
               emit: Callable[[str], None],
               before_size: Callable[[int], None] | None) -> RunResult:
-    return run_pattern(group, make_pattern(case.op), case.options, emit=emit,
+    timing, graphed = driver_timing(case)
+    pattern = make_pattern(case.op, _DRIVER_ALGO.get(case.algorithm, case.algorithm))
+    return run_pattern(group, pattern, case.options, emit=emit,
                        baseline=timed[0] if timed else None, extra_baselines=timed[1:],
-                       timing=case.timing, rotate=suite.rotate_buffers,
-                       before_size=before_size)
+                       timing=timing, rotate=suite.rotate_buffers,
+                       before_size=before_size, graph=graphed)
 
 
 def _progress_hook(progress: ProgressLine | None, position: int, total: int,
@@ -219,7 +249,8 @@ def _case_notes(result: RunResult, case: BenchCase, skipped: list[SkippedBaselin
             lines.append(f" {ours.size:>14} {other.time_us:>9.2f} {other.busbw:>7.2f} "
                          f"{other.wrong:>6} {speedup:>7.2f}")
     if case.timing == "latency":
-        lines.append(f"# {LATENCY_LABEL}: time = median of {case.options.iters} samples, each "
+        label = GRAPH_LATENCY_LABEL if driver_timing(case)[1] else LATENCY_LABEL
+        lines.append(f"# {label}: time = median of {case.options.iters} samples, each "
                      "the slowest rank's; p5 / p95 are in --json and --markdown")
     for entry in skipped:
         lines.append(f"# {entry.name} baseline skipped: {entry.reason}")

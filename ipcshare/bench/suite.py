@@ -5,8 +5,8 @@ size sweep (or a list of such matrices), validated in one place into frozen case
 name: host vs MPI          # optional title (default: the file's name)
 ops: [allgather, ring]
 backends: [host]           # auto | host | cuda-ipc | cuda-vmm
-algorithms: [auto]         # auto | single-copy (host) | copy-engine (GPU backends)
-timing: [nccl-tests, latency]
+algorithms: [auto]         # auto | single-copy (host) | copy-engine | push | pull | ring (GPU)
+timing: [nccl-tests, latency]  # and graph: nccl-tests timing of a CUDA graph (GPU all-gather)
 baselines: [mpi, nccl]     # nccl is skipped, with a note, where it cannot run
 min_bytes: 1K
 max_bytes: 16M
@@ -36,13 +36,20 @@ from ..patterns import PATTERNS
 from ..patterns.timing import TIMING_MODES
 
 __all__ = ["BenchCase", "Suite", "load_suite", "parse_suite", "ALGORITHMS", "BASELINE_NAMES",
-           "BACKEND_CHOICES", "DEFAULT_ROTATE_BUFFERS"]
+           "BACKEND_CHOICES", "DEFAULT_ROTATE_BUFFERS", "SUITE_TIMINGS", "KERNEL_ALGORITHMS"]
 
 BACKEND_CHOICES = ("auto", "host", "cuda-ipc", "cuda-vmm")
 BASELINE_NAMES = ("mpi", "nccl")
-# Each algorithm and the backends that run it. There is one per backend so far (no --algo
-# yet); "auto" picks the backend's own.
-ALGORITHMS = {"single-copy": ("host",), "copy-engine": ("cuda-ipc", "cuda-vmm")}
+_GPU = ("cuda-ipc", "cuda-vmm")
+# Each algorithm and the backends that run it. On host memory "auto" is single-copy; on
+# GPUs it stays "auto": the measured choice per size (patterns.choice).
+ALGORITHMS = {"single-copy": ("host",), "auto": _GPU, "copy-engine": _GPU,
+              "push": _GPU, "pull": _GPU, "ring": _GPU}
+# The all-gather kernels: cases pairing them with another op are left out of a matrix.
+KERNEL_ALGORITHMS = ("push", "pull", "ring")
+# Timing modes of a suite: the driver's two, and "graph" (nccl-tests timing of operations
+# captured in a CUDA graph). Latency cases of GPU all-gathers replay graphs, too.
+SUITE_TIMINGS = (*TIMING_MODES, "graph")
 DEFAULT_ROTATE_BUFFERS = 4
 _MAX_ROTATE_BUFFERS = 64
 
@@ -50,8 +57,8 @@ _MAX_ROTATE_BUFFERS = 64
 _LIST_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "ops": (PATTERNS, ("allgather",)),
     "backends": (BACKEND_CHOICES, ("auto",)),
-    "algorithms": (("auto", *ALGORITHMS), ("auto",)),
-    "timing": (TIMING_MODES, ("nccl-tests",)),
+    "algorithms": (tuple(ALGORITHMS), ("auto",)),
+    "timing": (SUITE_TIMINGS, ("nccl-tests",)),
     "baselines": (("none", *BASELINE_NAMES), ("mpi",)),
 }
 _SWEEP_KEYS = ("min_bytes", "max_bytes", "step_factor", "iters", "warmup", "checks", "datatype")
@@ -67,8 +74,8 @@ class BenchCase:
 
     op: str
     backend: str          # resolved: host, cuda-ipc or cuda-vmm
-    algorithm: str        # resolved: single-copy or copy-engine
-    timing: str           # nccl-tests or latency
+    algorithm: str        # resolved: single-copy, auto, copy-engine, push, pull or ring
+    timing: str           # nccl-tests, latency or graph
     baselines: tuple[str, ...]
     options: PatternOptions
 
@@ -189,10 +196,19 @@ def _expand(matrix: Mapping[str, Any], where: str, common: PatternOptions,
         for requested in lists["backends"]:
             backend = resolve_backend(requested)
             for algorithm in _algorithms_for(backend, lists["algorithms"], where):
+                if op != "allgather" and algorithm in KERNEL_ALGORITHMS:
+                    continue  # the kernels are all-gathers
                 for timing in lists["timing"]:
+                    if timing == "graph" and (backend == "host" or op != "allgather"):
+                        raise ConfigError(
+                            f"{where}: timing 'graph' captures GPU all-gathers in CUDA "
+                            f"graphs; it cannot time {op} on {backend}")
                     options = dataclasses.replace(sweep, backend=backend)
                     cases.append(BenchCase(op, backend, algorithm, timing,
                                            lists["baselines"], options))
+    if not cases:
+        raise ConfigError(f"{where}: no case left: the kernel algorithms "
+                          f"({', '.join(KERNEL_ALGORITHMS)}) run only the allgather op")
     return cases
 
 
@@ -238,7 +254,8 @@ def _algorithms_for(backend: str, requested: tuple[str, ...], where: str) -> lis
         raise ConfigError(f"{where}: no algorithm runs on backend {backend!r}")
     chosen: list[str] = []
     for name in requested:
-        resolved = own[0] if name == "auto" else name
+        resolved = "auto" if name == "auto" and "auto" in own else name
+        resolved = own[0] if resolved == "auto" and "auto" not in own else resolved
         if resolved in own and resolved not in chosen:
             chosen.append(resolved)
     if not chosen:

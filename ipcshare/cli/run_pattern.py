@@ -34,11 +34,6 @@ def run_pattern_command(args: argparse.Namespace) -> int:
     try:
         with collective_step(world, "reading options"):
             options = resolve_options(args)
-            if options.graph:
-                from ..errors import ConfigError
-
-                raise ConfigError("--graph (CUDA-graph replay timing) is not available yet; "
-                                  "run without it for eager timing")
             pattern = make_pattern(args.command, options.algo)
     finally:
         world.close()
@@ -52,7 +47,8 @@ def run_pattern_command(args: argparse.Namespace) -> int:
         baseline = _make_baseline(options.baseline, group, pattern.name)
         try:
             result = run_pattern(group, pattern, options, baseline=baseline,
-                                 emit=lambda line: print(line, flush=True))
+                                 emit=lambda line: print(line, flush=True),
+                                 graph=bool(options.graph))
         finally:
             if baseline is not None and hasattr(baseline, "close"):
                 baseline.close()

@@ -24,11 +24,11 @@ class AllGatherArgs(ctypes.Structure):
         ("inputs", ctypes.c_void_p * MAX_KERNEL_RANKS),
         ("pads", ctypes.c_void_p * MAX_KERNEL_RANKS),
         ("block_bytes", ctypes.c_ulonglong),
-        ("epoch", ctypes.c_ulonglong),
         ("timeout_ns", ctypes.c_ulonglong),
         ("rank", ctypes.c_int),
         ("nranks", ctypes.c_int),
         ("slot_base", ctypes.c_int),
+        ("epoch_word", ctypes.c_int),
     ]
 
 
@@ -37,11 +37,11 @@ class BarrierArgs(ctypes.Structure):
 
     _fields_ = [
         ("pads", ctypes.c_void_p * MAX_KERNEL_RANKS),
-        ("epoch", ctypes.c_ulonglong),
         ("timeout_ns", ctypes.c_ulonglong),
         ("rank", ctypes.c_int),
         ("nranks", ctypes.c_int),
         ("slot_base", ctypes.c_int),
+        ("epoch_word", ctypes.c_int),
     ]
 
 
@@ -75,8 +75,8 @@ class LoadedKernels:
                  stream: Any):
         """A callable launching ``name`` with the current contents of ``args``.
 
-        The driver copies the arguments at launch, so the caller may change ``args``
-        (an epoch, say) between launches.
+        The driver copies the arguments at launch (a graph capture keeps the copy), so
+        the caller may change ``args`` between launches; epochs live on the device.
         """
         function = self.function(name)
         params = (ctypes.c_void_p * 1)(ctypes.addressof(args))

@@ -9,8 +9,10 @@ PATTERNS = ("ring", "allgather")
 
 def make_pattern(name: str, algo: str = "auto"):
     """A fresh pattern object for ``name`` (``ring`` or ``allgather``) and ``algo``:
-    ``auto`` / ``copy-engine`` (engine copies: memcpy on host, the copy engine on GPUs),
-    or one of the all-gather kernels ``push``, ``pull``, ``ring`` (GPU backends)."""
+    ``copy-engine`` (engine copies: memcpy on host, the copy engine on GPUs), one of the
+    all-gather kernels ``push``, ``pull``, ``ring`` (GPU backends), or ``auto``: for
+    all-gather on GPUs the measured choice by size and world size (patterns.choice),
+    engine copies everywhere else."""
     from ..config import ALGOS
     from ..errors import ConfigError
 
@@ -27,6 +29,10 @@ def make_pattern(name: str, algo: str = "auto"):
             from .allgather_kernels import KernelAllGather
 
             return KernelAllGather(algo)
+        if algo == "auto":
+            from .allgather_auto import AutoAllGather
+
+            return AutoAllGather()
         from .allgather import AllGather
 
         return AllGather()

@@ -7,11 +7,10 @@ the driver's table compares them directly; only ``bind`` differs.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 
-from ..errors import ConfigError, SignalTimeout
-from ..window import ERROR_SLOT, KERNEL_SLOT_BASE, Window
+from ..errors import ConfigError
+from ..window import EPOCH_SLOT_BASE, KERNEL_SLOT_BASE, Window
 from .allgather import AllGather
 from .base import SizePlan
 
@@ -24,8 +23,9 @@ _BYTES_PER_BLOCK = 256 << 10  # below this per block, fewer blocks: flags cost m
 # Pad words: push and pull share one region, the ring (whose flags count steps, not
 # operations) has its own, so algorithms can alternate on one window.
 _SLOT_BASE = {"push": KERNEL_SLOT_BASE, "pull": KERNEL_SLOT_BASE, "ring": KERNEL_SLOT_BASE + 3840}
-# Operations launched on each window: the epoch every rank's kernels agree on.
-_EPOCHS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# Own-pad words where each family counts its operations (device-side epochs: nothing on
+# the host changes between launches, so CUDA graphs of these kernels replay correctly).
+_EPOCH_WORD = {"push": EPOCH_SLOT_BASE, "pull": EPOCH_SLOT_BASE, "ring": EPOCH_SLOT_BASE + 2}
 
 
 def kernel_blocks(block_bytes: int) -> int:
@@ -63,25 +63,12 @@ class KernelAllGather(AllGather):
         # peer (in the pad's error word) before the host gives up on the stream.
         args.timeout_ns = int(window.group.signal_timeout * 0.5e9)
         args.rank, args.nranks, args.slot_base = me, n, _SLOT_BASE[self.algo]
-        launch = backend.kernels("allgather.cu").launcher(
+        args.epoch_word = _EPOCH_WORD[self.algo]
+        return backend.kernels("allgather.cu").launcher(
             KERNEL_ALGOS[self.algo], args, grid=kernel_blocks(plan.block_bytes),
             block=_THREADS, stream=window.engine.stream)
-        epochs = _EPOCHS.setdefault(window, [0])
-
-        def allgather() -> None:
-            epochs[0] += 1
-            args.epoch = epochs[0]
-            launch()
-        return allgather
 
     def check(self, window: Window, plan: SizePlan, mode: str, iteration: int) -> int:
         wrong = super().check(window, plan, mode, iteration)
-        word = window.engine.download(window.signal_pad(window.rank).slice(ERROR_SLOT * 8, 8))
-        code = int(word.view("<u8")[0])
-        if code:
-            peer = (code >> 48) - 1
-            raise SignalTimeout(
-                f"{window.world.where()}: a {self.algo} all-gather kernel gave up waiting for "
-                f"{window.world.where(peer)} (epoch {code & 0xFFFFFFFFFFFF}) after "
-                f"{window.group.signal_timeout / 2:g} s")
+        window.raise_kernel_error(f"a {self.algo} all-gather kernel")
         return wrong

@@ -43,6 +43,7 @@ class NcclBaseline:
     """
 
     name = "nccl"
+    captures_graphs = True  # all-gather through torch.cuda.graph; see measure()
 
     def __init__(self, world: World, op: str, device: Any) -> None:
         self.world = world
@@ -119,16 +120,22 @@ class NcclBaseline:
         return view
 
     def measure(self, plan: SizePlan, mode: str, *, iters: int, warmup: int, checks: int,
-                buffers: int = 1) -> tuple[float, int]:
+                buffers: int = 1, graph: bool = False) -> tuple[float, int]:
         """Collective, nccl-tests timing: (seconds per operation averaged over ranks,
         wrong elements summed over ranks). ``buffers`` > 1 cycles the operations over
-        that many disjoint send/receive tensor pairs."""
+        that many disjoint send/receive tensor pairs. With ``graph``, the checks replay
+        a captured operation, and the ``iters`` timed operations are captured in one
+        CUDA graph, launched once to warm it and once timed."""
         torch, dist = self._torch, self._dist
         comm, n = self.world.comm, self.world.size
-        operations, wrong = self._checked_operations(plan, mode, checks, buffers)
+        operations, eager, wrong = self._checked_operations(plan, mode, checks, buffers, graph)
         for iteration in range(warmup_iterations(warmup, buffers)):
             operations[iteration % buffers]()
-        sequence = [operations[i % buffers] for i in range(iters)]
+        sequence = [eager[i % buffers] for i in range(iters)]
+        if graph:
+            whole = self._capture(sequence)
+            whole.replay()  # the first launch uploads the graph
+            sequence = [whole.replay]
         torch.cuda.synchronize(self.device)
         dist.barrier(device_ids=[self.device.index])
         torch.cuda.synchronize(self.device)
@@ -140,13 +147,15 @@ class NcclBaseline:
         return comm.allreduce(seconds, op=mpi().SUM) / n, wrong
 
     def measure_latency(self, plan: SizePlan, mode: str, *, iters: int, warmup: int,
-                        checks: int, buffers: int = 1) -> tuple[list[float], int]:
+                        checks: int, buffers: int = 1,
+                        graph: bool = False) -> tuple[list[float], int]:
         """Collective, latency timing: (seconds of each of ``iters`` samples of one
         operation, timed by CUDA events on the current stream, which NCCL's work joins;
-        each sample the slowest rank's; wrong elements summed over ranks)."""
+        each sample the slowest rank's; wrong elements summed over ranks). With
+        ``graph``, each sample is one replay of a graph of one operation."""
         torch = self._torch
         comm = self.world.comm
-        operations, wrong = self._checked_operations(plan, mode, checks, buffers)
+        operations, _eager, wrong = self._checked_operations(plan, mode, checks, buffers, graph)
         for iteration in range(warmup_iterations(warmup, buffers)):
             operations[iteration % buffers]()
         stream = torch.cuda.current_stream(self.device)
@@ -164,17 +173,37 @@ class NcclBaseline:
             samples.append(begin.elapsed_time(end) / 1e3)  # milliseconds
         return slowest_rank_samples(comm, samples), wrong
 
-    def _checked_operations(self, plan: SizePlan, mode: str, checks: int,
-                            buffers: int) -> tuple[list[Callable[[], None]], int]:
-        """One operation per tensor pair, and the wrong elements of ``checks`` verified
-        runs (iteration i on pair i mod ``buffers``), summed over ranks."""
+    def _capture(self, operations: list[Callable[[], None]]) -> Any:
+        """A ``torch.cuda.CUDAGraph`` of ``operations`` in order (replayed on the current
+        stream). NCCL's communicator exists already: capture needs no set-up call."""
+        torch = self._torch
+        captured = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize(self.device)
+        # Thread-local: NCCL's watchdog thread may query events while we capture.
+        with torch.cuda.graph(captured, capture_error_mode="thread_local"):
+            for operation in operations:
+                operation()
+        torch.cuda.synchronize(self.device)
+        return captured
+
+    def _checked_operations(self, plan: SizePlan, mode: str, checks: int, buffers: int,
+                            graph: bool = False
+                            ) -> tuple[list[Callable[[], None]], list[Callable[[], None]], int]:
+        """(what to run: one operation per tensor pair, or with ``graph`` a replay of
+        its one-operation graph; the eager operations; the wrong elements of ``checks``
+        verified runs, iteration i on pair i mod ``buffers``, summed over ranks)."""
         torch, dist = self._torch, self._dist
         n, me = self.world.size, self.world.rank
         block = plan.block_bytes
         pairs = [(torch.empty(block, dtype=torch.uint8, device=self.device),
                   torch.empty(block * n, dtype=torch.uint8, device=self.device))
                  for _ in range(buffers)]
-        operations = [self._operation(send, recv, block, mode) for send, recv in pairs]
+        eager = [self._operation(send, recv, block, mode) for send, recv in pairs]
+        operations = eager
+        if graph:
+            for operation in eager:  # warm outside capture, as torch's graph docs ask
+                operation()
+            operations = [self._capture([operation]).replay for operation in eager]
         wrong = 0
         for iteration in range(checks):
             send, recv = pairs[iteration % buffers]
@@ -192,7 +221,7 @@ class NcclBaseline:
             for rank in range(n):
                 wrong += count_wrong(got[rank * block:(rank + 1) * block],
                                      seeded_bytes(iteration, rank, block), plan.element_size)
-        return operations, self.world.comm.allreduce(wrong, op=mpi().SUM)
+        return operations, eager, self.world.comm.allreduce(wrong, op=mpi().SUM)
 
     def _operation(self, send: Any, recv: Any, block: int, mode: str) -> Callable[[], None]:
         dist = self._dist

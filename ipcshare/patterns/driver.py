@@ -9,6 +9,7 @@ from typing import Any
 
 from .. import __version__
 from ..config import PatternOptions, format_size
+from ..consensus import collective_step
 from ..errors import ConfigError
 from ..topology import World, mpi
 from ..window import Group
@@ -22,15 +23,44 @@ from .rotation import (
     window_regions,
 )
 from .table import Table
-from .timing import LATENCY_LABEL, TIMING_MODES, slowest_rank_samples, summarize_samples
+from .timing import (
+    GRAPH_LABEL,
+    GRAPH_LATENCY_LABEL,
+    LATENCY_LABEL,
+    TIMING_MODES,
+    slowest_rank_samples,
+    summarize_samples,
+    timing_label,
+)
 
-__all__ = ["run_pattern"]
+__all__ = ["run_pattern", "check_graph_mode"]
+
+
+def check_graph_mode(backend: str, op: str, baseline: Any, extra_baselines: Sequence[Any]) -> None:
+    """Refuse graph mode where it cannot run.
+
+    Raises:
+        ConfigError: a host backend, the ring pattern, or a baseline that cannot capture
+            graphs.
+    """
+    if backend == "host":
+        raise ConfigError("--graph captures CUDA graphs: it needs a GPU backend (cuda-ipc or "
+                          "cuda-vmm), not host")
+    if op != "allgather":
+        raise ConfigError(f"--graph times all-gather; the {op}'s step signals carry values "
+                          "chosen on the host, which a replayed graph would repeat: run it "
+                          "without --graph")
+    for timed in ([baseline] if baseline is not None else []) + list(extra_baselines):
+        if not getattr(timed, "captures_graphs", False):
+            raise ConfigError(f"--graph: the {timed.name} baseline cannot be captured in a "
+                              "CUDA graph; use --baseline nccl or none")
 
 
 def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
                 emit: Callable[[str], None] = print, baseline=None,
                 extra_baselines: Sequence[Any] = (), timing: str = "nccl-tests",
-                rotate: int = 1, before_size: Callable[[int], None] | None = None) -> RunResult:
+                rotate: int = 1, before_size: Callable[[int], None] | None = None,
+                graph: bool = False) -> RunResult:
     """Collective: sweep ``options``' sizes with ``pattern`` over ``group``.
 
     ``emit`` receives the table lines (rank 0 only); ``baseline`` (an object with
@@ -44,8 +74,14 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
     to 1 MiB per rank, for us and the baselines. ``before_size`` is called with each size
     before it is measured (every rank).
 
+    ``graph`` (GPU backends) binds graph-safe operations and captures them in CUDA
+    graphs: checks replay a graph of one operation; nccl-tests timing captures ``iters``
+    operations in one graph and times one launch of it; latency timing times one launch
+    of a one-operation graph per sample. Baselines are captured the same way.
+
     Raises:
-        ConfigError: unknown ``timing`` or ``rotate`` < 1 (on every rank).
+        ConfigError: unknown ``timing``, ``rotate`` < 1, or ``graph`` on a host window or
+            with the ring (on every rank).
     """
     if timing not in TIMING_MODES:
         raise ConfigError(f"unknown timing mode {timing!r}; choose one of: "
@@ -64,6 +100,9 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
     # The window comes first: its exchange decides which descriptor path the header shows.
     world.comm.Barrier()
     started = time.perf_counter()
+    if graph:
+        with collective_step(world, "graph mode"):
+            check_graph_mode(group.backend_name, pattern.name, baseline, extra_baselines)
     window = group.window(max(rotated_window_bytes(pattern, plan, n, rotate) for plan in plans))
     setup_ms = world.comm.allreduce((time.perf_counter() - started) * 1e3, op=MPI.MAX)
     steps = {step: world.comm.allreduce(ms, op=MPI.MAX) for step, ms in window.setup_ms.items()}
@@ -76,7 +115,9 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
              f"exchange: {exchange}  ranks: {n}  nodes: {world.node_count}  "
              f"iters: {options.iters}  warmup: {options.warmup}  checks: {options.checks}")
     if timing == "latency":
-        title += f"  timing: {LATENCY_LABEL}"
+        title += f"  timing: {GRAPH_LATENCY_LABEL if graph else LATENCY_LABEL}"
+    elif graph:
+        title += f"  timing: {GRAPH_LABEL} ({options.iters} operations per graph)"
     if rotate > 1:
         title += (f"  buffers: {rotate} in rotation up to "
                   f"{format_size(ROTATION_MAX_BLOCK_BYTES)} per rank")
@@ -86,18 +127,28 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
         say(line)
 
     engine = window.engine
+    # Graph mode binds through a view whose barrier is the device barrier kernel: its
+    # epoch lives on the device, so a replayed graph synchronises like a fresh launch.
+    bound = window.on_stream(engine.stream, graph_safe=True) if graph else window
     baselines = ([] if baseline is None else [baseline]) + list(extra_baselines)
     rows: list[Row] = []
     baseline_rows: list[list[Row]] = [[] for _ in baselines]
+    graphs: list[Any] = []
     try:
         for plan in plans:
             if before_size is not None:
                 before_size(plan.size)
             # Operations cycle through disjoint regions (one, the window, above 1 MiB).
-            regions = window_regions(window, pattern, plan, rotate)
+            regions = window_regions(bound, pattern, plan, rotate)
             modes: dict[str, Measurement] = {}
             for mode in pattern.modes:
                 operations = [pattern.bind(region, plan, mode) for region in regions]
+                if graph:
+                    bound_operations = operations
+                    operations = []
+                    for operation in bound_operations:
+                        graphs.append(engine.capture(operation))
+                        operations.append(graphs[-1].launch)
                 wrong = 0
                 for iteration in range(options.checks):
                     region = regions[iteration % len(regions)]
@@ -107,6 +158,8 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
                     operations[iteration % len(operations)]()
                     engine.synchronize()
                     wrong += pattern.check(region, plan, mode, iteration)
+                    if graph:
+                        window.raise_kernel_error("the device barrier")
                     window.barrier()  # nobody poisons the next run's output early
                 wrong = world.comm.allreduce(wrong, op=MPI.SUM)
                 for iteration in range(warmup_iterations(options.warmup, len(operations))):
@@ -116,23 +169,37 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
                     samples = _latency_samples(world, engine, operations, options.iters)
                     modes[mode] = _latency_measurement(pattern, plan, n, samples, wrong)
                 else:
-                    seconds = _back_to_back_seconds(world, engine, operations, options.iters)
+                    if graph:
+                        seconds = _graph_seconds(world, engine, bound_operations,
+                                                 options.iters)
+                    else:
+                        seconds = _back_to_back_seconds(world, engine, operations,
+                                                        options.iters)
                     algbw, busbw = pattern.bandwidth(plan, seconds, n)
                     modes[mode] = Measurement(seconds * 1e6, algbw, busbw, wrong)
+                for captured in graphs:
+                    captured.close()
+                graphs.clear()
             row = Row(plan.size, plan.count, modes)
             rows.append(row)
             buffers = rotation_count(plan, rotate)
             for timed, measured in zip(baselines, baseline_rows, strict=True):
-                measured.append(_baseline_row(timed, pattern, plan, n, options, timing, buffers))
+                measured.append(_baseline_row(timed, pattern, plan, n, options, timing, buffers,
+                                              graph))
             say(table.row(row, baseline_rows[0][-1] if baselines else None))
     finally:
-        window.close()
+        try:
+            engine.synchronize()
+        finally:
+            for captured in graphs:
+                captured.close()
+            window.close()
     results = [BaselineResult(timed.name, timed.version, measured)
                for timed, measured in zip(baselines, baseline_rows, strict=True)]
     result = RunResult(
         version=__version__, op=pattern.name, backend=group.backend_name, exchange=exchange,
         world_size=n, nodes=world.node_count,
-        timing=LATENCY_LABEL if timing == "latency" else "eager", devices=list(devices),
+        timing=timing_label(timing, graph), devices=list(devices),
         rows=rows, baseline=results[0] if results else None, extra_baselines=results[1:])
     for line in table.footer(result):
         say(line)
@@ -149,6 +216,31 @@ def _back_to_back_seconds(world: World, engine: Any, operations: list[Callable[[
     for operation in sequence:
         operation()
     seconds = timer.stop() / iters
+    return world.comm.allreduce(seconds, op=mpi().SUM) / world.size
+
+
+def _graph_seconds(world: World, engine: Any, operations: list[Callable[[], None]],
+                   iters: int) -> float:
+    """nccl-tests timing of ``iters`` operations captured in one CUDA graph: one launch
+    to warm it (its first launch uploads it), then one timed launch; seconds per
+    operation, averaged over ranks."""
+    sequence = [operations[i % len(operations)] for i in range(iters)]
+
+    def enqueue_all() -> None:
+        for operation in sequence:
+            operation()
+    captured = engine.capture(enqueue_all)
+    try:
+        captured.launch()
+        engine.synchronize()
+        world.comm.Barrier()
+        timer = engine.timer()
+        timer.start()
+        captured.launch()
+        seconds = timer.stop() / iters
+    finally:
+        engine.synchronize()
+        captured.close()
     return world.comm.allreduce(seconds, op=mpi().SUM) / world.size
 
 
@@ -179,19 +271,21 @@ def _latency_measurement(pattern: Pattern, plan: SizePlan, world_size: int,
 
 
 def _baseline_row(baseline: Any, pattern: Pattern, plan: SizePlan, world_size: int,
-                  options: PatternOptions, timing: str, buffers: int) -> Row:
+                  options: PatternOptions, timing: str, buffers: int, graph: bool) -> Row:
     """One size of a baseline, every mode, timed like ours."""
     modes = {}
+    # Only baselines that can capture graphs are asked to (check_graph_mode saw to it).
+    captured = {"graph": True} if graph else {}
     for mode in pattern.modes:
         if timing == "latency":
             samples, wrong = baseline.measure_latency(
                 plan, mode, iters=options.iters, warmup=options.warmup, checks=options.checks,
-                buffers=buffers)
+                buffers=buffers, **captured)
             modes[mode] = _latency_measurement(pattern, plan, world_size, samples, wrong)
         else:
             seconds, wrong = baseline.measure(plan, mode, iters=options.iters,
                                               warmup=options.warmup, checks=options.checks,
-                                              buffers=buffers)
+                                              buffers=buffers, **captured)
             algbw, busbw = pattern.bandwidth(plan, seconds, world_size)
             modes[mode] = Measurement(seconds * 1e6, algbw, busbw, wrong)
     return Row(plan.size, plan.count, modes)

@@ -83,12 +83,18 @@ class WindowRegion:
         return getattr(self.window, name)
 
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, WindowRegion):
-            other = other.window
-        return other is self.window
+        # Regions, stream views and the window itself are all the same window.
+        return _base_window(other) is _base_window(self.window)
 
     def __hash__(self) -> int:
-        return hash(self.window)
+        return hash(_base_window(self.window))
 
     def __repr__(self) -> str:
         return f"WindowRegion({self.window!r}, offset={self.offset}, nbytes={self.nbytes})"
+
+
+def _base_window(window: Any) -> Any:
+    """The Window under a region or a stream view (or ``window`` itself)."""
+    while not isinstance(window, Window) and hasattr(window, "window"):
+        window = window.window
+    return window

@@ -12,14 +12,24 @@ import numpy as np
 
 from ..topology import mpi
 
-__all__ = ["TIMING_MODES", "LATENCY_LABEL", "percentile", "LatencySummary",
-           "summarize_samples", "slowest_rank_samples"]
+__all__ = ["TIMING_MODES", "LATENCY_LABEL", "GRAPH_LABEL", "GRAPH_LATENCY_LABEL",
+           "timing_label", "percentile", "LatencySummary", "summarize_samples",
+           "slowest_rank_samples"]
 
 # "nccl-tests": barrier, n back-to-back operations, one host timer, averaged over ranks.
 # "latency": n samples of one operation each, the slowest rank per sample.
 TIMING_MODES = ("nccl-tests", "latency")
-# Latency samples are eager launches everywhere: CUDA-graph replay does not exist yet.
+# What the result's "timing" field says: eager launches, or CUDA-graph replays.
 LATENCY_LABEL = "latency (eager samples)"
+GRAPH_LABEL = "graph"
+GRAPH_LATENCY_LABEL = "latency (graph replay samples)"
+
+
+def timing_label(timing: str, graph: bool) -> str:
+    """The result's ``timing`` field for a timing mode, eager or in CUDA graphs."""
+    if timing == "latency":
+        return GRAPH_LATENCY_LABEL if graph else LATENCY_LABEL
+    return GRAPH_LABEL if graph else "eager"
 
 
 def percentile(values: Sequence[float], q: float) -> float:

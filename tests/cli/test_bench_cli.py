@@ -105,7 +105,8 @@ BAD_SUITES = [
     ("ops: [ring]\nbackends: [host]\nalgorithms: [copy-engine]\n",
      "backend 'host' runs none of the algorithms copy-engine"),
     ("ops: [ring]\nmin_bytes: 1M\nmax_bytes: 1K\n", "smaller than min_bytes"),
-    ("ops: [ring]\ntiming: [graph]\n", "unknown timing mode 'graph'"),
+    ("ops: [ring]\ntiming: [graph]\n", "timing 'graph' captures GPU all-gathers"),
+    ("ops: [allgather]\ntiming: [warp]\n", "unknown timing mode 'warp'"),
     ("ops: ring\niters: many\n", "iters: expected an integer"),
     ("- ring\n", "must be a mapping"),
 ]

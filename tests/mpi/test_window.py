@@ -146,3 +146,16 @@ def test_window_creation_is_fast(comm):
         w.close()
     # Generous bound for a loaded CI machine; docs/BENCHMARKS.md has the measured figure.
     assert elapsed < 2.0
+
+
+def test_host_windows_refuse_streams_and_device_barriers(comm):
+    with ipcshare.Group(backend="host") as g:
+        w = g.window(4096)
+        with pytest.raises(WindowError, match="host window has no CUDA streams"):
+            w.barrier(stream=1)
+        with pytest.raises(WindowError, match="host window has no CUDA streams"):
+            w.put_signal(g.rank, USER_SLOT_BASE, 1, stream=1)
+        with pytest.raises(WindowError, match="device_barrier runs a kernel"):
+            w.device_barrier()
+        w.barrier()  # the plain barrier still works after the refusals
+        w.close()

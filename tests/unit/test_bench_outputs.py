@@ -75,7 +75,7 @@ def test_markdown_report_has_machine_tables_summary_and_plot_link(tmp_path):
     assert "](../bench.png)" in text
     for needle in ("# ipcshare bench: suite", "## Machine", "`node1`", "MPICH Version: 5.0.2",
                    "commit `abc123`", "## Summary", "## Cases", "### ring host single-copy latency",
-                   "p5-p95", "min-max", "latency (eager samples)", "CUDA-graph replay",
+                   "p5-p95", "min-max", "latency (eager samples)", "CUDA graph of one",
                    "ours / mpi", "ran 3 times"):
         assert needle in text, needle
     without_plot = render_markdown(result, FACTS)

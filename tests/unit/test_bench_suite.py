@@ -71,10 +71,15 @@ def test_gpu_algorithms_resolve_per_backend():
 @pytest.mark.parametrize("data,message", [
     ({"ops": ["alltoall"]}, "unknown op 'alltoall'; choose one of: ring, allgather"),
     ({"backends": ["warp-drive"]}, "unknown backend 'warp-drive'"),
-    ({"algorithms": ["tree"]}, "unknown algorithm 'tree'; choose one of: auto, single-copy"),
+    ({"algorithms": ["tree"]},
+     "unknown algorithm 'tree'; choose one of: single-copy, auto, copy-engine, push, pull, ring"),
     ({"backends": ["host"], "algorithms": ["copy-engine"]},
      "backend 'host' runs none of the algorithms copy-engine; it runs single-copy"),
-    ({"timing": ["graph"]}, "unknown timing mode 'graph'"),
+    ({"timing": ["warp"]}, "unknown timing mode 'warp'"),
+    ({"timing": ["graph"], "backends": ["host"]},
+     "timing 'graph' captures GPU all-gathers in CUDA graphs; it cannot time allgather on host"),
+    ({"ops": ["ring"], "backends": ["cuda-ipc"], "algorithms": ["push"]},
+     "no case left: the kernel algorithms"),
     ({"baselines": ["gloo"]}, "unknown baseline 'gloo'"),
     ({"baselines": ["none", "mpi"]}, "'none' cannot be combined"),
     ({"min_bytes": "1M", "max_bytes": "1K"},
@@ -186,3 +191,29 @@ def test_fuzzed_documents_of_any_shape_raise_only_config_errors(data):
         parse(data)
     except ConfigError:
         pass
+
+
+def test_kernel_algorithms_pair_only_with_allgather_and_graph_timing_with_gpus():
+    suite = parse({"ops": ["allgather", "ring"], "backends": ["cuda-vmm"],
+                   "algorithms": ["auto", "push", "pull"], "timing": ["nccl-tests"]})
+    assert [case.label for case in suite.cases] == [
+        "allgather cuda-vmm auto nccl-tests", "allgather cuda-vmm push nccl-tests",
+        "allgather cuda-vmm pull nccl-tests", "ring cuda-vmm auto nccl-tests"]
+    graphed = parse({"backends": ["cuda-ipc"], "algorithms": ["ring"], "timing": ["graph"]})
+    assert [case.label for case in graphed.cases] == ["allgather cuda-ipc ring graph"]
+
+
+def test_bench_timing_of_each_case():
+    from ipcshare.bench.runner import driver_timing, timing_label
+
+    suite = parse({"ops": ["allgather", "ring"], "backends": ["cuda-ipc", "host"],
+                   "algorithms": ["auto", "single-copy"], "timing": ["nccl-tests", "latency"]})
+    got = {case.label: (driver_timing(case), timing_label(case.timing, case))
+           for case in suite.cases}
+    # GPU all-gather latency samples replay graphs; the ring and host memory stay eager.
+    assert got["allgather cuda-ipc auto latency"] == (
+        ("latency", True), "latency (graph replay samples)")
+    assert got["ring cuda-ipc auto latency"] == (("latency", False), "latency (eager samples)")
+    assert got["allgather host single-copy latency"] == (
+        ("latency", False), "latency (eager samples)")
+    assert got["allgather cuda-ipc auto nccl-tests"] == (("nccl-tests", False), "nccl-tests")

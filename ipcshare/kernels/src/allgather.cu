@@ -12,12 +12,21 @@ struct AllGatherArgs {
   const char* inputs[kMaxRanks];       // every rank's input block, mapped here
   u64* pads[kMaxRanks];                // every rank's signal pad, mapped here
   unsigned long long block_bytes;      // bytes each rank contributes
-  u64 epoch;                           // grows by one per operation on this window
   u64 timeout_ns;                      // 0: wait forever
   int rank;
   int nranks;
   int slot_base;                       // first pad word this operation family owns
+  int epoch_word;                      // own-pad word counting this family's operations
 };
+
+// Runs one operation under the family's device-side epoch (see signal.cuh).
+template <void (*Operation)(const AllGatherArgs&, u64)>
+__device__ __forceinline__ void with_epoch(const AllGatherArgs& a) {
+  u64* own = a.pads[a.rank];
+  const u64 epoch = ipcshare::begin_epoch(own, a.epoch_word);
+  Operation(a, epoch);
+  ipcshare::end_epoch(own, a.epoch_word, epoch);
+}
 
 // Words used per block: two barrier phases of kMaxRanks words each.
 __device__ __forceinline__ int block_slots(const AllGatherArgs& a, int phase) {
@@ -48,8 +57,8 @@ __device__ __forceinline__ void copy_slice(char* dst, const char* src, unsigned 
 
 // Push: write our block into every rank's output (ours included: out of place, or a
 // no-op copy when in place), between "outputs free" and "blocks landed" barriers.
-extern "C" __global__ void allgather_push(AllGatherArgs a) {
-  if (!ipcshare::block_barrier(a.pads, a.rank, a.nranks, block_slots(a, 0), a.epoch,
+__device__ __forceinline__ void push(const AllGatherArgs& a, u64 epoch) {
+  if (!ipcshare::block_barrier(a.pads, a.rank, a.nranks, block_slots(a, 0), epoch,
                                a.timeout_ns))
     return;
   const unsigned long long offset = a.block_bytes * a.rank;
@@ -58,13 +67,14 @@ extern "C" __global__ void allgather_push(AllGatherArgs a) {
     char* dst = a.outputs[peer] + offset;
     if (dst != a.inputs[a.rank]) copy_slice(dst, a.inputs[a.rank], a.block_bytes);
   }
-  ipcshare::block_barrier(a.pads, a.rank, a.nranks, block_slots(a, 1), a.epoch, a.timeout_ns);
+  ipcshare::block_barrier(a.pads, a.rank, a.nranks, block_slots(a, 1), epoch, a.timeout_ns);
 }
+
 
 // Pull: read every rank's block into our output, between "inputs ready" and "inputs read"
 // barriers (the mode NCCL prefers on Hopper NVLink for small messages).
-extern "C" __global__ void allgather_pull(AllGatherArgs a) {
-  if (!ipcshare::block_barrier(a.pads, a.rank, a.nranks, block_slots(a, 0), a.epoch,
+__device__ __forceinline__ void pull(const AllGatherArgs& a, u64 epoch) {
+  if (!ipcshare::block_barrier(a.pads, a.rank, a.nranks, block_slots(a, 0), epoch,
                                a.timeout_ns))
     return;
   for (int step = 0; step < a.nranks; ++step) {
@@ -72,18 +82,19 @@ extern "C" __global__ void allgather_pull(AllGatherArgs a) {
     char* dst = a.outputs[a.rank] + a.block_bytes * peer;
     if (dst != a.inputs[peer]) copy_slice(dst, a.inputs[peer], a.block_bytes);
   }
-  ipcshare::block_barrier(a.pads, a.rank, a.nranks, block_slots(a, 1), a.epoch, a.timeout_ns);
+  ipcshare::block_barrier(a.pads, a.rank, a.nranks, block_slots(a, 1), epoch, a.timeout_ns);
 }
+
 
 // Ring, pipelined: the block of bytes is cut into chunks, one per thread block; at step s a
 // block forwards chunk c of block (rank - s) to the next rank and flags it; the next rank
 // waits for that flag before forwarding the same chunk onward. Flags are per (block, step)
 // so chunks of different blocks move independently.
-extern "C" __global__ void allgather_ring(AllGatherArgs a) {
+__device__ __forceinline__ void ring(const AllGatherArgs& a, u64 epoch) {
   const int next = (a.rank + 1) % a.nranks;
   const int prev = (a.rank + a.nranks - 1) % a.nranks;
   // Entry: the next rank's output is free (it has entered this operation).
-  if (!ipcshare::block_barrier(a.pads, a.rank, a.nranks, block_slots(a, 0), a.epoch,
+  if (!ipcshare::block_barrier(a.pads, a.rank, a.nranks, block_slots(a, 0), epoch,
                                a.timeout_ns))
     return;
   __shared__ int failed;
@@ -97,10 +108,10 @@ extern "C" __global__ void allgather_ring(AllGatherArgs a) {
     __threadfence_system();
     __syncthreads();
     if (threadIdx.x == 0) {
-      const u64 value = (a.epoch - 1) * (u64)(kMaxRanks) + (u64)step + 1;
+      const u64 value = (epoch - 1) * (u64)(kMaxRanks) + (u64)step + 1;
       ipcshare::put_signal(a.pads[next] + flag, value);
       if (!ipcshare::wait_signal(a.pads[a.rank] + flag, value, a.timeout_ns)) {
-        ipcshare::record_timeout(a.pads[a.rank], prev, a.epoch);
+        ipcshare::record_timeout(a.pads[a.rank], prev, epoch);
         failed = 1;
       }
     }
@@ -111,3 +122,7 @@ extern "C" __global__ void allgather_ring(AllGatherArgs a) {
   char* own = a.outputs[a.rank] + a.block_bytes * a.rank;
   if (own != a.inputs[a.rank]) copy_slice(own, a.inputs[a.rank], a.block_bytes);
 }
+
+extern "C" __global__ void allgather_push(AllGatherArgs a) { with_epoch<push>(a); }
+extern "C" __global__ void allgather_pull(AllGatherArgs a) { with_epoch<pull>(a); }
+extern "C" __global__ void allgather_ring(AllGatherArgs a) { with_epoch<ring>(a); }

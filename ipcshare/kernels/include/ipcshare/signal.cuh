@@ -19,6 +19,8 @@ constexpr int kUserWords = 256;          // [256, 512): free for users
 constexpr int kErrorWord = 511;          // a kernel that gave up writes why here
 constexpr int kKernelWordBase = 512;     // [512, 8192): ipcshare's own kernels
 constexpr int kMaxRanks = 8;             // ranks a kernel argument block can name
+// [8064, 8192): device-side epochs, two words per operation family (epoch, blocks done).
+constexpr int kEpochWordBase = 8064;
 
 __device__ __forceinline__ void put_signal(u64* word, u64 value) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(word), "l"(value) : "memory");
@@ -75,6 +77,28 @@ __device__ __forceinline__ bool block_barrier(u64* const* pads, int rank, int nr
   }
   __syncthreads();
   return failed == 0;
+}
+
+// Device-side epochs. An operation family keeps the number of operations it has completed
+// in word `epoch_word` of the rank's own pad (and a count of finished blocks in the word
+// after it), so launches carry no host-side counter and a CUDA graph that captured them
+// replays correctly. Every block calls begin_epoch first and end_epoch last; the last
+// block to finish publishes the epoch. The next launch on the stream starts after that,
+// and every block of one launch reads the same value, since the update happens only once
+// all of them are past their read.
+__device__ __forceinline__ u64 begin_epoch(const u64* own_pad, int epoch_word) {
+  return *reinterpret_cast<const volatile u64*>(own_pad + epoch_word) + 1;
+}
+
+__device__ __forceinline__ void end_epoch(u64* own_pad, int epoch_word, u64 epoch) {
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  u64* done = own_pad + epoch_word + 1;
+  if (gridDim.x == 1 || atomicAdd(done, 1ull) == gridDim.x - 1) {
+    *reinterpret_cast<volatile u64*>(done) = 0;
+    *reinterpret_cast<volatile u64*>(own_pad + epoch_word) = epoch;
+    __threadfence();
+  }
 }
 
 }  // namespace ipcshare

@@ -1,0 +1,59 @@
+"""``--algo auto`` all-gather: each size runs the algorithm the measured table picks for it
+(patterns.choice). Every all-gather shares one window layout, one data seeding and one
+check, so the choice changes only how the bytes move."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..window import Window
+from .allgather import AllGather
+from .base import SizePlan
+from .choice import choose_allgather
+
+__all__ = ["AutoAllGather"]
+
+
+class AutoAllGather(AllGather):
+    """All-gather by the copy engine or a kernel, chosen per size; engine copies on host
+    windows and across nodes (kernels reach only one node's peers)."""
+
+    def __init__(self) -> None:
+        self._algorithms: dict[str, AllGather] = {}
+        self.last_choice = "copy-engine"
+
+    def choose(self, window: Window, plan: SizePlan) -> str:
+        """The algorithm ``plan`` runs on ``window``."""
+        if (not hasattr(window.group.backend, "kernels") or window.world.node_count > 1
+                or not _nvrtc_present()):
+            return "copy-engine"
+        return choose_allgather(plan.size, window.world_size)
+
+    def _algorithm(self, name: str) -> AllGather:
+        if name not in self._algorithms:
+            if name == "copy-engine":
+                self._algorithms[name] = AllGather()
+            else:
+                from .allgather_kernels import KernelAllGather
+
+                self._algorithms[name] = KernelAllGather(name)
+        return self._algorithms[name]
+
+    def bind(self, window: Window, plan: SizePlan, mode: str) -> Callable[[], None]:
+        self.last_choice = self.choose(window, plan)
+        return self._algorithm(self.last_choice).bind(window, plan, mode)
+
+    def check(self, window: Window, plan: SizePlan, mode: str, iteration: int) -> int:
+        return self._algorithm(self.choose(window, plan)).check(window, plan, mode, iteration)
+
+
+def _nvrtc_present() -> bool:
+    """Whether kernels can be compiled here (else auto keeps to the copy engine)."""
+    from ..errors import KernelCompileError
+    from ..kernels.compiler import nvrtc_version
+
+    try:
+        nvrtc_version()
+    except KernelCompileError:
+        return False
+    return True

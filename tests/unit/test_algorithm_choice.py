@@ -1,0 +1,31 @@
+"""--algo auto for all-gather: the measured table's picks and their edges."""
+
+import pytest
+
+from ipcshare.config import ALGOS
+from ipcshare.patterns.choice import ALLGATHER_CHOICES, choose_allgather
+
+
+def test_every_row_is_ordered_and_names_real_algorithms():
+    for world_size, row in ALLGATHER_CHOICES.items():
+        assert row.world_size == world_size
+        assert list(row.limits) == sorted(set(row.limits))
+        assert len(row.algos) == len(row.limits) + 1
+        assert set(row.algos) <= set(ALGOS) - {"auto"}
+
+
+@pytest.mark.parametrize("world_size", sorted(ALLGATHER_CHOICES))
+def test_limits_are_inclusive(world_size):
+    row = ALLGATHER_CHOICES[world_size]
+    for index, limit in enumerate(row.limits):
+        assert choose_allgather(limit, world_size) == row.algos[index]
+        assert choose_allgather(limit + 1, world_size) == row.algos[index + 1]
+
+
+def test_world_sizes_without_a_row():
+    assert choose_allgather(1024, 1) == "copy-engine"       # nothing to gather from
+    assert choose_allgather(1024, 16) == "copy-engine"      # kernels name at most 8 ranks
+    # 3 ranks use the 2-rank row, 8 the 4-rank row (the nearest measured world at or below).
+    assert choose_allgather(1024, 3) == ALLGATHER_CHOICES[2].pick(1024)
+    assert choose_allgather(1024, 8) == ALLGATHER_CHOICES[4].pick(1024)
+    assert choose_allgather(1 << 30, 4) == "copy-engine"    # bandwidth: the copy engine
