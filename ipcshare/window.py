@@ -105,6 +105,8 @@ class Group:
             if uuid is not None:
                 self.backend.ranks_per_device = uuids.count(uuid)
                 self.backend.engine().timeout = self.signal_timeout
+            if self.backend.uses_fds and self.world.size > 1:  # collective, like a window's
+                self.exchange.warm_up()
         except BaseException:
             self._release()
             raise

@@ -18,8 +18,12 @@ __all__ = ["KernelAllGather", "KERNEL_ALGOS"]
 
 KERNEL_ALGOS = {"push": "allgather_push", "pull": "allgather_pull", "ring": "allgather_ring"}
 _THREADS = 512
-_MAX_BLOCKS = 64
-_BYTES_PER_BLOCK = 256 << 10  # below this per block, fewer blocks: flags cost more than bytes
+# Up to one block per SM of an H100/H200 (132): all resident at once, so blocks waiting
+# on their peers' blocks never wait for a block that cannot be scheduled.
+_MAX_BLOCKS = 128
+# Below this per block, fewer blocks: flags cost more than bytes. (At 256 KiB, measured
+# on 4 H200s, 1-4 MiB all-gathers ran on 1-4 blocks and lost to NCCL.)
+_BYTES_PER_BLOCK = 32 << 10
 # Pad words: push and pull share one region, the ring (whose flags count steps, not
 # operations) has its own, so algorithms can alternate on one window.
 _SLOT_BASE = {"push": KERNEL_SLOT_BASE, "pull": KERNEL_SLOT_BASE, "ring": KERNEL_SLOT_BASE + 3840}
