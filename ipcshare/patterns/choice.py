@@ -29,10 +29,14 @@ class AllGatherChoice:
 
 
 _MiB = 1 << 20
-# Measured on nvidia-h200-x4 (see docs/BENCHMARKS.md for the run, date and commit): the
-# fastest algorithm at each size of a 1 KiB - 1 GiB sweep, eager and graph timing.
+# The fastest algorithm at each size of a 1 KiB - 1 GiB sweep of every algorithm, eager
+# and graph timing (docs/BENCHMARKS.md, "Choosing the algorithm", has the runs):
+# 2 ranks on nvidia-h200-x2 (commit 81afa9a): push wins up to 16 MiB (in graphs too; pull
+# and the kernel ring are never ahead of it), the copy engine from 64 MiB (322 GB/s busbw
+# against push's 264). 4 ranks on nvidia-h200-x4 (commit 227b153): push up to 64 MiB
+# (308 GB/s against the copy engine's 292 there), the copy engine from 256 MiB.
 ALLGATHER_CHOICES = {
-    2: AllGatherChoice(2, (64 * _MiB,), ("pull", "copy-engine")),
+    2: AllGatherChoice(2, (16 * _MiB,), ("push", "copy-engine")),
     4: AllGatherChoice(4, (64 * _MiB,), ("push", "copy-engine")),
 }
 
