@@ -10,7 +10,9 @@ PATTERNS = ("ring", "allgather")
 def make_pattern(name: str, algo: str = "auto"):
     """A fresh pattern object for ``name`` (``ring`` or ``allgather``) and ``algo``:
     ``auto`` / ``copy-engine`` (engine copies: memcpy on host, the copy engine on GPUs),
-    or one of the all-gather kernels ``push``, ``pull``, ``ring`` (GPU backends)."""
+    ``hierarchical`` (all-gather: IPC inside nodes, MPI between node leaders; what
+    ``auto`` runs when the job spans nodes), or one of the all-gather kernels ``push``,
+    ``pull``, ``ring`` (GPU backends, one node)."""
     from ..config import ALGOS
     from ..errors import ConfigError
 
@@ -27,7 +29,11 @@ def make_pattern(name: str, algo: str = "auto"):
             from .allgather_kernels import KernelAllGather
 
             return KernelAllGather(algo)
+        if algo == "hierarchical":
+            from .allgather_hierarchical import HierarchicalAllGather
+
+            return HierarchicalAllGather(algo)
         from .allgather import AllGather
 
-        return AllGather()
+        return AllGather(algo)
     raise ConfigError(f"unknown op {name!r}; choose one of: {', '.join(PATTERNS)}")
