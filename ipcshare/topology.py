@@ -35,9 +35,9 @@ class World:
     memory this rank can map. ``leader_comm`` joins the first rank of every node (None on
     the other ranks, and on every rank of a one-node job).
 
-    With ``IPCSHARE_VIRTUAL_NODES=K`` the ranks form K simulated nodes of consecutive ranks
-    (see :func:`virtual_node_blocks`): node identity, ``local_comm`` and ``node_count``
-    follow the split, hostnames stay real.
+    With ``IPCSHARE_VIRTUAL_NODES=K`` the job's ranks (COMM_WORLD) form K simulated nodes
+    of consecutive ranks (see :func:`virtual_node_blocks`): node identity, ``local_comm``
+    and ``node_count`` follow the split, hostnames stay real.
     """
 
     comm: Any
@@ -75,15 +75,17 @@ class World:
         # Rank of each node's first member names the node; order nodes by it.
         leader = local_comm.allreduce(rank, op=MPI.MIN)
         requested = os.environ.get(VIRTUAL_NODES_ENV, "").strip()
-        facts = comm.allgather((hostname, os.getpid(), leader, requested))
+        job_rank = MPI.COMM_WORLD.Get_rank()
+        facts = comm.allgather((hostname, os.getpid(), leader, requested, job_rank))
         leaders = sorted({fact[2] for fact in facts})
         node_of_rank = [leaders.index(fact[2]) for fact in facts]
         virtual_nodes = None
         if any(fact[3] for fact in facts):
             # Every rank sees the same facts, so every rank raises the same error.
             try:
-                virtual_nodes = _virtual_node_count([fact[3] for fact in facts], size)
-                node_of_rank = _virtual_split(node_of_rank, virtual_nodes, facts)
+                virtual_nodes = _virtual_node_count([fact[3] for fact in facts])
+                node_of_rank = _virtual_split(node_of_rank, virtual_nodes, facts,
+                                              MPI.COMM_WORLD.Get_size())
             except ConfigError:
                 local_comm.Free()
                 raise
@@ -161,7 +163,7 @@ def virtual_node_blocks(size: int, nodes: int) -> list[int]:
     return node_of_rank
 
 
-def _virtual_node_count(texts: list[str], size: int) -> int:
+def _virtual_node_count(texts: list[str]) -> int:
     """K from every rank's ``IPCSHARE_VIRTUAL_NODES``; they must agree."""
     if len(set(texts)) > 1:
         odd = next(r for r, text in enumerate(texts) if text != texts[0])
@@ -173,18 +175,24 @@ def _virtual_node_count(texts: list[str], size: int) -> int:
     return int(text)
 
 
-def _virtual_split(real_node_of_rank: list[int], nodes: int, facts: list[tuple]) -> list[int]:
-    """Virtual node of each rank; a virtual node may not span two real nodes, whose
-    memory cannot be shared."""
-    node_of_rank = virtual_node_blocks(len(real_node_of_rank), nodes)
-    for node in range(nodes):
+def _virtual_split(real_node_of_rank: list[int], nodes: int, facts: list[tuple],
+                   job_size: int) -> list[int]:
+    """Node of each rank of a communicator under K virtual nodes. The blocks are cut
+    from the job's ranks (COMM_WORLD), so a process keeps its node in every group, also
+    in a group over a part of the job; a virtual node may not span two real nodes."""
+    job_nodes = virtual_node_blocks(job_size, nodes)
+    virtual = [job_nodes[fact[4]] for fact in facts]
+    ordered = sorted(set(virtual), key=virtual.index)  # numbered by their first rank here
+    node_of_rank = [ordered.index(v) for v in virtual]
+    for node in range(len(ordered)):
         members = [r for r, n in enumerate(node_of_rank) if n == node]
-        real = {real_node_of_rank[r] for r in members}
-        if len(real) > 1:
-            first = members[0]
-            other = next(r for r in members if real_node_of_rank[r] != real_node_of_rank[first])
+        first = members[0]
+        other = next((r for r in members if real_node_of_rank[r] != real_node_of_rank[first]),
+                     None)
+        if other is not None:
             raise ConfigError(
-                f"{VIRTUAL_NODES_ENV}={nodes}: virtual node {node} would hold rank {first} on "
-                f"{facts[first][0]} and rank {other} on {facts[other][0]}, two real nodes; "
-                "choose K so that every block of consecutive ranks stays on one host")
+                f"{VIRTUAL_NODES_ENV}={nodes}: virtual node {ordered[node]} would hold rank "
+                f"{first} on {facts[first][0]} and rank {other} on {facts[other][0]}, two "
+                "real nodes; choose K so that every block of consecutive ranks stays on "
+                "one host")
     return node_of_rank

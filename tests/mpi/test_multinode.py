@@ -56,6 +56,25 @@ def test_ranks_split_into_blocks_of_consecutive_ranks(comm, nodes):
         world.close()
 
 
+def test_a_group_over_part_of_the_job_keeps_every_rank_on_its_node(comm, nodes):
+    job = World.from_comm()
+    reversed_comm = comm.Split(0, key=comm.size - comm.rank)  # rank order turned around
+    per_node = comm.Split(job.node_index, key=comm.rank)      # what the doctor does
+    worlds = [World.from_comm(reversed_comm), World.from_comm(per_node)]
+    try:
+        job_ranks = reversed_comm.allgather(comm.rank)
+        nodes_here = reversed_comm.allgather(job.node_index)
+        shared = worlds[0].node_of_rank
+        assert all((shared[a] == shared[b]) == (nodes_here[a] == nodes_here[b])
+                   for a in range(len(job_ranks)) for b in range(len(job_ranks)))
+        assert worlds[1].node_count == 1 and worlds[1].local_size == job.local_size
+    finally:
+        for world in [*worlds, job]:
+            world.close()
+        reversed_comm.Free()
+        per_node.Free()
+
+
 def test_peers_of_a_node_write_each_other_and_remote_ranks_are_refused(comm, nodes):
     with ipcshare.Group(backend="host") as g:
         w = g.window(4096)
