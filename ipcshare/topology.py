@@ -32,8 +32,10 @@ class World:
 
     ``comm`` is the communicator the user gave (COMM_WORLD by default); ``local_comm``
     holds the ranks of this node (``Split_type(COMM_TYPE_SHARED)``), the only ones whose
-    memory this rank can map. ``leader_comm`` joins the first rank of every node (None on
-    the other ranks, and on every rank of a one-node job).
+    memory this rank can map. When the job spans nodes, ``rail_comm`` joins the ranks of
+    the same local rank on every node (one "rail" per local rank; nodes with fewer ranks
+    are missing from the higher rails); rail 0 is the node leaders' ``leader_comm``. Both
+    are None on a one-node job.
 
     With ``IPCSHARE_VIRTUAL_NODES=K`` the job's ranks (COMM_WORLD) form K simulated nodes
     of consecutive ranks (see :func:`virtual_node_blocks`): node identity, ``local_comm``
@@ -53,7 +55,7 @@ class World:
     pids: list[int]
     node_of_rank: list[int]
     local_ranks: list[int]  # world ranks on this node, ordered by local rank
-    leader_comm: Any = None
+    rail_comm: Any = None
     virtual_nodes: int | None = None  # K when IPCSHARE_VIRTUAL_NODES split the ranks
     # Rank and rank count on this machine, virtual nodes or not: what device binding and
     # core or memory budgets go by.
@@ -94,22 +96,19 @@ class World:
         node_index = node_of_rank[rank]
         node_count = max(node_of_rank) + 1
         local_ranks = [r for r in range(size) if node_of_rank[r] == node_index]
-        leader_comm = None
-        if node_count > 1:
-            first_of_node = local_ranks[0] == rank
-            leader_comm = comm.Split(0 if first_of_node else MPI.UNDEFINED, key=rank)
-            if leader_comm == MPI.COMM_NULL:
-                leader_comm = None
+        local_rank = local_ranks.index(rank)
+        # Ordered by rank, so with nodes of consecutive ranks a rail's rank is the node's.
+        rail_comm = comm.Split(local_rank, key=rank) if node_count > 1 else None
         # Some MPIs (Open MPI) set up a new communicator's shared-memory collectives on its
         # first use, which can take tens of milliseconds: pay that here, at group setup,
         # not inside the first window's descriptor exchange.
         local_comm.Barrier()
         return cls(
             comm=comm, local_comm=local_comm, rank=rank, size=size,
-            local_rank=local_comm.Get_rank(), local_size=local_comm.Get_size(),
+            local_rank=local_rank, local_size=local_comm.Get_size(),
             node_index=node_index, node_count=node_count, hostname=hostname,
             hostnames=[fact[0] for fact in facts], pids=[fact[1] for fact in facts],
-            node_of_rank=node_of_rank, local_ranks=local_ranks, leader_comm=leader_comm,
+            node_of_rank=node_of_rank, local_ranks=local_ranks, rail_comm=rail_comm,
             virtual_nodes=virtual_nodes, host_rank=host_rank, host_size=host_size)
 
     def where(self, rank: int | None = None) -> str:
@@ -126,6 +125,12 @@ class World:
         return [r for r, n in enumerate(self.node_of_rank) if n == node]
 
     @property
+    def leader_comm(self) -> Any:
+        """The node leaders' communicator (rail 0) on a leader of a multi-node job, else
+        None."""
+        return self.rail_comm if self.is_leader else None
+
+    @property
     def is_leader(self) -> bool:
         """Whether this rank is its node's first (it speaks for the node between nodes)."""
         return self.local_ranks[0] == self.rank
@@ -135,11 +140,11 @@ class World:
         return self.local_ranks.index(rank)
 
     def close(self) -> None:
-        """Free the node-local and leaders' communicators (idempotent)."""
-        if self.leader_comm is not None:
+        """Free the node-local and rail communicators (idempotent)."""
+        if self.rail_comm is not None:
             with contextlib.suppress(Exception):
-                self.leader_comm.Free()
-            self.leader_comm = None
+                self.rail_comm.Free()
+            self.rail_comm = None
         if self._owns_local_comm and self.local_comm is not None:
             with contextlib.suppress(Exception):
                 self.local_comm.Free()

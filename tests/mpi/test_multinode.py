@@ -44,7 +44,10 @@ def test_ranks_split_into_blocks_of_consecutive_ranks(comm, nodes):
             comm.rank]]
         assert world.local_comm.Get_size() == world.local_size == len(world.local_ranks)
         assert world.local_ranks[world.local_rank] == comm.rank
-        # One leader per node, joined in the leaders' communicator.
+        # One rail per local rank; rail 0 is the leaders' communicator.
+        rail = world.rail_comm
+        assert rail.allgather(world.local_rank) == [world.local_rank] * rail.Get_size()
+        assert rail.allgather(world.node_index) == sorted(rail.allgather(world.node_index))
         assert (world.leader_comm is not None) == world.is_leader == (world.local_rank == 0)
         leaders = comm.allgather(world.rank if world.is_leader else None)
         assert [r for r in leaders if r is not None] == [world.node_ranks(k)[0]
