@@ -53,3 +53,14 @@ def test_the_single_copy_algorithm_across_nodes_is_a_clear_error(socket_dir):  #
     errors = [line for line in out.stderr.splitlines() if line.startswith("ipcshare: error:")]
     assert len(errors) == 2 and all("use --algo hierarchical" in e for e in errors), out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_info_shows_the_nodes_and_the_path_of_every_pair(tmp_path):
+    path = tmp_path / "info.json"
+    out = run_on_virtual_nodes(2, ["info", "--json", str(path)], n=3)
+    assert out.returncode == 0, out.stderr
+    assert "3 rank(s) on 2 node(s) (virtual: IPCSHARE_VIRTUAL_NODES=2)" in out.stdout
+    doc = json.loads(path.read_text())
+    assert doc["nodes"] == 2 and doc["virtual_nodes"] == 2
+    assert [f["node"] for f in doc["ranks"]] == [0, 0, 1]
+    assert doc["paths"] == [["-", "direct", "mpi"], ["direct", "-", "mpi"], ["mpi", "mpi", "-"]]

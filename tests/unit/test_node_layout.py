@@ -38,3 +38,15 @@ def test_hierarchical_is_an_allgather_algorithm_but_not_a_ring_one():
     assert isinstance(make_pattern("allgather", "hierarchical"), HierarchicalAllGather)
     with pytest.raises(ConfigError, match="ring op has no 'hierarchical' algorithm"):
         make_pattern("ring", "hierarchical")
+
+
+def test_pair_paths_name_gpus_without_peer_access():
+    from ipcshare.cli.info import pair_paths
+
+    p2p = [{"src": 0, "dst": 1, "access": False}, {"src": 1, "dst": 0, "access": False},
+           {"src": 0, "dst": 2, "access": True}, {"src": 2, "dst": 0, "access": True}]
+    facts = [{"node": 0, "device": d, "cuda_visible_devices": None, "p2p": p2p}
+             for d in (0, 1, 2)] + [{"node": 1}]
+    paths = pair_paths(facts)
+    assert paths[0] == ["-", "no-p2p", "direct", "mpi"]
+    assert paths[2][0] == "direct" and paths[3] == ["mpi", "mpi", "mpi", "-"]
