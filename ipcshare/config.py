@@ -31,8 +31,9 @@ EXCHANGES = ("auto", "mpi", "socket", "pidfd")
 BASELINES = ("none", "mpi", "nccl")
 HANDLES = ("posix-fd", "fabric")
 # auto / copy-engine: engine copies (memcpy on host, the copy engine on GPUs);
-# push / pull / ring: all-gather kernels (GPU backends).
-ALGOS = ("auto", "copy-engine", "push", "pull", "ring")
+# hierarchical: all-gather by IPC inside nodes and MPI between them (auto's choice when a
+# job spans nodes); push / pull / ring: all-gather kernels (GPU backends).
+ALGOS = ("auto", "copy-engine", "hierarchical", "push", "pull", "ring")
 # name -> (numpy dtype string, bytes per element)
 DATATYPES = {
     "uint8": ("u1", 1), "int8": ("i1", 1),

@@ -1,15 +1,22 @@
-"""Who is where: world communicator, node-local communicator, local rank, node count."""
+"""Who is where: world communicator, node-local communicator, local rank, node count, and
+the node leaders' communicator; ``IPCSHARE_VIRTUAL_NODES`` splits one machine into several
+simulated nodes."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import re
 import socket
 from typing import Any
 
+from .errors import ConfigError
 from .logs import configure_logging
 
-__all__ = ["World", "mpi"]
+__all__ = ["World", "mpi", "virtual_node_blocks", "VIRTUAL_NODES_ENV"]
+
+VIRTUAL_NODES_ENV = "IPCSHARE_VIRTUAL_NODES"
 
 
 def mpi() -> Any:
@@ -25,7 +32,14 @@ class World:
 
     ``comm`` is the communicator the user gave (COMM_WORLD by default); ``local_comm``
     holds the ranks of this node (``Split_type(COMM_TYPE_SHARED)``), the only ones whose
-    memory this rank can map.
+    memory this rank can map. When the job spans nodes, ``rail_comm`` joins the ranks of
+    the same local rank on every node (one "rail" per local rank; nodes with fewer ranks
+    are missing from the higher rails); rail 0 is the node leaders' ``leader_comm``. Both
+    are None on a one-node job.
+
+    With ``IPCSHARE_VIRTUAL_NODES=K`` the job's ranks (COMM_WORLD) form K simulated nodes
+    of consecutive ranks (see :func:`virtual_node_blocks`): node identity, ``local_comm``
+    and ``node_count`` follow the split, hostnames stay real.
     """
 
     comm: Any
@@ -41,6 +55,12 @@ class World:
     pids: list[int]
     node_of_rank: list[int]
     local_ranks: list[int]  # world ranks on this node, ordered by local rank
+    rail_comm: Any = None
+    virtual_nodes: int | None = None  # K when IPCSHARE_VIRTUAL_NODES split the ranks
+    # Rank and rank count on this machine, virtual nodes or not: what device binding and
+    # core or memory budgets go by.
+    host_rank: int = 0
+    host_size: int = 1
     _owns_local_comm: bool = True
 
     @classmethod
@@ -52,24 +72,44 @@ class World:
         # Logs name the job's rank, also for groups over a sub-communicator.
         configure_logging(MPI.COMM_WORLD.Get_rank())
         local_comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+        host_rank, host_size = local_comm.Get_rank(), local_comm.Get_size()
         hostname = socket.gethostname()
         # Rank of each node's first member names the node; order nodes by it.
         leader = local_comm.allreduce(rank, op=MPI.MIN)
-        facts = comm.allgather((hostname, os.getpid(), leader))
+        requested = os.environ.get(VIRTUAL_NODES_ENV, "").strip()
+        job_rank = MPI.COMM_WORLD.Get_rank()
+        facts = comm.allgather((hostname, os.getpid(), leader, requested, job_rank))
         leaders = sorted({fact[2] for fact in facts})
         node_of_rank = [leaders.index(fact[2]) for fact in facts]
+        virtual_nodes = None
+        if any(fact[3] for fact in facts):
+            # Every rank sees the same facts, so every rank raises the same error.
+            try:
+                virtual_nodes = _virtual_node_count([fact[3] for fact in facts])
+                node_of_rank = _virtual_split(node_of_rank, virtual_nodes, facts,
+                                              MPI.COMM_WORLD.Get_size())
+            except ConfigError:
+                local_comm.Free()
+                raise
+            local_comm.Free()
+            local_comm = comm.Split(node_of_rank[rank], key=rank)
         node_index = node_of_rank[rank]
+        node_count = max(node_of_rank) + 1
         local_ranks = [r for r in range(size) if node_of_rank[r] == node_index]
+        local_rank = local_ranks.index(rank)
+        # Ordered by rank, so with nodes of consecutive ranks a rail's rank is the node's.
+        rail_comm = comm.Split(local_rank, key=rank) if node_count > 1 else None
         # Some MPIs (Open MPI) set up a new communicator's shared-memory collectives on its
         # first use, which can take tens of milliseconds: pay that here, at group setup,
         # not inside the first window's descriptor exchange.
         local_comm.Barrier()
         return cls(
             comm=comm, local_comm=local_comm, rank=rank, size=size,
-            local_rank=local_comm.Get_rank(), local_size=local_comm.Get_size(),
-            node_index=node_index, node_count=len(leaders), hostname=hostname,
+            local_rank=local_rank, local_size=local_comm.Get_size(),
+            node_index=node_index, node_count=node_count, hostname=hostname,
             hostnames=[fact[0] for fact in facts], pids=[fact[1] for fact in facts],
-            node_of_rank=node_of_rank, local_ranks=local_ranks)
+            node_of_rank=node_of_rank, local_ranks=local_ranks, rail_comm=rail_comm,
+            virtual_nodes=virtual_nodes, host_rank=host_rank, host_size=host_size)
 
     def where(self, rank: int | None = None) -> str:
         """``'rank 1@node3'`` for ``rank`` (default: this rank)."""
@@ -80,15 +120,84 @@ class World:
         """Whether ``rank`` runs on this node (its memory can be mapped here)."""
         return self.node_of_rank[rank] == self.node_index
 
+    def node_ranks(self, node: int) -> list[int]:
+        """World ranks of node ``node``, in rank order."""
+        return [r for r, n in enumerate(self.node_of_rank) if n == node]
+
+    @property
+    def leader_comm(self) -> Any:
+        """The node leaders' communicator (rail 0) on a leader of a multi-node job, else
+        None."""
+        return self.rail_comm if self.is_leader else None
+
+    @property
+    def is_leader(self) -> bool:
+        """Whether this rank is its node's first (it speaks for the node between nodes)."""
+        return self.local_ranks[0] == self.rank
+
     def local_index(self, rank: int) -> int:
         """Local rank of world rank ``rank``, which must be on this node."""
         return self.local_ranks.index(rank)
 
     def close(self) -> None:
-        """Free the node-local communicator (idempotent)."""
+        """Free the node-local and rail communicators (idempotent)."""
+        if self.rail_comm is not None:
+            with contextlib.suppress(Exception):
+                self.rail_comm.Free()
+            self.rail_comm = None
         if self._owns_local_comm and self.local_comm is not None:
-            try:
+            with contextlib.suppress(Exception):
                 self.local_comm.Free()
-            except Exception:
-                pass
             self.local_comm = None
+
+
+def virtual_node_blocks(size: int, nodes: int) -> list[int]:
+    """The node of each of ``size`` ranks split into ``nodes`` blocks of consecutive ranks,
+    the first ``size % nodes`` blocks one rank larger: 3 ranks over 2 nodes -> [0, 0, 1].
+
+    Raises:
+        ConfigError: ``nodes`` is not between 1 and ``size``.
+    """
+    if not 1 <= nodes <= size:
+        raise ConfigError(f"{VIRTUAL_NODES_ENV}={nodes} asks for more virtual nodes than the "
+                          f"{size} rank(s) of the job: each node needs at least one rank")
+    base, extra = divmod(size, nodes)
+    node_of_rank: list[int] = []
+    for node in range(nodes):
+        node_of_rank += [node] * (base + (1 if node < extra else 0))
+    return node_of_rank
+
+
+def _virtual_node_count(texts: list[str]) -> int:
+    """K from every rank's ``IPCSHARE_VIRTUAL_NODES``; they must agree."""
+    if len(set(texts)) > 1:
+        odd = next(r for r, text in enumerate(texts) if text != texts[0])
+        raise ConfigError(f"{VIRTUAL_NODES_ENV} differs between ranks: rank 0 has "
+                          f"{texts[0]!r}, rank {odd} {texts[odd]!r}")
+    text = texts[0]
+    if not re.fullmatch(r"[0-9]+", text):
+        raise ConfigError(f"{VIRTUAL_NODES_ENV}={text!r} is not a number of nodes")
+    return int(text)
+
+
+def _virtual_split(real_node_of_rank: list[int], nodes: int, facts: list[tuple],
+                   job_size: int) -> list[int]:
+    """Node of each rank of a communicator under K virtual nodes. The blocks are cut
+    from the job's ranks (COMM_WORLD), so a process keeps its node in every group, also
+    in a group over a part of the job; a virtual node may not span two real nodes."""
+    job_nodes = virtual_node_blocks(job_size, nodes)
+    virtual = [job_nodes[fact[4]] for fact in facts]
+    ordered = sorted(set(virtual), key=virtual.index)  # numbered by their first rank here
+    node_of_rank = [ordered.index(v) for v in virtual]
+    for node in range(len(ordered)):
+        members = [r for r, n in enumerate(node_of_rank) if n == node]
+        first = members[0]
+        other = next((r for r in members if real_node_of_rank[r] != real_node_of_rank[first]),
+                     None)
+        if other is not None:
+            raise ConfigError(
+                f"{VIRTUAL_NODES_ENV}={nodes}: virtual node {ordered[node]} would hold rank "
+                f"{first} on {facts[first][0]} and rank {other} on {facts[other][0]}, two "
+                "real nodes; choose K so that every block of consecutive ranks stays on "
+                "one host")
+    return node_of_rank

@@ -96,8 +96,10 @@ class Group:
                     raise ConfigError(
                         f"ranks chose different backends: rank 0 {choices[0]!r}, "
                         f"{self.world.where(odd)} {choices[odd]!r} (a GPU missing on one node?)")
-                self.backend = open_backend(chosen, local_rank=self.world.local_rank,
-                                            local_size=self.world.local_size, handle=handle)
+                # Devices and cores are the machine's: bind by the rank on this host,
+                # which is the node-local rank unless virtual nodes split the host.
+                self.backend = open_backend(chosen, local_rank=self.world.host_rank,
+                                            local_size=self.world.host_size, handle=handle)
             # Launch wrappers often give each rank its own CUDA_VISIBLE_DEVICES, so device
             # ordinals say nothing about sharing: count the ranks holding the same GPU UUID.
             uuid = getattr(self.backend, "uuid", None)
@@ -199,6 +201,7 @@ class Window:
         self._barrier_epochs = [0]
         self._stream_barriers: dict[Any, Any] = {}
         self._device_barriers: dict[Any, Any] = {}
+        self._node_barrier = None
         self._allocations: dict[int, Allocation] = {}
         # Milliseconds this rank spent in each setup step (the table header shows them).
         self.setup_ms: dict[str, float] = {}
@@ -222,11 +225,11 @@ class Window:
             lap("rendezvous")
             with collective_step(world, "allocate"):
                 capacity = backend.capacity_bytes()
-                needed = self.total_bytes * world.local_size
+                needed = self.total_bytes * world.host_size
                 if capacity is not None and needed > capacity:
                     raise WindowError(
                         f"a window of {format_size(nbytes)} bytes on each of the node's "
-                        f"{world.local_size} ranks needs {format_size(needed)} bytes, more than "
+                        f"{world.host_size} ranks needs {format_size(needed)} bytes, more than "
                         f"the {format_size(capacity)} bytes available: choose a smaller size")
                 local = backend.allocate(self.total_bytes)
                 undo.callback(local.close)
@@ -241,7 +244,7 @@ class Window:
                                    _zeros(SIGNAL_PAD_BYTES))
                 self.engine.synchronize()
             lap("export")
-            payloads = group.exchange.allgather_bytes(exported.payload)
+            payloads = group.exchange.share_bytes(exported.payload)
             fds: dict[int, OwnedFd] = {}
             if backend.uses_fds and world.size > 1:  # every rank joins: it agrees world-wide
                 fds = group.exchange.share_fds(exported.fd)  # collective, agrees itself
@@ -296,8 +299,13 @@ class Window:
         return self._buffers[rank]
 
     def is_local(self, rank: int) -> bool:
-        """Whether rank ``rank``'s buffer is mapped here (same node)."""
-        self._check_rank(rank)
+        """Whether rank ``rank``'s buffer is mapped here (same node); the others are
+        reached through MPI.
+
+        Raises:
+            WindowError: rank out of range.
+        """
+        self._check_in_group(rank)
         return self.world.is_local(rank)
 
     @property
@@ -463,18 +471,39 @@ class Window:
         return backend.kernels("barrier.cu").launcher(
             "device_barrier", args, grid=1, block=32, stream=engine.stream)
 
-    def _make_barrier(self, engine: Any):
+    def node_barrier(self) -> None:
+        """Collective over this node's ranks only (no MPI call where host stores are
+        ordered): returns once each of them entered it, their earlier window writes
+        visible. On a GPU the barrier is stream-ordered: the host does not wait."""
+        self._check_open()
+        if self._node_barrier is None:
+            self._node_barrier = self._make_node_barrier(self.engine)
+        self._node_barrier()
+
+    def _make_node_barrier(self, engine: Any):
         world = self.world
         if not _ORDERED_HOST_STORES and self.group.backend_name == "host":
-            return world.comm.Barrier
+            return world.local_comm.Barrier
         others = [r for r in world.local_ranks if r != world.rank]
         # Device engines may run barriers on several streams: one epoch for all of them.
         shared = {"epochs": self._barrier_epochs} if hasattr(engine, "on_stream") else {}
-        node_barrier = engine.make_barrier(
+        return engine.make_barrier(
             self._pads[world.rank], [self._pads[r] for r in others], world.local_rank,
             [world.local_index(r) for r in others], timeout=self.group.signal_timeout,
             what=lambda slot: f"{world.where()} in barrier waiting for "
                               f"{world.where(world.local_ranks[slot])}", **shared)
+
+    def _make_barrier(self, engine: Any):
+        world = self.world
+        if not _ORDERED_HOST_STORES and self.group.backend_name == "host":
+            return world.comm.Barrier
+        if engine is not self.engine:
+            node_barrier = self._make_node_barrier(engine)
+        else:
+            if self._node_barrier is None:
+                # One node barrier per window: its epochs count every use, whichever caller.
+                self._node_barrier = self._make_node_barrier(engine)
+            node_barrier = self._node_barrier
         if world.node_count == 1:
             return node_barrier
         comm = world.comm
@@ -504,6 +533,7 @@ class Window:
             self._barrier = None
             self._stream_barriers.clear()
             self._device_barriers.clear()
+            self._node_barrier = None
             for rank in sorted(self._allocations, key=lambda r: r == self.world.rank):
                 self._allocations[rank].close()  # peers' mappings first, own memory last
             self._allocations.clear()
@@ -519,13 +549,19 @@ class Window:
         if self._closed:
             raise WindowError("window is closed")
 
-    def _check_rank(self, rank: int) -> None:
-        if not isinstance(rank, int) or not 0 <= rank < self.world.size:
+    def _check_in_group(self, rank: int) -> None:
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world.size:
             raise WindowError(f"rank {rank!r} is not in this group of {self.world.size}")
-        if not self.world.is_local(rank):
+
+    def _check_rank(self, rank: int) -> None:
+        self._check_in_group(rank)
+        world = self.world
+        if not world.is_local(rank):
+            kind = "virtual node" if world.virtual_nodes else "node"
             raise WindowError(
-                f"rank {rank} runs on {self.world.hostnames[rank]}, another node: its memory "
-                "cannot be mapped here (reach it through MPI)")
+                f"rank {rank} is on {kind} {world.node_of_rank[rank]} "
+                f"({world.hostnames[rank]}), {world.where()} on {kind} {world.node_index}: "
+                f"its memory is not mapped here; reach it through MPI")
 
     @staticmethod
     def _check_slot(slot: int) -> None:

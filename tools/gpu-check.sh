@@ -190,6 +190,12 @@ if [[ $G -ge 2 ]] && wants bench; then
       done
     done
   done
+  if [[ $G -ge 4 ]]; then
+    # The same node as 2 virtual nodes x 2 GPUs: the hierarchical all-gather (rails),
+    # its MPI step with device pointers if the MPI is CUDA-aware, else host-staged.
+    IPCSHARE_VIRTUAL_NODES=2 step "bench allgather cuda-vmm n=4 as 2 virtual nodes x 2" \
+      "$STEP_TIMEOUT_BENCH" bench allgather cuda-vmm 4
+  fi
 elif wants bench; then
   log "bench: needs 2 GPUs (NCCL runs one rank per GPU); skipped"
 fi

@@ -10,7 +10,11 @@ import platform
 from .. import __version__
 from ..topology import World, mpi
 
-__all__ = ["run_info", "rank_facts"]
+__all__ = ["run_info", "rank_facts", "pair_paths", "PAIR_PATHS"]
+
+# How one rank reaches another's window: mapped directly (same node; on GPUs with peer
+# access), not at all (same node, GPUs without peer access), or through MPI (other node).
+PAIR_PATHS = ("direct", "no-p2p", "mpi")
 
 
 def _namespace(kind: str) -> str:
@@ -47,13 +51,41 @@ def rank_facts(world: World) -> dict:
         try:
             from .. import devices
 
-            facts["device"] = devices.bind_device(world.local_rank, world.local_size)
+            facts["device"] = devices.bind_device(world.host_rank, world.host_size)
             facts["devices"] = devices.describe_devices()
             facts["p2p"] = devices.p2p_matrix()
             facts["handles"] = devices.handle_support(facts["device"])
         except Exception as exc:
             facts["device_error"] = str(exc)
     return facts
+
+
+def pair_paths(facts: list[dict]) -> list[list[str]]:
+    """``paths[i][j]``: how rank i reaches rank j's window (one of ``PAIR_PATHS``; ``-``
+    on the diagonal), from every rank's facts."""
+    paths = []
+    for a in facts:
+        row = []
+        for b in facts:
+            if a is b:
+                row.append("-")
+            elif a["node"] != b["node"]:
+                row.append("mpi")
+            else:
+                row.append("direct" if _peer_access(a, b) else "no-p2p")
+        paths.append(row)
+    return paths
+
+
+def _peer_access(a: dict, b: dict) -> bool:
+    """Whether rank ``a``'s device may map rank ``b``'s (host memory: always). Device
+    ordinals only compare between ranks that see the same devices."""
+    if "device" not in a or "device" not in b or a["device"] == b["device"]:
+        return True
+    if a.get("cuda_visible_devices") != b.get("cuda_visible_devices"):
+        return True  # not comparable here; the doctor tries the pair for real
+    return any(p["src"] == a["device"] and p["dst"] == b["device"] and p["access"]
+               for p in a.get("p2p", []))
 
 
 def run_info(args: argparse.Namespace) -> int:
@@ -65,16 +97,27 @@ def run_info(args: argparse.Namespace) -> int:
         world.close()
     if world.rank != 0:
         return 0
+    paths = pair_paths(facts)
     document = {"ipcshare": __version__, "python": platform.python_version(),
                 "mpi": " ".join(MPI.Get_library_version().split()[:3]),
-                "world_size": world.size, "nodes": world.node_count, "ranks": facts}
+                "world_size": world.size, "nodes": world.node_count,
+                "virtual_nodes": world.virtual_nodes, "ranks": facts, "paths": paths}
     print(f"ipcshare {__version__}  python {document['python']}  MPI: {document['mpi']}")
-    print(f"world: {world.size} rank(s) on {world.node_count} node(s)")
-    print(f"{'rank':>4} {'host':>12} {'pid':>8} {'local':>5} {'cores':>5} {'gpus':>4} "
-          f"{'auto backend':>12}  pidfd_getfd")
+    virtual = (f" (virtual: IPCSHARE_VIRTUAL_NODES={world.virtual_nodes})"
+               if world.virtual_nodes else "")
+    print(f"world: {world.size} rank(s) on {world.node_count} node(s){virtual}")
+    print(f"{'rank':>4} {'host':>12} {'node':>4} {'pid':>8} {'local':>5} {'cores':>5} "
+          f"{'gpus':>4} {'auto backend':>12}  pidfd_getfd")
     for f in facts:
-        print(f"{f['rank']:>4} {f['host']:>12} {f['pid']:>8} {f['local_rank']:>5} "
-              f"{f['cores']:>5} {f['gpus']:>4} {f['backend_auto']:>12}  {f['pidfd_getfd']}")
+        print(f"{f['rank']:>4} {f['host']:>12} {f['node']:>4} {f['pid']:>8} "
+              f"{f['local_rank']:>5} {f['cores']:>5} {f['gpus']:>4} {f['backend_auto']:>12}  "
+              f"{f['pidfd_getfd']}")
+    if world.size > 1:
+        print("path from rank (row) to rank (column): direct = window mapped, mpi = other "
+              "node, no-p2p = same node without peer access")
+        print("      " + "".join(f"{r:>7}" for r in range(world.size)))
+        for r, row in enumerate(paths):
+            print(f"{r:>6}" + "".join(f"{cell:>7}" for cell in row))
     namespaces = {f["pid_namespace"] for f in facts}
     if len(namespaces) > 1:
         print("note: ranks live in different PID namespaces: pidfd_getfd cannot reach peers, "

@@ -47,7 +47,8 @@ def _add_pattern_flags(parser: argparse.ArgumentParser) -> None:
         help="verified iterations per size, 0 to skip checks (default 1)")
     add("-d", "--datatype", dest="datatype", help="element type (default float32)")
     add("--baseline", help="none | mpi | nccl: time the baseline on the same sizes")
-    add("--algo", help="auto | copy-engine | push | pull | ring (all-gather kernels, GPU only)")
+    add("--algo", help="auto | copy-engine | hierarchical (IPC in nodes, MPI between) | "
+                       "push | pull | ring (all-gather kernels, GPU only)")
     add("--graph", action="store_true", default=None, help="CUDA-graph timing mode")
     add("--min-bw", dest="min_bw", type=float, metavar="GBPS",
         help="exit with status 4 when average busbw is below GBPS")

@@ -37,9 +37,14 @@ def _namespace_id(text: str | None) -> str:
 
 def render_header(document: dict[str, Any]) -> list[str]:
     mode = "quick" if document["quick"] else "full"
-    return [f"ipcshare doctor {document['ipcshare']} ({mode})  {document['mpi']}  world: "
-            f"{document['world_size']} rank(s) on {document['node_count']} node(s)  "
-            f"{document['elapsed_s']:.1f} s"]
+    lines = [f"ipcshare doctor {document['ipcshare']} ({mode})  {document['mpi']}  world: "
+             f"{document['world_size']} rank(s) on {document['node_count']} node(s)  "
+             f"{document['elapsed_s']:.1f} s"]
+    if document["node_count"] > 1:
+        # The matrices below are per node: they are the pairs whose windows are mapped.
+        lines.append("paths: pairs within a node as in each node's matrix (direct mapping); "
+                     "pairs on different nodes: mpi")
+    return lines
 
 
 def _rank_lines(node: dict[str, Any]) -> list[str]:

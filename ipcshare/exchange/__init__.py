@@ -60,6 +60,12 @@ class Exchange:
         """Collective: every rank's opaque handle bytes, indexed by rank."""
         return self.world.comm.allgather(bytes(payload))
 
+    def share_bytes(self, payload: bytes) -> dict[int, bytes]:
+        """Collective over the node: the opaque handle bytes of every rank of this node,
+        keyed by world rank (handles mean nothing on another node, so they stay here)."""
+        gathered = self.world.local_comm.allgather(bytes(payload))
+        return dict(zip(self.world.local_ranks, gathered, strict=True))
+
     def share_fds(self, fd: OwnedFd) -> dict[int, OwnedFd]:
         """Collective over the node: a descriptor from every other local rank.
 

@@ -9,10 +9,11 @@ PATTERNS = ("ring", "allgather")
 
 def make_pattern(name: str, algo: str = "auto"):
     """A fresh pattern object for ``name`` (``ring`` or ``allgather``) and ``algo``:
-    ``copy-engine`` (engine copies: memcpy on host, the copy engine on GPUs), one of the
-    all-gather kernels ``push``, ``pull``, ``ring`` (GPU backends), or ``auto``: for
-    all-gather on GPUs the measured choice by size and world size (patterns.choice),
-    engine copies everywhere else."""
+    ``copy-engine`` (engine copies: memcpy on host, the copy engine on GPUs),
+    ``hierarchical`` (all-gather: IPC inside nodes, MPI between nodes), one of the
+    all-gather kernels ``push``, ``pull``, ``ring`` (GPU backends, one node), or
+    ``auto``: for all-gather on one node's GPUs the measured choice by size and world
+    size (patterns.choice), hierarchical across nodes, engine copies otherwise."""
     from ..config import ALGOS
     from ..errors import ConfigError
 
@@ -33,7 +34,11 @@ def make_pattern(name: str, algo: str = "auto"):
             from .allgather_auto import AutoAllGather
 
             return AutoAllGather()
+        if algo == "hierarchical":
+            from .allgather_hierarchical import HierarchicalAllGather
+
+            return HierarchicalAllGather(algo)
         from .allgather import AllGather
 
-        return AllGather()
+        return AllGather(algo)
     raise ConfigError(f"unknown op {name!r}; choose one of: {', '.join(PATTERNS)}")

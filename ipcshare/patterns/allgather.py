@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..errors import ConfigError
 from ..window import Window
 from .base import Pattern, SizePlan, align
 from .seeding import count_wrong, poison, seeded_bytes
@@ -26,6 +27,10 @@ class AllGather(Pattern):
 
     name = "allgather"
     modes = ("out-of-place", "in-place")
+
+    def __init__(self, algo: str = "auto") -> None:
+        # auto: single copy within one node, hierarchical when the job spans nodes.
+        self.algo = algo
 
     def plan(self, size: int, world_size: int, element_size: int) -> SizePlan:
         per_rank = max(1, size // (world_size * element_size))
@@ -58,6 +63,15 @@ class AllGather(Pattern):
                       seeded_bytes(iteration, window.rank, plan.block_bytes))
 
     def bind(self, window: Window, plan: SizePlan, mode: str) -> Callable[[], None]:
+        nodes = window.world.node_count
+        if nodes > 1:
+            if self.algo != "auto":
+                raise ConfigError(
+                    f"--algo {self.algo} maps every peer's window, which works within one "
+                    f"node; this job spans {nodes} nodes: use --algo hierarchical (or auto)")
+            from .allgather_hierarchical import bind_hierarchical
+
+            return bind_hierarchical(self, window, plan, mode)
         me, n = window.rank, window.world_size
         mine = self._send_of(window, me, plan, mode)
         pairs = []

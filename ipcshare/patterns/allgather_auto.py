@@ -19,6 +19,7 @@ class AutoAllGather(AllGather):
     windows and across nodes (kernels reach only one node's peers)."""
 
     def __init__(self) -> None:
+        super().__init__("auto")
         self._algorithms: dict[str, AllGather] = {}
         self.last_choice = "copy-engine"
 
@@ -32,7 +33,8 @@ class AutoAllGather(AllGather):
     def _algorithm(self, name: str) -> AllGather:
         if name not in self._algorithms:
             if name == "copy-engine":
-                self._algorithms[name] = AllGather()
+                # AllGather's own auto: single copy on one node, hierarchical across nodes.
+                self._algorithms[name] = AllGather("auto")
             else:
                 from .allgather_kernels import KernelAllGather
 

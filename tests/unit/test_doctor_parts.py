@@ -204,6 +204,7 @@ def test_a_document_from_two_nodes_one_failing():
     text = "\n".join(lines)
     assert "[PASS]" in text and "[FAIL]" in text and "host-shm" in text
     assert "ulimit -n" in text and "9.50" in text
+    assert "pairs on different nodes: mpi" in text  # two nodes: say how they meet
     summary = "\n".join(cluster.render_summary(document))
     assert summary.startswith("cluster summary: 1 of 2 node(s) pass")
     assert "FAIL  n2" in summary and "fix: ulimit -n 4096" in summary

@@ -1,0 +1,108 @@
+"""Window bytes through MPI, for the hops between nodes: straight from host memory, from
+device memory when the MPI is CUDA-aware, and through host copies otherwise."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..topology import mpi
+
+__all__ = ["MpiPath", "mpi_cuda_aware", "mpi_path_mode", "MPI_CUDA_AWARE_ENV",
+           "MPI_PATH_MODES"]
+
+# "1" / "0" overrides the probe: a GPU node can then time both device paths.
+MPI_CUDA_AWARE_ENV = "IPCSHARE_MPI_CUDA_AWARE"
+# host: host memory as it is; cuda-aware: device pointers to MPI; host-staged: copies.
+MPI_PATH_MODES = ("host", "cuda-aware", "host-staged")
+
+
+def mpi_cuda_aware() -> bool:
+    """Whether MPI may be handed device pointers: ``IPCSHARE_MPI_CUDA_AWARE`` when set,
+    else the MPI's own answer (``MPIX_Query_cuda_support``, where mpi4py offers it).
+
+    Raises:
+        ConfigError: the variable is set to something other than 0 or 1.
+    """
+    text = os.environ.get(MPI_CUDA_AWARE_ENV, "").strip()
+    if text:
+        if text not in ("0", "1"):
+            raise ConfigError(f"{MPI_CUDA_AWARE_ENV}={text!r}: use 1 (CUDA-aware MPI) or 0 "
+                              "(stage device memory through the host)")
+        return text == "1"
+    query = getattr(mpi(), "Query_cuda_support", None)
+    return bool(query()) if query is not None else False
+
+
+def mpi_path_mode(backend_name: str) -> str:
+    """Which of ``MPI_PATH_MODES`` carries the memory of backend ``backend_name``."""
+    if backend_name == "host":
+        return "host"
+    return "cuda-aware" if mpi_cuda_aware() else "host-staged"
+
+
+class MpiPath:
+    """How one window's bytes reach MPI. ``mode`` is one of ``MPI_PATH_MODES``.
+
+    Device memory is only read or written after the engine synchronised, so MPI never
+    races the stream: the caller synchronises before handing a buffer over.
+    """
+
+    def __init__(self, engine: Any, backend_name: str) -> None:
+        self.engine = engine
+        self.mode = mpi_path_mode(backend_name)
+
+    def sendable(self, buffer: Any) -> Any:
+        """An object MPI can send ``buffer``'s bytes from (a host copy when staged)."""
+        if self.mode == "host":
+            return np.asarray(buffer)
+        if self.mode == "cuda-aware":
+            return buffer
+        return self.engine.download(buffer)
+
+    def receiver(self, buffer: Any) -> tuple[Any, Callable[[], None]]:
+        """(an object MPI can receive ``buffer.nbytes`` bytes into, a callable that puts
+        them in ``buffer`` once received: a no-op unless staged). The staging array is
+        made once, here, and reused by every call of the callable."""
+        if self.mode == "host":
+            return np.asarray(buffer), _nothing
+        if self.mode == "cuda-aware":
+            return buffer, _nothing
+        staging = np.empty(buffer.nbytes, dtype=np.uint8)
+        engine = self.engine
+        return staging, lambda: engine.upload(buffer, staging)
+
+    def allgatherv_in_place(self, comm: Any, output: Any, counts: list[int],
+                            displacements: list[int]) -> Callable[[], None]:
+        """A callable running ``Allgatherv(IN_PLACE)`` over ``comm`` on the bytes of
+        ``output``: this rank's segment (``counts`` / ``displacements`` at its rank in
+        ``comm``) goes to every other rank, theirs land at their displacements."""
+        MPI = mpi()
+        if self.mode != "host-staged":
+            target, _ = self.receiver(output)
+            spec = [target, counts, displacements, MPI.BYTE]
+            return lambda: comm.Allgatherv(MPI.IN_PLACE, spec)
+        staging = np.empty(output.nbytes, dtype=np.uint8)
+        spec = [staging, counts, displacements, MPI.BYTE]
+        me = comm.Get_rank()
+        own = (displacements[me], counts[me])
+        own_source = output.slice(*own)
+        others = [(output.slice(d, c), staging[d:d + c])
+                  for r, (c, d) in enumerate(zip(counts, displacements, strict=True))
+                  if r != me and c]
+        engine = self.engine
+
+        def staged() -> None:
+            staging[own[0]:own[0] + own[1]] = engine.download(own_source)
+            comm.Allgatherv(MPI.IN_PLACE, spec)
+            for destination, data in others:
+                engine.upload(destination, data)
+        return staged
+
+
+def _nothing() -> None:
+    return None
