@@ -8,7 +8,8 @@ pidfds and reads commands from a pipe (``clean PATH``, ``done``). When a peer di
 the rank has not said ``done`` within the grace period, the guard writes one line
 naming the dead rank, removes the paths it was told of and SIGKILLs the rank.
 
-Run as ``python -m ipcshare.peer_guard SPEC_JSON`` with the command pipe on stdin.
+Run as ``python -m ipcshare.peer_guard SPEC_JSON`` with the command pipe on stdin and
+the pidfds named in SPEC_JSON inherited.
 """
 
 from __future__ import annotations
@@ -28,12 +29,11 @@ def main(argv: list[str] | None = None) -> int:
     # The launcher's failure notices and the terminal's ^C are for the ranks, not us.
     for number in (signal.SIGUSR1, signal.SIGINT):
         signal.signal(number, signal.SIG_IGN)
-    rank_pid, grace, me = int(spec["pid"]), float(spec["grace"]), spec["me"]
-    try:
-        rank_fd = os.pidfd_open(rank_pid)
-        peers = {os.pidfd_open(int(pid)): name for pid, name in spec["peers"].items()}
-    except OSError:
-        return 0  # a peer or the rank is already gone: nothing to guard
+    grace, me = float(spec["grace"]), spec["me"]
+    # The rank hands us its own pidfds (inherited): no pid can be reused under us, and a
+    # peer that died before we started is still seen as dead.
+    rank_fd = int(spec["rank_pidfd"])
+    peers = {int(fd): name for fd, name in spec["peers"].items()}
     commands = sys.stdin.fileno()
     cleanups: list[str] = []
     pending = b""
@@ -64,15 +64,25 @@ def main(argv: list[str] | None = None) -> int:
                 poller.unregister(fd)
                 dead.append(peers[fd])
                 deadline_ms = int(grace * 1000)
+    poller = select.poll()
+    poller.register(rank_fd, select.POLLIN)
     for path in cleanups:
         shutil.rmtree(path, ignore_errors=True)
     sys.stderr.write(f"ipcshare: error: {', '.join(dead)} died; {me} was stuck for {grace:g} s "
                      "in a call that cannot notice it (an MPI collective) and is ended\n")
     sys.stderr.flush()
+    # Let the other survivors' guards speak too before this kill makes the launcher end
+    # the job; the rank stays stuck meanwhile (or leaves by itself: then we are done).
+    rank_exit = select.poll()
+    rank_exit.register(rank_fd, select.POLLIN)
+    if rank_exit.poll(int(float(spec.get("linger", 0.2)) * 1000)):
+        return 0
     try:
         signal.pidfd_send_signal(rank_fd, signal.SIGKILL)
-    except (OSError, AttributeError):
-        os.kill(rank_pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # it left on its own
+    except AttributeError:  # no pidfd_send_signal here; the rank just lived, so the pid is its
+        os.kill(int(spec["pid"]), signal.SIGKILL)
     return 1
 
 

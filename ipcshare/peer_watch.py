@@ -36,11 +36,11 @@ _SPIN_TESTS = 2000
 _FIRST_SLEEP_S = 20e-6
 _MAX_SLEEP_S = 1e-3
 # How long a rank stuck in a call that cannot notice a dead peer lives on after the death.
-DEFAULT_EXIT_GRACE_S = 10.0
+DEFAULT_EXIT_GRACE_S = 2.0
 
 
 def peer_exit_grace() -> float:
-    """``IPCSHARE_PEER_EXIT_GRACE`` seconds, default 10 (see ``PeerWatch.exit_if_stuck``).
+    """``IPCSHARE_PEER_EXIT_GRACE`` seconds, default 2 (see ``PeerWatch.exit_if_stuck``).
 
     Raises:
         ConfigError: set but not a positive number.
@@ -156,12 +156,16 @@ class PeerWatch:
         import subprocess
 
         world = self.world
-        spec = {"pid": os.getpid(), "grace": grace, "me": world.where(),
-                "peers": {str(world.pids[r]): f"{world.where(r)} (pid {world.pids[r]})"
-                          for r in self._pidfds.values()}}
-        self._guard = subprocess.Popen(
-            [sys.executable, "-m", "ipcshare.peer_guard", json.dumps(spec)],
-            stdin=subprocess.PIPE, close_fds=True)
+        own = os.pidfd_open(os.getpid())
+        try:
+            spec = {"pid": os.getpid(), "rank_pidfd": own, "grace": grace, "me": world.where(),
+                    "peers": {str(fd): f"{world.where(r)} (pid {world.pids[r]})"
+                              for fd, r in self._pidfds.items()}}
+            self._guard = subprocess.Popen(
+                [sys.executable, "-m", "ipcshare.peer_guard", json.dumps(spec)],
+                stdin=subprocess.PIPE, close_fds=True, pass_fds=[own, *self._pidfds])
+        finally:
+            os.close(own)
         for path in self._guard_paths:
             self._tell_guard(f"clean {path}")
 
@@ -191,8 +195,9 @@ class PeerWatch:
                     return
                 poller.unregister(fd)
                 rank = self._pidfds[fd]
-                self._dead.append(rank)
+                # Failed first: whoever sees the death must also see the group as failed.
                 self.fail(f"{self.world.where(rank)} died")
+                self._dead.append(rank)
                 log.debug("%s (pid %d) exited", self.world.where(rank), self.world.pids[rank])
 
     def close(self) -> None:
@@ -318,18 +323,18 @@ def watched_barrier(comm: Any, *, watch: PeerWatch | None, timeout: float, what:
     wait_request(comm.Ibarrier(), watch=watch, timeout=timeout, what=what)
 
 
-# Seconds a rank that found a dead peer waits before it exits. Hydra run with
-# -disable-auto-cleanup kills the whole job when a second process exits, so the first
-# survivor to leave would cut off the others' reports; they find out within
-# milliseconds, so a short pause lets every one of them say what happened.
-LINGER_S = 0.5
+def leave_after_peer_death(status: int, *, linger: float) -> None:
+    """Flush, pause ``linger`` seconds and end the process without MPI_Finalize (which
+    could wait forever for the dead rank).
 
-
-def leave_after_peer_death(status: int) -> None:
-    """Flush, pause ``LINGER_S`` and end the process without MPI_Finalize (which could
-    wait forever for the dead rank); no MPI_Abort, which could kill the other survivors
-    before they report."""
+    Launchers end the whole job when the next process exits (hydra even with
+    -disable-auto-cleanup, gforker with SIGQUIT), which would cut off the reports of the
+    other survivors: those waiting in ipcshare find out within milliseconds, those stuck
+    in a blocking MPI call are ended by their guard after the grace period. Pass the
+    grace plus a margin, so that every survivor has spoken before the first one leaves.
+    No MPI_Abort either, for the same reason.
+    """
     sys.stdout.flush()
     sys.stderr.flush()
-    time.sleep(LINGER_S)
+    time.sleep(linger)
     os._exit(status)

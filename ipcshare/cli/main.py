@@ -103,10 +103,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_pattern_command(args)
     except PeerDied as exc:
         # Every survivor found out by itself and cleaned up on the way here.
-        from ..peer_watch import leave_after_peer_death
+        from ..peer_watch import leave_after_peer_death, peer_exit_grace
 
+        if os.environ.get("IPCSHARE_DEBUG"):
+            import traceback
+
+            traceback.print_exc()
         sys.stderr.write(f"ipcshare: error: {exc}\n")
-        leave_after_peer_death(EXIT_ERROR)
+        leave_after_peer_death(EXIT_ERROR, linger=peer_exit_grace() + 0.5)
     except IpcShareError as exc:
         # Raised collectively: every rank gets here with the same story, nobody waits.
         sys.stderr.write(f"ipcshare: error: {exc}\n")

@@ -79,7 +79,7 @@ def main() -> int:
             since = time.time() - float(death.read())
         print(f"SURVIVOR rank {me} detected after {since:.3f} s: {exc}", flush=True)
         group.close()
-        leave_after_peer_death(DETECTED)
+        leave_after_peer_death(DETECTED, linger=float(os.environ.get("GRACE", "3")) + 0.5)
     print(f"rank {me} finished without noticing a death", flush=True)
     group.close()
     return 0

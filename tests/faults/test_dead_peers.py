@@ -55,7 +55,8 @@ def _run_job(launcher: list[str], mode: str, tmp_path: Path, extra_env: dict[str
     sockets = tmp_path / "sockets"
     sockets.mkdir()
     marker = f"ipcshare-fault-{uuid.uuid4().hex}"
-    env = dict(os.environ, IPCSHARE_SOCKET_DIR=str(sockets), GRACE="1", **extra_env)
+    # gforker SIGQUITs the job about 1 s after a death: every report must come before.
+    env = dict(os.environ, IPCSHARE_SOCKET_DIR=str(sockets), GRACE="0.3", **extra_env)
     shm = _shm()
     started = time.monotonic()
     out = subprocess.run([*launcher, "-n", str(RANKS), sys.executable, str(JOB), mode,
@@ -91,7 +92,7 @@ def test_a_rank_stuck_in_a_blocking_mpi_call_is_ended_by_its_guard(tmp_path):
     out, _elapsed, sockets = _run_job([GFORKER], "mpi-collective", tmp_path,
                                       {"IGNORE_SIGINT": "1"})
     ended = re.findall(r"ipcshare: error: rank 1@\S+ \(pid \d+\) died; rank (\d)@\S+ was "
-                       r"stuck for 1 s", out.stderr)
+                       r"stuck for 0.3 s", out.stderr)
     assert sorted(ended) == ["0", "2"], out.stderr
     assert list(sockets.iterdir()) == [], "socket directory left behind"
 
@@ -104,3 +105,62 @@ def test_hydra_default_kills_the_job_and_nothing_stays(tmp_path):
     # next job once it is stale (test_stale_socket_dirs_are_swept).
     for leftover in sockets.iterdir():
         assert leftover.name.startswith("ipcshare-")
+
+
+CLI_IGNORING_SIGINT = ("import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                       "from ipcshare.cli.main import main; sys.exit(main(sys.argv[1:]))")
+
+
+def _pid_of_rank(marker: str, rank: int) -> int | None:
+    for pid in _leftover_processes(marker):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as environ:
+                if f"PMI_RANK={rank}".encode() in environ.read().split(b"\0"):
+                    with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                        if b"ring" in cmdline.read().split(b"\0"):
+                            return pid
+        except OSError:
+            pass
+    return None
+
+
+@needs_gforker
+def test_the_cli_prints_one_line_per_survivor_when_a_rank_is_killed(tmp_path):
+    import signal
+
+    sockets = tmp_path / "sockets"
+    sockets.mkdir()
+    marker = f"ipcshare-fault-{uuid.uuid4().hex}"
+    env = dict(os.environ, IPCSHARE_SOCKET_DIR=str(sockets), IPCSHARE_PEER_EXIT_GRACE="0.5")
+    # The ranks ignore SIGINT: gforker's interrupt then does not end them, so it is a
+    # launcher that keeps the job running (until its SIGQUIT a second later) and the
+    # ranks must notice by themselves.
+    job = subprocess.Popen(
+        [GFORKER, "-n", str(RANKS), sys.executable, "-c", CLI_IGNORING_SIGINT, "ring",
+         "--backend",
+         "host", "-b", "4K", "-e", "4K", "-n", "3000000", "-w", "0", "-c", "0",
+         "--json", str(tmp_path / f"{marker}.json")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert job.stdout.readline().startswith("#")  # rank 0 prints the header: running
+        time.sleep(1.0)
+        victim = _pid_of_rank(marker, VICTIM)
+        assert victim is not None
+        os.kill(victim, signal.SIGKILL)
+        started = time.monotonic()
+        _out, err = job.communicate(timeout=60)
+        elapsed = time.monotonic() - started
+    finally:
+        job.kill()
+        job.wait()
+    errors = [line for line in err.splitlines() if line.startswith("ipcshare: error:")]
+    assert len(errors) == RANKS - 1, err
+    for line in errors:
+        assert re.search(rf"rank {VICTIM}@\S+ \(pid {victim}\) died", line), line
+    assert {re.search(r"rank (\d)@\S+ (?:was|\(pid)", line.split("died")[1]).group(1)
+            for line in errors} == {"0", "2"}
+    assert "Traceback" not in err
+    assert elapsed < DETECTION_BOUND_S
+    time.sleep(0.2)
+    assert _leftover_processes(marker) == []
+    assert list(sockets.iterdir()) == []
