@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import select
 import signal
+import struct
 import sys
 import threading
 import time
@@ -30,11 +31,15 @@ __all__ = ["PeerWatch", "process_start_time", "watched_allgather", "watched_barr
 
 log = get_logger("peers")
 
-# Spin on MPI_Test this many times before sleeping: small collectives finish in a few
-# microseconds and must not pay for a sleep.
-_SPIN_TESTS = 2000
-_FIRST_SLEEP_S = 20e-6
-_MAX_SLEEP_S = 1e-3
+# Waits on MPI requests poll MPI_Test and yield the core in between (small collectives
+# finish within microseconds and must not pay for a sleep); every _POLLS_PER_CHECK polls
+# they ask the watch and the clock, and after _POLLS_BEFORE_SLEEP polls they also sleep.
+_POLLS_PER_CHECK = 64
+_POLLS_BEFORE_SLEEP = 50_000
+_LONG_WAIT_SLEEP_S = 50e-6
+# watched_allgather's fixed slot per rank, and the length word at its start.
+_SLOT_BYTES = 512
+_LENGTH = struct.Struct("=i")
 # How long a rank stuck in a call that cannot notice a dead peer lives on after the death.
 DEFAULT_EXIT_GRACE_S = 2.0
 
@@ -262,21 +267,26 @@ def wait_request(request: Any, *, watch: PeerWatch | None, timeout: float, what:
         ExchangeTimeout: not complete within ``timeout`` seconds (a rank on another node
             died or hangs); the request is abandoned.
     """
-    for _ in range(_SPIN_TESTS):
-        if request.Test():
-            return
+    if request.Test():
+        return
     deadline = time.monotonic() + timeout
-    pause = _FIRST_SLEEP_S
+    polls = 0
     try:
         while not request.Test():
+            polls += 1
+            if polls % _POLLS_PER_CHECK:
+                # Ranks may outnumber cores: let the one we wait for run. Costs nothing
+                # when every rank has its own core.
+                os.sched_yield()
+                continue
             if watch is not None:
                 watch.check(what)
             if time.monotonic() > deadline:
                 raise ExchangeTimeout(
                     f"{what}: not every rank arrived within {timeout:g} s (a rank died or "
                     "hangs; see its own output)")
-            time.sleep(pause)
-            pause = min(pause * 2, _MAX_SLEEP_S)
+            if polls > _POLLS_BEFORE_SLEEP:
+                time.sleep(_LONG_WAIT_SLEEP_S)  # a long wait: stop burning a shared core
     except Exception as exc:
         if watch is not None:
             watch.fail(str(exc))
@@ -291,27 +301,36 @@ def watched_allgather(comm: Any, value: Any, *, watch: PeerWatch | None, timeout
     """Collective: every rank's picklable ``value``, by rank, like ``comm.allgather``, but
     with a deadline and the watch consulted while waiting.
 
+    Values that pickle to at most ``_SLOT_BYTES - 4`` bytes (statuses, sizes, handles)
+    travel in one fixed-size all-gather; larger ones take a second, sized round.
+
     Raises:
         PeerDied / ExchangeTimeout: as ``wait_request``.
     """
     import pickle
 
-    import numpy as np
-
     from .topology import mpi
 
     MPI = mpi()
     size = comm.Get_size()
-    data = np.frombuffer(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
-    lengths = np.zeros(size, dtype=np.int64)
-    wait_request(comm.Iallgather(np.array([len(data)], dtype=np.int64), lengths),
+    data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    slot = bytearray(_SLOT_BYTES)
+    _LENGTH.pack_into(slot, 0, len(data))
+    if len(data) <= _SLOT_BYTES - _LENGTH.size:
+        slot[_LENGTH.size:_LENGTH.size + len(data)] = data
+    gathered = bytearray(size * _SLOT_BYTES)
+    wait_request(comm.Iallgather([slot, MPI.BYTE], [gathered, MPI.BYTE]), watch=watch,
+                 timeout=timeout, what=what)
+    lengths = [_LENGTH.unpack_from(gathered, r * _SLOT_BYTES)[0] for r in range(size)]
+    if max(lengths) <= _SLOT_BYTES - _LENGTH.size:
+        return [pickle.loads(gathered[r * _SLOT_BYTES + _LENGTH.size:
+                                      r * _SLOT_BYTES + _LENGTH.size + lengths[r]])
+                for r in range(size)]
+    offsets = [sum(lengths[:r]) for r in range(size)]
+    everything = bytearray(sum(lengths))
+    wait_request(comm.Iallgatherv([data, MPI.BYTE], [everything, (lengths, offsets), MPI.BYTE]),
                  watch=watch, timeout=timeout, what=what)
-    offsets = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
-    gathered = np.empty(int(lengths.sum()), dtype=np.uint8)
-    wait_request(comm.Iallgatherv(data, [gathered, (lengths, offsets), MPI.BYTE]),
-                 watch=watch, timeout=timeout, what=what)
-    return [pickle.loads(gathered[offset:offset + length].tobytes())
-            for offset, length in zip(offsets, lengths, strict=True)]
+    return [pickle.loads(everything[o:o + n]) for o, n in zip(offsets, lengths, strict=True)]
 
 
 def watched_barrier(comm: Any, *, watch: PeerWatch | None, timeout: float, what: str) -> None:

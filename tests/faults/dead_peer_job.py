@@ -9,7 +9,8 @@ others sit in a blocking MPI call that cannot notice: the peer guard ends them a
 ``GRACE`` seconds). The victim writes the time of its death to STAMP_FILE. Each
 survivor prints ``SURVIVOR rank R detected after S s: <error>`` and exits with status
 3; a survivor that never notices would hang (the test has a timeout). MARKER only tags
-the command line, so a test can look for leftovers.
+the command line, so a test can look for leftovers. ``BACKEND`` (default host) and
+``EXCHANGE`` (default socket) choose the group's backend and exchange.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ def main() -> int:
             out.write(repr(time.time()))
         os.kill(os.getpid(), signal.SIGKILL)
 
-    group = ipcshare.Group(backend="host", exchange=os.environ.get("EXCHANGE", "socket"))
+    group = ipcshare.Group(backend=os.environ.get("BACKEND", "host"),
+                           exchange=os.environ.get("EXCHANGE", "socket"))
     group.watch.exit_if_stuck(grace=float(os.environ.get("GRACE", "3")))
     me, n = group.rank, group.size
     try:
@@ -55,10 +57,11 @@ def main() -> int:
             group.window(4096)
         elif mode == "pattern":
             window = group.window(64 * 1024)
+            block = np.full(8, 1, dtype=np.uint8)
             for step in range(10**9):
                 if me == victim and step == 300:
                     die()
-                np.asarray(window.peer((me + 1) % n))[:8] = step % 251
+                window.engine.upload(window.peer((me + 1) % n).slice(0, 8), block)
                 window.barrier()
         elif mode == "signal":
             window = group.window(4096)
