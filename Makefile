@@ -7,7 +7,7 @@ NP ?= 4
 # pytest under mpiexec: every rank runs the same tests and checks results collectively.
 MPI_PYTEST := $(PY) -m pytest -q -p no:cacheprovider --with-mpi -m mpi
 
-.PHONY: demo test test-unit test-mpi gpu-check lint clean
+.PHONY: demo test test-unit test-mpi soak gpu-check lint clean
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -m venv $(VENV) || { echo "make: '$(PYTHON) -m venv' failed; on Debian/Ubuntu: apt-get install python3-venv" >&2; rm -rf $(VENV); exit 1; }
@@ -28,6 +28,11 @@ test-mpi: $(VENV)/.installed
 	  echo "== mpiexec -n $$n"; \
 	  $(MPIEXEC) -n $$n $(MPI_PYTEST) tests/mpi tests/gpu || exit 1; \
 	done
+
+# Long run, not part of `make test`: 10,000 windows and 100,000 ring iterations with
+# descriptor, mapping and memory counts that must stay flat (docs/RELIABILITY.md).
+soak: $(VENV)/.installed
+	$(MPIEXEC) -n 2 $(PY) tools/soak.py $(SOAK_ARGS)
 
 # On a GPU node (see docs/GPU.md): GPU tests and a short benchmark, logs under $$OUT.
 gpu-check:

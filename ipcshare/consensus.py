@@ -5,26 +5,36 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from .errors import error_class
+from .errors import PeerDied, error_class
+from .peer_watch import PeerWatch, watched_allgather
 from .topology import World
 
 __all__ = ["agree", "collective_step"]
 
 
-def agree(world: World, step: str, error: BaseException | None, *, comm=None) -> None:
+def agree(world: World, step: str, error: BaseException | None, *, comm=None,
+          watch: PeerWatch | None = None, timeout: float = 30.0) -> None:
     """Collective: raise the same typed error on every rank if any rank failed ``step``.
 
     The message names the first failing rank, its host, the step and the cause, e.g.
     ``import failed on rank 1@node3: cuMemImportFromShareableHandle -> CUDA_ERROR_...``.
 
+    With a ``watch``, waiting for the others gives up when one of them dies (PeerDied)
+    or after ``timeout`` seconds (ExchangeTimeout) instead of hanging.
+
     Raises:
         IpcShareError (or the failing rank's subclass of it): when any rank failed.
+        PeerDied / ExchangeTimeout: with a watch, as above.
     """
     comm = world.comm if comm is None else comm
     status = None
     if error is not None:
         status = (type(error).__name__, str(error) or type(error).__name__)
-    statuses = comm.allgather((world.rank, status))
+    if watch is None:
+        statuses = comm.allgather((world.rank, status))
+    else:
+        statuses = watched_allgather(comm, (world.rank, status), watch=watch, timeout=timeout,
+                                     what=step)
     failures = [(rank, s) for rank, s in statuses if s is not None]
     if not failures:
         return
@@ -38,12 +48,17 @@ def agree(world: World, step: str, error: BaseException | None, *, comm=None) ->
 
 
 @contextlib.contextmanager
-def collective_step(world: World, step: str, *, comm=None) -> Iterator[None]:
+def collective_step(world: World, step: str, *, comm=None, watch: PeerWatch | None = None,
+                    timeout: float = 30.0) -> Iterator[None]:
     """Run the body on every rank, then agree: all ranks raise if any rank raised."""
     try:
         yield
     except Exception as exc:
-        agree(world, step, exc, comm=comm)
+        if isinstance(exc, PeerDied) or (watch is not None and watch.failed):
+            # A dead rank cannot agree, and an abandoned collective leaves the
+            # communicator unusable: every survivor finds out by itself.
+            raise
+        agree(world, step, exc, comm=comm, watch=watch, timeout=timeout)
         raise  # agree always raises when exc is set; keeps type checkers honest
     else:
-        agree(world, step, None, comm=comm)
+        agree(world, step, None, comm=comm, watch=watch, timeout=timeout)

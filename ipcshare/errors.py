@@ -12,6 +12,7 @@ __all__ = [
     "CudaError",
     "WindowError",
     "SignalTimeout",
+    "PeerDied",
     "VerificationError",
     "KernelCompileError",
     "error_class",
@@ -54,6 +55,10 @@ class SignalTimeout(IpcShareError, TimeoutError):
     """A peer never raised the signal that this rank waited for."""
 
 
+class PeerDied(IpcShareError):
+    """A rank of the group exited (was killed, crashed) while the group was open."""
+
+
 class KernelCompileError(IpcShareError):
     """NVRTC is missing or a kernel does not compile (the message carries NVRTC's log)."""
 
@@ -65,7 +70,7 @@ class VerificationError(IpcShareError):
 _BY_NAME = {cls.__name__: cls for cls in (
     IpcShareError, ConfigError, ExchangeError, ExchangeTimeout, BackendError,
     BackendUnavailable, CudaError, WindowError, SignalTimeout, VerificationError,
-    KernelCompileError)}
+    KernelCompileError, PeerDied)}
 
 
 def error_class(name: str) -> type[IpcShareError]:

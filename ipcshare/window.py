@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import platform
+import secrets
 import time
 from typing import Any
 
@@ -13,6 +14,7 @@ from .config import BACKENDS, EXCHANGES, HANDLES, format_size, seconds_from_env
 from .consensus import collective_step
 from .errors import ConfigError, SignalTimeout, WindowError
 from .exchange import Exchange, OwnedFd
+from .peer_watch import PeerWatch, watched_allgather, watched_barrier
 from .topology import World
 
 __all__ = ["Group", "Window", "StreamWindow", "SIGNAL_PAD_BYTES", "BARRIER_SLOTS",
@@ -75,7 +77,11 @@ class Group:
         self.exchange: Exchange | None = None
         self._windows: list[Window] = []
         self._closed = False
+        # Every wait on a peer (collectives, signals, sockets) asks this watch, so a rank
+        # that dies is named at once instead of hanging the others.
+        self.watch: PeerWatch | None = None
         try:
+            self.watch = PeerWatch.open(self.world)
             with collective_step(self.world, "group setup"):
                 if backend not in BACKENDS:
                     raise ConfigError(
@@ -86,11 +92,15 @@ class Group:
                 if handle not in HANDLES:
                     raise ConfigError(
                         f"unknown handle type {handle!r}; choose one of: {', '.join(HANDLES)}")
-                self.exchange = Exchange(self.world, exchange, timeout=timeout)
+                self.exchange = Exchange(self.world, exchange, timeout=timeout,
+                                         watch=self.watch)
                 self.signal_timeout = _signal_timeout() if timeout is None else timeout
                 chosen = resolve_backend_name(backend)
-            choices = self.world.comm.allgather(chosen)
-            with collective_step(self.world, "backend setup"):
+            # Rank 0's token names this job in every handle and socket.
+            facts = self.collective("backend choice", (chosen, secrets.token_hex(8)))
+            choices = [choice for choice, _token in facts]
+            self.exchange._token = facts[0][1]
+            with self.step("backend setup"):
                 if len(set(choices)) > 1:
                     odd = next(r for r, c in enumerate(choices) if c != choices[0])
                     raise ConfigError(
@@ -100,10 +110,11 @@ class Group:
                 # which is the node-local rank unless virtual nodes split the host.
                 self.backend = open_backend(chosen, local_rank=self.world.host_rank,
                                             local_size=self.world.host_size, handle=handle)
+                self.backend.engine().peer_check = self.watch.check
             # Launch wrappers often give each rank its own CUDA_VISIBLE_DEVICES, so device
             # ordinals say nothing about sharing: count the ranks holding the same GPU UUID.
             uuid = getattr(self.backend, "uuid", None)
-            uuids = self.world.local_comm.allgather(uuid)
+            uuids = self.collective("device choice", uuid, comm=self.world.local_comm)
             if uuid is not None:
                 self.backend.ranks_per_device = uuids.count(uuid)
                 self.backend.engine().timeout = self.signal_timeout
@@ -116,6 +127,26 @@ class Group:
     @property
     def rank(self) -> int:
         return self.world.rank
+
+    def step(self, name: str):
+        """``collective_step`` that gives up on a dead peer or at the exchange timeout."""
+        assert self.exchange is not None
+        return collective_step(self.world, name, watch=self.watch, timeout=self.exchange.timeout)
+
+    def collective(self, what: str, value, *, comm=None) -> list:
+        """Collective allgather over ``comm`` (default: the group's) that gives up on a
+        dead peer (PeerDied) or at the exchange timeout (ExchangeTimeout)."""
+        assert self.exchange is not None
+        return watched_allgather(self.world.comm if comm is None else comm, value,
+                                 watch=self.watch, timeout=self.exchange.timeout, what=what)
+
+    def wait_for_node(self, what: str) -> None:
+        """Barrier over the node's ranks, skipped once the group has failed (a dead
+        peer would never arrive)."""
+        if self.watch is not None and self.watch.failed:
+            return
+        timeout = self.exchange.timeout if self.exchange is not None else 30.0
+        watched_barrier(self.world.local_comm, watch=self.watch, timeout=timeout, what=what)
 
     @property
     def size(self) -> int:
@@ -148,8 +179,13 @@ class Group:
         return window
 
     def barrier(self) -> None:
-        """Collective, host-blocking: an MPI barrier over the group."""
-        self.world.comm.Barrier()
+        """Collective, host-blocking: an MPI barrier over the group.
+
+        Raises:
+            PeerDied / ExchangeTimeout: a rank died or did not come in time.
+        """
+        watched_barrier(self.world.comm, watch=self.watch, timeout=self.exchange.timeout,
+                        what="group barrier")
 
     def _forget(self, window: Window) -> None:
         with contextlib.suppress(ValueError):
@@ -161,8 +197,14 @@ class Group:
             return
         self._closed = True
         try:
+            errors = []
             for window in reversed(list(self._windows)):
-                window.close()
+                try:
+                    window.close()
+                except Exception as exc:  # close the others anyway; report the first
+                    errors.append(exc)
+            if errors:
+                raise errors[0]
         finally:
             self._release()
 
@@ -172,10 +214,14 @@ class Group:
                 self.exchange.close()
         finally:
             self.exchange = None
-            if self.backend is not None:
-                self.backend.close()
-                self.backend = None
-            self.world.close()
+            try:
+                if self.backend is not None:
+                    self.backend.close()
+                    self.backend = None
+            finally:
+                if self.watch is not None:
+                    self.watch.close()
+                self.world.close()
 
     def __enter__(self) -> Group:
         return self
@@ -206,8 +252,8 @@ class Window:
         # Milliseconds this rank spent in each setup step (the table header shows them).
         self.setup_ms: dict[str, float] = {}
         lap = _Lap(self.setup_ms)
-        sizes = world.comm.allgather(nbytes)
-        with collective_step(world, "window rendezvous"):
+        sizes = group.collective("window rendezvous", nbytes)
+        with group.step("window rendezvous"):
             if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
                 raise WindowError(f"window size must be a non-negative int, got {nbytes!r}")
             if len(set(sizes)) > 1:
@@ -223,7 +269,7 @@ class Window:
         self.total_bytes = _round_up(self.pad_offset + SIGNAL_PAD_BYTES, backend.granularity)
         with contextlib.ExitStack() as undo:
             lap("rendezvous")
-            with collective_step(world, "allocate"):
+            with group.step("allocate"):
                 capacity = backend.capacity_bytes()
                 needed = self.total_bytes * world.host_size
                 if capacity is not None and needed > capacity:
@@ -236,7 +282,7 @@ class Window:
                 self._allocations[world.rank] = local
             exported = None
             lap("allocate")
-            with collective_step(world, "export"):
+            with group.step("export"):
                 exported = backend.export(local)
                 undo.callback(exported.close)
                 # Zero the pad before any peer can see it, so stale flags never leak in.
@@ -244,14 +290,15 @@ class Window:
                                    _zeros(SIGNAL_PAD_BYTES))
                 self.engine.synchronize()
             lap("export")
-            payloads = group.exchange.share_bytes(exported.payload)
+            with group.step("handle exchange"):
+                payloads = group.exchange.share_bytes(exported.payload, kind=backend.name)
             fds: dict[int, OwnedFd] = {}
             if backend.uses_fds and world.size > 1:  # every rank joins: it agrees world-wide
                 fds = group.exchange.share_fds(exported.fd)  # collective, agrees itself
                 for owned in fds.values():
                     undo.callback(owned.close)
             lap("exchange")
-            with collective_step(world, "import"):
+            with group.step("import"):
                 peers = [r for r in world.local_ranks if r != world.rank]
                 mappings = backend.import_peers([(payloads[r], fds.get(r)) for r in peers],
                                                 self.total_bytes)
@@ -525,7 +572,7 @@ class Window:
                 self.engine.synchronize()
             finally:
                 # Even when our stream failed, the peers are waiting in this barrier.
-                self.world.local_comm.Barrier()
+                self.group.wait_for_node("closing a window")
         finally:
             self._buffers.clear()
             self._pads.clear()

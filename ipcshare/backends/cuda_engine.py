@@ -67,6 +67,8 @@ class CudaEngine:
     def __init__(self, device: int, *, timeout: float = DEFAULT_SYNC_TIMEOUT_S) -> None:
         self.device = device
         self.timeout = timeout
+        # Set by the group: raises PeerDied once a rank of the node has exited.
+        self.peer_check: Callable[[str], None] | None = None
         self._stream: Any = None
         # 64-bit stream memory operations are standard on current GPUs; where they are
         # not, signals fall back to the low 32 bits of each word (little-endian).
@@ -368,6 +370,8 @@ class CudaEngine:
                 # that a rank sharing it may need.
                 time.sleep(sleep)
                 sleep = min(sleep * 2, _MAX_SLEEP_S)
+                if self.peer_check is not None:
+                    self.peer_check(f"{call} on cuda:{self.device}")
                 if time.monotonic() > deadline:
                     raise SignalTimeout(self._timeout_message(timeout))
 

@@ -6,6 +6,7 @@ the same window and pattern code that the GPU backends use.
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 import platform
@@ -20,12 +21,16 @@ from ..errors import BackendError, BackendUnavailable, SignalTimeout
 from ..exchange.fds import OwnedFd
 from .base import Allocation, Backend, Buffer, Exported
 
-__all__ = ["HostBackend", "HostBuffer", "HostAllocation", "HostEngine", "HANDLE_FORMAT"]
+__all__ = ["HostBackend", "HostBuffer", "HostAllocation", "HostEngine", "HANDLE_FORMAT",
+           "check_peer_memfd", "parse_host_handle"]
 
 # magic, format version, bytes, exporter pid
 HANDLE_FORMAT = struct.Struct("!4sHQI")
 _MAGIC = b"IPCH"
 _VERSION = 1
+# An exported memfd can neither shrink (a peer's mapping would SIGBUS) nor grow; an
+# importer insists on both seals, which only a memfd can carry.
+_REQUIRED_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
 
 
 class HostBuffer(Buffer):
@@ -67,8 +72,10 @@ class HostBuffer(Buffer):
 class HostAllocation(Allocation):
     """A memfd and its mapping; owns both."""
 
-    def __init__(self, fd: OwnedFd | None, mapping: mmap.mmap, nbytes: int) -> None:
+    def __init__(self, fd: OwnedFd | None, mapping: mmap.mmap, nbytes: int, *,
+                 on_close: Callable[[], None] | None = None) -> None:
         self._fd = fd
+        self._on_close = on_close
         self._mmap: mmap.mmap | None = mapping
         self._view: memoryview | None = memoryview(mapping)
         self.nbytes = nbytes
@@ -105,6 +112,9 @@ class HostAllocation(Allocation):
             pass
         if self._fd is not None:
             self._fd.close()
+        if self._on_close is not None:
+            self._on_close()
+            self._on_close = None
 
 
 def _address_of(view: memoryview) -> int:
@@ -142,6 +152,8 @@ class HostEngine:
         # Spin this many polls before yielding the core; 0 when ranks outnumber cores,
         # where spinning only delays the peer we wait for.
         self._spin = spin_before_yield
+        # Set by the group: raises PeerDied once a rank of the node has exited.
+        self.peer_check: Callable[[str | Callable[[], str]], None] | None = None
 
     def copy(self, dst: HostBuffer, src: HostBuffer) -> None:
         dst._view[:] = src._view
@@ -173,6 +185,8 @@ class HostEngine:
             spins += 1
             os.sched_yield()  # ranks may outnumber cores: let the peer run
             if spins % 256 == 0:
+                if self.peer_check is not None:
+                    self.peer_check(what)
                 if time.monotonic() > deadline:
                     label = what() if callable(what) else what
                     raise SignalTimeout(
@@ -276,9 +290,18 @@ class HostBackend(Backend):
                 f"the host backend needs memfd_create (Linux >= 3.17); this is {platform.system()}")
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         self._engine = HostEngine(spin_before_yield=0 if local_size > (cores or 1) else 2000)
+        # (device, inode) of every memfd mapped here, own and peers': a handle imported
+        # twice, or our own memory sent back to us, is refused.
+        self._mapped: set[tuple[int, int]] = set()
+
+    def _track(self, fd: int) -> Callable[[], None]:
+        info = os.fstat(fd)
+        key = (info.st_dev, info.st_ino)
+        self._mapped.add(key)
+        return lambda: self._mapped.discard(key)
 
     def allocate(self, nbytes: int) -> HostAllocation:
-        fd = OwnedFd(os.memfd_create("ipcshare", os.MFD_CLOEXEC))
+        fd = OwnedFd(os.memfd_create("ipcshare", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING))
         try:
             os.ftruncate(fd.fileno(), nbytes)
             try:
@@ -287,12 +310,13 @@ class HostBackend(Backend):
             except OSError as exc:
                 raise BackendError(
                     f"cannot reserve {nbytes} bytes of shared memory: {exc.strerror}") from exc
+            fcntl.fcntl(fd.fileno(), fcntl.F_ADD_SEALS, _REQUIRED_SEALS)
             mapping = mmap.mmap(fd.fileno(), nbytes, mmap.MAP_SHARED,
                                 mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             fd.close()
             raise
-        return HostAllocation(fd, mapping, nbytes)
+        return HostAllocation(fd, mapping, nbytes, on_close=self._track(fd.fileno()))
 
     def export(self, allocation: Allocation) -> Exported:
         assert isinstance(allocation, HostAllocation)
@@ -305,19 +329,18 @@ class HostBackend(Backend):
             raise BackendError(f"peer announced {announced} bytes, the window has {nbytes}")
         if fd is None:
             raise BackendError("host handle arrived without its descriptor")
+        check_peer_memfd(fd.fileno(), nbytes)
         info = os.fstat(fd.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise BackendError("peer descriptor is not shared memory (not a regular file)")
-        if info.st_size < nbytes:
-            raise BackendError(
-                f"peer descriptor holds {info.st_size} bytes, fewer than the {nbytes} announced")
+        if (info.st_dev, info.st_ino) in self._mapped:
+            raise BackendError("peer descriptor is memory already mapped here (the same "
+                               "handle imported twice, or our own memory sent back)")
         try:
             mapping = mmap.mmap(fd.fileno(), nbytes, mmap.MAP_SHARED,
                                 mmap.PROT_READ | mmap.PROT_WRITE)
         except OSError as exc:
             raise BackendError(f"mmap of peer memory failed: {exc.strerror}") from exc
         # mmap keeps its own duplicate of the descriptor; the caller closes ``fd``.
-        return HostAllocation(None, mapping, nbytes)
+        return HostAllocation(None, mapping, nbytes, on_close=self._track(fd.fileno()))
 
     def engine(self) -> HostEngine:
         return self._engine
@@ -326,15 +349,47 @@ class HostBackend(Backend):
         return _mem_available()
 
 
+def check_peer_memfd(fd: int, nbytes: int) -> None:
+    """Refuse a descriptor that is not a sealed memfd of at least ``nbytes`` bytes.
+
+    Checked before mapping: a pipe or socket cannot be mapped, a regular file would
+    share a file on disk, and a memfd that is shorter, or could still shrink, would
+    kill this process with SIGBUS when touched past its end.
+
+    Raises:
+        BackendError: naming what the descriptor is instead.
+    """
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        kind = ("a pipe" if stat.S_ISFIFO(info.st_mode) else
+                "a socket" if stat.S_ISSOCK(info.st_mode) else
+                "a directory" if stat.S_ISDIR(info.st_mode) else
+                "a device" if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode) else
+                "not a regular file")
+        raise BackendError(f"peer descriptor is {kind}, not shared memory")
+    try:
+        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+    except OSError:
+        raise BackendError("peer descriptor is a file, not a memfd (it cannot be sealed)") \
+            from None
+    if seals & _REQUIRED_SEALS != _REQUIRED_SEALS:
+        raise BackendError("peer memfd is not sealed against shrinking and growing: its "
+                           "owner could truncate it under our mapping")
+    if info.st_size < nbytes:
+        raise BackendError(
+            f"peer memfd holds {info.st_size} bytes, fewer than the {nbytes} announced")
+
+
 def parse_host_handle(payload: bytes) -> int:
     """Bytes announced by a host handle.
 
     Raises:
         BackendError: wrong length, magic or version.
     """
-    if len(payload) != HANDLE_FORMAT.size:
+    if not isinstance(payload, (bytes, bytearray)) or len(payload) != HANDLE_FORMAT.size:
         raise BackendError(
-            f"host handle has {len(payload)} bytes, expected {HANDLE_FORMAT.size}")
+            f"host handle has {len(payload) if isinstance(payload, (bytes, bytearray)) else '?'}"
+            f" bytes, expected {HANDLE_FORMAT.size}")
     magic, version, nbytes, _pid = HANDLE_FORMAT.unpack(payload)
     if magic != _MAGIC:
         raise BackendError("host handle has a bad magic number (not an ipcshare host handle)")

@@ -84,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         build_parser().print_help()
         return EXIT_USAGE
-    from ..errors import IpcShareError
+    from ..errors import IpcShareError, PeerDied
 
     try:
         if args.command == "info":
@@ -102,6 +102,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .run_pattern import run_pattern_command
 
         return run_pattern_command(args)
+    except PeerDied as exc:
+        # Every survivor found out by itself and cleaned up on the way here.
+        from ..peer_watch import leave_after_peer_death, peer_exit_grace
+
+        if os.environ.get("IPCSHARE_DEBUG"):
+            import traceback
+
+            traceback.print_exc()
+        sys.stderr.write(f"ipcshare: error: {exc}\n")
+        leave_after_peer_death(EXIT_ERROR, linger=peer_exit_grace() + 0.5)
     except IpcShareError as exc:
         # Raised collectively: every rank gets here with the same story, nobody waits.
         sys.stderr.write(f"ipcshare: error: {exc}\n")

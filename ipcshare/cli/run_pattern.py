@@ -27,6 +27,7 @@ def resolve_options(args: argparse.Namespace) -> PatternOptions:
 def run_pattern_command(args: argparse.Namespace) -> int:
     from ..patterns import make_pattern
     from ..patterns.driver import run_pattern
+    from ..peer_watch import peer_exit_grace
     from ..window import Group
     from .main import EXIT_OK, EXIT_SLOW, EXIT_WRONG
 
@@ -38,6 +39,9 @@ def run_pattern_command(args: argparse.Namespace) -> int:
     finally:
         world.close()
     with Group(options.backend, options.exchange, handle=options.handle) as group:
+        # A rank stuck in a blocking MPI collective (the driver's timing reductions) when
+        # a peer dies cannot notice it: the watch ends it after this grace.
+        group.watch.exit_if_stuck(grace=peer_exit_grace())
         with collective_step(group.world, "choosing the algorithm"):
             if options.algo in ("push", "pull", "ring") and group.backend_name == "host":
                 from ..errors import ConfigError

@@ -14,7 +14,9 @@ from ..config import seconds_from_env
 from ..consensus import agree, collective_step
 from ..errors import ConfigError, ExchangeError
 from ..logs import get_logger
+from ..peer_watch import PeerWatch, watched_allgather, watched_barrier
 from ..topology import World
+from .envelope import open_sealed, seal
 from .fds import OwnedFd
 from .pidfd import fetch_fd
 from .unix_socket import SocketEndpoint, make_socket_dir, remove_socket_dir
@@ -36,9 +38,14 @@ class Exchange:
     ``kind`` is ``auto``, ``mpi`` (bytes only: descriptors then go by socket),
     ``socket`` or ``pidfd``. After the first descriptor exchange, ``fd_path`` says which
     path carried them and ``fallback_reason`` why pidfd was not used, if it was not.
+
+    ``token`` is the job's random token (the same on every rank; drawn by rank 0 on first
+    use when not given): handles and socket names carry it. With a ``watch``, every wait
+    on a peer gives up when that peer dies (PeerDied) or after ``timeout``.
     """
 
-    def __init__(self, world: World, kind: str = "auto", *, timeout: float | None = None) -> None:
+    def __init__(self, world: World, kind: str = "auto", *, timeout: float | None = None,
+                 token: str | None = None, watch: PeerWatch | None = None) -> None:
         if kind not in ("auto", "mpi", "socket", "pidfd"):
             raise ConfigError(f"unknown exchange {kind!r}; choose one of: auto, mpi, socket, pidfd")
         self.world = world
@@ -48,7 +55,11 @@ class Exchange:
         self.fallback_reason: str | None = None
         self._endpoint: SocketEndpoint | None = None
         self._socket_dir: str | None = None
+        self._node_socket_dir: str | None = None  # known to every rank of the node
         self._sequence = 0
+        self._handle_sequence = 0
+        self._token = token
+        self.watch = watch
         self._closed = False
 
     @property
@@ -56,15 +67,62 @@ class Exchange:
         """The path descriptors take (``pidfd`` / ``socket``), or ``mpi`` before any."""
         return self.fd_path or "mpi"
 
-    def allgather_bytes(self, payload: bytes) -> list[bytes]:
-        """Collective: every rank's opaque handle bytes, indexed by rank."""
-        return self.world.comm.allgather(bytes(payload))
+    @property
+    def token(self) -> str:
+        """The job's random token, 16 hex digits (collective on first use)."""
+        if self._token is None:
+            self._token = self.world.comm.bcast(
+                secrets.token_hex(8) if self.world.rank == 0 else None, root=0)
+        return self._token
 
-    def share_bytes(self, payload: bytes) -> dict[int, bytes]:
-        """Collective over the node: the opaque handle bytes of every rank of this node,
-        keyed by world rank (handles mean nothing on another node, so they stay here)."""
-        gathered = self.world.local_comm.allgather(bytes(payload))
-        return dict(zip(self.world.local_ranks, gathered, strict=True))
+    def allgather_bytes(self, payload: bytes, *, kind: str = "opaque") -> list[bytes]:
+        """Collective: every rank's handle bytes, indexed by rank, each checked.
+
+        Handles travel sealed (see ``envelope``): a truncated, corrupted, foreign
+        (another job's, another backend's) or stale handle never reaches a backend.
+
+        Raises:
+            ExchangeError: on the ranks that received a bad handle (naming the sender).
+            PeerDied / ExchangeTimeout: a rank died or did not come (with a watch).
+        """
+        world, token = self.world, self.token
+        self._handle_sequence += 1
+        sealed = seal(payload, kind=kind, token=token, rank=world.rank,
+                      sequence=self._handle_sequence)
+        gathered = self._allgather(world.comm, sealed, "handle exchange")
+        return [open_sealed(data, kind=kind, token=token, sender=rank,
+                            sequence=self._handle_sequence, sender_name=world.where(rank))
+                for rank, data in enumerate(gathered)]
+
+    def _allgather(self, comm, value, what: str) -> list:
+        if self.watch is None:
+            return comm.allgather(value)
+        return watched_allgather(comm, value, watch=self.watch, timeout=self.timeout,
+                                 what=what)
+
+    def _barrier(self, comm, what: str) -> None:
+        if self.watch is None:
+            comm.Barrier()
+        else:
+            watched_barrier(comm, watch=self.watch, timeout=self.timeout, what=what)
+
+    def share_bytes(self, payload: bytes, *, kind: str = "opaque") -> dict[int, bytes]:
+        """Collective over the node: the handle bytes of every rank of this node, keyed by
+        world rank (handles mean nothing on another node, so they stay here), sealed and
+        checked like ``allgather_bytes``.
+
+        Raises:
+            ExchangeError: on the ranks that received a bad handle (naming the sender).
+            PeerDied / ExchangeTimeout: a rank died or did not come (with a watch).
+        """
+        world, token = self.world, self.token
+        self._handle_sequence += 1
+        sealed = seal(payload, kind=kind, token=token, rank=world.rank,
+                      sequence=self._handle_sequence)
+        gathered = self._allgather(world.local_comm, sealed, "handle exchange")
+        return {rank: open_sealed(data, kind=kind, token=token, sender=rank,
+                                  sequence=self._handle_sequence, sender_name=world.where(rank))
+                for rank, data in zip(world.local_ranks, gathered, strict=True)}
 
     def share_fds(self, fd: OwnedFd) -> dict[int, OwnedFd]:
         """Collective over the node: a descriptor from every other local rank.
@@ -80,7 +138,10 @@ class Exchange:
         self._sequence += 1
         if self.fd_path is None:  # auto, first time: try pidfd, agree, maybe fall back
             received, error = self._try(self._share_by_pidfd, fd)
-            statuses = self.world.comm.allgather(None if error is None else str(error))
+            if self.watch is not None and self.watch.failed:
+                raise error  # a dead peer or an abandoned collective: nothing to agree on
+            statuses = self._allgather(self.world.comm, None if error is None else str(error),
+                                       "descriptor exchange (pidfd)")
             failures = [(r, s) for r, s in enumerate(statuses) if s is not None]
             if not failures:
                 self.fd_path = "pidfd"
@@ -95,7 +156,10 @@ class Exchange:
         share = self._share_by_pidfd if self.fd_path == "pidfd" else self._share_by_socket
         received, error = self._try(share, fd)
         try:
-            agree(self.world, f"descriptor exchange ({self.fd_path})", error)
+            if error is not None and self.watch is not None and self.watch.failed:
+                raise error
+            agree(self.world, f"descriptor exchange ({self.fd_path})", error, watch=self.watch,
+                  timeout=self.timeout)
         except BaseException:
             for owned in received.values():
                 owned.close()
@@ -130,7 +194,7 @@ class Exchange:
 
     def _share_by_pidfd(self, fd: OwnedFd) -> dict[int, OwnedFd]:
         world = self.world
-        numbers = world.local_comm.allgather(fd.fileno())
+        numbers = self._allgather(world.local_comm, fd.fileno(), "descriptor exchange (pidfd)")
         received: dict[int, OwnedFd] = {}
         try:
             for local, rank in enumerate(world.local_ranks):
@@ -142,7 +206,8 @@ class Exchange:
             raise
         finally:
             # The owners must keep their descriptors open until every peer has taken one.
-            world.local_comm.Barrier()
+            if self.watch is None or not self.watch.failed:
+                self._barrier(world.local_comm, "descriptor exchange (pidfd)")
         return received
 
     def _share_by_socket(self, fd: OwnedFd) -> dict[int, OwnedFd]:
@@ -160,17 +225,25 @@ class Exchange:
         if self._endpoint is not None:
             return self._endpoint
         world = self.world
-        token = world.comm.bcast(secrets.token_hex(8) if world.rank == 0 else None, root=0)
+        token = self.token
         directory = make_socket_dir(token) if world.local_rank == 0 else None
-        directory = world.local_comm.bcast(directory, root=0)
-        self._socket_dir = directory if world.local_rank == 0 else None
+        self._socket_dir = directory  # owned by local rank 0 from here on, even on failure
+        try:
+            directory = self._allgather(world.local_comm, directory, "descriptor socket setup")[0]
+        except BaseException:
+            remove_socket_dir(self._socket_dir)
+            self._socket_dir = None
+            raise
+        self._node_socket_dir = directory
         endpoint = None
         try:
-            with collective_step(world, "descriptor socket setup"):
+            with collective_step(world, "descriptor socket setup", watch=self.watch,
+                                 timeout=self.timeout):
                 local_pids = [world.pids[r] for r in world.local_ranks]
+                peer_check = None if self.watch is None else self.watch.check
                 endpoint = SocketEndpoint(token=token, directory=directory,
                                           local_rank=world.local_rank, peer_pids=local_pids,
-                                          timeout=self.timeout)
+                                          timeout=self.timeout, peer_check=peer_check)
         except BaseException:
             if endpoint is not None:
                 endpoint.close()
@@ -178,6 +251,9 @@ class Exchange:
             self._socket_dir = None
             raise
         self._endpoint = endpoint
+        if self.watch is not None and directory is not None:
+            # A rank forced out of a stuck call still gets the node's directory removed.
+            self.watch.remove_on_forced_exit(directory)
         return endpoint
 
     @property
@@ -194,11 +270,16 @@ class Exchange:
         if self._closed:
             return
         self._closed = True
+        failed = self.watch is not None and self.watch.failed
         try:
             if self._endpoint is not None:
                 self._endpoint.close()
                 self._endpoint = None
-                self.world.local_comm.Barrier()
+                if not failed:
+                    self._barrier(self.world.local_comm, "closing the descriptor sockets")
         finally:
-            remove_socket_dir(self._socket_dir)
-            self._socket_dir = None
+            # After a failure the rank that made the directory may be the dead one: any
+            # survivor removes it (removal is idempotent).
+            remove_socket_dir(self._node_socket_dir if failed or (
+                self.watch is not None and self.watch.failed) else self._socket_dir)
+            self._socket_dir = self._node_socket_dir = None

@@ -16,12 +16,14 @@ import socket
 import struct
 import tempfile
 import time
+from collections.abc import Callable
 
 from ..errors import ExchangeError, ExchangeTimeout
 from ..logs import get_logger
 from .fds import OwnedFd
 
-__all__ = ["SocketEndpoint", "SUN_PATH_MAX", "socket_path_fits"]
+__all__ = ["SocketEndpoint", "SUN_PATH_MAX", "socket_path_fits", "make_socket_dir",
+           "remove_socket_dir", "remove_stale_socket_dirs"]
 
 log = get_logger("exchange")
 
@@ -30,6 +32,10 @@ _MAGIC = b"IPCS"
 # magic, job token (16 hex chars), sender local rank, sequence number
 _HEADER = struct.Struct("!4s16sIQ")
 _PEERCRED = struct.Struct("3i")  # pid, uid, gid
+_LIVENESS_POLL_S = 0.05
+# A directory left by a killed job is removed by the next job once it is this old and no
+# socket in it is bound any more.
+STALE_DIR_AGE_S = 60.0
 
 
 def socket_path_fits(path: str) -> bool:
@@ -47,6 +53,7 @@ def make_socket_dir(token: str) -> str | None:
         probe = os.path.join(base, f"ipcshare-{token}-xxxxxxxx", "r99999.sock")
         if not socket_path_fits(probe) or not os.path.isdir(base):
             continue
+        remove_stale_socket_dirs(base)
         try:
             return tempfile.mkdtemp(prefix=f"ipcshare-{token}-", dir=base)  # mode 0700
         except OSError:
@@ -58,12 +65,15 @@ class SocketEndpoint:
     """This rank's listening socket plus what it needs to check its peers."""
 
     def __init__(self, *, token: str, directory: str | None, local_rank: int,
-                 peer_pids: list[int], timeout: float) -> None:
+                 peer_pids: list[int], timeout: float,
+                 peer_check: Callable[[str], None] | None = None) -> None:
         self.token = token
         self.directory = directory
         self.local_rank = local_rank
         self.peer_pids = peer_pids
         self.timeout = timeout
+        # Raises when a peer died (PeerWatch.check): waits end at once instead of timing out.
+        self.peer_check = peer_check or (lambda _doing: None)
         self.refused: list[tuple[int, int]] = []  # (pid, uid) of turned-away connections
         self._sequence = 0
         self._uid = os.getuid()
@@ -110,6 +120,7 @@ class SocketEndpoint:
                 socket.send_fds(sock, [header], [fd])
                 return
             except (ConnectionRefusedError, FileNotFoundError, BlockingIOError) as exc:
+                self.peer_check(f"sending a descriptor to local rank {peer_local_rank}")
                 if time.monotonic() > deadline:
                     raise ExchangeTimeout(
                         f"local rank {peer_local_rank} did not accept a descriptor at "
@@ -146,7 +157,9 @@ class SocketEndpoint:
                     raise ExchangeTimeout(
                         f"no descriptor from local rank(s) {missing} within {self.timeout:g} s "
                         f"on {self.describe_address(self.local_rank)}")
-                self._listener.settimeout(remaining)
+                self.peer_check("waiting for descriptors")
+                # Wake up now and then to ask whether the peers we wait for still live.
+                self._listener.settimeout(min(remaining, _LIVENESS_POLL_S))
                 try:
                     conn, _ = self._listener.accept()
                 except TimeoutError:
@@ -225,3 +238,48 @@ def remove_socket_dir(directory: str | None) -> None:
     """Remove the node's socket directory and anything a dead rank left in it."""
     if directory:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def _bound_socket_paths() -> set[str] | None:
+    """Paths of the unix sockets bound in this network namespace, or None if unknown."""
+    try:
+        with open("/proc/net/unix") as table:
+            next(table)  # header
+            return {fields[7] for fields in (line.split() for line in table) if len(fields) > 7}
+    except (OSError, StopIteration):
+        return None
+
+
+def remove_stale_socket_dirs(base: str, *, min_age: float = STALE_DIR_AGE_S) -> list[str]:
+    """Remove this user's socket directories under ``base`` that a killed job left behind.
+
+    A directory is stale when it is older than ``min_age`` seconds and none of its
+    sockets is bound any more (a launcher that SIGKILLs a job gives its ranks no chance
+    to clean up). Returns the directories removed.
+    """
+    bound = _bound_socket_paths()
+    if bound is None:
+        return []
+    removed = []
+    now = time.time()
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.name.startswith("ipcshare-"):
+            continue
+        try:
+            info = entry.stat(follow_symlinks=False)
+            if (not entry.is_dir(follow_symlinks=False) or info.st_uid != os.getuid()
+                    or now - info.st_mtime < min_age):
+                continue
+            inside = [os.path.join(entry.path, name) for name in os.listdir(entry.path)]
+        except OSError:
+            continue
+        if any(path in bound for path in inside):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(entry.path)
+        log.info("removed %s, left behind by a job that was killed", entry.path)
+    return removed

@@ -21,10 +21,18 @@ def backend():
         yield b
 
 
-def test_import_maps_the_same_memory(backend):
+@pytest.fixture
+def importer():
+    """A second backend, standing for a peer process: a backend refuses to import
+    memory it already maps, its own included."""
+    with HostBackend() as b:
+        yield b
+
+
+def test_import_maps_the_same_memory(backend, importer):
     local = backend.allocate(8192)
     exported = backend.export(local)
-    peer = backend.import_peer(exported.payload, exported.fd, 8192)
+    peer = importer.import_peer(exported.payload, exported.fd, 8192)
     np.asarray(peer.buffer())[100:108] = 42
     assert np.all(np.asarray(local.buffer())[100:108] == 42)
     assert peer.ptr != local.ptr  # a second mapping, same pages
@@ -42,12 +50,12 @@ def test_views_are_zero_copy_and_keep_memory_alive(backend):
     del view
 
 
-def test_close_releases_descriptors_and_mappings(backend):
+def test_close_releases_descriptors_and_mappings(backend, importer):
     fds, maps = open_fd_count(), mapping_count("memfd:ipcshare")
     for _ in range(50):
         local = backend.allocate(4096)
         exported = backend.export(local)
-        peer = backend.import_peer(exported.payload, exported.fd, 4096)
+        peer = importer.import_peer(exported.payload, exported.fd, 4096)
         peer.close()
         exported.close()
         local.close()
@@ -80,11 +88,64 @@ def test_wrong_kind_of_descriptor_is_rejected(backend):
             backend.import_peer(payload, pipe_fd, 4096)
 
 
-def test_descriptor_smaller_than_announced_is_rejected(backend):
+def test_descriptor_smaller_than_announced_is_rejected(backend, importer):
     small = backend.allocate(4096)
     exported = backend.export(small)
     payload = HANDLE_FORMAT.pack(b"IPCH", 1, 1 << 20, os.getpid())
     with pytest.raises(BackendError, match="fewer than the 1048576 announced"):
-        backend.import_peer(payload, exported.fd, 1 << 20)
+        importer.import_peer(payload, exported.fd, 1 << 20)
     exported.close()
     small.close()
+
+
+def _handle(nbytes):
+    return HANDLE_FORMAT.pack(b"IPCH", 1, nbytes, os.getpid())
+
+
+def test_a_regular_file_is_rejected(importer, tmp_path):
+    path = tmp_path / "disk"
+    path.write_bytes(b"\0" * 8192)
+    with OwnedFd(os.open(path, os.O_RDWR)) as fd:
+        with pytest.raises(BackendError, match="a file, not a memfd"):
+            importer.import_peer(_handle(8192), fd, 8192)
+
+
+def test_an_unsealed_memfd_is_rejected(importer):
+    # Its owner could shrink it under our mapping: touching it would be a SIGBUS.
+    with OwnedFd(os.memfd_create("hostile", os.MFD_ALLOW_SEALING)) as fd:
+        os.ftruncate(fd.fileno(), 8192)
+        with pytest.raises(BackendError, match="not sealed against shrinking"):
+            importer.import_peer(_handle(8192), fd, 8192)
+
+
+def test_a_socket_is_rejected(importer):
+    import socket
+
+    left, right = socket.socketpair()
+    with left, right, OwnedFd(os.dup(left.fileno())) as fd:
+        with pytest.raises(BackendError, match="a socket, not shared memory"):
+            importer.import_peer(_handle(4096), fd, 4096)
+
+
+def test_the_same_handle_imported_twice_is_rejected(backend, importer):
+    fds = open_fd_count()
+    local = backend.allocate(4096)
+    exported = backend.export(local)
+    first = importer.import_peer(exported.payload, exported.fd, 4096)
+    with pytest.raises(BackendError, match="already mapped here"):
+        importer.import_peer(exported.payload, exported.fd, 4096)
+    first.close()
+    # Once the first mapping is gone, the memory may be mapped again (a new window).
+    importer.import_peer(exported.payload, exported.fd, 4096).close()
+    exported.close()
+    local.close()
+    assert open_fd_count() == fds
+
+
+def test_our_own_memory_sent_back_is_rejected(backend):
+    local = backend.allocate(4096)
+    exported = backend.export(local)
+    with pytest.raises(BackendError, match="already mapped here"):
+        backend.import_peer(exported.payload, exported.fd, 4096)
+    exported.close()
+    local.close()

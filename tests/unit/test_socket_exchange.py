@@ -99,3 +99,155 @@ def test_long_socket_dirs_fall_back(monkeypatch, tmp_path):
         assert directory is None or not directory.startswith(str(deep))
     finally:
         remove_socket_dir(directory)
+
+
+def _nobody_ids():
+    import pwd
+
+    try:
+        entry = pwd.getpwnam("nobody")
+    except KeyError:
+        return None
+    return entry.pw_uid, entry.pw_gid
+
+
+# A process of another user, who knows the socket's (abstract) name and the job token,
+# pushes a memfd at local rank 0 claiming to be local rank 1.
+OTHER_USER = textwrap.dedent("""
+    import os, socket, sys
+    uid, gid, name = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    os.setgroups([]); os.setgid(gid); os.setuid(uid)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(b"\\0" + name.encode())
+    except OSError as exc:
+        print("connect refused:", exc); sys.exit(0)
+    fd = os.memfd_create("bait")
+    socket.send_fds(s, [b"IPCS" + sys.argv[4].encode() + bytes(12)], [fd])
+    print("sent")
+""")
+
+
+def test_a_process_of_another_user_is_refused_and_logged(caplog):
+    ids = _nobody_ids()
+    if os.getuid() != 0 or ids is None:
+        pytest.skip("needs root (to start a process as 'nobody') and a 'nobody' user")
+    # Abstract names are the case where another user can reach the socket at all: a
+    # path socket sits in a 0700 directory (test_socket_dir_is_private_and_fits_sun_path).
+    receiver = SocketEndpoint(token=TOKEN, directory=None, local_rank=0,
+                              peer_pids=[os.getpid(), -1], timeout=20)
+    try:
+        name = receiver.describe_address(0)[1:]
+        stranger = subprocess.run([sys.executable, "-c", OTHER_USER, str(ids[0]), str(ids[1]),
+                                   name, TOKEN], capture_output=True, text=True, timeout=30)
+        assert stranger.returncode == 0, stranger.stderr
+        assert "sent" in stranger.stdout
+        legit = _start_sender(None, 1, "peer")
+        receiver.peer_pids[1] = legit.pid
+        with caplog.at_level(logging.WARNING, logger="ipcshare"):
+            got = receiver.receive_fds({1}, sequence=1)
+        assert legit.wait(timeout=30) == 0
+        with got[1] as fd:
+            assert os.pread(fd.fileno(), 100, 0) == b"from peer"  # only the job's peer
+        assert [uid for _pid, uid in receiver.refused] == [ids[0]]
+        assert f"uid {ids[0]}: not a rank of this job" in caplog.text
+    finally:
+        receiver.close()
+
+
+def test_another_user_cannot_even_reach_a_path_socket(tmp_path):
+    ids = _nobody_ids()
+    if os.getuid() != 0 or ids is None:
+        pytest.skip("needs root (to start a process as 'nobody') and a 'nobody' user")
+    directory = make_socket_dir(TOKEN)
+    if directory is None:
+        pytest.skip("no directory short enough for socket paths")
+    receiver = SocketEndpoint(token=TOKEN, directory=directory, local_rank=0,
+                              peer_pids=[os.getpid(), -1], timeout=1)
+    try:
+        probe = textwrap.dedent("""
+            import os, socket, sys
+            os.setgroups([]); os.setgid(int(sys.argv[2])); os.setuid(int(sys.argv[1]))
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                s.connect(sys.argv[3]); print("connected")
+            except PermissionError:
+                print("permission denied")
+        """)
+        out = subprocess.run([sys.executable, "-c", probe, str(ids[0]), str(ids[1]),
+                              receiver.describe_address(0)], capture_output=True, text=True,
+                             timeout=30)
+        assert out.stdout.strip() == "permission denied", out.stderr
+    finally:
+        receiver.close()
+        remove_socket_dir(directory)
+
+
+# A rank of another job on the node: same user, its own endpoint and token, knocking on
+# our socket (whose name it learnt somehow) with its own descriptor.
+OTHER_JOB = textwrap.dedent("""
+    import os, socket, sys
+    from ipcshare.exchange.unix_socket import SocketEndpoint
+    ours, theirs = sys.argv[1], sys.argv[2]
+    me = SocketEndpoint(token=theirs, directory=None, local_rank=1,
+                        peer_pids=[0, os.getpid()], timeout=5)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(b"\\0" + ours.encode())
+    fd = os.memfd_create("other-job")
+    socket.send_fds(s, [b"IPCS" + theirs.encode() + bytes(12)], [fd])
+    me.close()
+""")
+
+
+def test_a_rank_of_another_job_is_refused():
+    receiver = SocketEndpoint(token=TOKEN, directory=None, local_rank=0,
+                              peer_pids=[os.getpid(), -1], timeout=20)
+    try:
+        other_job = subprocess.run([sys.executable, "-c", OTHER_JOB,
+                                    receiver.describe_address(0)[1:], "fedcba9876543210"],
+                                   capture_output=True, text=True, timeout=30)
+        assert other_job.returncode == 0, other_job.stderr
+        legit = _start_sender(None, 1, "peer")
+        receiver.peer_pids[1] = legit.pid
+        got = receiver.receive_fds({1}, sequence=1)
+        assert legit.wait(timeout=30) == 0
+        with got[1] as fd:
+            assert os.pread(fd.fileno(), 100, 0) == b"from peer"
+        assert len(receiver.refused) == 1 and receiver.refused[0][1] == os.getuid()
+    finally:
+        receiver.close()
+
+
+def test_abstract_names_carry_the_job_token():
+    endpoint = SocketEndpoint(token=TOKEN, directory=None, local_rank=3, peer_pids=[0] * 4,
+                              timeout=1)
+    try:
+        assert endpoint.describe_address(3) == f"@ipcshare-{TOKEN}-r3"
+    finally:
+        endpoint.close()
+
+
+def test_stale_socket_dirs_are_swept_and_live_ones_kept(tmp_path):
+    import socket as socket_module
+
+    from ipcshare.exchange.unix_socket import remove_stale_socket_dirs
+
+    stale = tmp_path / "ipcshare-aaaa-stale"
+    stale.mkdir(mode=0o700)
+    dead = socket_module.socket(socket_module.AF_UNIX, socket_module.SOCK_STREAM)
+    dead.bind(str(stale / "r0.sock"))
+    dead.close()  # the file stays, nothing is bound to it: a killed job's leftover
+    live = tmp_path / "ipcshare-bbbb-live"
+    live.mkdir(mode=0o700)
+    listener = socket_module.socket(socket_module.AF_UNIX, socket_module.SOCK_STREAM)
+    listener.bind(str(live / "r0.sock"))
+    young = tmp_path / "ipcshare-cccc-young"
+    young.mkdir(mode=0o700)
+    try:
+        old = os.stat(stale).st_mtime - 3600
+        for path in (stale, live):
+            os.utime(path, (old, old))
+        assert remove_stale_socket_dirs(str(tmp_path)) == [str(stale)]
+        assert not stale.exists() and live.exists() and young.exists()
+    finally:
+        listener.close()

@@ -1,0 +1,166 @@
+"""A rank SIGKILLed at the worst moments: the others name it, exit, and leave nothing.
+
+Each case starts a real job. ``mpiexec.gforker`` with SIGINT ignored by the ranks is a
+launcher that keeps the job running after a death (MPICH 5's hydra kills the
+survivors even with -disable-auto-cleanup, see docs/RELIABILITY.md), so every survivor
+must find out by itself; hydra's default, which kills the whole job, is tested too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+BIN = Path(sys.executable).parent
+HYDRA = shutil.which("mpiexec", path=str(BIN))
+GFORKER = shutil.which("mpiexec.gforker", path=str(BIN))
+JOB = Path(__file__).with_name("dead_peer_job.py")
+# What the issue asks for by default; detection through pidfds takes milliseconds.
+DETECTION_BOUND_S = 30.0
+RANKS = 3
+VICTIM = 1
+
+
+def _leftover_processes(marker: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                    if marker.encode() in cmdline.read():
+                        found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+def _shm() -> set[str]:
+    """Entries of /dev/shm, but MPICH's own segments: a rank that dies without
+    MPI_Finalize leaves ``mpich_shm_*`` there whatever ipcshare does (it uses memfds,
+    which the kernel frees with their last holder)."""
+    if not os.path.isdir("/dev/shm"):
+        return set()
+    return {name for name in os.listdir("/dev/shm") if not name.startswith("mpich_shm_")}
+
+
+def _run_job(launcher: list[str], mode: str, tmp_path: Path, extra_env: dict[str, str]):
+    sockets = tmp_path / "sockets"
+    sockets.mkdir()
+    marker = f"ipcshare-fault-{uuid.uuid4().hex}"
+    # gforker SIGQUITs the job about 1 s after a death: every report must come before.
+    env = dict(os.environ, IPCSHARE_SOCKET_DIR=str(sockets), GRACE="0.3", **extra_env)
+    shm = _shm()
+    started = time.monotonic()
+    out = subprocess.run([*launcher, "-n", str(RANKS), sys.executable, str(JOB), mode,
+                          str(VICTIM), str(tmp_path / "death"), marker],
+                         capture_output=True, text=True, timeout=120, env=env)
+    elapsed = time.monotonic() - started
+    time.sleep(0.2)  # let the kernel finish reaping
+    assert _leftover_processes(marker) == [], "processes left behind"
+    assert _shm() == shm, "something left in /dev/shm"
+    return out, elapsed, sockets
+
+
+needs_gforker = pytest.mark.skipif(GFORKER is None, reason="needs mpiexec.gforker (mpich)")
+
+
+@needs_gforker
+@pytest.mark.parametrize("mode", ["handle-exchange", "descriptor-exchange", "pattern",
+                                  "signal"])
+def test_every_survivor_names_the_dead_rank(mode, tmp_path):
+    out, elapsed, sockets = _run_job([GFORKER], mode, tmp_path, {"IGNORE_SIGINT": "1"})
+    lines = re.findall(r"SURVIVOR rank (\d+) detected after ([\d.]+) s: (.*)", out.stdout)
+    assert sorted(int(rank) for rank, _s, _m in lines) == [0, 2], out.stdout + out.stderr
+    for _rank, seconds, message in lines:
+        assert re.match(rf"rank {VICTIM}@\S+ \(pid \d+\) died while rank \d@", message)
+        assert float(seconds) < DETECTION_BOUND_S
+    assert "Traceback" not in out.stderr
+    assert list(sockets.iterdir()) == [], "socket directory left behind"
+    assert elapsed < 60
+
+
+@needs_gforker
+def test_a_rank_stuck_in_a_blocking_mpi_call_is_ended_by_its_guard(tmp_path):
+    out, _elapsed, sockets = _run_job([GFORKER], "mpi-collective", tmp_path,
+                                      {"IGNORE_SIGINT": "1"})
+    ended = re.findall(r"ipcshare: error: rank 1@\S+ \(pid \d+\) died; rank (\d)@\S+ was "
+                       r"stuck for 0.3 s", out.stderr)
+    assert sorted(ended) == ["0", "2"], out.stderr
+    assert list(sockets.iterdir()) == [], "socket directory left behind"
+
+
+@pytest.mark.skipif(HYDRA is None, reason="needs mpiexec (mpich)")
+def test_hydra_default_kills_the_job_and_nothing_stays(tmp_path):
+    out, elapsed, sockets = _run_job([HYDRA], "pattern", tmp_path, {})
+    assert out.returncode != 0 and elapsed < 60
+    # Survivors are SIGKILLed by the launcher: their socket directory is swept by the
+    # next job once it is stale (test_stale_socket_dirs_are_swept).
+    for leftover in sockets.iterdir():
+        assert leftover.name.startswith("ipcshare-")
+
+
+CLI_IGNORING_SIGINT = ("import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                       "from ipcshare.cli.main import main; sys.exit(main(sys.argv[1:]))")
+
+
+def _pid_of_rank(marker: str, rank: int) -> int | None:
+    for pid in _leftover_processes(marker):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as environ:
+                if f"PMI_RANK={rank}".encode() in environ.read().split(b"\0"):
+                    with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                        if b"ring" in cmdline.read().split(b"\0"):
+                            return pid
+        except OSError:
+            pass
+    return None
+
+
+@needs_gforker
+def test_the_cli_prints_one_line_per_survivor_when_a_rank_is_killed(tmp_path):
+    import signal
+
+    sockets = tmp_path / "sockets"
+    sockets.mkdir()
+    marker = f"ipcshare-fault-{uuid.uuid4().hex}"
+    env = dict(os.environ, IPCSHARE_SOCKET_DIR=str(sockets), IPCSHARE_PEER_EXIT_GRACE="0.5")
+    # The ranks ignore SIGINT: gforker's interrupt then does not end them, so it is a
+    # launcher that keeps the job running (until its SIGQUIT a second later) and the
+    # ranks must notice by themselves.
+    job = subprocess.Popen(
+        [GFORKER, "-n", str(RANKS), sys.executable, "-c", CLI_IGNORING_SIGINT, "ring",
+         "--backend",
+         "host", "-b", "4K", "-e", "4K", "-n", "3000000", "-w", "0", "-c", "0",
+         "--json", str(tmp_path / f"{marker}.json")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert job.stdout.readline().startswith("#")  # rank 0 prints the header: running
+        time.sleep(1.0)
+        victim = _pid_of_rank(marker, VICTIM)
+        assert victim is not None
+        os.kill(victim, signal.SIGKILL)
+        started = time.monotonic()
+        _out, err = job.communicate(timeout=60)
+        elapsed = time.monotonic() - started
+    finally:
+        job.kill()
+        job.wait()
+    errors = [line for line in err.splitlines() if line.startswith("ipcshare: error:")]
+    assert len(errors) == RANKS - 1, err
+    for line in errors:
+        assert re.search(rf"rank {VICTIM}@\S+ \(pid {victim}\) died", line), line
+    assert {re.search(r"rank (\d)@\S+ (?:was|\(pid)", line.split("died")[1]).group(1)
+            for line in errors} == {"0", "2"}
+    assert "Traceback" not in err
+    assert elapsed < DETECTION_BOUND_S
+    time.sleep(0.2)
+    assert _leftover_processes(marker) == []
+    assert list(sockets.iterdir()) == []

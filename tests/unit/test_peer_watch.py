@@ -1,0 +1,70 @@
+"""Waiting on a request: a dead peer or the deadline ends the wait, with a clear error."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ipcshare.errors import ExchangeTimeout, PeerDied
+from ipcshare.peer_watch import process_start_time, wait_request
+
+
+class NeverDone:
+    def Test(self) -> bool:  # the MPI spelling
+        return False
+
+
+class FakeWatch:
+    def __init__(self, dead: bool) -> None:
+        self.dead = dead
+        self.failed = None
+
+    @property
+    def dead_ranks(self):
+        return [1] if self.dead else []
+
+    def check(self, doing=""):
+        if self.dead:
+            raise PeerDied(f"rank 1@host (pid 42) died while rank 0@host was in {doing}")
+
+    def describe(self, doing=""):
+        return f"rank 1@host (pid 42) died while rank 0@host was in {doing}"
+
+    def fail(self, reason):
+        self.failed = self.failed or reason
+
+
+def test_a_request_that_never_completes_times_out_and_marks_the_group_failed():
+    watch = FakeWatch(dead=False)
+    started = time.monotonic()
+    with pytest.raises(ExchangeTimeout, match="window rendezvous: not every rank arrived "
+                                              "within 0.2 s"):
+        wait_request(NeverDone(), watch=watch, timeout=0.2, what="window rendezvous")
+    assert 0.2 <= time.monotonic() - started < 2
+    assert watch.failed
+
+
+def test_a_dead_peer_ends_the_wait_at_once_naming_it():
+    watch = FakeWatch(dead=True)
+    started = time.monotonic()
+    with pytest.raises(PeerDied, match=r"rank 1@host \(pid 42\) died while rank 0@host was "
+                                       "in handle exchange"):
+        wait_request(NeverDone(), watch=watch, timeout=30, what="handle exchange")
+    assert time.monotonic() - started < 1
+    assert watch.failed
+
+
+def test_start_times_tell_processes_apart():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert process_start_time() == process_start_time(os.getpid()) is not None
+        assert process_start_time(child.pid) is not None
+        assert process_start_time(child.pid) >= process_start_time()
+    finally:
+        child.kill()
+        child.wait()
+    assert process_start_time(child.pid) is None  # reaped: gone
