@@ -49,7 +49,7 @@ def main() -> int:
     try:
         if mode == "handle-exchange":
             if me == victim:
-                group.exchange.allgather_bytes = die
+                group.exchange.share_bytes = die
             group.window(4096)
         elif mode == "descriptor-exchange":
             if me == victim:

@@ -140,8 +140,11 @@ def test_shipped_suites_are_valid(path):
         assert {case.timing for case in suite.cases} == {"nccl-tests", "latency"}
     else:
         assert set(suite.backends) == {"cuda-ipc", "cuda-vmm"}
-        assert all(case.baselines[0] == "nccl" and "mpi" in case.baselines
-                   for case in suite.cases)
+        assert all(case.baselines[0] == "nccl" for case in suite.cases)
+        assert any("mpi" in case.baselines for case in suite.cases)
+        assert {case.timing for case in suite.cases} == {"nccl-tests", "graph", "latency"}
+        assert {case.algorithm for case in suite.cases} == {
+            "auto", "copy-engine", "push", "pull", "ring"}
         assert max(case.options.max_bytes for case in suite.cases) == 1 << 30
         assert min(case.options.min_bytes for case in suite.cases) == 1 << 10
 
