@@ -24,6 +24,8 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line, not usage text plus an error."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        # An argument may hold a newline (found by fuzzing): the error stays one line.
+        message = message.replace("\r", "\\r").replace("\n", "\\n")
         sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
         raise SystemExit(EXIT_USAGE)
 

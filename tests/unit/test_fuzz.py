@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ipcshare.cli.main import build_parser
@@ -61,6 +61,7 @@ WORDS = st.sampled_from(["ring", "allgather", "info", "bench", "doctor", "-b", "
 
 @settings(max_examples=400, deadline=None)
 @given(argv=st.lists(st.one_of(WORDS, st.text(max_size=8)), max_size=8))
+@example(argv=["ring", "\n"])  # found by this test: the usage error took two lines
 def test_the_command_line_never_tracebacks(argv):
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
