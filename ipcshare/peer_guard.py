@@ -68,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     poller.register(rank_fd, select.POLLIN)
     for path in cleanups:
         shutil.rmtree(path, ignore_errors=True)
+    from .peer_watch import remove_mpi_segments  # light: no MPI, no CUDA
+
+    remove_mpi_segments(int(spec["pid"]))
     sys.stderr.write(f"ipcshare: error: {', '.join(dead)} died; {me} was stuck for {grace:g} s "
                      "in a call that cannot notice it (an MPI collective) and is ended\n")
     sys.stderr.flush()
