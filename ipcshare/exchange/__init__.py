@@ -85,14 +85,8 @@ class Exchange:
             ExchangeError: on the ranks that received a bad handle (naming the sender).
             PeerDied / ExchangeTimeout: a rank died or did not come (with a watch).
         """
-        world, token = self.world, self.token
-        self._handle_sequence += 1
-        sealed = seal(payload, kind=kind, token=token, rank=world.rank,
-                      sequence=self._handle_sequence)
-        gathered = self._allgather(world.comm, sealed, "handle exchange")
-        return [open_sealed(data, kind=kind, token=token, sender=rank,
-                            sequence=self._handle_sequence, sender_name=world.where(rank))
-                for rank, data in enumerate(gathered)]
+        gathered = self._gather_sealed(self.world.comm, range(self.world.size), payload, kind)
+        return list(gathered.values())
 
     def _allgather(self, comm, value, what: str) -> list:
         if self.watch is None:
@@ -115,14 +109,19 @@ class Exchange:
             ExchangeError: on the ranks that received a bad handle (naming the sender).
             PeerDied / ExchangeTimeout: a rank died or did not come (with a watch).
         """
+        return self._gather_sealed(self.world.local_comm, self.world.local_ranks, payload, kind)
+
+    def _gather_sealed(self, comm, ranks, payload: bytes, kind: str) -> dict[int, bytes]:
+        """Seal ``payload``, all-gather it over ``comm`` (whose members are world ``ranks``,
+        in order) and open what every rank sent, keyed by world rank."""
         world, token = self.world, self.token
         self._handle_sequence += 1
         sealed = seal(payload, kind=kind, token=token, rank=world.rank,
                       sequence=self._handle_sequence)
-        gathered = self._allgather(world.local_comm, sealed, "handle exchange")
+        gathered = self._allgather(comm, sealed, "handle exchange")
         return {rank: open_sealed(data, kind=kind, token=token, sender=rank,
                                   sequence=self._handle_sequence, sender_name=world.where(rank))
-                for rank, data in zip(world.local_ranks, gathered, strict=True)}
+                for rank, data in zip(ranks, gathered, strict=True)}
 
     def share_fds(self, fd: OwnedFd) -> dict[int, OwnedFd]:
         """Collective over the node: a descriptor from every other local rank.
