@@ -468,7 +468,7 @@ class Window:
         else:
             def barrier() -> None:
                 self.barrier(engine.stream)
-        return StreamWindow(self, engine, barrier)
+        return StreamWindow(self, engine, barrier, graph_safe=graph_safe)
 
     def synchronize(self) -> None:
         """Wait for the window's stream, then raise if one of ipcshare's kernels on this
@@ -622,10 +622,13 @@ class StreamWindow:
     enqueues there and ``barrier`` runs there; buffers, pads and ranks are the window's.
     Compares and hashes equal to its window, so per-window state is shared."""
 
-    def __init__(self, window: Window, engine: Any, barrier: Any) -> None:
+    def __init__(self, window: Window, engine: Any, barrier: Any, *,
+                 graph_safe: bool = False) -> None:
         self.window = window
         self.engine = engine
         self.barrier = barrier
+        # Work bound to this view is meant for a CUDA graph (patterns may choose by it).
+        self.graph_safe = graph_safe
 
     @property
     def stream(self) -> Any:

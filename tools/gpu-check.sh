@@ -2,15 +2,18 @@
 # The one script run on a GPU node: facts, the GPU test suite at 2 (and 4) ranks and with
 # two ranks sharing one GPU, then ring / all-gather sweeps on both GPU backends against NCCL.
 #
-#   tools/gpu-check.sh [all|tests|bench|suite|sweep|doctor]...   (default all; from anywhere)
+#   tools/gpu-check.sh [all|tests|bench|suite|sweep|doctor|faults]...   (default all; from anywhere)
 #
 #   tests   the GPU pytest suite at 2, 4 and 2xG ranks, and 2 ranks sharing one GPU
 #   bench   quick ring / all-gather sweeps of both backends against NCCL, window setup time
 #   suite   `ipcshare bench` with configs/bench-h200-x$G.yaml (every algorithm, eager and
 #           graph timing, NCCL and MPI); JSON, plot and Markdown under $OUT/bench/
 #   sweep   correctness at the world sizes the suite and tests do not cover (3 and 2xG
-#           ranks): every all-gather algorithm, 1 byte to 387 MiB in odd sizes (factor 9),
-#           eager and in CUDA graphs; plus window setup time of both backends
+#           ranks): every all-gather algorithm, 1 byte to 387 MiB in odd sizes (factor 9)
+#           and 1 GiB, eager and in CUDA graphs; plus window setup time of both backends
+#   faults  the dead-peer tests (tests/faults, tests/gpu/test_gpu_faults.py) under MPICH's
+#           gforker launcher from wheels brought in .whl/ (mpich, mpi4py), and a soak of
+#           both GPU backends (tools/soak.py: window cycles and ring iterations, counts flat)
 #   doctor  `ipcshare doctor --quick`, then the full check with --json/--yaml under $OUT/doctor/
 #
 # Writes under ${OUT:-out}: gpu-check.log (everything), results.jsonl (one result document
@@ -24,8 +27,8 @@ set -u
 
 phases=("${@:-all}")
 for phase in "${phases[@]}"; do
-  case "$phase" in all|tests|bench|suite|sweep|doctor) ;;
-    *) echo "usage: $0 [all|tests|bench|suite|sweep|doctor]..." >&2; exit 2 ;; esac
+  case "$phase" in all|tests|bench|suite|sweep|doctor|faults) ;;
+    *) echo "usage: $0 [all|tests|bench|suite|sweep|doctor|faults]..." >&2; exit 2 ;; esac
 done
 wants() {  # wants PHASE: whether PHASE was asked for (all = tests and bench)
   local asked
@@ -87,9 +90,17 @@ step() {
 }
 
 # Wheels brought along (pytest-mpi is not on the nodes' image).
-if [[ -d .whl ]] && compgen -G ".whl/*.whl" >/dev/null; then
-  "$PY" -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>&1 | tee -a "$LOG"
+if compgen -G ".whl/pytest_mpi-*.whl" >/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --target /tmp/site .whl/pytest_mpi-*.whl 2>&1 | tee -a "$LOG"
   export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+# MPICH (with its gforker launcher) and an mpi4py that can bind to it, under a prefix of
+# their own: only the dead-peer tests use them (Open MPI's launcher kills the whole job
+# when a rank dies, so it cannot show survivors noticing a death by themselves).
+MPICH_PREFIX=/tmp/mpich
+if compgen -G ".whl/mpich-*.whl" >/dev/null && compgen -G ".whl/mpi4py-*.whl" >/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --prefix "$MPICH_PREFIX" .whl/mpich-*.whl \
+    .whl/mpi4py-*.whl 2>&1 | tee -a "$LOG"
 fi
 # The package is not installed on the node: run it from the checkout.
 export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
@@ -216,9 +227,12 @@ if wants suite; then
   fi
 fi
 
-sweep() {  # sweep N ALGO [--graph]: 1 byte to 1 GiB, odd sizes, every check verified
+sweep() {  # sweep N ALGO [--graph]: 1 byte to 387 MiB in odd sizes, then 1 GiB; all verified
+  set -o pipefail
   "$MPIEXEC" -n "$1" --bind-to none "$PY" -m ipcshare allgather --backend cuda-vmm \
-    --algo "$2" -b 1 -e 1G -f 9 -n 2 -w 1 -c 2 -d uint8 "${@:3}" | grep -Ev "^#  Rank"
+    --algo "$2" -b 1 -e 1G -f 9 -n 2 -w 1 -c 2 -d uint8 "${@:3}" | grep -Ev "^#  Rank" &&
+  "$MPIEXEC" -n "$1" --bind-to none "$PY" -m ipcshare allgather --backend cuda-vmm \
+    --algo "$2" -b 1G -e 1G -n 2 -w 1 -c 2 -d uint8 "${@:3}" | grep -Ev "^#  Rank"
 }
 export -f sweep
 if [[ $G -ge 2 ]] && wants sweep; then
@@ -229,8 +243,8 @@ if [[ $G -ge 2 ]] && wants sweep; then
     for algo in copy-engine push pull ring; do
       step "sweep allgather $algo n=$n 1B-1G" 240 sweep "$n" "$algo"
     done
-    step "sweep allgather auto n=$n 1B-64M in graphs" 240 sweep "$n" auto --graph -e 64M
-    step "sweep allgather push n=$n 1B-64M in graphs" 240 sweep "$n" push --graph -e 64M
+    step "sweep allgather auto n=$n 1B-1G in graphs" 240 sweep "$n" auto --graph
+    step "sweep allgather push n=$n 1B-1G in graphs" 240 sweep "$n" push --graph
   done
 fi
 
@@ -244,6 +258,37 @@ if [[ $G -ge 1 ]] && wants doctor; then
   step "doctor (full) n=$G" 180 doctor_run "$G" --json "$OUT/doctor/h200-x$G.json" \
     --yaml "$OUT/doctor/h200-x$G.yaml"
   step "doctor --quick n=$((2 * G)) (2 ranks per GPU)" 120 doctor_run $((2 * G)) --quick
+fi
+
+faults_pytest() {  # the dead-peer tests, with mpi4py bound to MPICH and its gforker
+  local site
+  site=$(ls -d "$MPICH_PREFIX"/lib/python3*/site-packages) || return 1
+  PYTHONPATH="$site:$PYTHONPATH" MPI4PY_LIBMPI="$MPICH_PREFIX/lib/libmpi.so.12" \
+    IPCSHARE_MPICH_BIN="$MPICH_PREFIX/bin" \
+    "$PY" -m pytest -q -p no:cacheprovider -rs tests/faults tests/gpu/test_gpu_faults.py
+}
+soak_run() {  # soak_run N BACKEND WINDOWS RING_ITERS
+  mkdir -p "$OUT/soak"
+  "$MPIEXEC" -n "$1" --bind-to none "$PY" tools/soak.py --backend "$2" --windows "$3" \
+    --ring-iters "$4" --json "$OUT/soak/soak-$2-n$1.json"
+}
+export -f faults_pytest soak_run
+export MPICH_PREFIX
+if wants faults; then
+  if [[ -x $MPICH_PREFIX/bin/mpiexec.gforker ]]; then
+    step "dead-peer tests under gforker (host and GPU backends)" 300 faults_pytest
+  else
+    log "faults: no MPICH under $MPICH_PREFIX (bring the mpich and mpi4py wheels in .whl/)"
+    failures=$((failures + 1))
+  fi
+  if [[ $G -ge 2 ]]; then
+    for backend in cuda-vmm cuda-ipc; do
+      step "soak $backend n=2: 2000 windows, 100000 ring iterations" 300 \
+        soak_run 2 "$backend" 2000 100000
+    done
+    step "soak cuda-vmm n=$G: 1000 windows, 20000 ring iterations" 300 \
+      soak_run "$G" cuda-vmm 1000 20000
+  fi
 fi
 
 log ""

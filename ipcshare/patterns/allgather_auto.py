@@ -28,7 +28,9 @@ class AutoAllGather(AllGather):
         if (not hasattr(window.group.backend, "kernels") or window.world.node_count > 1
                 or not _nvrtc_present()):
             return "copy-engine"
-        return choose_allgather(plan.size, window.world_size)
+        # A graph-safe view (Window.on_stream(..., graph_safe=True)) is what gets captured.
+        return choose_allgather(plan.size, window.world_size,
+                                graph=getattr(window, "graph_safe", False))
 
     def _algorithm(self, name: str) -> AllGather:
         if name not in self._algorithms:

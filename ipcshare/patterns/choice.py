@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 
-__all__ = ["AllGatherChoice", "ALLGATHER_CHOICES", "choose_allgather"]
+__all__ = ["AllGatherChoice", "ALLGATHER_CHOICES", "GRAPH_ALLGATHER_CHOICES", "choose_allgather"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,13 +39,24 @@ ALLGATHER_CHOICES = {
     2: AllGatherChoice(2, (16 * _MiB,), ("push", "copy-engine")),
     4: AllGatherChoice(4, (64 * _MiB,), ("push", "copy-engine")),
 }
+# Inside CUDA graphs the copy engine loses its concurrency on 4 GPUs: the copies to three
+# peers, on three side streams when eager, ran at 203 / 215 / 229 GB/s busbw at 64 MiB /
+# 256 MiB / 1 GiB against 289 / 346 / 383 eager (nvidia-h200-x4, 2026-11-22), while push
+# in a graph kept its eager rate (322 GB/s at 64 MiB). So graphs of 4 or more ranks push at
+# every size; 2 ranks keep the eager row until a run says otherwise.
+GRAPH_ALLGATHER_CHOICES = {
+    2: ALLGATHER_CHOICES[2],
+    4: AllGatherChoice(4, (), ("push",)),
+}
 
 
-def choose_allgather(size: int, world_size: int) -> str:
+def choose_allgather(size: int, world_size: int, *, graph: bool = False) -> str:
     """The all-gather algorithm for ``size`` total bytes over ``world_size`` GPUs of one
-    node: the measured table's row for the nearest world size at or below (8 ranks use
-    the 4-rank row; kernels name at most 8 ranks, so more use the copy engine)."""
+    node, run eagerly or (``graph``) captured in a CUDA graph: the measured table's row
+    for the nearest world size at or below (8 ranks use the 4-rank row; kernels name at
+    most 8 ranks, so more use the copy engine)."""
     if world_size < 2 or world_size > 8:
         return "copy-engine"
-    known = max(n for n in ALLGATHER_CHOICES if n <= world_size)
-    return ALLGATHER_CHOICES[known].pick(size)
+    table = GRAPH_ALLGATHER_CHOICES if graph else ALLGATHER_CHOICES
+    known = max(n for n in table if n <= world_size)
+    return table[known].pick(size)

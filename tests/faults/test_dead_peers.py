@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -19,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-BIN = Path(sys.executable).parent
-HYDRA = shutil.which("mpiexec", path=str(BIN))
-GFORKER = shutil.which("mpiexec.gforker", path=str(BIN))
+from ..launchers import mpich_launcher
+
+HYDRA = mpich_launcher("mpiexec")
+GFORKER = mpich_launcher("mpiexec.gforker")
 JOB = Path(__file__).with_name("dead_peer_job.py")
 # What the issue asks for by default; detection through pidfds takes milliseconds.
 DETECTION_BOUND_S = 30.0

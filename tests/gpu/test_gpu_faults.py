@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ from ipcshare.backends.base import Exported
 from ipcshare.errors import BackendError, ExchangeError
 from ipcshare.exchange.fds import OwnedFd
 
+from ..launchers import mpich_launcher
 from ..resources import open_fd_count
 
 BACKENDS = ["cuda-ipc", "cuda-vmm"]
@@ -99,7 +99,7 @@ def test_a_memfd_in_place_of_a_cumem_descriptor_is_refused(comm, monkeypatch):
 
 
 JOB = Path(__file__).parents[1] / "faults" / "dead_peer_job.py"
-GFORKER = shutil.which("mpiexec.gforker", path=str(Path(sys.executable).parent))
+GFORKER = mpich_launcher("mpiexec.gforker")
 
 
 @pytest.mark.gpu

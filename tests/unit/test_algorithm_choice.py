@@ -29,3 +29,17 @@ def test_world_sizes_without_a_row():
     assert choose_allgather(1024, 3) == ALLGATHER_CHOICES[2].pick(1024)
     assert choose_allgather(1024, 8) == ALLGATHER_CHOICES[4].pick(1024)
     assert choose_allgather(1 << 30, 4) == "copy-engine"    # bandwidth: the copy engine
+
+
+@pytest.mark.parametrize("size", [1, 64 << 20, (64 << 20) + 1, 1 << 30])
+@pytest.mark.parametrize("world_size", [4, 8])
+def test_graphs_of_four_or_more_ranks_push_at_every_size(size, world_size):
+    # Eager, the copy engine takes the large sizes; captured in a graph it loses its
+    # concurrency, so the graph row keeps the kernel.
+    assert choose_allgather(size, world_size, graph=True) == "push"
+    assert choose_allgather(1 << 30, world_size) == "copy-engine"
+
+
+def test_graphs_of_two_ranks_follow_the_eager_row():
+    for size in (1, 16 << 20, (16 << 20) + 1, 1 << 30):
+        assert choose_allgather(size, 2, graph=True) == choose_allgather(size, 2)

@@ -55,21 +55,68 @@ __device__ __forceinline__ void copy_slice(char* dst, const char* src, unsigned 
   for (unsigned long long i = done + threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
 }
 
-// Push: write our block into every rank's output (ours included: out of place, or a
-// no-op copy when in place), between "outputs free" and "blocks landed" barriers.
+// Push: write our block into every rank's output (ours included: out of place, or nothing
+// when in place), between "outputs free" and "blocks landed" barriers. Fanned out: each
+// thread loads a few 16-byte vectors of our block once and stores them into every output,
+// so the stores to all peers are in flight together (every NVLink port busy at once) and
+// the source is read once, not once per peer. (Peer after peer, one copy_slice each, ran
+// 309 against 316 GB/s busbw at 64 MiB on 4 H200s and 261 against 316 on 2.)
+__device__ __forceinline__ void fanout_slice(char* const* dsts, int ndst, const char* src,
+                                             unsigned long long bytes) {
+  // Slices are whole 16-byte vectors, so a slice's start stays as aligned as the block.
+  const unsigned long long vectors_total = bytes / 16;
+  const unsigned long long per_block = (vectors_total + gridDim.x - 1) / gridDim.x;
+  const unsigned long long first = per_block * blockIdx.x;
+  const unsigned long long last = first + per_block < vectors_total ? first + per_block
+                                                                   : vectors_total;
+  bool vector_ok = (((unsigned long long)src) & 15ull) == 0;
+  for (int p = 0; p < ndst; ++p) vector_ok &= (((unsigned long long)dsts[p]) & 15ull) == 0;
+  if (!vector_ok) {  // unaligned: bytes, block by block
+    for (int p = 0; p < ndst; ++p) copy_slice(dsts[p], src, bytes);
+    return;
+  }
+  constexpr int kUnroll = 4;
+  const uint4* s = reinterpret_cast<const uint4*>(src);
+  const unsigned long long stride = (unsigned long long)blockDim.x * kUnroll;
+  for (unsigned long long base = first + threadIdx.x; base < last; base += stride) {
+    uint4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const unsigned long long i = base + (unsigned long long)u * blockDim.x;
+      if (i < last) v[u] = s[i];
+    }
+    for (int p = 0; p < ndst; ++p) {
+      uint4* d = reinterpret_cast<uint4*>(dsts[p]);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const unsigned long long i = base + (unsigned long long)u * blockDim.x;
+        if (i < last) d[i] = v[u];
+      }
+    }
+  }
+  // The tail that is not a whole vector: the last block, bytes.
+  const unsigned long long tail = vectors_total * 16;
+  if (blockIdx.x == gridDim.x - 1) {
+    for (unsigned long long i = tail + threadIdx.x; i < bytes; i += blockDim.x)
+      for (int p = 0; p < ndst; ++p) dsts[p][i] = src[i];
+  }
+}
+
 __device__ __forceinline__ void push(const AllGatherArgs& a, u64 epoch) {
   if (!ipcshare::block_barrier(a.pads, a.rank, a.nranks, block_slots(a, 0), epoch,
                                a.timeout_ns))
     return;
   const unsigned long long offset = a.block_bytes * a.rank;
-  for (int step = 0; step < a.nranks; ++step) {
-    const int peer = (a.rank + step) % a.nranks;  // staggered: spread traffic over links
+  char* dsts[kMaxRanks];
+  int ndst = 0;
+  for (int step = 1; step <= a.nranks; ++step) {  // peers first, our own slot last
+    const int peer = (a.rank + step) % a.nranks;
     char* dst = a.outputs[peer] + offset;
-    if (dst != a.inputs[a.rank]) copy_slice(dst, a.inputs[a.rank], a.block_bytes);
+    if (dst != a.inputs[a.rank]) dsts[ndst++] = dst;
   }
+  fanout_slice(dsts, ndst, a.inputs[a.rank], a.block_bytes);
   ipcshare::block_barrier(a.pads, a.rank, a.nranks, block_slots(a, 1), epoch, a.timeout_ns);
 }
-
 
 // Pull: read every rank's block into our output, between "inputs ready" and "inputs read"
 // barriers (the mode NCCL prefers on Hopper NVLink for small messages).
