@@ -16,6 +16,7 @@ __all__ = [
     "max_ranks_per_gpu",
     "describe_devices",
     "p2p_matrix",
+    "peer_reach",
     "handle_support",
     "probe_vmm_handle",
     "HandleProbe",
@@ -118,6 +119,27 @@ def peer_access(src: int, dst: int) -> tuple[bool, str]:
     return True, ""
 
 
+def peer_reach(ordinal: int, uuids: list[bytes | None]) -> list[tuple[bool, str]]:
+    """For each device UUID in ``uuids`` (one per rank of the node): whether ``ordinal``
+    may map memory on it, and why not. The same device always may; a device this process
+    cannot see (another CUDA_VISIBLE_DEVICES) counts as reachable, for the driver to judge
+    when the window maps it.
+
+    Raises:
+        CudaError: the driver failed.
+    """
+    own = cuda_driver.device_uuid(ordinal)
+    visible = {cuda_driver.device_uuid(o): o for o in range(cuda_driver.device_count())}
+    facts = []
+    for uuid in uuids:
+        peer = visible.get(uuid) if uuid is not None else None
+        if uuid == own or peer is None:
+            facts.append((True, ""))
+        else:
+            facts.append(peer_access(ordinal, peer))
+    return facts
+
+
 def p2p_matrix() -> list[dict[str, Any]]:
     """For every ordered pair of distinct devices: whether src can access dst's memory,
     whether native atomics work over the link, and the link's performance rank.
@@ -131,10 +153,12 @@ def p2p_matrix() -> list[dict[str, Any]]:
         for dst in range(count):
             if src == dst:
                 continue
+            reachable, why = peer_access(src, dst)
             pairs.append({
                 "src": src, "dst": dst,
                 "access": bool(cuda_driver.p2p_attribute("ACCESS_SUPPORTED", src, dst))
-                          and peer_access(src, dst)[0],
+                          and reachable,
+                "why": why,
                 "native_atomics": bool(
                     cuda_driver.p2p_attribute("NATIVE_ATOMIC_SUPPORTED", src, dst)),
                 "perf_rank": cuda_driver.p2p_attribute("PERFORMANCE_RANK", src, dst),

@@ -14,6 +14,15 @@ from .config import BACKENDS, EXCHANGES, HANDLES, format_size, seconds_from_env
 from .consensus import collective_step
 from .errors import ConfigError, SignalTimeout, WindowError
 from .exchange import Exchange, OwnedFd
+from .peer_paths import (
+    FALLBACK_ENV,
+    PathPlan,
+    all_direct,
+    chunk_bytes_choice,
+    env_choices,
+    fallback_choice,
+    plan_paths,
+)
 from .peer_watch import PeerWatch, watched_allgather, watched_barrier
 from .topology import World
 
@@ -71,8 +80,15 @@ class Group:
     """
 
     def __init__(self, backend: str = "auto", exchange: str = "auto", *, comm: Any = None,
-                 handle: str = "posix-fd", timeout: float | None = None) -> None:
+                 handle: str = "posix-fd", timeout: float | None = None,
+                 p2p_fallback: str | None = None, p2p_chunk: int | str | None = None) -> None:
         self.world = World.from_comm(comm)
+        # How each pair of the node's ranks reaches the other (peer_paths); all direct
+        # until the GPUs say otherwise.
+        self.paths: PathPlan = all_direct(self.world.local_ranks)
+        # Whether some node of the job has a pair without peer access: then every rank
+        # joins the pinned-inbox exchange of each window (a job-wide collective).
+        self.fallbacks_anywhere = False
         self.backend: Backend | None = None
         self.exchange: Exchange | None = None
         self._windows: list[Window] = []
@@ -118,11 +134,40 @@ class Group:
             if uuid is not None:
                 self.backend.ranks_per_device = uuids.count(uuid)
                 self.backend.engine().timeout = self.signal_timeout
+                self._plan_peer_paths(uuids, p2p_fallback, p2p_chunk)
             if self.backend.uses_fds and self.world.size > 1:  # collective, like a window's
                 self.exchange.warm_up()
         except BaseException:
             self._release()
             raise
+
+    def _plan_peer_paths(self, uuids: list, fallback: str | None, chunk: int | str | None) -> None:
+        """Gather which GPUs of the node reach which, and plan every pair's path (the
+        same plan on every rank of the node)."""
+        from . import devices
+
+        world, backend = self.world, self.backend
+        assert backend is not None
+        with self.step("peer access"):
+            reach = devices.peer_reach(backend.device, uuids)
+            env_fallback, env_chunk = env_choices()
+            choices = (env_fallback if fallback is None else fallback,
+                       env_chunk if chunk is None else chunk)
+        facts = self.collective("peer access", (reach, choices, f"cuda:{backend.device}"),
+                                comm=world.local_comm)
+        with self.step("peer paths"):
+            odd = next((i for i, fact in enumerate(facts) if fact[1] != facts[0][1]), None)
+            if odd is not None:
+                raise ConfigError(
+                    f"{FALLBACK_ENV} / IPCSHARE_P2P_CHUNK differ between ranks of a node: "
+                    f"{world.where(world.local_ranks[0])} has {facts[0][1]!r}, "
+                    f"{world.where(world.local_ranks[odd])} {facts[odd][1]!r}")
+            self.paths = plan_paths(
+                world.local_ranks, [fact[2] for fact in facts],
+                [[ok for ok, _why in fact[0]] for fact in facts],
+                [[why for _ok, why in fact[0]] for fact in facts],
+                fallback=fallback_choice(choices[0]), chunk_bytes=chunk_bytes_choice(choices[1]))
+        self.fallbacks_anywhere = any(self.collective("peer paths", self.paths.has_fallbacks))
 
     @property
     def rank(self) -> int:
@@ -266,7 +311,21 @@ class Window:
                 raise WindowError(f"{world.local_size} ranks on one node; at most {BARRIER_SLOTS}")
         self.nbytes = nbytes
         self.pad_offset = _round_up(nbytes, _PAD_ALIGN)
-        self.total_bytes = _round_up(self.pad_offset + SIGNAL_PAD_BYTES, backend.granularity)
+        # Pairs of the node without peer access copy through relays and host memory
+        # (backends.staged_copy): every window of such a node keeps a staging area after
+        # its pad for the pairs it may relay.
+        self.paths: PathPlan = group.paths
+        self.staged: Any = None
+        self._host_barrier_epochs = [0]
+        self.relay_offset = _round_up(self.pad_offset + SIGNAL_PAD_BYTES, _PAD_ALIGN)
+        self._relay_bytes = 0
+        self._slot_bytes = 0
+        if self.paths.has_fallbacks:
+            from .backends.staged_copy import relay_staging_bytes, slot_bytes_for
+
+            self._slot_bytes = slot_bytes_for(nbytes, self.paths.chunk_bytes)
+            self._relay_bytes = relay_staging_bytes(self.paths, self._slot_bytes)
+        self.total_bytes = _round_up(self.relay_offset + self._relay_bytes, backend.granularity)
         with contextlib.ExitStack() as undo:
             lap("rendezvous")
             with group.step("allocate"):
@@ -299,7 +358,8 @@ class Window:
                     undo.callback(owned.close)
             lap("exchange")
             with group.step("import"):
-                peers = [r for r in world.local_ranks if r != world.rank]
+                # Only the peers this rank's GPU reaches; the others go through staging.
+                peers = self.paths.direct_peers(world.rank)
                 mappings = backend.import_peers([(payloads[r], fds.get(r)) for r in peers],
                                                 self.total_bytes)
                 for rank, mapping in zip(peers, mappings, strict=True):
@@ -309,12 +369,55 @@ class Window:
             for owned in fds.values():
                 owned.close()
             exported.close()
-            undo.pop_all()
             lap("import")
+            if group.fallbacks_anywhere:  # every rank joins: the inbox exchange is job-wide
+                self.staged = self._open_staged(undo)
+                lap("fallback setup")
+            undo.pop_all()
         self._local_buffer = local.buffer(0, nbytes)
         self._buffers = {r: a.buffer(0, nbytes) for r, a in self._allocations.items()}
         self._pads = {r: a.buffer(self.pad_offset, SIGNAL_PAD_BYTES)
                       for r, a in self._allocations.items()}
+
+    def _open_staged(self, undo: contextlib.ExitStack) -> Any:
+        """Collective over the job: every rank makes a pinned inbox and passes it to its
+        node's peers; each rank maps the inboxes of the peers it cannot map and keeps
+        them in a StagedCopy (None where this rank has no such peer)."""
+        from .backends.pinned_host import create_pinned, open_peer_pinned
+        from .backends.staged_copy import StagedCopy, inbox_bytes
+
+        group, world, plan = self.group, self.world, self.paths
+        device = group.backend.device
+        size = inbox_bytes(plan, self._slot_bytes)
+        peers = plan.indirect_peers(world.rank)
+        with group.step("pinned inbox"):
+            inbox, inbox_fd = create_pinned(size, device, what=f"pinned inbox of {world.where()}")
+            undo.callback(inbox.close)
+            undo.callback(inbox_fd.close)
+        fds = group.exchange.share_fds(inbox_fd)  # collective over the node, agrees job-wide
+        inbox_fd.close()
+        for owned in fds.values():
+            undo.callback(owned.close)
+        with group.step("pinned inbox import"):
+            peer_inboxes = {}
+            for rank in peers:
+                peer_inboxes[rank] = open_peer_pinned(
+                    fds[rank], size, device, what=f"pinned inbox of {world.where(rank)}")
+                undo.callback(peer_inboxes[rank].close)
+            for owned in fds.values():
+                owned.close()
+            if not peers:
+                inbox.close()  # nobody writes into it: no peer of ours goes through staging
+                return None
+            relays = {plan.path(world.rank, r).relay for r in peers} - {None}
+            staged = StagedCopy(
+                engine=self.engine, world=world, plan=plan, inbox=inbox,
+                peer_inboxes=peer_inboxes,
+                relay_areas={k: self._allocations[k].buffer(self.relay_offset, self._relay_bytes)
+                             for k in relays},
+                slot_bytes=self._slot_bytes, timeout=group.signal_timeout)
+            undo.callback(staged.close)
+        return staged
 
     # -- the API of DESIGN.md -------------------------------------------------------
     @property
@@ -339,11 +442,25 @@ class Window:
         """Rank ``rank``'s buffer, mapped here (``peer(self.rank)`` is ``local``).
 
         Raises:
-            WindowError: closed window, rank out of range, or a rank on another node.
+            WindowError: closed window, rank out of range, a rank on another node, or a
+                rank whose GPU this rank's GPU has no peer access to (see ``path``).
         """
         self._check_open()
         self._check_rank(rank)
         return self._buffers[rank]
+
+    def path(self, rank: int) -> str:
+        """How this rank reaches rank ``rank``: ``self``, ``direct`` (mapped), ``relay``
+        (through a third GPU's window), ``host-staged`` (through pinned host memory),
+        or ``mpi`` (another node). The same answer on both ends of a pair.
+
+        Raises:
+            WindowError: rank out of range.
+        """
+        self._check_in_group(rank)
+        if not self.world.is_local(rank):
+            return "mpi"
+        return self.paths.kind(self.world.rank, rank)
 
     def is_local(self, rank: int) -> bool:
         """Whether rank ``rank``'s buffer is mapped here (same node); the others are
@@ -368,7 +485,11 @@ class Window:
         return [self._pads[r].ptr if r in self._pads else 0 for r in range(self.world.size)]
 
     def signal_pad(self, rank: int) -> Buffer:
-        """Rank ``rank``'s signal pad: SIGNAL_PAD_BYTES of 64-bit words."""
+        """Rank ``rank``'s signal pad: SIGNAL_PAD_BYTES of 64-bit words.
+
+        Raises:
+            WindowError: as ``peer``.
+        """
         self._check_open()
         self._check_rank(rank)
         return self._pads[rank]
@@ -506,6 +627,7 @@ class Window:
         from .kernels.launcher import MAX_KERNEL_RANKS, BarrierArgs
 
         world, backend = self.world, self.group.backend
+        self._refuse_without_direct_peers("device_barrier")
         if world.local_size > MAX_KERNEL_RANKS:
             raise WindowError(f"device_barrier spans at most {MAX_KERNEL_RANKS} ranks of a "
                               f"node; this node has {world.local_size}")
@@ -531,14 +653,45 @@ class Window:
         world = self.world
         if not _ORDERED_HOST_STORES and self.group.backend_name == "host":
             return world.local_comm.Barrier
-        others = [r for r in world.local_ranks if r != world.rank]
+        others = self.paths.direct_peers(world.rank)
+
+        def what(slot: int) -> str:
+            return f"{world.where()} in barrier waiting for {world.where(world.local_ranks[slot])}"
         # Device engines may run barriers on several streams: one epoch for all of them.
         shared = {"epochs": self._barrier_epochs} if hasattr(engine, "on_stream") else {}
-        return engine.make_barrier(
+        through_pads = engine.make_barrier(
             self._pads[world.rank], [self._pads[r] for r in others], world.local_rank,
             [world.local_index(r) for r in others], timeout=self.group.signal_timeout,
-            what=lambda slot: f"{world.where()} in barrier waiting for "
-                              f"{world.where(world.local_ranks[slot])}", **shared)
+            what=what, **shared)
+        if self.staged is None:
+            return through_pads
+        # Peers whose pads we cannot map meet us in the pinned inboxes instead: the same
+        # one word per local rank, in host memory both GPUs reach. Pad words first, then
+        # inbox words, on every rank alike, so neither half waits on the other.
+        staged = self.staged.peers
+        through_inboxes = engine.make_barrier(
+            self.staged.own_words, [self.staged.words_of(r) for r in staged], world.local_rank,
+            [world.local_index(r) for r in staged], timeout=self.group.signal_timeout,
+            what=what, epochs=self._host_barrier_epochs)
+
+        def barrier() -> None:
+            through_pads()
+            through_inboxes()
+        return barrier
+
+    def _refuse_without_direct_peers(self, what: str) -> None:
+        """Raise WindowError when some pair of the node is not direct (naming it): ``what``
+        needs every peer's memory mapped. The plan is the node's, so every rank of the
+        node refuses alike."""
+        plan = self.paths
+        if not plan.has_fallbacks:
+            return
+        pair = min(tuple(sorted(p)) for p in plan.indirect)
+        a, b = pair
+        raise WindowError(
+            f"{what} needs every peer's window mapped, but rank {a} ({plan.label(a)}) and "
+            f"rank {b} ({plan.label(b)}) have no peer access ({plan.path(a, b).reason}; "
+            f"their path is {plan.kind(a, b)}): use barrier() and the copy engine instead")
 
     def _make_barrier(self, engine: Any):
         world = self.world
@@ -570,21 +723,28 @@ class Window:
         try:
             try:
                 self.engine.synchronize()
+                if self.staged is not None:  # lanes another stream's work left running
+                    self.staged.drain(self.group.signal_timeout)
             finally:
                 # Even when our stream failed, the peers are waiting in this barrier.
                 self.group.wait_for_node("closing a window")
         finally:
-            self._buffers.clear()
-            self._pads.clear()
-            self._local_buffer = None
-            self._barrier = None
-            self._stream_barriers.clear()
-            self._device_barriers.clear()
-            self._node_barrier = None
-            for rank in sorted(self._allocations, key=lambda r: r == self.world.rank):
-                self._allocations[rank].close()  # peers' mappings first, own memory last
-            self._allocations.clear()
-            self.group._forget(self)
+            staged, self.staged = self.staged, None
+            try:
+                if staged is not None:  # lanes and inboxes first: they use the mappings
+                    staged.close()
+            finally:
+                self._buffers.clear()
+                self._pads.clear()
+                self._local_buffer = None
+                self._barrier = None
+                self._stream_barriers.clear()
+                self._device_barriers.clear()
+                self._node_barrier = None
+                for rank in sorted(self._allocations, key=lambda r: r == self.world.rank):
+                    self._allocations[rank].close()  # peers' mappings first, own memory last
+                self._allocations.clear()
+                self.group._forget(self)
 
     def __enter__(self) -> Window:
         return self
@@ -609,6 +769,14 @@ class Window:
                 f"rank {rank} is on {kind} {world.node_of_rank[rank]} "
                 f"({world.hostnames[rank]}), {world.where()} on {kind} {world.node_index}: "
                 f"its memory is not mapped here; reach it through MPI")
+        if rank not in self._buffers and not self._closed:
+            me, plan = world.rank, self.paths
+            raise WindowError(
+                f"{world.where()} ({plan.label(me)}) cannot map the window of "
+                f"{world.where(rank)} ({plan.label(rank)}): {plan.path(me, rank).reason}; "
+                f"their bytes go by {plan.describe(me, rank)} (path "
+                f"{plan.kind(me, rank)!r}): move them with the window's staged copies, as "
+                "the copy-engine all-gather and the ring do")
 
     @staticmethod
     def _check_slot(slot: int) -> None:

@@ -2,7 +2,7 @@
 # The one script run on a GPU node: facts, the GPU test suite at 2 (and 4) ranks and with
 # two ranks sharing one GPU, then ring / all-gather sweeps on both GPU backends against NCCL.
 #
-#   tools/gpu-check.sh [all|tests|bench|suite|sweep|doctor|faults]...   (default all; from anywhere)
+#   tools/gpu-check.sh [all|tests|bench|suite|sweep|doctor|faults|fallback]...  (default all)
 #
 #   tests   the GPU pytest suite at 2, 4 and 2xG ranks, and 2 ranks sharing one GPU
 #   bench   quick ring / all-gather sweeps of both backends against NCCL, window setup time
@@ -15,6 +15,10 @@
 #           gforker launcher from wheels brought in .whl/ (mpich, mpi4py), and a soak of
 #           both GPU backends (tools/soak.py: window cycles and ring iterations, counts flat)
 #   doctor  `ipcshare doctor --quick`, then the full check with --json/--yaml under $OUT/doctor/
+#   fallback  GPU pairs without peer access, forced with IPCSHARE_DISABLE_P2P (0-2,1-3 on 4
+#           GPUs, 0-1 on 2 or 3): tests/gpu/test_fallbacks.py at 2, G and 2xG ranks, the paths
+#           `ipcshare info` and `ipcshare doctor --quick` report, and copy-engine all-gather /
+#           ring sweeps direct vs relay vs host-staged (results.jsonl rows carry "fallback")
 #
 # Writes under ${OUT:-out}: gpu-check.log (everything), results.jsonl (one result document
 # per line), info.json (ipcshare info), summary.txt. Keeps going after a failure and exits
@@ -27,8 +31,9 @@ set -u
 
 phases=("${@:-all}")
 for phase in "${phases[@]}"; do
-  case "$phase" in all|tests|bench|suite|sweep|doctor|faults) ;;
-    *) echo "usage: $0 [all|tests|bench|suite|sweep|doctor|faults]..." >&2; exit 2 ;; esac
+  case "$phase" in all|tests|bench|suite|sweep|doctor|faults|fallback) ;;
+    *) echo "usage: $0 [all|tests|bench|suite|sweep|doctor|faults|fallback]..." >&2
+       exit 2 ;; esac
 done
 wants() {  # wants PHASE: whether PHASE was asked for (all = tests and bench)
   local asked
@@ -289,6 +294,53 @@ if wants faults; then
     step "soak cuda-vmm n=$G: 1000 windows, 20000 ring iterations" 300 \
       soak_run "$G" cuda-vmm 1000 20000
   fi
+fi
+
+fallback_tests() {  # fallback_tests N [extra mpiexec args...]
+  local n=$1
+  shift
+  "$MPIEXEC" -n "$n" --bind-to none "$@" "$PY" -m pytest -q -rs --with-mpi -m gpu \
+    -p no:cacheprovider tests/gpu/test_fallbacks.py tests/gpu/test_windows.py -k "fallback or peer_access"
+}
+fallback_env() {  # fallback_env DISABLED FALLBACK CMD...: run CMD with the pairs disabled
+  IPCSHARE_DISABLE_P2P=$1 IPCSHARE_P2P_FALLBACK=$2 "${@:3}"
+}
+fallback_bench() {  # fallback_bench OP LABEL DISABLED FALLBACK N: one sweep, one JSON line
+  local json="$OUT/fallback-$1-$2-n$5.json" rc
+  IPCSHARE_DISABLE_P2P=$3 IPCSHARE_P2P_FALLBACK=$4 "$MPIEXEC" -n "$5" --bind-to none \
+    -x IPCSHARE_DISABLE_P2P -x IPCSHARE_P2P_FALLBACK "$PY" -m ipcshare "$1" \
+    --backend cuda-vmm --algo copy-engine -b 1M -e "${FALLBACK_MAX:-256M}" -f 4 \
+    -n "$BENCH_ITERS" -w 3 -c 1 --json "$json" | grep -Ev "^#  Rank"
+  rc=${PIPESTATUS[0]}
+  if [[ -s "$json" ]]; then
+    "$PY" -c 'import json, sys; d = json.load(open(sys.argv[1])); d["fallback"] = sys.argv[2]; print(json.dumps(d))' \
+      "$json" "$2" >>"$RESULTS"
+    rm -f "$json"
+  fi
+  return $rc
+}
+export -f fallback_tests fallback_env fallback_bench
+if [[ $G -ge 2 ]] && wants fallback; then
+  if [[ $G -ge 4 ]]; then disabled=0-2,1-3; else disabled=0-1; fi
+  step "fallback tests n=2 (host-staged)" "$STEP_TIMEOUT_TESTS" fallback_tests 2
+  [[ $G -ge 3 ]] && step "fallback tests n=$G (relay and host-staged)" "$STEP_TIMEOUT_TESTS" \
+    fallback_tests "$G"
+  step "fallback tests n=$((2 * G)) (2 ranks per GPU)" "$STEP_TIMEOUT_TESTS" fallback_tests $((2 * G))
+  step "ipcshare info, $disabled disabled" 120 fallback_env "$disabled" auto \
+    "$MPIEXEC" -n "$G" --bind-to none -x IPCSHARE_DISABLE_P2P -x IPCSHARE_P2P_FALLBACK \
+    "$PY" -m ipcshare info --json "$OUT/info-fallback.json"
+  step "doctor --quick n=$G, $disabled disabled" 180 fallback_env "$disabled" auto \
+    "$MPIEXEC" -n "$G" --bind-to none -x IPCSHARE_DISABLE_P2P -x IPCSHARE_P2P_FALLBACK \
+    "$PY" -m ipcshare doctor --quick
+  for op in allgather ring; do
+    step "fallback $op direct n=$G" "$STEP_TIMEOUT_BENCH" fallback_bench "$op" direct "" auto "$G"
+    [[ $G -ge 3 ]] && step "fallback $op relay ($disabled) n=$G" "$STEP_TIMEOUT_BENCH" \
+      fallback_bench "$op" relay "$disabled" relay "$G"
+    step "fallback $op host-staged ($disabled) n=$G" "$STEP_TIMEOUT_BENCH" \
+      fallback_bench "$op" host-staged "$disabled" host "$G"
+  done
+elif wants fallback; then
+  log "fallback: needs 2 GPUs; skipped"
 fi
 
 log ""

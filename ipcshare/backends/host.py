@@ -22,7 +22,7 @@ from ..exchange.fds import OwnedFd
 from .base import Allocation, Backend, Buffer, Exported
 
 __all__ = ["HostBackend", "HostBuffer", "HostAllocation", "HostEngine", "HANDLE_FORMAT",
-           "check_peer_memfd", "parse_host_handle"]
+           "check_peer_memfd", "parse_host_handle", "create_sealed_memfd", "map_peer_memfd"]
 
 # magic, format version, bytes, exporter pid
 HANDLE_FORMAT = struct.Struct("!4sHQI")
@@ -301,21 +301,7 @@ class HostBackend(Backend):
         return lambda: self._mapped.discard(key)
 
     def allocate(self, nbytes: int) -> HostAllocation:
-        fd = OwnedFd(os.memfd_create("ipcshare", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING))
-        try:
-            os.ftruncate(fd.fileno(), nbytes)
-            try:
-                # Reserve the pages now: running out later would be a SIGBUS, not an error.
-                os.posix_fallocate(fd.fileno(), 0, nbytes)
-            except OSError as exc:
-                raise BackendError(
-                    f"cannot reserve {nbytes} bytes of shared memory: {exc.strerror}") from exc
-            fcntl.fcntl(fd.fileno(), fcntl.F_ADD_SEALS, _REQUIRED_SEALS)
-            mapping = mmap.mmap(fd.fileno(), nbytes, mmap.MAP_SHARED,
-                                mmap.PROT_READ | mmap.PROT_WRITE)
-        except BaseException:
-            fd.close()
-            raise
+        fd, mapping = create_sealed_memfd(nbytes)
         return HostAllocation(fd, mapping, nbytes, on_close=self._track(fd.fileno()))
 
     def export(self, allocation: Allocation) -> Exported:
@@ -334,11 +320,7 @@ class HostBackend(Backend):
         if (info.st_dev, info.st_ino) in self._mapped:
             raise BackendError("peer descriptor is memory already mapped here (the same "
                                "handle imported twice, or our own memory sent back)")
-        try:
-            mapping = mmap.mmap(fd.fileno(), nbytes, mmap.MAP_SHARED,
-                                mmap.PROT_READ | mmap.PROT_WRITE)
-        except OSError as exc:
-            raise BackendError(f"mmap of peer memory failed: {exc.strerror}") from exc
+        mapping = map_peer_memfd(fd, nbytes)
         # mmap keeps its own duplicate of the descriptor; the caller closes ``fd``.
         return HostAllocation(None, mapping, nbytes, on_close=self._track(fd.fileno()))
 
@@ -347,6 +329,45 @@ class HostBackend(Backend):
 
     def capacity_bytes(self) -> int | None:
         return _mem_available()
+
+
+def create_sealed_memfd(nbytes: int, name: str = "ipcshare") -> tuple[OwnedFd, mmap.mmap]:
+    """A memfd of ``nbytes`` (pages reserved, sealed against shrinking and growing) and
+    its shared mapping here; on a failure nothing stays open.
+
+    Raises:
+        BackendError: the pages cannot be reserved.
+        OSError: memfd_create, ftruncate or mmap failed.
+    """
+    fd = OwnedFd(os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING))
+    try:
+        os.ftruncate(fd.fileno(), nbytes)
+        try:
+            # Reserve the pages now: running out later would be a SIGBUS, not an error.
+            os.posix_fallocate(fd.fileno(), 0, nbytes)
+        except OSError as exc:
+            raise BackendError(
+                f"cannot reserve {nbytes} bytes of shared memory: {exc.strerror}") from exc
+        fcntl.fcntl(fd.fileno(), fcntl.F_ADD_SEALS, _REQUIRED_SEALS)
+        mapping = mmap.mmap(fd.fileno(), nbytes, mmap.MAP_SHARED,
+                            mmap.PROT_READ | mmap.PROT_WRITE)
+    except BaseException:
+        fd.close()
+        raise
+    return fd, mapping
+
+
+def map_peer_memfd(fd: OwnedFd, nbytes: int) -> mmap.mmap:
+    """Map ``nbytes`` of a peer's memfd here, shared (the caller checked it first with
+    ``check_peer_memfd``; mmap keeps its own duplicate of the descriptor).
+
+    Raises:
+        BackendError: mmap failed.
+    """
+    try:
+        return mmap.mmap(fd.fileno(), nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    except OSError as exc:
+        raise BackendError(f"mmap of peer memory failed: {exc.strerror}") from exc
 
 
 def check_peer_memfd(fd: int, nbytes: int) -> None:

@@ -8,13 +8,16 @@ import os
 import platform
 
 from .. import __version__
+from ..consensus import collective_step
+from ..peer_paths import FALLBACK_ENV, PathPlan, fallback_choice, plan_paths
 from ..topology import World, mpi
 
-__all__ = ["run_info", "rank_facts", "pair_paths", "PAIR_PATHS"]
+__all__ = ["run_info", "rank_facts", "pair_paths", "node_path_plans", "PAIR_PATHS"]
 
 # How one rank reaches another's window: mapped directly (same node; on GPUs with peer
-# access), not at all (same node, GPUs without peer access), or through MPI (other node).
-PAIR_PATHS = ("direct", "no-p2p", "mpi")
+# access), through a third GPU's window or pinned host memory (same node, GPUs without
+# peer access: see peer_paths), or through MPI (other node).
+PAIR_PATHS = ("direct", "relay", "host-staged", "mpi")
 
 
 def _namespace(kind: str) -> str:
@@ -44,6 +47,7 @@ def rank_facts(world: World) -> dict:
         "memfd": hasattr(os, "memfd_create"), "pidfd_getfd": _pidfd_support(),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "gpus": gpus, "backend_auto": "cuda-vmm" if gpus else "host",
+        "p2p_fallback": os.environ.get(FALLBACK_ENV, ""),
     }
     if not gpus:
         facts["no_gpu_reason"] = reason
@@ -60,21 +64,55 @@ def rank_facts(world: World) -> dict:
     return facts
 
 
+def node_path_plans(facts: list[dict]) -> dict[int, PathPlan]:
+    """The path plan of each node (``peer_paths.plan_paths``, as windows make it), from
+    every rank's facts; ``IPCSHARE_P2P_FALLBACK`` as the node's first rank has it.
+
+    Raises:
+        ConfigError: a malformed IPCSHARE_P2P_FALLBACK, or ``relay`` where a pair has no
+            rank to relay through.
+    """
+    plans = {}
+    for node in sorted({f["node"] for f in facts}):
+        indices = [i for i, f in enumerate(facts) if f["node"] == node]
+        members = [facts[i] for i in indices]
+        ranks = [facts[i].get("rank", i) for i in indices]
+        labels = [f"cuda:{f['device']}" if "device" in f else "host" for f in members]
+        reach = [[_peer_access(a, b) for b in members] for a in members]
+        reasons = [[_no_access_reason(a, b) for b in members] for a in members]
+        plans[node] = plan_paths(ranks, labels, reach, reasons,
+                                 fallback=fallback_choice(members[0].get("p2p_fallback")))
+    return plans
+
+
 def pair_paths(facts: list[dict]) -> list[list[str]]:
     """``paths[i][j]``: how rank i reaches rank j's window (one of ``PAIR_PATHS``; ``-``
-    on the diagonal), from every rank's facts."""
+    on the diagonal), from every rank's facts.
+
+    Raises:
+        ConfigError: as ``node_path_plans``.
+    """
+    plans = node_path_plans(facts)
     paths = []
-    for a in facts:
+    for i, a in enumerate(facts):
         row = []
-        for b in facts:
-            if a is b:
+        for j, b in enumerate(facts):
+            if i == j:
                 row.append("-")
             elif a["node"] != b["node"]:
                 row.append("mpi")
             else:
-                row.append("direct" if _peer_access(a, b) else "no-p2p")
+                plan = plans[a["node"]]
+                row.append(plan.kind(plan.ranks[_position(facts, i)],
+                                     plan.ranks[_position(facts, j)]))
         paths.append(row)
     return paths
+
+
+def _position(facts: list[dict], index: int) -> int:
+    """Index of ``facts[index]`` among the ranks of its node."""
+    node = facts[index]["node"]
+    return sum(1 for f in facts[:index] if f["node"] == node)
 
 
 def _peer_access(a: dict, b: dict) -> bool:
@@ -88,20 +126,34 @@ def _peer_access(a: dict, b: dict) -> bool:
                for p in a.get("p2p", []))
 
 
+def _no_access_reason(a: dict, b: dict) -> str:
+    """Why rank ``a``'s device may not map rank ``b``'s, as the P2P matrix says."""
+    for p in a.get("p2p", []):
+        if p["src"] == a.get("device") and p["dst"] == b.get("device"):
+            return p.get("why") or "no peer access"
+    return "no peer access reported"
+
+
 def run_info(args: argparse.Namespace) -> int:
     MPI = mpi()
     world = World.from_comm()
     try:
+        with collective_step(world, f"reading {FALLBACK_ENV}"):
+            fallback_choice(os.environ.get(FALLBACK_ENV))
         facts = world.comm.gather(rank_facts(world), root=0)
     finally:
         world.close()
     if world.rank != 0:
         return 0
     paths = pair_paths(facts)
+    plans = node_path_plans(facts)
+    relays = {f"{a}-{b}": plan.path(a, b).relay for plan in plans.values()
+              for a in plan.ranks for b in plan.ranks if plan.kind(a, b) == "relay"}
     document = {"ipcshare": __version__, "python": platform.python_version(),
                 "mpi": " ".join(MPI.Get_library_version().split()[:3]),
                 "world_size": world.size, "nodes": world.node_count,
-                "virtual_nodes": world.virtual_nodes, "ranks": facts, "paths": paths}
+                "virtual_nodes": world.virtual_nodes, "ranks": facts, "paths": paths,
+                "relays": relays}
     print(f"ipcshare {__version__}  python {document['python']}  MPI: {document['mpi']}")
     virtual = (f" (virtual: IPCSHARE_VIRTUAL_NODES={world.virtual_nodes})"
                if world.virtual_nodes else "")
@@ -114,10 +166,13 @@ def run_info(args: argparse.Namespace) -> int:
               f"{f['pidfd_getfd']}")
     if world.size > 1:
         print("path from rank (row) to rank (column): direct = window mapped, mpi = other "
-              "node, no-p2p = same node without peer access")
-        print("      " + "".join(f"{r:>7}" for r in range(world.size)))
+              "node; same node without peer access: relay:K = through rank K's window, "
+              "host-staged = through pinned host memory")
+        print("      " + "".join(f"{r:>12}" for r in range(world.size)))
         for r, row in enumerate(paths):
-            print(f"{r:>6}" + "".join(f"{cell:>7}" for cell in row))
+            cells = [f"relay:{relays[f'{r}-{c}']}" if cell == "relay" else cell
+                     for c, cell in enumerate(row)]
+            print(f"{r:>6}" + "".join(f"{cell:>12}" for cell in cells))
     namespaces = {f["pid_namespace"] for f in facts}
     if len(namespaces) > 1:
         print("note: ranks live in different PID namespaces: pidfd_getfd cannot reach peers, "

@@ -2,7 +2,9 @@
 p2pBandwidthLatencyTest does): the writer copies a large block from its window into the
 owner's window through its mapping (the copy engine on GPUs, memcpy on the host), timed
 with the engine's timer (CUDA events on GPUs), then repeats 4-byte writes for latency.
-The owner checks what arrived, so a fast number is also a correct one.
+The owner checks what arrived, so a fast number is also a correct one. A pair of GPUs
+without peer access is measured on its fallback path (relay or host-staged, ``path`` in
+the row): the writer pushes staged chunks while the owner pulls them.
 """
 
 from __future__ import annotations
@@ -95,18 +97,36 @@ def _time_every_pair(window: Any, comm: Any, members: list[int], record: dict[st
             if writer == owner:
                 continue
             comm.Barrier()
+            staged = window.path(owner if me == writer else writer) not in ("direct", "self")
             if me == writer:
-                row: dict[str, Any] = {"writer": members[me], "owner": members[owner]}
+                row: dict[str, Any] = {"writer": members[me], "owner": members[owner],
+                                       "path": window.path(owner)}
                 if stage_error:
                     row["error"] = stage_error
                 else:
                     try:
-                        row.update(_time_one_pair(engine, outbox,
-                                                  window.peer(owner).slice(nbytes, nbytes),
-                                                  repeats, latency_writes))
+                        if staged:
+                            copies = _staged_copies(window, sends=[(owner, outbox)])
+                        else:
+                            target = window.peer(owner).slice(nbytes, nbytes)
+                            copies = _direct_copies(engine, target, outbox)
+                        row.update(_time_one_pair(engine, outbox.nbytes, copies, repeats,
+                                                  latency_writes))
                     except Exception as exc:
                         row["error"] = f"{type(exc).__name__}: {exc}"
                 record["rows"].append(row)
+            elif me == owner and staged:
+                # Without peer access the owner pulls what the writer pushes, call for call.
+                try:
+                    big, tiny = _staged_copies(
+                        window, receives=[(writer, window.local.slice(nbytes, nbytes))])
+                    for _ in range(1 + repeats):
+                        big()
+                    for _ in range(1 + latency_writes):
+                        tiny()
+                    engine.synchronize()
+                except Exception:
+                    pass  # the writer's row and this owner's readback tell what went wrong
             comm.Barrier()
             if me == owner:
                 received: dict[str, Any] = {"writer": members[writer], "owner": members[me]}
@@ -118,22 +138,37 @@ def _time_every_pair(window: Any, comm: Any, members: list[int], record: dict[st
                 record["received"].append(received)
 
 
-def _time_one_pair(engine: Any, source: Any, target: Any, repeats: int,
+def _direct_copies(engine: Any, target: Any, source: Any) -> tuple[Any, Any]:
+    """(the block copy, the 4-byte copy) into a peer's mapped window."""
+    tiny_target, tiny_source = target.slice(0, LATENCY_BYTES), source.slice(0, LATENCY_BYTES)
+    return (lambda: engine.copy(target, source),
+            lambda: engine.copy(tiny_target, tiny_source))
+
+
+def _staged_copies(window: Any, *, sends: list = (), receives: list = ()) -> tuple[Any, Any]:
+    """(the block copy, the 4-byte copy) through the window's staged copies (relay or
+    host-staged): the sender's half or the receiver's, which the other end mirrors."""
+    def tiny(transfers: list) -> list:
+        return [(peer, buffer.slice(0, LATENCY_BYTES)) for peer, buffer in transfers]
+    return (window.staged.bind(window.engine, sends=sends, receives=receives),
+            window.staged.bind(window.engine, sends=tiny(sends), receives=tiny(receives)))
+
+
+def _time_one_pair(engine: Any, nbytes: int, copies: tuple[Any, Any], repeats: int,
                    latency_writes: int) -> dict[str, float]:
-    engine.copy(target, source)  # warm-up: first touch, lazy peer mappings
+    big, tiny = copies
+    big()  # warm-up: first touch, lazy peer mappings
     timer = engine.timer()
     timer.start()
     for _ in range(repeats):
-        engine.copy(target, source)
+        big()
     seconds = timer.stop() / repeats
-    tiny_target, tiny_source = target.slice(0, LATENCY_BYTES), source.slice(0, LATENCY_BYTES)
-    engine.copy(tiny_target, tiny_source)
+    tiny()
     timer.start()
     for _ in range(latency_writes):
-        engine.copy(tiny_target, tiny_source)
+        tiny()
     latency = timer.stop() / latency_writes
-    return {"gbps": round(source.nbytes / seconds / 1e9, 3),
-            "latency_us": round(latency * 1e6, 3)}
+    return {"gbps": round(nbytes / seconds / 1e9, 3), "latency_us": round(latency * 1e6, 3)}
 
 
 def link_kind(writer_uuid: str | None, owner_uuid: str | None,
@@ -150,12 +185,15 @@ def link_kind(writer_uuid: str | None, owner_uuid: str | None,
 
 def judge_rows(rows: list[dict[str, Any]], kinds: dict[tuple[int, int], str]) -> None:
     """Mark each GPU row with its link kind, the floor it is held to and ``slow`` when
-    it is correct but below that floor (``kinds`` maps (writer, owner) to a link kind)."""
+    it is correct but below that floor (``kinds`` maps (writer, owner) to a link kind).
+    Rows measured on a fallback path (relay, host-staged) get no floor."""
     for row in rows:
         kind = kinds.get((row["writer"], row["owner"]))
         if kind is None:
             continue
         row["link"] = kind
+        if row.get("path", "direct") != "direct":
+            continue  # a relay or host-staged fallback: the link's floor does not apply
         floor = EXPECTED_MIN_GBPS[kind]
         row["expected_min_gbps"] = floor
         row["slow"] = "gbps" in row and row["gbps"] < floor

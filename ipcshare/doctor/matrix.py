@@ -18,7 +18,7 @@ from ..errors import IpcShareError
 from ..patterns.seeding import POISON_BYTE, seeded_bytes
 from .paths import PathSpec, close_window_together, describe_failure, open_group
 
-__all__ = ["probe_path", "pair_rounds", "run_matrix", "cell_seed"]
+__all__ = ["probe_path", "pair_rounds", "run_matrix", "cell_seed", "indirect_pairs"]
 
 
 def cell_seed(path_index: int, owner: int, peer: int, nbytes: int) -> np.ndarray:
@@ -83,6 +83,8 @@ def probe_path(spec: PathSpec, comm: Any, members: list[int], *, path_index: int
             return record
         record.update(_exchange_facts(group))
         record["setup_ms"] = {step: round(ms, 3) for step, ms in window.setup_ms.items()}
+        if window.paths.has_fallbacks:
+            record["pair_paths"] = indirect_pairs(window, members)
         record["cells"] = _write_and_read_back(window, comm, members, path_index, slot_bytes)
         closing = close_window_together(window)
         if closing:
@@ -113,6 +115,9 @@ def _write_and_read_back(window: Any, comm: Any, members: list[int], path_index:
     except Exception as exc:
         write_errors = {r: f"poison: {type(exc).__name__}: {exc}" for r in range(count)}
     comm.Barrier()  # every inbox is poisoned before anyone writes
+    # Pairs without peer access go through the window's staged copies, where the owner
+    # takes part: every rank pulls from its staged peers while it pushes to them.
+    sends, receives, poison_failed = [], [], bool(write_errors)
     for target in range(count):
         if target == me or target in write_errors:
             continue
@@ -120,10 +125,22 @@ def _write_and_read_back(window: Any, comm: Any, members: list[int], path_index:
             staged = window.local.slice(outbox_at + target * slot_bytes, slot_bytes)
             engine.upload(staged, cell_seed(path_index, members[target], members[me], slot_bytes))
             # The window's group is ``comm`` itself: its rank numbers are comm's.
-            engine.copy(window.peer(target).slice(inbox_at + me * slot_bytes, slot_bytes),
-                        staged)
+            if window.path(target) == "direct":
+                engine.copy(window.peer(target).slice(inbox_at + me * slot_bytes, slot_bytes),
+                            staged)
+            else:
+                sends.append((target, staged))
         except Exception as exc:
             write_errors[target] = f"{type(exc).__name__}: {exc}"
+    if window.staged is not None and not poison_failed:
+        receives = [(peer, window.local.slice(inbox_at + peer * slot_bytes, slot_bytes))
+                    for peer in window.staged.peers]
+    if sends or receives:
+        try:
+            window.staged.bind(engine, sends=sends, receives=receives)()
+        except Exception as exc:
+            for target, _source in sends:
+                write_errors.setdefault(target, f"{type(exc).__name__}: {exc}")
     try:
         engine.synchronize()
     except Exception as exc:
@@ -141,7 +158,8 @@ def _write_and_read_back(window: Any, comm: Any, members: list[int], path_index:
     for peer in range(count):
         if peer == me:
             continue
-        cell: dict[str, Any] = {"owner": members[me], "peer": members[peer], "result": "ok"}
+        cell: dict[str, Any] = {"owner": members[me], "peer": members[peer], "result": "ok",
+                                "path": window.path(peer)}
         if me in failed_writes[peer]:
             cell.update(result="fail", step="write", message=failed_writes[peer][me])
         elif read_error is not None:
@@ -159,6 +177,18 @@ def _write_and_read_back(window: Any, comm: Any, members: list[int], path_index:
                                      f"rank {members[peer]}'s write reported success"))
         cells.append(cell)
     return cells
+
+
+def indirect_pairs(window: Any, members: list[int]) -> list[dict[str, Any]]:
+    """The node's pairs without peer access (job ranks): their path, relay and why."""
+    plan = window.paths
+    pairs = []
+    for pair, path in sorted(plan.indirect.items(), key=lambda item: sorted(item[0])):
+        a, b = sorted(pair)
+        pairs.append({"ranks": [members[a], members[b]], "path": path.kind,
+                      "relay": None if path.relay is None else members[path.relay],
+                      "devices": [plan.label(a), plan.label(b)], "reason": path.reason})
+    return pairs
 
 
 def run_matrix(paths: list[tuple[int, PathSpec]], comm: Any, members: list[int], *,

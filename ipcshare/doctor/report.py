@@ -108,6 +108,10 @@ def _matrix_lines(node: dict[str, Any]) -> list[str]:
             result = "failed"
         lines.append(f"  {path['path']:<16} {f'{good}/{len(cells)}':>9} {setup_text:>9}  "
                      f"{result}")
+        for pair in path.get("pair_paths", []):
+            via = f" through rank {pair['relay']}" if pair.get("relay") is not None else ""
+            lines.append(f"  {'':<16} ranks {pair['ranks'][0]}<->{pair['ranks'][1]} "
+                         f"({'/'.join(pair['devices'])}): {pair['path']}{via} (no peer access)")
         bad = [cell for cell in cells if cell["result"] != "ok"]
         if path.get("pairwise"):
             lines.append(f"  {'':<16} pair by pair: {good} of {len(cells)} ordered pairs work")
@@ -138,7 +142,9 @@ def _bandwidth_value(row: dict[str, Any]) -> str:
     if "gbps" not in row:
         return "error"
     mark = "!" if row.get("intact") is False else ("*" if row.get("slow") else "")
-    return f"{row['gbps']:.2f}{mark}"
+    # Pairs without peer access are measured on their fallback: r = relay, h = host-staged.
+    path = {"relay": "r", "host-staged": "h"}.get(row.get("path", "direct"), "")
+    return f"{row['gbps']:.2f}{path}{mark}"
 
 
 def _bandwidth_lines(node: dict[str, Any]) -> list[str]:
@@ -157,7 +163,7 @@ def _bandwidth_lines(node: dict[str, Any]) -> list[str]:
         ranks = node["world_ranks"]
         lines.append(f"  bandwidth GB/s, writer -> owner ({label}, {record['path']}, "
                      f"{format_size(record['bytes'])} per write; * slow for its link, "
-                     "! bytes lost)")
+                     "! bytes lost, r relay, h host-staged: no peer access)")
         if len(ranks) <= _GRID_LIMIT:
             lines += _grid(rows, ranks, _bandwidth_value)
             lines.append(f"  latency us of {4}-byte writes, writer -> owner")

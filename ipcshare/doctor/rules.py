@@ -246,9 +246,28 @@ def fabric_without_imex(node: Node) -> list[Finding]:
 
 
 def p2p_unreachable(node: Node) -> list[Finding]:
-    """The driver says two GPUs have no peer path (or it was disabled on purpose)."""
+    """The driver says two GPUs have no peer path (or it was disabled on purpose), and
+    which fallback path (relay, host-staged) their windows use instead."""
     findings: dict[str, Finding] = {}
     for record in node.get("matrix", []):
+        for pair in record.get("pair_paths", []):
+            a, b = pair["ranks"]
+            key = f"pair {a}-{b}"
+            if key in findings:
+                continue
+            on_purpose = "IPCSHARE_DISABLE_P2P" in pair.get("reason", "")
+            how = (f"relay through rank {pair['relay']}'s GPU" if pair["path"] == "relay"
+                   else "host-staged copies through pinned host memory")
+            findings[key] = Finding(
+                "info" if on_purpose else "warn", "gpu-path",
+                f"rank {a} ({pair['devices'][0]}) and rank {b} ({pair['devices'][1]}): "
+                f"{pair.get('reason', 'no peer access')}; their windows are not mapped, bytes "
+                f"go by {how} (path {pair['path']})",
+                "unset IPCSHARE_DISABLE_P2P" if on_purpose else
+                "put cooperating ranks on GPUs with a P2P path (nvidia-smi topo -p2p r); in VMs "
+                "pass the GPUs through with peer access allowed (ACS / IOMMU settings)",
+                evidence=f"{record['path']}: {pair['path']}"
+                         + (f" via rank {pair['relay']}" if pair.get("relay") is not None else ""))
         texts = [(record.get("failure") or {}).get("message", "")]
         texts += [cell.get("message", "") for cell in record.get("cells", [])]
         for text in texts:

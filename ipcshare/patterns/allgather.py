@@ -74,22 +74,32 @@ class AllGather(Pattern):
             return bind_hierarchical(self, window, plan, mode)
         me, n = window.rank, window.world_size
         mine = self._send_of(window, me, plan, mode)
-        pairs = []
+        pairs, sends, receives = [], [], []
         for step in range(1, n):
             # Push: write our block into every peer's output (on NVLink the copy engine
             # writes faster than it reads); staggered so peers spread their traffic.
             peer = (me + step) % n
-            target = window.peer(peer).slice(self._recv_offset(plan) + me * plan.block_bytes,
-                                             plan.block_bytes)
-            pairs.append((target, mine))
+            if window.path(peer) == "direct":
+                target = window.peer(peer).slice(
+                    self._recv_offset(plan) + me * plan.block_bytes, plan.block_bytes)
+                pairs.append((target, mine))
+            else:
+                # No peer access: the peer pulls our block in chunks through a relay's
+                # window or pinned host memory, while we push them (staged_copy).
+                sends.append((peer, mine))
+                receives.append((peer, self._recv_slot(window, peer, plan)))
         if mode == "out-of-place":
             pairs.append((self._recv_slot(window, me, plan), mine))
         copy_all = window.engine.copier(pairs)
+        staged = (window.staged.bind(window.engine, sends=sends, receives=receives)
+                  if sends else None)
         barrier = window.barrier
 
         def allgather() -> None:
             barrier()   # every peer is done with its output from before: we may write it
             copy_all()
+            if staged is not None:
+                staged()
             barrier()   # every peer's block has landed in our output
         return allgather
 

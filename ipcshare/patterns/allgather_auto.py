@@ -16,7 +16,8 @@ __all__ = ["AutoAllGather"]
 
 class AutoAllGather(AllGather):
     """All-gather by the copy engine or a kernel, chosen per size; engine copies on host
-    windows and across nodes (kernels reach only one node's peers)."""
+    windows, across nodes (kernels reach only one node's peers) and where a pair of GPUs
+    has no peer access."""
 
     def __init__(self) -> None:
         super().__init__("auto")
@@ -25,8 +26,10 @@ class AutoAllGather(AllGather):
 
     def choose(self, window: Window, plan: SizePlan) -> str:
         """The algorithm ``plan`` runs on ``window``."""
+        # Kernels need every peer mapped: pairs without peer access keep to the copy
+        # engine, whose staged copies reach them.
         if (not hasattr(window.group.backend, "kernels") or window.world.node_count > 1
-                or not _nvrtc_present()):
+                or window.paths.has_fallbacks or not _nvrtc_present()):
             return "copy-engine"
         # A graph-safe view (Window.on_stream(..., graph_safe=True)) is what gets captured.
         return choose_allgather(plan.size, window.world_size,

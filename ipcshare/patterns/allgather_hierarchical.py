@@ -46,6 +46,11 @@ def bind_hierarchical(pattern: AllGather, window: Window, plan: SizePlan,
     rails when every node has as many ranks, through the node leaders otherwise."""
     world, engine = window.world, window.engine
     block, me = plan.block_bytes, world.rank
+    if window.group.fallbacks_anywhere:  # known job-wide: every rank refuses alike
+        raise ConfigError(
+            "the hierarchical all-gather maps every peer of a node, but some node has GPUs "
+            "without peer access (see `ipcshare info`): place such GPUs on different "
+            "(virtual) nodes, or run the job on one node with --algo copy-engine")
     segments = node_segments(world.node_of_rank)
     recv = pattern._recv_offset(plan)
     output = window.local.slice(recv, block * world.size)

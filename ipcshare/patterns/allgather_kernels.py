@@ -14,7 +14,7 @@ from ..window import EPOCH_SLOT_BASE, KERNEL_SLOT_BASE, Window
 from .allgather import AllGather
 from .base import SizePlan
 
-__all__ = ["KernelAllGather", "KERNEL_ALGOS"]
+__all__ = ["KernelAllGather", "KERNEL_ALGOS", "refuse_indirect_pairs"]
 
 KERNEL_ALGOS = {"push": "allgather_push", "pull": "allgather_pull", "ring": "allgather_ring"}
 _THREADS = 512
@@ -30,6 +30,21 @@ _SLOT_BASE = {"push": KERNEL_SLOT_BASE, "pull": KERNEL_SLOT_BASE, "ring": KERNEL
 # Own-pad words where each family counts its operations (device-side epochs: nothing on
 # the host changes between launches, so CUDA graphs of these kernels replay correctly).
 _EPOCH_WORD = {"push": EPOCH_SLOT_BASE, "pull": EPOCH_SLOT_BASE, "ring": EPOCH_SLOT_BASE + 2}
+
+
+def refuse_indirect_pairs(window: Window, what: str) -> None:
+    """Raise ConfigError naming the first pair of the node without peer access: kernels
+    load and store into every peer's window, which such a pair cannot map. The plan is
+    the node's, so every rank refuses alike."""
+    plan = window.paths
+    if not plan.has_fallbacks:
+        return
+    a, b = min(tuple(sorted(pair)) for pair in plan.indirect)
+    raise ConfigError(
+        f"{what} reads and writes every peer's window directly, but rank {a} "
+        f"({plan.label(a)}) and rank {b} ({plan.label(b)}) have no peer access "
+        f"({plan.path(a, b).reason}; their path is {plan.kind(a, b)}): use --algo "
+        "copy-engine (or auto), which stages such pairs")
 
 
 def kernel_blocks(block_bytes: int) -> int:
@@ -57,6 +72,7 @@ class KernelAllGather(AllGather):
             raise ConfigError(f"--algo {self.algo} works within one node of at most "
                               f"{MAX_KERNEL_RANKS} ranks; this job has {n} on "
                               f"{window.world.node_count} node(s)")
+        refuse_indirect_pairs(window, f"--algo {self.algo}")
         args = AllGatherArgs()
         for rank in range(n):
             args.outputs[rank] = window.peer(rank).ptr + self._recv_offset(plan)

@@ -63,22 +63,45 @@ class Ring(Pattern):
         if not (window.world.is_local(nxt) and window.world.is_local(prev)):
             return self._bind_across_nodes(window, plan)
         steps = ring_steps(n)
-        copies = []
-        for step in range(steps):
-            index = (me - step) % n  # the block received in the previous step (own first)
-            copies.append(engine.copier([(window.peer(nxt).slice(index * block, block),
-                                          window.local.slice(index * block, block))]))
-        post, wait = self._signals(window, to_next=True, from_previous=True)
+        # A hop between GPUs without peer access goes through the window's staged copies:
+        # the sender pushes chunks, the receiver pulls them, and the pull's completion is
+        # the step's signal (the pad of a peer we cannot map is out of reach anyway).
+        send_staged = n > 1 and window.path(nxt) != "direct"
+        receive_staged = n > 1 and window.path(prev) != "direct"
+        sources = [window.local.slice(((me - step) % n) * block, block) for step in range(steps)]
+        copies = [] if send_staged else [
+            engine.copier([(window.peer(nxt).slice(source.ptr - window.local.ptr, block),
+                            source)]) for source in sources]
+        staged = self._staged_steps(window, plan, send_staged, receive_staged)
+        post, wait = self._signals(window, to_next=not send_staged,
+                                   from_previous=not receive_staged)
         counter = self._signal_epoch.setdefault(window, [0])
+
+        hop = _node_hop(copies, post, staged, wait)
 
         def ring() -> None:
             base = counter[0]
             for step in range(steps):
-                copies[step]()
-                post(base + step + 1)
-                wait(base + step + 1)
+                hop(step, base + step + 1)
             counter[0] = base + steps
         return ring
+
+    @staticmethod
+    def _staged_steps(window: Window, plan: SizePlan, send: bool,
+                      receive: bool) -> list[Callable[[], None]]:
+        """Per step, the staged half of the ring at this rank: step s sends block
+        (me - s) to the next rank and receives block (me - 1 - s) from the previous one,
+        each only where that hop has no peer access (empty when neither does)."""
+        if not (send or receive):
+            return []
+        me, n, block = window.rank, window.world_size, plan.block_bytes
+        nxt, prev = (me + 1) % n, (me - 1) % n
+        return [window.staged.bind(
+            window.engine,
+            sends=[(nxt, window.local.slice(((me - step) % n) * block, block))] if send else [],
+            receives=[(prev, window.local.slice(((me - 1 - step) % n) * block, block))]
+            if receive else [])
+            for step in range(ring_steps(n))]
 
     @staticmethod
     def _signals(window: Window, *, to_next: bool, from_previous: bool) -> tuple[Any, Any]:
@@ -104,14 +127,19 @@ class Ring(Pattern):
         send_by_mpi, receive_by_mpi = not world.is_local(nxt), not world.is_local(prev)
         # Step s sends block (me - s) and receives block (me - 1 - s), which it sends on.
         sources = [window.local.slice(((me - step) % n) * block, block) for step in range(steps)]
-        copies = [] if send_by_mpi else [
+        # The hop that stays on the node goes direct or, without peer access, staged.
+        send_staged = not send_by_mpi and window.path(nxt) != "direct"
+        receive_staged = not receive_by_mpi and window.path(prev) != "direct"
+        copies = [] if send_by_mpi or send_staged else [
             engine.copier([(window.peer(nxt).slice(source.ptr - window.local.ptr, block),
                             source)]) for source in sources]
+        staged = self._staged_steps(window, plan, send_staged, receive_staged)
         receivers = [path.receiver(window.local.slice(((me - 1 - step) % n) * block, block))
                      for step in range(steps)] if receive_by_mpi else []
-        post, wait = self._signals(window, to_next=not send_by_mpi,
-                                   from_previous=not receive_by_mpi)
+        post, wait = self._signals(window, to_next=not (send_by_mpi or send_staged),
+                                   from_previous=not (receive_by_mpi or receive_staged))
         counter = self._signal_epoch.setdefault(window, [0])
+        hop = _node_hop(copies, post, staged, wait)
 
         def ring() -> None:
             base = counter[0]
@@ -124,11 +152,7 @@ class Ring(Pattern):
                     engine.synchronize()  # the block came in by the previous step
                     outgoing = path.sendable(sources[step])  # alive until the send is done
                     requests.append(comm.Isend([outgoing, MPI.BYTE], dest=nxt, tag=RING_MPI_TAG))
-                else:
-                    copies[step]()
-                    post(base + step + 1)
-                if wait is not None:
-                    wait(base + step + 1)
+                hop(step, base + step + 1)
                 MPI.Request.Waitall(requests)
                 if receive_by_mpi:
                     receivers[step][1]()  # staged bytes into the window
@@ -146,3 +170,18 @@ class Ring(Pattern):
     def bandwidth(self, plan: SizePlan, seconds: float, world_size: int) -> tuple[float, float]:
         algbw = plan.block_bytes * ring_steps(world_size) / seconds / 1e9
         return algbw, algbw
+
+
+def _node_hop(copies: list, post: Any, staged: list, wait: Any) -> Callable[[int, int], None]:
+    """The part of a ring step that stays on the node: the push to the next rank and its
+    signal (when that hop is direct), the staged halves (hops without peer access), and
+    the wait for the previous rank's signal (when its hop is direct)."""
+    def hop(step: int, value: int) -> None:
+        if post is not None:
+            copies[step]()
+            post(value)
+        if staged:
+            staged[step]()
+        if wait is not None:
+            wait(value)
+    return hop

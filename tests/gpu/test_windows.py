@@ -17,7 +17,7 @@ from ipcshare import cuda_driver
 from ipcshare.backends import gpu_count
 from ipcshare.backends.device_buffer import DeviceBuffer, live_dlpack_exports
 from ipcshare.config import merge_options
-from ipcshare.errors import BackendError, BackendUnavailable, SignalTimeout
+from ipcshare.errors import BackendError, BackendUnavailable, SignalTimeout, WindowError
 from ipcshare.patterns import make_pattern
 from ipcshare.patterns.driver import run_pattern
 from ipcshare.patterns.seeding import seeded_bytes
@@ -296,16 +296,22 @@ def test_cupy_views_of_peer_memory_are_zero_copy(comm, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_a_pair_without_peer_access_fails_on_every_rank(comm, backend, gpus, monkeypatch):
+def test_a_pair_without_peer_access_is_staged_not_mapped(comm, backend, gpus, monkeypatch):
     if gpus < 2 or comm.size < 2:
         pytest.skip("needs 2 ranks on 2 GPUs")
     # Every pair here has NVLink; declare GPUs 0 and 1 unreachable from each other.
     monkeypatch.setenv("IPCSHARE_DISABLE_P2P", "0-1")
     before = open_fd_count()
     with ipcshare.Group(backend=backend) as g:
-        with pytest.raises(BackendError, match=r"import failed on rank \d+@.*cannot reach the "
-                                               r"memory of cuda:\d .*IPCSHARE_DISABLE_P2P"):
-            g.window(1 << 20)
+        with g.window(1 << 20) as w:
+            if g.rank < 2:  # ranks 0 and 1 sit on GPUs 0 and 1
+                other = 1 - g.rank
+                assert w.path(other) in ("relay", "host-staged")
+                with pytest.raises(WindowError, match=r"cannot map the window of rank \d+@.*"
+                                                      r"IPCSHARE_DISABLE_P2P"):
+                    w.peer(other)
+            w.barrier()
+            w.synchronize()
     assert open_fd_count() == before
 
 

@@ -294,6 +294,24 @@ def test_p2p_disabled_on_purpose_is_not_a_mystery():
     assert "IPCSHARE_DISABLE_P2P" in finding.fix
 
 
+def test_pairs_without_peer_access_are_named_with_their_fallback_path():
+    pairs = [{"ranks": [0, 2], "path": "relay", "relay": 1, "devices": ["cuda:0", "cuda:2"],
+              "reason": "cuda:0 and cuda:2 have no peer access: disabled by "
+                        "IPCSHARE_DISABLE_P2P"},
+             {"ranks": [1, 3], "path": "host-staged", "relay": None,
+              "devices": ["cuda:1", "cuda:3"],
+              "reason": "cuda:1 and cuda:3 have no peer access: cuDeviceCanAccessPeer -> 0"}]
+    evidence = node(matrix=node()["matrix"] + [path("cuda-vmm/pidfd", gpu=True,
+                                                      pair_paths=pairs)])
+    found = [f for f in rules.diagnose(evidence) if f.check == "gpu-path"]
+    assert len(found) == 2
+    relay, staged = sorted(found, key=lambda f: f.cause)
+    assert relay.severity == "info" and "relay through rank 1's GPU (path relay)" in relay.cause
+    assert "rank 0 (cuda:0) and rank 2 (cuda:2)" in relay.cause
+    assert staged.severity == "warn" and "host-staged copies through pinned host memory" \
+        in staged.cause and "cuDeviceCanAccessPeer" in staged.cause
+
+
 def test_findings_come_failures_first_and_rules_never_mutate_the_evidence():
     evidence = pidfd_refused_node(seccomp={"mode": 2})
     evidence["leaks"][0] = {"rank": 0, "leak": True, "leaked": ["1 descriptor(s)"],

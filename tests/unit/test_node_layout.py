@@ -40,13 +40,42 @@ def test_hierarchical_is_an_allgather_algorithm_but_not_a_ring_one():
         make_pattern("ring", "hierarchical")
 
 
-def test_pair_paths_name_gpus_without_peer_access():
-    from ipcshare.cli.info import pair_paths
+def _p2p(count: int, without: set[frozenset[int]]) -> list[dict]:
+    return [{"src": s, "dst": d, "access": frozenset((s, d)) not in without,
+             "why": "disabled by IPCSHARE_DISABLE_P2P" if frozenset((s, d)) in without else ""}
+            for s in range(count) for d in range(count) if s != d]
+
+
+def test_pair_paths_stage_gpus_without_peer_access_through_host_memory():
+    from ipcshare.cli.info import PAIR_PATHS, pair_paths
 
     p2p = [{"src": 0, "dst": 1, "access": False}, {"src": 1, "dst": 0, "access": False},
            {"src": 0, "dst": 2, "access": True}, {"src": 2, "dst": 0, "access": True}]
     facts = [{"node": 0, "device": d, "cuda_visible_devices": None, "p2p": p2p}
              for d in (0, 1, 2)] + [{"node": 1}]
     paths = pair_paths(facts)
-    assert paths[0] == ["-", "no-p2p", "direct", "mpi"]
+    # 0-1 has no relay: GPU 2 reaches GPU 0 but not GPU 1 (no 1-2 row says it may).
+    assert paths[0] == ["-", "host-staged", "direct", "mpi"]
     assert paths[2][0] == "direct" and paths[3] == ["mpi", "mpi", "mpi", "-"]
+    assert {cell for row in paths for cell in row} - {"-"} <= set(PAIR_PATHS)
+
+
+def test_pair_paths_relay_through_a_third_gpu_and_follow_the_forced_fallback():
+    from ipcshare.cli.info import node_path_plans, pair_paths
+
+    p2p = _p2p(4, {frozenset((0, 2)), frozenset((1, 3))})
+    facts = [{"rank": d, "node": 0, "device": d, "cuda_visible_devices": None, "p2p": p2p,
+              "p2p_fallback": ""} for d in range(4)]
+    paths = pair_paths(facts)
+    assert paths[0] == ["-", "direct", "relay", "direct"]
+    assert paths[1][3] == paths[3][1] == "relay"
+    plan = node_path_plans(facts)[0]
+    assert plan.path(0, 2).relay == 1 and plan.path(1, 3).relay == 0
+    assert "disabled by IPCSHARE_DISABLE_P2P" in plan.path(0, 2).reason
+    for fact in facts:
+        fact["p2p_fallback"] = "host"
+    assert pair_paths(facts)[0] == ["-", "direct", "host-staged", "direct"]
+    for fact in facts:
+        fact["p2p_fallback"] = "sideways"
+    with pytest.raises(ConfigError, match="IPCSHARE_P2P_FALLBACK='sideways'"):
+        pair_paths(facts)
