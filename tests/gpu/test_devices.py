@@ -29,7 +29,8 @@ def test_device_facts_describe_every_visible_gpu(gpus):
     assert len(pairs) == gpus * (gpus - 1)
     for pair in pairs:
         assert pair["src"] != pair["dst"]
-        assert set(pair) == {"src", "dst", "access", "native_atomics", "perf_rank"}
+        assert set(pair) == {"src", "dst", "access", "native_atomics", "perf_rank",
+                             "why"}
 
 
 def test_handle_support_is_probed_with_real_allocations():

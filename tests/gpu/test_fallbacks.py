@@ -131,7 +131,10 @@ def test_copy_engine_patterns_stay_bit_exact_through_the_fallbacks(
                              emit=lambda _line: None)
     assert staged
     assert comm.allgather(result.wrong_total) == [0] * comm.size
-    assert len(result.rows) >= 7 and all(row.wrong == 0 for row in result.rows)
+    # Sizes round down to whole elements per rank, so several small sizes can fold into one
+    # row at 8 ranks: count rows loosely, but the sweep must reach its largest, multi-chunk size.
+    assert len(result.rows) >= 5 and all(row.wrong == 0 for row in result.rows)
+    assert result.rows[-1].size >= 9 << 20
 
 
 @pytest.mark.parametrize("fallback", ["host", "relay"])
