@@ -42,7 +42,9 @@ def _case(comm, gpus: int, fallback: str) -> str:
     if fallback == "relay":
         if gpus < 3 or comm.size < 3:
             pytest.skip("a relay needs 3 ranks on 3 GPUs")
-        return "0-2,1-3" if gpus >= 4 and comm.size >= 4 else "0-1"
+        # Ring edges (0-1, 2-3), so the ring's hops go through the relay as well as the
+        # all-gather's: 0-1 relays through rank 2, 2-3 through rank 0.
+        return "0-1,2-3" if gpus >= 4 and comm.size >= 4 else "0-1"
     if gpus < 2 or comm.size < 2:
         pytest.skip("host staging needs 2 ranks on 2 GPUs")
     return "0-1"
