@@ -21,7 +21,7 @@ from .. import cuda_driver
 from ..cuda_driver import check, describe_error, driver
 from ..errors import ConfigError, CudaError, SignalTimeout
 from .cuda_graph import CapturedGraph
-from .cuda_streams import stream_device, stream_handle
+from .cuda_streams import new_side_lane, stream_device, stream_handle
 from .device_buffer import DeviceBuffer
 
 __all__ = ["CudaEngine", "CudaTimer", "DEFAULT_SYNC_TIMEOUT_S"]
@@ -179,7 +179,7 @@ class CudaEngine:
         serves one), forked from and joined back into the engine's stream with events."""
         stream = self._live_stream()
         while len(self._side) < len(jobs) - 1:
-            self._side.append(self._new_side_lane())
+            self._side.append(new_side_lane())
         fork = self._side_event_fork()
         lanes = self._side[:len(jobs) - 1]
         memcpy, record = driver.cuMemcpyDtoDAsync, driver.cuEventRecord
@@ -196,17 +196,6 @@ class CudaEngine:
             for _side, done in lanes:
                 check("cuStreamWaitEvent", wait(stream, done, 0))
         return copy_all
-
-    def _new_side_lane(self) -> tuple[Any, Any]:
-        side = check("cuStreamCreate", driver.cuStreamCreate(
-            int(driver.CUstream_flags.CU_STREAM_NON_BLOCKING)))
-        try:
-            done = check("cuEventCreate", driver.cuEventCreate(
-                int(driver.CUevent_flags.CU_EVENT_DISABLE_TIMING)))
-        except BaseException:
-            driver.cuStreamDestroy(side)
-            raise
-        return side, done
 
     def _side_event_fork(self) -> Any:
         return self._fork

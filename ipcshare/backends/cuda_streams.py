@@ -14,7 +14,7 @@ from typing import Any
 from ..cuda_driver import check, driver
 from ..errors import ConfigError
 
-__all__ = ["stream_handle", "stream_device"]
+__all__ = ["stream_handle", "stream_device", "new_side_lane"]
 
 # The legacy and per-thread default streams: handles 0, 1 (CU_STREAM_LEGACY) and 2
 # (CU_STREAM_PER_THREAD) mean "the current context's", so they have no device of their own.
@@ -74,3 +74,22 @@ def stream_device(handle: int) -> int | None:
         return int(check("cuCtxGetDevice", driver.cuCtxGetDevice()))
     finally:
         driver.cuCtxPopCurrent()
+
+
+def new_side_lane() -> tuple[Any, Any]:
+    """A new non-blocking stream of the current context and an event (no timing) that marks
+    where its work ends: the pair that side work forks onto and joins back from. The
+    caller owns both and destroys them.
+
+    Raises:
+        CudaError: either could not be created (nothing is left behind).
+    """
+    stream = check("cuStreamCreate", driver.cuStreamCreate(
+        int(driver.CUstream_flags.CU_STREAM_NON_BLOCKING)))
+    try:
+        done = check("cuEventCreate", driver.cuEventCreate(
+            int(driver.CUevent_flags.CU_EVENT_DISABLE_TIMING)))
+    except BaseException:
+        driver.cuStreamDestroy(stream)
+        raise
+    return stream, done

@@ -35,6 +35,7 @@ from typing import Any
 from ..cuda_driver import NOT_READY, SUCCESS, check, describe_error, driver
 from ..errors import CudaError, WindowError
 from ..peer_paths import PathPlan
+from .cuda_streams import new_side_lane
 from .device_buffer import DeviceBuffer
 from .pinned_host import PinnedHostMemory
 
@@ -86,14 +87,7 @@ class _Lane:
     engine enqueuing signals on it."""
 
     def __init__(self, engine: Any) -> None:
-        self.stream = check("cuStreamCreate", driver.cuStreamCreate(
-            int(driver.CUstream_flags.CU_STREAM_NON_BLOCKING)))
-        try:
-            self.done = check("cuEventCreate", driver.cuEventCreate(
-                int(driver.CUevent_flags.CU_EVENT_DISABLE_TIMING)))
-        except BaseException:
-            driver.cuStreamDestroy(self.stream)
-            raise
+        self.stream, self.done = new_side_lane()
         try:
             self.engine = engine.on_stream(int(self.stream))
         except BaseException:
