@@ -4,7 +4,8 @@
 #
 #   tools/gpu-check.sh [all|tests|bench|suite|sweep|doctor|faults|fallback]...  (default all)
 #
-#   tests   the GPU pytest suite at 2, 4 and 2xG ranks, and 2 ranks sharing one GPU
+#   tests   the GPU pytest suite at 2, 4 and 2xG ranks, and 2 ranks sharing one GPU;
+#           tests/mpi under the node's own MPI at 2 and 3 ranks
 #   bench   quick ring / all-gather sweeps of both backends against NCCL, window setup time
 #   suite   `ipcshare bench` with configs/bench-h200-x$G.yaml (every algorithm, eager and
 #           graph timing, NCCL and MPI); JSON, plot and Markdown under $OUT/bench/
@@ -157,6 +158,11 @@ pytest_run() {  # pytest_run N [extra mpiexec args...]
     -p no:cacheprovider tests/gpu
 }
 export -f pytest_run
+mpi_suite_run() {  # mpi_suite_run N: tests/mpi under the node's MPI
+  "$MPIEXEC" -n "$1" --bind-to none "$PY" -m pytest -q -rs --with-mpi -m mpi \
+    -p no:cacheprovider tests/mpi
+}
+export -f mpi_suite_run
 export PY MPIEXEC OUT RESULTS BENCH_MAX BENCH_ITERS BENCH_BASELINE
 
 if [[ $G -ge 1 ]] && wants tests; then
@@ -168,6 +174,10 @@ if [[ $G -ge 1 ]] && wants tests; then
   # Open MPI passes -x variables to every rank explicitly.
   CUDA_VISIBLE_DEVICES=0 step "pytest tests/gpu, 2 ranks sharing GPU 0" "$STEP_TIMEOUT_TESTS" \
     pytest_run 2 -x CUDA_VISIBLE_DEVICES
+  # The MPI suite (host backend, exchanges, garbage, multi-node simulation) under the
+  # node's own Open MPI, not only under the MPICH wheel that CI uses.
+  step "pytest tests/mpi, 2 ranks (node MPI)" "$STEP_TIMEOUT_TESTS" mpi_suite_run 2
+  step "pytest tests/mpi, 3 ranks (node MPI)" "$STEP_TIMEOUT_TESTS" mpi_suite_run 3
 fi
 
 setup_time() {  # setup_time BACKEND N: window creation with a small (1 MiB) window

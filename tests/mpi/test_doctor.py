@@ -141,7 +141,11 @@ def test_a_whole_quick_doctor_in_process(comm, tmp_path):
         document = outcome.document
         assert document["world_size"] == comm.size and document["pass"] is True
         (node,) = document["nodes"].values()
-        assert [c["name"] for c in node["checks"]] == ["host-shm", "descriptors", "leak"]
+        # A node with GPUs adds the required GPU-path check (as on the GPU nodes).
+        gpu_node = node["gpu_node"]
+        assert [c["name"] for c in node["checks"]] == (
+            ["host-shm", "gpu-path", "descriptors", "leak"] if gpu_node
+            else ["host-shm", "descriptors", "leak"])
         assert len(node["matrix"][0]["cells"]) == comm.size * (comm.size - 1) \
             or document["node_count"] > 1
         assert out.exists() and any(line.startswith("cluster summary") for line in lines)
