@@ -42,8 +42,12 @@ ALLGATHER_CHOICES = {
 # Inside CUDA graphs the copy engine loses its concurrency on 4 GPUs: the copies to three
 # peers, on three side streams when eager, ran at 203 / 215 / 229 GB/s busbw at 64 MiB /
 # 256 MiB / 1 GiB against 289 / 346 / 383 eager (nvidia-h200-x4, 2026-11-22), while push
-# in a graph kept its eager rate (322 GB/s at 64 MiB). So graphs of 4 or more ranks push at
-# every size; 2 ranks keep the eager row until a run says otherwise.
+# in a graph kept its eager rate (322 GB/s at 64 MiB). The cause is the graph-safe barrier:
+# copies forked onto side streams after the device_barrier kernel run at ~210 GB/s eagerly
+# too (tools/allgather_probe.py, variant full-kbar), while the stream-memop barrier, which
+# a replayed graph cannot use (its epochs come from the host), keeps them at full rate. So
+# graphs of 4 or more ranks push at every size; 2 ranks keep the eager row until a run
+# says otherwise.
 GRAPH_ALLGATHER_CHOICES = {
     2: ALLGATHER_CHOICES[2],
     4: AllGatherChoice(4, (), ("push",)),
