@@ -56,18 +56,9 @@ _FLAG_BASE, _COUNTER_SLOT = 320, 480
 
 
 def _copy_pairs(window, pattern, plan, mode: str) -> list[tuple]:
-    """(dst, src) buffers of the copy-engine all-gather's copies, in its order."""
-    me, n = window.rank, window.world_size
-    mine = pattern._send_of(window, me, plan, mode)
-    jobs = []
-    for step in range(1, n):
-        peer = (me + step) % n
-        target = window.peer(peer).slice(pattern._recv_offset(plan) + me * plan.block_bytes,
-                                         plan.block_bytes)
-        jobs.append((target, mine))
-    if mode == "out-of-place":
-        jobs.append((pattern._recv_slot(window, me, plan), mine))
-    return jobs
+    """(dst, src) buffers of the copy-engine all-gather's direct copies, in its order."""
+    pairs, _sends, _receives = pattern.copies(window, plan, mode)
+    return pairs
 
 
 def _batch_copier(engine, jobs) -> Callable[[], None]:

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import IpcShareError
 from ..patterns.seeding import seeded_bytes
-from .paths import PathSpec, close_window_together, describe_failure, open_group
+from .paths import PathSpec, close_group_noting, close_window_together, describe_failure, open_group
 from .plan import EXPECTED_MIN_GBPS
 
 __all__ = ["measure_pairs", "link_kind", "judge_rows", "checksum", "LATENCY_BYTES"]
@@ -71,10 +71,7 @@ def measure_pairs(spec: PathSpec, comm: Any, members: list[int], *, nbytes: int,
         if closing:
             record["close_error"] = closing
     finally:
-        try:
-            group.close()
-        except Exception as exc:
-            record["close_error"] = f"{type(exc).__name__}: {exc}"
+        close_group_noting(group, record)
     return record
 
 

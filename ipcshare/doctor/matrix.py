@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import IpcShareError
 from ..patterns.seeding import POISON_BYTE, seeded_bytes
-from .paths import PathSpec, close_window_together, describe_failure, open_group
+from .paths import PathSpec, close_group_noting, close_window_together, describe_failure, open_group
 
 __all__ = ["probe_path", "pair_rounds", "run_matrix", "cell_seed", "indirect_pairs"]
 
@@ -90,10 +90,7 @@ def probe_path(spec: PathSpec, comm: Any, members: list[int], *, path_index: int
         if closing:
             record["close_error"] = closing
     finally:
-        try:
-            group.close()
-        except Exception as exc:  # local release failed after the collective part
-            record["close_error"] = f"{type(exc).__name__}: {exc}"
+        close_group_noting(group, record)
     if any(cell["result"] != "ok" for cell in record["cells"]):
         record["status"] = "failed"
     return record

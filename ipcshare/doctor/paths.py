@@ -19,6 +19,7 @@ __all__ = [
     "PATHS_BY_NAME",
     "open_group",
     "close_window_together",
+    "close_group_noting",
     "translate_ranks",
     "split_collective_message",
     "describe_failure",
@@ -89,6 +90,15 @@ def close_window_together(window: Any) -> str | None:
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
     return None
+
+
+def close_group_noting(group: Any, record: dict[str, Any]) -> None:
+    """Close a probe's ``group``; a failure of this rank's local release (after the
+    collective part) goes into ``record["close_error"]`` instead of raising."""
+    try:
+        group.close()
+    except Exception as exc:
+        record["close_error"] = f"{type(exc).__name__}: {exc}"
 
 
 _RANK_MENTION = re.compile(r"\brank (\d+)@")

@@ -72,6 +72,25 @@ class AllGather(Pattern):
             from .allgather_hierarchical import bind_hierarchical
 
             return bind_hierarchical(self, window, plan, mode)
+        pairs, sends, receives = self.copies(window, plan, mode)
+        copy_all = window.engine.copier(pairs)
+        staged = (window.staged.bind(window.engine, sends=sends, receives=receives)
+                  if sends else None)
+        barrier = window.barrier
+
+        def allgather() -> None:
+            barrier()   # every peer is done with its output from before: we may write it
+            copy_all()
+            if staged is not None:
+                staged()
+            barrier()   # every peer's block has landed in our output
+        return allgather
+
+    def copies(self, window: Window, plan: SizePlan, mode: str) -> tuple[list, list, list]:
+        """What one rank moves: ``(pairs, sends, receives)``. ``pairs`` are the direct
+        ``(destination, source)`` copies, our own slot last when out of place; ``sends``
+        and ``receives`` are the ``(peer, buffer)`` halves of staged copies for peers
+        without peer access."""
         me, n = window.rank, window.world_size
         mine = self._send_of(window, me, plan, mode)
         pairs, sends, receives = [], [], []
@@ -90,18 +109,7 @@ class AllGather(Pattern):
                 receives.append((peer, self._recv_slot(window, peer, plan)))
         if mode == "out-of-place":
             pairs.append((self._recv_slot(window, me, plan), mine))
-        copy_all = window.engine.copier(pairs)
-        staged = (window.staged.bind(window.engine, sends=sends, receives=receives)
-                  if sends else None)
-        barrier = window.barrier
-
-        def allgather() -> None:
-            barrier()   # every peer is done with its output from before: we may write it
-            copy_all()
-            if staged is not None:
-                staged()
-            barrier()   # every peer's block has landed in our output
-        return allgather
+        return pairs, sends, receives
 
     def check(self, window: Window, plan: SizePlan, mode: str, iteration: int) -> int:
         got = window.engine.download(
