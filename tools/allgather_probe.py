@@ -21,6 +21,22 @@ Variants (each is one operation, repeated ``--iters`` times after ``--warmup``):
                 lane and then raises a "landed" flag in the peer's pad; the stream waits
                 for every peer's "landed" flag
   push          the push kernel
+  auto, auto-ip `--algo auto`, out of place and in place
+  k:NAME@GxT    kernel NAME of tools/allgather_probe_kernels.cu (probe_push4, probe_push8,
+                probe_pull2, probe_pull4) on G blocks of T threads, e.g. k:probe_pull4@128x512;
+                k:push@GxT is the package's push kernel on that grid
+  hybrid-P      memop barrier; the first P% of every copy on the copy engine (each on its
+                own side stream) while a barrier-free kernel (probe_scatter, 128x512) on
+                the engine's stream writes the rest; memop barrier
+  kernel+X      an empty kernel on the engine's stream, then variant X (does user work
+                on the stream just before an all-gather slow it?), e.g. kernel+full
+  pre-copy+X    a 16-byte local copy (within our own pad) on the engine's stream, then X
+  pre-memset+X  a 4-byte cuMemsetD32Async on our own pad, then X
+                (e.g. kernel+pre-copy+full: does a copy-engine op between a kernel and the
+                all-gather's barrier keep the copies' rate?)
+  hybrid-main   as hybrid-100, but the first copy on the engine's stream (3 fresh lanes)
+  full-kbarm    device_barrier, a stream write to our own pad, copies, device_barrier
+                (does a memop between the kernel and the fork keep the copies' rate?)
   barriers-X / full-X, X one of:
     1f          stream-memop barrier whose first write fences, the others do not
     bop         the same six operations as one cuStreamBatchMemOp
@@ -31,8 +47,10 @@ Variants (each is one operation, repeated ``--iters`` times after ``--warmup``):
 from __future__ import annotations
 
 import argparse
+import ctypes
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from cuda.bindings import driver
 
@@ -49,10 +67,13 @@ VARIANTS = ("full", "copies", "copies-1s", "batch", "full-batch", "barriers", "k
 _FREE_BASE, _LANDED_BASE = 300, 400
 _epochs = [0]
 # Variants that are whole all-gathers (their bytes are checked; "!" marks wrong bytes).
-_REAL = ("full", "in-place", "full-batch", "full-kbar", "pairwise", "pairwise-ip", "push",
-         "full-1f", "full-bop", "full-atomic", "full-kbar1s", "full-1s")
+_REAL = ("full", "in-place", "full-kbarm", "full-batch", "full-kbar", "pairwise",
+         "pairwise-ip", "push", "auto", "auto-ip", "full-1f", "full-bop", "full-atomic",
+         "full-kbar1s", "full-1s")
 # Pad words of the barrier variants: flags per rank, and one counter word for "atomic".
 _FLAG_BASE, _COUNTER_SLOT = 320, 480
+_LABEL = 26   # width of the variant column
+_SCRATCH_SLOT = 490
 
 
 def _copy_pairs(window, pattern, plan, mode: str) -> list[tuple]:
@@ -85,6 +106,30 @@ def _operation(variant: str, window, plan) -> Callable[[], None]:
         return pattern.bind(window, plan, "in-place")
     if variant == "push":
         return make_pattern("allgather", "push").bind(window, plan, "out-of-place")
+    if variant in ("auto", "auto-ip"):
+        mode = "in-place" if variant == "auto-ip" else "out-of-place"
+        return make_pattern("allgather", "auto").bind(window, plan, mode)
+    if variant.startswith("k:"):
+        return _probe_kernel(variant[2:], window, plan)
+    if variant == "hybrid-main":
+        return _hybrid(1.0, window, pattern, plan, first_on_stream=True)
+    if variant.startswith("hybrid-"):
+        return _hybrid(int(variant.split("-", 1)[1]) / 100, window, pattern, plan)
+    if variant.startswith(("pre-copy+", "pre-memset+")):
+        scratch = window.signal_pad(window.rank).ptr + 8 * _SCRATCH_SLOT
+        rest = _operation(variant.split("+", 1)[1], window, plan)
+        if variant.startswith("pre-copy+"):
+            def prefix() -> None:
+                driver.cuMemcpyDtoDAsync(scratch + 16, scratch, 16, engine.stream)
+        else:
+            def prefix() -> None:
+                driver.cuMemsetD32Async(scratch, 0, 1, engine.stream)
+        return _chain(prefix, rest)
+    if variant.startswith("kernel+"):
+        empty = ScatterArgs()   # no destinations: the kernel returns at once
+        kernel = window.group.backend.kernels(str(_PROBE_SOURCE)).launcher(
+            "probe_scatter", empty, grid=1, block=32, stream=engine.stream)
+        return _chain(kernel, _operation(variant.split("+", 1)[1], window, plan))
     if variant in ("pairwise", "pairwise-ip"):
         return _pairwise(window, pattern, plan,
                          "in-place" if variant == "pairwise-ip" else "out-of-place")
@@ -121,6 +166,13 @@ def _operation(variant: str, window, plan) -> Callable[[], None]:
         return _chain(kbarrier, kbarrier)
     if variant == "full-kbar":
         return _chain(kbarrier, pairs_copier, kbarrier)
+    if variant == "full-kbarm":
+        scratch = window.signal_pad(window.rank).ptr + 8 * _SCRATCH_SLOT
+        release = int(driver.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT)
+
+        def mark() -> None:
+            engine._write(engine.stream, scratch, 1, release)
+        return _chain(kbarrier, mark, pairs_copier, kbarrier)
     def serial_copies() -> None:
         for d, s, b in jobs:
             driver.cuMemcpyDtoDAsync(d, s, b, engine.stream)
@@ -258,6 +310,96 @@ def _pairwise(window, pattern, plan, mode: str) -> Callable[[], None]:
     return run
 
 
+_PROBE_SOURCE = Path(__file__).resolve().with_name("allgather_probe_kernels.cu")
+
+
+def _probe_kernel(spec: str, window, plan) -> Callable[[], None]:
+    """``NAME@GxT``: a kernel on G blocks of T threads, with the push kernel's arguments,
+    pad words and epoch word (so it alternates with push on one window)."""
+    from ipcshare.kernels.launcher import AllGatherArgs
+    from ipcshare.patterns.allgather_kernels import _EPOCH_WORD, _SLOT_BASE
+
+    name, _, shape = spec.partition("@")
+    grid, _, threads = (shape or "128x512").partition("x")
+    push = make_pattern("allgather", "push")
+    args = AllGatherArgs()
+    for rank in range(window.world_size):
+        args.outputs[rank] = window.peer(rank).ptr + push._recv_offset(plan)
+        args.inputs[rank] = push._send_of(window, rank, plan, "out-of-place").ptr
+        args.pads[rank] = window.signal_pad(rank).ptr
+    args.block_bytes = plan.block_bytes
+    args.timeout_ns = int(window.group.signal_timeout * 0.5e9)
+    args.rank, args.nranks = window.rank, window.world_size
+    args.slot_base, args.epoch_word = _SLOT_BASE["push"], _EPOCH_WORD["push"]
+    backend = window.group.backend
+    if name == "push":
+        kernels, entry = backend.kernels("allgather.cu"), "allgather_push"
+    else:
+        kernels, entry = backend.kernels(str(_PROBE_SOURCE)), name
+    grid, threads = int(grid), int(threads)
+    # Blocks wait for their peers' blocks: all of them must be resident at once, or the
+    # kernel waits for a block that cannot start. Refuse such a shape (every rank alike).
+    function = kernels.function(entry)
+    _, per_sm = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(function, threads, 0)
+    _, sms = driver.cuDeviceGetAttribute(
+        driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, backend.device)
+    if per_sm * sms < grid:
+        raise _NotResident(f"{per_sm} blocks of {threads} threads per SM x {sms} SMs < {grid}")
+    return kernels.launcher(entry, args, grid=grid, block=threads,
+                            stream=window.engine.stream)
+
+
+class ScatterArgs(ctypes.Structure):
+    """``ScatterArgs`` of tools/allgather_probe_kernels.cu."""
+
+    _fields_ = [("dsts", ctypes.c_void_p * 8), ("src", ctypes.c_void_p),
+                ("bytes", ctypes.c_ulonglong), ("ndst", ctypes.c_int)]
+
+
+def _hybrid(share: float, window, pattern, plan, *,
+            first_on_stream: bool = False) -> Callable[[], None]:
+    """The copy engine moves the first ``share`` of every copy, a kernel the rest, at once."""
+    from ipcshare.backends.cuda_streams import new_side_lane
+
+    stream = window.engine.stream
+    pairs = _copy_pairs(window, pattern, plan, "out-of-place")
+    src = pairs[0][1].ptr
+    assert all(s.ptr == src for _d, s in pairs)   # push: one source, every output
+    ce_bytes = int(plan.block_bytes * share) // 16 * 16
+    lanes = [new_side_lane() for _ in pairs]
+    fork = driver.cuEventCreate(int(driver.CUevent_flags.CU_EVENT_DISABLE_TIMING))[1]
+    args = ScatterArgs()
+    for i, (dst, _src) in enumerate(pairs):
+        args.dsts[i] = dst.ptr + ce_bytes
+    args.src, args.bytes, args.ndst = src + ce_bytes, plan.block_bytes - ce_bytes, len(pairs)
+    kernel = window.group.backend.kernels(str(_PROBE_SOURCE)).launcher(
+        "probe_scatter", args, grid=128, block=512, stream=stream)
+    barrier = window.barrier
+
+    def run() -> None:
+        barrier()
+        driver.cuEventRecord(fork, stream)
+        for i, ((dst, _src), (lane, done)) in enumerate(zip(pairs, lanes, strict=True)):
+            if first_on_stream and i == 0:
+                driver.cuMemcpyDtoDAsync(dst.ptr, src, ce_bytes, stream)
+                continue
+            driver.cuStreamWaitEvent(lane, fork, 0)
+            if ce_bytes:
+                driver.cuMemcpyDtoDAsync(dst.ptr, src, ce_bytes, lane)
+            driver.cuEventRecord(done, lane)
+        if args.bytes:
+            kernel()
+        for i, (_lane, done) in enumerate(lanes):
+            if not (first_on_stream and i == 0):
+                driver.cuStreamWaitEvent(stream, done, 0)
+        barrier()
+    return run
+
+
+class _NotResident(Exception):
+    """A kernel shape whose blocks cannot all be resident at once."""
+
+
 def _chain(*steps: Callable[[], None]) -> Callable[[], None]:
     def run() -> None:
         for step in steps:
@@ -272,6 +414,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--backend", default="cuda-vmm")
+    parser.add_argument("--nccl", action="store_true",
+                        help="also time NCCL's all-gather (torch.distributed), alone and "
+                             "after an empty kernel: rows nccl and kernel+nccl")
     args = parser.parse_args(argv)
     sizes = [parse_size(text, what="--sizes") for text in args.sizes.split(",")]
     variants = args.variants.split(",")
@@ -283,14 +428,23 @@ def main(argv: list[str] | None = None) -> int:
         if group.rank == 0:
             print(f"# {n} ranks, {args.backend}, busbw GB/s of the slowest rank "
                   f"(time in us), {args.iters} iterations back to back", flush=True)
-            print("variant".ljust(12) + "".join(f"{s:>24d}" for s in sizes), flush=True)
+            print("variant".ljust(_LABEL) + "".join(f"{s:>24d}" for s in sizes), flush=True)
         for variant in variants:
             cells = []
             for plan in plans:
-                op = _operation(variant, window, plan)
+                try:
+                    op = _operation(variant, window, plan)
+                except _NotResident as exc:
+                    cells.append("not resident")
+                    if group.rank == 0 and plan is plans[0]:
+                        print(f"# {variant}: {exc}", flush=True)
+                    continue
                 wrong = None
-                if variant in _REAL:   # a whole all-gather: check its bytes once
-                    mode = "in-place" if variant in ("in-place", "pairwise-ip") else "out-of-place"
+                # A whole all-gather: check its bytes once.
+                base = variant.rsplit("+", 1)[-1]   # prefixes (kernel+, pre-copy+) move nothing
+                if base in _REAL or base.startswith(("k:", "hybrid-")):
+                    mode = ("in-place" if base in ("in-place", "pairwise-ip", "auto-ip")
+                            else "out-of-place")
                     pattern.prepare(window, plan, mode, 7)
                     window.synchronize()
                     comm.Barrier()
@@ -314,9 +468,59 @@ def main(argv: list[str] | None = None) -> int:
                 window.synchronize()
                 comm.Barrier()
             if group.rank == 0:
-                print(variant.ljust(12) + "".join(f"{c:>24s}" for c in cells), flush=True)
+                print(variant.ljust(_LABEL) + "".join(f"{c:>24s}" for c in cells), flush=True)
+        if args.nccl:
+            _time_nccl(group, plans, args)
         window.close()
     return 0
+
+
+def _time_nccl(group, plans, args) -> None:
+    """Rows ``nccl`` and ``kernel+nccl``: all_gather_into_tensor timed like the variants
+    (slowest rank, events on torch's stream), alone and after a one-element add."""
+    import torch
+    import torch.distributed as dist
+
+    from ipcshare.patterns.baseline_nccl import NcclBaseline
+
+    comm, n = group.world.comm, group.size
+    with NcclBaseline(group.world, "allgather", group.backend.device) as nccl:
+        tiny = torch.zeros(1, device=nccl.device)
+        for row in ("nccl", "kernel+nccl"):
+            cells, kernel_first = [], row.startswith("kernel+")
+            for plan in plans:
+                send = torch.full((plan.block_bytes,), group.rank + 1, dtype=torch.uint8,
+                                  device=nccl.device)
+                recv = torch.empty(plan.block_bytes * n, dtype=torch.uint8, device=nccl.device)
+
+                def op(send=send, recv=recv, before=kernel_first) -> None:
+                    if before:
+                        tiny.add_(1)
+                    dist.all_gather_into_tensor(recv, send)
+                op()
+                torch.cuda.synchronize()
+                expected = torch.arange(1, n + 1, dtype=torch.uint8, device=nccl.device)
+                wrong = int((recv.view(n, -1) != expected[:, None]).sum())
+                wrong = comm.allreduce(wrong)
+                for _ in range(args.warmup):
+                    op()
+                torch.cuda.synchronize()
+                comm.Barrier()
+                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
+                    enable_timing=True)
+                start.record()
+                for _ in range(args.iters):
+                    op()
+                stop.record()
+                stop.synchronize()
+                seconds = comm.allreduce(start.elapsed_time(stop) / 1e3 / args.iters,
+                                         op=_max())
+                busbw = plan.size / seconds / 1e9 * allgather_busbw_factor(n)
+                flag = "  " if wrong == 0 else " !"
+                cells.append(f"{busbw:9.1f} ({seconds * 1e6:8.1f}){flag}")
+                del send, recv
+            if group.rank == 0:
+                print(row.ljust(_LABEL) + "".join(f"{c:>24s}" for c in cells), flush=True)
 
 
 def _max():

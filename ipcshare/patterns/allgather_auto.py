@@ -24,8 +24,8 @@ class AutoAllGather(AllGather):
         self._algorithms: dict[str, AllGather] = {}
         self.last_choice = "copy-engine"
 
-    def choose(self, window: Window, plan: SizePlan) -> str:
-        """The algorithm ``plan`` runs on ``window``."""
+    def choose(self, window: Window, plan: SizePlan, mode: str = "out-of-place") -> str:
+        """The algorithm ``plan`` runs on ``window`` in ``mode``."""
         # Kernels need every peer mapped: pairs without peer access keep to the copy
         # engine, whose staged copies reach them.
         if (not hasattr(window.group.backend, "kernels") or window.world.node_count > 1
@@ -33,7 +33,8 @@ class AutoAllGather(AllGather):
             return "copy-engine"
         # A graph-safe view (Window.on_stream(..., graph_safe=True)) is what gets captured.
         return choose_allgather(plan.size, window.world_size,
-                                graph=getattr(window, "graph_safe", False))
+                                graph=getattr(window, "graph_safe", False),
+                                in_place=mode == "in-place")
 
     def _algorithm(self, name: str) -> AllGather:
         if name not in self._algorithms:
@@ -47,11 +48,12 @@ class AutoAllGather(AllGather):
         return self._algorithms[name]
 
     def bind(self, window: Window, plan: SizePlan, mode: str) -> Callable[[], None]:
-        self.last_choice = self.choose(window, plan)
+        self.last_choice = self.choose(window, plan, mode)
         return self._algorithm(self.last_choice).bind(window, plan, mode)
 
     def check(self, window: Window, plan: SizePlan, mode: str, iteration: int) -> int:
-        return self._algorithm(self.choose(window, plan)).check(window, plan, mode, iteration)
+        return self._algorithm(self.choose(window, plan, mode)).check(
+            window, plan, mode, iteration)
 
 
 def _nvrtc_present() -> bool:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import bisect
 import dataclasses
 
-__all__ = ["AllGatherChoice", "ALLGATHER_CHOICES", "GRAPH_ALLGATHER_CHOICES", "choose_allgather"]
+__all__ = ["AllGatherChoice", "ALLGATHER_CHOICES", "GRAPH_ALLGATHER_CHOICES",
+           "IN_PLACE_ALLGATHER_CHOICES", "choose_allgather"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,9 +36,23 @@ _MiB = 1 << 20
 # and the kernel ring are never ahead of it), the copy engine from 64 MiB (322 GB/s busbw
 # against push's 264). 4 ranks on nvidia-h200-x4 (commit 227b153): push up to 64 MiB
 # (308 GB/s against the copy engine's 292 there), the copy engine from 256 MiB.
+# Those sweeps run all-gathers back to back. On 4 GPUs the copy engine is slower when the
+# stream ran a kernel just before (as in real use): out of place 289 / 334 / 341 / 365 GB/s
+# at 128 MiB / 256 MiB / 512 MiB / 1 GiB against 336 / 360 / 376 / 384 back to back, while
+# push keeps 332-352 either way (tools/allgather_probe.py, variants kernel+X; docs/
+# BENCHMARKS.md, "After a kernel"). So push runs up to 128 MiB, where the two tie back to
+# back and push is 15% ahead after a kernel; from 256 MiB the copy engine is 5-9% ahead
+# back to back and within 3% of push after a kernel. 2 GPUs lose at most 3% after a kernel.
 ALLGATHER_CHOICES = {
     2: AllGatherChoice(2, (16 * _MiB,), ("push", "copy-engine")),
-    4: AllGatherChoice(4, (64 * _MiB,), ("push", "copy-engine")),
+    4: AllGatherChoice(4, (128 * _MiB,), ("push", "copy-engine")),
+}
+# In place, after a kernel, the 4-GPU copy engine falls to 207-239 GB/s at 128 MiB-1 GiB
+# (back to back 326-376) while push keeps its rate: 4 or more ranks push at every size in
+# place. With 2 ranks the copy engine keeps 361 / 384 GB/s after a kernel at 256 MiB / 1 GiB.
+IN_PLACE_ALLGATHER_CHOICES = {
+    2: ALLGATHER_CHOICES[2],
+    4: AllGatherChoice(4, (), ("push",)),
 }
 # Inside CUDA graphs the copy engine loses its concurrency on 4 GPUs: the copies to three
 # peers, on three side streams when eager, ran at 203 / 215 / 229 GB/s busbw at 64 MiB /
@@ -54,13 +69,18 @@ GRAPH_ALLGATHER_CHOICES = {
 }
 
 
-def choose_allgather(size: int, world_size: int, *, graph: bool = False) -> str:
+def choose_allgather(size: int, world_size: int, *, graph: bool = False,
+                     in_place: bool = False) -> str:
     """The all-gather algorithm for ``size`` total bytes over ``world_size`` GPUs of one
-    node, run eagerly or (``graph``) captured in a CUDA graph: the measured table's row
-    for the nearest world size at or below (8 ranks use the 4-rank row; kernels name at
-    most 8 ranks, so more use the copy engine)."""
+    node, run eagerly or (``graph``) captured in a CUDA graph, out of place or
+    (``in_place``) in place: the measured table's row for the nearest world size at or
+    below (8 ranks use the 4-rank row; kernels name at most 8 ranks, so more use the copy
+    engine). Graphs have their own rows, in place or not."""
     if world_size < 2 or world_size > 8:
         return "copy-engine"
-    table = GRAPH_ALLGATHER_CHOICES if graph else ALLGATHER_CHOICES
+    if graph:
+        table = GRAPH_ALLGATHER_CHOICES
+    else:
+        table = IN_PLACE_ALLGATHER_CHOICES if in_place else ALLGATHER_CHOICES
     known = max(n for n in table if n <= world_size)
     return table[known].pick(size)

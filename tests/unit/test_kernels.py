@@ -3,6 +3,8 @@ NVRTC log, and compiled kernels are cached by source, architecture and NVRTC ver
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from ipcshare.errors import KernelCompileError
@@ -31,6 +33,15 @@ def test_every_kernel_compiles_to_cubin(source, arch):
     assert _is_cubin(cubin)
     for entry in KERNEL_SOURCES[source]:
         assert entry.encode() in cubin  # extern "C": the entry point keeps its name
+
+
+def test_the_probe_kernels_compile_to_cubin():
+    """tools/allgather_probe.py's experimental kernels break with the shared header too."""
+    source = Path(__file__).resolve().parents[2] / "tools" / "allgather_probe_kernels.cu"
+    cubin = compile_kernel_source(source, arch="sm_90")
+    assert _is_cubin(cubin)
+    for entry in ("probe_push4", "probe_push8", "probe_pull2", "probe_pull4"):
+        assert entry.encode() in cubin
 
 
 def test_compiled_kernels_are_cached(tmp_path):
