@@ -93,6 +93,7 @@ class PatternOptions:
     baseline: str = "none"
     algo: str = "auto"
     graph: bool = False
+    after_kernel: bool = False
     json: str | None = None
     min_bw: float | None = None
 
@@ -142,7 +143,8 @@ def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
 _FIELD_TYPES = {
     "backend": str, "exchange": str, "handle": str, "datatype": str, "baseline": str,
     "min_bytes": "size", "max_bytes": "size", "step_factor": int, "iters": int,
-    "warmup": int, "checks": int, "graph": bool, "algo": str, "json": str, "min_bw": float,
+    "warmup": int, "checks": int, "graph": bool, "after_kernel": bool, "algo": str, "json": str,
+    "min_bw": float,
 }
 
 

@@ -154,6 +154,10 @@ def _method(result: BenchResult) -> list[str]:
         lines.append("- **graph** timing: nccl-tests timing of `iters` operations captured in "
                      "one CUDA graph (ours and NCCL's), launched once to warm it, then once "
                      "timed.")
+    if "after-kernel" in modes:
+        lines.append("- **after-kernel** timing: nccl-tests timing with an empty kernel on the "
+                     "stream before every operation (ours; NCCL's gets a one-element add), as "
+                     "when a collective follows the compute that produced its input.")
     if suite.rotate_buffers > 1:
         lines.append(f"- Buffers rotate at sizes up to {format_size(ROTATION_MAX_BLOCK_BYTES)} "
                      f"per rank: {suite.rotate_buffers} disjoint buffer sets used in turn, for "

@@ -33,6 +33,8 @@ def timing_label(mode: str, case: BenchCase | None = None) -> str:
         timing, graphed = driver_timing(case)
         if timing == "latency":
             return result_timing_label(timing, graphed)
+        if case.timing == "after-kernel":
+            return "after-kernel"
         return "graph" if graphed else timing
     return LATENCY_LABEL if mode == "latency" else mode
 
@@ -45,6 +47,8 @@ def driver_timing(case: BenchCase) -> tuple[str, bool]:
     carry host-chosen values, so its samples stay eager."""
     if case.timing == "graph":
         return "nccl-tests", True
+    if case.timing == "after-kernel":
+        return "nccl-tests", False
     graphed = case.timing == "latency" and case.backend != "host" and case.op == "allgather"
     return case.timing, graphed
 
@@ -137,6 +141,11 @@ class _Baselines:
                         name, "MPI calls cannot be captured in a CUDA graph; this case "
                               "replays graphs"))
                     continue
+                if case.timing == "after-kernel":
+                    skipped.append(SkippedBaseline(
+                        name, "MPI runs no kernels on a stream; this case launches one "
+                              "before each operation"))
+                    continue
                 timed.append(MpiBaseline(self.group.world, case.op))
                 continue
             nccl = self._open_nccl(case.op)
@@ -222,7 +231,8 @@ def _run_case(group: Group, case: BenchCase, suite: Suite, timed: list[Any],
     return run_pattern(group, pattern, case.options, emit=emit,
                        baseline=timed[0] if timed else None, extra_baselines=timed[1:],
                        timing=timing, rotate=suite.rotate_buffers,
-                       before_size=before_size, graph=graphed)
+                       before_size=before_size, graph=graphed,
+                       after_kernel=case.timing == "after-kernel")
 
 
 def _progress_hook(progress: ProgressLine | None, position: int, total: int,

@@ -6,7 +6,8 @@ name: host vs MPI          # optional title (default: the file's name)
 ops: [allgather, ring]
 backends: [host]           # auto | host | cuda-ipc | cuda-vmm
 algorithms: [auto]         # auto | single-copy (host) | copy-engine | push | pull | ring (GPU)
-timing: [nccl-tests, latency]  # and graph: nccl-tests timing of a CUDA graph (GPU all-gather)
+timing: [nccl-tests, latency]  # and graph: nccl-tests timing of a CUDA graph (GPU all-gather);
+                               # after-kernel: nccl-tests timing, an empty kernel before each (GPU)
 baselines: [mpi, nccl]     # nccl is skipped, with a note, where it cannot run
 min_bytes: 1K
 max_bytes: 16M
@@ -47,9 +48,11 @@ ALGORITHMS = {"single-copy": ("host",), "auto": _GPU, "copy-engine": _GPU,
               "push": _GPU, "pull": _GPU, "ring": _GPU}
 # The all-gather kernels: cases pairing them with another op are left out of a matrix.
 KERNEL_ALGORITHMS = ("push", "pull", "ring")
-# Timing modes of a suite: the driver's two, and "graph" (nccl-tests timing of operations
-# captured in a CUDA graph). Latency cases of GPU all-gathers replay graphs, too.
-SUITE_TIMINGS = (*TIMING_MODES, "graph")
+# Timing modes of a suite: the driver's two, "graph" (nccl-tests timing of operations
+# captured in a CUDA graph) and "after-kernel" (nccl-tests timing with an empty kernel on
+# the stream before every operation, ours and NCCL's). Latency cases of GPU all-gathers
+# replay graphs, too.
+SUITE_TIMINGS = (*TIMING_MODES, "graph", "after-kernel")
 DEFAULT_ROTATE_BUFFERS = 4
 _MAX_ROTATE_BUFFERS = 64
 
@@ -203,6 +206,10 @@ def _expand(matrix: Mapping[str, Any], where: str, common: PatternOptions,
                         raise ConfigError(
                             f"{where}: timing 'graph' captures GPU all-gathers in CUDA "
                             f"graphs; it cannot time {op} on {backend}")
+                    if timing == "after-kernel" and backend == "host":
+                        raise ConfigError(
+                            f"{where}: timing 'after-kernel' launches a GPU kernel before "
+                            f"each operation; it cannot time {op} on host")
                     options = dataclasses.replace(sweep, backend=backend)
                     cases.append(BenchCase(op, backend, algorithm, timing,
                                            lists["baselines"], options))

@@ -52,6 +52,10 @@ def _add_pattern_flags(parser: argparse.ArgumentParser) -> None:
     add("--algo", help="auto | copy-engine | hierarchical (IPC in nodes, MPI between) | "
                        "push | pull | ring (all-gather kernels, GPU only)")
     add("--graph", action="store_true", default=None, help="CUDA-graph timing mode")
+    add("--after-kernel", dest="after_kernel", action="store_true", default=None,
+        help="launch an empty kernel on the stream before every operation, ours and the "
+             "NCCL baseline's, as when a collective follows the compute that produced its "
+             "input (GPU backends)")
     add("--min-bw", dest="min_bw", type=float, metavar="GBPS",
         help="exit with status 4 when average busbw is below GBPS")
     add("--config", metavar="FILE.yaml", help="YAML config; flags override it")

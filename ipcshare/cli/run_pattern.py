@@ -13,8 +13,8 @@ from ..topology import World
 __all__ = ["run_pattern_command", "resolve_options"]
 
 _OPTION_KEYS = ("backend", "exchange", "handle", "min_bytes", "max_bytes", "step_factor",
-                "iters", "warmup", "checks", "datatype", "baseline", "graph", "json", "min_bw",
-                "algo")
+                "iters", "warmup", "checks", "datatype", "baseline", "graph", "after_kernel",
+                "json", "min_bw", "algo")
 
 
 def resolve_options(args: argparse.Namespace) -> PatternOptions:
@@ -52,7 +52,8 @@ def run_pattern_command(args: argparse.Namespace) -> int:
         try:
             result = run_pattern(group, pattern, options, baseline=baseline,
                                  emit=lambda line: print(line, flush=True),
-                                 graph=bool(options.graph))
+                                 graph=bool(options.graph),
+                                 after_kernel=bool(options.after_kernel))
         finally:
             if baseline is not None and hasattr(baseline, "close"):
                 baseline.close()

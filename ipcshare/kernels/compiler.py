@@ -22,6 +22,7 @@ __all__ = ["KERNEL_SOURCES", "include_dir", "nvrtc_version", "compile_kernel_sou
 KERNEL_SOURCES = {
     "allgather.cu": ("allgather_push", "allgather_pull", "allgather_ring"),
     "barrier.cu": ("device_barrier",),
+    "empty.cu": ("empty_kernel",),
 }
 _OPTIONS = ("-std=c++17", "-default-device", "--use_fast_math")
 

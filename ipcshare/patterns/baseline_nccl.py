@@ -44,6 +44,9 @@ class NcclBaseline:
 
     name = "nccl"
     captures_graphs = True  # all-gather through torch.cuda.graph; see measure()
+    # --after-kernel: a one-element add on the current stream before every operation
+    # (the driver sets it; a kernel as small as the one it launches before ours).
+    after_kernel = False
 
     def __init__(self, world: World, op: str, device: Any) -> None:
         self.world = world
@@ -224,6 +227,17 @@ class NcclBaseline:
         return operations, eager, self.world.comm.allreduce(wrong, op=mpi().SUM)
 
     def _operation(self, send: Any, recv: Any, block: int, mode: str) -> Callable[[], None]:
+        operation = self._collective(send, recv, block, mode)
+        if not self.after_kernel:
+            return operation
+        scratch = self._torch.zeros(1, device=self.device)
+
+        def after_a_kernel() -> None:
+            scratch.add_(1)
+            operation()
+        return after_a_kernel
+
+    def _collective(self, send: Any, recv: Any, block: int, mode: str) -> Callable[[], None]:
         dist = self._dist
         n, me = self.world.size, self.world.rank
         if self.op == "allgather":

@@ -3,6 +3,7 @@ table rows as they are measured, and the result document."""
 
 from __future__ import annotations
 
+import ctypes
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -33,7 +34,7 @@ from .timing import (
     timing_label,
 )
 
-__all__ = ["run_pattern", "check_graph_mode"]
+__all__ = ["run_pattern", "check_graph_mode", "check_after_kernel"]
 
 
 def check_graph_mode(backend: str, op: str, baseline: Any, extra_baselines: Sequence[Any]) -> None:
@@ -60,7 +61,7 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
                 emit: Callable[[str], None] = print, baseline=None,
                 extra_baselines: Sequence[Any] = (), timing: str = "nccl-tests",
                 rotate: int = 1, before_size: Callable[[int], None] | None = None,
-                graph: bool = False) -> RunResult:
+                graph: bool = False, after_kernel: bool = False) -> RunResult:
     """Collective: sweep ``options``' sizes with ``pattern`` over ``group``.
 
     ``emit`` receives the table lines (rank 0 only); ``baseline`` (an object with
@@ -79,9 +80,14 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
     operations in one graph and times one launch of it; latency timing times one launch
     of a one-operation graph per sample. Baselines are captured the same way.
 
+    ``after_kernel`` (GPU backends) launches an empty kernel on the stream before every
+    operation, ours and the baselines' alike (checks, warm-up and timing), so a collective
+    is timed as it runs after the compute that produced its input.
+
     Raises:
-        ConfigError: unknown ``timing``, ``rotate`` < 1, or ``graph`` on a host window or
-            with the ring (on every rank).
+        ConfigError: unknown ``timing``, ``rotate`` < 1, ``graph`` on a host window or
+            with the ring, or ``after_kernel`` on a host window or with a baseline that
+            runs no kernels (on every rank).
     """
     if timing not in TIMING_MODES:
         raise ConfigError(f"unknown timing mode {timing!r}; choose one of: "
@@ -103,6 +109,10 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
     if graph:
         with collective_step(world, "graph mode"):
             check_graph_mode(group.backend_name, pattern.name, baseline, extra_baselines)
+    baselines = ([] if baseline is None else [baseline]) + list(extra_baselines)
+    if after_kernel:
+        with collective_step(world, "--after-kernel"):
+            check_after_kernel(group.backend, baselines)
     window = group.window(max(rotated_window_bytes(pattern, plan, n, rotate) for plan in plans))
     setup_ms = world.comm.allreduce((time.perf_counter() - started) * 1e3, op=MPI.MAX)
     steps = {step: world.comm.allreduce(ms, op=MPI.MAX) for step, ms in window.setup_ms.items()}
@@ -118,6 +128,8 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
         title += f"  timing: {GRAPH_LATENCY_LABEL if graph else LATENCY_LABEL}"
     elif graph:
         title += f"  timing: {GRAPH_LABEL} ({options.iters} operations per graph)"
+    if after_kernel:
+        title += "  before each: an empty kernel"
     if rotate > 1:
         title += (f"  buffers: {rotate} in rotation up to "
                   f"{format_size(ROTATION_MAX_BLOCK_BYTES)} per rank")
@@ -130,11 +142,16 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
     # Graph mode binds through a view whose barrier is the device barrier kernel: its
     # epoch lives on the device, so a replayed graph synchronises like a fresh launch.
     bound = window.on_stream(engine.stream, graph_safe=True) if graph else window
-    baselines = ([] if baseline is None else [baseline]) + list(extra_baselines)
     rows: list[Row] = []
     baseline_rows: list[list[Row]] = [[] for _ in baselines]
     graphs: list[Any] = []
     try:
+        if after_kernel:
+            with collective_step(world, "compiling the empty kernel"):
+                before_each = group.backend.kernels("empty.cu").launcher(
+                    "empty_kernel", ctypes.c_int(0), grid=1, block=1, stream=engine.stream)
+            for timed in baselines:
+                timed.after_kernel = True
         for plan in plans:
             if before_size is not None:
                 before_size(plan.size)
@@ -143,6 +160,8 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
             modes: dict[str, Measurement] = {}
             for mode in pattern.modes:
                 operations = [pattern.bind(region, plan, mode) for region in regions]
+                if after_kernel:
+                    operations = [_after(before_each, operation) for operation in operations]
                 if graph:
                     bound_operations = operations
                     operations = []
@@ -194,16 +213,42 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
             for captured in graphs:
                 captured.close()
             window.close()
+            if after_kernel:   # a baseline may serve later runs (bench): leave it as found
+                for timed in baselines:
+                    timed.after_kernel = False
     results = [BaselineResult(timed.name, timed.version, measured)
                for timed, measured in zip(baselines, baseline_rows, strict=True)]
     result = RunResult(
         version=__version__, op=pattern.name, backend=group.backend_name, exchange=exchange,
         world_size=n, nodes=world.node_count,
         timing=timing_label(timing, graph), devices=list(devices),
-        rows=rows, baseline=results[0] if results else None, extra_baselines=results[1:])
+        rows=rows, baseline=results[0] if results else None, extra_baselines=results[1:],
+        after_kernel=after_kernel)
     for line in table.footer(result):
         say(line)
     return result
+
+
+def check_after_kernel(backend: Any, baselines: Sequence[Any]) -> None:
+    """Refuse ``--after-kernel`` where it cannot run.
+
+    Raises:
+        ConfigError: a host backend, or a baseline that runs no kernels on a stream.
+    """
+    if not hasattr(backend, "kernels"):
+        raise ConfigError("--after-kernel launches an empty kernel before every operation: it "
+                          "needs a GPU backend (cuda-ipc or cuda-vmm), not host")
+    for timed in baselines:
+        if not hasattr(timed, "after_kernel"):
+            raise ConfigError(f"--after-kernel: the {timed.name} baseline runs no kernels on a "
+                              "stream; use --baseline nccl or none")
+
+
+def _after(first: Callable[[], None], operation: Callable[[], None]) -> Callable[[], None]:
+    def run() -> None:
+        first()
+        operation()
+    return run
 
 
 def _back_to_back_seconds(world: World, engine: Any, operations: list[Callable[[], None]],

@@ -92,6 +92,8 @@ class RunResult:
     devices: list[str]
     rows: list[Row]
     baseline: BaselineResult | None
+    # Every operation (ours and the baselines') followed an empty kernel on its stream.
+    after_kernel: bool = False
     # Further baselines timed in the same run (``bench`` with several); not in to_dict.
     extra_baselines: list[BaselineResult] = dataclasses.field(default_factory=list)
 
@@ -116,7 +118,7 @@ class RunResult:
         return {
             "ipcshare": self.version, "op": self.op, "backend": self.backend,
             "exchange": self.exchange, "world_size": self.world_size, "nodes": self.nodes,
-            "timing": self.timing, "devices": self.devices,
+            "timing": self.timing, "after_kernel": self.after_kernel, "devices": self.devices,
             "rows": [row.to_dict() for row in self.rows],
             "baseline": None if self.baseline is None else self.baseline.to_dict(),
             "wrong_total": self.wrong_total,

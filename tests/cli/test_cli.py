@@ -106,6 +106,8 @@ BAD_INPUTS = [
     (["allgather", "--baseline", "nccl"], "baseline 'nccl' needs a GPU"),
     (["allgather", "--graph"], "--graph captures CUDA graphs: it needs a GPU backend"),
     (["ring", "--graph", "--backend", "host"], "--graph captures CUDA graphs"),
+    (["allgather", "--after-kernel", "--backend", "host"],
+     "--after-kernel launches an empty kernel before every operation: it needs a GPU backend"),
     pytest.param(["ring", "--backend", "cuda-vmm"], "backend 'cuda-vmm' needs a GPU, but ",
                  marks=without_gpu),
     pytest.param(["allgather", "--backend", "cuda-ipc"], "backend 'cuda-ipc' needs a GPU, but ",

@@ -78,6 +78,9 @@ def test_gpu_algorithms_resolve_per_backend():
     ({"timing": ["warp"]}, "unknown timing mode 'warp'"),
     ({"timing": ["graph"], "backends": ["host"]},
      "timing 'graph' captures GPU all-gathers in CUDA graphs; it cannot time allgather on host"),
+    ({"timing": ["after-kernel"], "backends": ["host"]},
+     "timing 'after-kernel' launches a GPU kernel before each operation; it cannot time "
+     "allgather on host"),
     ({"ops": ["ring"], "backends": ["cuda-ipc"], "algorithms": ["push"]},
      "no case left: the kernel algorithms"),
     ({"baselines": ["gloo"]}, "unknown baseline 'gloo'"),
@@ -142,7 +145,8 @@ def test_shipped_suites_are_valid(path):
         assert set(suite.backends) == {"cuda-ipc", "cuda-vmm"}
         assert all(case.baselines[0] == "nccl" for case in suite.cases)
         assert any("mpi" in case.baselines for case in suite.cases)
-        assert {case.timing for case in suite.cases} == {"nccl-tests", "graph", "latency"}
+        assert {case.timing for case in suite.cases} == {
+            "nccl-tests", "graph", "latency", "after-kernel"}
         assert {case.algorithm for case in suite.cases} == {
             "auto", "copy-engine", "push", "pull", "ring"}
         assert max(case.options.max_bytes for case in suite.cases) == 1 << 30
@@ -220,3 +224,15 @@ def test_bench_timing_of_each_case():
     assert got["allgather host single-copy latency"] == (
         ("latency", False), "latency (eager samples)")
     assert got["allgather cuda-ipc auto nccl-tests"] == (("nccl-tests", False), "nccl-tests")
+
+
+def test_after_kernel_cases_time_like_nccl_tests_under_their_own_label():
+    from ipcshare.bench.runner import driver_timing, timing_label
+
+    suite = parse({"ops": ["allgather", "ring"], "backends": ["cuda-vmm"],
+                   "algorithms": ["auto"], "timing": ["nccl-tests", "after-kernel"]})
+    got = {case.label: (driver_timing(case), timing_label(case.timing, case))
+           for case in suite.cases}
+    assert got["allgather cuda-vmm auto after-kernel"] == (
+        ("nccl-tests", False), "after-kernel")
+    assert got["ring cuda-vmm auto after-kernel"] == (("nccl-tests", False), "after-kernel")

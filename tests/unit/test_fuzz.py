@@ -15,7 +15,8 @@ from ipcshare.config import PatternOptions, load_yaml_config, merge_options
 from ipcshare.errors import ConfigError
 
 KEYS = ["backend", "exchange", "handle", "min_bytes", "max_bytes", "step_factor", "iters",
-        "warmup", "checks", "datatype", "baseline", "graph", "algo", "json", "min_bw",
+        "warmup", "checks", "datatype", "baseline", "graph", "after_kernel", "algo", "json",
+        "min_bw",
         "min-bytes", "warp", ""]
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-(1 << 70), 1 << 70),
                     st.floats(allow_nan=True), st.text(max_size=12),
