@@ -14,7 +14,7 @@ from typing import Any
 from .errors import ConfigError
 from .logs import configure_logging
 
-__all__ = ["World", "mpi", "virtual_node_blocks", "VIRTUAL_NODES_ENV"]
+__all__ = ["World", "mpi", "mpi_library_version", "virtual_node_blocks", "VIRTUAL_NODES_ENV"]
 
 VIRTUAL_NODES_ENV = "IPCSHARE_VIRTUAL_NODES"
 
@@ -24,6 +24,14 @@ def mpi() -> Any:
     from mpi4py import MPI  # heavy: MPI_Init happens here, never at ipcshare import
 
     return MPI
+
+
+def mpi_library_version() -> str:
+    """The first line of the MPI library's version string, spaces collapsed. Open MPI ends
+    it with a NUL, which would otherwise reach reports and JSON."""
+    text = mpi().Get_library_version().replace("\x00", "")
+    lines = text.splitlines()
+    return " ".join(lines[0].split()) if lines else ""
 
 
 @dataclasses.dataclass

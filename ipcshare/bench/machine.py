@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..topology import World, mpi
+from ..topology import World, mpi_library_version
 
 __all__ = ["machine_facts", "git_commit"]
 
@@ -48,7 +48,7 @@ def machine_facts(world: World) -> dict[str, Any]:
         entry["ranks"] += 1
     import numpy
 
-    library = " ".join(mpi().Get_library_version().splitlines()[0].split())
+    library = mpi_library_version()
     command = " ".join(shlex.quote(arg) for arg in ["ipcshare", *sys.argv[1:]])
     if world.size > 1:
         command = f"mpiexec -n {world.size} {command}"

@@ -10,7 +10,7 @@ import platform
 from .. import __version__
 from ..consensus import collective_step
 from ..peer_paths import FALLBACK_ENV, PathPlan, fallback_choice, plan_paths
-from ..topology import World, mpi
+from ..topology import World, mpi_library_version
 
 __all__ = ["run_info", "rank_facts", "pair_paths", "node_path_plans", "PAIR_PATHS"]
 
@@ -135,7 +135,6 @@ def _no_access_reason(a: dict, b: dict) -> str:
 
 
 def run_info(args: argparse.Namespace) -> int:
-    MPI = mpi()
     world = World.from_comm()
     try:
         with collective_step(world, f"reading {FALLBACK_ENV}"):
@@ -150,7 +149,7 @@ def run_info(args: argparse.Namespace) -> int:
     relays = {f"{a}-{b}": plan.path(a, b).relay for plan in plans.values()
               for a in plan.ranks for b in plan.ranks if plan.kind(a, b) == "relay"}
     document = {"ipcshare": __version__, "python": platform.python_version(),
-                "mpi": " ".join(MPI.Get_library_version().split()[:3]),
+                "mpi": " ".join(mpi_library_version().split()[:3]),
                 "world_size": world.size, "nodes": world.node_count,
                 "virtual_nodes": world.virtual_nodes, "ranks": facts, "paths": paths,
                 "relays": relays}

@@ -17,7 +17,7 @@ from typing import Any
 
 from .. import __version__
 from ..consensus import collective_step
-from ..topology import World, mpi
+from ..topology import World, mpi_library_version
 from .environment import collect_rank_facts
 from .liveness import Checkpoints, PeerLost, Watchdog, maybe_die_for_test
 from .paths import GPU_PATHS, HOST_PATHS, PATHS_BY_NAME, PathSpec
@@ -271,7 +271,7 @@ def _judge(results: list[dict[str, Any]], plan: DoctorPlan, started: float,
 
 def _mpi_library() -> str:
     try:
-        words = mpi().Get_library_version().splitlines()[0].split()
+        words = mpi_library_version().split()
         return " ".join(word for word in words[:3] if word != "Version:")
     except Exception:
         return "MPI"

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..topology import World, mpi
+from ..topology import World, mpi, mpi_library_version
 from .base import SizePlan
 from .rotation import warmup_iterations
 from .seeding import count_wrong, poison, seeded_bytes
@@ -25,7 +25,7 @@ class MpiBaseline:
     def __init__(self, world: World, op: str) -> None:
         self.world = world
         self.op = op
-        self.version = mpi().Get_library_version().splitlines()[0].strip()
+        self.version = mpi_library_version()
         self.version = " ".join(self.version.split())
 
     def measure(self, plan: SizePlan, mode: str, *, iters: int, warmup: int, checks: int,
