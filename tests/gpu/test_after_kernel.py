@@ -105,3 +105,20 @@ def test_the_nccl_baseline_runs_after_a_kernel_too(comm):
             assert operation.__name__ == "after_a_kernel"
     assert result.wrong_total == 0 and result.baseline is not None
     assert all(row.wrong == 0 for row in result.baseline.rows)
+
+
+def test_graphs_capture_the_kernel_with_each_operation(comm):
+    if comm.size > 8:
+        pytest.skip("kernels take at most 8 ranks")
+    options = merge_options({**_OPTIONS, "algo": "push"})
+    with ipcshare.Group(backend="cuda-vmm") as g:
+        calls = _count_empty_kernel_launches(g)
+        try:
+            result = run_pattern(g, make_pattern("allgather", "push"), options,
+                                 emit=lambda _line: None, graph=True, after_kernel=True)
+        except KernelCompileError as exc:
+            pytest.skip(f"needs NVRTC: {exc}")
+    assert comm.allgather(result.wrong_total) == [0] * comm.size
+    # Captured once per checked graph and once per operation of the timed graph.
+    assert calls[0] >= len(result.rows) * 2 * (1 + options.iters)
+    assert result.after_kernel and result.timing == "graph"
