@@ -115,11 +115,14 @@ class RunResult:
         return sum(values) / len(values) if values else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        document = {
             "ipcshare": self.version, "op": self.op, "backend": self.backend,
             "exchange": self.exchange, "world_size": self.world_size, "nodes": self.nodes,
-            "timing": self.timing, "after_kernel": self.after_kernel, "devices": self.devices,
+            "timing": self.timing, "devices": self.devices,
             "rows": [row.to_dict() for row in self.rows],
             "baseline": None if self.baseline is None else self.baseline.to_dict(),
             "wrong_total": self.wrong_total,
         }
+        if self.after_kernel:   # only then: the design's document keeps its exact keys
+            document["after_kernel"] = True
+        return document

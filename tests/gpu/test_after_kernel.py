@@ -69,7 +69,7 @@ def test_without_the_flag_no_kernel_is_launched(comm):
         calls = _count_empty_kernel_launches(g)
         result = run_pattern(g, make_pattern("allgather", "copy-engine"), options,
                              emit=lambda _line: None)
-    assert calls[0] == 0 and result.to_dict()["after_kernel"] is False
+    assert calls[0] == 0 and "after_kernel" not in result.to_dict()
 
 
 def test_the_mpi_baseline_is_refused_on_every_rank(comm):

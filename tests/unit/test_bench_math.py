@@ -139,3 +139,14 @@ def test_zero_times_are_left_out_of_ratios():
     result.rows[0].modes["out-of-place"].time_us = 0.0
     (only,) = band_ratios(result)
     assert only.sizes == 1 and only.ratio == pytest.approx(1.0)
+
+
+def test_the_result_document_names_after_kernel_timing_only_when_used():
+    import dataclasses
+
+    plain = _run([10.0, 100.0]).to_dict()
+    assert set(plain) == {"ipcshare", "op", "backend", "exchange", "world_size", "nodes",
+                          "timing", "devices", "rows", "baseline", "wrong_total"}
+    marked = dataclasses.replace(_run([10.0, 100.0]), after_kernel=True)
+    assert marked.to_dict()["after_kernel"] is True
+    assert aggregate_runs([marked, marked]).after_kernel   # repetitions keep the mark
