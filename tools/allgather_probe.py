@@ -20,7 +20,7 @@ Variants (each is one operation, repeated ``--iters`` times after ``--warmup``):
   pairwise      no barriers: each peer's copy waits for that peer's "free" flag on its own
                 lane and then raises a "landed" flag in the peer's pad; the stream waits
                 for every peer's "landed" flag
-  push          the push kernel
+  push, push-ip the push kernel, out of place and in place
   auto, auto-ip `--algo auto`, out of place and in place
   k:NAME@GxT    kernel NAME of tools/allgather_probe_kernels.cu (probe_push4, probe_push8,
                 probe_pull2, probe_pull4) on G blocks of T threads, e.g. k:probe_pull4@128x512;
@@ -68,7 +68,7 @@ _FREE_BASE, _LANDED_BASE = 300, 400
 _epochs = [0]
 # Variants that are whole all-gathers (their bytes are checked; "!" marks wrong bytes).
 _REAL = ("full", "in-place", "full-kbarm", "full-batch", "full-kbar", "pairwise",
-         "pairwise-ip", "push", "auto", "auto-ip", "full-1f", "full-bop", "full-atomic",
+         "pairwise-ip", "push", "push-ip", "auto", "auto-ip", "full-1f", "full-bop", "full-atomic",
          "full-kbar1s", "full-1s")
 # Pad words of the barrier variants: flags per rank, and one counter word for "atomic".
 _FLAG_BASE, _COUNTER_SLOT = 320, 480
@@ -104,8 +104,9 @@ def _operation(variant: str, window, plan) -> Callable[[], None]:
         return pattern.bind(window, plan, "out-of-place")
     if variant == "in-place":
         return pattern.bind(window, plan, "in-place")
-    if variant == "push":
-        return make_pattern("allgather", "push").bind(window, plan, "out-of-place")
+    if variant in ("push", "push-ip"):
+        mode = "in-place" if variant == "push-ip" else "out-of-place"
+        return make_pattern("allgather", "push").bind(window, plan, mode)
     if variant in ("auto", "auto-ip"):
         mode = "in-place" if variant == "auto-ip" else "out-of-place"
         return make_pattern("allgather", "auto").bind(window, plan, mode)
@@ -443,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
                 # A whole all-gather: check its bytes once.
                 base = variant.rsplit("+", 1)[-1]   # prefixes (kernel+, pre-copy+) move nothing
                 if base in _REAL or base.startswith(("k:", "hybrid-")):
-                    mode = ("in-place" if base in ("in-place", "pairwise-ip", "auto-ip")
+                    mode = ("in-place" if base in ("in-place", "pairwise-ip", "auto-ip", "push-ip")
                             else "out-of-place")
                     pattern.prepare(window, plan, mode, 7)
                     window.synchronize()
