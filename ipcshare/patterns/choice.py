@@ -49,9 +49,13 @@ ALLGATHER_CHOICES = {
 }
 # In place, after a kernel, the 4-GPU copy engine falls to 207-239 GB/s at 128 MiB-1 GiB
 # (back to back 326-376) while push keeps its rate: 4 or more ranks push at every size in
-# place. With 2 ranks the copy engine keeps 361 / 384 GB/s after a kernel at 256 MiB / 1 GiB.
+# place. With 2 ranks (nvidia-h200-x2, 43c800a) push in place wins up to 32 MiB both ways:
+# 234.6 / 285.6 GB/s at 16 / 32 MiB against the copy engine's 223.5 / 279.2 back to back,
+# and 221.8 / 275.6 against 174.9 / 230.2 after a kernel. From 64 MiB the copy engine is
+# ahead back to back (335.5 vs 316.6) and within 5% after a kernel, and it keeps 361 / 384
+# GB/s after a kernel at 256 MiB / 1 GiB.
 IN_PLACE_ALLGATHER_CHOICES = {
-    2: ALLGATHER_CHOICES[2],
+    2: AllGatherChoice(2, (32 * _MiB,), ("push", "copy-engine")),
     4: AllGatherChoice(4, (), ("push",)),
 }
 # Inside CUDA graphs the copy engine loses its concurrency on 4 GPUs: the copies to three
