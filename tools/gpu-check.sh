@@ -6,7 +6,8 @@
 #
 #   tests   the GPU pytest suite at 2, 4 and 2xG ranks, and 2 ranks sharing one GPU;
 #           tests/mpi under the node's own MPI at 2 and 3 ranks
-#   bench   quick ring / all-gather sweeps of both backends against NCCL, window setup time
+#   bench   quick ring / all-gather sweeps of both backends against NCCL (and one all-gather
+#           sweep with an empty kernel before each operation), window setup time
 #   suite   `ipcshare bench` with configs/bench-h200-x$G.yaml (every algorithm, eager and
 #           graph timing, NCCL and MPI); JSON, plot and Markdown under $OUT/bench/
 #   sweep   correctness at the world sizes the suite and tests do not cover (3 and 2xG
@@ -192,10 +193,11 @@ if [[ $G -ge 2 ]] && wants bench; then
   done
 fi
 
-bench() {  # bench OP BACKEND N
+bench() {  # bench OP BACKEND N [EXTRA FLAGS...]
   local op=$1 backend=$2 n=$3 json="$OUT/$1-$2-$3.json" rc
+  shift 3
   "$MPIEXEC" -n "$n" --bind-to none "$PY" -m ipcshare "$op" --backend "$backend" \
-    -b "${BENCH_MIN:-1M}" -e "$BENCH_MAX" -f 4 -n "$BENCH_ITERS" -w 5 -c 1 --baseline "$BENCH_BASELINE" --json "$json"
+    -b "${BENCH_MIN:-1M}" -e "$BENCH_MAX" -f 4 -n "$BENCH_ITERS" -w 5 -c 1 --baseline "$BENCH_BASELINE" --json "$json" "$@"
   rc=$?
   # One line per document in results.jsonl: the node hands back few files.
   if [[ -s "$json" ]]; then
@@ -216,6 +218,12 @@ if [[ $G -ge 2 ]] && wants bench; then
       done
     done
   done
+  # As in an application: an empty kernel before every all-gather (ours and NCCL's); the
+  # copy engine on 4 GPUs is slower then (docs/BENCHMARKS.md, "After a kernel").
+  if [[ $BENCH_BASELINE != mpi ]]; then
+    step "bench allgather cuda-vmm n=$G after a kernel" "$STEP_TIMEOUT_BENCH" \
+      bench allgather cuda-vmm "$G" --after-kernel
+  fi
   if [[ $G -ge 4 ]]; then
     # The same node as 2 virtual nodes x 2 GPUs: the hierarchical all-gather (rails),
     # its MPI step with device pointers if the MPI is CUDA-aware, else host-staged.
