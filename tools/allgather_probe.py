@@ -276,17 +276,16 @@ def _barrier(window, style: str) -> Callable[[], None]:
 
 
 def _pairwise(window, pattern, plan, mode: str) -> Callable[[], None]:
-    from ipcshare.backends.cuda_streams import new_side_lane
 
     engine, me, n = window.engine, window.rank, window.world_size
     pairs = _copy_pairs(window, pattern, plan, mode)
     peers = [(me + step) % n for step in range(1, n)]
     own = window.signal_pad(me).ptr
-    lanes = [new_side_lane() for _ in peers]
+    lanes = _owned_lanes(len(peers))
     write, wait, stream = engine._write, engine._wait, engine.stream
     release = int(driver.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT)
     geq = int(driver.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ)
-    fork = driver.cuEventCreate(int(driver.CUevent_flags.CU_EVENT_DISABLE_TIMING))[1]
+    fork = _owned_event()
     pads = {p: window.signal_pad(p).ptr for p in peers}
 
     def run() -> None:
@@ -360,15 +359,14 @@ class ScatterArgs(ctypes.Structure):
 def _hybrid(share: float, window, pattern, plan, *,
             first_on_stream: bool = False) -> Callable[[], None]:
     """The copy engine moves the first ``share`` of every copy, a kernel the rest, at once."""
-    from ipcshare.backends.cuda_streams import new_side_lane
 
     stream = window.engine.stream
     pairs = _copy_pairs(window, pattern, plan, "out-of-place")
     src = pairs[0][1].ptr
     assert all(s.ptr == src for _d, s in pairs)   # push: one source, every output
     ce_bytes = int(plan.block_bytes * share) // 16 * 16
-    lanes = [new_side_lane() for _ in pairs]
-    fork = driver.cuEventCreate(int(driver.CUevent_flags.CU_EVENT_DISABLE_TIMING))[1]
+    lanes = _owned_lanes(len(pairs))
+    fork = _owned_event()
     args = ScatterArgs()
     for i, (dst, _src) in enumerate(pairs):
         args.dsts[i] = dst.ptr + ce_bytes
@@ -399,6 +397,31 @@ def _hybrid(share: float, window, pattern, plan, *,
 
 class _NotResident(Exception):
     """A kernel shape whose blocks cannot all be resident at once."""
+
+
+# Streams and events the variants create, destroyed when the probe ends (main()).
+_owned: list[tuple[str, object]] = []
+
+
+def _owned_lanes(count: int) -> list[tuple]:
+    from ipcshare.backends.cuda_streams import new_side_lane
+
+    lanes = [new_side_lane() for _ in range(count)]
+    for stream, done in lanes:
+        _owned.extend((("stream", stream), ("event", done)))
+    return lanes
+
+
+def _owned_event():
+    event = driver.cuEventCreate(int(driver.CUevent_flags.CU_EVENT_DISABLE_TIMING))[1]
+    _owned.append(("event", event))
+    return event
+
+
+def _release_owned() -> None:
+    while _owned:
+        kind, handle = _owned.pop()
+        (driver.cuStreamDestroy if kind == "stream" else driver.cuEventDestroy)(handle)
 
 
 def _chain(*steps: Callable[[], None]) -> Callable[[], None]:
@@ -472,6 +495,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(variant.ljust(_LABEL) + "".join(f"{c:>24s}" for c in cells), flush=True)
         if args.nccl:
             _time_nccl(group, plans, args)
+        window.synchronize()
+        _release_owned()
         window.close()
     return 0
 
