@@ -4,9 +4,10 @@ A rank blocked inside an MPI collective that holds the interpreter lock (mpi4py'
 lower-case ``allreduce`` runs its reduction in Python) cannot run any Python code, not
 even another thread: only another process can free it. The guard is started once per
 group by ``PeerWatch.exit_if_stuck``; it watches the node's peers and its rank through
-pidfds and reads commands from a pipe (``clean PATH``, ``done``). When a peer dies and
-the rank has not said ``done`` within the grace period, the guard writes one line
-naming the dead rank, removes the paths it was told of and SIGKILLs the rank.
+pidfds and reads commands from a pipe (``clean-sockets TOKEN DIR``, ``done``). When a
+peer dies and the rank has not said ``done`` within the grace period, the guard writes
+one line naming the dead rank, removes the job's socket directories it was told of (only
+what the job put there: ``exchange.socket_dir``) and SIGKILLs the rank.
 
 Run as ``python -m ipcshare.peer_guard SPEC_JSON`` with the command pipe on stdin and
 the pidfds named in SPEC_JSON inherited.
@@ -17,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import select
-import shutil
 import signal
 import sys
 
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     rank_fd = int(spec["rank_pidfd"])
     peers = {int(fd): name for fd, name in spec["peers"].items()}
     commands = sys.stdin.fileno()
-    cleanups: list[str] = []
+    socket_dirs: list[tuple[str, str]] = []  # (token, directory)
     pending = b""
     dead: list[str] = []
     poller = select.poll()
@@ -58,17 +58,20 @@ def main(argv: list[str] | None = None) -> int:
                 for line in lines:
                     if line == b"done":
                         return 0
-                    if line.startswith(b"clean "):
-                        cleanups.append(os.fsdecode(line[6:]))
+                    if line.startswith(b"clean-sockets "):
+                        token, _, directory = os.fsdecode(line[14:]).partition(" ")
+                        socket_dirs.append((token, directory))
             else:
                 poller.unregister(fd)
                 dead.append(peers[fd])
                 deadline_ms = int(grace * 1000)
     poller = select.poll()
     poller.register(rank_fd, select.POLLIN)
-    for path in cleanups:
-        shutil.rmtree(path, ignore_errors=True)
-    from .peer_watch import remove_mpi_segments  # light: no MPI, no CUDA
+    from .exchange.socket_dir import remove_socket_dir  # light: no MPI, no CUDA
+    from .peer_watch import remove_mpi_segments
+
+    for token, directory in socket_dirs:
+        remove_socket_dir(directory, token)
 
     remove_mpi_segments(int(spec["pid"]))
     sys.stderr.write(f"ipcshare: error: {', '.join(dead)} died; {me} was stuck for {grace:g} s "

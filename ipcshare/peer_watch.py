@@ -85,7 +85,7 @@ class PeerWatch:
         self._dead: list[int] = []
         self._stopped = threading.Event()
         self._guard: Any = None  # the peer_guard process, once exit_if_stuck armed it
-        self._guard_paths: list[str] = []
+        self._guard_socket_dirs: list[tuple[str, str]] = []  # (token, directory)
         self._wake_read, self._wake_write = os.pipe()
         self._saved_sigusr1 = _survive_failure_notices()
         self._thread: threading.Thread | None = None
@@ -172,13 +172,17 @@ class PeerWatch:
                 stdin=subprocess.PIPE, close_fds=True, pass_fds=[own, *self._pidfds])
         finally:
             os.close(own)
-        for path in self._guard_paths:
-            self._tell_guard(f"clean {path}")
+        for token, directory in self._guard_socket_dirs:
+            self._tell_guard(f"clean-sockets {token} {directory}")
 
-    def remove_on_forced_exit(self, path: str) -> None:
-        """Have the guard remove ``path`` (a directory) before it ends a stuck rank."""
-        self._guard_paths.append(path)
-        self._tell_guard(f"clean {path}")
+    def remove_on_forced_exit(self, directory: str, token: str) -> None:
+        """Have the guard remove the job's socket ``directory`` before it ends a stuck rank.
+
+        The guard removes it as the job itself does (``exchange.socket_dir``): only the
+        claim and the sockets, and only when the claim names ``token``.
+        """
+        self._guard_socket_dirs.append((token, directory))
+        self._tell_guard(f"clean-sockets {token} {directory}")
 
     def _tell_guard(self, line: str) -> None:
         if self._guard is None:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from pathlib import Path
+
 import pytest
 
 
@@ -11,3 +15,15 @@ def comm():
     from mpi4py import MPI
 
     return MPI.COMM_WORLD
+
+
+@pytest.fixture
+def socket_base():
+    """An empty directory whose path is short enough for unix sockets inside it.
+
+    pytest's ``tmp_path`` is too long: ``make_socket_dir`` would move on to /tmp, where
+    the test could neither see nor check what a job left.
+    """
+    base = tempfile.mkdtemp(prefix="ipt-", dir="/tmp")
+    yield Path(base)
+    shutil.rmtree(base)  # made above by this fixture

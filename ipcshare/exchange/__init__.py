@@ -19,7 +19,8 @@ from ..topology import World
 from .envelope import open_sealed, seal
 from .fds import OwnedFd
 from .pidfd import fetch_fd
-from .unix_socket import SocketEndpoint, make_socket_dir, remove_socket_dir
+from .socket_dir import make_socket_dir, remove_socket_dir
+from .unix_socket import SocketEndpoint
 
 __all__ = ["Exchange", "OwnedFd", "DEFAULT_TIMEOUT_S"]
 
@@ -230,7 +231,7 @@ class Exchange:
         try:
             directory = self._allgather(world.local_comm, directory, "descriptor socket setup")[0]
         except BaseException:
-            remove_socket_dir(self._socket_dir)
+            remove_socket_dir(self._socket_dir, token)
             self._socket_dir = None
             raise
         self._node_socket_dir = directory
@@ -246,13 +247,13 @@ class Exchange:
         except BaseException:
             if endpoint is not None:
                 endpoint.close()
-            remove_socket_dir(self._socket_dir)
+            remove_socket_dir(self._socket_dir, token)
             self._socket_dir = None
             raise
         self._endpoint = endpoint
         if self.watch is not None and directory is not None:
             # A rank forced out of a stuck call still gets the node's directory removed.
-            self.watch.remove_on_forced_exit(directory)
+            self.watch.remove_on_forced_exit(directory, token)
         return endpoint
 
     @property
@@ -280,5 +281,6 @@ class Exchange:
             # After a failure the rank that made the directory may be the dead one: any
             # survivor removes it (removal is idempotent).
             remove_socket_dir(self._node_socket_dir if failed or (
-                self.watch is not None and self.watch.failed) else self._socket_dir)
+                self.watch is not None and self.watch.failed) else self._socket_dir,
+                self._token or "")
             self._socket_dir = self._node_socket_dir = None

@@ -11,10 +11,8 @@ anything, so a process outside the job never gets a descriptor in or out.
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import struct
-import tempfile
 import time
 from collections.abc import Callable
 
@@ -22,43 +20,15 @@ from ..errors import ExchangeError, ExchangeTimeout
 from ..logs import get_logger
 from .fds import OwnedFd
 
-__all__ = ["SocketEndpoint", "SUN_PATH_MAX", "socket_path_fits", "make_socket_dir",
-           "remove_socket_dir", "remove_stale_socket_dirs"]
+__all__ = ["SocketEndpoint"]
 
 log = get_logger("exchange")
 
-SUN_PATH_MAX = 107  # 108 bytes including the terminating NUL
 _MAGIC = b"IPCS"
 # magic, job token (16 hex chars), sender local rank, sequence number
 _HEADER = struct.Struct("!4s16sIQ")
 _PEERCRED = struct.Struct("3i")  # pid, uid, gid
 _LIVENESS_POLL_S = 0.05
-# A directory left by a killed job is removed by the next job once it is this old and no
-# socket in it is bound any more.
-STALE_DIR_AGE_S = 60.0
-
-
-def socket_path_fits(path: str) -> bool:
-    """Whether ``path`` fits in ``sockaddr_un.sun_path``."""
-    return len(os.fsencode(path)) <= SUN_PATH_MAX
-
-
-def make_socket_dir(token: str) -> str | None:
-    """Create the node's private socket directory; None when no path would fit.
-
-    Tries ``$IPCSHARE_SOCKET_DIR``, then the temp dir, then /tmp.
-    """
-    candidates = [os.environ.get("IPCSHARE_SOCKET_DIR"), tempfile.gettempdir(), "/tmp"]
-    for base in filter(None, candidates):
-        probe = os.path.join(base, f"ipcshare-{token}-xxxxxxxx", "r99999.sock")
-        if not socket_path_fits(probe) or not os.path.isdir(base):
-            continue
-        remove_stale_socket_dirs(base)
-        try:
-            return tempfile.mkdtemp(prefix=f"ipcshare-{token}-", dir=base)  # mode 0700
-        except OSError:
-            continue
-    return None
 
 
 class SocketEndpoint:
@@ -232,54 +202,3 @@ class SocketEndpoint:
             except FileNotFoundError:
                 pass
             self._bound_path = None
-
-
-def remove_socket_dir(directory: str | None) -> None:
-    """Remove the node's socket directory and anything a dead rank left in it."""
-    if directory:
-        shutil.rmtree(directory, ignore_errors=True)
-
-
-def _bound_socket_paths() -> set[str] | None:
-    """Paths of the unix sockets bound in this network namespace, or None if unknown."""
-    try:
-        with open("/proc/net/unix") as table:
-            next(table)  # header
-            return {fields[7] for fields in (line.split() for line in table) if len(fields) > 7}
-    except (OSError, StopIteration):
-        return None
-
-
-def remove_stale_socket_dirs(base: str, *, min_age: float = STALE_DIR_AGE_S) -> list[str]:
-    """Remove this user's socket directories under ``base`` that a killed job left behind.
-
-    A directory is stale when it is older than ``min_age`` seconds and none of its
-    sockets is bound any more (a launcher that SIGKILLs a job gives its ranks no chance
-    to clean up). Returns the directories removed.
-    """
-    bound = _bound_socket_paths()
-    if bound is None:
-        return []
-    removed = []
-    now = time.time()
-    try:
-        entries = list(os.scandir(base))
-    except OSError:
-        return []
-    for entry in entries:
-        if not entry.name.startswith("ipcshare-"):
-            continue
-        try:
-            info = entry.stat(follow_symlinks=False)
-            if (not entry.is_dir(follow_symlinks=False) or info.st_uid != os.getuid()
-                    or now - info.st_mtime < min_age):
-                continue
-            inside = [os.path.join(entry.path, name) for name in os.listdir(entry.path)]
-        except OSError:
-            continue
-        if any(path in bound for path in inside):
-            continue
-        shutil.rmtree(entry.path, ignore_errors=True)
-        removed.append(entry.path)
-        log.info("removed %s, left behind by a job that was killed", entry.path)
-    return removed

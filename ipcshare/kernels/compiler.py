@@ -157,11 +157,19 @@ def _compile(name: str, text: str, options: tuple[str, ...], arch: str) -> bytes
 
 def _store(path: Path, data: bytes) -> None:
     # Write then rename: ranks compiling the same kernel at once never see half a file.
+    # The only files it ever removes or replaces are the temporary file it just made and
+    # the cache entry of this exact kernel (docs/RELIABILITY.md, "What ipcshare deletes").
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    except OSError:
+        return  # an unwritable cache only costs a recompile next time
+    try:
         with os.fdopen(fd, "wb") as out:
             out.write(data)
         os.replace(tmp, path)
     except OSError:
-        pass  # an unwritable cache only costs a recompile next time
+        try:
+            os.unlink(tmp)  # ours: mkstemp made it a moment ago
+        except OSError:
+            pass

@@ -26,11 +26,9 @@ needs_mpiexec = pytest.mark.skipif(MPIEXEC is None, reason="needs mpiexec (pip i
 
 
 @pytest.fixture
-def socket_dir(tmp_path, monkeypatch):
-    path = tmp_path / "sockets"
-    path.mkdir()
-    monkeypatch.setenv("IPCSHARE_SOCKET_DIR", str(path))
-    return path
+def socket_dir(socket_base, monkeypatch):
+    monkeypatch.setenv("IPCSHARE_SOCKET_DIR", str(socket_base))
+    return socket_base
 
 
 def run(args, n=None, timeout=120, cwd=None):

@@ -76,9 +76,8 @@ def _sweep_mpich_segments(before: set[str]) -> None:
             os.unlink(f"/dev/shm/{name}")
 
 
-def _run_job(launcher: list[str], mode: str, tmp_path: Path, extra_env: dict[str, str]):
-    sockets = tmp_path / "sockets"
-    sockets.mkdir()
+def _run_job(launcher: list[str], mode: str, tmp_path: Path, extra_env: dict[str, str],
+             sockets: Path):
     marker = f"ipcshare-fault-{uuid.uuid4().hex}"
     # gforker SIGQUITs the job about 1 s after a death: every report must come before.
     env = dict(os.environ, IPCSHARE_SOCKET_DIR=str(sockets), GRACE="0.3", **extra_env)
@@ -104,8 +103,9 @@ needs_gforker = pytest.mark.skipif(GFORKER is None, reason="needs mpiexec.gforke
 @needs_gforker
 @pytest.mark.parametrize("mode", ["handle-exchange", "descriptor-exchange", "pattern",
                                   "signal"])
-def test_every_survivor_names_the_dead_rank(mode, tmp_path):
-    out, elapsed, sockets = _run_job([GFORKER], mode, tmp_path, {"IGNORE_SIGINT": "1"})
+def test_every_survivor_names_the_dead_rank(mode, tmp_path, socket_base):
+    out, elapsed, sockets = _run_job([GFORKER], mode, tmp_path, {"IGNORE_SIGINT": "1"},
+                                     socket_base)
     lines = re.findall(r"SURVIVOR rank (\d+) detected after ([\d.]+) s: (.*)", out.stdout)
     assert sorted(int(rank) for rank, _s, _m in lines) == [0, 2], out.stdout + out.stderr
     for _rank, seconds, message in lines:
@@ -117,9 +117,9 @@ def test_every_survivor_names_the_dead_rank(mode, tmp_path):
 
 
 @needs_gforker
-def test_a_rank_stuck_in_a_blocking_mpi_call_is_ended_by_its_guard(tmp_path):
+def test_a_rank_stuck_in_a_blocking_mpi_call_is_ended_by_its_guard(tmp_path, socket_base):
     out, _elapsed, sockets = _run_job([GFORKER], "mpi-collective", tmp_path,
-                                      {"IGNORE_SIGINT": "1"})
+                                      {"IGNORE_SIGINT": "1"}, socket_base)
     ended = re.findall(r"ipcshare: error: rank 1@\S+ \(pid \d+\) died; rank (\d)@\S+ was "
                        r"stuck for 0.3 s", out.stderr)
     assert sorted(ended) == ["0", "2"], out.stderr
@@ -127,13 +127,20 @@ def test_a_rank_stuck_in_a_blocking_mpi_call_is_ended_by_its_guard(tmp_path):
 
 
 @pytest.mark.skipif(HYDRA is None, reason="needs mpiexec (mpich)")
-def test_hydra_default_kills_the_job_and_nothing_stays(tmp_path):
-    out, elapsed, sockets = _run_job([HYDRA], "pattern", tmp_path, {})
+def test_hydra_default_kills_the_job_and_nothing_stays(tmp_path, socket_base):
+    from ipcshare.exchange.socket_dir import remove_stale_socket_dirs
+
+    out, elapsed, sockets = _run_job([HYDRA], "pattern", tmp_path, {}, socket_base)
     assert out.returncode != 0 and elapsed < 60
-    # Survivors are SIGKILLed by the launcher: their socket directory is swept by the
-    # next job once it is stale (test_stale_socket_dirs_are_swept).
-    for leftover in sockets.iterdir():
-        assert leftover.name.startswith("ipcshare-")
+    # Survivors are SIGKILLed by the launcher: their socket directory stays until a
+    # later job sweeps it, which it does once the directory is stale and its creator
+    # provably gone (tests/unit/test_socket_dir.py has the decoys it must not touch).
+    leftovers = sorted(str(path) for path in sockets.iterdir())
+    then = time.time() - 3600
+    for leftover in leftovers:
+        os.utime(leftover, (then, then))
+    assert remove_stale_socket_dirs(str(sockets)) == leftovers
+    assert list(sockets.iterdir()) == []
 
 
 CLI_IGNORING_SIGINT = ("import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
@@ -154,11 +161,10 @@ def _pid_of_rank(marker: str, rank: int) -> int | None:
 
 
 @needs_gforker
-def test_the_cli_prints_one_line_per_survivor_when_a_rank_is_killed(tmp_path):
+def test_the_cli_prints_one_line_per_survivor_when_a_rank_is_killed(tmp_path, socket_base):
     import signal
 
-    sockets = tmp_path / "sockets"
-    sockets.mkdir()
+    sockets = socket_base
     marker = f"ipcshare-fault-{uuid.uuid4().hex}"
     env = dict(os.environ, IPCSHARE_SOCKET_DIR=str(sockets), IPCSHARE_PEER_EXIT_GRACE="0.5")
     shm, everything_before = _shm(mpich=False), _shm()

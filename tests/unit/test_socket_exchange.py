@@ -11,13 +11,14 @@ import textwrap
 import pytest
 
 from ipcshare.errors import ExchangeTimeout
-from ipcshare.exchange.unix_socket import (
+from ipcshare.exchange.socket_dir import (
+    CLAIM_NAME,
     SUN_PATH_MAX,
-    SocketEndpoint,
     make_socket_dir,
     remove_socket_dir,
     socket_path_fits,
 )
+from ipcshare.exchange.unix_socket import SocketEndpoint
 
 TOKEN = "0123456789abcdef"
 
@@ -62,7 +63,7 @@ def test_job_peer_gets_through_and_a_stranger_is_refused(caplog, abstract):
         assert f"refused a descriptor-socket connection from pid {stranger.pid}" in caplog.text
         receiver.close()
     finally:
-        remove_socket_dir(directory)
+        remove_socket_dir(directory, TOKEN)
 
 
 def test_missing_peer_times_out_with_its_name(tmp_path):
@@ -73,9 +74,9 @@ def test_missing_peer_times_out_with_its_name(tmp_path):
         with pytest.raises(ExchangeTimeout, match=r"local rank\(s\) \[1\]"):
             receiver.receive_fds({1}, sequence=1)
         receiver.close()
-        assert os.listdir(directory) == []  # the socket file went with close()
+        assert os.listdir(directory) == [CLAIM_NAME]  # the socket file went with close()
     finally:
-        remove_socket_dir(directory)
+        remove_socket_dir(directory, TOKEN)
     assert not os.path.exists(directory)
 
 
@@ -85,7 +86,7 @@ def test_socket_dir_is_private_and_fits_sun_path():
         assert os.stat(directory).st_mode & 0o777 == 0o700
         assert socket_path_fits(os.path.join(directory, "r99999.sock"))
     finally:
-        remove_socket_dir(directory)
+        remove_socket_dir(directory, TOKEN)
 
 
 def test_long_socket_dirs_fall_back(monkeypatch, tmp_path):
@@ -98,7 +99,7 @@ def test_long_socket_dirs_fall_back(monkeypatch, tmp_path):
         assert directory is None or len(directory) + 12 <= SUN_PATH_MAX
         assert directory is None or not directory.startswith(str(deep))
     finally:
-        remove_socket_dir(directory)
+        remove_socket_dir(directory, TOKEN)
 
 
 def _nobody_ids():
@@ -180,7 +181,7 @@ def test_another_user_cannot_even_reach_a_path_socket(tmp_path):
         assert out.stdout.strip() == "permission denied", out.stderr
     finally:
         receiver.close()
-        remove_socket_dir(directory)
+        remove_socket_dir(directory, TOKEN)
 
 
 # A rank of another job on the node: same user, its own endpoint and token, knocking on
@@ -225,29 +226,3 @@ def test_abstract_names_carry_the_job_token():
         assert endpoint.describe_address(3) == f"@ipcshare-{TOKEN}-r3"
     finally:
         endpoint.close()
-
-
-def test_stale_socket_dirs_are_swept_and_live_ones_kept(tmp_path):
-    import socket as socket_module
-
-    from ipcshare.exchange.unix_socket import remove_stale_socket_dirs
-
-    stale = tmp_path / "ipcshare-aaaa-stale"
-    stale.mkdir(mode=0o700)
-    dead = socket_module.socket(socket_module.AF_UNIX, socket_module.SOCK_STREAM)
-    dead.bind(str(stale / "r0.sock"))
-    dead.close()  # the file stays, nothing is bound to it: a killed job's leftover
-    live = tmp_path / "ipcshare-bbbb-live"
-    live.mkdir(mode=0o700)
-    listener = socket_module.socket(socket_module.AF_UNIX, socket_module.SOCK_STREAM)
-    listener.bind(str(live / "r0.sock"))
-    young = tmp_path / "ipcshare-cccc-young"
-    young.mkdir(mode=0o700)
-    try:
-        old = os.stat(stale).st_mtime - 3600
-        for path in (stale, live):
-            os.utime(path, (old, old))
-        assert remove_stale_socket_dirs(str(tmp_path)) == [str(stale)]
-        assert not stale.exists() and live.exists() and young.exists()
-    finally:
-        listener.close()

@@ -1,0 +1,266 @@
+"""The node's private socket directory: made with a claim, removed only when provably ours.
+
+A job's local rank 0 makes one 0700 directory named ``ipcshare-<token>-<8 random>`` and
+writes a claim file into it (the job token, the creator's pid, the pid's start time and
+the pid namespace). Removal, whether at the end of the job, by a survivor after a failure,
+by the guard process, or by a later job sweeping what a killed job left behind, deletes
+only entries that ipcshare itself puts there (the claim and ``r<N>.sock`` sockets) and
+then the empty directory with ``rmdir``: a directory holding anything else, a symlink, a
+directory of another user, or one whose name or claim does not match is never touched.
+A later job sweeps a directory only once its creator is provably gone (same pid namespace,
+and that pid no longer runs the process that wrote the claim) and no socket in it is bound.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import stat
+import tempfile
+import time
+
+from ..logs import get_logger
+
+__all__ = ["CLAIM_NAME", "STALE_DIR_AGE_S", "SUN_PATH_MAX", "make_socket_dir",
+           "remove_socket_dir", "remove_stale_socket_dirs", "socket_dir_base_candidates",
+           "socket_path_fits"]
+
+log = get_logger("exchange")
+
+SUN_PATH_MAX = 107  # 108 bytes including the terminating NUL
+CLAIM_NAME = ".ipcshare-claim"
+# A killed job's directory is swept by a later job only once it is this old (and its
+# creator is gone): a directory that a starting job has just made is never raced.
+STALE_DIR_AGE_S = 60.0
+_DIR_NAME = re.compile(r"ipcshare-(?P<token>[0-9a-f]{16})-[a-z0-9_]{8}")
+_SOCKET_NAME = re.compile(r"r[0-9]{1,9}\.sock")
+_CLAIM_MAX_BYTES = 4096
+
+
+def socket_path_fits(path: str) -> bool:
+    """Whether ``path`` fits in ``sockaddr_un.sun_path``."""
+    return len(os.fsencode(path)) <= SUN_PATH_MAX
+
+
+def socket_dir_base_candidates() -> list[str]:
+    """Where the socket directory may go, in order: $IPCSHARE_SOCKET_DIR, the temp dir, /tmp."""
+    return [base for base in (os.environ.get("IPCSHARE_SOCKET_DIR"), tempfile.gettempdir(),
+                              "/tmp") if base]
+
+
+def make_socket_dir(token: str) -> str | None:
+    """Create the node's private socket directory with its claim; None when no socket
+    path inside it would fit ``sun_path``.
+
+    Before creating, directories that killed jobs left in the same base are swept
+    (``remove_stale_socket_dirs``).
+    """
+    if not re.fullmatch(r"[0-9a-f]{16}", token):
+        raise ValueError(f"token must be 16 hex digits, got {token!r}")
+    for base in socket_dir_base_candidates():
+        probe = os.path.join(base, f"ipcshare-{token}-xxxxxxxx", "r99999.sock")
+        if not socket_path_fits(probe) or not os.path.isdir(base):
+            continue
+        remove_stale_socket_dirs(base)
+        try:
+            directory = tempfile.mkdtemp(prefix=f"ipcshare-{token}-", dir=base)  # mode 0700
+        except OSError:
+            continue
+        try:
+            _write_claim(directory, token)
+        except OSError:
+            os.rmdir(directory)  # just made, empty: provably ours
+            continue
+        return directory
+    return None
+
+
+def remove_socket_dir(directory: str | None, token: str) -> bool:
+    """Remove the job's socket directory: only its claim and sockets, then the directory.
+
+    Safe to call from any rank of the job and from its guard (idempotent; a directory
+    that is not this job's, by name or claim, or that holds anything else, is left).
+    Returns whether the directory is gone.
+    """
+    if not directory:
+        return True
+    base, name = os.path.split(os.path.normpath(directory))
+    match = _DIR_NAME.fullmatch(name)
+    if match is None or match["token"] != token:
+        log.warning("not removing %s: not this job's socket directory", directory)
+        return False
+    try:
+        base_fd = os.open(base or ".", os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return False
+    try:
+        return _remove_claimed(base_fd, name, token, bound=None) in ("removed", "gone")
+    finally:
+        os.close(base_fd)
+
+
+def remove_stale_socket_dirs(base: str, *, min_age: float = STALE_DIR_AGE_S) -> list[str]:
+    """Remove socket directories under ``base`` that killed jobs of this user left.
+
+    A directory is removed only when all of these hold: its name is exactly the generated
+    pattern; it is a real directory (not a symlink) owned by this user with mode 0700 and
+    older than ``min_age`` seconds; it holds a claim file naming the same token; the
+    claim's creator is provably gone (same pid namespace as this process, and that pid is
+    no longer the process that wrote the claim); and everything else in it is an unbound
+    ``r<N>.sock`` socket. Returns the directories removed.
+    """
+    bound = _bound_socket_paths()
+    if bound is None:  # cannot tell which sockets are in use: sweep nothing
+        return []
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return []
+    removed = []
+    try:
+        base_fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return []
+    try:
+        for name in names:
+            match = _DIR_NAME.fullmatch(name)
+            if match is None:
+                continue
+            outcome = _remove_claimed(base_fd, name, match["token"], bound=bound,
+                                      stale_after=min_age, base=base)
+            if outcome == "removed":
+                path = os.path.join(base, name)
+                removed.append(path)
+                log.info("removed %s, left behind by a job that was killed", path)
+    finally:
+        os.close(base_fd)
+    return removed
+
+
+def _write_claim(directory: str, token: str) -> None:
+    claim = {"token": token, "pid": os.getpid(), "start": _start_time(os.getpid()),
+             "pid_ns": _pid_namespace("self")}
+    fd = os.open(os.path.join(directory, CLAIM_NAME),
+                 os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as out:
+        json.dump(claim, out)
+
+
+def _remove_claimed(base_fd: int, name: str, token: str, *, bound: set[str] | None,
+                    stale_after: float | None = None, base: str = "") -> str:
+    """Remove directory ``name`` under ``base_fd`` if every check passes.
+
+    Returns "removed", "gone" (nothing there) or "kept". With ``stale_after`` the
+    directory must also be that old, its creator gone and none of its sockets in
+    ``bound`` (the sweep of a killed job's leftovers); without, it is this job's own.
+    """
+    try:
+        # O_NOFOLLOW: a symlink planted under the generated name is never followed.
+        dir_fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=base_fd)
+    except FileNotFoundError:
+        return "gone"
+    except OSError:
+        return "kept"
+    try:
+        info = os.fstat(dir_fd)
+        if info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) != 0o700:
+            return "kept"
+        if stale_after is not None and time.time() - info.st_mtime < stale_after:
+            return "kept"
+        claim = _read_claim(dir_fd)
+        if claim is None or claim.get("token") != token:
+            return "kept"
+        if stale_after is not None and not _creator_gone(claim):
+            return "kept"
+        sockets = []
+        for entry in os.listdir(dir_fd):
+            if entry == CLAIM_NAME:
+                continue
+            if not _SOCKET_NAME.fullmatch(entry):
+                return "kept"
+            entry_info = os.stat(entry, dir_fd=dir_fd, follow_symlinks=False)
+            if not stat.S_ISSOCK(entry_info.st_mode) or entry_info.st_uid != os.getuid():
+                return "kept"
+            if bound is not None and os.path.join(base, name, entry) in bound:
+                return "kept"
+            sockets.append(entry)
+        for entry in [*sockets, CLAIM_NAME]:
+            try:
+                os.unlink(entry, dir_fd=dir_fd)
+            except FileNotFoundError:
+                pass  # another rank of the job removed it first
+    except OSError:
+        return "kept"
+    finally:
+        os.close(dir_fd)
+    try:
+        os.rmdir(name, dir_fd=base_fd)
+    except FileNotFoundError:
+        return "gone"
+    except OSError as exc:
+        # Something appeared meanwhile (ENOTEMPTY): it is not ours to remove.
+        if exc.errno != errno.ENOTEMPTY:
+            log.debug("rmdir %s: %s", name, exc)
+        return "kept"
+    return "removed"
+
+
+def _read_claim(dir_fd: int) -> dict | None:
+    try:
+        fd = os.open(CLAIM_NAME, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+            return None
+        data = os.read(fd, _CLAIM_MAX_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > _CLAIM_MAX_BYTES:
+        return None
+    try:
+        claim = json.loads(data)
+    except ValueError:
+        return None
+    return claim if isinstance(claim, dict) else None
+
+
+def _creator_gone(claim: dict) -> bool:
+    """Whether the process that wrote ``claim`` has provably ended."""
+    pid, start, namespace = claim.get("pid"), claim.get("start"), claim.get("pid_ns")
+    if not isinstance(pid, int) or pid <= 0 or namespace is None:
+        return False
+    if namespace != _pid_namespace("self"):
+        return False  # its pid means another process here: we cannot tell
+    current = _start_time(pid)
+    return current is None or current != start
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (None when no such process)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as status:
+            fields = status.read().rsplit(b")", 1)[1].split()
+        return int(fields[19])  # field 22 of stat; fields[0] here is field 3
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _pid_namespace(pid: int | str) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
+def _bound_socket_paths() -> set[str] | None:
+    """Paths of the unix sockets bound in this network namespace, or None if unknown."""
+    try:
+        with open("/proc/net/unix") as table:
+            next(table)  # header
+            return {fields[7] for fields in (line.split() for line in table) if len(fields) > 7}
+    except (OSError, StopIteration):
+        return None
