@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     poller = select.poll()
     poller.register(rank_fd, select.POLLIN)
     from .exchange.socket_dir import remove_socket_dir  # light: no MPI, no CUDA
-    from .peer_watch import remove_mpi_segments
+    from .mpi_segments import remove_mpi_segments
 
     for token, directory in socket_dirs:
         remove_socket_dir(directory, token)

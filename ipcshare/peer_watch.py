@@ -24,11 +24,11 @@ from typing import Any
 from .config import seconds_from_env
 from .errors import ExchangeTimeout, PeerDied
 from .logs import get_logger
+from .mpi_segments import remove_mpi_segments, remove_stale_mpi_segments
 from .topology import World
 
 __all__ = ["PeerWatch", "process_start_time", "watched_allgather", "watched_barrier",
-           "wait_request", "peer_exit_grace", "DEFAULT_EXIT_GRACE_S", "leave_after_peer_death",
-           "remove_mpi_segments"]
+           "wait_request", "peer_exit_grace", "DEFAULT_EXIT_GRACE_S", "leave_after_peer_death"]
 
 log = get_logger("peers")
 
@@ -102,6 +102,10 @@ class PeerWatch:
         is left to the deadlines, and so is every rank when pidfds are unavailable.
         """
         start_times = world.comm.allgather(process_start_time())
+        if world.local_rank == 0:
+            # Segments of jobs that their launcher SIGKILLed whole: no rank could unlink
+            # them, so the next job on the node does, once no process uses them.
+            remove_stale_mpi_segments()
         watched: dict[int, int] = {}
         if hasattr(os, "pidfd_open"):
             for rank in world.local_ranks:
@@ -363,33 +367,3 @@ def leave_after_peer_death(status: int, *, linger: float) -> None:
     sys.stderr.flush()
     time.sleep(linger)
     os._exit(status)
-
-
-# Shared-memory files that MPI libraries unlink only in MPI_Finalize (MPICH's ch4 shm,
-# Open MPI's vader): a job that cannot finalize would leave them in /dev/shm for good.
-_MPI_SEGMENT_PREFIXES = ("mpich_shm_", "vader_segment.")
-
-
-def remove_mpi_segments(pid: int | str = "self") -> list[str]:
-    """Unlink the MPI library's /dev/shm segments that process ``pid`` maps.
-
-    Only for a process about to leave without MPI_Finalize: the mappings of every process
-    stay valid, only the names go. Returns the paths removed.
-    """
-    removed = []
-    try:
-        with open(f"/proc/{pid}/maps") as maps:
-            # A name another survivor already removed reads "... (deleted)": skip those.
-            paths = {line.split(maxsplit=5)[-1].strip() for line in maps
-                     if "/dev/shm/" in line and not line.rstrip().endswith("(deleted)")}
-    except OSError:
-        return removed
-    for path in sorted(paths):
-        name = os.path.basename(path)
-        if path.startswith("/dev/shm/") and name.startswith(_MPI_SEGMENT_PREFIXES):
-            try:
-                os.unlink(path)
-                removed.append(path)
-            except OSError:
-                pass  # already gone (another survivor), or not ours to remove
-    return removed

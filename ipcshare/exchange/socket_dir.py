@@ -22,6 +22,7 @@ import tempfile
 import time
 
 from ..logs import get_logger
+from ..peer_watch import process_start_time
 
 __all__ = ["CLAIM_NAME", "STALE_DIR_AGE_S", "SUN_PATH_MAX", "make_socket_dir",
            "remove_socket_dir", "remove_stale_socket_dirs", "socket_dir_base_candidates",
@@ -140,7 +141,7 @@ def remove_stale_socket_dirs(base: str, *, min_age: float = STALE_DIR_AGE_S) -> 
 
 
 def _write_claim(directory: str, token: str) -> None:
-    claim = {"token": token, "pid": os.getpid(), "start": _start_time(os.getpid()),
+    claim = {"token": token, "pid": os.getpid(), "start": process_start_time(os.getpid()),
              "pid_ns": _pid_namespace("self")}
     fd = os.open(os.path.join(directory, CLAIM_NAME),
                  os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -235,18 +236,8 @@ def _creator_gone(claim: dict) -> bool:
         return False
     if namespace != _pid_namespace("self"):
         return False  # its pid means another process here: we cannot tell
-    current = _start_time(pid)
+    current = process_start_time(pid)
     return current is None or current != start
-
-
-def _start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (None when no such process)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as status:
-            fields = status.read().rsplit(b")", 1)[1].split()
-        return int(fields[19])  # field 22 of stat; fields[0] here is field 3
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def _pid_namespace(pid: int | str) -> str | None:

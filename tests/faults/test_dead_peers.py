@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from ipcshare.mpi_segments import remove_stale_mpi_segments
+
 from ..launchers import mpich_launcher
 
 HYDRA = mpich_launcher("mpiexec")
@@ -51,29 +53,13 @@ def _shm(*, mpich: bool = True) -> set[str]:
             if mpich or not name.startswith("mpich_shm_")}
 
 
-def _mapped_anywhere(path: str) -> bool:
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/maps") as maps:
-                    if any(path in line for line in maps):
-                        return True
-            except OSError:
-                pass
-    return False
-
-
-def _sweep_mpich_segments(before: set[str]) -> None:
-    """Remove MPICH segments that appeared since ``before`` and that no process maps.
-
-    Survivors unlink the segments they map before they leave; one created by the dead
-    rank and never attached by a survivor can stay (MPICH unlinks it only in
-    MPI_Finalize, which the dead rank never reaches). Swept here so that CI machines
-    do not collect 3 MiB per run; ipcshare's own memory never lives in /dev/shm.
-    """
-    for name in _shm() - before:
-        if name.startswith("mpich_shm_") and not _mapped_anywhere(f"/dev/shm/{name}"):
-            os.unlink(f"/dev/shm/{name}")
+def _sweep_mpich_segments() -> None:
+    """Remove MPICH segments that no process uses any more (what the next ipcshare job
+    would do once they are a minute old): one created by the dead rank and never
+    attached by a survivor stays (MPICH unlinks it only in MPI_Finalize, which the dead
+    rank never reaches). Swept here so that CI machines do not collect 3 MiB per run;
+    ipcshare's own memory never lives in /dev/shm."""
+    remove_stale_mpi_segments(min_age=0)
 
 
 def _run_job(launcher: list[str], mode: str, tmp_path: Path, extra_env: dict[str, str],
@@ -82,7 +68,6 @@ def _run_job(launcher: list[str], mode: str, tmp_path: Path, extra_env: dict[str
     # gforker SIGQUITs the job about 1 s after a death: every report must come before.
     env = dict(os.environ, IPCSHARE_SOCKET_DIR=str(sockets), GRACE="0.3", **extra_env)
     shm = _shm(mpich=False)
-    everything_before = _shm()
     started = time.monotonic()
     out = subprocess.run([*launcher, "-n", str(RANKS), sys.executable, str(JOB), mode,
                           str(VICTIM), str(tmp_path / "death"), marker],
@@ -93,7 +78,7 @@ def _run_job(launcher: list[str], mode: str, tmp_path: Path, extra_env: dict[str
     # Survivors leave without MPI_Finalize: they unlink MPICH's segment themselves.
     # (Only new entries count: other jobs on the machine may remove theirs meanwhile.)
     assert _shm(mpich=False) - shm == set(), "something left in /dev/shm"
-    _sweep_mpich_segments(everything_before)
+    _sweep_mpich_segments()
     return out, elapsed, sockets
 
 
@@ -167,7 +152,7 @@ def test_the_cli_prints_one_line_per_survivor_when_a_rank_is_killed(tmp_path, so
     sockets = socket_base
     marker = f"ipcshare-fault-{uuid.uuid4().hex}"
     env = dict(os.environ, IPCSHARE_SOCKET_DIR=str(sockets), IPCSHARE_PEER_EXIT_GRACE="0.5")
-    shm, everything_before = _shm(mpich=False), _shm()
+    shm = _shm(mpich=False)
     # The ranks ignore SIGINT: gforker's interrupt then does not end them, so it is a
     # launcher that keeps the job running (until its SIGQUIT a second later) and the
     # ranks must notice by themselves.
@@ -201,4 +186,4 @@ def test_the_cli_prints_one_line_per_survivor_when_a_rank_is_killed(tmp_path, so
     assert _leftover_processes(marker) == []
     assert list(sockets.iterdir()) == []
     assert _shm(mpich=False) - shm == set()
-    _sweep_mpich_segments(everything_before)
+    _sweep_mpich_segments()
