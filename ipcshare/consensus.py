@@ -7,9 +7,15 @@ from collections.abc import Iterator
 
 from .errors import PeerDied, error_class
 from .peer_watch import PeerWatch, watched_allgather
-from .topology import World
+from .topology import World, format_ranks
 
-__all__ = ["agree", "collective_step"]
+__all__ = ["agree", "collective_step", "failure_suffix"]
+
+
+def failure_suffix(ranks: list[int]) -> str:
+    """What ends a fail-together message: the ranks that reported the failure,
+    ``' (reported by ranks 0-1)'``, or nothing when only the named rank did."""
+    return f" (reported by {format_ranks(ranks)})" if len(ranks) > 1 else ""
 
 
 def agree(world: World, step: str, error: BaseException | None, *, comm=None,
@@ -17,7 +23,9 @@ def agree(world: World, step: str, error: BaseException | None, *, comm=None,
     """Collective: raise the same typed error on every rank if any rank failed ``step``.
 
     The message names the first failing rank, its host, the step and the cause, e.g.
-    ``import failed on rank 1@node3: cuMemImportFromShareableHandle -> CUDA_ERROR_...``.
+    ``import failed on rank 1@node3: cuMemImportFromShareableHandle -> CUDA_ERROR_...``;
+    when several ranks failed it ends with the ones that did, e.g.
+    ``(reported by ranks 0-1, 3)``.
 
     With a ``watch``, waiting for the others gives up when one of them dies (PeerDied)
     or after ``timeout`` seconds (ExchangeTimeout) instead of hanging.
@@ -40,8 +48,8 @@ def agree(world: World, step: str, error: BaseException | None, *, comm=None,
         return
     rank, (name, message) = failures[0]
     cls = error_class(name)  # an OSError on one rank becomes IpcShareError everywhere
-    more = f" (and on {len(failures) - 1} more rank(s))" if len(failures) > 1 else ""
-    exc = cls(f"{step} failed on {world.where(rank)}: {message}{more}")
+    exc = cls(f"{step} failed on {world.where(rank)}: {message}"
+              f"{failure_suffix([r for r, _status in failures])}")
     if error is not None:
         raise exc from error
     raise exc

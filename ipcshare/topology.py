@@ -9,12 +9,14 @@ import dataclasses
 import os
 import re
 import socket
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from .errors import ConfigError
 from .logs import configure_logging
 
-__all__ = ["World", "mpi", "mpi_library_version", "virtual_node_blocks", "VIRTUAL_NODES_ENV"]
+__all__ = ["World", "mpi", "mpi_library_version", "virtual_node_blocks", "VIRTUAL_NODES_ENV",
+           "format_ranks", "parse_ranks", "describe_disagreement"]
 
 VIRTUAL_NODES_ENV = "IPCSHARE_VIRTUAL_NODES"
 
@@ -176,12 +178,67 @@ def virtual_node_blocks(size: int, nodes: int) -> list[int]:
     return node_of_rank
 
 
+def format_ranks(ranks: Iterable[int]) -> str:
+    """``'rank 3'``, ``'ranks 0-1'``, ``'ranks 0, 2-3'``: the ranks sorted, each run of
+    consecutive ranks as one range. :func:`parse_ranks` reads it back."""
+    ordered = sorted(set(ranks))
+    spans: list[str] = []
+    start = 0
+    for i in range(1, len(ordered) + 1):
+        if i == len(ordered) or ordered[i] != ordered[i - 1] + 1:
+            first, last = ordered[start], ordered[i - 1]
+            spans.append(str(first) if first == last else f"{first}-{last}")
+            start = i
+    return ("rank " if len(ordered) == 1 else "ranks ") + ", ".join(spans)
+
+
+_RANK_LIST = re.compile(r"^\s*ranks?\s+(\d+(?:-\d+)?(?:,\s*\d+(?:-\d+)?)*)\s*$")
+
+
+def parse_ranks(text: str) -> list[int]:
+    """The ranks :func:`format_ranks` wrote: ``'ranks 0, 2-3'`` -> ``[0, 2, 3]``.
+
+    Raises:
+        ValueError: ``text`` is not such a list.
+    """
+    match = _RANK_LIST.match(text)
+    if not match:
+        raise ValueError(f"{text!r} is not a list of ranks")
+    ranks: list[int] = []
+    for span in match.group(1).split(","):
+        first, _, last = span.strip().partition("-")
+        ranks += range(int(first), int(last or first) + 1)
+    return ranks
+
+
+def describe_disagreement(values: Sequence[Any], *, verb: tuple[str, str] = ("has", "have"),
+                          then: str = "", spell: Callable[[Any], str] = str,
+                          ranks: Sequence[int] | None = None) -> str:
+    """Name every rank's value, ranks whose values read the same together, in the order
+    of their first rank: ``"ranks 0-2 have '2', rank 3 '3'"`` from ``['2', '2', '2', '3']``
+    with ``spell=repr``.
+
+    ``verb`` is the verb after the first group (singular, plural) and ``then`` the word
+    before each later value (``verb=("asks for", "ask for"), then="for"`` gives
+    ``'rank 0 asks for -b 1M, rank 1 for -b 2M'``); ``spell`` turns a value into text;
+    ``ranks`` holds the rank of each value (default: its index).
+    """
+    groups: dict[str, list[int]] = {}
+    for rank, value in zip(range(len(values)) if ranks is None else ranks, values,
+                           strict=True):
+        groups.setdefault(spell(value), []).append(rank)
+    parts = []
+    for text, holders in groups.items():
+        word = (verb[0] if len(holders) == 1 else verb[1]) if not parts else then
+        parts.append(" ".join(filter(None, (format_ranks(holders), word, text))))
+    return ", ".join(parts)
+
+
 def _virtual_node_count(texts: list[str]) -> int:
     """K from every rank's ``IPCSHARE_VIRTUAL_NODES``; they must agree."""
     if len(set(texts)) > 1:
-        odd = next(r for r, text in enumerate(texts) if text != texts[0])
-        raise ConfigError(f"{VIRTUAL_NODES_ENV} differs between ranks: rank 0 has "
-                          f"{texts[0]!r}, rank {odd} {texts[odd]!r}")
+        raise ConfigError(f"{VIRTUAL_NODES_ENV} differs between ranks: "
+                          f"{describe_disagreement(texts, spell=repr)}")
     text = texts[0]
     if not re.fullmatch(r"[0-9]+", text):
         raise ConfigError(f"{VIRTUAL_NODES_ENV}={text!r} is not a number of nodes")

@@ -15,6 +15,7 @@ from .consensus import collective_step
 from .errors import ConfigError, SignalTimeout, WindowError
 from .exchange import Exchange, OwnedFd
 from .peer_paths import (
+    CHUNK_ENV,
     FALLBACK_ENV,
     PathPlan,
     all_direct,
@@ -24,7 +25,7 @@ from .peer_paths import (
     plan_paths,
 )
 from .peer_watch import PeerWatch, watched_allgather, watched_barrier
-from .topology import World
+from .topology import World, describe_disagreement
 
 __all__ = ["Group", "Window", "StreamWindow", "SIGNAL_PAD_BYTES", "BARRIER_SLOTS",
            "USER_SLOT_BASE", "USER_SLOTS", "ERROR_SLOT", "KERNEL_SLOT_BASE",
@@ -54,6 +55,53 @@ _ORDERED_HOST_STORES = platform.machine().lower() in ("x86_64", "amd64")
 
 def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
+
+
+def _spell_nbytes(nbytes: Any) -> str:
+    """``nbytes=2097152 (2M)``: the argument as given, then its size where that reads
+    shorter."""
+    text = f"nbytes={nbytes!r}"
+    if isinstance(nbytes, int) and not isinstance(nbytes, bool) and nbytes > 0:
+        short = format_size(nbytes)
+        if short != str(nbytes):
+            text += f" ({short})"
+    return text
+
+
+def _check_same_arguments(given: list[dict[str, str]]) -> None:
+    """Raise unless every rank passed the same ``exchange`` and ``handle`` (``given``:
+    each rank's arguments, by rank): ranks on different paths would wait for each other
+    in different calls. Backends may differ as long as they resolve alike."""
+    for name in ("exchange", "handle"):
+        values = [arguments[name] for arguments in given]
+        if any(value != values[0] for value in values):
+            raise ConfigError(f"ranks disagree on the {name}: " + describe_disagreement(
+                values, verb=("passes", "pass"), spell=lambda value, name=name:
+                f"{name}={value!r}"))
+
+
+def _check_same_backend(choices: list[tuple[str, str]]) -> None:
+    """Raise unless every rank resolved to the same backend; ``choices`` holds each
+    rank's ``(backend argument, backend chosen)``."""
+    if all(chosen == choices[0][1] for _given, chosen in choices):
+        return
+    hint = " (a GPU missing on one node?)" if all(given == "auto" for given, _ in choices) else ""
+    raise ConfigError("ranks chose different backends: " + describe_disagreement(
+        choices, verb=("passes", "pass"), spell=lambda choice: f"backend={choice[0]!r}"
+        + (f", which chose {choice[1]!r}" if choice[0] != choice[1] else "")) + hint)
+
+
+def _check_same_p2p_choices(choices: list[tuple[Any, Any]], ranks: list[int]) -> None:
+    """Raise unless the ranks of a node (world ``ranks``) chose the same ``(p2p_fallback,
+    p2p_chunk)``, each the argument or else its environment variable (empty: unset)."""
+    for index, (name, variable) in enumerate((("p2p_fallback", FALLBACK_ENV),
+                                              ("p2p_chunk", CHUNK_ENV))):
+        values = [choice[index] for choice in choices]
+        if any(value != values[0] for value in values):
+            raise ConfigError(
+                f"ranks of a node disagree on {name} (the argument, else {variable}): "
+                + describe_disagreement(values, ranks=ranks, spell=lambda value:
+                                        "nothing" if value in ("", None) else repr(value)))
 
 
 def _signal_timeout() -> float:
@@ -113,15 +161,14 @@ class Group:
                 self.signal_timeout = _signal_timeout() if timeout is None else timeout
                 chosen = resolve_backend_name(backend)
             # Rank 0's token names this job in every handle and socket.
-            facts = self.collective("backend choice", (chosen, secrets.token_hex(8)))
-            choices = [choice for choice, _token in facts]
-            self.exchange._token = facts[0][1]
+            facts = self.collective("backend choice", (
+                {"backend": backend, "exchange": exchange, "handle": handle}, chosen,
+                secrets.token_hex(8)))
+            self.exchange._token = facts[0][2]
+            with self.step("group setup"):
+                _check_same_arguments([given for given, _chosen, _token in facts])
             with self.step("backend setup"):
-                if len(set(choices)) > 1:
-                    odd = next(r for r, c in enumerate(choices) if c != choices[0])
-                    raise ConfigError(
-                        f"ranks chose different backends: rank 0 {choices[0]!r}, "
-                        f"{self.world.where(odd)} {choices[odd]!r} (a GPU missing on one node?)")
+                _check_same_backend([(given["backend"], choice) for given, choice, _ in facts])
                 # Devices and cores are the machine's: bind by the rank on this host,
                 # which is the node-local rank unless virtual nodes split the host.
                 self.backend = open_backend(chosen, local_rank=self.world.host_rank,
@@ -156,12 +203,7 @@ class Group:
         facts = self.collective("peer access", (reach, choices, f"cuda:{backend.device}"),
                                 comm=world.local_comm)
         with self.step("peer paths"):
-            odd = next((i for i, fact in enumerate(facts) if fact[1] != facts[0][1]), None)
-            if odd is not None:
-                raise ConfigError(
-                    f"{FALLBACK_ENV} / IPCSHARE_P2P_CHUNK differ between ranks of a node: "
-                    f"{world.where(world.local_ranks[0])} has {facts[0][1]!r}, "
-                    f"{world.where(world.local_ranks[odd])} {facts[odd][1]!r}")
+            _check_same_p2p_choices([fact[1] for fact in facts], world.local_ranks)
             self.paths = plan_paths(
                 world.local_ranks, [fact[2] for fact in facts],
                 [[ok for ok, _why in fact[0]] for fact in facts],
@@ -301,12 +343,9 @@ class Window:
         with group.step("window rendezvous"):
             if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
                 raise WindowError(f"window size must be a non-negative int, got {nbytes!r}")
-            if len(set(sizes)) > 1:
-                other = next(r for r, s in enumerate(sizes) if s != sizes[world.rank])
-                raise WindowError(
-                    f"ranks disagree on the window size: {world.where()} asks for "
-                    f"{format_size(sizes[world.rank])} bytes, {world.where(other)} for "
-                    f"{format_size(sizes[other])} bytes")
+            if any(size != sizes[0] for size in sizes):
+                raise WindowError("ranks disagree on the window size: " + describe_disagreement(
+                    sizes, verb=("passes", "pass"), spell=_spell_nbytes))
             if world.local_size > BARRIER_SLOTS:
                 raise WindowError(f"{world.local_size} ranks on one node; at most {BARRIER_SLOTS}")
         self.nbytes = nbytes

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from ..consensus import collective_step
 from ..errors import ConfigError
-from ..topology import World
+from ..topology import World, describe_disagreement
 
-__all__ = ["run_bench_command", "add_bench_flags"]
+__all__ = ["run_bench_command", "add_bench_flags", "check_same_suite"]
 
 
 def add_bench_flags(parser: argparse.ArgumentParser) -> None:
@@ -50,6 +50,11 @@ def run_bench_command(args: argparse.Namespace) -> int:
                 "repeat": args.repeat, "min_bw": args.min_bw, "baselines": args.baseline})
             if world.rank == 0:  # only rank 0 writes, and its folders may be its own
                 _check_outputs(args)
+        # Before any window: ranks running other cases would otherwise be named only by
+        # the window sizes their cases make.
+        facts = world.comm.allgather((_suite_flags(args), _what_runs(suite)))
+        with collective_step(world, "comparing suites"):
+            check_same_suite(facts)
         facts = machine_facts(world)
         progress = ProgressLine() if world.rank == 0 and args.progress else None
 
@@ -83,6 +88,42 @@ def run_bench_command(args: argparse.Namespace) -> int:
                              f"{suite.min_bw:g} GB/s: {names}\n")
             return EXIT_SLOW
     return EXIT_OK
+
+
+def _suite_flags(args: argparse.Namespace) -> str:
+    """The flags that make this rank's suite, as given."""
+    flags = [f"--config {args.config}"]
+    flags += [f"--{flag} {getattr(args, flag)}" for flag in ("repeat", "baseline")
+              if getattr(args, flag) is not None]
+    return " ".join(flags)
+
+
+def _what_runs(suite) -> tuple:
+    """What must be the same on every rank: the cases and how they run (not where the
+    suite came from, nor the bandwidth floor each rank checks by itself)."""
+    return (suite.cases, suite.exchange, suite.handle, suite.repeat, suite.rotate_buffers)
+
+
+def check_same_suite(facts: list[tuple[str, tuple]]) -> None:
+    """Raise unless every rank's suite (``(flags, what runs)``, by rank) runs the same
+    cases, naming each rank's flags, or its cases where the flags read alike.
+
+    Raises:
+        ConfigError: the ranks would run different cases.
+    """
+    if all(runs == facts[0][1] for _flags, runs in facts):
+        return
+    flags = [given for given, _runs in facts]
+    if any(given != flags[0] for given in flags):
+        raise ConfigError("ranks disagree on the suite: " + describe_disagreement(
+            flags, verb=("asks for", "ask for"), then="for"))
+    suites = [runs for _flags, runs in facts]
+    firsts = sorted({suites.index(runs) for runs in suites})  # first rank of each suite
+    numbers = [1 + firsts.index(suites.index(runs)) for runs in suites]
+    raise ConfigError(
+        f"ranks read different suites from the same flags ({flags[0]}): "
+        + describe_disagreement(numbers, verb=("reads", "read"), spell=lambda n: f"suite {n}")
+        + ": does the file, or the backend 'auto' finds, differ between nodes?")
 
 
 def _check_outputs(args: argparse.Namespace) -> None:

@@ -6,11 +6,12 @@ import argparse
 import json
 import sys
 
-from ..config import PatternOptions, load_yaml_config, merge_options
+from ..config import PatternOptions, format_size, load_yaml_config, merge_options
 from ..consensus import collective_step
-from ..topology import World
+from ..errors import ConfigError
+from ..topology import World, describe_disagreement
 
-__all__ = ["run_pattern_command", "resolve_options"]
+__all__ = ["run_pattern_command", "resolve_options", "check_same_run"]
 
 _OPTION_KEYS = ("backend", "exchange", "handle", "min_bytes", "max_bytes", "step_factor",
                 "iters", "warmup", "checks", "datatype", "baseline", "graph", "after_kernel",
@@ -22,6 +23,58 @@ def resolve_options(args: argparse.Namespace) -> PatternOptions:
     from_file = load_yaml_config(args.config) if args.config else {}
     from_flags = {key: getattr(args, key) for key in _OPTION_KEYS}
     return merge_options(from_file, from_flags)
+
+
+def _run_facts(args: argparse.Namespace, options: PatternOptions) -> list[tuple[str, object, str]]:
+    """What every rank must run alike: ``(topic, value compared, the user's spelling)``.
+    Sizes are compared as the sweep they make, so ``-b 1024K`` and ``-b 1M`` agree."""
+    def given(flag: str, key: str, default: str) -> str:
+        text = getattr(args, key, None)
+        return f"{flag} {default if text is None else str(text).strip()}"
+
+    def switch(flag: str, on: bool) -> str:
+        return flag if on else f"no {flag}"
+
+    sizes = options.sizes()
+    sweep = " ".join([given("-b", "min_bytes", format_size(options.min_bytes)),
+                      given("-e", "max_bytes", format_size(options.max_bytes))]
+                     + ([given("-f", "step_factor", str(options.step_factor))]
+                        if len(sizes) > 1 else []))
+    return [
+        ("the operation", args.command, args.command),
+        ("the sizes to run", tuple(sizes), sweep),
+        ("the iterations", options.iters, f"-n {options.iters}"),
+        ("the warm-up", options.warmup, f"-w {options.warmup}"),
+        ("the checks", options.checks, f"-c {options.checks}"),
+        ("the datatype", options.datatype, f"-d {options.datatype}"),
+        ("the algorithm", options.algo, f"--algo {options.algo}"),
+        ("the baseline", options.baseline, f"--baseline {options.baseline}"),
+        ("graph mode", options.graph, switch("--graph", options.graph)),
+        ("the kernel before each operation", options.after_kernel,
+         switch("--after-kernel", options.after_kernel)),
+        ("the exchange", options.exchange, f"--exchange {options.exchange}"),
+        ("the handle", options.handle, f"--handle {options.handle}"),
+    ]
+
+
+def check_same_run(facts: list[list[tuple[str, object, str]]]) -> None:
+    """Raise unless every rank's run facts (``_run_facts``, by rank) agree, naming what
+    each rank asked for as the user spelled it: ``ranks disagree on the sizes to run:
+    rank 0 asks for -b 1M -e 1M, rank 1 for -b 2M -e 2M``.
+
+    Raises:
+        ConfigError: the ranks would run different things (and wait for each other in
+            different calls).
+    """
+    differ = [i for i, (_topic, value, _text) in enumerate(facts[0])
+              if any(rank[i][1] != value for rank in facts)]
+    if not differ:
+        return
+    topics = [facts[0][i][0] for i in differ]
+    what = topics[0] if len(topics) == 1 else f"{', '.join(topics[:-1])} and {topics[-1]}"
+    asked = [" ".join(rank[i][2] for i in differ) for rank in facts]
+    raise ConfigError(f"ranks disagree on {what}: " + describe_disagreement(
+        asked, verb=("asks for", "ask for"), then="for"))
 
 
 def run_pattern_command(args: argparse.Namespace) -> int:
@@ -36,6 +89,11 @@ def run_pattern_command(args: argparse.Namespace) -> int:
         with collective_step(world, "reading options"):
             options = resolve_options(args)
             pattern = make_pattern(args.command, options.algo)
+        # Before any window: a rank sweeping other sizes would otherwise be named only by
+        # the window size its sizes make.
+        facts = world.comm.allgather(_run_facts(args, options))
+        with collective_step(world, "comparing options"):
+            check_same_run(facts)
     finally:
         world.close()
     with Group(options.backend, options.exchange, handle=options.handle) as group:
@@ -44,8 +102,6 @@ def run_pattern_command(args: argparse.Namespace) -> int:
         group.watch.exit_if_stuck(grace=peer_exit_grace())
         with collective_step(group.world, "choosing the algorithm"):
             if options.algo in ("push", "pull", "ring") and group.backend_name == "host":
-                from ..errors import ConfigError
-
                 raise ConfigError(f"--algo {options.algo} runs GPU kernels: it needs a GPU "
                                   "backend (cuda-ipc or cuda-vmm), not host")
         baseline = _make_baseline(options.baseline, group, pattern.name)
@@ -78,8 +134,6 @@ def _make_baseline(name: str, group, op: str):
         from ..patterns.baseline_mpi import MpiBaseline
 
         return MpiBaseline(group.world, op)
-    from ..errors import ConfigError
-
     if group.backend_name == "host":
         raise ConfigError(f"baseline {name!r} needs a GPU backend and torch; use --baseline mpi")
     from ..patterns.baseline_nccl import NcclBaseline
@@ -88,8 +142,6 @@ def _make_baseline(name: str, group, op: str):
 
 
 def _write_json(path: str, document: dict) -> None:
-    from ..errors import ConfigError
-
     try:
         with open(path, "w") as out:
             json.dump(document, out, indent=1)

@@ -12,6 +12,8 @@ import dataclasses
 import re
 from typing import Any
 
+from ..topology import format_ranks, parse_ranks
+
 __all__ = [
     "PathSpec",
     "HOST_PATHS",
@@ -101,14 +103,17 @@ def close_group_noting(group: Any, record: dict[str, Any]) -> None:
         record["close_error"] = f"{type(exc).__name__}: {exc}"
 
 
-_RANK_MENTION = re.compile(r"\brank (\d+)@")
+# ``rank 1@n3``, ``rank 3``, ``ranks 0-1, 3`` (as topology.format_ranks writes them);
+# a local rank is a node's number, not the communicator's.
+_RANK_MENTION = re.compile(r"(?<!local )\branks? \d+(?:-\d+)?(?:, \d+(?:-\d+)?)*")
 
 
 def translate_ranks(text: str, members: list[int]) -> str:
-    """Rewrite ``rank K@host`` (rank K of a sub-communicator) as the job's rank."""
+    """Rewrite ``rank K@host`` and lists such as ``ranks 0-1, 3`` (ranks of a
+    sub-communicator) as the job's ranks."""
     def world(match: re.Match) -> str:
-        rank = int(match.group(1))
-        return f"rank {members[rank] if rank < len(members) else rank}@"
+        ranks = parse_ranks(match.group(0))
+        return format_ranks(members[r] if r < len(members) else r for r in ranks)
     return _RANK_MENTION.sub(world, text)
 
 

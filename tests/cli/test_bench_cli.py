@@ -160,3 +160,36 @@ def test_plot_without_matplotlib_names_the_extra(tmp_path, socket_dir):  # noqa:
     assert out.returncode == 1 and len(errors) == 2, out.stderr
     assert all("pip install 'ipcshare[plot]'" in line for line in errors)
     assert not (tmp_path / "x.png").exists()
+
+
+@needs_mpiexec
+def test_ranks_reading_other_suites_are_named_with_their_flags(tmp_path, socket_dir):  # noqa: F811
+    small, large = tmp_path / "small.yaml", tmp_path / "large.yaml"
+    small.write_text(TINY)
+    large.write_text(TINY.replace("max_bytes: 64K", "max_bytes: 512K"))
+    cmd = [MPIEXEC, "-n", "1", *IPCSHARE, "bench", "--config", str(small), ":",
+           "-n", "1", *IPCSHARE, "bench", "--config", str(large), "--repeat", "1"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+    errors = _errors(out)
+    assert out.returncode == 1 and len(errors) == 2, out.stderr
+    assert all(line.endswith(
+        f"ranks disagree on the suite: rank 0 asks for --config {small}, rank 1 for "
+        f"--config {large} --repeat 1 (reported by ranks 0-1)") for line in errors), out.stderr
+    assert "window" not in out.stderr and "Traceback" not in out.stderr
+
+
+@needs_mpiexec
+def test_ranks_reading_other_suites_from_the_same_flags_are_told_so(tmp_path, socket_dir):  # noqa: F811
+    for name, largest in (("a", "64K"), ("b", "512K")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "suite.yaml").write_text(TINY.replace("max_bytes: 64K",
+                                                                 f"max_bytes: {largest}"))
+    cmd = [MPIEXEC, "-n", "1", "-wdir", str(tmp_path / "a"), *IPCSHARE, "bench", "--config",
+           "suite.yaml", ":", "-n", "1", "-wdir", str(tmp_path / "b"), *IPCSHARE, "bench",
+           "--config", "suite.yaml"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+    errors = _errors(out)
+    assert out.returncode == 1 and len(errors) == 2, out.stderr
+    assert all("ranks read different suites from the same flags (--config suite.yaml): "
+               "rank 0 reads suite 1, rank 1 suite 2: " in line for line in errors), out.stderr
+    assert "Traceback" not in out.stderr

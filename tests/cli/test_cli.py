@@ -151,16 +151,50 @@ def test_bad_yaml_fails_cleanly(tmp_path, socket_dir, text, message):
     assert "Traceback" not in out.stderr
 
 
+def run_mpmd(*programs: tuple[int, list[str]], timeout=90):
+    """One job of several programs (mpiexec's ``:``): ``(ranks, ipcshare arguments)``."""
+    cmd = [MPIEXEC]
+    for index, (n, args) in enumerate(programs):
+        cmd += ([":"] if index else []) + ["-n", str(n), *IPCSHARE, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
 @needs_mpiexec
-def test_ranks_disagreeing_on_the_size_all_fail_at_rendezvous(socket_dir):
-    cmd = [MPIEXEC, "-n", "1", *IPCSHARE, "ring", "-b", "1M", "-e", "1M", ":",
-           "-n", "1", *IPCSHARE, "ring", "-b", "2M", "-e", "2M"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+@pytest.mark.parametrize(("per_program", "expected"), [
+    (1, "ranks disagree on the sizes to run: rank 0 asks for -b 1M -e 1M, rank 1 for "
+        "-b 2M -e 2M (reported by ranks 0-1)"),
+    (2, "ranks disagree on the sizes to run: ranks 0-1 ask for -b 1M -e 1M, ranks 2-3 for "
+        "-b 2M -e 2M (reported by ranks 0-3)"),
+])
+def test_ranks_disagreeing_on_the_size_are_named_with_the_sizes_they_gave(
+        socket_dir, per_program, expected):
+    out = run_mpmd((per_program, ["ring", "-b", "1M", "-e", "1M"]),
+                   (per_program, ["ring", "-b", "2M", "-e", "2M"]))
     errors = [line for line in out.stderr.splitlines() if line.startswith("ipcshare: error:")]
-    assert out.returncode != 0
-    assert len(errors) == 2 and all("disagree on the window size" in e for e in errors)
+    assert out.returncode == 1
+    assert len(errors) == 2 * per_program, out.stderr
+    assert all(line.endswith(expected) for line in errors), out.stderr
+    assert "window" not in out.stderr and "more rank" not in out.stderr
     assert "Traceback" not in out.stderr
     assert list(socket_dir.iterdir()) == []
+
+
+@needs_mpiexec
+def test_ranks_disagreeing_on_the_operation_and_iterations_are_named(socket_dir):
+    out = run_mpmd((1, ["ring", "-b", "4K", "-e", "4K", "-n", "3"]),
+                   (1, ["allgather", "-b", "4K", "-e", "4K"]))
+    errors = [line for line in out.stderr.splitlines() if line.startswith("ipcshare: error:")]
+    assert out.returncode == 1 and len(errors) == 2, out.stderr
+    assert all(line.endswith(
+        "ranks disagree on the operation and the iterations: rank 0 asks for ring -n 3, "
+        "rank 1 for allgather -n 20 (reported by ranks 0-1)") for line in errors), out.stderr
+
+
+@needs_mpiexec
+def test_sizes_spelled_differently_run_together(socket_dir):
+    out = run_mpmd((1, ["ring", "-b", "4K", "-e", "4K", "-n", "2"]),
+                   (1, ["ring", "-b", "4096", "-e", "4K", "-n", "2"]))
+    assert out.returncode == 0, out.stderr
 
 
 def test_usage_errors_are_one_line():

@@ -78,10 +78,30 @@ def test_size_mismatch_raises_on_every_rank(comm):
     if comm.size == 1:
         pytest.skip("needs 2 ranks to disagree")
     with ipcshare.Group(backend="host") as g:
-        with pytest.raises(WindowError, match="disagree on the window size"):
+        with pytest.raises(WindowError) as caught:
             g.window(4096 * (1 + g.rank))
+        # Each rank's nbytes as passed, and the suffix names the ranks that reported it.
+        n = g.size
+        passed = ", ".join(f"rank {r}{' passes' if r == 0 else ''} nbytes={4096 * (r + 1)}"
+                           f" ({4 * (r + 1)}K)" for r in range(n))
+        assert str(caught.value).endswith(
+            f"ranks disagree on the window size: {passed} (reported by ranks 0-{n - 1})")
+        assert comm.allgather(str(caught.value)) == [str(caught.value)] * n
         # The group is still usable after a collective failure.
         g.window(4096).close()
+
+
+def test_exchange_mismatch_is_named_before_any_exchange(comm):
+    if comm.size == 1:
+        pytest.skip("needs 2 ranks to disagree")
+    exchange = "socket" if comm.rank == 0 else "pidfd"
+    with pytest.raises(ConfigError) as caught:
+        ipcshare.Group(backend="host", exchange=exchange, timeout=5)
+    others = "rank 1" if comm.size == 2 else f"ranks 1-{comm.size - 1}"
+    assert str(caught.value).endswith(
+        f"ranks disagree on the exchange: rank 0 passes exchange='socket', {others} "
+        f"exchange='pidfd' (reported by ranks 0-{comm.size - 1})")
+    assert comm.allgather(str(caught.value)) == [str(caught.value)] * comm.size
 
 
 def test_bad_names_raise_on_every_rank(comm):
