@@ -8,7 +8,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["Group", "Window", "__version__", "errors"]
+__all__ = ["Group", "Window", "Communicator", "__version__", "errors"]
 
 
 def __getattr__(name: str):
@@ -16,6 +16,10 @@ def __getattr__(name: str):
         from . import window
 
         return getattr(window, name)
+    if name == "Communicator":
+        from .collectives import Communicator
+
+        return Communicator
     if name == "errors":
         from . import errors
 

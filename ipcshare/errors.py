@@ -15,6 +15,8 @@ __all__ = [
     "PeerDied",
     "VerificationError",
     "KernelCompileError",
+    "CollectiveError",
+    "Unsupported",
     "error_class",
 ]
 
@@ -63,6 +65,16 @@ class KernelCompileError(IpcShareError):
     """NVRTC is missing or a kernel does not compile (the message carries NVRTC's log)."""
 
 
+class CollectiveError(IpcShareError, ValueError):
+    """A collective call was misused (array, dtype, op, size, algorithm), or its ranks
+    disagree on what they call."""
+
+
+class Unsupported(IpcShareError, NotImplementedError):
+    """What was asked exists in the API but not (yet) for this backend; the message
+    names what is missing."""
+
+
 class VerificationError(IpcShareError):
     """A pattern produced bytes that differ from the expected ones."""
 
@@ -70,7 +82,7 @@ class VerificationError(IpcShareError):
 _BY_NAME = {cls.__name__: cls for cls in (
     IpcShareError, ConfigError, ExchangeError, ExchangeTimeout, BackendError,
     BackendUnavailable, CudaError, WindowError, SignalTimeout, VerificationError,
-    KernelCompileError, PeerDied)}
+    KernelCompileError, PeerDied, CollectiveError, Unsupported)}
 
 
 def error_class(name: str) -> type[IpcShareError]:

@@ -7,7 +7,7 @@ import contextlib
 import platform
 import secrets
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .backends import Allocation, Backend, Buffer, gpu_count, open_backend
 from .config import BACKENDS, EXCHANGES, HANDLES, format_size, seconds_from_env
@@ -26,6 +26,9 @@ from .peer_paths import (
 )
 from .peer_watch import PeerWatch, watched_allgather, watched_barrier
 from .topology import World, describe_disagreement
+
+if TYPE_CHECKING:
+    from .collectives import Communicator
 
 __all__ = ["Group", "Window", "StreamWindow", "SIGNAL_PAD_BYTES", "BARRIER_SLOTS",
            "USER_SLOT_BASE", "USER_SLOTS", "ERROR_SLOT", "KERNEL_SLOT_BASE",
@@ -264,6 +267,24 @@ class Group:
         window = Window(self, nbytes)
         self._windows.append(window)
         return window
+
+    def communicator(self, max_bytes: int, *, heap_bytes: int | None = None) -> Communicator:
+        """Collective: a ``Communicator`` for all-gather, all-reduce and reduce-scatter
+        on the user's arrays, whose calls move at most ``max_bytes`` (the largest array
+        of a call), with ``heap_bytes`` (default ``2 * max_bytes``) for ``empty()``. Its
+        window is sized once here and closed with the group.
+
+        Raises:
+            CollectiveError: bad or disagreeing sizes (on every rank).
+            Unsupported: a backend or layout that has no collectives yet (on every rank).
+            WindowError: the group is closed.
+        """
+        if self._closed:
+            raise WindowError("group is closed")
+        # The collectives layer sits above windows: imported only when asked for.
+        from .collectives import Communicator
+
+        return Communicator(self, max_bytes, heap_bytes=heap_bytes)
 
     def barrier(self) -> None:
         """Collective, host-blocking: an MPI barrier over the group.

@@ -1,0 +1,50 @@
+"""The algorithms of each collective on each kind of memory, by the name ``algo=``
+takes. Modules are imported when first asked for, so a GPU algorithm's CUDA imports
+never run on a host-only machine."""
+
+from __future__ import annotations
+
+import importlib
+
+from ...errors import CollectiveError
+from .base import Algorithm, HostCall
+
+__all__ = ["Algorithm", "HostCall", "algorithm", "algorithm_names", "OPS"]
+
+OPS = ("all_gather", "all_reduce", "reduce_scatter")
+
+# (memory, op) -> algorithm name -> "module:Class" under this package. GPU algorithms
+# join as ("cuda", op) rows.
+_REGISTRY: dict[tuple[str, str], dict[str, str]] = {
+    ("host", "all_gather"): {"copy-engine": "host_all_gather:HostCopyAllGather"},
+    ("host", "all_reduce"): {"one-shot": "host_one_shot:HostOneShotAllReduce",
+                             "two-shot": "host_two_shot:HostTwoShotAllReduce"},
+    ("host", "reduce_scatter"): {"one-shot": "host_one_shot:HostOneShotReduceScatter"},
+}
+_INSTANCES: dict[tuple[str, str, str], Algorithm] = {}
+
+
+def algorithm_names(memory: str, op: str) -> tuple[str, ...]:
+    """The names ``algo=`` accepts for ``op`` on ``memory``, besides ``auto``."""
+    return tuple(_REGISTRY.get((memory, op), {}))
+
+
+def algorithm(memory: str, op: str, name: str) -> Algorithm:
+    """The algorithm called ``name`` for ``op`` on ``memory``.
+
+    Raises:
+        CollectiveError: no such algorithm (listing the names there are).
+    """
+    key = (memory, op, name)
+    found = _INSTANCES.get(key)
+    if found is not None:
+        return found
+    where = _REGISTRY.get((memory, op), {})
+    if not isinstance(name, str) or name not in where:
+        names = ", ".join(("auto", *where))
+        raise CollectiveError(f"algo={name!r} is not an algorithm of {op} on {memory} "
+                              f"memory; choose one of: {names}")
+    module_name, class_name = where[name].split(":")
+    module = importlib.import_module(f"{__name__}.{module_name}")
+    found = _INSTANCES[key] = getattr(module, class_name)()
+    return found

@@ -1,0 +1,43 @@
+"""``algo="auto"``: which algorithm runs a call, by collective, size and world size,
+from measured tables (like patterns/choice.py for the CLI's all-gather)."""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+
+__all__ = ["Choice", "HOST_CHOICES", "choose"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """``algos[i]`` runs calls of up to and including ``limits[i]`` bytes (the call's
+    largest array); the last algorithm runs everything larger."""
+
+    limits: tuple[int, ...]
+    algos: tuple[str, ...]
+
+    def pick(self, nbytes: int) -> str:
+        return self.algos[bisect.bisect_left(self.limits, nbytes)]
+
+
+_KiB = 1 << 10
+# Host memory, by world size (the row of the nearest world size at or below is used).
+# All-gather and reduce-scatter have one host algorithm each. All-reduce: see the
+# measurement below.
+HOST_CHOICES: dict[str, dict[int, Choice]] = {
+    "all_gather": {1: Choice((), ("copy-engine",))},
+    "reduce_scatter": {1: Choice((), ("one-shot",))},
+    "all_reduce": {1: Choice((), ("one-shot",)),
+                   2: Choice((256 * _KiB,), ("one-shot", "two-shot"))},
+}
+
+
+def choose(memory: str, op: str, nbytes: int, world_size: int) -> str:
+    """The algorithm ``auto`` runs for ``op`` over ``world_size`` ranks on ``memory``
+    when the call's largest array has ``nbytes``. The same on every rank for the same
+    arguments (it is part of the call's signature)."""
+    assert memory == "host", memory
+    table = HOST_CHOICES[op]
+    known = max(n for n in table if n <= max(world_size, 1))
+    return table[known].pick(nbytes)

@@ -1,0 +1,308 @@
+"""``Communicator``: all-gather, all-reduce and reduce-scatter on the user's own arrays,
+over scratch windows sized once (DESIGN.md, "Collectives on the user's own arrays")."""
+
+from __future__ import annotations
+
+import math
+import weakref
+from typing import Any
+
+import numpy as np
+
+from ..config import format_size
+from ..errors import CollectiveError, Unsupported
+from ..topology import describe_disagreement
+from .agreement import Signature
+from .algorithms import algorithm
+from .arrays import ArrayRef, check_array, describe_array
+from .choice import choose
+from .heap import Heap
+from .host_path import HostPath
+from .reduction import check_reduction
+from .scratch import ALIGN, ScratchLayout
+
+__all__ = ["Communicator"]
+
+
+def _check_bytes(value: Any, name: str, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise CollectiveError(f"{name}={value!r}: expected an int of at least {minimum} bytes")
+    return int(value)
+
+
+def _spell_bytes(nbytes: int) -> str:
+    short = format_size(nbytes)
+    return f"{nbytes} bytes" + (f" ({short})" if short != str(nbytes) else "")
+
+
+def _numpy_dtype(dtype: Any) -> np.dtype:
+    """numpy's dtype for ``dtype`` (a name or a numpy dtype); ``bfloat16`` is ml_dtypes'.
+
+    Raises:
+        CollectiveError: not a dtype.
+        Unsupported: bfloat16 without the ml_dtypes package.
+    """
+    if isinstance(dtype, str) and dtype == "bfloat16":
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise Unsupported("dtype='bfloat16' on the host backend needs numpy's bfloat16 "
+                              "from the ml_dtypes package: pip install ml_dtypes") from None
+        return np.dtype(ml_dtypes.bfloat16)
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        raise CollectiveError(f"dtype={dtype!r} is not a dtype (e.g. 'float32', "
+                              "'bfloat16', numpy.int32)") from None
+
+
+class Communicator:
+    """Collectives on the user's arrays among the ranks of a ``Group``. Created by
+    ``Group.communicator(max_bytes=...)`` (collective).
+
+    Every call is collective: every rank calls the same collective with the same
+    element count, dtype, ``op`` and ``algo``; ranks that do not raise CollectiveError on
+    every rank. Misuse of a call (an array that is not contiguous, of another device or
+    dtype, of the wrong size, over ``max_bytes``; an unknown ``op`` or ``algo``) raises
+    CollectiveError on the calling rank at once, before anything collective. Results are
+    bitwise identical on every rank and from run to run (ipcshare.collectives.reduction
+    says what each op computes). Arrays from ``empty()`` are read in place; other inputs
+    are copied into the window first. On host memory every call is host-blocking: its
+    output is complete when it returns.
+
+    ``close()`` is collective and idempotent; closing the group closes it too.
+    """
+
+    def __init__(self, group: Any, max_bytes: int, *, heap_bytes: int | None = None) -> None:
+        self._closed = False
+        self.group = group
+        world = group.world
+        facts = group.collective("communicator setup", (repr(max_bytes), repr(heap_bytes)))
+        with group.step("communicator setup"):
+            max_bytes = _check_bytes(max_bytes, "max_bytes", minimum=1)
+            heap_bytes = (2 * max_bytes if heap_bytes is None else
+                          _check_bytes(heap_bytes, "heap_bytes", minimum=0))
+            if any(fact != facts[0] for fact in facts):
+                raise CollectiveError(
+                    "ranks disagree on the communicator's sizes: " + describe_disagreement(
+                        facts, verb=("passes", "pass"), spell=lambda fact:
+                        f"max_bytes={fact[0]}, heap_bytes={fact[1]}"))
+            if group.backend_name != "host":
+                raise Unsupported(
+                    f"Group.communicator on the {group.backend_name} backend: the GPU "
+                    "collectives (all-gather by copy engine or kernels, one-shot and "
+                    "two-shot all-reduce and reduce-scatter kernels) are not implemented "
+                    "yet; the host backend (Group(backend='host')) has them all")
+            if world.node_count > 1:
+                raise Unsupported(
+                    f"Group.communicator over {world.node_count} nodes: collectives "
+                    "across nodes (IPC inside nodes, MPI between them) are not implemented "
+                    "yet; use a group of one node's ranks")
+        self.max_bytes = max_bytes
+        self.heap_bytes = heap_bytes
+        self._layout = ScratchLayout(max_bytes, heap_bytes, world.size)
+        self._path = HostPath(group, self._layout)
+        self._heap = Heap(heap_bytes, ALIGN)
+
+    # -- facts -------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self.group.rank
+
+    @property
+    def size(self) -> int:
+        return self.group.size
+
+    @property
+    def memory(self) -> str:
+        """``host`` (numpy arrays in host memory) or ``cuda``."""
+        return self._path.memory
+
+    @property
+    def copies_in(self) -> int:
+        """Calls so far whose input was copied into the window (not from ``empty()``)."""
+        return self._path.copies_in
+
+    @property
+    def closed(self) -> bool:
+        return self._closed or self._path.window.closed
+
+    # -- arrays ------------------------------------------------------------------------
+    def empty(self, shape: int | tuple[int, ...], dtype: Any) -> np.ndarray:
+        """A new uninitialised C-contiguous array inside this rank's window: calls read
+        it in place (no copy-in). Not collective: ranks may hold different arrays, each
+        call says where its input lies. Its memory returns to the heap when the array
+        and its views are gone.
+
+        Raises:
+            CollectiveError: closed communicator, bad shape or dtype, or a heap without
+                room (naming its size and how to raise it).
+            Unsupported: bfloat16 without ml_dtypes.
+        """
+        self._check_open()
+        dims = (shape,) if isinstance(shape, (int, np.integer)) else shape
+        if (not isinstance(dims, tuple) or
+                any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 0
+                    for d in dims)):
+            raise CollectiveError(f"shape={shape!r}: expected an int or a tuple of ints >= 0")
+        numpy_dtype = _numpy_dtype(dtype)
+        nbytes = math.prod(int(d) for d in dims) * numpy_dtype.itemsize
+        offset = self._heap.allocate(nbytes)
+        if offset is None:
+            raise CollectiveError(
+                f"empty({shape!r}, {dtype!r}) needs {_spell_bytes(nbytes)}, but the heap "
+                f"has {_spell_bytes(self._heap.free_bytes)} free of heap_bytes="
+                f"{self.heap_bytes}: drop arrays from empty() that are no longer needed, or "
+                f"create the communicator with a larger heap_bytes (default 2 * max_bytes)")
+        raw = self._path.heap_block(self._layout.heap_offset + offset, nbytes)
+        weakref.finalize(raw.base, self._heap.free, offset)
+        return raw.view(numpy_dtype).reshape(tuple(int(d) for d in dims))
+
+    # -- collectives -------------------------------------------------------------------
+    def all_gather(self, output: Any, input: Any, *, stream: Any = None,
+                   algo: str = "auto") -> Any:
+        """Collective: every rank's ``input`` into ``output``, rank r's at block r.
+        ``output.nbytes == size * input.nbytes`` and one dtype (any dtype: bytes are
+        moved). In place when ``input`` is block ``rank`` of ``output``. Returns
+        ``output``.
+
+        Raises:
+            CollectiveError: misuse (on this rank) or ranks that disagree (on all).
+        """
+        self._check_call(stream)
+        out = self._array(output, "output", writable=True)
+        inp = self._array(input, "input")
+        in_place = self._check_pair("all_gather", out, inp, "output", "input", blocks=self.size)
+        self._run("all_gather", algo, inp, out, None, in_place, out.nbytes)
+        return output
+
+    def all_reduce(self, tensor: Any, *, op: str = "sum", output: Any = None,
+                   stream: Any = None, algo: str = "auto") -> Any:
+        """Collective: reduce every rank's ``tensor`` element-wise with ``op`` (sum, max,
+        min) into ``tensor`` (in place) or ``output`` (same count and dtype). dtypes:
+        float32, float16, bfloat16, int32. Returns the array written.
+
+        Raises:
+            CollectiveError: misuse (on this rank) or ranks that disagree (on all).
+        """
+        self._check_call(stream)
+        inp = self._array(tensor, "tensor", writable=output is None)
+        out = inp if output is None else self._array(output, "output", writable=True)
+        check_reduction(inp.dtype, op, "tensor", call="all_reduce")
+        in_place = self._check_pair("all_reduce", out, inp, "output", "tensor", blocks=1)
+        self._run("all_reduce", algo, inp, out, op, in_place, inp.nbytes)
+        return tensor if output is None else output
+
+    def reduce_scatter(self, output: Any, input: Any, *, op: str = "sum", stream: Any = None,
+                       algo: str = "auto") -> Any:
+        """Collective: reduce every rank's ``input`` element-wise with ``op`` and leave
+        block ``rank`` of the result in ``output``; ``input.nbytes == size *
+        output.nbytes``. In place when ``output`` is block ``rank`` of ``input``.
+        Returns ``output``.
+
+        Raises:
+            CollectiveError: misuse (on this rank) or ranks that disagree (on all).
+        """
+        self._check_call(stream)
+        out = self._array(output, "output", writable=True)
+        inp = self._array(input, "input")
+        check_reduction(inp.dtype, op, "input", call="reduce_scatter")
+        in_place = self._check_pair("reduce_scatter", inp, out, "input", "output",
+                                    blocks=self.size)
+        self._run("reduce_scatter", algo, inp, out, op, in_place, inp.nbytes)
+        return output
+
+    def close(self) -> None:
+        """Close the window (collective over the node; idempotent). Arrays from
+        ``empty()`` stay readable until they go, but calls raise."""
+        if self._closed:
+            return
+        self._closed = True
+        self._path.close()
+
+    def __enter__(self) -> Communicator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"rank {self.rank} of {self.size}"
+        return (f"Communicator({self.memory}, max_bytes={self.max_bytes}, "
+                f"heap_bytes={self.heap_bytes}, {state})")
+
+    # -- checks on this rank -----------------------------------------------------------
+    def _check_open(self) -> None:
+        if self.closed:
+            raise CollectiveError("communicator is closed")
+
+    def _check_call(self, stream: Any) -> None:
+        self._check_open()
+        if stream is not None:
+            raise CollectiveError(f"stream={stream!r}: a communicator on host memory has no "
+                                  "streams (its calls finish before they return); call "
+                                  "without stream=")
+
+    def _array(self, obj: Any, name: str, *, writable: bool = False) -> ArrayRef:
+        ref = describe_array(obj, name)
+        check_array(ref, name, device="cpu", writable=writable)
+        return ref
+
+    def _check_pair(self, call: str, whole: ArrayRef, part: ArrayRef, whole_name: str,
+                    part_name: str, *, blocks: int) -> bool:
+        """Check that ``whole`` holds ``blocks`` times ``part``'s elements of the same
+        dtype, within ``max_bytes``; return whether ``part`` is ``whole``'s block for
+        this rank (in place; all of it when ``blocks`` is 1).
+
+        Raises:
+            CollectiveError: naming the arguments and their values.
+        """
+        if whole.dtype != part.dtype:
+            raise CollectiveError(f"{whole_name} is {whole.spell()} and {part_name} "
+                                  f"{part.spell()}: {call} takes one dtype")
+        if whole.count != blocks * part.count:
+            expected = (f"{blocks} x {part.count} (the ranks times {part_name}'s)"
+                        if blocks > 1 else f"{part.count} (as {part_name})")
+            raise CollectiveError(f"{call}: {whole_name} has {whole.count} elements, "
+                                  f"expected {expected}")
+        self._check_max(whole.nbytes, whole_name, call)
+        offset = self.rank * part.nbytes if blocks > 1 else 0
+        rule = (f"{part_name} is {whole_name}'s block for this rank" if blocks > 1 else
+                f"{part_name} is {whole_name}")
+        return self._in_place(whole, part, offset, whole_name=whole_name,
+                              part_name=part_name, rule=f"{call} in place: {rule}")
+
+    def _check_max(self, nbytes: int, name: str, call: str) -> None:
+        if nbytes > self.max_bytes:
+            raise CollectiveError(
+                f"{call}: {name} has {_spell_bytes(nbytes)}, more than this communicator's "
+                f"max_bytes={self.max_bytes} ({format_size(self.max_bytes)}): create it with "
+                f"Group.communicator(max_bytes={nbytes}) or more")
+
+    @staticmethod
+    def _in_place(whole: ArrayRef, part: ArrayRef, offset: int, *, whole_name: str,
+                  part_name: str, rule: str) -> bool:
+        """Whether ``part`` is the block of ``whole`` at byte ``offset`` (in place);
+        False when they do not overlap.
+
+        Raises:
+            CollectiveError: they overlap otherwise.
+        """
+        if not whole.overlaps(part):
+            return False
+        if part.ptr == whole.ptr + offset:
+            return True
+        raise CollectiveError(
+            f"{part_name} overlaps {whole_name} but is not in place ({rule}): it starts at "
+            f"byte {part.ptr - whole.ptr} of {whole_name}, in place is byte {offset}; pass "
+            "arrays that do not overlap")
+
+    def _run(self, op: str, algo: str, inp: ArrayRef, out: ArrayRef, redop: str | None,
+             in_place: bool, nbytes: int) -> None:
+        if algo == "auto":
+            name = choose(self.memory, op, nbytes, self.size)
+        else:
+            name = algo
+        chosen = algorithm(self.memory, op, name)
+        signature = Signature(op, inp.count, inp.dtype, inp.itemsize, redop, chosen.name)
+        self._path.run(signature, chosen, inp, out, in_place=in_place)

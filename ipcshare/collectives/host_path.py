@@ -1,0 +1,123 @@
+"""How a call runs on host memory: the input placed where peers read it (copied into
+the staging area, or in place when it lies in the heap), the call's header published in
+the pad, one barrier, the headers compared, then the algorithm."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .agreement import Signature, disagreement_error
+from .algorithms import Algorithm, HostCall
+from .arrays import ArrayRef
+from .reduction import Reducer
+from .scratch import FLAG_ZERO_COPY, HEADER_DIGEST, HEADER_FLAGS, HEADER_INPUT, ScratchLayout
+
+__all__ = ["HostPath"]
+
+
+class _HeapBlock:
+    """The owner of one ``empty()`` array's memory: numpy makes it the base of the array
+    and of every view of it, so the block goes back to the heap when the last of them
+    does. It holds the window's buffer, so the mapping outlives a closed communicator
+    for as long as the arrays do."""
+
+    __slots__ = ("_buffer", "__weakref__")
+
+    def __init__(self, buffer: Any) -> None:
+        self._buffer = buffer
+
+    @property
+    def __array_interface__(self) -> dict:
+        return {"shape": (self._buffer.nbytes,), "typestr": "|u1",
+                "data": (self._buffer.ptr, False), "version": 3}
+
+
+class HostPath:
+    """Calls on host shared memory over the group's window of ``layout.total_bytes``
+    (collective: creating it creates the window).
+
+    Why the scratch can be reused by the next call without an extra barrier: a rank
+    writes into its window (staging copy, header) only for the call it is in; the
+    staging areas, result areas and headers alternate between calls (parity), and a rank
+    can be at most one call ahead of the slowest peer, since every call's entry barrier
+    waits for all. So the area a rank writes is never one a peer still reads. What
+    alternation cannot cover is the user's own memory (an input from the heap, which
+    the user may overwrite once the call returns): the header says so, and algorithms
+    then end with a barrier after the last read of an input.
+    """
+
+    memory = "host"
+
+    def __init__(self, group: Any, layout: ScratchLayout) -> None:
+        self.group = group
+        self.layout = layout
+        self.window = group.window(layout.total_bytes)
+        window = self.window
+        self.rank, self.size = window.rank, window.world_size
+        self._local_ptr = window.local.ptr
+        self._bytes = [np.asarray(window.peer(r)) for r in range(self.size)]
+        self._pads = [np.asarray(window.signal_pad(r)).view(np.uint64) for r in range(self.size)]
+        self._results = [[view[layout.result_offset(p):][:layout.result_bytes]
+                          for view in self._bytes] for p in (0, 1)]
+        self._calls = 0
+        self._digests: dict[Signature, int] = {}
+        self._reducers: dict[tuple[str, str], Reducer] = {}
+        # Calls whose input was copied into the staging area (heap inputs are not).
+        self.copies_in = 0
+
+    def heap_block(self, offset: int, nbytes: int) -> np.ndarray:
+        """A uint8 array over ``[offset, offset + nbytes)`` of this rank's heap, owned by a
+        block object (``weakref.finalize`` on ``array.base`` frees it)."""
+        return np.asarray(_HeapBlock(self.window.local.slice(offset, nbytes)))
+
+    def run(self, signature: Signature, algorithm: Algorithm, input_ref: ArrayRef,
+            output_ref: ArrayRef, *, in_place: bool) -> None:
+        """Collective: run one call (arrays already validated on this rank).
+
+        Raises:
+            CollectiveError: the ranks' signatures differ (on every rank).
+        """
+        layout, parity = self.layout, self._calls & 1
+        digest = self._digests.get(signature)
+        if digest is None:
+            digest = self._digests[signature] = signature.digest()
+        nbytes = signature.nbytes
+        offset = input_ref.ptr - self._local_ptr
+        zero_copy = layout.in_heap(offset, nbytes)
+        if not zero_copy:
+            offset = layout.staging_offset(parity)
+            self._bytes[self.rank][offset:offset + nbytes] = input_ref.bytes()
+            self.copies_in += 1
+        slot = layout.header_slot(parity)
+        pad = self._pads[self.rank]
+        pad[slot + HEADER_DIGEST] = digest
+        pad[slot + HEADER_INPUT] = offset
+        pad[slot + HEADER_FLAGS] = FLAG_ZERO_COPY if zero_copy else 0
+        self._calls += 1
+        self.window.barrier()  # every input and header in place
+        headers = [[int(word) for word in peer[slot:slot + 3]] for peer in self._pads]
+        if any(header[HEADER_DIGEST] != digest for header in headers):
+            # Every rank sees the same headers, so every rank comes here.
+            raise disagreement_error(self.group.collective("collective call",
+                                                           signature.describe()))
+        reducer = None
+        if signature.redop is not None:
+            key = (signature.dtype, signature.redop)
+            reducer = self._reducers.get(key)
+            if reducer is None:
+                reducer = self._reducers[key] = Reducer(*key)
+        algorithm.run(HostCall(
+            rank=self.rank, size=self.size, count=signature.count, itemsize=signature.itemsize,
+            inputs=[view[header[HEADER_INPUT]:][:nbytes]
+                    for view, header in zip(self._bytes, headers, strict=True)],
+            output=output_ref.bytes(), results=self._results[parity], reducer=reducer,
+            in_place=in_place, aliased=in_place and zero_copy,
+            hold_inputs=any(header[HEADER_FLAGS] & FLAG_ZERO_COPY for header in headers),
+            barrier=self.window.barrier))
+
+    def close(self) -> None:
+        """Close the window (collective over the node; idempotent)."""
+        self._bytes, self._pads, self._results = [], [], [[], []]
+        self.window.close()

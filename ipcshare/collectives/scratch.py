@@ -1,0 +1,78 @@
+"""Where everything lives in a communicator's window: the ``empty()`` heap, the staging
+areas that inputs are copied into, the two-shot result areas, and the call header words
+in the signal pad. One owner for the layout, so every path and algorithm agrees on it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..window import USER_SLOT_BASE
+
+__all__ = ["ScratchLayout", "ALIGN", "HEADER_WORDS", "HEADER_DIGEST", "HEADER_INPUT",
+           "HEADER_FLAGS", "FLAG_ZERO_COPY"]
+
+# Regions and heap blocks start at multiples of this many bytes (every dtype aligned,
+# and vector loads of the GPU kernels to come).
+ALIGN = 256
+# A call publishes a header in its own pad: the digest of its signature, the offset of
+# its input in its window, and flags. Two headers, used by calls in turn (parity), so a
+# rank one call ahead never overwrites the header a slow peer is about to read.
+HEADER_WORDS = 4
+HEADER_DIGEST = 0
+HEADER_INPUT = 1
+HEADER_FLAGS = 2
+# Flag: the input is the user's own memory in the heap (not a staging copy), so peers
+# must be done reading it before the call returns on any rank.
+FLAG_ZERO_COPY = 1
+
+
+def _align(value: int) -> int:
+    return -(-value // ALIGN) * ALIGN
+
+
+@dataclasses.dataclass(frozen=True)
+class ScratchLayout:
+    """The window of a communicator for calls of up to ``max_bytes`` (the largest array
+    of a call) over ``world_size`` ranks, with ``heap_bytes`` for ``empty()``:
+
+    ``[heap][staging 0][staging 1][result 0][result 1]``
+
+    Staging ``p`` holds the copied-in input of calls of parity ``p``; result ``p`` holds
+    this rank's reduced chunk in a two-shot all-reduce (at most ceil(count / n) elements).
+    """
+
+    max_bytes: int
+    heap_bytes: int
+    world_size: int
+
+    @property
+    def heap_offset(self) -> int:
+        return 0
+
+    @property
+    def staging_bytes(self) -> int:
+        return _align(self.max_bytes)
+
+    @property
+    def result_bytes(self) -> int:
+        # ceil(count / n) elements of at most 8 bytes each.
+        return _align(-(-self.max_bytes // self.world_size) + 8)
+
+    def staging_offset(self, parity: int) -> int:
+        return _align(self.heap_bytes) + parity * self.staging_bytes
+
+    def result_offset(self, parity: int) -> int:
+        return self.staging_offset(2) + parity * self.result_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        return self.result_offset(2)
+
+    def in_heap(self, offset: int, nbytes: int) -> bool:
+        """Whether ``[offset, offset + nbytes)`` of the window lies in the heap."""
+        return 0 <= offset and offset + nbytes <= self.heap_bytes and nbytes > 0
+
+    @staticmethod
+    def header_slot(parity: int) -> int:
+        """The first pad word of the header of calls of ``parity``."""
+        return USER_SLOT_BASE + parity * HEADER_WORDS
