@@ -189,7 +189,8 @@ class Communicator:
         inp = self._array(tensor, "tensor", writable=output is None)
         out = inp if output is None else self._array(output, "output", writable=True)
         check_reduction(inp.dtype, op, "tensor", call="all_reduce")
-        in_place = self._check_pair("all_reduce", out, inp, "output", "tensor", blocks=1)
+        in_place = self._check_pair("all_reduce", inp, out, "tensor",
+                                    "tensor" if output is None else "output", blocks=None)
         self._run("all_reduce", algo, inp, out, op, in_place, inp.nbytes)
         return tensor if output is None else output
 
@@ -249,10 +250,10 @@ class Communicator:
         return ref
 
     def _check_pair(self, call: str, whole: ArrayRef, part: ArrayRef, whole_name: str,
-                    part_name: str, *, blocks: int) -> bool:
-        """Check that ``whole`` holds ``blocks`` times ``part``'s elements of the same
-        dtype, within ``max_bytes``; return whether ``part`` is ``whole``'s block for
-        this rank (in place; all of it when ``blocks`` is 1).
+                    part_name: str, *, blocks: int | None) -> bool:
+        """Check that ``whole`` holds ``blocks`` times ``part``'s elements (as many when
+        ``blocks`` is None) of one dtype, within ``max_bytes``; return whether ``part``
+        is ``whole``'s block for this rank (all of it when ``blocks`` is None): in place.
 
         Raises:
             CollectiveError: naming the arguments and their values.
@@ -260,15 +261,17 @@ class Communicator:
         if whole.dtype != part.dtype:
             raise CollectiveError(f"{whole_name} is {whole.spell()} and {part_name} "
                                   f"{part.spell()}: {call} takes one dtype")
-        if whole.count != blocks * part.count:
-            expected = (f"{blocks} x {part.count} (the ranks times {part_name}'s)"
-                        if blocks > 1 else f"{part.count} (as {part_name})")
-            raise CollectiveError(f"{call}: {whole_name} has {whole.count} elements, "
-                                  f"expected {expected}")
+        if blocks is None and whole.count != part.count:
+            raise CollectiveError(f"{call}: {part_name} has {part.count} elements and "
+                                  f"{whole_name} {whole.count}: they must be as long")
+        if blocks is not None and whole.count != blocks * part.count:
+            raise CollectiveError(
+                f"{call}: {whole_name} has {whole.count} elements, expected {blocks} x "
+                f"{part.count} (the ranks times {part_name}'s)")
         self._check_max(whole.nbytes, whole_name, call)
-        offset = self.rank * part.nbytes if blocks > 1 else 0
-        rule = (f"{part_name} is {whole_name}'s block for this rank" if blocks > 1 else
-                f"{part_name} is {whole_name}")
+        offset = 0 if blocks is None else self.rank * part.nbytes
+        rule = (f"{part_name} is {whole_name}" if blocks is None else
+                f"{part_name} is {whole_name}'s block for this rank")
         return self._in_place(whole, part, offset, whole_name=whole_name,
                               part_name=part_name, rule=f"{call} in place: {rule}")
 

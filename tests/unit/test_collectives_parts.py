@@ -1,0 +1,276 @@
+"""The parts of the collectives layer that need no MPI: array descriptors, reductions,
+the heap, signatures, the scratch layout, the algorithm registry and the auto choice."""
+
+from __future__ import annotations
+
+import contextlib
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from ipcshare.collectives.agreement import Signature, disagreement_error
+from ipcshare.collectives.algorithms import OPS, algorithm, algorithm_names
+from ipcshare.collectives.algorithms.host_two_shot import two_shot_chunks
+from ipcshare.collectives.arrays import (
+    c_contiguous,
+    check_array,
+    describe_array,
+    parse_dlpack_capsule,
+)
+from ipcshare.collectives.choice import choose
+from ipcshare.collectives.communicator import Communicator
+from ipcshare.collectives.heap import Heap
+from ipcshare.collectives.reduction import (
+    REDUCE_DTYPES,
+    REDUCE_OPS,
+    Reducer,
+    bfloat16_to_float32,
+    float32_to_bfloat16,
+)
+from ipcshare.collectives.scratch import HEADER_WORDS, ScratchLayout
+from ipcshare.errors import CollectiveError, Unsupported
+from ipcshare.window import ERROR_SLOT, USER_SLOT_BASE
+
+from ..reduction_reference import NUMPY_DTYPES, mismatches, reference, seeded_values
+
+# -- arrays -------------------------------------------------------------------------
+
+
+def test_numpy_arrays_are_described_where_they_lie():
+    array = np.arange(12, dtype=np.float32).reshape(3, 4)
+    ref = describe_array(array, "input")
+    assert (ref.ptr, ref.nbytes, ref.count, ref.dtype, ref.itemsize, ref.shape) == (
+        array.ctypes.data, 48, 12, "float32", 4, (3, 4))
+    assert ref.contiguous and not ref.readonly and ref.device == "cpu"
+    assert ref.bytes().ctypes.data == array.ctypes.data  # a view, not a copy
+    assert describe_array(np.zeros(4, ml_dtypes.bfloat16), "x").dtype == "bfloat16"
+    # Byte-swapped floats keep their typestring: no reduction takes them for float32.
+    assert describe_array(np.zeros(4, ">f4"), "x").dtype == ">f4"
+    assert not describe_array(array[:, ::2], "x").contiguous
+    assert describe_array(np.frombuffer(b"abcd", np.uint8), "x").readonly
+    # The buffer protocol and __array_interface__ give views as well.
+    raw = bytearray(16)
+    assert describe_array(raw, "x").ptr == np.frombuffer(raw, np.uint8).ctypes.data
+
+
+def test_what_is_not_an_array_is_named():
+    with pytest.raises(CollectiveError, match="^tensor is a list, not an array"):
+        describe_array([1, 2], "tensor")
+    with pytest.raises(CollectiveError, match="^output is a NoneType, not an array"):
+        describe_array(None, "output")
+
+
+class _CudaArray:
+    """A stand-in that speaks only __cuda_array_interface__ (no memory behind it)."""
+
+    def __init__(self, shape, typestr, strides=None):
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr,
+                                         "data": (0x7F0000000000, False), "strides": strides,
+                                         "version": 3}
+
+
+def test_cuda_array_interface_is_read_without_touching_the_memory():
+    ref = describe_array(_CudaArray((4, 8), "<f2"), "tensor")
+    assert (ref.device, ref.dtype, ref.nbytes, ref.count, ref.contiguous, ref.ptr) == (
+        "cuda", "float16", 64, 32, True, 0x7F0000000000)
+    assert not describe_array(_CudaArray((4, 8), "<f2", strides=(32, 4)), "x").contiguous
+    with pytest.raises(CollectiveError, match="tensor is a float16 array of shape \\(4, 8\\) in "
+                                              "cuda memory, but this communicator takes a numpy"):
+        check_array(ref, "tensor", device="cpu")
+    bad = _CudaArray((4,), "<f4")
+    del bad.__cuda_array_interface__["shape"]
+    with pytest.raises(CollectiveError, match="x has a malformed __cuda_array_interface__"):
+        describe_array(bad, "x")
+
+
+@pytest.mark.parametrize("array", [
+    np.arange(10, dtype=np.int32), np.zeros((3, 5), np.float16)[:, 1:4],
+    np.zeros((2, 3), np.float64), np.zeros(7, np.uint8)[::3], np.zeros(0, np.float32)])
+def test_dlpack_capsules_are_parsed_like_numpy_reads_them(array):
+    ref = parse_dlpack_capsule(array.__dlpack__(), array, "x")
+    assert (ref.ptr, ref.shape, ref.nbytes, ref.dtype, ref.contiguous, ref.device) == (
+        array.ctypes.data if array.size else ref.ptr, array.shape, array.nbytes,
+        array.dtype.name, array.flags.c_contiguous, "cpu")
+    with pytest.raises(CollectiveError, match="did not return a 'dltensor' capsule"):
+        parse_dlpack_capsule(object(), array, "x")
+
+
+@given(hnp.arrays(np.int8, hnp.array_shapes(min_dims=1, max_dims=4, max_side=4)),
+       st.data())
+def test_contiguity_agrees_with_numpy(array, data):
+    slices = tuple(slice(None, None, data.draw(st.integers(1, 2))) for _ in array.shape)
+    view = array[slices]
+    assert c_contiguous(view.shape, view.strides, 1) == view.flags.c_contiguous
+
+
+# -- reductions -----------------------------------------------------------------------
+
+
+def test_bfloat16_conversions_match_ml_dtypes_on_every_value():
+    every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    widened = bfloat16_to_float32(every)
+    assert widened.tobytes() == every.view(ml_dtypes.bfloat16).astype(np.float32).tobytes()
+    rng = np.random.default_rng(3)
+    values = rng.integers(0, 1 << 32, 1 << 16, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    with np.errstate(all="ignore"):
+        want = values.astype(ml_dtypes.bfloat16).view(np.uint16)
+    assert np.array_equal(float32_to_bfloat16(values), want)
+
+
+_BIT_TYPES = {"float32": np.uint32, "float16": np.uint16, "bfloat16": np.uint16,
+              "int32": np.uint32}
+
+
+@settings(max_examples=60, deadline=None)
+@given(dtype=st.sampled_from(REDUCE_DTYPES), op=st.sampled_from(REDUCE_OPS),
+       ranks=st.integers(1, 5), count=st.integers(0, 70), data=st.data())
+def test_reductions_match_the_reference_on_any_bits(dtype, op, ranks, count, data):
+    """Every bit pattern (NaNs, infinities, signed zeros, subnormals) in every rank."""
+    bits = _BIT_TYPES[dtype]
+    inputs = [data.draw(hnp.arrays(bits, count)).view(NUMPY_DTYPES[dtype])
+              for _ in range(ranks)]
+    out = np.empty(count, NUMPY_DTYPES[dtype])
+    Reducer(dtype, op)([x.view(np.uint8) for x in inputs], out.view(np.uint8))
+    assert mismatches(dtype, op, out, reference(dtype, op, inputs)) == 0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_max_and_min_of_signed_zeros_and_nans(dtype):
+    numpy_dtype = NUMPY_DTYPES[dtype]
+    a = np.array([-0.0, 0.0, np.nan, 1.0, -np.inf], np.float32).astype(numpy_dtype)
+    b = np.array([0.0, -0.0, 2.0, np.nan, -1.0], np.float32).astype(numpy_dtype)
+    results = {}
+    for op in ("max", "min"):
+        for order in ((a, b), (b, a)):
+            out = np.empty(5, numpy_dtype)
+            Reducer(dtype, op)([x.view(np.uint8) for x in order], out.view(np.uint8))
+            results.setdefault(op, set()).add(out.tobytes())
+    assert len(results["max"]) == len(results["min"]) == 1  # order does not matter
+    nan = {"float32": 0x7FC00000, "float16": 0x7E00, "bfloat16": 0x7FC0}[dtype]
+    bits = _BIT_TYPES[dtype]
+    high = np.frombuffer(results["max"].pop(), numpy_dtype)
+    low = np.frombuffer(results["min"].pop(), numpy_dtype)
+    assert high.view(bits)[2:4].tolist() == low.view(bits)[2:4].tolist() == [nan, nan]
+    assert not np.signbit(high[0]) and not np.signbit(high[1])
+    assert np.signbit(low[0]) and np.signbit(low[1])
+    assert float(high[4]) == -1.0 and float(low[4]) == -np.inf
+
+
+def test_chunked_reduction_with_the_output_among_the_sources():
+    inputs = [seeded_values("float16", 100_003, 1, r) for r in range(3)]
+    want = reference("float16", "sum", inputs)
+    mine = inputs[1].copy()
+    sources = [inputs[0].view(np.uint8), mine.view(np.uint8), inputs[2].view(np.uint8)]
+    Reducer("float16", "sum")(sources, mine.view(np.uint8))
+    assert mismatches("float16", "sum", mine, want) == 0
+
+
+def test_int32_sums_wrap_around():
+    big = np.array([2**31 - 1], np.int32)
+    out = np.empty(1, np.int32)
+    Reducer("int32", "sum")([big.view(np.uint8)] * 3, out.view(np.uint8))
+    assert out[0] == np.int32(2**31 - 3)
+
+
+# -- heap, layout, signatures, registry ---------------------------------------------
+
+
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 3000)), max_size=60))
+def test_heap_blocks_never_overlap_and_merge_back(steps):
+    heap = Heap(8192, 256)
+    held: dict[int, int] = {}
+    for allocate, nbytes in steps:
+        if allocate or not held:
+            offset = heap.allocate(nbytes)
+            if offset is None:
+                assert heap.free_bytes < max(nbytes, 1) or nbytes > 8192
+                continue
+            assert offset % 256 == 0 and offset + nbytes <= 8192
+            for other, size in held.items():
+                assert offset + max(nbytes, 1) <= other or other + max(size, 1) <= offset
+            held[offset] = nbytes
+        else:
+            heap.free(held.popitem()[0])
+    for offset in list(held):
+        heap.free(offset)
+    assert heap.allocate(8192) == 0  # every range merged back into one
+
+
+def test_scratch_regions_and_headers_do_not_overlap():
+    layout = ScratchLayout(max_bytes=1000, heap_bytes=3000, world_size=3)
+    regions = [(0, layout.heap_bytes)]
+    regions += [(layout.staging_offset(p), layout.staging_bytes) for p in (0, 1)]
+    regions += [(layout.result_offset(p), layout.result_bytes) for p in (0, 1)]
+    for (a, la), (b, _lb) in zip(regions, regions[1:], strict=False):
+        assert a + la <= b
+    assert layout.staging_bytes >= 1000 and layout.result_bytes >= -(-1000 // 3) + 4
+    assert layout.total_bytes == regions[-1][0] + regions[-1][1]
+    assert layout.in_heap(0, 3000) and not layout.in_heap(2999, 2) and not layout.in_heap(0, 0)
+    words = {layout.header_slot(p) + w for p in (0, 1) for w in range(HEADER_WORDS)}
+    assert len(words) == 2 * HEADER_WORDS and USER_SLOT_BASE <= min(words) < max(words) < ERROR_SLOT
+
+
+@given(st.integers(0, 10_000), st.integers(1, 9))
+def test_two_shot_chunks_cover_the_array_once(count, size):
+    chunks = two_shot_chunks(count, size)
+    assert len(chunks) == size and chunks[0][0] == 0 and chunks[-1][1] == count
+    assert all(a[1] == b[0] for a, b in zip(chunks, chunks[1:], strict=False))
+
+
+DIGEST = 0x80F2C549A7032D31
+
+
+def test_signature_digests_are_the_same_in_every_process():
+    signature = Signature("all_reduce", 1000, "float32", 4, "sum", "one-shot")
+    # A fixed value: Python's hash() of a string changes from process to process.
+    assert signature.digest() == DIGEST
+    assert signature.digest() != Signature("all_reduce", 1001, "float32", 4, "sum",
+                                           "one-shot").digest()
+    assert signature.describe() == "all_reduce of 1000 float32 (4000 bytes), op sum, algo one-shot"
+    assert Signature("all_gather", 1 << 20, "uint8", 1, None, "copy-engine").describe() == (
+        "all_gather of 1048576 uint8 (1048576 bytes = 1M), algo copy-engine")
+    error = disagreement_error(["a", "b", "a"])
+    assert str(error) == "ranks disagree on a collective call: ranks 0, 2 call a, rank 1 b"
+
+
+def test_every_auto_choice_is_a_registered_algorithm():
+    for op in OPS:
+        names = algorithm_names("host", op)
+        assert names
+        for size in (1, 2, 3, 4, 8):
+            for nbytes in (0, 1, 4096, 1 << 20, 1 << 30):
+                assert choose("host", op, nbytes, size) in names
+        for name in names:
+            found = algorithm("host", op, name)
+            assert (found.name, found.op, found.memory) == (name, op, "host")
+    with pytest.raises(CollectiveError, match="algo='ring' is not an algorithm of "
+                                              "reduce_scatter on host memory; choose one of: "
+                                              "auto, one-shot"):
+        algorithm("host", "reduce_scatter", "ring")
+
+
+class _Group:
+    """Enough of a Group to construct a Communicator up to its backend check."""
+
+    def __init__(self, backend: str, nodes: int = 1) -> None:
+        self.backend_name = backend
+        self.world = type("World", (), {"node_count": nodes, "size": 2})()
+
+    def collective(self, what, value):
+        return [value, value]
+
+    def step(self, name):
+        return contextlib.nullcontext()
+
+
+def test_gpu_groups_say_what_is_missing():
+    with pytest.raises(Unsupported, match="Group.communicator on the cuda-vmm backend: the GPU "
+                                          "collectives .* are not implemented yet"):
+        Communicator(_Group("cuda-vmm"), 1 << 20)
+    with pytest.raises(Unsupported, match="over 2 nodes: collectives across nodes"):
+        Communicator(_Group("host", nodes=2), 1 << 20)
+    assert issubclass(Unsupported, NotImplementedError)
