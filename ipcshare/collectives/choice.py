@@ -23,13 +23,21 @@ class Choice:
 
 _KiB = 1 << 10
 # Host memory, by world size (the row of the nearest world size at or below is used).
-# All-gather and reduce-scatter have one host algorithm each. All-reduce: see the
-# measurement below.
+# All-gather and reduce-scatter have one host algorithm each. All-reduce: measured on the
+# 2-core development VM (Intel Xeon, 2026-11-23, commit a05e052), float32, best of
+# three runs of back-to-back calls through Communicator.all_reduce:
+#   2 ranks: one-shot 24 / 38 / 45 / 53 us at 1 / 64 / 96 / 128 KiB, two-shot 32 / 41 /
+#   46 / 51; from 192 KiB two-shot leads (61 vs 69 us, 264 vs 296 us at 1 MiB, 986 vs
+#   1118 us at 4 MiB): one rank reduces half the bytes, and the copies back are cheap.
+#   3 ranks (more ranks than cores, so only indicative): even at 192-512 KiB, two-shot
+#   ahead from 1 MiB (686 vs 775 us). 4 ranks, oversubscribed twice, use that row.
+# A machine with a core per rank is likely to favour two-shot earlier at 3-4 ranks.
 HOST_CHOICES: dict[str, dict[int, Choice]] = {
     "all_gather": {1: Choice((), ("copy-engine",))},
     "reduce_scatter": {1: Choice((), ("one-shot",))},
     "all_reduce": {1: Choice((), ("one-shot",)),
-                   2: Choice((256 * _KiB,), ("one-shot", "two-shot"))},
+                   2: Choice((128 * _KiB,), ("one-shot", "two-shot")),
+                   3: Choice((512 * _KiB,), ("one-shot", "two-shot"))},
 }
 
 
