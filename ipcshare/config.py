@@ -16,6 +16,7 @@ __all__ = [
     "BACKENDS",
     "EXCHANGES",
     "ALGOS",
+    "REDUCTIONS",
     "BASELINES",
     "DATATYPES",
     "PatternOptions",
@@ -32,8 +33,12 @@ BASELINES = ("none", "mpi", "nccl")
 HANDLES = ("posix-fd", "fabric")
 # auto / copy-engine: engine copies (memcpy on host, the copy engine on GPUs);
 # hierarchical: all-gather by IPC inside nodes and MPI between them (auto's choice when a
-# job spans nodes); push / pull / ring: all-gather kernels (GPU backends).
-ALGOS = ("auto", "copy-engine", "hierarchical", "push", "pull", "ring")
+# job spans nodes); push / pull / ring: all-gather kernels (GPU backends); one-shot /
+# two-shot: all-reduce (and one-shot reduce-scatter) of the collectives layer.
+ALGOS = ("auto", "copy-engine", "hierarchical", "push", "pull", "ring", "one-shot",
+         "two-shot")
+# -o of allreduce / reducescatter (the collectives layer's ops).
+REDUCTIONS = ("sum", "max", "min")
 # name -> (numpy dtype string, bytes per element)
 DATATYPES = {
     "uint8": ("u1", 1), "int8": ("i1", 1),
@@ -92,6 +97,7 @@ class PatternOptions:
     datatype: str = "float32"
     baseline: str = "none"
     algo: str = "auto"
+    op: str = "sum"
     graph: bool = False
     after_kernel: bool = False
     json: str | None = None
@@ -103,6 +109,7 @@ class PatternOptions:
         _choice("handle", self.handle, HANDLES)
         _choice("baseline", self.baseline, BASELINES)
         _choice("algo", self.algo, ALGOS)
+        _choice("op", self.op, REDUCTIONS)
         _choice("datatype", self.datatype, tuple(DATATYPES))
         for name in ("min_bytes", "max_bytes"):
             parse_size(getattr(self, name), what=name)
@@ -144,7 +151,7 @@ _FIELD_TYPES = {
     "backend": str, "exchange": str, "handle": str, "datatype": str, "baseline": str,
     "min_bytes": "size", "max_bytes": "size", "step_factor": int, "iters": int,
     "warmup": int, "checks": int, "graph": bool, "after_kernel": bool, "algo": str, "json": str,
-    "min_bw": float,
+    "min_bw": float, "op": str,
 }
 
 

@@ -73,6 +73,15 @@ def build_parser() -> argparse.ArgumentParser:
     for name, text in (("ring", "each rank writes into the next rank's window, n-1 steps"),
                        ("allgather", "every rank gathers every rank's block, single copy")):
         _add_pattern_flags(commands.add_parser(name, help=text))
+        commands.choices[name].set_defaults(op=None)
+    for name, text in (("allreduce", "every rank's array reduced into every rank's (library "
+                                     "Communicator.all_reduce)"),
+                       ("reducescatter", "every rank gets its block of the reduction (library "
+                                         "Communicator.reduce_scatter)")):
+        command = commands.add_parser(name, help=text)
+        _add_pattern_flags(command)
+        command.add_argument("-o", "--op", dest="op", choices=("sum", "max", "min"),
+                             help="reduction (default sum)")
     from .bench import add_bench_flags
 
     add_bench_flags(commands.add_parser(

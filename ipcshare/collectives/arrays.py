@@ -10,9 +10,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CollectiveError
+from ..errors import CollectiveError, Unsupported
 
-__all__ = ["ArrayRef", "describe_array", "parse_dlpack_capsule", "check_array", "c_contiguous"]
+__all__ = ["ArrayRef", "describe_array", "parse_dlpack_capsule", "check_array", "c_contiguous",
+           "to_numpy_dtype"]
 
 # DLPack device types (dlpack.h): memory the host can read as numpy, and CUDA memory.
 _DL_CPU = 1
@@ -217,3 +218,24 @@ def check_array(ref: ArrayRef, name: str, *, device: str, writable: bool = False
     if writable and ref.readonly:
         raise CollectiveError(f"{name} is {ref.spell()} that is read-only: the result is "
                               "written into it")
+
+
+def to_numpy_dtype(dtype: Any) -> np.dtype:
+    """numpy's dtype for ``dtype`` (a name or a numpy dtype); ``bfloat16`` is ml_dtypes'.
+
+    Raises:
+        CollectiveError: not a dtype.
+        Unsupported: bfloat16 without the ml_dtypes package.
+    """
+    if isinstance(dtype, str) and dtype == "bfloat16":
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise Unsupported("dtype='bfloat16' on the host backend needs numpy's bfloat16 "
+                              "from the ml_dtypes package: pip install ml_dtypes") from None
+        return np.dtype(ml_dtypes.bfloat16)
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        raise CollectiveError(f"dtype={dtype!r} is not a dtype (e.g. 'float32', "
+                              "'bfloat16', numpy.int32)") from None

@@ -14,7 +14,7 @@ from ..errors import CollectiveError, Unsupported
 from ..topology import describe_disagreement
 from .agreement import Signature
 from .algorithms import algorithm
-from .arrays import ArrayRef, check_array, describe_array
+from .arrays import ArrayRef, check_array, describe_array, to_numpy_dtype
 from .choice import choose
 from .heap import Heap
 from .host_path import HostPath
@@ -33,27 +33,6 @@ def _check_bytes(value: Any, name: str, *, minimum: int) -> int:
 def _spell_bytes(nbytes: int) -> str:
     short = format_size(nbytes)
     return f"{nbytes} bytes" + (f" ({short})" if short != str(nbytes) else "")
-
-
-def _numpy_dtype(dtype: Any) -> np.dtype:
-    """numpy's dtype for ``dtype`` (a name or a numpy dtype); ``bfloat16`` is ml_dtypes'.
-
-    Raises:
-        CollectiveError: not a dtype.
-        Unsupported: bfloat16 without the ml_dtypes package.
-    """
-    if isinstance(dtype, str) and dtype == "bfloat16":
-        try:
-            import ml_dtypes
-        except ImportError:
-            raise Unsupported("dtype='bfloat16' on the host backend needs numpy's bfloat16 "
-                              "from the ml_dtypes package: pip install ml_dtypes") from None
-        return np.dtype(ml_dtypes.bfloat16)
-    try:
-        return np.dtype(dtype)
-    except TypeError:
-        raise CollectiveError(f"dtype={dtype!r} is not a dtype (e.g. 'float32', "
-                              "'bfloat16', numpy.int32)") from None
 
 
 class Communicator:
@@ -145,7 +124,7 @@ class Communicator:
                 any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 0
                     for d in dims)):
             raise CollectiveError(f"shape={shape!r}: expected an int or a tuple of ints >= 0")
-        numpy_dtype = _numpy_dtype(dtype)
+        numpy_dtype = to_numpy_dtype(dtype)
         nbytes = math.prod(int(d) for d in dims) * numpy_dtype.itemsize
         offset = self._heap.allocate(nbytes)
         if offset is None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 __all__ = ["make_pattern", "PATTERNS"]
 
-PATTERNS = ("ring", "allgather")
+PATTERNS = ("ring", "allgather", "allreduce", "reducescatter")
 
 
-def make_pattern(name: str, algo: str = "auto"):
+def make_pattern(name: str, algo: str = "auto", *, op: str = "sum",
+                 datatype: str = "float32"):
     """A fresh pattern object for ``name`` (``ring`` or ``allgather``) and ``algo``:
     ``copy-engine`` (engine copies: memcpy on host, the copy engine on GPUs),
     ``hierarchical`` (all-gather: IPC inside nodes, MPI between nodes), one of the
@@ -19,6 +20,11 @@ def make_pattern(name: str, algo: str = "auto"):
 
     if algo not in ALGOS:
         raise ConfigError(f"unknown algorithm {algo!r}; choose one of: {', '.join(ALGOS)}")
+    if name in ("allreduce", "reducescatter"):
+        return _reduction_case(name, algo, op, datatype)
+    if algo in ("one-shot", "two-shot"):
+        raise ConfigError(f"--algo {algo} runs all-reduce or reduce-scatter, not the {name} "
+                          "op")
     if name == "ring":
         if algo not in ("auto", "copy-engine"):
             raise ConfigError(f"the ring op has no {algo!r} algorithm; use --algo auto")
@@ -42,3 +48,20 @@ def make_pattern(name: str, algo: str = "auto"):
 
         return AllGather(algo)
     raise ConfigError(f"unknown op {name!r}; choose one of: {', '.join(PATTERNS)}")
+
+
+def _reduction_case(name: str, algo: str, op: str, datatype: str):
+    """The all-reduce or reduce-scatter case: it calls the collectives layer, whose
+    algorithm names ``algo`` must be (or ``auto``)."""
+    from ..collectives.algorithms import algorithm_names
+    from ..errors import ConfigError
+
+    if name == "allreduce":
+        from .allreduce import AllReduce as case
+    else:
+        from .reducescatter import ReduceScatter as case
+    allowed = ("auto", *algorithm_names("host", case.collective))
+    if algo not in allowed:
+        raise ConfigError(f"the {name} op has no {algo!r} algorithm; choose one of: "
+                          f"{', '.join(allowed)}")
+    return case(algo, op=op, datatype=datatype)

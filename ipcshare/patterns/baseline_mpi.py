@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..errors import ConfigError
 from ..topology import World, mpi, mpi_library_version
 from .base import SizePlan
 from .rotation import warmup_iterations
@@ -23,6 +24,12 @@ class MpiBaseline:
     name = "mpi"
 
     def __init__(self, world: World, op: str) -> None:
+        """Raises:
+            ConfigError: an op this baseline has no MPI counterpart for yet.
+        """
+        if op not in ("allgather", "ring"):
+            raise ConfigError(f"--baseline mpi times allgather and ring; the {op} op has no "
+                              "MPI baseline yet: use --baseline none")
         self.world = world
         self.op = op
         self.version = mpi_library_version()

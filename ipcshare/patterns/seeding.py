@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["seeded_bytes", "poison", "count_wrong", "POISON_BYTE"]
+__all__ = ["seeded_bytes", "seeded_small_integers", "poison", "count_wrong", "POISON_BYTE"]
 
 POISON_BYTE = 0xA5
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -30,6 +30,18 @@ def seeded_bytes(iteration: int, rank: int, nbytes: int, *, offset_words: int = 
         x *= _MIX2
         x ^= x >> np.uint64(31)
     return x.view(np.uint8)[:nbytes]
+
+
+def seeded_small_integers(iteration: int, rank: int, count: int, world_size: int) -> np.ndarray:
+    """``count`` integers (int64) that depend only on (iteration, rank), small enough that
+    any sum of ``world_size`` of them, in any order, is at most 256 in magnitude: exact in
+    every reduction type (bfloat16 holds integers exactly up to 256), so every algorithm
+    and every summation order must give the same bits. Ranks from 256 on give zeros."""
+    bound = max(1, min(8, 256 // max(world_size, 1)))
+    if rank >= 256:
+        return np.zeros(count, np.int64)
+    spread = seeded_bytes(iteration, rank, count).astype(np.int64)
+    return spread % (2 * bound + 1) - bound
 
 
 def poison(nbytes: int) -> np.ndarray:

@@ -33,6 +33,8 @@ from ipcshare.collectives.reduction import (
 )
 from ipcshare.collectives.scratch import HEADER_WORDS, ScratchLayout
 from ipcshare.errors import CollectiveError, Unsupported
+from ipcshare.patterns.collective_case import exact_bytes
+from ipcshare.patterns.seeding import seeded_small_integers
 from ipcshare.window import ERROR_SLOT, USER_SLOT_BASE
 
 from ..reduction_reference import NUMPY_DTYPES, mismatches, reference, seeded_values
@@ -274,3 +276,18 @@ def test_gpu_groups_say_what_is_missing():
     with pytest.raises(Unsupported, match="over 2 nodes: collectives across nodes"):
         Communicator(_Group("host", nodes=2), 1 << 20)
     assert issubclass(Unsupported, NotImplementedError)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 600), st.integers(0, 5))
+def test_cli_data_reduces_exactly_in_every_type(world_size, iteration):
+    """The CLI's seeded data: any sum over the ranks is exact in every reduction type,
+    so every algorithm and summation order must give the same bits."""
+    values = [seeded_small_integers(iteration, r, 64, world_size) for r in range(world_size)]
+    assert sum(int(np.abs(v).max()) for v in values) <= 256
+    total = np.sum(values, axis=0)
+    for dtype in REDUCE_DTYPES:
+        data = exact_bytes(total, dtype)
+        decoded = (bfloat16_to_float32(data.view(np.uint16)) if dtype == "bfloat16" else
+                   data.view(NUMPY_DTYPES[dtype]).astype(np.float64))
+        assert decoded.tolist() == total.tolist()

@@ -1,0 +1,123 @@
+"""What the all-reduce and reduce-scatter cases share: they call the library's
+``Communicator`` on arrays laid out in the driver's window (arrays of the user's, to the
+library: copied in), with seeded small integers whose reductions are exact in every type,
+so every algorithm and summation order must give the same bits."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..collectives.arrays import to_numpy_dtype
+from ..collectives.reduction import REDUCE_DTYPES, REDUCE_OPS, float32_to_bfloat16
+from ..errors import ConfigError
+from ..window import Window
+from .base import Pattern, SizePlan, align
+from .seeding import count_wrong, poison, seeded_small_integers
+
+__all__ = ["CommunicatorCase", "exact_bytes"]
+
+
+def exact_bytes(values: np.ndarray, datatype: str) -> np.ndarray:
+    """Small integers (int64) as ``datatype`` elements, as bytes (exact: |v| <= 256)."""
+    if datatype == "int32":
+        typed = values.astype(np.int32)
+    elif datatype == "bfloat16":
+        typed = float32_to_bfloat16(values.astype(np.float32))
+    else:
+        typed = values.astype(np.float32).astype(np.dtype(datatype))
+    return typed.view(np.uint8)
+
+
+class CommunicatorCase(Pattern):
+    """A reduction collective of the library as an nccl-tests case. Subclasses say which
+    (``collective``), how sizes map to input and output (``plan``, ``output_bytes``),
+    where in place puts the output (``in_place_offset``), the bus factor, and what this
+    rank's output must hold (``expected``).
+
+    Window layout per rank: [input][pad to 4 KiB][output]; in place the output is
+    inside the input. The communicator (sized for the plan, no heap) is made at the
+    first bind of each larger plan and replaced, never kept larger than needed.
+    """
+
+    modes = ("out-of-place", "in-place")
+    collective = ""
+
+    def __init__(self, algo: str = "auto", *, op: str = "sum",
+                 datatype: str = "float32") -> None:
+        if op not in REDUCE_OPS:
+            raise ConfigError(f"unknown reduction op {op!r}; choose one of: "
+                              f"{', '.join(REDUCE_OPS)}")
+        if datatype not in REDUCE_DTYPES:
+            raise ConfigError(f"the {self.name} op reduces {', '.join(REDUCE_DTYPES)}, "
+                              f"not -d {datatype}")
+        self.algo = algo
+        self.op = op
+        self.datatype = datatype
+        self._communicator: Any = None
+
+    # -- what subclasses say -----------------------------------------------------------
+    @abc.abstractmethod
+    def output_bytes(self, plan: SizePlan, world_size: int) -> int:
+        """Bytes of each rank's output."""
+
+    @abc.abstractmethod
+    def in_place_offset(self, plan: SizePlan, rank: int, world_size: int) -> int:
+        """Where in its input the output of ``rank`` lies when in place."""
+
+    @abc.abstractmethod
+    def expected(self, reduced: np.ndarray, plan: SizePlan, rank: int,
+                 world_size: int) -> np.ndarray:
+        """This rank's part of ``reduced`` (the whole reduction, as small integers)."""
+
+    @abc.abstractmethod
+    def call(self, communicator: Any, inputs: np.ndarray,
+             output: np.ndarray) -> Callable[[], None]:
+        """One operation of the library on ``inputs`` and ``output`` (views of the
+        window; in place, ``output`` lies inside ``inputs``)."""
+
+    # -- the Pattern interface ---------------------------------------------------------
+    def window_bytes(self, plan: SizePlan, world_size: int) -> int:
+        return align(plan.size) + self.output_bytes(plan, world_size)
+
+    def _output(self, window: Window, plan: SizePlan, mode: str) -> Any:
+        n = window.world_size
+        if mode == "in-place":
+            return window.local.slice(self.in_place_offset(plan, window.rank, n),
+                                      self.output_bytes(plan, n))
+        return window.local.slice(align(plan.size), self.output_bytes(plan, n))
+
+    def prepare(self, window: Window, plan: SizePlan, mode: str, iteration: int) -> None:
+        engine = window.engine
+        count = plan.size // plan.element_size
+        if mode == "out-of-place":
+            output = self._output(window, plan, mode)
+            engine.upload(output, poison(output.nbytes))
+        values = seeded_small_integers(iteration, window.rank, count, window.world_size)
+        engine.upload(window.local.slice(0, plan.size), exact_bytes(values, self.datatype))
+
+    def bind(self, window: Window, plan: SizePlan, mode: str) -> Callable[[], None]:
+        communicator = self._communicator
+        if communicator is None or communicator.closed or communicator.max_bytes < plan.size:
+            if communicator is not None:
+                communicator.close()
+            communicator = self._communicator = window.group.communicator(
+                max_bytes=plan.size, heap_bytes=0)
+        dtype = to_numpy_dtype(self.datatype)
+        inputs = np.asarray(window.local.slice(0, plan.size)).view(dtype)
+        output = np.asarray(self._output(window, plan, mode)).view(dtype)
+        return self.call(communicator, inputs, output)
+
+    def check(self, window: Window, plan: SizePlan, mode: str, iteration: int) -> int:
+        n, count = window.world_size, plan.size // plan.element_size
+        values = [seeded_small_integers(iteration, r, count, n) for r in range(n)]
+        if self.op == "sum":
+            reduced = np.sum(values, axis=0)
+        else:
+            reduced = (np.max if self.op == "max" else np.min)(values, axis=0)
+        want = exact_bytes(self.expected(reduced, plan, window.rank, n), self.datatype)
+        got = window.engine.download(self._output(window, plan, mode))
+        return count_wrong(got, want, plan.element_size)
