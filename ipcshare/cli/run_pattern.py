@@ -106,7 +106,7 @@ def run_pattern_command(args: argparse.Namespace) -> int:
             if options.algo in ("push", "pull", "ring") and group.backend_name == "host":
                 raise ConfigError(f"--algo {options.algo} runs GPU kernels: it needs a GPU "
                                   "backend (cuda-ipc or cuda-vmm), not host")
-        baseline = _make_baseline(options.baseline, group, pattern.name)
+        baseline = _make_baseline(options.baseline, group, pattern)
         try:
             result = run_pattern(group, pattern, options, baseline=baseline,
                                  emit=lambda line: print(line, flush=True),
@@ -129,13 +129,14 @@ def run_pattern_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _make_baseline(name: str, group, op: str):
+def _make_baseline(name: str, group, pattern):
+    op = pattern.name
     if name == "none":
         return None
     if name == "mpi":
-        from ..patterns.baseline_mpi import MpiBaseline
+        from ..patterns.baseline_mpi import mpi_baseline
 
-        return MpiBaseline(group.world, op)
+        return mpi_baseline(group.world, pattern)
     if group.backend_name == "host":
         raise ConfigError(f"baseline {name!r} needs a GPU backend and torch; use --baseline mpi")
     from ..patterns.baseline_nccl import NcclBaseline

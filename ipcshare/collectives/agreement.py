@@ -4,6 +4,7 @@ travels in each call's header, and the error every rank raises when they do not 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 
 from ..config import format_size
@@ -33,8 +34,9 @@ class Signature:
     def nbytes(self) -> int:
         return self.count * self.itemsize
 
+    @functools.cached_property
     def digest(self) -> int:
-        """A 64-bit digest, the same in every process (unlike ``hash``)."""
+        """A 64-bit digest, the same in every process (unlike ``hash``); computed once."""
         text = repr(dataclasses.astuple(self)).encode()
         return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
 

@@ -111,19 +111,25 @@ def describe_array(obj: Any, name: str) -> ArrayRef:
     return _from_numpy(np.asarray(view), obj)
 
 
+# numpy computes a dtype's name in Python (microseconds): once per dtype is enough.
+_DTYPE_NAMES: dict[np.dtype, str] = {}
+
+
 def _dtype_name(dtype: np.dtype) -> str:
-    # A byte-swapped float32 is not float32 to a reduction: keep its typestring.
-    return dtype.name if dtype.isnative else dtype.str
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        # A byte-swapped float32 is not float32 to a reduction: keep its typestring.
+        name = _DTYPE_NAMES[dtype] = dtype.name if dtype.isnative else dtype.str
+    return name
 
 
 def _from_numpy(array: np.ndarray, source: Any) -> ArrayRef:
-    interface = array.__array_interface__
+    flags = array.flags
     return ArrayRef(
-        ptr=int(interface["data"][0]), nbytes=int(array.nbytes), count=int(array.size),
-        dtype=_dtype_name(array.dtype), itemsize=int(array.itemsize),
-        shape=tuple(int(d) for d in array.shape), contiguous=bool(array.flags.c_contiguous),
-        readonly=not array.flags.writeable, device="cpu", device_id=None, host=array,
-        source=source)
+        ptr=array.__array_interface__["data"][0], nbytes=array.nbytes, count=array.size,
+        dtype=_dtype_name(array.dtype), itemsize=array.itemsize, shape=array.shape,
+        contiguous=flags.c_contiguous, readonly=not flags.writeable, device="cpu",
+        device_id=None, host=array, source=source)
 
 
 def _from_cuda_interface(obj: Any, interface: dict, name: str) -> ArrayRef:

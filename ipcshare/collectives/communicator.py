@@ -82,6 +82,9 @@ class Communicator:
         self._layout = ScratchLayout(max_bytes, heap_bytes, world.size)
         self._path = HostPath(group, self._layout)
         self._heap = Heap(heap_bytes, ALIGN)
+        # Each call's signature and algorithm, by what the call asked: built (and its
+        # digest computed) once, looked up after that.
+        self._signatures: dict[tuple, tuple[Signature, Any]] = {}
 
     # -- facts -------------------------------------------------------------------------
     @property
@@ -285,6 +288,10 @@ class Communicator:
             name = choose(self.memory, op, nbytes, self.size)
         else:
             name = algo
-        chosen = algorithm(self.memory, op, name)
-        signature = Signature(op, inp.count, inp.dtype, inp.itemsize, redop, chosen.name)
-        self._path.run(signature, chosen, inp, out, in_place=in_place)
+        key = (op, inp.count, inp.dtype, inp.itemsize, redop, name)
+        known = self._signatures.get(key)
+        if known is None:
+            chosen = algorithm(self.memory, op, name)
+            known = self._signatures[key] = (
+                Signature(op, inp.count, inp.dtype, inp.itemsize, redop, chosen.name), chosen)
+        self._path.run(known[0], known[1], inp, out, in_place=in_place)

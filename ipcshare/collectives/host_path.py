@@ -62,7 +62,6 @@ class HostPath:
         self._results = [[view[layout.result_offset(p):][:layout.result_bytes]
                           for view in self._bytes] for p in (0, 1)]
         self._calls = 0
-        self._digests: dict[Signature, int] = {}
         self._reducers: dict[tuple[str, str], Reducer] = {}
         # Calls whose input was copied into the staging area (heap inputs are not).
         self.copies_in = 0
@@ -80,9 +79,7 @@ class HostPath:
             CollectiveError: the ranks' signatures differ (on every rank).
         """
         layout, parity = self.layout, self._calls & 1
-        digest = self._digests.get(signature)
-        if digest is None:
-            digest = self._digests[signature] = signature.digest()
+        digest = signature.digest
         nbytes = signature.nbytes
         offset = input_ref.ptr - self._local_ptr
         zero_copy = layout.in_heap(offset, nbytes)

@@ -5,17 +5,31 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
 from ..topology import World, mpi, mpi_library_version
 from .base import SizePlan
 from .rotation import warmup_iterations
 from .seeding import count_wrong, poison, seeded_bytes
 from .timing import slowest_rank_samples
 
-__all__ = ["MpiBaseline"]
+__all__ = ["MpiBaseline", "mpi_baseline"]
+
+
+def mpi_baseline(world: World, pattern: Any) -> Any:
+    """The MPI baseline of ``pattern``: MpiBaseline for all-gather and ring, the
+    reduction baseline for all-reduce and reduce-scatter.
+
+    Raises:
+        ConfigError: a datatype MPI cannot reduce.
+    """
+    if pattern.name in ("allreduce", "reducescatter"):
+        from .baseline_mpi_reduce import MpiReductionBaseline
+
+        return MpiReductionBaseline(world, pattern)
+    return MpiBaseline(world, pattern.name)
 
 
 class MpiBaseline:
@@ -24,12 +38,6 @@ class MpiBaseline:
     name = "mpi"
 
     def __init__(self, world: World, op: str) -> None:
-        """Raises:
-            ConfigError: an op this baseline has no MPI counterpart for yet.
-        """
-        if op not in ("allgather", "ring"):
-            raise ConfigError(f"--baseline mpi times allgather and ring; the {op} op has no "
-                              "MPI baseline yet: use --baseline none")
         self.world = world
         self.op = op
         self.version = mpi_library_version()

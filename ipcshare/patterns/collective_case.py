@@ -92,12 +92,11 @@ class CommunicatorCase(Pattern):
 
     def prepare(self, window: Window, plan: SizePlan, mode: str, iteration: int) -> None:
         engine = window.engine
-        count = plan.size // plan.element_size
         if mode == "out-of-place":
             output = self._output(window, plan, mode)
             engine.upload(output, poison(output.nbytes))
-        values = seeded_small_integers(iteration, window.rank, count, window.world_size)
-        engine.upload(window.local.slice(0, plan.size), exact_bytes(values, self.datatype))
+        engine.upload(window.local.slice(0, plan.size),
+                      self.input_bytes(plan, window.rank, window.world_size, iteration))
 
     def bind(self, window: Window, plan: SizePlan, mode: str) -> Callable[[], None]:
         communicator = self._communicator
@@ -112,12 +111,26 @@ class CommunicatorCase(Pattern):
         return self.call(communicator, inputs, output)
 
     def check(self, window: Window, plan: SizePlan, mode: str, iteration: int) -> int:
-        n, count = window.world_size, plan.size // plan.element_size
-        values = [seeded_small_integers(iteration, r, count, n) for r in range(n)]
+        got = window.engine.download(self._output(window, plan, mode))
+        want = self.expected_bytes(plan, window.rank, window.world_size, iteration)
+        return count_wrong(got, want, plan.element_size)
+
+    # -- data, for this case and its baselines ------------------------------------------
+    def input_bytes(self, plan: SizePlan, rank: int, world_size: int, iteration: int,
+                    ) -> np.ndarray:
+        """Rank ``rank``'s seeded input of ``iteration``, as bytes."""
+        values = seeded_small_integers(iteration, rank, plan.size // plan.element_size,
+                                       world_size)
+        return exact_bytes(values, self.datatype)
+
+    def expected_bytes(self, plan: SizePlan, rank: int, world_size: int, iteration: int,
+                       ) -> np.ndarray:
+        """What rank ``rank``'s output must hold after ``iteration``, as bytes."""
+        count = plan.size // plan.element_size
+        values = [seeded_small_integers(iteration, r, count, world_size)
+                  for r in range(world_size)]
         if self.op == "sum":
             reduced = np.sum(values, axis=0)
         else:
             reduced = (np.max if self.op == "max" else np.min)(values, axis=0)
-        want = exact_bytes(self.expected(reduced, plan, window.rank, n), self.datatype)
-        got = window.engine.download(self._output(window, plan, mode))
-        return count_wrong(got, want, plan.element_size)
+        return exact_bytes(self.expected(reduced, plan, rank, world_size), self.datatype)

@@ -27,12 +27,17 @@ def socket_dir(socket_base, monkeypatch):
 def test_reductions_verify_and_report_nccl_tests_figures(tmp_path, socket_dir, command, op,
                                                          dtype, algo):
     n = 3
+    # MPI reduces no 16-bit floats: its baseline joins the float32 and int32 runs.
+    baseline = "mpi" if dtype in ("float32", "int32") else "none"
     out = run([command, "-b", "1K", "-e", "256K", "-f", "16", "-o", op, "-d", dtype, "--algo",
-               algo, "-n", "3", "-w", "1", "-c", "2", "--json", str(tmp_path / "r.json")], n=n)
+               algo, "-n", "3", "-w", "1", "-c", "2", "--baseline", baseline,
+               "--json", str(tmp_path / "r.json")], n=n)
     assert out.returncode == 0, out.stderr
     assert "# Out of bounds values : 0 OK" in out.stdout
     doc = json.loads((tmp_path / "r.json").read_text())
     assert doc["op"] == command and doc["world_size"] == n and doc["wrong_total"] == 0
+    if baseline == "mpi":  # MPI checked against the same expected results
+        assert [row["wrong"] for row in doc["baseline"]["rows"]] == [0] * len(doc["rows"])
     element = 4 if dtype in ("float32", "int32") else 2
     factor = 2 * (n - 1) / n if command == "allreduce" else (n - 1) / n
     for row in doc["rows"]:
@@ -55,7 +60,9 @@ def test_reductions_verify_and_report_nccl_tests_figures(tmp_path, socket_dir, c
     (["reducescatter", "--algo", "two-shot"],
      "the reducescatter op has no 'two-shot' algorithm; choose one of: auto, one-shot"),
     (["allgather", "--algo", "one-shot"], "--algo one-shot runs all-reduce or reduce-scatter"),
-    (["allreduce", "--baseline", "mpi"], "the allreduce op has no MPI baseline yet"),
+    (["allreduce", "-d", "bfloat16", "--baseline", "mpi"],
+     "--baseline mpi reduces float32 and int32 (MPI has no 16-bit float types), not -d "
+     "bfloat16"),
 ])
 def test_bad_reduction_input_fails_on_every_rank(socket_dir, args, message):
     out = run(args, n=2, timeout=90)

@@ -229,9 +229,9 @@ DIGEST = 0x80F2C549A7032D31
 def test_signature_digests_are_the_same_in_every_process():
     signature = Signature("all_reduce", 1000, "float32", 4, "sum", "one-shot")
     # A fixed value: Python's hash() of a string changes from process to process.
-    assert signature.digest() == DIGEST
-    assert signature.digest() != Signature("all_reduce", 1001, "float32", 4, "sum",
-                                           "one-shot").digest()
+    assert signature.digest == DIGEST
+    assert signature.digest != Signature("all_reduce", 1001, "float32", 4, "sum",
+                                           "one-shot").digest
     assert signature.describe() == "all_reduce of 1000 float32 (4000 bytes), op sum, algo one-shot"
     assert Signature("all_gather", 1 << 20, "uint8", 1, None, "copy-engine").describe() == (
         "all_gather of 1048576 uint8 (1048576 bytes = 1M), algo copy-engine")

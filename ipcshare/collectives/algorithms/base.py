@@ -41,7 +41,9 @@ class Algorithm(abc.ABC):
         """Run ``call`` (a ``HostCall`` on host memory) after the entry barrier."""
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
+# Not frozen: a frozen dataclass sets each field through object.__setattr__, and one is
+# built per call.
+@dataclasses.dataclass(eq=False, slots=True)
 class HostCall:
     """One call on host memory, as a host algorithm sees it after the entry barrier
     (every rank's input is in place and visible).
