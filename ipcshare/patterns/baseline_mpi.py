@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import ConfigError
 from ..topology import World, mpi, mpi_library_version
 from .base import SizePlan
 from .rotation import warmup_iterations
@@ -38,6 +39,13 @@ class MpiBaseline:
     name = "mpi"
 
     def __init__(self, world: World, op: str) -> None:
+        """Raises:
+            ConfigError: an op other than allgather and ring (``mpi_baseline`` picks the
+                reduction baseline for the others).
+        """
+        if op not in ("allgather", "ring"):
+            raise ConfigError(f"the MPI all-gather / ring baseline cannot time {op}: "
+                              "mpi_baseline(world, pattern) picks the baseline of each op")
         self.world = world
         self.op = op
         self.version = mpi_library_version()

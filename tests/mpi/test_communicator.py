@@ -230,6 +230,11 @@ def test_ranks_that_disagree_raise_on_every_rank(comm, communicator, change):
     op = "min" if odd and change == "op" else "sum"
     algo = "two-shot" if odd and change == "algo" else "one-shot"
     tensor = np.ones(count, dtype)
+    # Every rank first makes the agreed call, so the disagreeing one below is a call
+    # rank 0 made before and rank 1 never: every call is checked, not only first ones.
+    agreed = np.ones(10, np.float32)
+    communicator.all_reduce(agreed, algo="one-shot")
+    assert agreed.tolist() == [float(n)] * 10
     with pytest.raises(CollectiveError) as caught:
         if odd and change == "collective":
             communicator.reduce_scatter(np.ones(10, np.float32), np.ones(10 * n, np.float32))
