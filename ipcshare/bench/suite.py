@@ -33,7 +33,6 @@ from typing import Any
 
 from ..config import PatternOptions, format_size, load_yaml_config, merge_options, parse_size
 from ..errors import ConfigError
-from ..patterns import PATTERNS
 from ..patterns.timing import TIMING_MODES
 
 __all__ = ["BenchCase", "Suite", "load_suite", "parse_suite", "ALGORITHMS", "BASELINE_NAMES",
@@ -56,9 +55,12 @@ SUITE_TIMINGS = (*TIMING_MODES, "graph", "after-kernel")
 DEFAULT_ROTATE_BUFFERS = 4
 _MAX_ROTATE_BUFFERS = 64
 
+# The ops a suite runs. allreduce / reducescatter (ipcshare allreduce | reducescatter) join
+# once suites name their reduction (-o) and the collectives' algorithms.
+BENCH_OPS = ("ring", "allgather")
 # List-valued keys of a matrix: allowed names and the default.
 _LIST_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "ops": (PATTERNS, ("allgather",)),
+    "ops": (BENCH_OPS, ("allgather",)),
     "backends": (BACKEND_CHOICES, ("auto",)),
     "algorithms": (tuple(ALGORITHMS), ("auto",)),
     "timing": (SUITE_TIMINGS, ("nccl-tests",)),
