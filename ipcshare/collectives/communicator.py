@@ -30,6 +30,14 @@ def _check_bytes(value: Any, name: str, *, minimum: int) -> int:
     return int(value)
 
 
+def _fact(value: Any) -> str:
+    """A size as ranks compare it: 1024 and numpy.int64(1024) alike, anything else as
+    written."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return str(int(value))
+    return repr(value)
+
+
 def _spell_bytes(nbytes: int) -> str:
     short = format_size(nbytes)
     return f"{nbytes} bytes" + (f" ({short})" if short != str(nbytes) else "")
@@ -56,7 +64,7 @@ class Communicator:
         self._closed = False
         self.group = group
         world = group.world
-        facts = group.collective("communicator setup", (repr(max_bytes), repr(heap_bytes)))
+        facts = group.collective("communicator setup", (_fact(max_bytes), _fact(heap_bytes)))
         with group.step("communicator setup"):
             max_bytes = _check_bytes(max_bytes, "max_bytes", minimum=1)
             heap_bytes = (2 * max_bytes if heap_bytes is None else
