@@ -23,12 +23,14 @@ class Choice:
 
 _KiB = 1 << 10
 # Host memory, by world size (the row of the nearest world size at or below is used).
-# All-gather and reduce-scatter have one host algorithm each. All-reduce: measured on the
-# 2-core development VM (Intel Xeon, 2026-11-23, commit a05e052), float32, best of
-# three runs of back-to-back calls through Communicator.all_reduce:
-#   2 ranks: one-shot 24 / 38 / 45 / 53 us at 1 / 64 / 96 / 128 KiB, two-shot 32 / 41 /
-#   46 / 51; from 192 KiB two-shot leads (61 vs 69 us, 264 vs 296 us at 1 MiB, 986 vs
-#   1118 us at 4 MiB): one rank reduces half the bytes, and the copies back are cheap.
+# All-gather and reduce-scatter have one host algorithm each. All-reduce was measured on
+# the 2-core development VM (Intel Xeon, 2026-11-23), float32 arrays outside the window:
+#   mpiexec -n N ipcshare allreduce --algo one-shot|two-shot -b 16K -e 4M -f 2 -n 50
+# (commit 7b6c65f), and timing loops over Communicator.all_reduce (commit a05e052):
+#   2 ranks: one-shot 24 / 38 / 45 us at 1 / 64 / 96 KiB against two-shot's 32 / 41 / 46;
+#   from 128 KiB two-shot leads: 51-54 vs 53-69 us, 70 vs 94 us at 256 KiB, 283 vs 437
+#   at 1 MiB, 1017 vs 1234 at 4 MiB (one rank reduces half the bytes, and the copies
+#   back are cheap).
 #   3 ranks (more ranks than cores, so only indicative): even at 192-512 KiB, two-shot
 #   ahead from 1 MiB (686 vs 775 us). 4 ranks, oversubscribed twice, use that row.
 # A machine with a core per rank is likely to favour two-shot earlier at 3-4 ranks.
@@ -36,7 +38,7 @@ HOST_CHOICES: dict[str, dict[int, Choice]] = {
     "all_gather": {1: Choice((), ("copy-engine",))},
     "reduce_scatter": {1: Choice((), ("one-shot",))},
     "all_reduce": {1: Choice((), ("one-shot",)),
-                   2: Choice((128 * _KiB,), ("one-shot", "two-shot")),
+                   2: Choice((96 * _KiB,), ("one-shot", "two-shot")),
                    3: Choice((512 * _KiB,), ("one-shot", "two-shot"))},
 }
 
