@@ -317,3 +317,48 @@ def test_communicator_sizes_are_checked_on_every_rank(comm, group):
             group.communicator(max_bytes=4096 * (1 + (comm.rank == 1)))
         assert "ranks disagree on the communicator's sizes" in str(caught.value)
         assert "rank 1 max_bytes=8192, heap_bytes=None" in str(caught.value)
+
+
+def test_random_mixed_calls_stay_correct(communicator):
+    """Collectives, ops, algorithms, sizes and placements drawn at random (the same draws
+    on every rank, except where each rank's input lies), NaN and infinities included."""
+    me, n = communicator.rank, communicator.size
+    shared = np.random.default_rng(2026)        # what every rank calls
+    mine = np.random.default_rng([2026, me])    # where this rank keeps its input
+    heap_in = communicator.empty(4096, "float32")
+    heap_out = communicator.empty(4096 * n, "float32")
+    failures = []
+    for call in range(300):
+        count = int(shared.integers(1, 4096 // n))
+        kind = ("all_reduce", "all_reduce_out", "reduce_scatter", "all_gather")[
+            int(shared.integers(0, 4))]
+        op = ("sum", "max", "min")[int(shared.integers(0, 3))]
+        algo = ("one-shot", "two-shot", "auto")[int(shared.integers(0, 3))]
+        length = count * n if kind == "reduce_scatter" else count
+        data = [seeded_values("float32", length, call, r, specials=True) for r in range(n)]
+        if mine.random() < 0.5:
+            tensor = heap_in[:length]
+            tensor[:] = data[me]
+        else:
+            tensor = data[me].copy()
+        if kind == "all_reduce":
+            communicator.all_reduce(tensor, op=op, algo=algo)
+            wrong = mismatches("float32", op, tensor, reference("float32", op, data))
+        elif kind == "all_reduce_out":
+            output = np.empty_like(tensor)
+            communicator.all_reduce(tensor, op=op, output=output, algo=algo)
+            wrong = mismatches("float32", op, output, reference("float32", op, data))
+        elif kind == "reduce_scatter":
+            output = np.empty(count, np.float32)
+            communicator.reduce_scatter(output, tensor, op=op)
+            want = reference("float32", op, data)[me * count:(me + 1) * count]
+            wrong = mismatches("float32", op, output, want)
+        else:
+            output = heap_out[:count * n] if mine.random() < 0.5 else np.empty(count * n,
+                                                                               np.float32)
+            communicator.all_gather(output, tensor)
+            wrong = int(np.count_nonzero(output.view(np.uint32)
+                                         != np.concatenate(data).view(np.uint32)))
+        if wrong:
+            failures.append(f"call {call}: {kind} of {count} op {op} algo {algo}: {wrong}")
+    assert not failures
