@@ -36,7 +36,7 @@ HANDLES = ("posix-fd", "fabric")
 # job spans nodes); push / pull / ring: all-gather kernels (GPU backends); one-shot /
 # two-shot: all-reduce (and one-shot reduce-scatter) of the collectives layer.
 ALGOS = ("auto", "copy-engine", "hierarchical", "push", "pull", "ring", "one-shot",
-         "two-shot")
+         "two-shot", "leader")
 # -o of allreduce / reducescatter (the collectives layer's ops).
 REDUCTIONS = ("sum", "max", "min")
 # name -> (numpy dtype string, bytes per element)
@@ -213,6 +213,24 @@ def seconds_from_env(name: str, default: float) -> float:
     if not value > 0:  # also refuses NaN
         raise ConfigError(f"{name} must be positive, got {text!r}")
     return value
+
+
+SHARED_GPU_BARRIERS = ("host", "stream")
+
+
+def shared_gpu_barrier() -> str:
+    """How barriers meet when ranks share a GPU, from ``IPCSHARE_SHARED_GPU_BARRIER``:
+    ``host`` (default: wait for the stream, then meet on the host) or ``stream`` (stream
+    memory operations, as on GPUs of their own; kept to measure the difference).
+
+    Raises:
+        ConfigError: set to anything else.
+    """
+    text = os.environ.get("IPCSHARE_SHARED_GPU_BARRIER", "").strip() or "host"
+    if text not in SHARED_GPU_BARRIERS:
+        raise ConfigError(f"IPCSHARE_SHARED_GPU_BARRIER={text!r}; choose one of: "
+                          + ", ".join(SHARED_GPU_BARRIERS))
+    return text
 
 
 def load_yaml_config(path: str | Path) -> dict[str, Any]:

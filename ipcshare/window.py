@@ -10,10 +10,18 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .backends import Allocation, Backend, Buffer, gpu_count, open_backend
-from .config import BACKENDS, EXCHANGES, HANDLES, format_size, seconds_from_env
+from .config import (
+    BACKENDS,
+    EXCHANGES,
+    HANDLES,
+    format_size,
+    seconds_from_env,
+    shared_gpu_barrier,
+)
 from .consensus import collective_step
-from .errors import ConfigError, SignalTimeout, WindowError
+from .errors import BackendUnavailable, ConfigError, SignalTimeout, WindowError
 from .exchange import Exchange, OwnedFd
+from .exchange.node_reach import PID_NAMESPACE_FIX
 from .peer_paths import (
     CHUNK_ENV,
     FALLBACK_ENV,
@@ -32,7 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Group", "Window", "StreamWindow", "SIGNAL_PAD_BYTES", "BARRIER_SLOTS",
            "USER_SLOT_BASE", "USER_SLOTS", "ERROR_SLOT", "KERNEL_SLOT_BASE",
-           "DEVICE_BARRIER_SLOT_BASE", "EPOCH_SLOT_BASE"]
+           "DEVICE_BARRIER_SLOT_BASE", "EPOCH_SLOT_BASE", "FLAG_BARRIER_SLOT_BASE"]
 
 # Signal pad: 8192 64-bit words after the data (layout shared with the CUDA header
 # kernels/include/ipcshare/signal.cuh). Words [0, 256) belong to the host barrier (word i
@@ -49,6 +57,10 @@ KERNEL_SLOT_BASE = 512
 # the device-side epochs of ipcshare's kernel families (kEpochWordBase in the header).
 DEVICE_BARRIER_SLOT_BASE = 8000
 EPOCH_SLOT_BASE = 8064
+# Graph-safe barriers of ranks sharing a GPU: two sets of one word per local rank, used in
+# turn (Engine.make_flag_barrier), just below the device barrier's words.
+FLAG_BARRIER_SLOT_BASE = 7872
+FLAG_BARRIER_RANKS = 64
 _DEVICE_BARRIER_EPOCH_SLOT = EPOCH_SLOT_BASE + 4
 _PAD_ALIGN = 4096
 _DEFAULT_SIGNAL_TIMEOUT_S = 30.0
@@ -92,6 +104,19 @@ def _check_same_backend(choices: list[tuple[str, str]]) -> None:
     raise ConfigError("ranks chose different backends: " + describe_disagreement(
         choices, verb=("passes", "pass"), spell=lambda choice: f"backend={choice[0]!r}"
         + (f", which chose {choice[1]!r}" if choice[0] != choice[1] else "")) + hint)
+
+
+def _refuse_legacy_ipc_across_pid_namespaces(exchange: Exchange) -> None:
+    """Legacy CUDA IPC handles do not open in another PID namespace: measured on H200s
+    (driver 580), cuIpcOpenMemHandle returns CUDA_ERROR_INVALID_CONTEXT there. Say so
+    before any allocation, on every rank of the node alike (docs/RELIABILITY.md)."""
+    layout = exchange.pid_namespace_layout()
+    if layout:
+        raise BackendUnavailable(
+            f"legacy CUDA IPC (backend cuda-ipc) does not work across PID namespaces "
+            f"({layout}): cuIpcOpenMemHandle fails there with CUDA_ERROR_INVALID_CONTEXT; "
+            f"use backend cuda-vmm, whose POSIX-FD handles travel over unix sockets, or "
+            f"{PID_NAMESPACE_FIX}")
 
 
 def _check_same_p2p_choices(choices: list[tuple[Any, Any]], ranks: list[int]) -> None:
@@ -141,6 +166,9 @@ class Group:
         # joins the pinned-inbox exchange of each window (a job-wide collective).
         self.fallbacks_anywhere = False
         self.backend: Backend | None = None
+        # GPU UUID -> the node's world ranks on it, for GPUs that more than one rank uses.
+        # The same on every rank of the node: barriers and algorithms choose by it.
+        self.shared_gpus: dict[str, list[int]] = {}
         self.exchange: Exchange | None = None
         self._windows: list[Window] = []
         self._closed = False
@@ -177,12 +205,19 @@ class Group:
                 self.backend = open_backend(chosen, local_rank=self.world.host_rank,
                                             local_size=self.world.host_size, handle=handle)
                 self.backend.engine().peer_check = self.watch.check
+            with self.step("backend setup"):
+                if chosen == "cuda-ipc" and self.world.local_size > 1:
+                    _refuse_legacy_ipc_across_pid_namespaces(self.exchange)
             # Launch wrappers often give each rank its own CUDA_VISIBLE_DEVICES, so device
             # ordinals say nothing about sharing: count the ranks holding the same GPU UUID.
             uuid = getattr(self.backend, "uuid", None)
             uuids = self.collective("device choice", uuid, comm=self.world.local_comm)
             if uuid is not None:
                 self.backend.ranks_per_device = uuids.count(uuid)
+                self.shared_gpus = {
+                    device: [rank for rank, other in zip(self.world.local_ranks, uuids,
+                                                         strict=True) if other == device]
+                    for device in dict.fromkeys(uuids) if uuids.count(device) > 1}
                 self.backend.engine().timeout = self.signal_timeout
                 self._plan_peer_paths(uuids, p2p_fallback, p2p_chunk)
             if self.backend.uses_fds and self.world.size > 1:  # collective, like a window's
@@ -355,6 +390,7 @@ class Window:
         self._barrier_epochs = [0]
         self._stream_barriers: dict[Any, Any] = {}
         self._device_barriers: dict[Any, Any] = {}
+        self._flag_barrier_turn = [0]
         self._node_barrier = None
         self._allocations: dict[int, Allocation] = {}
         # Milliseconds this rank spent in each setup step (the table header shows them).
@@ -635,7 +671,9 @@ class Window:
         """
         self._check_open()
         engine = self._engine_on(stream)
-        if graph_safe:
+        if graph_safe and self.group.shared_gpus:
+            barrier = self._make_graph_flag_barrier(engine)
+        elif graph_safe:
             if not hasattr(self.group.backend, "kernels"):
                 raise WindowError("a graph-safe view runs device_barrier, a kernel: a "
                                   f"{self.group.backend_name} window has none")
@@ -650,6 +688,41 @@ class Window:
             def barrier() -> None:
                 self.barrier(engine.stream)
         return StreamWindow(self, engine, barrier, graph_safe=graph_safe)
+
+    def _make_graph_flag_barrier(self, engine: Any) -> Any:
+        """The graph-safe barrier where ranks share a GPU: fixed-value stream memory
+        operations in two alternating sets of pad words (a replay repeats the same
+        operations). The device barrier kernel would spin on a peer's flag while holding a
+        time-shared GPU that the peer needs: 4.5 ms per all-gather on 2 H200s shared by 3
+        ranks (docs/GPU.md, "Several ranks on one GPU").
+
+        Raises:
+            WindowError: more than FLAG_BARRIER_RANKS ranks on the node.
+        """
+        world = self.world
+        if world.local_size > FLAG_BARRIER_RANKS:
+            raise WindowError(f"graph-safe barriers of ranks sharing a GPU span at most "
+                              f"{FLAG_BARRIER_RANKS} ranks of a node; this node has "
+                              f"{world.local_size}")
+        self._refuse_without_direct_peers("a graph-safe barrier")
+        others = self.paths.direct_peers(world.rank)
+
+        def what(slot: int) -> str:
+            rank = world.local_ranks[slot % FLAG_BARRIER_RANKS]
+            return f"{world.where()} in a graph barrier waiting for {world.where(rank)}"
+        barriers = []
+        for turn in range(2):
+            base = FLAG_BARRIER_SLOT_BASE + turn * FLAG_BARRIER_RANKS
+            barriers.append(engine.make_flag_barrier(
+                self._pads[world.rank], [self._pads[r] for r in others],
+                base + world.local_rank, [base + world.local_index(r) for r in others],
+                timeout=self.group.signal_timeout, what=what))
+        turn = self._flag_barrier_turn  # one alternation for every view of the window
+
+        def barrier() -> None:
+            barriers[turn[0]]()
+            turn[0] ^= 1
+        return barrier
 
     def synchronize(self) -> None:
         """Wait for the window's stream, then raise if one of ipcshare's kernels on this
@@ -713,6 +786,8 @@ class Window:
         world = self.world
         if not _ORDERED_HOST_STORES and self.group.backend_name == "host":
             return world.local_comm.Barrier
+        if self.group.shared_gpus and shared_gpu_barrier() == "host":
+            return self._make_host_synchronised_barrier(engine)
         others = self.paths.direct_peers(world.rank)
 
         def what(slot: int) -> str:
@@ -737,6 +812,19 @@ class Window:
         def barrier() -> None:
             through_pads()
             through_inboxes()
+        return barrier
+
+    def _make_host_synchronised_barrier(self, engine: Any):
+        """The node barrier when ranks share a GPU: wait for our stream, then meet on the
+        host. Without MPS the contexts of one GPU take turns in time slices, and a stream
+        that waits on a peer's flag holds its turn while the peer, on the same GPU, cannot
+        run to write it (docs/GPU.md, "Several ranks on one GPU"). The host blocks."""
+        world, group = self.world, self.group
+
+        def barrier() -> None:
+            engine.synchronize()  # our writes into peers' windows have landed
+            watched_barrier(world.local_comm, watch=group.watch, timeout=group.signal_timeout,
+                            what=f"{world.where()} in a barrier (ranks share a GPU)")
         return barrier
 
     def _refuse_without_direct_peers(self, what: str) -> None:

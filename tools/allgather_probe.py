@@ -21,6 +21,11 @@ Variants (each is one operation, repeated ``--iters`` times after ``--warmup``):
                 lane and then raises a "landed" flag in the peer's pad; the stream waits
                 for every peer's "landed" flag
   push, push-ip the push kernel, out of place and in place
+  leader, leader-ip  ranks sharing a GPU: only the lowest rank on each GPU issues copies,
+                every block that lives on its GPU into every rank's output (one context
+                per GPU drives the GPU), between the window's barriers; leader-cc and
+                leader-ip-cc put the copies on concurrent side streams, leader-batch and
+                leader-ip-batch issue them as one cuMemcpyBatchAsync
   auto, auto-ip `--algo auto`, out of place and in place
   k:NAME@GxT    kernel NAME of tools/allgather_probe_kernels.cu (probe_push4, probe_push8,
                 probe_pull2, probe_pull4) on G blocks of T threads, e.g. k:probe_pull4@128x512;
@@ -69,7 +74,8 @@ _epochs = [0]
 # Variants that are whole all-gathers (their bytes are checked; "!" marks wrong bytes).
 _REAL = ("full", "in-place", "full-kbarm", "full-batch", "full-kbar", "pairwise",
          "pairwise-ip", "push", "push-ip", "auto", "auto-ip", "full-1f", "full-bop", "full-atomic",
-         "full-kbar1s", "full-1s")
+         "full-kbar1s", "full-1s", "leader", "leader-ip", "leader-cc", "leader-ip-cc",
+         "leader-batch", "leader-ip-batch")
 # Pad words of the barrier variants: flags per rank, and one counter word for "atomic".
 _FLAG_BASE, _COUNTER_SLOT = 320, 480
 _LABEL = 26   # width of the variant column
@@ -97,6 +103,42 @@ def _batch_copier(engine, jobs) -> Callable[[], None]:
     return copy
 
 
+def _leader(window, pattern, plan, mode: str, how: str = "") -> Callable[[], None]:
+    """The ``leader`` variants: per GPU, its lowest rank copies for every rank on it;
+    ``how``: "" one copy after another, "cc" on concurrent side streams, "batch" in one
+    cuMemcpyBatchAsync."""
+    n, me = window.world_size, window.rank
+    uuids = window.world.comm.allgather(window.group.backend.uuid)
+    leader_of = [min(q for q in range(n) if uuids[q] == uuids[r]) for r in range(n)]
+    pairs = []
+    if leader_of[me] == me:
+        for source_rank in (r for r in range(n) if leader_of[r] == me):
+            source = pattern._send_of(window, source_rank, plan, mode)
+            for target in range(n):
+                if target == source_rank and mode == "in-place":
+                    continue
+                pairs.append((window.peer(target).slice(
+                    pattern._recv_offset(plan) + source_rank * plan.block_bytes,
+                    plan.block_bytes), source))
+    jobs = [(dst.ptr, src.ptr, dst.nbytes) for dst, src in pairs]
+    if not pairs:
+        def copy() -> None:
+            pass
+    elif how == "cc" and len(jobs) > 1:
+        copy = window.engine._concurrent_copier(jobs)
+    elif how == "batch":
+        copy = _batch_copier(window.engine, jobs)
+    else:
+        copy = window.engine.copier(pairs)
+    barrier = window.barrier
+
+    def leader() -> None:
+        barrier()
+        copy()
+        barrier()
+    return leader
+
+
 def _operation(variant: str, window, plan) -> Callable[[], None]:
     pattern = make_pattern("allgather", "copy-engine")
     engine = window.engine
@@ -107,6 +149,10 @@ def _operation(variant: str, window, plan) -> Callable[[], None]:
     if variant in ("push", "push-ip"):
         mode = "in-place" if variant == "push-ip" else "out-of-place"
         return make_pattern("allgather", "push").bind(window, plan, mode)
+    if variant.startswith("leader"):
+        how = variant.removeprefix("leader").removeprefix("-ip").removeprefix("-")
+        return _leader(window, pattern, plan, "in-place" if variant.startswith("leader-ip")
+                       else "out-of-place", how)
     if variant in ("auto", "auto-ip"):
         mode = "in-place" if variant == "auto-ip" else "out-of-place"
         return make_pattern("allgather", "auto").bind(window, plan, mode)
@@ -468,6 +514,7 @@ def main(argv: list[str] | None = None) -> int:
                 base = variant.rsplit("+", 1)[-1]   # prefixes (kernel+, pre-copy+) move nothing
                 if base in _REAL or base.startswith(("k:", "hybrid-")):
                     mode = ("in-place" if base in ("in-place", "pairwise-ip", "auto-ip", "push-ip")
+                            or base.startswith("leader-ip")
                             else "out-of-place")
                     pattern.prepare(window, plan, mode, 7)
                     window.synchronize()

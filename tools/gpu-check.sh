@@ -2,7 +2,8 @@
 # The one script run on a GPU node: facts, the GPU test suite at 2 (and 4) ranks and with
 # two ranks sharing one GPU, then ring / all-gather sweeps on both GPU backends against NCCL.
 #
-#   tools/gpu-check.sh [all|tests|bench|suite|sweep|doctor|faults|fallback]...  (default all)
+#   tools/gpu-check.sh [all|tests|bench|suite|sweep|doctor|faults|fallback|namespaces|shared]...
+#                                                                             (default all)
 #
 #   tests   the GPU pytest suite at 2, 4 and 2xG ranks, and 2 ranks sharing one GPU;
 #           tests/mpi under the node's own MPI at 2 and 3 ranks
@@ -21,20 +22,27 @@
 #           GPUs, 0-1 on 2 or 3): tests/gpu/test_fallbacks.py at 2, G and 2xG ranks, the paths
 #           `ipcshare info` and `ipcshare doctor --quick` report, and copy-engine all-gather /
 #           ring sweeps direct vs relay vs host-staged (results.jsonl rows carry "fallback")
+#   namespaces  every rank in a PID namespace of its own (unshare -p, as one container per
+#           rank): tests/cli/test_pid_namespaces_cli.py on the host and both GPU backends
+#           (records what legacy cudaIpc does there)
+#   shared  G+1 and 2xG ranks on G GPUs (some share one): all-gather and ring at 1 MiB with
+#           auto, the copy engine under both shared-GPU barriers (host, stream), push and
+#           leader;
+#           the G-rank figure beside them; again under MPS when it can be started
 #
 # Writes under ${OUT:-out}: gpu-check.log (everything), results.jsonl (one result document
 # per line), info.json (ipcshare info), summary.txt. Keeps going after a failure and exits
 # non-zero at the end if any step failed. Each step runs under `timeout`.
 #
-# Knobs: BENCH_MAX (largest size, default 1G), BENCH_ITERS (default 20), BENCH_BASELINE
+# Knobs: SHARED_MPS=0 (shared phase without its MPS half), BENCH_MAX (largest size, default 1G), BENCH_ITERS (default 20), BENCH_BASELINE
 # (nccl, mpi or none; default nccl), STEP_TIMEOUT_TESTS (seconds per pytest run, default
 # 240), STEP_TIMEOUT_BENCH (per sweep, default 150), PYTHON, MPIEXEC.
 set -u
 
 phases=("${@:-all}")
 for phase in "${phases[@]}"; do
-  case "$phase" in all|tests|bench|suite|sweep|doctor|faults|fallback) ;;
-    *) echo "usage: $0 [all|tests|bench|suite|sweep|doctor|faults|fallback]..." >&2
+  case "$phase" in all|tests|bench|suite|sweep|doctor|faults|fallback|namespaces|shared) ;;
+    *) echo "usage: $0 [all|tests|bench|suite|sweep|doctor|faults|fallback|namespaces|shared]..." >&2
        exit 2 ;; esac
 done
 wants() {  # wants PHASE: whether PHASE was asked for (all = tests and bench)
@@ -314,6 +322,13 @@ if wants faults; then
   fi
 fi
 
+append_result() {  # append_result JSON KEY VALUE: JSON's document, tagged, onto $RESULTS
+  [[ -s "$1" ]] || return 0
+  "$PY" -c 'import json, sys; d = json.load(open(sys.argv[1])); d[sys.argv[2]] = sys.argv[3]; print(json.dumps(d))' \
+    "$1" "$2" "$3" >>"$RESULTS"
+  rm -f "$1"
+}
+export -f append_result
 fallback_tests() {  # fallback_tests N [extra mpiexec args...]
   local n=$1
   shift
@@ -330,11 +345,7 @@ fallback_bench() {  # fallback_bench OP LABEL DISABLED FALLBACK N: one sweep, on
     --backend cuda-vmm --algo copy-engine -b 1M -e "${FALLBACK_MAX:-256M}" -f 4 \
     -n "$BENCH_ITERS" -w 3 -c 1 --json "$json" | grep -Ev "^#  Rank"
   rc=${PIPESTATUS[0]}
-  if [[ -s "$json" ]]; then
-    "$PY" -c 'import json, sys; d = json.load(open(sys.argv[1])); d["fallback"] = sys.argv[2]; print(json.dumps(d))' \
-      "$json" "$2" >>"$RESULTS"
-    rm -f "$json"
-  fi
+  append_result "$json" fallback "$2"
   return $rc
 }
 export -f fallback_tests fallback_env fallback_bench
@@ -362,6 +373,70 @@ if [[ $G -ge 2 ]] && wants fallback; then
   done
 elif wants fallback; then
   log "fallback: needs 2 GPUs; skipped"
+fi
+
+namespaces_tests() {  # the PID-namespace tests, host and GPU backends, under the node's MPI
+  # Open MPI 4.1's shared-memory transport crashes (SIGSEGV in MPI_Comm_split_type) when
+  # ranks are in different PID namespaces: its messages go over loopback TCP here, and
+  # the case with a network namespace per rank (which TCP cannot cross) is left out.
+  OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo "$PY" -m pytest -q -s -rs \
+    -p no:cacheprovider tests/cli/test_pid_namespaces_cli.py -k "not network"
+}
+export -f namespaces_tests
+if wants namespaces; then
+  step "ranks in separate PID namespaces (host, cuda-vmm, cuda-ipc)" 300 namespaces_tests
+fi
+
+shared_run() {  # shared_run N LABEL [ENV=VALUE...] -- IPCSHARE ARGS...: one 1 MiB sweep
+  local n=$1 label=$2 json rc
+  shift 2
+  local envs=()
+  while [[ $1 != -- ]]; do envs+=("$1"); shift; done
+  shift
+  json="$OUT/shared-$label-n$n.json"
+  local forward=(-x IPCSHARE_SHARED_GPU_BARRIER)
+  [[ -n ${CUDA_MPS_PIPE_DIRECTORY:-} ]] && forward+=(-x CUDA_MPS_PIPE_DIRECTORY -x CUDA_MPS_LOG_DIRECTORY)
+  env "${envs[@]}" "$MPIEXEC" -n "$n" --bind-to none "${forward[@]}" \
+    "$PY" -m ipcshare "$@" -b 1M -e 1M -n 50 -w 5 -c 1 --json "$json" | grep -Ev "^#  Rank"
+  rc=${PIPESTATUS[0]}
+  append_result "$json" shared_case "$label"
+  return $rc
+}
+shared_cases() {  # shared_cases SUFFIX: every case at G, G+1 and 2G ranks (SUFFIX: -mps)
+  local n s=$1
+  for n in "$G" $((G + 1)) $((2 * G)); do
+    step "shared$s allgather auto n=$n" 120 shared_run "$n" "auto$s" -- allgather --algo auto
+    step "shared$s allgather auto graph n=$n" 120 shared_run "$n" "auto-graph$s" -- allgather --algo auto --graph
+    step "shared$s ring n=$n" 120 shared_run "$n" "ring$s" -- ring
+    [[ $n -eq $G ]] && continue
+    for barrier in host stream; do
+      step "shared$s allgather copy-engine, $barrier barriers, n=$n" 120 shared_run "$n" \
+        "ce-$barrier$s" IPCSHARE_SHARED_GPU_BARRIER=$barrier -- allgather --algo copy-engine
+    done
+    step "shared$s allgather push n=$n" 120 shared_run "$n" "push$s" -- allgather --algo push
+    step "shared$s allgather leader n=$n" 120 shared_run "$n" "leader$s" -- allgather --algo leader
+  done
+}
+export -f shared_run
+if [[ $G -ge 2 ]] && wants shared; then
+  export IPCSHARE_SHARED_GPU_BARRIER=host
+  shared_cases ""
+  # MPS runs the contexts of one GPU side by side: start a daemon of our own (pipe and log
+  # directories under /tmp), measure, and stop it again.
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/ipcshare-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/ipcshare-mps-log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  if [[ ${SHARED_MPS:-1} == 0 ]]; then
+    log "shared: MPS cases skipped (SHARED_MPS=0)"
+  elif command -v nvidia-cuda-mps-control >/dev/null && nvidia-cuda-mps-control -d; then
+    log "MPS daemon started"
+    shared_cases -mps
+    echo quit | nvidia-cuda-mps-control
+    sleep 2
+    log "MPS daemon stopped"
+  else
+    log "MPS could not be started here; shared-GPU figures without MPS only"
+  fi
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
 fi
 
 log ""

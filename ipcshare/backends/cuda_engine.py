@@ -289,6 +289,40 @@ class CudaEngine:
             pending[address] = (value & mask, timeout, what)
         return wait_for
 
+    def make_flag_barrier(self, own_pad: DeviceBuffer, peer_pads: list[DeviceBuffer],
+                          my_slot: int, peer_slots: list[int], *, timeout: float,
+                          what: Callable[[int], str]) -> Callable[[], None]:
+        """A stream-ordered barrier made only of fixed values, so a CUDA graph can capture
+        it and every replay synchronises afresh: each call stores 1 into word ``my_slot``
+        of every peer pad, waits until words ``peer_slots`` of ``own_pad`` are 1, then
+        clears them. The host does not block.
+
+        Callers alternate two of these on different words. A peer can set our word for
+        its next barrier on the same words only after passing the barrier in between,
+        which needs our store there, which our stream makes after clearing: so a clear
+        never erases a store of the next round."""
+        outgoing = [_word_address(pad, my_slot) for pad in peer_pads]
+        incoming = [(_word_address(own_pad, slot), (lambda s=slot: what(s)))
+                    for slot in peer_slots]
+        write, wait, stream = self._write, self._wait, self._live_stream()
+        write_name, wait_name, pending = self._write_name, self._wait_name, self._pending
+
+        def barrier() -> None:
+            for address in outgoing:
+                err, = write(stream, address, 1, _WRITE_RELEASE)
+                if err:
+                    raise CudaError(describe_error(write_name, err))
+            for address, label in incoming:
+                err, = wait(stream, address, 1, _WAIT_GEQ)
+                if err:
+                    raise CudaError(describe_error(wait_name, err))
+                pending[address] = (1, timeout, label)
+            for address, _label in incoming:
+                err, = write(stream, address, 0, _WRITE_RELEASE)
+                if err:
+                    raise CudaError(describe_error(write_name, err))
+        return barrier
+
     def make_barrier(self, own_pad: DeviceBuffer, peer_pads: list[DeviceBuffer], my_slot: int,
                      peer_slots: list[int], *, timeout: float, what: Callable[[int], str],
                      epochs: list[int] | None = None) -> Callable[[], None]:

@@ -9,6 +9,7 @@ import platform
 
 from .. import __version__
 from ..consensus import collective_step
+from ..gpu_sharing import shared_gpus_advice
 from ..peer_paths import FALLBACK_ENV, PathPlan, fallback_choice, plan_paths
 from ..topology import World, mpi_library_version
 
@@ -62,6 +63,16 @@ def rank_facts(world: World) -> dict:
         except Exception as exc:
             facts["device_error"] = str(exc)
     return facts
+
+
+def shared_gpus_of(facts: list[dict]) -> dict[str, list[int]]:
+    """``{GPU uuid: ranks}`` for the GPUs that several ranks of one node are bound to."""
+    by_gpu: dict[tuple[int, str], list[int]] = {}
+    for f in facts:
+        if "device" in f and "devices" in f:
+            uuid = f["devices"][f["device"]]["uuid"]
+            by_gpu.setdefault((f["node"], uuid), []).append(f["rank"])
+    return {uuid: ranks for (_node, uuid), ranks in by_gpu.items() if len(ranks) > 1}
 
 
 def node_path_plans(facts: list[dict]) -> dict[int, PathPlan]:
@@ -176,6 +187,10 @@ def run_info(args: argparse.Namespace) -> int:
     if len(namespaces) > 1:
         print("note: ranks live in different PID namespaces: pidfd_getfd cannot reach peers, "
               "descriptors will go over unix sockets")
+    shared = shared_gpus_of(facts)
+    document["shared_gpus"] = {uuid: ranks for uuid, ranks in shared.items()}
+    if shared:
+        print("note: " + shared_gpus_advice(shared))
     for f in facts:
         if "no_gpu_reason" in f and f["rank"] == 0:
             print(f"GPU: none ({f['no_gpu_reason']}); the auto backend is host shared memory")

@@ -50,7 +50,8 @@ def _add_pattern_flags(parser: argparse.ArgumentParser) -> None:
     add("-d", "--datatype", dest="datatype", help="element type (default float32)")
     add("--baseline", help="none | mpi | nccl: time the baseline on the same sizes")
     add("--algo", help="auto | copy-engine | hierarchical (IPC in nodes, MPI between) | "
-                       "push | pull | ring (all-gather kernels, GPU only)")
+                       "push | pull | ring (all-gather kernels, GPU only) | leader (one "
+                       "kernel per GPU, for ranks sharing GPUs)")
     add("--graph", action="store_true", default=None, help="CUDA-graph timing mode")
     add("--after-kernel", dest="after_kernel", action="store_true", default=None,
         help="launch an empty kernel on the stream before every operation, ours and the "

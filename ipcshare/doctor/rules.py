@@ -15,6 +15,8 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ..exchange.node_reach import PID_NAMESPACE_FIX
+from ..gpu_sharing import shared_gpus_advice
 from .plan import APP_WINDOWS, DESCRIPTOR_MARGIN, SMALL_DEV_SHM
 
 __all__ = ["Finding", "RULES", "diagnose", "descriptor_need", "suggested_nofile",
@@ -157,21 +159,29 @@ def pidfd_refused(node: Node) -> list[Finding]:
 
 
 def pid_namespaces_differ(node: Node) -> list[Finding]:
-    """Ranks of one node in different PID namespaces: pidfd_open cannot see the peers and
-    SO_PEERCRED reports pids that match no rank, so descriptors cannot travel."""
+    """Ranks of one node in different PID namespaces: pidfd_getfd cannot reach the peers,
+    so descriptors travel over unix sockets, the peers checked by uid and the job's
+    secret instead of their pids (``exchange.node_reach``)."""
     spaces = _pid_namespaces(node)
     if len(spaces) < 2:
         return []
     host_failed = _check_failed(node, "host-shm")
     layout = "; ".join(f"{_ranks_text(ranks)} in {space}" for space, ranks in spaces.items())
+    if host_failed:
+        return [Finding(
+            "fail", "host-shm",
+            f"ranks of this node live in different PID namespaces ({layout}) and no "
+            "descriptor path joined them: peers' pids mean nothing across them, so "
+            "pidfd_getfd cannot work, and the unix sockets failed too (see the evidence)",
+            f"{PID_NAMESPACE_FIX[0].upper()}{PID_NAMESPACE_FIX[1:]}; or let the sockets "
+            "through: one socket directory mounted in every container (IPCSHARE_SOCKET_DIR) "
+            "or one network namespace", evidence=layout)]
     return [Finding(
-        "fail" if host_failed else "warn", "host-shm" if host_failed else "namespaces",
-        f"ranks of this node live in different PID namespaces ({layout}): peers' pids mean "
-        "nothing across them, so pidfd_getfd and the socket credential check fail",
-        "run every rank of a node in one PID namespace: one container per node, or docker "
-        "--pid=host / --pid=container:<first>, or one Kubernetes pod with "
-        "shareProcessNamespace: true",
-        evidence=layout)]
+        "info", "namespaces",
+        f"ranks of this node live in different PID namespaces ({layout}): pidfd_getfd "
+        "cannot reach peers there, so descriptors travel over unix sockets, peers checked "
+        "by uid and the job's secret",
+        f"nothing required; {PID_NAMESPACE_FIX}", evidence=layout)]
 
 
 def ipc_namespaces_differ(node: Node) -> list[Finding]:
@@ -191,6 +201,22 @@ def ipc_namespaces_differ(node: Node) -> list[Finding]:
         + ("; legacy CUDA IPC (cuda-ipc) failed and needs a shared one" if failed else ""),
         "share the IPC namespace (docker --ipc=host, or ranks in one pod)",
         evidence=layout)]
+
+
+def gpus_shared(node: Node) -> list[Finding]:
+    """Several ranks of the node bound to one GPU: without MPS they take turns on it."""
+    by_gpu: dict[str, list[int]] = {}
+    for rank, facts in sorted(_ranks(node).items()):
+        uuid = (facts.get("gpu") or {}).get("bound_uuid")
+        if uuid:
+            by_gpu.setdefault(uuid, []).append(rank)
+    shared = {uuid: ranks for uuid, ranks in by_gpu.items() if len(ranks) > 1}
+    if not shared:
+        return []
+    advice = shared_gpus_advice(shared)
+    cause, _, fix = advice.partition("; give ")
+    return [Finding("warn", "gpu-path", cause, "give " + fix,
+                    evidence="; ".join(f"{uuid}: ranks {ranks}" for uuid, ranks in shared.items()))]
 
 
 def gpu_not_visible(node: Node) -> list[Finding]:
@@ -478,7 +504,7 @@ def window_limit_short(node: Node) -> list[Finding]:
 RULES: tuple[Callable[[Node], list[Finding]], ...] = (
     pid_namespaces_differ, pidfd_refused, ipc_namespaces_differ, gpu_not_visible,
     p2p_unreachable, data_not_arriving, fabric_without_imex, descriptor_limit, leaks,
-    slow_pairs, window_limit_short, small_dev_shm, gpu_unusable,
+    slow_pairs, window_limit_short, small_dev_shm, gpu_unusable, gpus_shared,
 )
 
 

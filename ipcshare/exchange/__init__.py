@@ -15,9 +15,17 @@ from ..consensus import agree, collective_step
 from ..errors import ConfigError, ExchangeError
 from ..logs import get_logger
 from ..peer_watch import PeerWatch, watched_allgather, watched_barrier
-from ..topology import World
+from ..topology import World, format_ranks
 from .envelope import open_sealed, seal
 from .fds import OwnedFd
+from .node_reach import (
+    PID_NAMESPACE_FIX,
+    ProcessIdentity,
+    grouped_by,
+    layout,
+    no_shared_socket_place,
+    unreachable_users,
+)
 from .pidfd import fetch_fd
 from .socket_dir import make_socket_dir, remove_socket_dir
 from .unix_socket import SocketEndpoint
@@ -60,6 +68,8 @@ class Exchange:
         self._sequence = 0
         self._handle_sequence = 0
         self._token = token
+        self._secret: bytes | None = None
+        self._identities: list[ProcessIdentity] | None = None
         self.watch = watch
         self._closed = False
 
@@ -70,11 +80,41 @@ class Exchange:
 
     @property
     def token(self) -> str:
-        """The job's random token, 16 hex digits (collective on first use)."""
+        """The job's random token, 16 hex digits (collective on first use). Public: it
+        names the job's sockets and tags its handles."""
         if self._token is None:
             self._token = self.world.comm.bcast(
                 secrets.token_hex(8) if self.world.rank == 0 else None, root=0)
         return self._token
+
+    def _job_secret(self) -> bytes:
+        """The job's secret (collective over the node on first use): keys the MAC that
+        admits socket peers whose pid cannot be checked. Travels only over MPI."""
+        if self._secret is None:
+            self._secret = self.world.local_comm.bcast(
+                secrets.token_bytes(32) if self.world.local_rank == 0 else None, root=0)
+        return self._secret
+
+    def _node_identities(self) -> list[ProcessIdentity]:
+        """Every local rank's uid and namespaces, by local rank (collective over the node
+        on first use)."""
+        if self._identities is None:
+            self._identities = self._allgather(self.world.local_comm,
+                                               ProcessIdentity.of_this_process(),
+                                               "descriptor path setup")
+        return self._identities
+
+    def pid_namespace_layout(self) -> str | None:
+        """Collective over the node on first use: the node's PID-namespace layout
+        (``'rank 0 in pid:[…]; rank 1 in pid:[…]'``) when its ranks are not all in one,
+        else None."""
+        return self._pid_namespaces_differ()
+
+    def _pid_namespaces_differ(self) -> str | None:
+        """The node's PID-namespace layout when its ranks are not all in one, else None."""
+        identities = self._node_identities()
+        spaces = grouped_by([i.pid_namespace for i in identities], self.world.local_ranks)
+        return layout(spaces, "in") if len(spaces) > 1 else None
 
     def allgather_bytes(self, payload: bytes, *, kind: str = "opaque") -> list[bytes]:
         """Collective: every rank's handle bytes, indexed by rank, each checked.
@@ -194,6 +234,12 @@ class Exchange:
 
     def _share_by_pidfd(self, fd: OwnedFd) -> dict[int, OwnedFd]:
         world = self.world
+        # The same facts on every rank of the node: all raise alike, before any pidfd.
+        separated = self._pid_namespaces_differ()
+        if separated:
+            raise ExchangeError(f"ranks of this node are in different PID namespaces "
+                                f"({separated}): a peer's pid means another process here; "
+                                f"use the socket exchange, or {PID_NAMESPACE_FIX}")
         numbers = self._allgather(world.local_comm, fd.fileno(), "descriptor exchange (pidfd)")
         received: dict[int, OwnedFd] = {}
         try:
@@ -211,6 +257,9 @@ class Exchange:
         return received
 
     def _share_by_socket(self, fd: OwnedFd) -> dict[int, OwnedFd]:
+        users = unreachable_users(self._node_identities(), self.world.local_ranks)
+        if users:
+            raise ExchangeError(users)  # on every rank of the node: the same facts
         endpoint = self._socket_endpoint()
         world = self.world
         for local, rank in enumerate(world.local_ranks):
@@ -226,22 +275,31 @@ class Exchange:
             return self._endpoint
         world = self.world
         token = self.token
+        secret = self._job_secret()
+        identities = self._node_identities()
         directory = make_socket_dir(token) if world.local_rank == 0 else None
         self._socket_dir = directory  # owned by local rank 0 from here on, even on failure
         try:
-            directory = self._allgather(world.local_comm, directory, "descriptor socket setup")[0]
+            directory = self._common_socket_dir(directory, identities)
         except BaseException:
             remove_socket_dir(self._socket_dir, token)
             self._socket_dir = None
             raise
+        if directory is None and self._socket_dir is not None:
+            remove_socket_dir(self._socket_dir, token)  # some rank cannot see it
+            self._socket_dir = None
         self._node_socket_dir = directory
         endpoint = None
         try:
             with collective_step(world, "descriptor socket setup", watch=self.watch,
                                  timeout=self.timeout):
-                local_pids = [world.pids[r] for r in world.local_ranks]
+                mine = identities[world.local_rank].pid_namespace
+                # A pid from another PID namespace names another process here (or none).
+                local_pids = [world.pids[r] if identity.pid_namespace == mine else None
+                              for r, identity in zip(world.local_ranks, identities,
+                                                     strict=True)]
                 peer_check = None if self.watch is None else self.watch.check
-                endpoint = SocketEndpoint(token=token, directory=directory,
+                endpoint = SocketEndpoint(token=token, secret=secret, directory=directory,
                                           local_rank=world.local_rank, peer_pids=local_pids,
                                           timeout=self.timeout, peer_check=peer_check)
         except BaseException:
@@ -255,6 +313,39 @@ class Exchange:
             # A rank forced out of a stuck call still gets the node's directory removed.
             self.watch.remove_on_forced_exit(directory, token)
         return endpoint
+
+    def _common_socket_dir(self, directory: str | None,
+                           identities: list[ProcessIdentity]) -> str | None:
+        """Collective over the node: local rank 0's socket directory if every rank sees
+        that very directory, None for abstract sockets when some rank cannot (another
+        mount namespace) but all share a network namespace.
+
+        Raises:
+            ExchangeError: on every rank of the node, when neither joins them.
+        """
+        world = self.world
+        where = None
+        if directory is not None:
+            info = os.stat(directory)
+            where = (directory, info.st_dev, info.st_ino)
+        where = self._allgather(world.local_comm, where, "descriptor socket setup")[0]
+        if where is None:
+            return None  # no base short enough for sun_path: abstract names
+        try:
+            info = os.stat(where[0])
+            sees = (info.st_dev, info.st_ino) == tuple(where[1:])
+        except OSError:
+            sees = False
+        seen = self._allgather(world.local_comm, sees, "descriptor socket setup")
+        blind = [rank for rank, ok in zip(world.local_ranks, seen, strict=True) if not ok]
+        if not blind:
+            return where[0]
+        cause = no_shared_socket_place(identities, world.local_ranks, blind, where[0])
+        if cause:
+            raise ExchangeError(cause)
+        log.info("%s cannot see %s: abstract unix sockets instead", format_ranks(blind),
+                 where[0])
+        return None
 
     @property
     def refused_connections(self) -> list[tuple[int, int]]:

@@ -5,11 +5,17 @@ a per-job random token; when the path would not fit ``sun_path`` (108 bytes) the
 goes to the abstract namespace under the same token. A sender connects, sends a small
 header and its descriptor in one ``sendmsg``; the receiver checks the connecting process
 with SO_PEERCRED (same uid, and the pid of the rank the header claims) before it reads
-anything, so a process outside the job never gets a descriptor in or out.
+anything, so a process outside the job never gets a descriptor in or out. A peer in
+another PID namespace has no pid that means anything here (SO_PEERCRED reports 0, or its
+pid in ours): it is admitted by uid alone, and then its header must carry a MAC of its
+fields keyed with the job's secret, which only the job's ranks received (over MPI; the
+token in socket names is public, the secret never leaves the job).
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 import socket
 import struct
@@ -26,7 +32,9 @@ log = get_logger("exchange")
 
 _MAGIC = b"IPCS"
 # magic, job token (16 hex chars), sender local rank, sequence number
-_HEADER = struct.Struct("!4s16sIQ")
+_FIELDS = struct.Struct("!4s16sIQ")
+_MAC_BYTES = 32  # HMAC-SHA256 of the fields under the job's secret
+_HEADER = struct.Struct(f"!{_FIELDS.size}s{_MAC_BYTES}s")
 _PEERCRED = struct.Struct("3i")  # pid, uid, gid
 _LIVENESS_POLL_S = 0.05
 
@@ -34,10 +42,13 @@ _LIVENESS_POLL_S = 0.05
 class SocketEndpoint:
     """This rank's listening socket plus what it needs to check its peers."""
 
-    def __init__(self, *, token: str, directory: str | None, local_rank: int,
-                 peer_pids: list[int], timeout: float,
+    def __init__(self, *, token: str, secret: bytes, directory: str | None, local_rank: int,
+                 peer_pids: list[int | None], timeout: float,
                  peer_check: Callable[[str], None] | None = None) -> None:
+        """``peer_pids[local rank]`` is that rank's pid as this process sees it, or None
+        for a rank in another PID namespace (admitted by uid and the secret's MAC)."""
         self.token = token
+        self._secret = secret
         self.directory = directory
         self.local_rank = local_rank
         self.peer_pids = peer_pids
@@ -86,8 +97,7 @@ class SocketEndpoint:
             sock.settimeout(self.timeout)
             try:
                 sock.connect(address)
-                header = _HEADER.pack(_MAGIC, self.token.encode(), self.local_rank, sequence)
-                socket.send_fds(sock, [header], [fd])
+                socket.send_fds(sock, [self._header(self.local_rank, sequence)], [fd])
                 return
             except (ConnectionRefusedError, FileNotFoundError, BlockingIOError) as exc:
                 self.peer_check(f"sending a descriptor to local rank {peer_local_rank}")
@@ -148,15 +158,23 @@ class SocketEndpoint:
             raise
         return received
 
+    def _header(self, sender: int, sequence: int) -> bytes:
+        fields = _FIELDS.pack(_MAGIC, self.token.encode(), sender, sequence)
+        return _HEADER.pack(fields, hmac.new(self._secret, fields, hashlib.sha256).digest())
+
+    def _refuse(self, pid: int, uid: int, why: str) -> None:
+        self.refused.append((pid, uid))
+        log.warning("refused a descriptor-socket connection from pid %d uid %d: %s",
+                    pid, uid, why)
+
     def _receive_one(self, conn: socket.socket, expected: set[int], sequence: int,
                      timeout: float) -> tuple[int, OwnedFd] | None:
         pid, uid, _gid = _PEERCRED.unpack(
             conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
-        if uid != self._uid or pid not in self.peer_pids:
+        unverifiable = None in self.peer_pids  # some rank's pid means nothing here
+        if uid != self._uid or (pid not in self.peer_pids and not unverifiable):
             # Read nothing: descriptors in flight are discarded with the connection.
-            self.refused.append((pid, uid))
-            log.warning("refused a descriptor-socket connection from pid %d uid %d: "
-                        "not a rank of this job", pid, uid)
+            self._refuse(pid, uid, "not a rank of this job")
             return None
         conn.settimeout(max(timeout, 0.001))
         try:
@@ -171,11 +189,19 @@ class SocketEndpoint:
                 raise ExchangeError(
                     f"malformed descriptor message from pid {pid}: {len(data)} header bytes, "
                     f"{len(owned)} descriptors (expected {_HEADER.size} and 1)")
-            magic, token, sender, seq = _HEADER.unpack(data)
+            fields, mac = _HEADER.unpack(data)
+            magic, token, sender, seq = _FIELDS.unpack(fields)
+            if sender >= len(self.peer_pids) or not hmac.compare_digest(
+                    mac, self._header(sender, seq)[_FIELDS.size:]):
+                # Only the job's ranks hold the secret: whatever this is, it is not ours.
+                for fd in owned:
+                    fd.close()
+                self._refuse(pid, uid, "its message does not carry this job's secret")
+                return None
             if magic != _MAGIC or token != self.token.encode():
                 raise ExchangeError(
                     f"descriptor message from pid {pid} carries another job's token")
-            if sender >= len(self.peer_pids) or self.peer_pids[sender] != pid:
+            if self.peer_pids[sender] is not None and self.peer_pids[sender] != pid:
                 raise ExchangeError(f"pid {pid} claims to be local rank {sender}, which it is not")
             if seq != sequence:
                 log.warning("dropped a stale descriptor from local rank %d (sequence %d, now %d)",

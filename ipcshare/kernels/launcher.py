@@ -11,7 +11,7 @@ from typing import Any
 
 from ..cuda_driver import check, driver
 
-__all__ = ["LoadedKernels", "AllGatherArgs", "BarrierArgs", "MAX_KERNEL_RANKS"]
+__all__ = ["LoadedKernels", "AllGatherArgs", "BarrierArgs", "ScatterArgs", "MAX_KERNEL_RANKS"]
 
 MAX_KERNEL_RANKS = 8  # kMaxRanks in signal.cuh
 
@@ -29,6 +29,18 @@ class AllGatherArgs(ctypes.Structure):
         ("nranks", ctypes.c_int),
         ("slot_base", ctypes.c_int),
         ("epoch_word", ctypes.c_int),
+    ]
+
+
+class ScatterArgs(ctypes.Structure):
+    """``ScatterArgs`` of kernels/src/allgather.cu."""
+
+    _fields_ = [
+        ("outputs", ctypes.c_void_p * MAX_KERNEL_RANKS),
+        ("inputs", ctypes.c_void_p * MAX_KERNEL_RANKS),
+        ("block_bytes", ctypes.c_ulonglong),
+        ("nranks", ctypes.c_int),
+        ("sources", ctypes.c_uint),
     ]
 
 

@@ -12,7 +12,8 @@ def make_pattern(name: str, algo: str = "auto", *, op: str = "sum",
     """A fresh pattern object for ``name`` (``ring`` or ``allgather``) and ``algo``:
     ``copy-engine`` (engine copies: memcpy on host, the copy engine on GPUs),
     ``hierarchical`` (all-gather: IPC inside nodes, MPI between nodes), one of the
-    all-gather kernels ``push``, ``pull``, ``ring`` (GPU backends, one node), or
+    all-gather kernels ``push``, ``pull``, ``ring`` (GPU backends, one node),
+    ``leader`` (one kernel per GPU, for ranks that share GPUs), or
     ``auto``: for all-gather on one node's GPUs the measured choice by size and world
     size (patterns.choice), hierarchical across nodes, engine copies otherwise."""
     from ..config import ALGOS
@@ -36,6 +37,10 @@ def make_pattern(name: str, algo: str = "auto", *, op: str = "sum",
             from .allgather_kernels import KernelAllGather
 
             return KernelAllGather(algo)
+        if algo == "leader":
+            from .allgather_leader import LeaderAllGather
+
+            return LeaderAllGather()
         if algo == "auto":
             from .allgather_auto import AutoAllGather
 

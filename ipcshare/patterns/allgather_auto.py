@@ -31,6 +31,12 @@ class AutoAllGather(AllGather):
         if (not hasattr(window.group.backend, "kernels") or window.world.node_count > 1
                 or window.paths.has_fallbacks or not _nvrtc_present()):
             return "copy-engine"
+        # Ranks sharing a GPU take turns on it in time slices (without MPS): a kernel that
+        # spins on a peer's flag holds the GPU while that peer cannot run, and copies
+        # issued by both contexts at once keep preempting each other. One rank per GPU
+        # moves the bytes, between barriers met on the host (docs/GPU.md).
+        if window.group.shared_gpus:
+            return "leader"
         # A graph-safe view (Window.on_stream(..., graph_safe=True)) is what gets captured.
         return choose_allgather(plan.size, window.world_size,
                                 graph=getattr(window, "graph_safe", False),
@@ -41,6 +47,10 @@ class AutoAllGather(AllGather):
             if name == "copy-engine":
                 # AllGather's own auto: single copy on one node, hierarchical across nodes.
                 self._algorithms[name] = AllGather("auto")
+            elif name == "leader":
+                from .allgather_leader import LeaderAllGather
+
+                self._algorithms[name] = LeaderAllGather()
             else:
                 from .allgather_kernels import KernelAllGather
 

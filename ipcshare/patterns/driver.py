@@ -12,6 +12,7 @@ from .. import __version__
 from ..config import PatternOptions, format_size
 from ..consensus import collective_step
 from ..errors import ConfigError
+from ..gpu_sharing import shared_gpus_advice
 from ..topology import World, mpi
 from ..window import Group
 from .base import Pattern, SizePlan
@@ -135,6 +136,8 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
                   f"{format_size(ROTATION_MAX_BLOCK_BYTES)} per rank")
     rank_lines.append(f"#  window setup: {setup_ms:.2f} ms for {window.total_bytes} bytes per rank "
                       "(slowest rank): " + ", ".join(f"{k} {v:.2f}" for k, v in steps.items()))
+    if group.shared_gpus:
+        rank_lines.append(f"#  {shared_gpus_advice(group.shared_gpus)}")
     for line in table.header(title, rank_lines):
         say(line)
 

@@ -147,7 +147,18 @@ def test_ranks_in_different_pid_namespaces():
     assert finding.severity == "fail"
     assert "different PID namespaces" in finding.cause and NS_B in finding.cause
     assert "--pid=host" in finding.fix and "shareProcessNamespace" in finding.fix
+    assert "IPCSHARE_SOCKET_DIR" in finding.fix
     assert not [f for f in findings if f.check == "pidfd"]  # one cause, said once
+
+
+def test_ranks_in_different_pid_namespaces_with_working_sockets_need_nothing():
+    evidence = node(ranks=[rank_facts(0), rank_facts(1, pid_namespace=NS_B)],
+                    matrix=[path("host-shm", exchange_used="socket")],
+                    checks=[check("host-shm", True), check("descriptors", True),
+                            check("leak", True)])
+    finding = only(rules.diagnose(evidence), "namespaces")
+    assert finding.severity == "info" and NS_B in finding.cause
+    assert finding.fix.startswith("nothing required") and "shareProcessNamespace" in finding.fix
 
 
 def test_peer_gpu_not_visible():

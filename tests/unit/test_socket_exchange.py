@@ -21,31 +21,34 @@ from ipcshare.exchange.socket_dir import (
 from ipcshare.exchange.unix_socket import SocketEndpoint
 
 TOKEN = "0123456789abcdef"
+SECRET = bytes(range(32))
 
 # A process that pushes a memfd holding b"from <name>" to local rank 0's socket.
 SENDER = textwrap.dedent("""
     import os, sys
     from ipcshare.exchange.unix_socket import SocketEndpoint
     directory, token, local_rank, name = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    secret = bytes.fromhex(sys.argv[5])
     fd = os.memfd_create("payload")
     os.write(fd, ("from " + name).encode())
-    me = SocketEndpoint(token=token, directory=directory or None, local_rank=local_rank,
+    me = SocketEndpoint(token=token, secret=secret, directory=directory or None,
+                        local_rank=local_rank,
                         peer_pids=[0, os.getpid()], timeout=5)
     me.send_fd(0, fd, 1)
     me.close()
 """)
 
 
-def _start_sender(directory, local_rank, name, token=TOKEN):
-    return subprocess.Popen([sys.executable, "-c", SENDER, directory or "", token,
-                             str(local_rank), name])
+def _start_sender(directory, local_rank, name, token=TOKEN, secret=SECRET, wrapper=()):
+    return subprocess.Popen([*wrapper, sys.executable, "-c", SENDER, directory or "", token,
+                             str(local_rank), name, secret.hex()])
 
 
 @pytest.mark.parametrize("abstract", [False, True])
 def test_job_peer_gets_through_and_a_stranger_is_refused(caplog, abstract):
     directory = None if abstract else make_socket_dir(TOKEN)
     try:
-        receiver = SocketEndpoint(token=TOKEN, directory=directory, local_rank=0,
+        receiver = SocketEndpoint(token=TOKEN, secret=SECRET, directory=directory, local_rank=0,
                                   peer_pids=[os.getpid(), -1], timeout=20)
         # The stranger even knows the token and claims to be local rank 1; its send
         # completes once the kernel queues the connection.
@@ -69,7 +72,7 @@ def test_job_peer_gets_through_and_a_stranger_is_refused(caplog, abstract):
 def test_missing_peer_times_out_with_its_name(tmp_path):
     directory = make_socket_dir(TOKEN)
     try:
-        receiver = SocketEndpoint(token=TOKEN, directory=directory, local_rank=0,
+        receiver = SocketEndpoint(token=TOKEN, secret=SECRET, directory=directory, local_rank=0,
                                   peer_pids=[os.getpid(), 1], timeout=0.3)
         with pytest.raises(ExchangeTimeout, match=r"local rank\(s\) \[1\]"):
             receiver.receive_fds({1}, sequence=1)
@@ -135,7 +138,7 @@ def test_a_process_of_another_user_is_refused_and_logged(caplog):
         pytest.skip("needs root (to start a process as 'nobody') and a 'nobody' user")
     # Abstract names are the case where another user can reach the socket at all: a
     # path socket sits in a 0700 directory (test_socket_dir_is_private_and_fits_sun_path).
-    receiver = SocketEndpoint(token=TOKEN, directory=None, local_rank=0,
+    receiver = SocketEndpoint(token=TOKEN, secret=SECRET, directory=None, local_rank=0,
                               peer_pids=[os.getpid(), -1], timeout=20)
     try:
         name = receiver.describe_address(0)[1:]
@@ -163,7 +166,7 @@ def test_another_user_cannot_even_reach_a_path_socket(tmp_path):
     directory = make_socket_dir(TOKEN)
     if directory is None:
         pytest.skip("no directory short enough for socket paths")
-    receiver = SocketEndpoint(token=TOKEN, directory=directory, local_rank=0,
+    receiver = SocketEndpoint(token=TOKEN, secret=SECRET, directory=directory, local_rank=0,
                               peer_pids=[os.getpid(), -1], timeout=1)
     try:
         probe = textwrap.dedent("""
@@ -190,7 +193,7 @@ OTHER_JOB = textwrap.dedent("""
     import os, socket, sys
     from ipcshare.exchange.unix_socket import SocketEndpoint
     ours, theirs = sys.argv[1], sys.argv[2]
-    me = SocketEndpoint(token=theirs, directory=None, local_rank=1,
+    me = SocketEndpoint(token=theirs, secret=b"another job", directory=None, local_rank=1,
                         peer_pids=[0, os.getpid()], timeout=5)
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.connect(b"\\0" + ours.encode())
@@ -201,7 +204,7 @@ OTHER_JOB = textwrap.dedent("""
 
 
 def test_a_rank_of_another_job_is_refused():
-    receiver = SocketEndpoint(token=TOKEN, directory=None, local_rank=0,
+    receiver = SocketEndpoint(token=TOKEN, secret=SECRET, directory=None, local_rank=0,
                               peer_pids=[os.getpid(), -1], timeout=20)
     try:
         other_job = subprocess.run([sys.executable, "-c", OTHER_JOB,
@@ -220,9 +223,40 @@ def test_a_rank_of_another_job_is_refused():
 
 
 def test_abstract_names_carry_the_job_token():
-    endpoint = SocketEndpoint(token=TOKEN, directory=None, local_rank=3, peer_pids=[0] * 4,
-                              timeout=1)
+    endpoint = SocketEndpoint(token=TOKEN, secret=SECRET, directory=None, local_rank=3,
+                              peer_pids=[0] * 4, timeout=1)
     try:
         assert endpoint.describe_address(3) == f"@ipcshare-{TOKEN}-r3"
     finally:
         endpoint.close()
+
+
+def _unshare_pid_works() -> bool:
+    try:
+        return subprocess.run(["unshare", "-p", "-f", "true"], capture_output=True,
+                              timeout=30).returncode == 0
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not _unshare_pid_works(), reason="needs unshare -p (root or user namespaces)")
+def test_a_peer_in_another_pid_namespace_is_admitted_by_the_jobs_secret(caplog):
+    """Its pid means nothing here, so uid plus a MAC under the job's secret admit it; a
+    process of the same user that knows the public token but not the secret is refused,
+    and the descriptor it sent is closed."""
+    elsewhere = ["unshare", "-p", "-f"]
+    receiver = SocketEndpoint(token=TOKEN, secret=SECRET, directory=None, local_rank=0,
+                              peer_pids=[os.getpid(), None], timeout=20)
+    try:
+        stranger = _start_sender(None, 1, "stranger", secret=bytes(32), wrapper=elsewhere)
+        assert stranger.wait(timeout=30) == 0
+        legit = _start_sender(None, 1, "peer", wrapper=elsewhere)
+        with caplog.at_level(logging.WARNING, logger="ipcshare"):
+            got = receiver.receive_fds({1}, sequence=1)
+        assert legit.wait(timeout=30) == 0
+        with got[1] as fd:
+            assert os.pread(fd.fileno(), 100, 0) == b"from peer"
+        assert len(receiver.refused) == 1
+        assert "does not carry this job's secret" in caplog.text
+    finally:
+        receiver.close()

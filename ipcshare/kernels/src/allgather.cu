@@ -170,6 +170,32 @@ __device__ __forceinline__ void ring(const AllGatherArgs& a, u64 epoch) {
   if (own != a.inputs[a.rank]) copy_slice(own, a.inputs[a.rank], a.block_bytes);
 }
 
+// Leader scatter, for ranks that share a GPU: no flags, no waits (the window's barriers,
+// met on the host, order it), so it never holds a time-shared GPU while a peer that
+// shares it cannot run. Launched by one rank per GPU, it writes the block of every rank in
+// `sources` (a bitmask: the ranks on its GPU) into every rank's output.
+struct ScatterArgs {
+  char* outputs[kMaxRanks];            // every rank's output (all `nranks` blocks), mapped here
+  const char* inputs[kMaxRanks];       // every rank's input block, mapped here
+  unsigned long long block_bytes;
+  int nranks;
+  unsigned int sources;                // bit r: copy rank r's block
+};
+
+extern "C" __global__ void allgather_scatter(ScatterArgs a) {
+  for (int source = 0; source < a.nranks; ++source) {
+    if (!(a.sources & (1u << source))) continue;
+    char* dsts[kMaxRanks];
+    int ndst = 0;
+    const unsigned long long offset = a.block_bytes * source;
+    for (int step = 1; step <= a.nranks; ++step) {  // others first, the source's own last
+      char* dst = a.outputs[(source + step) % a.nranks] + offset;
+      if (dst != a.inputs[source]) dsts[ndst++] = dst;
+    }
+    fanout_slice(dsts, ndst, a.inputs[source], a.block_bytes);
+  }
+}
+
 extern "C" __global__ void allgather_push(AllGatherArgs a) { with_epoch<push>(a); }
 extern "C" __global__ void allgather_pull(AllGatherArgs a) { with_epoch<pull>(a); }
 extern "C" __global__ void allgather_ring(AllGatherArgs a) { with_epoch<ring>(a); }

@@ -1,0 +1,31 @@
+"""Several ranks on one GPU: what ipcshare does about it and what to tell the user.
+
+Without MPS the CUDA contexts of different processes on one GPU do not run side by side:
+the GPU gives them turns in time slices. Any wait on the GPU for a peer that shares it
+(a stream waiting on a flag, a kernel spinning on one) can then last a whole time slice,
+milliseconds instead of microseconds (docs/GPU.md, "Several ranks on one GPU").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .topology import format_ranks
+
+__all__ = ["shared_gpus_advice"]
+
+
+def shared_gpus_advice(shared: dict[Any, list[int]]) -> str:
+    """One line on the GPUs that several ranks use (``{uuid: [world ranks]}``): what
+    ipcshare does about it, then (after "; give ") what the user can do."""
+    who = "; ".join(f"{format_ranks(ranks)} on GPU {_short_uuid(uuid)}"
+                    for uuid, ranks in shared.items())
+    return (f"GPUs shared by several ranks ({who}): without MPS their contexts take turns in "
+            "time slices, so barriers meet on the host and auto uses the copy engine; give "
+            "each rank its own GPU, or start MPS (nvidia-cuda-mps-control -d) to run them "
+            "side by side")
+
+
+def _short_uuid(uuid: Any) -> str:
+    text = uuid.hex() if isinstance(uuid, bytes) else str(uuid)
+    return text.removeprefix("GPU-")[:8]

@@ -1,0 +1,51 @@
+"""Several ranks on one GPU (run with more ranks than GPUs, or CUDA_VISIBLE_DEVICES=0):
+the group names the shared GPUs alike on every rank, barriers meet on the host, auto
+all-gathers with the leader kernel (one rank per GPU moves its GPU's blocks), and every
+pattern still verifies. Skips where every
+rank has a GPU of its own."""
+
+from __future__ import annotations
+
+import pytest
+
+import ipcshare
+from ipcshare.config import merge_options
+from ipcshare.patterns import make_pattern
+from ipcshare.patterns.allgather_auto import AutoAllGather
+from ipcshare.patterns.driver import run_pattern
+
+pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
+
+
+@pytest.mark.parametrize("backend", ["cuda-ipc", "cuda-vmm"])
+@pytest.mark.parametrize("graph", [False, True])
+def test_ranks_sharing_a_gpu_verify_with_host_barriers_and_the_leader(comm, backend, graph):
+    with ipcshare.Group(backend=backend) as g:
+        places = comm.allgather((g.world.hostname, g.backend.uuid))
+        if len(set(places)) == len(places):
+            pytest.skip("every rank has a GPU of its own (run more ranks than GPUs)")
+        # The same map on every rank, naming exactly the ranks that share.
+        expected = {}
+        for rank, (host, uuid) in enumerate(places):
+            if host == g.world.hostname and places.count((host, uuid)) > 1:
+                expected.setdefault(uuid, []).append(rank)
+        assert g.shared_gpus == expected
+        assert comm.allgather(sorted(map(tuple, g.shared_gpus.values()))) == [
+            sorted(map(tuple, expected.values()))] * comm.size
+        options = merge_options({"backend": backend, "iters": 3, "warmup": 1, "checks": 2,
+                                 "min_bytes": 1, "max_bytes": 4 << 20, "step_factor": 9,
+                                 "graph": graph})
+        auto = AutoAllGather()
+        lines: list[str] = []
+        result = run_pattern(g, auto, options, emit=lines.append)
+        assert result.wrong_total == 0 and all(row.wrong == 0 for row in result.rows)
+        assert auto.last_choice == "leader"
+        if comm.rank == 0:
+            assert any("GPUs shared by several ranks" in line and "MPS" in line
+                       for line in lines)
+        for name in ("leader", "copy-engine"):
+            explicit = run_pattern(g, make_pattern("allgather", name), options,
+                                   emit=lambda _line: None)
+            assert explicit.wrong_total == 0
+        ring = run_pattern(g, make_pattern("ring"), options, emit=lambda _line: None)
+        assert ring.wrong_total == 0
