@@ -41,8 +41,8 @@ set -u
 
 phases=("${@:-all}")
 for phase in "${phases[@]}"; do
-  case "$phase" in all|tests|bench|suite|sweep|doctor|faults|fallback|namespaces|shared) ;;
-    *) echo "usage: $0 [all|tests|bench|suite|sweep|doctor|faults|fallback|namespaces|shared]..." >&2
+  case "$phase" in all|tests|bench|suite|sweep|doctor|faults|fallback|namespaces|shared|collectives) ;;
+    *) echo "usage: $0 [all|tests|bench|suite|sweep|doctor|faults|fallback|namespaces|shared|collectives]..." >&2
        exit 2 ;; esac
 done
 wants() {  # wants PHASE: whether PHASE was asked for (all = tests and bench)
@@ -104,9 +104,14 @@ step() {
   printf '%-58s %-22s %4ss\n' "$name" "$verdict" "$(( $(date +%s) - t0 ))" | tee -a "$SUMMARY" >>"$LOG"
 }
 
-# Wheels brought along (pytest-mpi is not on the nodes' image).
-if compgen -G ".whl/pytest_mpi-*.whl" >/dev/null; then
-  "$PY" -m pip install -q --no-index --no-deps --target /tmp/site .whl/pytest_mpi-*.whl 2>&1 | tee -a "$LOG"
+# Wheels brought along, none of them on the nodes' image: pytest-mpi, nccl4py (the nccl
+# baseline), ml_dtypes (the reduction tests' reference). MPICH's go elsewhere (below).
+extra_wheels=()
+for wheel in .whl/pytest_mpi-*.whl .whl/nccl4py-*.whl .whl/ml_dtypes-*.whl; do
+  [[ -f $wheel ]] && extra_wheels+=("$wheel")
+done
+if [[ ${#extra_wheels[@]} -gt 0 ]]; then
+  "$PY" -m pip install -q --no-index --no-deps --target /tmp/site "${extra_wheels[@]}" 2>&1 | tee -a "$LOG"
   export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 # MPICH (with its gforker launcher) and an mpi4py that can bind to it, under a prefix of
@@ -373,6 +378,42 @@ if [[ $G -ge 2 ]] && wants fallback; then
   done
 elif wants fallback; then
   log "fallback: needs 2 GPUs; skipped"
+fi
+
+collective_tests() {  # collective_tests N: the Communicator's GPU tests
+  "$MPIEXEC" -n "$1" --bind-to none "$PY" -m pytest -q -rs -x --with-mpi -m gpu \
+    -p no:cacheprovider tests/gpu/test_gpu_communicator.py ${COLLECTIVE_TESTS_EXTRA:-}
+}
+collective_bench() {  # collective_bench N OP ALGO [extra flags...]: one sweep, into $RESULTS
+  local n=$1 op=$2 algo=$3 json rc
+  shift 3
+  json="$OUT/collective-$op-$algo-n$n.json"
+  "$MPIEXEC" -n "$n" --bind-to none "$PY" -m ipcshare "$op" --backend cuda-vmm \
+    --algo "$algo" -b "${COLLECTIVE_MIN:-8}" -e "${COLLECTIVE_MAX:-64M}" -f 4 \
+    -n "${COLLECTIVE_ITERS:-50}" -w 5 -c 1 --json "$json" "$@" | grep -Ev "^#  Rank"
+  rc=${PIPESTATUS[0]}
+  append_result "$json" collective_case "$op-$algo${*:+ $*}"
+  return $rc
+}
+export -f collective_tests collective_bench
+if [[ $G -ge 2 ]] && wants collectives; then
+  step "Communicator GPU tests n=2" "$STEP_TIMEOUT_TESTS" collective_tests 2
+  for op in allreduce reducescatter; do
+    algos="one-shot"
+    [[ $op == allreduce ]] && algos="one-shot two-shot auto"
+    for algo in $algos; do
+      step "$op $algo n=2" "$STEP_TIMEOUT_BENCH" collective_bench 2 "$op" "$algo"
+      step "$op $algo n=2 graph" "$STEP_TIMEOUT_BENCH" collective_bench 2 "$op" "$algo" --graph
+    done
+  done
+  if [[ -n ${COLLECTIVE_BASELINES:-} ]]; then
+    for baseline in $COLLECTIVE_BASELINES; do
+      step "allreduce auto n=2 vs $baseline graph" "$STEP_TIMEOUT_BENCH" collective_bench 2 \
+        allreduce auto --graph --baseline "$baseline"
+    done
+  fi
+elif wants collectives; then
+  log "collectives: needs 2 GPUs; skipped"
 fi
 
 namespaces_tests() {  # the PID-namespace tests, host and GPU backends, under the node's MPI

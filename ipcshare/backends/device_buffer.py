@@ -22,10 +22,20 @@ from typing import Any
 from ..errors import BackendError
 from .base import Allocation, Buffer
 
-__all__ = ["DeviceBuffer", "DeviceAllocation", "ImportCache", "KDLCUDA", "live_dlpack_exports"]
+__all__ = ["DeviceBuffer", "DeviceArray", "DeviceAllocation", "ImportCache", "KDLCUDA",
+           "live_dlpack_exports"]
 
 KDLCUDA = 2              # DLDeviceType kDLCUDA
-_KDL_UINT = 1            # DLDataTypeCode kDLUInt
+_KDL_INT, _KDL_UINT, _KDL_FLOAT, _KDL_BFLOAT = 0, 1, 2, 4  # DLDataTypeCode
+# dtype name -> (DLPack code, bits, CUDA array interface typestr; None: it has none)
+_TYPED = {
+    "uint8": (_KDL_UINT, 8, "|u1"), "int8": (_KDL_INT, 8, "|i1"),
+    "int16": (_KDL_INT, 16, "<i2"), "uint16": (_KDL_UINT, 16, "<u2"),
+    "int32": (_KDL_INT, 32, "<i4"), "uint32": (_KDL_UINT, 32, "<u4"),
+    "int64": (_KDL_INT, 64, "<i8"), "uint64": (_KDL_UINT, 64, "<u8"),
+    "float16": (_KDL_FLOAT, 16, "<f2"), "float32": (_KDL_FLOAT, 32, "<f4"),
+    "float64": (_KDL_FLOAT, 64, "<f8"), "bfloat16": (_KDL_BFLOAT, 16, None),
+}
 _DLPACK_VERSION = (1, 0)
 
 
@@ -111,14 +121,17 @@ def _destroy_capsule(capsule: int) -> None:
             return
 
 
-def _dlpack_capsule(buffer: DeviceBuffer, versioned: bool) -> Any:
-    shape = (ctypes.c_int64 * 1)(buffer.nbytes)
+def _dlpack_capsule(buffer: DeviceBuffer, versioned: bool, dims: tuple[int, ...] | None = None,
+                    dtype: str = "uint8") -> Any:
+    dims = (buffer.nbytes,) if dims is None else dims
+    shape = (ctypes.c_int64 * max(len(dims), 1))(*dims)
     managed = _DLManagedTensorVersioned() if versioned else _DLManagedTensor()
     tensor = managed.dl_tensor
     tensor.data = buffer.ptr
     tensor.device = _DLDevice(KDLCUDA, buffer.device)
-    tensor.ndim = 1
-    tensor.dtype = _DLDataType(_KDL_UINT, 8, 1)
+    tensor.ndim = len(dims)
+    code, bits, _ = _TYPED[dtype]
+    tensor.dtype = _DLDataType(code, bits, 1)
     tensor.shape = ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64))
     tensor.strides = None  # compact row-major
     tensor.byte_offset = 0
@@ -186,10 +199,47 @@ class DeviceBuffer(Buffer):
         if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
             raise BufferError(f"the buffer lives on {self.__dlpack_device__()}, not {dl_device}")
         versioned = max_version is not None and int(max_version[0]) >= _DLPACK_VERSION[0]
+        return self._capsule(versioned)
+
+    def _capsule(self, versioned: bool) -> Any:
         return _dlpack_capsule(self, versioned)
 
     def __repr__(self) -> str:
         return f"DeviceBuffer(ptr=0x{self.ptr:x}, nbytes={self.nbytes}, device=cuda:{self.device})"
+
+
+class DeviceArray(DeviceBuffer):
+    """A typed, C-contiguous array over device memory (``shape``, ``dtype`` a name such as
+    ``float32`` or ``bfloat16``): what ``Communicator.empty`` returns on GPUs.
+    ``torch.from_dlpack(a)`` and ``cupy.from_dlpack(a)`` view it with its shape and dtype
+    (bfloat16 included); ``__cuda_array_interface__`` exists for the types it can spell
+    (not bfloat16). The memory stays mapped as long as the array or any such view lives.
+    """
+
+    __slots__ = ("shape", "dtype")
+
+    def __init__(self, ptr: int, nbytes: int, device: int, owner: Any, shape: tuple[int, ...],
+                 dtype: str) -> None:
+        if dtype not in _TYPED:
+            raise BackendError(f"a device array of {dtype}: the types are {', '.join(_TYPED)}")
+        super().__init__(ptr, nbytes, device, owner)
+        self.shape = tuple(int(d) for d in shape)
+        self.dtype = dtype
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        typestr = _TYPED[self.dtype][2]
+        if typestr is None:  # AttributeError: consumers then fall back on DLPack
+            raise AttributeError(f"{self.dtype} has no CUDA array interface typestr; use DLPack")
+        return {"shape": self.shape, "typestr": typestr, "data": (self.ptr, False),
+                "version": 3, "strides": None, "stream": None}
+
+    def _capsule(self, versioned: bool) -> Any:
+        return _dlpack_capsule(self, versioned, self.shape, self.dtype)
+
+    def __repr__(self) -> str:
+        return (f"DeviceArray(shape={self.shape}, dtype={self.dtype}, ptr=0x{self.ptr:x}, "
+                f"device=cuda:{self.device})")
 
 
 def _release_quietly(description: str, release: Callable[[], None], warn: bool) -> None:

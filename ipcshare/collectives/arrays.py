@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import math
+import sys
 from typing import Any
 
 import numpy as np
@@ -90,7 +91,13 @@ def describe_array(obj: Any, name: str) -> ArrayRef:
     """
     if isinstance(obj, np.ndarray):
         return _from_numpy(obj, obj)
-    interface = getattr(obj, "__cuda_array_interface__", None)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor) and obj.is_cuda:
+        return _from_torch(obj)
+    try:
+        interface = getattr(obj, "__cuda_array_interface__", None)
+    except (TypeError, ValueError, RuntimeError):
+        interface = None  # e.g. a type the interface cannot spell (bfloat16): DLPack below
     if interface is not None:
         return _from_cuda_interface(obj, interface, name)
     if callable(getattr(obj, "__dlpack__", None)) and callable(
@@ -130,6 +137,24 @@ def _from_numpy(array: np.ndarray, source: Any) -> ArrayRef:
         dtype=_dtype_name(array.dtype), itemsize=array.itemsize, shape=array.shape,
         contiguous=flags.c_contiguous, readonly=not flags.writeable, device="cpu",
         device_id=None, host=array, source=source)
+
+
+# torch dtype -> (name, itemsize); filled on first use.
+_TORCH_DTYPES: dict[Any, tuple[str, int]] = {}
+
+
+def _from_torch(tensor: Any) -> ArrayRef:
+    """A CUDA torch tensor, read from its own attributes: its ``__cuda_array_interface__``
+    is built in Python per access (several microseconds) and cannot spell bfloat16."""
+    dtype = tensor.dtype
+    known = _TORCH_DTYPES.get(dtype)
+    if known is None:
+        known = _TORCH_DTYPES[dtype] = (str(dtype).removeprefix("torch."), tensor.element_size())
+    count = tensor.numel()
+    return ArrayRef(
+        ptr=tensor.data_ptr(), nbytes=count * known[1], count=count, dtype=known[0],
+        itemsize=known[1], shape=tuple(tensor.shape), contiguous=tensor.is_contiguous(),
+        readonly=False, device="cuda", device_id=tensor.device.index, host=None, source=tensor)
 
 
 def _from_cuda_interface(obj: Any, interface: dict, name: str) -> ArrayRef:
@@ -224,6 +249,38 @@ def check_array(ref: ArrayRef, name: str, *, device: str, writable: bool = False
     if writable and ref.readonly:
         raise CollectiveError(f"{name} is {ref.spell()} that is read-only: the result is "
                               "written into it")
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceDtype:
+    """A dtype of GPU arrays by name and size (bfloat16 needs no ml_dtypes here)."""
+
+    name: str
+    itemsize: int
+
+
+_DEVICE_ITEMSIZES = {"uint8": 1, "int8": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4,
+                     "int64": 8, "uint64": 8, "float16": 2, "float32": 4, "float64": 8,
+                     "bfloat16": 2}
+
+
+def device_dtype(dtype: Any) -> DeviceDtype:
+    """The dtype of a GPU array from a name (``bfloat16``), a numpy dtype or a torch dtype.
+
+    Raises:
+        CollectiveError: none of the types a GPU array can have.
+    """
+    name = dtype if isinstance(dtype, str) else str(dtype)
+    name = name.removeprefix("torch.")
+    if name not in _DEVICE_ITEMSIZES:
+        try:
+            name = np.dtype(dtype).name
+        except TypeError:
+            pass
+    if name not in _DEVICE_ITEMSIZES:
+        raise CollectiveError(f"dtype={dtype!r}: a GPU array's dtype is one of "
+                              f"{', '.join(_DEVICE_ITEMSIZES)}")
+    return DeviceDtype(name, _DEVICE_ITEMSIZES[name])
 
 
 def to_numpy_dtype(dtype: Any) -> np.dtype:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 
-__all__ = ["Choice", "HOST_CHOICES", "choose"]
+__all__ = ["Choice", "HOST_CHOICES", "CUDA_CHOICES", "choose"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,11 +43,24 @@ HOST_CHOICES: dict[str, dict[int, Choice]] = {
 }
 
 
+# GPU memory (kernels of kernels/src/collectives.cu). All-gather and reduce-scatter have
+# one algorithm each. All-reduce: one-shot reads n times the bytes two-shot reads but
+# meets its peers once instead of twice; the limits are where two-shot took over on
+# nvidia-h200-x2 (docs/BENCHMARKS.md, "Collectives on the user's arrays").
+CUDA_CHOICES: dict[str, dict[int, Choice]] = {
+    "all_gather": {1: Choice((), ("pull",))},
+    "reduce_scatter": {1: Choice((), ("one-shot",))},
+    "all_reduce": {1: Choice((), ("one-shot",)),
+                   2: Choice((512 * _KiB,), ("one-shot", "two-shot")),
+                   3: Choice((256 * _KiB,), ("one-shot", "two-shot"))},
+}
+_TABLES = {"host": HOST_CHOICES, "cuda": CUDA_CHOICES}
+
+
 def choose(memory: str, op: str, nbytes: int, world_size: int) -> str:
     """The algorithm ``auto`` runs for ``op`` over ``world_size`` ranks on ``memory``
     when the call's largest array has ``nbytes``. The same on every rank for the same
     arguments (it is part of the call's signature)."""
-    assert memory == "host", memory
-    table = HOST_CHOICES[op]
+    table = _TABLES[memory][op]
     known = max(n for n in table if n <= max(world_size, 1))
     return table[known].pick(nbytes)

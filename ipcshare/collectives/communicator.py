@@ -14,7 +14,7 @@ from ..errors import CollectiveError, Unsupported
 from ..topology import describe_disagreement
 from .agreement import Signature
 from .algorithms import algorithm
-from .arrays import ArrayRef, check_array, describe_array, to_numpy_dtype
+from .arrays import ArrayRef, check_array, describe_array, device_dtype, to_numpy_dtype
 from .choice import choose
 from .heap import Heap
 from .host_path import HostPath
@@ -74,12 +74,6 @@ class Communicator:
                     "ranks disagree on the communicator's sizes: " + describe_disagreement(
                         facts, verb=("passes", "pass"), spell=lambda fact:
                         f"max_bytes={fact[0]}, heap_bytes={fact[1]}"))
-            if group.backend_name != "host":
-                raise Unsupported(
-                    f"Group.communicator on the {group.backend_name} backend: the GPU "
-                    "collectives (all-gather by copy engine or kernels, one-shot and "
-                    "two-shot all-reduce and reduce-scatter kernels) are not implemented "
-                    "yet; the host backend (Group(backend='host')) has them all")
             if world.node_count > 1:
                 raise Unsupported(
                     f"Group.communicator over {world.node_count} nodes: collectives "
@@ -88,7 +82,12 @@ class Communicator:
         self.max_bytes = max_bytes
         self.heap_bytes = heap_bytes
         self._layout = ScratchLayout(max_bytes, heap_bytes, world.size)
-        self._path = HostPath(group, self._layout)
+        if group.backend_name == "host":
+            self._path: Any = HostPath(group, self._layout)
+        else:
+            from .gpu_path import GpuPath
+
+            self._path = GpuPath(group, self._layout)
         self._heap = Heap(heap_bytes, ALIGN)
         # Each call's signature and algorithm, by what the call asked: built (and its
         # digest computed) once, looked up after that.
@@ -118,11 +117,13 @@ class Communicator:
         return self._closed or self._path.window.closed
 
     # -- arrays ------------------------------------------------------------------------
-    def empty(self, shape: int | tuple[int, ...], dtype: Any) -> np.ndarray:
+    def empty(self, shape: int | tuple[int, ...], dtype: Any) -> Any:
         """A new uninitialised C-contiguous array inside this rank's window: calls read
         it in place (no copy-in). Not collective: ranks may hold different arrays, each
         call says where its input lies. Its memory returns to the heap when the array
-        and its views are gone.
+        and its views are gone. On host memory a numpy array; on GPUs a ``DeviceArray``
+        (``torch.from_dlpack`` / ``cupy.from_dlpack`` view it without a copy; ``dtype``
+        may then also be a torch dtype such as ``torch.bfloat16``).
 
         Raises:
             CollectiveError: closed communicator, bad shape or dtype, or a heap without
@@ -135,7 +136,7 @@ class Communicator:
                 any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 0
                     for d in dims)):
             raise CollectiveError(f"shape={shape!r}: expected an int or a tuple of ints >= 0")
-        numpy_dtype = to_numpy_dtype(dtype)
+        numpy_dtype = to_numpy_dtype(dtype) if self.memory == "host" else device_dtype(dtype)
         nbytes = math.prod(int(d) for d in dims) * numpy_dtype.itemsize
         offset = self._heap.allocate(nbytes)
         if offset is None:
@@ -144,9 +145,10 @@ class Communicator:
                 f"has {_spell_bytes(self._heap.free_bytes)} free of heap_bytes="
                 f"{self.heap_bytes}: drop arrays from empty() that are no longer needed, or "
                 f"create the communicator with a larger heap_bytes (default 2 * max_bytes)")
-        raw = self._path.heap_block(self._layout.heap_offset + offset, nbytes)
-        weakref.finalize(raw.base, self._heap.free, offset)
-        return raw.view(numpy_dtype).reshape(tuple(int(d) for d in dims))
+        array, owner = self._path.heap_array(self._layout.heap_offset + offset,
+                                             tuple(int(d) for d in dims), numpy_dtype)
+        weakref.finalize(owner, self._heap.free, offset)
+        return array
 
     # -- collectives -------------------------------------------------------------------
     def all_gather(self, output: Any, input: Any, *, stream: Any = None,
@@ -163,7 +165,7 @@ class Communicator:
         out = self._array(output, "output", writable=True)
         inp = self._array(input, "input")
         in_place = self._check_pair("all_gather", out, inp, "output", "input", blocks=self.size)
-        self._run("all_gather", algo, inp, out, None, in_place, out.nbytes)
+        self._run("all_gather", algo, inp, out, None, in_place, out.nbytes, stream)
         return output
 
     def all_reduce(self, tensor: Any, *, op: str = "sum", output: Any = None,
@@ -181,7 +183,7 @@ class Communicator:
         check_reduction(inp.dtype, op, "tensor", call="all_reduce")
         in_place = self._check_pair("all_reduce", inp, out, "tensor",
                                     "tensor" if output is None else "output", blocks=None)
-        self._run("all_reduce", algo, inp, out, op, in_place, inp.nbytes)
+        self._run("all_reduce", algo, inp, out, op, in_place, inp.nbytes, stream)
         return tensor if output is None else output
 
     def reduce_scatter(self, output: Any, input: Any, *, op: str = "sum", stream: Any = None,
@@ -200,8 +202,25 @@ class Communicator:
         check_reduction(inp.dtype, op, "input", call="reduce_scatter")
         in_place = self._check_pair("reduce_scatter", inp, out, "input", "output",
                                     blocks=self.size)
-        self._run("reduce_scatter", algo, inp, out, op, in_place, inp.nbytes)
+        self._run("reduce_scatter", algo, inp, out, op, in_place, inp.nbytes, stream)
         return output
+
+    def synchronize(self, stream: Any = None) -> None:
+        """Wait until this rank's calls enqueued on ``stream`` (the communicator's own by
+        default) are done, and raise what a kernel recorded. Host memory: nothing to do.
+
+        Raises:
+            CollectiveError: the ranks' calls differed (found on the GPU).
+            SignalTimeout: a kernel gave up waiting for a peer, naming it.
+        """
+        self._check_open()
+        if self.memory != "host":
+            self._path.synchronize(stream)
+
+    @property
+    def stream(self) -> Any:
+        """The stream calls run on when given none (GPU), as a ``CUstream``; None on host."""
+        return None if self.memory == "host" else self._path.window.engine.stream
 
     def close(self) -> None:
         """Close the window (collective over the node; idempotent). Arrays from
@@ -229,14 +248,22 @@ class Communicator:
 
     def _check_call(self, stream: Any) -> None:
         self._check_open()
-        if stream is not None:
+        if stream is not None and self.memory == "host":
             raise CollectiveError(f"stream={stream!r}: a communicator on host memory has no "
                                   "streams (its calls finish before they return); call "
                                   "without stream=")
 
     def _array(self, obj: Any, name: str, *, writable: bool = False) -> ArrayRef:
         ref = describe_array(obj, name)
-        check_array(ref, name, device="cpu", writable=writable)
+        if self.memory == "host":
+            check_array(ref, name, device="cpu", writable=writable)
+            return ref
+        check_array(ref, name, device="cuda", writable=writable)
+        device = self._path.device
+        if ref.device_id is not None and ref.device_id != device:
+            raise CollectiveError(f"{name} is {ref.spell()} on cuda:{ref.device_id}, but this "
+                                  f"rank's communicator lives on cuda:{device}: pass an array "
+                                  f"of cuda:{device}")
         return ref
 
     def _check_pair(self, call: str, whole: ArrayRef, part: ArrayRef, whole_name: str,
@@ -291,7 +318,7 @@ class Communicator:
             "arrays that do not overlap")
 
     def _run(self, op: str, algo: str, inp: ArrayRef, out: ArrayRef, redop: str | None,
-             in_place: bool, nbytes: int) -> None:
+             in_place: bool, nbytes: int, stream: Any) -> None:
         if algo == "auto":
             name = choose(self.memory, op, nbytes, self.size)
         else:
@@ -302,4 +329,7 @@ class Communicator:
             chosen = algorithm(self.memory, op, name)
             known = self._signatures[key] = (
                 Signature(op, inp.count, inp.dtype, inp.itemsize, redop, chosen.name), chosen)
-        self._path.run(known[0], known[1], inp, out, in_place=in_place)
+        if stream is None:
+            self._path.run(known[0], known[1], inp, out, in_place=in_place)
+        else:
+            self._path.run(known[0], known[1], inp, out, in_place=in_place, stream=stream)

@@ -66,10 +66,14 @@ class HostPath:
         # Calls whose input was copied into the staging area (heap inputs are not).
         self.copies_in = 0
 
-    def heap_block(self, offset: int, nbytes: int) -> np.ndarray:
-        """A uint8 array over ``[offset, offset + nbytes)`` of this rank's heap, owned by a
-        block object (``weakref.finalize`` on ``array.base`` frees it)."""
-        return np.asarray(_HeapBlock(self.window.local.slice(offset, nbytes)))
+    def heap_array(self, offset: int, dims: tuple[int, ...], dtype: np.dtype
+                   ) -> tuple[np.ndarray, Any]:
+        """An array of ``dims`` and ``dtype`` at ``offset`` of this rank's window, and the
+        block object that owns its memory (``weakref.finalize`` on it frees the block
+        once the array and every view are gone)."""
+        nbytes = int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
+        raw = np.asarray(_HeapBlock(self.window.local.slice(offset, nbytes)))
+        return raw.view(dtype).reshape(dims), raw.base
 
     def run(self, signature: Signature, algorithm: Algorithm, input_ref: ArrayRef,
             output_ref: ArrayRef, *, in_place: bool) -> None:

@@ -55,8 +55,9 @@ class ScratchLayout:
 
     @property
     def result_bytes(self) -> int:
-        # ceil(count / n) elements of at most 8 bytes each.
-        return _align(-(-self.max_bytes // self.world_size) + 8)
+        # ceil(count / n) elements, which the GPU kernels round up to 16 bytes, plus an
+        # element of up to 8 bytes that ceil() on elements can add to ceil() on bytes.
+        return _align(-(-self.max_bytes // self.world_size) + 32)
 
     def staging_offset(self, parity: int) -> int:
         return _align(self.heap_bytes) + parity * self.staging_bytes

@@ -11,7 +11,8 @@ from typing import Any
 
 from ..cuda_driver import check, driver
 
-__all__ = ["LoadedKernels", "AllGatherArgs", "BarrierArgs", "ScatterArgs", "MAX_KERNEL_RANKS"]
+__all__ = ["LoadedKernels", "AllGatherArgs", "BarrierArgs", "ScatterArgs", "CollectiveArgs",
+           "MAX_KERNEL_RANKS"]
 
 MAX_KERNEL_RANKS = 8  # kMaxRanks in signal.cuh
 
@@ -41,6 +42,29 @@ class ScatterArgs(ctypes.Structure):
         ("block_bytes", ctypes.c_ulonglong),
         ("nranks", ctypes.c_int),
         ("sources", ctypes.c_uint),
+    ]
+
+
+class CollectiveArgs(ctypes.Structure):
+    """``CollectiveArgs`` of kernels/src/collectives.cu."""
+
+    _fields_ = [
+        ("windows", ctypes.c_void_p * MAX_KERNEL_RANKS),
+        ("pads", ctypes.c_void_p * MAX_KERNEL_RANKS),
+        ("input", ctypes.c_void_p),
+        ("output", ctypes.c_void_p),
+        ("count", ctypes.c_ulonglong),
+        ("digest", ctypes.c_ulonglong),
+        ("input_offset", ctypes.c_ulonglong),
+        ("staging_offset", ctypes.c_ulonglong * 2),
+        ("result_offset", ctypes.c_ulonglong * 2),
+        ("timeout_ns", ctypes.c_ulonglong),
+        ("rank", ctypes.c_int),
+        ("nranks", ctypes.c_int),
+        ("zero_copy", ctypes.c_int),
+        ("slot_base", ctypes.c_int),
+        ("header_base", ctypes.c_int),
+        ("epoch_word", ctypes.c_int),
     ]
 
 

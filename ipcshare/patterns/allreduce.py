@@ -39,12 +39,13 @@ class AllReduce(CommunicatorCase):
                  world_size: int) -> np.ndarray:
         return reduced
 
-    def call(self, communicator: Any, inputs: np.ndarray,
-             output: np.ndarray) -> Callable[[], None]:
+    def call(self, communicator: Any, inputs: Any, output: Any, *, in_place: bool,
+             stream: Any) -> Callable[[], None]:
         op, algo = self.op, self.algo
-        if output.ctypes.data == inputs.ctypes.data:  # in place
-            return lambda: communicator.all_reduce(inputs, op=op, algo=algo)
-        return lambda: communicator.all_reduce(inputs, op=op, output=output, algo=algo)
+        if in_place:  # the output is the input itself
+            return lambda: communicator.all_reduce(inputs, op=op, algo=algo, stream=stream)
+        return lambda: communicator.all_reduce(inputs, op=op, output=output, algo=algo,
+                                               stream=stream)
 
     def bandwidth(self, plan: SizePlan, seconds: float, world_size: int) -> tuple[float, float]:
         algbw = plan.size / seconds / 1e9

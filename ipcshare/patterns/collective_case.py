@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ..backends.device_buffer import DeviceArray
 from ..collectives.arrays import to_numpy_dtype
 from ..collectives.reduction import REDUCE_DTYPES, REDUCE_OPS, float32_to_bfloat16
 from ..errors import ConfigError
@@ -74,10 +75,11 @@ class CommunicatorCase(Pattern):
         """This rank's part of ``reduced`` (the whole reduction, as small integers)."""
 
     @abc.abstractmethod
-    def call(self, communicator: Any, inputs: np.ndarray,
-             output: np.ndarray) -> Callable[[], None]:
-        """One operation of the library on ``inputs`` and ``output`` (views of the
-        window; in place, ``output`` lies inside ``inputs``)."""
+    def call(self, communicator: Any, inputs: Any, output: Any, *, in_place: bool,
+             stream: Any) -> Callable[[], None]:
+        """One operation of the library on ``inputs`` and ``output`` (arrays over the
+        window: numpy on host, DeviceArray on GPUs; in place, ``output`` lies inside
+        ``inputs``), on ``stream`` (None on host)."""
 
     # -- the Pattern interface ---------------------------------------------------------
     def window_bytes(self, plan: SizePlan, world_size: int) -> int:
@@ -105,12 +107,26 @@ class CommunicatorCase(Pattern):
                 communicator.close()
             communicator = self._communicator = window.group.communicator(
                 max_bytes=plan.size, heap_bytes=0)
-        dtype = to_numpy_dtype(self.datatype)
-        inputs = np.asarray(window.local.slice(0, plan.size)).view(dtype)
-        output = np.asarray(self._output(window, plan, mode)).view(dtype)
-        return self.call(communicator, inputs, output)
+        inputs = self._typed(window.local.slice(0, plan.size), communicator.memory)
+        output = self._typed(self._output(window, plan, mode), communicator.memory)
+        # On GPUs the collective runs on the window's stream, after the driver's uploads.
+        stream = None if communicator.memory == "host" else window.engine.stream
+        return self.call(communicator, inputs, output, in_place=mode == "in-place",
+                         stream=stream)
+
+    def _typed(self, buffer: Any, memory: str) -> Any:
+        """``buffer`` as an array of the case's dtype: numpy on host, a DeviceArray on
+        GPUs (bfloat16 needs no ml_dtypes there)."""
+        if memory == "host":
+            return np.asarray(buffer).view(to_numpy_dtype(self.datatype))
+        itemsize = 2 if self.datatype in ("float16", "bfloat16") else 4
+        return DeviceArray(buffer.ptr, buffer.nbytes, buffer.device, buffer,
+                           (buffer.nbytes // itemsize,), self.datatype)
 
     def check(self, window: Window, plan: SizePlan, mode: str, iteration: int) -> int:
+        if self._communicator is not None and self._communicator.memory != "host":
+            # A kernel that gave up, or ranks that disagreed, raise here with the cause.
+            self._communicator.synchronize(window.engine.stream)
         got = window.engine.download(self._output(window, plan, mode))
         want = self.expected_bytes(plan, window.rank, window.world_size, iteration)
         return count_wrong(got, want, plan.element_size)

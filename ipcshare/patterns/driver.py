@@ -48,10 +48,10 @@ def check_graph_mode(backend: str, op: str, baseline: Any, extra_baselines: Sequ
     if backend == "host":
         raise ConfigError("--graph captures CUDA graphs: it needs a GPU backend (cuda-ipc or "
                           "cuda-vmm), not host")
-    if op != "allgather":
-        raise ConfigError(f"--graph times all-gather; the {op}'s step signals carry values "
-                          "chosen on the host, which a replayed graph would repeat: run it "
-                          "without --graph")
+    if op not in ("allgather", "allreduce", "reducescatter"):
+        raise ConfigError(f"--graph times all-gather, all-reduce and reduce-scatter; the "
+                          f"{op}'s step signals carry values chosen on the host, which a "
+                          "replayed graph would repeat: run it without --graph")
     for timed in ([baseline] if baseline is not None else []) + list(extra_baselines):
         if not getattr(timed, "captures_graphs", False):
             raise ConfigError(f"--graph: the {timed.name} baseline cannot be captured in a "

@@ -38,10 +38,11 @@ class ReduceScatter(CommunicatorCase):
         block = len(reduced) // world_size
         return reduced[rank * block:(rank + 1) * block]
 
-    def call(self, communicator: Any, inputs: np.ndarray,
-             output: np.ndarray) -> Callable[[], None]:
+    def call(self, communicator: Any, inputs: Any, output: Any, *, in_place: bool,
+             stream: Any) -> Callable[[], None]:
         op, algo = self.op, self.algo
-        return lambda: communicator.reduce_scatter(output, inputs, op=op, algo=algo)
+        return lambda: communicator.reduce_scatter(output, inputs, op=op, algo=algo,
+                                                   stream=stream)
 
     def bandwidth(self, plan: SizePlan, seconds: float, world_size: int) -> tuple[float, float]:
         algbw = plan.size / seconds / 1e9

@@ -13,13 +13,16 @@ __all__ = ["Algorithm", "HostCall", "algorithm", "algorithm_names", "OPS"]
 
 OPS = ("all_gather", "all_reduce", "reduce_scatter")
 
-# (memory, op) -> algorithm name -> "module:Class" under this package. GPU algorithms
-# join as ("cuda", op) rows.
+# (memory, op) -> algorithm name -> "module:Class" under this package.
 _REGISTRY: dict[tuple[str, str], dict[str, str]] = {
     ("host", "all_gather"): {"copy-engine": "host_all_gather:HostCopyAllGather"},
     ("host", "all_reduce"): {"one-shot": "host_one_shot:HostOneShotAllReduce",
                              "two-shot": "host_two_shot:HostTwoShotAllReduce"},
     ("host", "reduce_scatter"): {"one-shot": "host_one_shot:HostOneShotReduceScatter"},
+    ("cuda", "all_gather"): {"pull": "gpu_pull_all_gather:GpuPullAllGather"},
+    ("cuda", "all_reduce"): {"one-shot": "gpu_one_shot:GpuOneShotAllReduce",
+                             "two-shot": "gpu_two_shot:GpuTwoShotAllReduce"},
+    ("cuda", "reduce_scatter"): {"one-shot": "gpu_one_shot:GpuOneShotReduceScatter"},
 }
 _INSTANCES: dict[tuple[str, str, str], Algorithm] = {}
 

@@ -2,6 +2,7 @@
 // pipelined with per-chunk flags. Each block owns one slice of the block of bytes every
 // rank contributes and synchronises with the same block of its peers only, so a kernel
 // needs no grid-wide barrier.
+#include <ipcshare/copy.cuh>
 #include <ipcshare/signal.cuh>
 
 using ipcshare::u64;
@@ -42,17 +43,7 @@ __device__ __forceinline__ void copy_slice(char* dst, const char* src, unsigned 
   if (begin >= end) return;
   dst += begin;
   src += begin;
-  const unsigned long long n = end - begin;
-  const bool vector_ok = ((((unsigned long long)dst) | ((unsigned long long)src)) & 15ull) == 0;
-  unsigned long long done = 0;
-  if (vector_ok) {
-    const unsigned long long vectors = n / 16;
-    const uint4* s = reinterpret_cast<const uint4*>(src);
-    uint4* d = reinterpret_cast<uint4*>(dst);
-    for (unsigned long long i = threadIdx.x; i < vectors; i += blockDim.x) d[i] = s[i];
-    done = vectors * 16;
-  }
-  for (unsigned long long i = done + threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+  ipcshare::block_copy(dst, src, end - begin);
 }
 
 // Push: write our block into every rank's output (ours included: out of place, or nothing

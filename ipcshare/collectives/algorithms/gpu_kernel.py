@@ -1,0 +1,69 @@
+"""What a GPU algorithm is: one kernel of kernels/src/collectives.cu per call, enqueued
+on the call's stream with nothing else (so a CUDA graph captures it whole and replays it
+with whatever the input holds then). The path fills the kernel's arguments; an algorithm
+names the entry point, the grid, and whether its output may be a zero-copy input."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from ..agreement import Signature
+from .base import Algorithm
+
+__all__ = ["GpuCall", "GpuKernelAlgorithm", "MAX_BLOCKS", "THREADS"]
+
+THREADS = 512
+# Every block of a kernel must be resident at once (a block waits for the same block of
+# its peers, never for a block of its own kernel): at most one per SM of an H100 / H200.
+MAX_BLOCKS = 128
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class GpuCall:
+    """One call as a GPU algorithm sees it: its signature, the world size, and
+    ``launch(entry, blocks)`` enqueuing the kernel with the call's arguments."""
+
+    signature: Signature
+    size: int
+    launch: Callable[[str, int], None]
+
+
+class GpuKernelAlgorithm(Algorithm):
+    """An algorithm run by one kernel family of collectives.cu.
+
+    ``kernel`` is the entry point's prefix (``<kernel>_<dtype>_<op>``; all-gather names
+    its one entry in full); ``aliasing_safe`` says whether an in-place output may be an
+    input that peers read in place (else the path copies such an input in first);
+    ``bytes_per_block`` sets the grid from the bytes each block cuts its slice from.
+    """
+
+    memory = "cuda"
+    kernel: ClassVar[str] = ""
+    aliasing_safe: ClassVar[bool] = False
+    bytes_per_block: ClassVar[int] = 16 << 10
+
+    def entry(self, signature: Signature) -> str:
+        return f"{self.kernel}_{signature.dtype}_{signature.redop}"
+
+    def sliced_bytes(self, signature: Signature, size: int) -> int:
+        """The bytes the blocks cut into slices (the whole input by default)."""
+        return signature.nbytes
+
+    def blocks(self, signature: Signature, size: int) -> int:
+        """Thread blocks: one per ``bytes_per_block`` of the sliced range, 1 to
+        MAX_BLOCKS; the same on every rank for the same call."""
+        sliced = self.sliced_bytes(signature, size)
+        return max(1, min(MAX_BLOCKS, -(-sliced // self.bytes_per_block)))
+
+    def unsupported(self, call: Any) -> str | None:
+        from ...kernels.launcher import MAX_KERNEL_RANKS
+
+        if call.size > MAX_KERNEL_RANKS:
+            return (f"the {self.name} kernels span at most {MAX_KERNEL_RANKS} ranks; this "
+                    f"group has {call.size}")
+        return None
+
+    def run(self, call: GpuCall) -> None:
+        call.launch(self.entry(call.signature), self.blocks(call.signature, call.size))

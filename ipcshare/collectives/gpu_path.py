@@ -1,0 +1,206 @@
+"""How a call runs on GPU memory: one kernel of kernels/src/collectives.cu on the call's
+stream, which stages the input (unless it lies in the heap), publishes the call's header,
+meets the peers and does the collective. Nothing waits on the host, so calls are
+stream-ordered and a CUDA graph captures them.
+
+Agreement: the host cannot read the peers' headers without waiting for the stream, so
+the ranks compare a call's signature by ``group.collective`` the first time each rank
+sees it (on every rank, naming every rank's call). After that the kernel compares the
+digests in the headers and records a mismatch in the pad's error word, which
+``synchronize()`` turns into the same error. (A rank that repeats a known call while a
+peer makes a new one meets it only as a timeout.)
+
+Calls of one communicator must be ordered on the GPU (one stream, or streams joined by
+events), as NCCL requires of a communicator: the device-side call count, the staging
+parity and the barrier epochs all follow from that order.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+from ..backends.device_buffer import DeviceArray
+from ..errors import CollectiveError
+from ..window import EPOCH_SLOT_BASE, ERROR_SLOT, KERNEL_SLOT_BASE
+from .agreement import Signature, disagreement_error
+from .algorithms import Algorithm
+from .algorithms.gpu_kernel import THREADS, GpuCall
+from .arrays import ArrayRef
+from .scratch import ScratchLayout
+
+__all__ = ["GpuPath"]
+
+# The error word's peer field when a kernel found the ranks' digests differ (collectives.cu).
+_DISAGREEMENT = 0xFFFF
+
+
+class _BoundCall:
+    """A signature bound to a stream: its argument block (input, output and placement
+    change per call, the rest is fixed), the kernel parameters pointing at it, and the
+    algorithm's view of it."""
+
+    __slots__ = ("args", "params", "address", "call", "stream")
+
+    def __init__(self, args: Any, stream: Any) -> None:
+        self.args = args
+        self.params = (ctypes.c_void_p * 1)(ctypes.addressof(args))
+        self.address = ctypes.addressof(self.params)
+        self.stream = stream
+        self.call: GpuCall | None = None
+
+
+class GpuPath:
+    """Calls on GPU memory over the group's window of ``layout.total_bytes`` (collective:
+    creating it creates the window)."""
+
+    memory = "cuda"
+
+    def __init__(self, group: Any, layout: ScratchLayout) -> None:
+        from ..cuda_driver import driver
+        from ..kernels.launcher import MAX_KERNEL_RANKS, CollectiveArgs
+
+        self.group = group
+        self.layout = layout
+        self.window = group.window(layout.total_bytes)
+        window = self.window
+        try:
+            self.rank, self.size = window.rank, window.world_size
+            self.device = group.backend.device
+            self._kernels = group.backend.kernels("collectives.cu")
+            self._local_ptr = window.local.ptr
+            template = CollectiveArgs()
+            if self.size <= MAX_KERNEL_RANKS:
+                for rank in range(self.size):
+                    template.windows[rank] = window.peer(rank).ptr
+                    template.pads[rank] = window.signal_pad(rank).ptr
+            for parity in (0, 1):
+                template.staging_offset[parity] = layout.staging_offset(parity)
+                template.result_offset[parity] = layout.result_offset(parity)
+            # Kernels give up at half the host's patience, so the peer is named from
+            # the pad before the host gives up on the stream.
+            template.timeout_ns = int(group.signal_timeout * 0.5e9)
+            template.rank, template.nranks = self.rank, self.size
+            template.slot_base, template.epoch_word = KERNEL_SLOT_BASE, EPOCH_SLOT_BASE
+            template.header_base = layout.header_slot(0)
+        except BaseException:
+            window.close()
+            raise
+        self._template = template
+        self._launch_kernel = driver.cuLaunchKernel
+        self._engines: dict[int, Any] = {}       # stream handle -> engine on it
+        self._bound: dict[tuple[Signature, int], _BoundCall] = {}
+        self._agreed: set[Signature] = set()
+        self._functions: dict[str, Any] = {}
+        self.copies_in = 0
+        self.calls = 0
+
+    # -- arrays ------------------------------------------------------------------------
+    def heap_array(self, offset: int, dims: tuple[int, ...], dtype: Any) -> tuple[Any, Any]:
+        """A DeviceArray of ``dims`` and ``dtype`` (a numpy dtype) at ``offset`` of this
+        rank's window, and the object whose end frees it (the array itself: DLPack and
+        CUDA-array-interface consumers keep it alive)."""
+        nbytes = int(dtype.itemsize)
+        for dim in dims:
+            nbytes *= dim
+        window = self.window
+        array = DeviceArray(self._local_ptr + offset, nbytes, self.device,
+                            owner=window.local, shape=dims, dtype=dtype.name)
+        return array, array
+
+    # -- calls -------------------------------------------------------------------------
+    def engine_for(self, stream: Any) -> Any:
+        """The window's engine on ``stream`` (None: the window's own), cached by handle."""
+        engine = self.window.engine
+        if stream is None:
+            return engine
+        from ..backends.cuda_streams import stream_handle
+
+        handle = stream_handle(stream)
+        found = self._engines.get(handle)
+        if found is None:
+            found = self._engines[handle] = engine.on_stream(stream)
+        return found
+
+    def run(self, signature: Signature, algorithm: Algorithm, input_ref: ArrayRef,
+            output_ref: ArrayRef, *, in_place: bool, stream: Any = None) -> None:
+        """Enqueue one call on ``stream`` (arrays already validated on this rank).
+
+        Raises:
+            CollectiveError: the first call of a signature that the ranks do not make
+                alike (on every rank), or an algorithm that cannot run it.
+        """
+        engine = self.engine_for(stream)
+        cu_stream = engine.stream
+        key = (signature, int(cu_stream))
+        bound = self._bound.get(key)
+        if bound is None:
+            bound = self._bind(signature, algorithm, cu_stream)
+            self._bound[key] = bound
+        args = bound.args
+        offset = input_ref.ptr - self._local_ptr
+        zero_copy = (self.layout.in_heap(offset, signature.nbytes)
+                     and (not in_place or algorithm.aliasing_safe))
+        args.input = input_ref.ptr
+        args.output = output_ref.ptr
+        args.zero_copy = int(zero_copy)
+        args.input_offset = offset if zero_copy else 0
+        if not zero_copy:
+            self.copies_in += 1
+        self.calls += 1
+        algorithm.run(bound.call)
+
+    def _bind(self, signature: Signature, algorithm: Algorithm, cu_stream: Any) -> _BoundCall:
+        if signature not in self._agreed:
+            calls = self.group.collective("collective call", signature.describe())
+            if any(call != calls[0] for call in calls):
+                raise disagreement_error(calls)
+            self._agreed.add(signature)
+        args = type(self._template)()
+        ctypes.memmove(ctypes.addressof(args), ctypes.addressof(self._template),
+                       ctypes.sizeof(args))
+        args.count = signature.count if signature.op != "all_gather" else signature.nbytes
+        args.digest = signature.digest
+        bound = _BoundCall(args, cu_stream)
+        why = algorithm.unsupported(GpuCall(signature, self.size, lambda *_: None))
+        if why is not None:
+            raise CollectiveError(f"algo={algorithm.name!r} cannot run {signature.describe()}: "
+                                  f"{why}")
+        launch, address = self._launch_kernel, bound.address
+
+        def launch_on_stream(entry: str, blocks: int) -> None:
+            function = self._functions.get(entry)
+            if function is None:
+                function = self._functions[entry] = self._kernels.function(entry)
+            err = launch(function, blocks, 1, 1, THREADS, 1, 1, 0, cu_stream, address, 0)[0]
+            if int(err) != 0:
+                from ..cuda_driver import check
+
+                check("cuLaunchKernel", (err,))
+        bound.call = GpuCall(signature, self.size, launch_on_stream)
+        return bound
+
+    def synchronize(self, stream: Any = None) -> None:
+        """Wait for ``stream`` (the window's by default), then raise what a kernel of
+        this communicator recorded: ranks that disagreed, or a peer that never came.
+
+        Raises:
+            CollectiveError: the ranks' calls differed (found by the kernel).
+            SignalTimeout: a kernel gave up waiting for a peer (naming it).
+        """
+        self.engine_for(stream).synchronize()
+        pad = self.window.signal_pad(self.rank)
+        word = self.window.engine.download(pad.slice(ERROR_SLOT * 8, 8))
+        code = int(word.view("<u8")[0])
+        if code >> 48 == _DISAGREEMENT:
+            raise CollectiveError(
+                f"rank {self.rank}: ranks disagree on a collective call (found on the GPU "
+                f"at call {code & 0xFFFFFFFFFFFF} of this communicator): every rank must "
+                "make the same calls in the same order")
+        self.window.raise_kernel_error("a collective kernel")
+
+    def close(self) -> None:
+        """Close the window (collective over the node; idempotent)."""
+        self._bound.clear()
+        self._engines.clear()
+        self.window.close()

@@ -1,0 +1,414 @@
+// The collectives of ipcshare.collectives on GPU memory: all-gather (pull), all-reduce
+// (one-shot, two-shot) and reduce-scatter (one-shot) over a communicator's window.
+//
+// One kernel per call, nothing else on the stream: every thread block copies its slice of
+// the user's input into this rank's staging area, publishes the call's header in its pad,
+// meets the same block of every peer (block_barrier), then reads and reduces its slice
+// from every rank. Slices are the same on every rank (the grid and the cut depend on the
+// call's signature only), so a block's barrier covers exactly the bytes it then reads and
+// no grid-wide barrier is needed. Staging areas and headers alternate with the parity of
+// the device-side epoch; a rank can be at most one call ahead of a peer (its next entry
+// barrier waits for the peer's next kernel, which starts after the peer's current one has
+// finished), so it never overwrites what a peer still reads.
+//
+// Reductions follow ipcshare/collectives/reduction.py bit for bit: float32 additions in
+// rank order with IEEE round-to-nearest (inline PTX add.rn.f32: no contraction into FMA
+// and no flush of subnormals, whatever the compile options), 16-bit floats converted
+// exactly to float32 and rounded once at the end; int32 wraps; max / min are IEEE
+// maximum / minimum (-0.0 < +0.0, any NaN gives the canonical quiet NaN).
+#include <ipcshare/copy.cuh>
+#include <ipcshare/signal.cuh>
+
+using ipcshare::u64;
+using ipcshare::kMaxRanks;
+
+// Header words of a call, in the caller's own pad (two sets, by parity): the signature's
+// digest, where the input lies in the caller's window, flags (collectives/scratch.py).
+constexpr int kHeaderDigest = 0;
+constexpr int kHeaderInput = 1;
+constexpr int kHeaderFlags = 2;
+constexpr u64 kFlagZeroCopy = 1;
+// Error-word code of a call whose ranks disagree (peer field all ones; see gpu_path.py).
+constexpr u64 kDisagreement = 0xFFFFull << 48;
+
+struct CollectiveArgs {
+  char* windows[kMaxRanks];        // every rank's window, mapped here
+  u64* pads[kMaxRanks];            // every rank's signal pad, mapped here
+  const char* input;               // this rank's input (the user's array, or in the heap)
+  char* output;                    // this rank's output
+  unsigned long long count;        // elements of the call's input
+  unsigned long long digest;       // of the call's signature
+  unsigned long long input_offset; // where the input lies in our window, if zero_copy
+  unsigned long long staging_offset[2];
+  unsigned long long result_offset[2];
+  u64 timeout_ns;                  // 0: wait forever
+  int rank;
+  int nranks;
+  int zero_copy;                   // the input is in our heap: peers read it in place
+  int slot_base;                   // first pad word of the block barriers
+  int header_base;                 // first pad word of the two headers
+  int epoch_word;                  // own-pad word counting calls (device-side epoch)
+};
+
+// ---------------------------------------------------------------------------------------
+// Element types and reductions.
+
+__device__ __forceinline__ float add_rn(float a, float b) {
+  float r;
+  asm("add.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
+__device__ __forceinline__ float half_to_float(unsigned short h) {
+  float f;
+  asm("{ .reg .b16 t; mov.b16 t, %1; cvt.f32.f16 %0, t; }" : "=f"(f) : "h"(h));
+  return f;
+}
+
+__device__ __forceinline__ unsigned short float_to_half(float f) {
+  unsigned short h;
+  asm("{ .reg .b16 t; cvt.rn.f16.f32 t, %1; mov.b16 %0, t; }" : "=h"(h) : "f"(f));
+  return h;
+}
+
+__device__ __forceinline__ float bfloat_to_float(unsigned short b) {
+  return __uint_as_float(((unsigned int)b) << 16);
+}
+
+__device__ __forceinline__ unsigned short float_to_bfloat(float f) {
+  // Round to nearest even, overflowing to infinity; a NaN keeps its sign and becomes the
+  // quiet NaN 0x7FC0 (as the host reference does).
+  const unsigned int bits = __float_as_uint(f);
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return (unsigned short)(((bits >> 16) & 0x8000u) | 0x7FC0u);
+  return (unsigned short)((bits + ((bits >> 16) & 1u) + 0x7FFFu) >> 16);
+}
+
+// Sum: the accumulator is float32 (int for int32); load converts, store rounds once.
+struct F32 {
+  typedef unsigned int Bits;
+  typedef float Acc;
+  static __device__ __forceinline__ Acc load(Bits b) { return __uint_as_float(b); }
+  static __device__ __forceinline__ Bits store(Acc a) { return __float_as_uint(a); }
+  static __device__ __forceinline__ Acc add(Acc a, Acc b) { return add_rn(a, b); }
+  static constexpr int kWidth = 32;
+  static constexpr unsigned int kMagnitude = 0x7FFFFFFFu, kInfinity = 0x7F800000u;
+  static constexpr unsigned int kCanonicalNan = 0x7FC00000u;
+  static constexpr bool kFloat = true;
+};
+struct F16 {
+  typedef unsigned short Bits;
+  typedef float Acc;
+  static __device__ __forceinline__ Acc load(Bits b) { return half_to_float(b); }
+  static __device__ __forceinline__ Bits store(Acc a) { return float_to_half(a); }
+  static __device__ __forceinline__ Acc add(Acc a, Acc b) { return add_rn(a, b); }
+  static constexpr int kWidth = 16;
+  static constexpr unsigned int kMagnitude = 0x7FFFu, kInfinity = 0x7C00u;
+  static constexpr unsigned int kCanonicalNan = 0x7E00u;
+  static constexpr bool kFloat = true;
+};
+struct BF16 {
+  typedef unsigned short Bits;
+  typedef float Acc;
+  static __device__ __forceinline__ Acc load(Bits b) { return bfloat_to_float(b); }
+  static __device__ __forceinline__ Bits store(Acc a) { return float_to_bfloat(a); }
+  static __device__ __forceinline__ Acc add(Acc a, Acc b) { return add_rn(a, b); }
+  static constexpr int kWidth = 16;
+  static constexpr unsigned int kMagnitude = 0x7FFFu, kInfinity = 0x7F80u;
+  static constexpr unsigned int kCanonicalNan = 0x7FC0u;
+  static constexpr bool kFloat = true;
+};
+struct I32 {
+  typedef unsigned int Bits;
+  typedef unsigned int Acc;  // unsigned: wraps modulo 2**32 without undefined behaviour
+  static __device__ __forceinline__ Acc load(Bits b) { return b; }
+  static __device__ __forceinline__ Bits store(Acc a) { return a; }
+  static __device__ __forceinline__ Acc add(Acc a, Acc b) { return a + b; }
+  static constexpr int kWidth = 32;
+  static constexpr unsigned int kMagnitude = 0, kInfinity = 0, kCanonicalNan = 0;
+  static constexpr bool kFloat = false;
+};
+
+// An integer that orders like the value (IEEE totalOrder for floats: -0.0 < +0.0): the
+// magnitude bits of negative floats flipped, sign-extended from the type's width. Its
+// own inverse on the low kWidth bits.
+template <class T>
+__device__ __forceinline__ int order_key(typename T::Bits bits) {
+  if (T::kWidth == 32) {
+    const int s = (int)bits;
+    return T::kFloat ? (s ^ ((s >> 31) & (int)T::kMagnitude)) : s;
+  }
+  const int s = (int)(short)bits;
+  return s ^ ((s >> 15) & (int)T::kMagnitude);
+}
+
+template <class T>
+__device__ __forceinline__ bool is_nan(typename T::Bits bits) {
+  return T::kFloat && (bits & T::kMagnitude) > T::kInfinity;
+}
+
+enum Op { kSum = 0, kMax = 1, kMin = 2 };
+
+// Reduce element i of every rank's source, in rank order.
+template <class T, int OP>
+__device__ __forceinline__ typename T::Bits reduce_element(const char* const* sources,
+                                                           int nranks, unsigned long long i) {
+  typedef typename T::Bits Bits;
+  if (OP == kSum) {
+    typename T::Acc acc = T::load(reinterpret_cast<const Bits*>(sources[0])[i]);
+    for (int r = 1; r < nranks; ++r)
+      acc = T::add(acc, T::load(reinterpret_cast<const Bits*>(sources[r])[i]));
+    return T::store(acc);
+  }
+  Bits first = reinterpret_cast<const Bits*>(sources[0])[i];
+  int best = order_key<T>(first);
+  bool nan = is_nan<T>(first);
+  for (int r = 1; r < nranks; ++r) {
+    const Bits bits = reinterpret_cast<const Bits*>(sources[r])[i];
+    const int key = order_key<T>(bits);
+    nan |= is_nan<T>(bits);
+    best = OP == kMax ? (key > best ? key : best) : (key < best ? key : best);
+  }
+  if (nan) return (Bits)T::kCanonicalNan;
+  return (Bits)order_key<T>((Bits)best);
+}
+
+// ---------------------------------------------------------------------------------------
+// Slices, copies, headers.
+
+// Elements per 16 bytes: slices start at multiples of it, so vector loads stay aligned.
+template <class T>
+__device__ __forceinline__ unsigned long long granule() { return 16 / sizeof(typename T::Bits); }
+
+// Block b's slice of [0, n): equal runs of whole granules, the last ones shorter or empty.
+struct Slice { unsigned long long begin, end; };
+__device__ __forceinline__ Slice block_slice(unsigned long long n, unsigned long long g) {
+  const unsigned long long granules = (n + g - 1) / g;
+  const unsigned long long per = (granules + gridDim.x - 1) / gridDim.x * g;
+  unsigned long long begin = per * blockIdx.x, end = begin + per;
+  if (begin > n) begin = n;
+  if (end > n) end = n;
+  return Slice{begin, end};
+}
+
+struct Call {
+  const char* sources[kMaxRanks];  // every rank's input, as this block reads it
+  bool hold_inputs;                // some rank reads its input in place: end with a barrier
+  bool failed;
+  u64 epoch;
+  int parity;
+};
+
+// Header words of calls of `parity` in a pad.
+__device__ __forceinline__ u64* header(u64* pad, const CollectiveArgs& a, int parity) {
+  return pad + a.header_base + parity * 4;
+}
+
+// Pad words of this block's barriers: entry (0), middle of two-shot (1), exit (2).
+__device__ __forceinline__ int barrier_slots(const CollectiveArgs& a, int phase) {
+  return a.slot_base + (blockIdx.x * 3 + phase) * kMaxRanks;
+}
+
+__device__ __forceinline__ void begin_call(const CollectiveArgs& a, Call& call) {
+  call.epoch = ipcshare::begin_epoch(a.pads[a.rank], a.epoch_word);
+  call.parity = (int)(call.epoch & 1);
+}
+
+// Copy input bytes [first, last) (clipped to `total`) into this call's staging area,
+// unless the input is read in place.
+__device__ __forceinline__ void stage(const CollectiveArgs& a, const Call& call,
+                                      unsigned long long first, unsigned long long last,
+                                      unsigned long long total) {
+  if (a.zero_copy) return;
+  if (last > total) last = total;
+  if (first >= last) return;
+  char* staging = a.windows[a.rank] + a.staging_offset[call.parity];
+  ipcshare::block_copy(staging + first, a.input + first, last - first);
+}
+
+// Publish the header, meet the same block of every peer, and learn where every peer's
+// input lies and whether the ranks agree. Every thread of the block gets the same Call.
+__device__ __forceinline__ void meet(const CollectiveArgs& a, Call& call) {
+  u64* own = a.pads[a.rank];
+  if (threadIdx.x == 0) {
+    u64* h = header(own, a, call.parity);
+    h[kHeaderDigest] = a.digest;
+    h[kHeaderInput] = a.zero_copy ? a.input_offset : a.staging_offset[call.parity];
+    h[kHeaderFlags] = a.zero_copy ? kFlagZeroCopy : 0;
+  }
+  __shared__ int failed, hold;
+  __shared__ unsigned long long offsets[kMaxRanks];
+  // block_barrier fences and syncs the block before any signal leaves: the staged bytes
+  // and the header are visible to a peer that has seen our signal.
+  const bool met = ipcshare::block_barrier(a.pads, a.rank, a.nranks, barrier_slots(a, 0),
+                                           call.epoch, a.timeout_ns);
+  if (threadIdx.x == 0) {
+    failed = met ? 0 : 1;
+    hold = 0;
+  }
+  __syncthreads();
+  if (met && threadIdx.x < a.nranks) {
+    const u64* h = header(a.pads[threadIdx.x], a, call.parity);
+    const u64 digest = ipcshare::load_acquire(h + kHeaderDigest);
+    offsets[threadIdx.x] = h[kHeaderInput];
+    if (h[kHeaderFlags] & kFlagZeroCopy) atomicOr(&hold, 1);
+    if (digest != a.digest) {
+      atomicCAS(own + ipcshare::kErrorWord, 0ull,
+                kDisagreement | (call.epoch & 0xFFFFFFFFFFFFull));
+      atomicOr(&failed, 1);
+    }
+  }
+  __syncthreads();
+  call.failed = failed != 0;
+  call.hold_inputs = hold != 0;
+  for (int r = 0; r < a.nranks; ++r) call.sources[r] = a.windows[r] + offsets[r];
+}
+
+// Leave: when some input is its owner's own memory, wait until every peer's block has
+// read what it needs from ours (the user may overwrite it once the call is done).
+__device__ __forceinline__ void leave(const CollectiveArgs& a, const Call& call) {
+  if (!call.failed && call.hold_inputs)
+    ipcshare::block_barrier(a.pads, a.rank, a.nranks, barrier_slots(a, 2), call.epoch,
+                            a.timeout_ns);
+  ipcshare::end_epoch(a.pads[a.rank], a.epoch_word, call.epoch);
+}
+
+// ---------------------------------------------------------------------------------------
+// The collectives.
+
+// Reduce elements [begin, end) of every source into dst[begin, end) (each element read
+// from every source before it is written, so dst may be one of them).
+template <class T, int OP>
+__device__ __forceinline__ void reduce_range(char* dst, const char* const* sources, int nranks,
+                                             unsigned long long begin, unsigned long long end) {
+  typedef typename T::Bits Bits;
+  Bits* out = reinterpret_cast<Bits*>(dst);
+  for (unsigned long long i = begin + threadIdx.x; i < end; i += blockDim.x)
+    out[i] = reduce_element<T, OP>(sources, nranks, i);
+}
+
+template <class T, int OP>
+__device__ void all_reduce_one_shot(const CollectiveArgs& a) {
+  const unsigned long long size = sizeof(typename T::Bits);
+  const Slice s = block_slice(a.count, granule<T>());
+  Call call;
+  begin_call(a, call);
+  stage(a, call, s.begin * size, s.end * size, a.count * size);
+  meet(a, call);
+  if (!call.failed) reduce_range<T, OP>(a.output, call.sources, a.nranks, s.begin, s.end);
+  leave(a, call);
+}
+
+// Reduce-scatter: count is the input's elements; rank r's output is block r of the
+// reduction, count / nranks elements. Block b handles slice b of every rank's block.
+template <class T, int OP>
+__device__ void reduce_scatter_one_shot(const CollectiveArgs& a) {
+  const unsigned long long size = sizeof(typename T::Bits);
+  const unsigned long long block = a.count / a.nranks;
+  const Slice s = block_slice(block, granule<T>());
+  Call call;
+  begin_call(a, call);
+  for (int r = 0; r < a.nranks; ++r)
+    stage(a, call, (r * block + s.begin) * size, (r * block + s.end) * size, a.count * size);
+  meet(a, call);
+  if (!call.failed) {
+    const char* mine[kMaxRanks];
+    for (int r = 0; r < a.nranks; ++r) mine[r] = call.sources[r] + a.rank * block * size;
+    reduce_range<T, OP>(a.output, mine, a.nranks, s.begin, s.end);
+  }
+  leave(a, call);
+}
+
+// Two-shot: chunk r (ceil(count / n) elements, rounded up to a granule; the last chunks
+// shorter or empty) is reduced by rank r into its output and its result area; after the
+// middle barrier every rank copies every other chunk from its owner's result area. Every
+// input is read before the middle barrier, so no exit barrier is needed, and an output
+// that is the input itself is safe: chunk r of ours is read by us alone, and chunk q is
+// overwritten only after rank q has passed the middle barrier.
+template <class T, int OP>
+__device__ void all_reduce_two_shot(const CollectiveArgs& a) {
+  const unsigned long long g = granule<T>(), size = sizeof(typename T::Bits);
+  const unsigned long long chunk = ((a.count + a.nranks - 1) / a.nranks + g - 1) / g * g;
+  const Slice s = block_slice(chunk, g);
+  Call call;
+  begin_call(a, call);
+  for (int r = 0; r < a.nranks; ++r)
+    stage(a, call, (r * chunk + s.begin) * size, (r * chunk + s.end) * size, a.count * size);
+  meet(a, call);
+  if (!call.failed) {
+    const unsigned long long first = a.rank * chunk + s.begin;
+    unsigned long long last = a.rank * chunk + s.end;
+    if (last > a.count) last = a.count;
+    if (first < last) {
+      const char* sources[kMaxRanks];
+      for (int r = 0; r < a.nranks; ++r) sources[r] = call.sources[r] + first * size;
+      char* result = a.windows[a.rank] + a.result_offset[call.parity] + s.begin * size;
+      typedef typename T::Bits Bits;
+      for (unsigned long long i = threadIdx.x; i < last - first; i += blockDim.x) {
+        const Bits value = reduce_element<T, OP>(sources, a.nranks, i);
+        reinterpret_cast<Bits*>(result)[i] = value;
+        reinterpret_cast<Bits*>(a.output + first * size)[i] = value;
+      }
+    }
+    call.failed = !ipcshare::block_barrier(a.pads, a.rank, a.nranks, barrier_slots(a, 1),
+                                           call.epoch, a.timeout_ns);
+  }
+  if (!call.failed) {
+    for (int step = 1; step < a.nranks; ++step) {
+      const int owner = (a.rank + step) % a.nranks;
+      const unsigned long long first = owner * chunk + s.begin;
+      unsigned long long last = owner * chunk + s.end;
+      if (last > a.count) last = a.count;
+      if (first >= last) continue;
+      ipcshare::block_copy(a.output + first * size,
+                 a.windows[owner] + a.result_offset[call.parity] + s.begin * size,
+                 (last - first) * size);
+    }
+  }
+  call.hold_inputs = false;  // every input was read before the middle barrier
+  leave(a, call);
+}
+
+// All-gather, pull: rank r's input goes to block r of every output (any dtype: bytes).
+// count is the input's bytes.
+__device__ void all_gather_pull(const CollectiveArgs& a) {
+  const Slice s = block_slice(a.count, 16);
+  Call call;
+  begin_call(a, call);
+  stage(a, call, s.begin, s.end, a.count);
+  meet(a, call);
+  if (!call.failed) {
+    for (int step = 0; step < a.nranks; ++step) {
+      const int owner = (a.rank + step) % a.nranks;
+      char* dst = a.output + owner * a.count + s.begin;
+      if (owner == a.rank && dst == a.input + s.begin) continue;  // in place
+      ipcshare::block_copy(dst, call.sources[owner] + s.begin, s.end - s.begin);
+    }
+  }
+  leave(a, call);
+}
+
+// ---------------------------------------------------------------------------------------
+// Entry points: <collective>_<dtype>_<op>, e.g. all_reduce_one_shot_bfloat16_sum.
+
+#define IPCSHARE_REDUCTIONS(NAME, TYPE, TYPENAME)                                           \
+  extern "C" __global__ void NAME##_##TYPENAME##_sum(CollectiveArgs a) {                   \
+    NAME<TYPE, kSum>(a);                                                                   \
+  }                                                                                        \
+  extern "C" __global__ void NAME##_##TYPENAME##_max(CollectiveArgs a) {                   \
+    NAME<TYPE, kMax>(a);                                                                   \
+  }                                                                                        \
+  extern "C" __global__ void NAME##_##TYPENAME##_min(CollectiveArgs a) {                   \
+    NAME<TYPE, kMin>(a);                                                                   \
+  }
+
+#define IPCSHARE_ALL_TYPES(NAME)              \
+  IPCSHARE_REDUCTIONS(NAME, F32, float32)     \
+  IPCSHARE_REDUCTIONS(NAME, F16, float16)     \
+  IPCSHARE_REDUCTIONS(NAME, BF16, bfloat16)   \
+  IPCSHARE_REDUCTIONS(NAME, I32, int32)
+
+IPCSHARE_ALL_TYPES(all_reduce_one_shot)
+IPCSHARE_ALL_TYPES(all_reduce_two_shot)
+IPCSHARE_ALL_TYPES(reduce_scatter_one_shot)
+
+extern "C" __global__ void all_gather_pull_bytes(CollectiveArgs a) { all_gather_pull(a); }

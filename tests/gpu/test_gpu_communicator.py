@@ -1,0 +1,217 @@
+"""Communicator on GPUs: every collective, algorithm, dtype and op on torch tensors,
+against the reference computed on the host from every rank's seeded input; zero-copy
+arrays from empty(); user streams; CUDA graphs replayed with new data; disagreement on
+every rank. Run under mpiexec with one GPU per rank (or shared GPUs)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ipcshare
+from ipcshare.errors import CollectiveError
+from tests.reduction_reference import NUMPY_DTYPES, mismatches, reference, seeded_values
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
+
+_TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+          "int32": torch.int32}
+_BITS = {4: np.int32, 2: np.int16}
+ALGOS = {"all_reduce": ("one-shot", "two-shot", "auto"), "reduce_scatter": ("one-shot", "auto"),
+         "all_gather": ("pull", "auto")}
+
+
+def _to_device(values: np.ndarray, dtype: str, device: int) -> torch.Tensor:
+    """The exact bits of ``values`` as a CUDA tensor of ``dtype``."""
+    bits = values.view(_BITS[values.itemsize])
+    return torch.from_numpy(bits.copy()).to(f"cuda:{device}").view(_TORCH[dtype])
+
+
+def _to_host(tensor: torch.Tensor, dtype: str) -> np.ndarray:
+    bits = tensor.view(torch.int32 if tensor.element_size() == 4 else torch.int16)
+    return bits.cpu().numpy().view(NUMPY_DTYPES[dtype])
+
+
+class _OnStream:
+    """The communicator with every call on one torch stream, which is also torch's
+    current stream while the tests run: the tensors' copies and the collectives are
+    ordered on it, as they are in an application."""
+
+    def __init__(self, communicator, stream):
+        self.cm, self.stream = communicator, stream
+
+    def __getattr__(self, name):
+        return getattr(self.cm, name)
+
+    def all_reduce(self, *args, **kwargs):
+        return self.cm.all_reduce(*args, stream=kwargs.pop("stream", self.stream), **kwargs)
+
+    def reduce_scatter(self, *args, **kwargs):
+        return self.cm.reduce_scatter(*args, stream=kwargs.pop("stream", self.stream), **kwargs)
+
+    def all_gather(self, *args, **kwargs):
+        return self.cm.all_gather(*args, stream=kwargs.pop("stream", self.stream), **kwargs)
+
+    def synchronize(self, stream=None):
+        self.cm.synchronize(self.stream if stream is None else stream)
+
+
+@pytest.fixture(scope="module", params=["cuda-vmm", "cuda-ipc"])
+def setup(request, comm):
+    with ipcshare.Group(backend=request.param) as group:
+        device = group.backend.device
+        torch.cuda.set_device(device)
+        stream = torch.cuda.Stream(device=device)
+        with group.communicator(max_bytes=4 << 20) as communicator, torch.cuda.stream(stream):
+            yield group, _OnStream(communicator, stream)
+
+
+def _inputs(dtype, count, seed, size, specials):
+    return [seeded_values(dtype, count, seed, r, specials=specials) for r in range(size)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int32"])
+@pytest.mark.parametrize("op", ["sum", "max", "min"])
+@pytest.mark.parametrize("algo", ALGOS["all_reduce"])
+@pytest.mark.parametrize("count", [1, 7, 4099, 300_001])
+def test_all_reduce_matches_the_reference(setup, dtype, op, algo, count):
+    group, cm = setup
+    device = group.backend.device
+    inputs = _inputs(dtype, count, 11 + count, cm.size, specials=op != "sum")
+    want = reference(dtype, op, inputs)
+    tensor = _to_device(inputs[cm.rank], dtype, device)
+    out = torch.full_like(tensor, 0)
+    cm.all_reduce(tensor, op=op, output=out, algo=algo)
+    cm.all_reduce(tensor, op=op, algo=algo)  # in place
+    cm.synchronize()
+    assert mismatches(dtype, op, _to_host(out, dtype), want) == 0
+    assert mismatches(dtype, op, _to_host(tensor, dtype), want) == 0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int32"])
+@pytest.mark.parametrize("op", ["sum", "max"])
+@pytest.mark.parametrize("count", [1, 1000, 65_539])
+def test_reduce_scatter_matches_the_reference(setup, dtype, op, count):
+    group, cm = setup
+    device = group.backend.device
+    inputs = _inputs(dtype, count * cm.size, 5 + count, cm.size, specials=op != "sum")
+    want = reference(dtype, op, inputs)[cm.rank * count:(cm.rank + 1) * count]
+    source = _to_device(inputs[cm.rank], dtype, device)
+    out = torch.zeros(count, dtype=_TORCH[dtype], device=f"cuda:{device}")
+    cm.reduce_scatter(out, source, op=op)
+    cm.synchronize()
+    assert mismatches(dtype, op, _to_host(out, dtype), want) == 0
+    # In place: the output is this rank's block of the input.
+    cm.reduce_scatter(source[cm.rank * count:(cm.rank + 1) * count], source, op=op)
+    cm.synchronize()
+    block = _to_host(source, dtype)[cm.rank * count:(cm.rank + 1) * count]
+    assert mismatches(dtype, op, block, want) == 0
+
+
+@pytest.mark.parametrize("nbytes", [1, 15, 4096, 1_000_003])
+def test_all_gather_moves_every_byte(setup, nbytes):
+    group, cm = setup
+    device = group.backend.device
+    blocks = [np.random.default_rng([nbytes, r]).integers(0, 256, nbytes, dtype=np.uint8)
+              for r in range(cm.size)]
+    source = torch.from_numpy(blocks[cm.rank]).to(f"cuda:{device}")
+    out = torch.zeros(nbytes * cm.size, dtype=torch.uint8, device=f"cuda:{device}")
+    cm.all_gather(out, source)
+    cm.synchronize()
+    assert np.array_equal(out.cpu().numpy(), np.concatenate(blocks))
+    # In place: the input is this rank's block of the output.
+    out2 = torch.zeros_like(out)
+    out2[cm.rank * nbytes:(cm.rank + 1) * nbytes] = source
+    cm.all_gather(out2, out2[cm.rank * nbytes:(cm.rank + 1) * nbytes])
+    cm.synchronize()
+    assert np.array_equal(out2.cpu().numpy(), np.concatenate(blocks))
+
+
+@pytest.mark.parametrize("algo", ["one-shot", "two-shot"])
+def test_arrays_from_empty_are_read_in_place(setup, algo):
+    group, cm = setup
+    count = 100_003
+    inputs = _inputs("float32", count, 3, cm.size, specials=False)
+    want = reference("float32", "sum", inputs)
+    array = torch.from_dlpack(cm.empty((count,), "float32"))
+    assert array.dtype == torch.float32 and array.shape == (count,)
+    before = cm.copies_in
+    for _ in range(3):  # the user rewrites the input between calls
+        array.copy_(torch.from_numpy(inputs[cm.rank]))
+        cm.all_reduce(array, algo=algo)  # in place: one-shot copies in, two-shot does not
+        cm.synchronize()
+        assert mismatches("float32", "sum", array.cpu().numpy(), want) == 0
+    assert cm.copies_in - before == (3 if algo == "one-shot" else 0)
+    out = torch.empty_like(array)
+    array.copy_(torch.from_numpy(inputs[cm.rank]))
+    cm.all_reduce(array, output=out, algo=algo)
+    cm.synchronize()
+    assert mismatches("float32", "sum", out.cpu().numpy(), want) == 0
+    bf = torch.from_dlpack(cm.empty(8, torch.bfloat16))
+    assert bf.dtype == torch.bfloat16
+
+
+def test_calls_on_a_user_stream_and_in_a_cuda_graph_replay_with_new_data(setup):
+    group, cm = setup
+    device = group.backend.device
+    count = 8192
+    stream = cm.stream
+    tensor = torch.zeros(count, dtype=torch.float32, device=f"cuda:{device}")
+    out = torch.zeros_like(tensor)
+    gathered = torch.zeros(count * cm.size, dtype=torch.float32, device=f"cuda:{device}")
+    for algo in ("one-shot", "two-shot"):  # warm: bind each signature outside capture
+        cm.all_reduce(tensor, output=out, algo=algo)
+    cm.all_gather(gathered, tensor)
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        cm.all_reduce(tensor, output=out, algo="one-shot")
+        cm.all_reduce(out, algo="two-shot")
+        cm.all_gather(gathered, out)
+    for replay in range(50):
+        inputs = [seeded_values("float32", count, replay, r) for r in range(cm.size)]
+        once = reference("float32", "sum", inputs)
+        twice = reference("float32", "sum", [once] * cm.size)
+        tensor.copy_(torch.from_numpy(inputs[cm.rank]))
+        graph.replay()
+        stream.synchronize()
+        assert mismatches("float32", "sum", out.cpu().numpy(), twice) == 0, replay
+        assert np.array_equal(gathered.cpu().numpy(), np.tile(twice, cm.size)), replay
+    cm.synchronize()
+
+
+def test_ranks_that_disagree_raise_on_every_rank(setup, comm):
+    group, cm = setup
+    device = group.backend.device
+    count = 1000 + comm.rank if comm.size > 1 else 1000
+    tensor = torch.ones(count, device=f"cuda:{device}")
+    if comm.size == 1:
+        cm.all_reduce(tensor)
+        cm.synchronize()
+        assert tensor.cpu().tolist() == [1.0] * count
+        return
+    with pytest.raises(CollectiveError, match="ranks disagree on a collective call"):
+        cm.all_reduce(tensor)
+    # The communicator still works for calls the ranks agree on.
+    same = torch.ones(64, device=f"cuda:{device}")
+    cm.all_reduce(same)
+    cm.synchronize()
+    assert same.cpu().tolist() == [float(comm.size)] * 64
+
+
+def test_misuse_raises_on_the_calling_rank(setup):
+    group, cm = setup
+    device = group.backend.device
+    tensor = torch.ones(16, device=f"cuda:{device}")
+    with pytest.raises(CollectiveError, match="on this rank's GPU|cuda memory"):
+        cm.all_reduce(torch.ones(16))  # host tensor
+    with pytest.raises(CollectiveError, match="not contiguous"):
+        cm.all_reduce(torch.ones(16, 2, device=f"cuda:{device}").t())
+    with pytest.raises(CollectiveError, match="max_bytes"):
+        cm.all_reduce(torch.ones(2 << 20, device=f"cuda:{device}"))
+    with pytest.raises(CollectiveError, match="algo='ring'"):
+        cm.all_reduce(tensor, algo="ring")
+    with pytest.raises(CollectiveError, match="float64"):
+        cm.all_reduce(tensor.double())
