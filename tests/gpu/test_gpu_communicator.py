@@ -59,7 +59,7 @@ class _OnStream:
 
 
 @pytest.fixture(scope="module", params=["cuda-vmm", "cuda-ipc"])
-def setup(request, comm):
+def setup(request):
     with ipcshare.Group(backend=request.param) as group:
         device = group.backend.device
         torch.cuda.set_device(device)

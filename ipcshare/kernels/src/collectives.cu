@@ -148,22 +148,20 @@ __device__ __forceinline__ bool is_nan(typename T::Bits bits) {
 
 enum Op { kSum = 0, kMax = 1, kMin = 2 };
 
-// Reduce element i of every rank's source, in rank order.
-template <class T, int OP>
-__device__ __forceinline__ typename T::Bits reduce_element(const char* const* sources,
-                                                           int nranks, unsigned long long i) {
+// Reduce one element over the ranks, in rank order: load(r) gives rank r's bits.
+template <class T, int OP, class Load>
+__device__ __forceinline__ typename T::Bits reduce_ranks(Load load, int nranks) {
   typedef typename T::Bits Bits;
   if (OP == kSum) {
-    typename T::Acc acc = T::load(reinterpret_cast<const Bits*>(sources[0])[i]);
-    for (int r = 1; r < nranks; ++r)
-      acc = T::add(acc, T::load(reinterpret_cast<const Bits*>(sources[r])[i]));
+    typename T::Acc acc = T::load(load(0));
+    for (int r = 1; r < nranks; ++r) acc = T::add(acc, T::load(load(r)));
     return T::store(acc);
   }
-  Bits first = reinterpret_cast<const Bits*>(sources[0])[i];
+  const Bits first = load(0);
   int best = order_key<T>(first);
   bool nan = is_nan<T>(first);
   for (int r = 1; r < nranks; ++r) {
-    const Bits bits = reinterpret_cast<const Bits*>(sources[r])[i];
+    const Bits bits = load(r);
     const int key = order_key<T>(bits);
     nan |= is_nan<T>(bits);
     best = OP == kMax ? (key > best ? key : best) : (key < best ? key : best);
@@ -275,15 +273,39 @@ __device__ __forceinline__ void leave(const CollectiveArgs& a, const Call& call)
 // ---------------------------------------------------------------------------------------
 // The collectives.
 
-// Reduce elements [begin, end) of every source into dst[begin, end) (each element read
-// from every source before it is written, so dst may be one of them).
+// Reduce elements [begin, end) of every source into dst[begin, end), and into
+// also[begin, end) unless it is null. Each element is read from every source before it is
+// written, so dst may be one of them. 16-byte vectors where every pointer allows it (begin
+// is a multiple of a granule): one vector from every rank in flight at once per thread.
 template <class T, int OP>
-__device__ __forceinline__ void reduce_range(char* dst, const char* const* sources, int nranks,
-                                             unsigned long long begin, unsigned long long end) {
+__device__ __forceinline__ void reduce_range(char* dst, char* also, const char* const* sources,
+                                             int nranks, unsigned long long begin,
+                                             unsigned long long end) {
   typedef typename T::Bits Bits;
-  Bits* out = reinterpret_cast<Bits*>(dst);
-  for (unsigned long long i = begin + threadIdx.x; i < end; i += blockDim.x)
-    out[i] = reduce_element<T, OP>(sources, nranks, i);
+  constexpr int kLanes = 16 / sizeof(Bits);
+  union Vector { uint4 v; Bits lane[kLanes]; };
+  unsigned long long aligned = (unsigned long long)dst | (unsigned long long)also;
+  for (int r = 0; r < nranks; ++r) aligned |= (unsigned long long)sources[r];
+  if ((aligned & 15ull) == 0 && begin % kLanes == 0) {
+    const unsigned long long vectors = (end - begin) / kLanes, first = begin / kLanes;
+    for (unsigned long long v = first + threadIdx.x; v < first + vectors; v += blockDim.x) {
+      Vector in[kMaxRanks];
+      for (int r = 0; r < nranks; ++r) in[r].v = reinterpret_cast<const uint4*>(sources[r])[v];
+      Vector out;
+#pragma unroll
+      for (int j = 0; j < kLanes; ++j)
+        out.lane[j] = reduce_ranks<T, OP>([&](int r) { return in[r].lane[j]; }, nranks);
+      reinterpret_cast<uint4*>(dst)[v] = out.v;
+      if (also != nullptr) reinterpret_cast<uint4*>(also)[v] = out.v;
+    }
+    begin += vectors * kLanes;
+  }
+  for (unsigned long long i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const Bits value = reduce_ranks<T, OP>(
+        [&](int r) { return reinterpret_cast<const Bits*>(sources[r])[i]; }, nranks);
+    reinterpret_cast<Bits*>(dst)[i] = value;
+    if (also != nullptr) reinterpret_cast<Bits*>(also)[i] = value;
+  }
 }
 
 template <class T, int OP>
@@ -294,7 +316,7 @@ __device__ void all_reduce_one_shot(const CollectiveArgs& a) {
   begin_call(a, call);
   stage(a, call, s.begin * size, s.end * size, a.count * size);
   meet(a, call);
-  if (!call.failed) reduce_range<T, OP>(a.output, call.sources, a.nranks, s.begin, s.end);
+  if (!call.failed) reduce_range<T, OP>(a.output, nullptr, call.sources, a.nranks, s.begin, s.end);
   leave(a, call);
 }
 
@@ -313,7 +335,7 @@ __device__ void reduce_scatter_one_shot(const CollectiveArgs& a) {
   if (!call.failed) {
     const char* mine[kMaxRanks];
     for (int r = 0; r < a.nranks; ++r) mine[r] = call.sources[r] + a.rank * block * size;
-    reduce_range<T, OP>(a.output, mine, a.nranks, s.begin, s.end);
+    reduce_range<T, OP>(a.output, nullptr, mine, a.nranks, s.begin, s.end);
   }
   leave(a, call);
 }
@@ -342,12 +364,7 @@ __device__ void all_reduce_two_shot(const CollectiveArgs& a) {
       const char* sources[kMaxRanks];
       for (int r = 0; r < a.nranks; ++r) sources[r] = call.sources[r] + first * size;
       char* result = a.windows[a.rank] + a.result_offset[call.parity] + s.begin * size;
-      typedef typename T::Bits Bits;
-      for (unsigned long long i = threadIdx.x; i < last - first; i += blockDim.x) {
-        const Bits value = reduce_element<T, OP>(sources, a.nranks, i);
-        reinterpret_cast<Bits*>(result)[i] = value;
-        reinterpret_cast<Bits*>(a.output + first * size)[i] = value;
-      }
+      reduce_range<T, OP>(a.output + first * size, result, sources, a.nranks, 0, last - first);
     }
     call.failed = !ipcshare::block_barrier(a.pads, a.rank, a.nranks, barrier_slots(a, 1),
                                            call.epoch, a.timeout_ns);
