@@ -78,7 +78,7 @@ class Nccl4pyBaseline(GpuBaseline):
         library = versions.libnccl
         self.version = (f"NCCL {library.version if library else 'unknown'} "
                         f"(nccl4py {versions.nccl4py})")
-        release = tuple(library.release[:2]) if library else (0, 0)
+        release = tuple(library.version.release[:2]) if library else (0, 0)
         self._symmetric = self._symmetric_windows_work(release)
         if not self._symmetric:
             self.version += "; symmetric windows unavailable, plain buffers only"
