@@ -29,7 +29,9 @@ __all__ = [
 
 BACKENDS = ("auto", "host", "cuda-ipc", "cuda-vmm")
 EXCHANGES = ("auto", "mpi", "socket", "pidfd")
-BASELINES = ("none", "mpi", "nccl")
+# nccl: NCCL through nccl4py; torch: NCCL through torch.distributed; torch-symm: PyTorch
+# symmetric memory's all-reduce (patterns.baselines).
+BASELINES = ("none", "mpi", "nccl", "torch", "torch-symm")
 HANDLES = ("posix-fd", "fabric")
 # auto / copy-engine: engine copies (memcpy on host, the copy engine on GPUs);
 # hierarchical: all-gather by IPC inside nodes and MPI between them (auto's choice when a

@@ -554,10 +554,12 @@ def _time_nccl(group, plans, args) -> None:
     import torch
     import torch.distributed as dist
 
-    from ipcshare.patterns.baseline_nccl import NcclBaseline
+    from ipcshare.patterns import make_pattern
+    from ipcshare.patterns.baseline_torch import TorchBaseline
 
     comm, n = group.world.comm, group.size
-    with NcclBaseline(group.world, "allgather", group.backend.device) as nccl:
+    with TorchBaseline(group.world, make_pattern("allgather", "copy-engine"),
+                       group.backend.device) as nccl:
         tiny = torch.zeros(1, device=nccl.device)
         for row in ("nccl", "kernel+nccl"):
             cells, kernel_first = [], row.startswith("kernel+")

@@ -18,8 +18,11 @@ __all__ = ["Ceiling", "ceilings", "require_matplotlib", "write_plot", "NVLINK4_G
 NVLINK4_GBPS = 450.0
 _GPU_BACKENDS = ("cuda-ipc", "cuda-vmm")
 # Line styles say who moved the bytes; colours say which case.
-_STYLES = {"ours": "-", "mpi": "--", "nccl": ":"}
-_SOURCE_NAMES = {"ours": "ipcshare", "mpi": "MPI baseline", "nccl": "NCCL baseline"}
+_STYLES = {"ours": "-", "mpi": "--", "nccl": ":", "torch": (0, (1, 3)),
+           "torch-symm": (0, (5, 1))}
+_SOURCE_NAMES = {"ours": "ipcshare", "mpi": "MPI baseline", "nccl": "NCCL (nccl4py) baseline",
+                 "torch": "NCCL through torch.distributed",
+                 "torch-symm": "PyTorch symmetric memory"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +110,7 @@ def write_plot(result: BenchResult, facts: dict[str, Any], path: str | Path) -> 
         handles.append(Line2D([], [], color=colour, linestyle=(0, (6, 2, 1, 2)),
                               label=ceiling.label))
     used = {"ours"} | {b.name for c in result.cases for b in c.result.baselines}
-    for source in ("ours", "mpi", "nccl"):
+    for source in _STYLES:
         if source in used:
             handles.append(Line2D([], [], color="black", linestyle=_STYLES[source],
                                   label=f"line style: {_SOURCE_NAMES[source]}"))

@@ -95,9 +95,9 @@ def render_markdown(result: BenchResult, facts: dict[str, Any], *,
     out.append(f"| MPI library | {facts.get('mpi', '?')} |")
     out.append(f"| software | Python {facts.get('python', '?')}, numpy {facts.get('numpy', '?')},"
                f" {facts.get('machine', '?')}, Linux {facts.get('kernel', '?')} |")
-    versions = {b.name: b.version for c in result.cases for b in c.result.baselines}
-    for name, version in versions.items():
-        out.append(f"| {name} baseline | {version} |")
+    versions = {b.name: (b.label, b.version) for c in result.cases for b in c.result.baselines}
+    for name, (label, version) in versions.items():
+        out.append(f"| {name} baseline | {label or name}: {version} |")
     out += ["", "## Method", ""]
     out += _method(result)
     out += ["", "## Summary", "",

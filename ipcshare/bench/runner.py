@@ -13,6 +13,7 @@ from ..config import format_size
 from ..errors import ConfigError
 from ..patterns import make_pattern
 from ..patterns.baseline_mpi import MpiBaseline
+from ..patterns.baselines import gpu_baseline_class, open_gpu_baseline
 from ..patterns.driver import run_pattern
 from ..patterns.results import RunResult
 from ..patterns.rotation import ROTATION_MAX_BLOCK_BYTES
@@ -121,16 +122,18 @@ class BenchResult:
 
 
 class _Baselines:
-    """The baselines of one Group: each opened once and handed to every case that asks
-    for it; one that cannot run here is skipped with the reason, never a crash."""
+    """The baselines of one Group: each GPU baseline opened once and handed to every case
+    that asks for it; one that cannot run here, or cannot time a case, is skipped with
+    the reason, never a crash."""
 
     def __init__(self, group: Group) -> None:
         self.group = group
-        self._nccl: Any = None
-        self._nccl_refusal: str | None = None
+        self._opened: dict[str, Any] = {}
+        self._refusals: dict[str, str] = {}
 
-    def for_case(self, case: BenchCase) -> tuple[list[Any], list[SkippedBaseline]]:
-        """Collective: (baselines to time, in the suite's order; those skipped)."""
+    def for_case(self, case: BenchCase, pattern: Any) -> tuple[list[Any], list[SkippedBaseline]]:
+        """Collective: (baselines to time ``pattern`` of ``case``, in the suite's order;
+        those skipped)."""
         timed: list[Any] = []
         skipped: list[SkippedBaseline] = []
         graphed = driver_timing(case)[1]
@@ -148,34 +151,38 @@ class _Baselines:
                     continue
                 timed.append(MpiBaseline(self.group.world, case.op))
                 continue
-            nccl = self._open_nccl(case.op)
-            if nccl is None:
-                skipped.append(SkippedBaseline(name, self._nccl_refusal or "unavailable"))
+            try:
+                # Every rank alike: the case and the library decide, not the rank.
+                gpu_baseline_class(name).check_case(pattern)
+            except ConfigError as exc:
+                skipped.append(SkippedBaseline(name, str(exc)))
+                continue
+            opened = self._open(name, pattern)
+            if opened is None:
+                skipped.append(SkippedBaseline(name, self._refusals[name]))
             else:
-                timed.append(nccl.for_op(case.op))
+                timed.append(opened.for_pattern(pattern))
         return timed, skipped
 
-    def _open_nccl(self, op: str) -> Any:
-        if self._nccl is not None or self._nccl_refusal is not None:
-            return self._nccl
+    def _open(self, name: str, pattern: Any) -> Any:
+        if name in self._opened or name in self._refusals:
+            return self._opened.get(name)
         if self.group.backend_name == "host":
-            self._nccl_refusal = ("NCCL runs on GPU memory only; this case runs on the host "
-                                  "backend")
+            self._refusals[name] = ("NCCL runs on GPU memory only; this case runs on the host "
+                                    "backend")
             return None
-        from ..patterns.baseline_nccl import NcclBaseline
-
         try:
-            # Collective: every rank gets the same ConfigError (no torch, no CUDA, GPUs
-            # shared between ranks), so every rank skips it alike.
-            self._nccl = NcclBaseline(self.group.world, op, self.group.backend.device)
+            # Collective: every rank gets the same ConfigError (no nccl4py or torch, no
+            # CUDA, GPUs shared between ranks), so every rank skips it alike.
+            self._opened[name] = open_gpu_baseline(name, self.group, pattern)
         except ConfigError as exc:
-            self._nccl_refusal = str(exc)
-        return self._nccl
+            self._refusals[name] = str(exc)
+        return self._opened.get(name)
 
     def close(self) -> None:
-        if self._nccl is not None:
-            self._nccl.close()
-            self._nccl = None
+        opened, self._opened = self._opened, {}
+        for baseline in opened.values():
+            baseline.close()
 
 
 def run_suite(suite: Suite, world: World, *, emit: Callable[[str], None] = print,
@@ -206,10 +213,12 @@ def run_suite(suite: Suite, world: World, *, emit: Callable[[str], None] = print
                         if suite.repeat > 1:
                             heading += f"  (repetition {repetition + 1}/{suite.repeat})"
                         say(heading)
-                        timed, skipped = baselines.for_case(case)
+                        pattern = make_pattern(case.op,
+                                               _DRIVER_ALGO.get(case.algorithm, case.algorithm))
+                        timed, skipped = baselines.for_case(case, pattern)
                         record = records[case]
                         record.runs.append(_run_case(
-                            group, case, suite, timed, emit,
+                            group, case, pattern, suite, timed, emit,
                             _progress_hook(progress, position, total, case)))
                         if repetition == 0:
                             record.skipped = skipped
@@ -223,11 +232,10 @@ def run_suite(suite: Suite, world: World, *, emit: Callable[[str], None] = print
                        time.perf_counter() - started)
 
 
-def _run_case(group: Group, case: BenchCase, suite: Suite, timed: list[Any],
+def _run_case(group: Group, case: BenchCase, pattern: Any, suite: Suite, timed: list[Any],
               emit: Callable[[str], None],
               before_size: Callable[[int], None] | None) -> RunResult:
     timing, graphed = driver_timing(case)
-    pattern = make_pattern(case.op, _DRIVER_ALGO.get(case.algorithm, case.algorithm))
     return run_pattern(group, pattern, case.options, emit=emit,
                        baseline=timed[0] if timed else None, extra_baselines=timed[1:],
                        timing=timing, rotate=suite.rotate_buffers,
@@ -251,7 +259,8 @@ def _case_notes(result: RunResult, case: BenchCase, skipped: list[SkippedBaselin
     latency time column means, and the baselines skipped."""
     lines = []
     for baseline in result.extra_baselines:
-        lines.append(f"# also timed: {baseline.name} baseline ({baseline.version})")
+        lines.append(f"# also timed: {baseline.name} baseline, {baseline.label} "
+                     f"({baseline.version})")
         lines.append(f"#{'size':>14} {'time':>9} {'busbw':>7} {'#wrong':>6} {'speedup':>7}")
         for ours, theirs in zip(result.rows, baseline.rows, strict=True):
             mine, other = ours.primary, theirs.primary

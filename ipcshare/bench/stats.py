@@ -62,7 +62,8 @@ def aggregate_runs(runs: Sequence[RunResult]) -> RunResult:
             raise ValueError("repetitions timed different baselines")
     baselines = [
         BaselineResult(baseline.name, baseline.version,
-                       _aggregate_rows([run.baselines[index].rows for run in runs]))
+                       _aggregate_rows([run.baselines[index].rows for run in runs]),
+                       baseline.label)
         for index, baseline in enumerate(first.baselines)]
     return dataclasses.replace(
         first, rows=_aggregate_rows([run.rows for run in runs]),
@@ -83,8 +84,11 @@ def _aggregate(measurements: list[Measurement]) -> Measurement:
     busbws = spread([m.busbw for m in measurements])
     p5s = [m.p5_us for m in measurements if m.p5_us is not None]
     p95s = [m.p95_us for m in measurements if m.p95_us is not None]
+    # A baseline's fastest path may change between repetitions: name each one seen.
+    paths = sorted({m.path for m in measurements if m.path is not None})
     return Measurement(
         time_us=times.mid, algbw=median([m.algbw for m in measurements]), busbw=busbws.mid,
         wrong=sum(m.wrong for m in measurements),
         p5_us=median(p5s) if p5s else None, p95_us=median(p95s) if p95s else None,
-        time_us_range=(times.low, times.high), busbw_range=(busbws.low, busbws.high))
+        time_us_range=(times.low, times.high), busbw_range=(busbws.low, busbws.high),
+        path="+".join(paths) or None)

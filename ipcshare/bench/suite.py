@@ -8,7 +8,7 @@ backends: [host]           # auto | host | cuda-ipc | cuda-vmm
 algorithms: [auto]         # auto | single-copy (host) | copy-engine | push | pull | ring (GPU)
 timing: [nccl-tests, latency]  # and graph: nccl-tests timing of a CUDA graph (GPU all-gather);
                                # after-kernel: nccl-tests timing, an empty kernel before each (GPU)
-baselines: [mpi, nccl]     # nccl is skipped, with a note, where it cannot run
+baselines: [mpi, nccl]     # also torch, torch-symm; skipped, with a note, where they cannot run
 min_bytes: 1K
 max_bytes: 16M
 step_factor: 4
@@ -39,7 +39,9 @@ __all__ = ["BenchCase", "Suite", "load_suite", "parse_suite", "ALGORITHMS", "BAS
            "BACKEND_CHOICES", "DEFAULT_ROTATE_BUFFERS", "SUITE_TIMINGS", "KERNEL_ALGORITHMS"]
 
 BACKEND_CHOICES = ("auto", "host", "cuda-ipc", "cuda-vmm")
-BASELINE_NAMES = ("mpi", "nccl")
+# nccl: NCCL through nccl4py; torch: NCCL through torch.distributed; torch-symm: PyTorch
+# symmetric memory (all-reduce only: skipped, with the reason, by the suites' ops).
+BASELINE_NAMES = ("mpi", "nccl", "torch", "torch-symm")
 _GPU = ("cuda-ipc", "cuda-vmm")
 # Each algorithm and the backends that run it. On host memory "auto" is single-copy; on
 # GPUs it stays "auto": the measured choice per size (patterns.choice).

@@ -48,14 +48,17 @@ def _add_pattern_flags(parser: argparse.ArgumentParser) -> None:
     add("-c", "--check", dest="checks", type=int, metavar="N",
         help="verified iterations per size, 0 to skip checks (default 1)")
     add("-d", "--datatype", dest="datatype", help="element type (default float32)")
-    add("--baseline", help="none | mpi | nccl: time the baseline on the same sizes")
+    add("--baseline", help="none | mpi | nccl (NCCL called directly through nccl4py, plain "
+                           "and symmetric buffers) | torch (NCCL through torch.distributed) | "
+                           "torch-symm (PyTorch symmetric memory all-reduce): time the baseline "
+                           "on the same sizes")
     add("--algo", help="auto | copy-engine | hierarchical (IPC in nodes, MPI between) | "
                        "push | pull | ring (all-gather kernels, GPU only) | leader (one "
                        "kernel per GPU, for ranks sharing GPUs)")
     add("--graph", action="store_true", default=None, help="CUDA-graph timing mode")
     add("--after-kernel", dest="after_kernel", action="store_true", default=None,
         help="launch an empty kernel on the stream before every operation, ours and the "
-             "NCCL baseline's, as when a collective follows the compute that produced its "
+             "GPU baseline's, as when a collective follows the compute that produced its "
              "input (GPU backends)")
     add("--min-bw", dest="min_bw", type=float, metavar="GBPS",
         help="exit with status 4 when average busbw is below GBPS")

@@ -80,6 +80,7 @@ def check_same_run(facts: list[list[tuple[str, object, str]]]) -> None:
 
 def run_pattern_command(args: argparse.Namespace) -> int:
     from ..patterns import make_pattern
+    from ..patterns.baselines import make_baseline
     from ..patterns.driver import run_pattern
     from ..peer_watch import peer_exit_grace
     from ..window import Group
@@ -106,7 +107,7 @@ def run_pattern_command(args: argparse.Namespace) -> int:
             if options.algo in ("push", "pull", "ring") and group.backend_name == "host":
                 raise ConfigError(f"--algo {options.algo} runs GPU kernels: it needs a GPU "
                                   "backend (cuda-ipc or cuda-vmm), not host")
-        baseline = _make_baseline(options.baseline, group, pattern)
+        baseline = make_baseline(options.baseline, group, pattern)
         try:
             result = run_pattern(group, pattern, options, baseline=baseline,
                                  emit=lambda line: print(line, flush=True),
@@ -127,21 +128,6 @@ def run_pattern_command(args: argparse.Namespace) -> int:
                          f"--min-bw {options.min_bw:g}\n")
         return EXIT_SLOW
     return EXIT_OK
-
-
-def _make_baseline(name: str, group, pattern):
-    op = pattern.name
-    if name == "none":
-        return None
-    if name == "mpi":
-        from ..patterns.baseline_mpi import mpi_baseline
-
-        return mpi_baseline(group.world, pattern)
-    if group.backend_name == "host":
-        raise ConfigError(f"baseline {name!r} needs a GPU backend and torch; use --baseline mpi")
-    from ..patterns.baseline_nccl import NcclBaseline
-
-    return NcclBaseline(group.world, op, group.backend.device)
 
 
 def _write_json(path: str, document: dict) -> None:

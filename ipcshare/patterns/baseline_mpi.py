@@ -37,6 +37,8 @@ class MpiBaseline:
     """Times the MPI equivalent of a pattern on one size."""
 
     name = "mpi"
+    label = "MPI through mpi4py"
+    path_column = False
 
     def __init__(self, world: World, op: str) -> None:
         """Raises:

@@ -55,7 +55,7 @@ def check_graph_mode(backend: str, op: str, baseline: Any, extra_baselines: Sequ
     for timed in ([baseline] if baseline is not None else []) + list(extra_baselines):
         if not getattr(timed, "captures_graphs", False):
             raise ConfigError(f"--graph: the {timed.name} baseline cannot be captured in a "
-                              "CUDA graph; use --baseline nccl or none")
+                              "CUDA graph; use --baseline nccl, torch or none")
 
 
 def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
@@ -117,7 +117,8 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
     window = group.window(max(rotated_window_bytes(pattern, plan, n, rotate) for plan in plans))
     setup_ms = world.comm.allreduce((time.perf_counter() - started) * 1e3, op=MPI.MAX)
     steps = {step: world.comm.allreduce(ms, op=MPI.MAX) for step, ms in window.setup_ms.items()}
-    table = Table(pattern.modes, options.datatype, baseline.name if baseline else None)
+    table = Table(pattern.modes, options.datatype, baseline.label if baseline else None,
+                  path_column=baseline.path_column if baseline else False)
     devices = world.comm.gather(group.backend.describe_device(), root=0) or []
     exchange = group.exchange_name
     rank_lines = [f"#  Rank {r:>3} Pid {world.pids[r]:>7} on {world.hostnames[r]:>12} "
@@ -219,7 +220,7 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
             if after_kernel:   # a baseline may serve later runs (bench): leave it as found
                 for timed in baselines:
                     timed.after_kernel = False
-    results = [BaselineResult(timed.name, timed.version, measured)
+    results = [BaselineResult(timed.name, timed.version, measured, timed.label)
                for timed, measured in zip(baselines, baseline_rows, strict=True)]
     result = RunResult(
         version=__version__, op=pattern.name, backend=group.backend_name, exchange=exchange,
@@ -244,7 +245,7 @@ def check_after_kernel(backend: Any, baselines: Sequence[Any]) -> None:
     for timed in baselines:
         if not hasattr(timed, "after_kernel"):
             raise ConfigError(f"--after-kernel: the {timed.name} baseline runs no kernels on a "
-                              "stream; use --baseline nccl or none")
+                              "stream; use --baseline nccl, torch or none")
 
 
 def _after(first: Callable[[], None], operation: Callable[[], None]) -> Callable[[], None]:
@@ -325,15 +326,19 @@ def _baseline_row(baseline: Any, pattern: Pattern, plan: SizePlan, world_size: i
     # Only baselines that can capture graphs are asked to (check_graph_mode saw to it).
     captured = {"graph": True} if graph else {}
     for mode in pattern.modes:
+        # GPU baselines time several paths and add the fastest's name (baseline_gpu).
         if timing == "latency":
-            samples, wrong = baseline.measure_latency(
+            samples, wrong, *path = baseline.measure_latency(
                 plan, mode, iters=options.iters, warmup=options.warmup, checks=options.checks,
                 buffers=buffers, **captured)
-            modes[mode] = _latency_measurement(pattern, plan, world_size, samples, wrong)
+            measurement = _latency_measurement(pattern, plan, world_size, samples, wrong)
         else:
-            seconds, wrong = baseline.measure(plan, mode, iters=options.iters,
-                                              warmup=options.warmup, checks=options.checks,
-                                              buffers=buffers, **captured)
+            seconds, wrong, *path = baseline.measure(plan, mode, iters=options.iters,
+                                                     warmup=options.warmup,
+                                                     checks=options.checks, buffers=buffers,
+                                                     **captured)
             algbw, busbw = pattern.bandwidth(plan, seconds, world_size)
-            modes[mode] = Measurement(seconds * 1e6, algbw, busbw, wrong)
+            measurement = Measurement(seconds * 1e6, algbw, busbw, wrong)
+        measurement.path = path[0] if path else None
+        modes[mode] = measurement
     return Row(plan.size, plan.count, modes)

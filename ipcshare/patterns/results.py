@@ -25,6 +25,9 @@ class Measurement:
     p95_us: float | None = None
     time_us_range: tuple[float, float] | None = None
     busbw_range: tuple[float, float] | None = None
+    # Which of a baseline's paths gave this figure (its fastest: NCCL's "plain" or
+    # "symmetric", symmetric memory's "one-shot" or "two-shot"); None where it has one.
+    path: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"time_us": round(self.time_us, 3), "algbw": round(self.algbw, 3),
@@ -38,6 +41,8 @@ class Measurement:
         if self.busbw_range is not None:
             data.update(busbw_min=round(self.busbw_range[0], 3),
                         busbw_max=round(self.busbw_range[1], 3))
+        if self.path is not None:
+            data["path"] = self.path
         return data
 
 
@@ -66,14 +71,16 @@ class Row:
 
 @dataclasses.dataclass
 class BaselineResult:
-    """A baseline's rows, measured on the same sizes as ours."""
+    """A baseline's rows, measured on the same sizes as ours; ``label`` says what it
+    is in words (``NCCL through torch.distributed``)."""
 
     name: str
     version: str
     rows: list[Row]
+    label: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "version": self.version,
+        return {"name": self.name, "label": self.label or self.name, "version": self.version,
                 "rows": [{k: v for k, v in row.to_dict().items() if k != "count"}
                          for row in self.rows]}
 

@@ -22,10 +22,14 @@ def _fmt_time(us: float) -> str:
 class Table:
     """Formats rows as they come, so long sweeps show progress line by line."""
 
-    def __init__(self, modes: tuple[str, ...], datatype: str, baseline: str | None) -> None:
+    def __init__(self, modes: tuple[str, ...], datatype: str, baseline: str | None, *,
+                 path_column: bool = False) -> None:
+        """``baseline`` is the baseline's label (None: no baseline columns);
+        ``path_column`` adds the path its figure came from."""
         self.modes = modes
         self.datatype = datatype
         self.baseline = baseline
+        self.path_column = bool(baseline) and path_column
 
     def header(self, title: str, rank_lines: list[str]) -> list[str]:
         lines = [f"# {title}", "#", *rank_lines, "#"]
@@ -36,6 +40,9 @@ class Table:
         units = "".join(f"{'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6}  " for _ in self.modes)
         bcols = f"{'time':>9} {'busbw':>7} {'#wrong':>6} {'speedup':>7}" if self.baseline else ""
         bunits = f"{'(us)':>9} {'(GB/s)':>7} {'':>6} {'(x)':>7}" if self.baseline else ""
+        if self.path_column:
+            bcols += f" {'path':>9}"
+            bunits += f" {'(fastest)':>9}"
         lines.append(f"#{'size':>14} {'count':>13} {'type':>8}  {cols}{bcols}")
         lines.append(f"#{'(B)':>14} {'(elements)':>13} {'':>8}  {units}{bunits}")
         return lines
@@ -50,6 +57,8 @@ class Table:
                 b = baseline_row.primary
                 speedup = b.time_us / row.primary.time_us if row.primary.time_us > 0 else 0.0
                 text += f"{_fmt_time(b.time_us):>9} {b.busbw:>7.2f} {b.wrong:>6} {speedup:>7.2f}"
+                if self.path_column:
+                    text += f" {b.path or '':>9}"
         return text.rstrip()
 
     @staticmethod

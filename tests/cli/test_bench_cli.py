@@ -89,6 +89,22 @@ def test_nccl_on_host_memory_is_noted_and_skipped(tmp_path, socket_dir):  # noqa
 
 
 @needs_mpiexec
+def test_a_baseline_that_cannot_time_the_op_is_noted_and_skipped(tmp_path, socket_dir):  # noqa: F811
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY)
+    path = tmp_path / "out.json"
+    out = run(["bench", "--config", str(config), "--baseline", "torch-symm,mpi", "--json",
+               str(path)], n=2, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert ("# torch-symm baseline skipped: --baseline torch-symm times all-reduce only"
+            in out.stdout)
+    docs = json.loads(path.read_text())
+    assert all(doc["baseline"]["name"] == "mpi" and doc["baseline"]["label"] ==
+               "MPI through mpi4py" for doc in docs)
+    assert all(doc["skipped_baselines"][0]["name"] == "torch-symm" for doc in docs)
+
+
+@needs_mpiexec
 def test_min_bw_miss_exits_4_on_every_rank(tmp_path, socket_dir):  # noqa: F811
     config = tmp_path / "tiny.yaml"
     config.write_text(TINY)

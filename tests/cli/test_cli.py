@@ -6,6 +6,7 @@ rank left waiting (each run has a timeout), and nothing left behind.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -22,6 +23,10 @@ MPIEXEC = shutil.which("mpiexec", path=str(BIN)) or shutil.which("mpiexec")
 IPCSHARE = [sys.executable, "-m", "ipcshare"]
 
 without_gpu = pytest.mark.skipif(gpu_count()[0] > 0, reason="a GPU is present here")
+without_nccl4py = pytest.mark.skipif(importlib.util.find_spec("nccl") is not None,
+                                     reason="nccl4py is installed here")
+without_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is not None,
+                                   reason="torch is installed here")
 needs_mpiexec = pytest.mark.skipif(MPIEXEC is None, reason="needs mpiexec (pip install mpich)")
 
 
@@ -101,7 +106,17 @@ BAD_INPUTS = [
     (["ring", "-b", "1M", "-e", "1K"], "smaller than min_bytes"),
     (["allgather", "-b", "1T", "-e", "1T"], "more than the .* bytes available"),
     (["ring", "--config", "/nonexistent/run.yaml"], "does not exist"),
-    (["allgather", "--baseline", "nccl"], "baseline 'nccl' needs a GPU"),
+    pytest.param(["allgather", "--baseline", "nccl"],
+                 "nccl baseline setup failed on rank 0@.*: --baseline nccl calls NCCL through "
+                 r"nccl4py, which is not importable here \(No module named 'nccl'\); install "
+                 "nccl4py .* or use --baseline torch .*\\(reported by ranks 0-1\\)$",
+                 marks=without_nccl4py),
+    pytest.param(["ring", "--baseline", "torch"], "--baseline torch keeps its buffers in "
+                 "PyTorch tensors, and torch is not importable", marks=without_torch),
+    (["allgather", "--baseline", "torch-symm"],
+     "--baseline torch-symm times all-reduce only .* not allgather; use --baseline nccl or "
+     "torch"),
+    (["ring", "--baseline", "pytorch"], "unknown baseline 'pytorch'"),
     (["allgather", "--graph"], "--graph captures CUDA graphs: it needs a GPU backend"),
     (["ring", "--graph", "--backend", "host"], "--graph captures CUDA graphs"),
     (["allgather", "--after-kernel", "--backend", "host"],

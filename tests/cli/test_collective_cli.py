@@ -60,6 +60,13 @@ def test_reductions_verify_and_report_nccl_tests_figures(tmp_path, socket_dir, c
     (["reducescatter", "--algo", "two-shot"],
      "the reducescatter op has no 'two-shot' algorithm; choose one of: auto, one-shot"),
     (["allgather", "--algo", "one-shot"], "--algo one-shot runs all-reduce or reduce-scatter"),
+    (["allreduce", "-d", "float16", "--baseline", "torch-symm"],
+     "--baseline torch-symm reduces with -o sum on -d float32 or bfloat16 (what its kernels "
+     "support), not -o sum -d float16; use --baseline nccl or torch"),
+    (["allreduce", "-o", "max", "--baseline", "torch-symm"],
+     "not -o max -d float32"),
+    (["reducescatter", "--baseline", "torch-symm"],
+     "--baseline torch-symm times all-reduce only"),
     (["allreduce", "-d", "bfloat16", "--baseline", "mpi"],
      "--baseline mpi reduces float32 and int32 (MPI has no 16-bit float types), not -d "
      "bfloat16"),

@@ -1,0 +1,369 @@
+"""What the GPU baselines share (NCCL through nccl4py, NCCL through torch.distributed,
+PyTorch symmetric memory): buffers as torch tensors on this rank's GPU, the case's seeded
+data and checks, nccl-tests timing (barrier, synchronize, host clock around back-to-back
+calls, synchronize), latency timing by CUDA events, CUDA-graph capture, the kernel before
+each operation, and the faster of a baseline's paths per size."""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..consensus import collective_step
+from ..errors import ConfigError
+from ..topology import World, mpi
+from .base import SizePlan
+from .rotation import warmup_iterations
+from .seeding import count_wrong, poison, seeded_bytes
+from .timing import percentile, slowest_rank_samples
+
+__all__ = ["GpuBaseline", "import_torch_cuda", "check_one_gpu_per_rank", "TORCH_DTYPES",
+           "REDUCTION_OPS", "keep_multicast_off"]
+
+# The reduction cases' datatypes as torch dtypes (attribute names of the torch module).
+TORCH_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16",
+                "int32": "int32"}
+REDUCTION_OPS = ("allreduce", "reducescatter")
+_BYTE_OPS = ("allgather", "ring")
+
+
+def keep_multicast_off() -> None:
+    """NVLink SHARP / multicast can take shared GPUs out of service (DESIGN.md): never by
+    default, for NCCL and for PyTorch symmetric memory alike. A value the user set wins."""
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+
+
+def import_torch_cuda(flag: str) -> Any:
+    """torch, when it has CUDA: the GPU baselines keep their buffers in torch tensors.
+
+    Raises:
+        ConfigError: torch is not importable or sees no CUDA device.
+    """
+    try:
+        import torch
+    except ImportError as exc:
+        raise ConfigError(f"{flag} keeps its buffers in PyTorch tensors, and torch is not "
+                          f"importable ({exc}); install torch with CUDA or use --baseline "
+                          "mpi") from None
+    if not torch.cuda.is_available():
+        raise ConfigError(f"{flag} needs PyTorch with CUDA; this torch sees no CUDA device "
+                          "(a CPU-only build?)")
+    return torch
+
+
+def check_one_gpu_per_rank(world: World, ordinal: int, flag: str) -> None:
+    """Collective: raise on every rank when two ranks drive the same GPU (NCCL and PyTorch
+    symmetric memory need one GPU per rank).
+
+    Raises:
+        ConfigError: two ranks on one GPU, named by rank, host and GPU UUID.
+    """
+    from .. import cuda_driver
+
+    # Same CUDA_VISIBLE_DEVICES or not, the driver's UUID names the GPU.
+    uuid = cuda_driver.format_uuid(cuda_driver.device_uuid(ordinal))
+    places = world.comm.allgather((world.hostname, uuid))
+    with collective_step(world, f"{flag} setup"):
+        first: dict[tuple[str, str], int] = {}
+        for rank, place in enumerate(places):
+            if place in first:
+                raise ConfigError(
+                    f"{flag} needs one GPU per rank, but {world.where(first[place])} and "
+                    f"{world.where(rank)} share GPU {place[1]}; use --baseline mpi, or one "
+                    "rank per GPU")
+            first[place] = rank
+
+
+class GpuBaseline:
+    """Times a pattern's equivalent on this rank's GPU, on every path the subclass offers
+    (``_paths``), and reports the faster per size with its name.
+
+    Subclasses set ``name`` and ``label``, ``version`` and ``path_column`` (whether paths
+    are worth a table column), and fill in ``_allocate`` (a byte tensor of a path),
+    ``_bind`` (one operation on typed views) and, where a path holds registrations,
+    ``_release``. ``measure`` and ``measure_latency`` return ``(time, wrong, path)``.
+    """
+
+    name = ""
+    label = ""
+    path_column = False
+    captures_graphs = True
+    # --after-kernel: a one-element add on the stream before every operation (the driver
+    # sets it; a kernel as small as the one it launches before ours).
+    after_kernel = False
+
+    def __init__(self, world: World, case: Any, torch: Any, ordinal: int) -> None:
+        self.world = world
+        self.case = case
+        self.op = case.name
+        self.version = ""
+        self._torch = torch
+        self.device = torch.device("cuda", ordinal)
+        torch.cuda.set_device(self.device)
+        # Every operation, check and timer of the baseline runs on this one stream.
+        self._stream = torch.cuda.Stream(self.device)
+        self._graphs: list[Any] = []  # captured on the path being measured
+        # The last measure's figure on each path it timed (seconds, or the median sample).
+        self.path_results: dict[str | None, float] = {}
+        self._owner = True
+
+    # -- what subclasses fill in -------------------------------------------------------
+    def _paths(self, mode: str) -> tuple[str | None, ...]:
+        """The paths timed for ``mode``; None names the only one."""
+        return (None,)
+
+    def _allocate(self, path: str | None, nbytes: int) -> Any:
+        """A uint8 tensor of ``nbytes`` on this rank's GPU for ``path`` (collective)."""
+        return self._torch.empty(nbytes, dtype=self._torch.uint8, device=self.device)
+
+    def _bind(self, path: str | None, inputs: Any, output: Any, plan: SizePlan,
+              mode: str) -> Callable[[], None]:
+        """One operation of ``path``: ``inputs`` and ``output`` are typed views (bytes
+        for all-gather and ring; the case's datatype for reductions); in place they
+        overlap as NCCL's in-place convention has it."""
+        raise NotImplementedError
+
+    def _release(self, path: str | None) -> None:
+        """Undo ``path``'s registrations; every rank's work on them is finished."""
+
+    def _check_plan(self, plan: SizePlan) -> None:
+        """Raise (on every rank alike) for a size the baseline cannot time.
+
+        Raises:
+            ConfigError: the size does not suit the baseline.
+        """
+
+    # -- views of this baseline --------------------------------------------------------
+    def for_pattern(self, case: Any) -> GpuBaseline:
+        """This baseline timing ``case`` instead; the view owns nothing (its ``close()``
+        does nothing), so one communicator serves a whole suite.
+
+        Raises:
+            ConfigError: an op or datatype the baseline cannot time.
+        """
+        type(self).check_case(case)
+        view = copy.copy(self)
+        view.case, view.op, view._owner = case, case.name, False
+        return view
+
+    @classmethod
+    def check_case(cls, case: Any) -> None:
+        """Raise unless this baseline can time ``case`` (a pattern: the op is its name;
+        reductions carry ``op`` and ``datatype``).
+
+        Raises:
+            ConfigError: an op or datatype it cannot time.
+        """
+
+    # -- layout and data ---------------------------------------------------------------
+    def _buffer_bytes(self, plan: SizePlan) -> tuple[int, int]:
+        """(send, receive) bytes of this rank."""
+        n = self.world.size
+        if self.op in _BYTE_OPS:
+            return plan.block_bytes, plan.block_bytes * n
+        if self.op == "allreduce":
+            return plan.size, plan.size
+        return plan.size, plan.size // n
+
+    def _views(self, send: Any, receive: Any, plan: SizePlan, mode: str) -> tuple[Any, Any]:
+        """(where this rank's input goes, where its output comes), as NCCL's in-place
+        convention lays them out: all-gather in place reads this rank's block of the
+        output, reduce-scatter in place writes this rank's block of the input."""
+        me, block = self.world.rank, plan.block_bytes
+        in_place = mode == "in-place"
+        if self.op == "ring" or (self.op == "allgather" and in_place):
+            return receive[me * block:(me + 1) * block], receive
+        if self.op == "allgather":
+            return send, receive
+        if self.op == "allreduce":
+            return (receive, receive) if in_place else (send, receive)
+        out = plan.size // self.world.size
+        return send, (send[me * out:(me + 1) * out] if in_place else receive)
+
+    def _typed(self, view: Any) -> Any:
+        if self.op in _BYTE_OPS:
+            return view
+        return view.view(getattr(self._torch, TORCH_DTYPES[self.case.datatype]))
+
+    def _input_bytes(self, plan: SizePlan, iteration: int) -> np.ndarray:
+        if self.op in _BYTE_OPS:
+            return seeded_bytes(iteration, self.world.rank, plan.block_bytes)
+        return self.case.input_bytes(plan, self.world.rank, self.world.size, iteration)
+
+    def _expected_bytes(self, plan: SizePlan, iteration: int) -> np.ndarray:
+        if self.op in _BYTE_OPS:
+            return np.concatenate([seeded_bytes(iteration, rank, plan.block_bytes)
+                                   for rank in range(self.world.size)])
+        return self.case.expected_bytes(plan, self.world.rank, self.world.size, iteration)
+
+    # -- measuring ---------------------------------------------------------------------
+    def measure(self, plan: SizePlan, mode: str, *, iters: int, warmup: int, checks: int,
+                buffers: int = 1, graph: bool = False) -> tuple[float, int, str | None]:
+        """Collective, nccl-tests timing on every path: (seconds per operation averaged
+        over ranks, of the faster path; wrong elements summed over ranks and paths; that
+        path). ``buffers`` > 1 cycles the operations over that many disjoint buffer sets.
+        With ``graph``, the checks replay a captured operation, and the ``iters`` timed
+        operations are captured in one CUDA graph, launched once to warm it and once
+        timed."""
+        def back_to_back(operations: list[Callable[[], None]],
+                         eager: list[Callable[[], None]]) -> float:
+            torch = self._torch
+            sequence = [eager[i % buffers] for i in range(iters)]
+            if graph:
+                whole = self._capture(sequence)
+                self._graphs.append(whole)
+                whole.replay()  # the first launch uploads the graph
+                sequence = [whole.replay]
+            torch.cuda.synchronize(self.device)
+            self.world.comm.Barrier()
+            start = time.perf_counter()
+            for operation in sequence:
+                operation()
+            torch.cuda.synchronize(self.device)
+            seconds = (time.perf_counter() - start) / iters
+            return self.world.comm.allreduce(seconds, op=mpi().SUM) / self.world.size
+
+        best, wrong = self._on_each_path(plan, mode, checks, warmup, buffers, graph,
+                                         back_to_back, key=lambda seconds: seconds)
+        return best[0], wrong, best[1]
+
+    def measure_latency(self, plan: SizePlan, mode: str, *, iters: int, warmup: int,
+                        checks: int, buffers: int = 1,
+                        graph: bool = False) -> tuple[list[float], int, str | None]:
+        """Collective, latency timing on every path: (seconds of each of ``iters``
+        samples of one operation, timed by CUDA events on the baseline's stream, each
+        sample the slowest rank's, of the path with the lower median; wrong elements
+        summed over ranks and paths; that path). With ``graph``, each sample is one
+        replay of a graph of one operation."""
+        def samples_of(operations: list[Callable[[], None]],
+                       _eager: list[Callable[[], None]]) -> list[float]:
+            torch = self._torch
+            begin = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            samples = []
+            for iteration in range(iters):
+                operation = operations[iteration % buffers]
+                torch.cuda.synchronize(self.device)
+                self.world.comm.Barrier()
+                begin.record(self._stream)
+                operation()
+                end.record(self._stream)
+                end.synchronize()
+                samples.append(begin.elapsed_time(end) / 1e3)  # milliseconds
+            return slowest_rank_samples(self.world.comm, samples)
+
+        best, wrong = self._on_each_path(plan, mode, checks, warmup, buffers, graph,
+                                         samples_of, key=lambda samples: percentile(samples, 50))
+        return best[0], wrong, best[1]
+
+    def _on_each_path(self, plan: SizePlan, mode: str, checks: int, warmup: int,
+                      buffers: int, graph: bool, timed: Callable[..., Any],
+                      key: Callable[[Any], float]) -> tuple[tuple[Any, str | None], int]:
+        """((``timed``'s result on the path ``key`` finds fastest, that path), wrong
+        elements over every path). Every rank sees the same figures (reduced over ranks),
+        so every rank picks the same path."""
+        torch = self._torch
+        best: tuple[Any, str | None] | None = None
+        wrong = 0
+        self._check_plan(plan)
+        self.path_results = {}
+        for path in self._paths(mode):
+            try:
+                with torch.cuda.stream(self._stream):
+                    sets = [self._views(self._allocate(path, send), self._allocate(path, receive),
+                                        plan, mode)
+                            for send, receive in [self._buffer_bytes(plan)] * buffers]
+                    operations, eager, found = self._checked_operations(path, sets, plan, mode,
+                                                                        checks, graph)
+                    wrong += found
+                    for iteration in range(warmup_iterations(warmup, buffers)):
+                        operations[iteration % buffers]()
+                    result = timed(operations, eager)
+            except BaseException:
+                # Another rank may be inside a collective: no barrier, the error ends the job.
+                self._drop_path(path)
+                raise
+            self._torch.cuda.synchronize(self.device)
+            self.world.comm.Barrier()  # no peer still reads a buffer released below
+            self._drop_path(path)
+            self.path_results[path] = key(result)
+            if best is None or key(result) < key(best[0]):
+                best = (result, path)
+        assert best is not None  # every baseline has a path
+        return best, wrong
+
+    def _drop_path(self, path: str | None) -> None:
+        """Drop the path's graphs and registrations (its buffers go with their last
+        reference)."""
+        # In place: a view from for_pattern shares these lists with its baseline.
+        while self._graphs:
+            self._graphs.pop().reset()
+        self._release(path)
+
+    def _checked_operations(self, path: str | None, sets: list[tuple[Any, Any]],
+                            plan: SizePlan, mode: str, checks: int, graph: bool
+                            ) -> tuple[list[Callable[[], None]], list[Callable[[], None]], int]:
+        """(what to run: one operation per buffer set, or with ``graph`` a replay of its
+        one-operation graph; the eager operations; the wrong elements of ``checks``
+        verified runs, iteration i on set i mod ``len(sets)``, summed over ranks)."""
+        torch = self._torch
+        eager = [self._operation(self._bind(path, self._typed(inputs), self._typed(output),
+                                            plan, mode))
+                 for inputs, output in sets]
+        operations = eager
+        if graph:
+            for operation in eager:  # warm outside capture, as torch's graph docs ask
+                operation()
+            captured = [self._capture([operation]) for operation in eager]
+            self._graphs.extend(captured)
+            operations = [graph_of_one.replay for graph_of_one in captured]
+        wrong = 0
+        for iteration in range(checks):
+            inputs, output = sets[iteration % len(sets)]
+            output.copy_(torch.from_numpy(poison(output.numel())))
+            inputs.copy_(torch.from_numpy(self._input_bytes(plan, iteration).copy()))
+            torch.cuda.synchronize(self.device)
+            self.world.comm.Barrier()
+            operations[iteration % len(sets)]()
+            torch.cuda.synchronize(self.device)
+            wrong += count_wrong(output.cpu().numpy(), self._expected_bytes(plan, iteration),
+                                 plan.element_size)
+        return operations, eager, self.world.comm.allreduce(wrong, op=mpi().SUM)
+
+    def _operation(self, operation: Callable[[], None]) -> Callable[[], None]:
+        if not self.after_kernel:
+            return operation
+        scratch = self._torch.zeros(1, device=self.device)
+
+        def after_a_kernel() -> None:
+            scratch.add_(1)  # on the current stream: the baseline's
+            operation()
+        return after_a_kernel
+
+    def _capture(self, operations: list[Callable[[], None]]) -> Any:
+        """A ``torch.cuda.CUDAGraph`` of ``operations`` in order, captured on the
+        baseline's stream (and replayed there)."""
+        torch = self._torch
+        captured = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize(self.device)
+        # Thread-local: NCCL's watchdog thread may query events while we capture.
+        with torch.cuda.graph(captured, stream=self._stream, capture_error_mode="thread_local"):
+            for operation in operations:
+                operation()
+        torch.cuda.synchronize(self.device)
+        return captured
+
+    def close(self) -> None:
+        """Release what the baseline set up (idempotent; collective like its creation)."""
+
+    def __enter__(self) -> GpuBaseline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

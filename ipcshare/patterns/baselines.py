@@ -1,0 +1,54 @@
+"""The baselines by name: which class times each, and the one place that opens them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..window import Group
+
+__all__ = ["GPU_BASELINES", "gpu_baseline_class", "open_gpu_baseline", "make_baseline"]
+
+# name -> (module, class) of the baselines that time GPU memory.
+_GPU_CLASSES = {
+    "nccl": ("baseline_nccl4py", "Nccl4pyBaseline"),
+    "torch": ("baseline_torch", "TorchBaseline"),
+    "torch-symm": ("baseline_torch_symm", "TorchSymmBaseline"),
+}
+GPU_BASELINES = tuple(_GPU_CLASSES)
+
+
+def gpu_baseline_class(name: str) -> Any:
+    """The class of GPU baseline ``name`` (imported now: nothing heavy at import time).
+
+    Raises:
+        KeyError: not a GPU baseline.
+    """
+    import importlib
+
+    module, cls = _GPU_CLASSES[name]
+    return getattr(importlib.import_module(f"{__package__}.{module}"), cls)
+
+
+def open_gpu_baseline(name: str, group: Group, pattern: Any) -> Any:
+    """Collective: GPU baseline ``name`` timing ``pattern`` on ``group``'s GPUs.
+
+    Raises:
+        ConfigError: it cannot run here (on every rank, naming what is missing).
+    """
+    device = None if group.backend_name == "host" else group.backend.device
+    return gpu_baseline_class(name)(group.world, pattern, device)
+
+
+def make_baseline(name: str, group: Group, pattern: Any) -> Any:
+    """Collective: the baseline ``name`` (``none`` gives None) for ``pattern``.
+
+    Raises:
+        ConfigError: it cannot time ``pattern`` here (on every rank).
+    """
+    if name == "none":
+        return None
+    if name == "mpi":
+        from .baseline_mpi import mpi_baseline
+
+        return mpi_baseline(group.world, pattern)
+    return open_gpu_baseline(name, group, pattern)
