@@ -23,6 +23,7 @@ KERNEL_SOURCES = {
     "allgather.cu": ("allgather_push", "allgather_pull", "allgather_ring"),
     "barrier.cu": ("device_barrier",),
     "empty.cu": ("empty_kernel",),
+    "p2p_direct.cu": ("p2p_push", "p2p_spin"),
 }
 _OPTIONS = ("-std=c++17", "-default-device", "--use_fast_math")
 
