@@ -17,7 +17,7 @@ from typing import Any
 
 from ..exchange.node_reach import PID_NAMESPACE_FIX
 from ..gpu_sharing import shared_gpus_advice
-from .plan import APP_WINDOWS, DESCRIPTOR_MARGIN, SMALL_DEV_SHM
+from .plan import APP_WINDOWS, DESCRIPTOR_MARGIN, HOST_STAGED_MAX_GBPS, SMALL_DEV_SHM
 
 __all__ = ["Finding", "RULES", "diagnose", "descriptor_need", "suggested_nofile",
            "SEVERITIES"]
@@ -540,11 +540,41 @@ def cpus_far_from_gpu(node: Node) -> list[Finding]:
     return findings
 
 
+def _driver_reports_p2p(node: Node, writer: int, owner: int) -> bool:
+    ranks = _ranks(node)
+    gpu_of = {rank: (facts.get("gpu") or {}).get("bound_uuid") for rank, facts in ranks.items()}
+    pairs = (ranks.get(writer, {}).get("gpu") or {}).get("p2p", [])
+    return any(pair.get("access") and pair.get("src_uuid") == gpu_of.get(writer)
+               and pair.get("dst_uuid") == gpu_of.get(owner) for pair in pairs)
+
+
+def host_staged_speed(node: Node) -> list[Finding]:
+    """NVLink pairs the driver calls P2P-capable whose direct copies ran no faster than
+    copies staged through host memory: peer traffic is not going peer to peer."""
+    rows = [row for row in ((node.get("bandwidth") or {}).get("gpu") or {}).get("rows", [])
+            if row.get("path", "direct") == "direct" and row.get("link") == "nvlink"
+            and "gbps" in row and row["gbps"] <= HOST_STAGED_MAX_GBPS
+            and _driver_reports_p2p(node, row["writer"], row["owner"])]
+    if not rows:
+        return []
+    sample = "; ".join(f"{r['writer']}->{r['owner']} {r['gbps']:g} GB/s" for r in rows[:4])
+    return [Finding(
+        "warn", "bandwidth",
+        f"{len(rows)} GPU pair(s) over NVLink copy at host-staged speed (<= "
+        f"{HOST_STAGED_MAX_GBPS:g} GB/s) although the driver reports P2P: {sample}; the copies "
+        "go through host memory (peer access not enabled for them, or an IOMMU / PCIe ACS "
+        "sending peer traffic through the CPU)",
+        "enable peer access before peer copies (cudaDeviceEnablePeerAccess / "
+        "cuCtxEnablePeerAccess; IPC mappings need cuMemSetAccess for the peer device); boot "
+        "with iommu=pt or disable ACS redirection; compare with ipcshare p2p --peer-access "
+        "on / off (docs/P2P.md)", evidence=_iommu_evidence(node))]
+
+
 RULES: tuple[Callable[[Node], list[Finding]], ...] = (
     pid_namespaces_differ, pidfd_refused, ipc_namespaces_differ, gpu_not_visible,
     p2p_unreachable, data_not_arriving, fabric_without_imex, descriptor_limit, leaks,
     slow_pairs, window_limit_short, small_dev_shm, gpu_unusable, gpus_shared,
-    cpus_far_from_gpu,
+    cpus_far_from_gpu, host_staged_speed,
 )
 
 

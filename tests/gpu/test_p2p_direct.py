@@ -92,3 +92,24 @@ def test_the_cli_runs_the_ipc_half_beside_and_writes_json(two_gpus, tmp_path):
             assert {"p2p_kernel", "p2p_copy", "ipc"} <= set(row), row
             assert row["ipc"]["wrong"] == 0 and row["ipc"]["busbw"] > 0
     assert "ipc: one process per GPU" in out.stdout
+
+
+def test_host_staged_copies_are_slow_and_a_second_streams_copy_waits_behind_the_kernel(
+        two_gpus):
+    from ipcshare.p2p.gpus import GpuSet
+    from ipcshare.p2p.peer_access import disable_peer_access, enable_peer_access
+    from ipcshare.p2p.staging_probe import probe_staging
+
+    with GpuSet(2) as gpus:
+        staged = probe_staging(gpus, 0, 1)          # peer access never enabled here
+        pairs = enable_peer_access(gpus)
+        try:
+            assert all(pair.enabled for pair in pairs), pairs
+            direct = probe_staging(gpus, 0, 1)
+        finally:
+            disable_peer_access(gpus, pairs)
+    print(f"staged {staged}\ndirect {direct}")  # the numbers for docs/BENCHMARKS.md (-s)
+    assert staged["gbps"] < direct["gbps"] / 3, (staged, direct)
+    assert direct["waited_behind_kernel"] is False and direct["second_copy_ms"] < 25, direct
+    # the report this reproduces: without peer access the second stream's copy waits
+    assert staged["waited_behind_kernel"] is True, staged

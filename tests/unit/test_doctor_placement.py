@@ -167,3 +167,24 @@ def test_the_cluster_summary_and_the_document_carry_the_differences():
     assert document["differences"] == [expected]
     summary = cluster.render_summary(document)
     assert summary[-2].startswith("  nodes differ") and summary[-1] == f"    {expected}"
+
+
+def staged_node(gbps, *, access=True, link="nvlink"):
+    def gpu(rank):
+        return {"count": 2, "bound": rank, "bound_uuid": f"GPU-{rank}",
+                "p2p": [{"src": rank, "dst": 1 - rank, "src_uuid": f"GPU-{rank}",
+                         "dst_uuid": f"GPU-{1 - rank}", "access": access}]}
+    rows = [{"writer": w, "owner": 1 - w, "gbps": gbps if w == 0 else 380.0, "link": link}
+            for w in (0, 1)]
+    return node(ranks=[rank_facts(0, gpu=gpu(0)), rank_facts(1, gpu=gpu(1))],
+                bandwidth={"host": None, "gpu": {"path": "cuda-vmm/pidfd", "rows": rows}})
+
+
+def test_an_nvlink_pair_at_host_staged_speed_with_p2p_reported_is_flagged():
+    (finding,) = rules.host_staged_speed(staged_node(11.5))
+    assert finding.severity == "warn" and finding.check == "bandwidth"
+    assert "1 GPU pair(s) over NVLink copy at host-staged speed" in finding.cause
+    assert "0->1 11.5 GB/s" in finding.cause and "cuCtxEnablePeerAccess" in finding.fix
+    assert rules.host_staged_speed(staged_node(250.0)) == []             # direct speed
+    assert rules.host_staged_speed(staged_node(11.5, access=False)) == []  # no P2P: expected
+    assert rules.host_staged_speed(staged_node(11.5, link="pcie")) == []   # PCIe is that slow
