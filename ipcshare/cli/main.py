@@ -94,6 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_doctor_flags(commands.add_parser(
         "doctor", help="validate sharing on every node: capability matrix, limits, causes, fixes"))
+    from .p2p import add_p2p_flags
+
+    add_p2p_flags(commands.add_parser(
+        "p2p", help="one process over every GPU: peer access, ring and all-gather by peer "
+                    "pointers and cuMemcpyPeerAsync, against IPC windows"))
     return parser
 
 
@@ -118,6 +123,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .doctor import run_doctor_command
 
             return run_doctor_command(args)
+        if args.command == "p2p":
+            from .p2p import run_p2p_command
+
+            return run_p2p_command(args)
         from .run_pattern import run_pattern_command
 
         return run_pattern_command(args)

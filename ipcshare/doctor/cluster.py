@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from .consistency import node_differences
+
 __all__ = ["summarize_cluster", "render_summary"]
 
 
 def summarize_cluster(document: dict[str, Any]) -> dict[str, Any]:
-    """``{'passed': [keys], 'failed': {key: [reasons]}, 'warnings': {key: count}}``.
+    """``{'passed': [keys], 'failed': {key: [reasons]}, 'warnings': {key: count},
+    'differences': [lines]}`` (driver, CUDA or GPU model differing between nodes).
 
     A reason is ``'<check>: <cause> (fix: <fix>)'`` for every failing finding of the
     node (the rules always leave at least one for each failing required check).
@@ -26,7 +29,8 @@ def summarize_cluster(document: dict[str, Any]) -> dict[str, Any]:
             failed[key] = [f"{f['check']}: {f['cause']} (fix: {f['fix']})" for f in fails] or [
                 f"{c['name']}: {c['detail']}" for c in node["checks"]
                 if c["required"] and not c["ok"]]
-    return {"passed": passed, "failed": failed, "warnings": warnings}
+    return {"passed": passed, "failed": failed, "warnings": warnings,
+            "differences": node_differences(document["nodes"])}
 
 
 def _label(node: dict[str, Any]) -> str:
@@ -51,4 +55,8 @@ def render_summary(document: dict[str, Any]) -> list[str]:
             lines.append(f"  FAIL  {_label(node)}")
             for reason in summary["failed"][key]:
                 lines.append(f"        {reason}")
+    if summary["differences"]:
+        lines.append("  nodes differ (mixed drivers break P2P / IPC on some nodes only; "
+                      "mixed GPUs make bandwidths incomparable):")
+        lines += [f"    {line}" for line in summary["differences"]]
     return lines

@@ -16,6 +16,8 @@ import socket
 import subprocess
 from typing import Any
 
+from .affinity import collect_affinity
+
 __all__ = [
     "collect_rank_facts",
     "open_fd_count",
@@ -264,9 +266,16 @@ def _gpu_facts(local_rank: int, local_size: int) -> dict[str, Any]:
     return facts
 
 
+def _bound_bus_id(gpu: dict[str, Any]) -> str | None:
+    bound = gpu.get("bound")
+    return next((d.get("pci_bus_id") for d in gpu.get("devices", []) if d["index"] == bound),
+                None)
+
+
 def collect_rank_facts(*, local_rank: int, local_size: int, node_facts: bool,
                        probe_acs: bool) -> dict[str, Any]:
-    """Facts of this rank's process. ``node_facts`` adds what one rank per node reads
+    """Facts of this rank's process (with its CPU / NUMA placement against its GPU's,
+    ``affinity``). ``node_facts`` adds what one rank per node reads
     for all (nvidia-smi topology; with ``probe_acs`` also ``lspci -vvv``). Never raises
     for a missing source."""
     status = _status_fields()
@@ -294,6 +303,7 @@ def collect_rank_facts(*, local_rank: int, local_size: int, node_facts: bool,
         "iommu": _iommu_hints(),
         "gpu": _gpu_facts(local_rank, local_size),
     }
+    facts["affinity"] = collect_affinity(_bound_bus_id(facts["gpu"]))
     if node_facts:
         facts["pci_acs"] = _pci_acs() if probe_acs else None
         facts["nvidia_smi"] = _nvidia_smi_facts() if facts["gpu"]["count"] else None

@@ -14,6 +14,7 @@ __all__ = [
     "DoctorPlan",
     "doctor_timeout",
     "EXPECTED_MIN_GBPS",
+    "HOST_STAGED_MAX_GBPS",
     "APP_WINDOWS",
     "DESCRIPTOR_MARGIN",
     "MAPPINGS_SLACK",
@@ -28,6 +29,9 @@ __all__ = [
 # far below those figures on purpose: they catch broken or rerouted links, not tuning.
 # A link whose type is unknown (no nvidia-smi) is held to the PCIe floor.
 EXPECTED_MIN_GBPS = {"nvlink": 200.0, "pcie": 10.0, "same-gpu": 200.0, "unknown": 10.0}
+# Peer copies staged through pinned host memory (no peer access) run at host memory and PCIe
+# speed; a pair the driver calls P2P-capable measured at or below this over NVLink went so.
+HOST_STAGED_MAX_GBPS = 60.0
 
 # Descriptor budget: an application is assumed to hold this many windows at once. A host
 # window keeps one descriptor for its memfd and one per mapping on every rank of the

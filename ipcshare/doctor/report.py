@@ -86,6 +86,26 @@ def _rank_lines(node: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _placement_lines(node: dict[str, Any]) -> list[str]:
+    lines = []
+    for facts in node["ranks"]:
+        placement = facts.get("affinity")
+        if not placement:
+            continue
+        nodes = ",".join(map(str, placement.get("cpu_numa_nodes") or [])) or "?"
+        text = (f"  placement: rank {facts['rank']} on CPUs {placement.get('cpus') or '?'} "
+                f"(NUMA {nodes} of {placement.get('numa_nodes') or '?'})")
+        if placement.get("gpu_pci"):
+            gpu_node = placement.get("gpu_numa_node")
+            near = placement.get("cpus_near_gpu")
+            text += (f"; GPU {placement['gpu_pci']} on NUMA "
+                     f"{'?' if gpu_node is None else gpu_node}"
+                     + ("" if near is None else
+                        f", {near} of {placement['cpu_count']} CPUs local to it"))
+        lines.append(text)
+    return lines
+
+
 def _matrix_lines(node: dict[str, Any]) -> list[str]:
     lines = ["  capability matrix: every peer writes into every owner's window, the owner "
              "reads it back",
@@ -250,7 +270,7 @@ def render_node(key: str, node: dict[str, Any]) -> list[str]:
     head = (f"node {node['host']}  boot {str(node['boot_id'])[:8]}  driver {node['driver'] or '-'}"
             f"  CUDA {node['cuda'] or '-'}  GPUs: {gpus or 'none'}  ranks "
             f"{','.join(map(str, node['world_ranks']))}  [{_MARK[node['pass']]}]")
-    return ([head] + _rank_lines(node) + [""] + _matrix_lines(node) + [""]
+    return ([head] + _rank_lines(node) + _placement_lines(node) + [""] + _matrix_lines(node) + [""]
             + _bandwidth_lines(node) + _limit_lines(node) + [""] + _check_lines(node))
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..exchange.node_reach import PID_NAMESPACE_FIX
 from ..gpu_sharing import shared_gpus_advice
-from .plan import APP_WINDOWS, DESCRIPTOR_MARGIN, SMALL_DEV_SHM
+from .plan import APP_WINDOWS, DESCRIPTOR_MARGIN, HOST_STAGED_MAX_GBPS, SMALL_DEV_SHM
 
 __all__ = ["Finding", "RULES", "diagnose", "descriptor_need", "suggested_nofile",
            "SEVERITIES"]
@@ -501,10 +501,80 @@ def window_limit_short(node: Node) -> list[Finding]:
     return findings
 
 
+_BIND_FIX = ("bind each rank to its GPU's NUMA node: launch/bind-gpu.sh does it (numactl "
+             "--cpunodebind=N --membind=N, else taskset -c <the GPU's local CPUs>), or mpirun "
+             "--bind-to numa / srun --cpu-bind=ldoms; nvidia-smi topo -m shows each GPU's CPU "
+             "and NUMA affinity")
+
+
+def cpus_far_from_gpu(node: Node) -> list[Finding]:
+    """A rank whose CPUs are all on another NUMA node than its GPU (warn), or that may
+    wander over several nodes (info): its launches, pinned staging buffers and host-staged
+    copies cross the CPU interconnect."""
+    far, unbound = [], []
+    for rank, facts in sorted(_ranks(node).items()):
+        placement = facts.get("affinity") or {}
+        near, count = placement.get("cpus_near_gpu"), placement.get("cpu_count")
+        if near is None or not count or placement.get("gpu_numa_node") is None:
+            continue
+        bound = (facts.get("gpu") or {}).get("bound")
+        text = (f"rank {rank} on CPUs {placement['cpus']} (NUMA node(s) "
+                f"{','.join(map(str, placement.get('cpu_numa_nodes') or [])) or '?'}), its "
+                f"GPU cuda:{bound} ({placement.get('gpu_pci')}) on NUMA node "
+                f"{placement['gpu_numa_node']} (local CPUs {placement.get('gpu_local_cpus')})")
+        if near == 0:
+            far.append(text)
+        elif near < count and placement.get("numa_nodes", 0) > 1:
+            unbound.append(f"{text}: {near} of its {count} CPUs are local")
+    findings = [Finding(
+        "warn", "affinity",
+        f"{text}: none of the rank's CPUs is local to its GPU, so kernel launches, pinned "
+        "host buffers and host-staged peer copies cross the CPU interconnect",
+        _BIND_FIX, evidence=text) for text in far]
+    if unbound:
+        findings.append(Finding(
+            "info", "affinity",
+            f"{len(unbound)} rank(s) may run on CPUs of other NUMA nodes than their GPU's "
+            "(not bound): the scheduler can move them away from their GPU",
+            _BIND_FIX, evidence="; ".join(unbound)))
+    return findings
+
+
+def _driver_reports_p2p(node: Node, writer: int, owner: int) -> bool:
+    ranks = _ranks(node)
+    gpu_of = {rank: (facts.get("gpu") or {}).get("bound_uuid") for rank, facts in ranks.items()}
+    pairs = (ranks.get(writer, {}).get("gpu") or {}).get("p2p", [])
+    return any(pair.get("access") and pair.get("src_uuid") == gpu_of.get(writer)
+               and pair.get("dst_uuid") == gpu_of.get(owner) for pair in pairs)
+
+
+def host_staged_speed(node: Node) -> list[Finding]:
+    """NVLink pairs the driver calls P2P-capable whose direct copies ran no faster than
+    copies staged through host memory: peer traffic is not going peer to peer."""
+    rows = [row for row in ((node.get("bandwidth") or {}).get("gpu") or {}).get("rows", [])
+            if row.get("path", "direct") == "direct" and row.get("link") == "nvlink"
+            and "gbps" in row and row["gbps"] <= HOST_STAGED_MAX_GBPS
+            and _driver_reports_p2p(node, row["writer"], row["owner"])]
+    if not rows:
+        return []
+    sample = "; ".join(f"{r['writer']}->{r['owner']} {r['gbps']:g} GB/s" for r in rows[:4])
+    return [Finding(
+        "warn", "bandwidth",
+        f"{len(rows)} GPU pair(s) over NVLink copy at host-staged speed (<= "
+        f"{HOST_STAGED_MAX_GBPS:g} GB/s) although the driver reports P2P: {sample}; the copies "
+        "go through host memory (peer access not enabled for them, or an IOMMU / PCIe ACS "
+        "sending peer traffic through the CPU)",
+        "enable peer access before peer copies (cudaDeviceEnablePeerAccess / "
+        "cuCtxEnablePeerAccess; IPC mappings need cuMemSetAccess for the peer device); boot "
+        "with iommu=pt or disable ACS redirection; compare with ipcshare p2p --peer-access "
+        "on / off (docs/P2P.md)", evidence=_iommu_evidence(node))]
+
+
 RULES: tuple[Callable[[Node], list[Finding]], ...] = (
     pid_namespaces_differ, pidfd_refused, ipc_namespaces_differ, gpu_not_visible,
     p2p_unreachable, data_not_arriving, fabric_without_imex, descriptor_limit, leaks,
     slow_pairs, window_limit_short, small_dev_shm, gpu_unusable, gpus_shared,
+    cpus_far_from_gpu, host_staged_speed,
 )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from .bandwidth import judge_rows, link_kind
+from .consistency import node_differences
 from .paths import GPU_PATHS
 from .rules import descriptor_need, diagnose
 
@@ -201,4 +202,5 @@ def build_document(results: list[dict[str, Any]], *, version: str, quick: bool,
     return {"ipcshare": version, "doctor_format": DOCUMENT_FORMAT, "quick": quick,
             "mpi": mpi_library, "world_size": len(results), "node_count": len(nodes),
             "elapsed_s": round(elapsed_s, 3),
-            "pass": all(node["pass"] for node in nodes.values()), "nodes": nodes}
+            "pass": all(node["pass"] for node in nodes.values()),
+            "differences": node_differences(nodes), "nodes": nodes}

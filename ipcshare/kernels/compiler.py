@@ -28,6 +28,7 @@ KERNEL_SOURCES = {
         for dtype in ("float32", "float16", "bfloat16", "int32") for op in ("sum", "max", "min"))),
     "barrier.cu": ("device_barrier",),
     "empty.cu": ("empty_kernel",),
+    "p2p_direct.cu": ("p2p_push", "p2p_spin"),
 }
 _OPTIONS = ("-std=c++17", "-default-device", "--use_fast_math")
 

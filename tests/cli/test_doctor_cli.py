@@ -78,6 +78,25 @@ def test_quick_doctor_passes_and_writes_json_and_yaml(tmp_path):
 
 
 @needs_mpiexec
+@without_gpu
+def test_virtual_nodes_each_report_their_ranks_placement_and_agree(tmp_path):
+    import os
+
+    out_json = tmp_path / "doctor.json"
+    out = doctor(["--quick", "--json", str(out_json)], n=4,
+                 env={**os.environ, "IPCSHARE_VIRTUAL_NODES": "2"})
+    assert out.returncode == 0, out.stderr
+    document = json.loads(out_json.read_text())
+    assert document["node_count"] == 2 and document["differences"] == []
+    placements = [facts["affinity"] for node in document["nodes"].values()
+                  for facts in node["ranks"]]
+    assert len(placements) == 4
+    assert all(p["cpu_count"] >= 1 and p["cpus"] and "gpu_pci" not in p for p in placements)
+    assert out.stdout.count("  placement: rank ") == 4
+    assert "nodes differ" not in out.stdout
+
+
+@needs_mpiexec
 def test_unwritable_output_is_one_line_per_rank(tmp_path):
     out = doctor(["--quick", "--json", str(tmp_path / "missing" / "d.json")])
     assert out.returncode == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -85,3 +86,64 @@ def test_srun_launch_uses_pmix_block_placement_and_gpu_binding(tmp_path):
                                     "slurm.sbatch"])
 def test_launch_scripts_parse(script):
     subprocess.run(["bash", "-n", str(LAUNCH / script)], check=True, timeout=30)
+
+
+BASH = shutil.which("bash")
+
+
+def _numa_machine(tmp_path, *, tools, numa_node="1", local_cpus="8-15"):
+    """A fake sysfs tree with the GPU at 0000:1b:00.0 on ``numa_node``, and a bin folder
+    with nvidia-smi and the binding ``tools`` (each prints its arguments)."""
+    device = tmp_path / "sys" / "bus" / "pci" / "devices" / "0000:1b:00.0"
+    device.mkdir(parents=True)
+    (device / "numa_node").write_text(numa_node + "\n")
+    if local_cpus is not None:
+        (device / "local_cpulist").write_text(local_cpus + "\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scripts = {"nvidia-smi": 'echo "00000000:1B:00.0"'}
+    for tool in tools:
+        # The script probes each binding with `true`, then execs the command under it.
+        scripts[tool] = f'[[ ${{@: -1}} == true ]] && exit 0; echo "{tool} $*"'
+    for name, body in scripts.items():
+        script = bin_dir / name
+        script.write_text(f"#!{BASH}\n{body}\n")
+        script.chmod(0o755)
+    env = {"PATH": str(bin_dir), "IPCSHARE_SYSFS_ROOT": str(tmp_path / "sys"),
+           "OMPI_COMM_WORLD_LOCAL_RANK": "0", "CUDA_VISIBLE_DEVICES": "3"}
+    return env
+
+
+def _bound(env):
+    out = subprocess.run([BASH, str(BIND), BASH, "-c", "echo unbound"], env=env,
+                         capture_output=True, text=True, timeout=30, check=True)
+    return out.stdout.strip(), out.stderr.strip()
+
+
+def test_numactl_binds_cpus_and_memory_to_the_gpus_node(tmp_path):
+    stdout, _ = _bound(_numa_machine(tmp_path, tools=("numactl", "taskset")))
+    assert stdout == f"numactl --cpunodebind=1 --membind=1 {BASH} -c echo unbound"
+
+
+def test_taskset_binds_the_gpus_local_cpus_when_numactl_is_missing(tmp_path):
+    stdout, stderr = _bound(_numa_machine(tmp_path, tools=("taskset",)))
+    assert stdout == f"taskset -c 8-15 {BASH} -c echo unbound"
+    assert "memory not bound to node 1" in stderr
+
+
+def test_without_binding_tools_the_rank_runs_unbound_and_says_why(tmp_path):
+    stdout, stderr = _bound(_numa_machine(tmp_path, tools=()))
+    assert stdout == "unbound"
+    assert "neither numactl nor taskset" in stderr and "node 1" in stderr
+
+
+def test_a_gpu_without_a_numa_node_is_left_unbound(tmp_path):
+    stdout, stderr = _bound(_numa_machine(tmp_path, tools=("numactl", "taskset"),
+                                          numa_node="-1", local_cpus=None))
+    assert stdout == "unbound" and "no NUMA node" in stderr
+
+
+def test_numa_binding_can_be_turned_off(tmp_path):
+    env = _numa_machine(tmp_path, tools=("numactl",))
+    stdout, stderr = _bound({**env, "IPCSHARE_BIND_NUMA": "0"})
+    assert stdout == "unbound" and stderr == ""
