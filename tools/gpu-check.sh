@@ -41,8 +41,8 @@ set -u
 
 phases=("${@:-all}")
 for phase in "${phases[@]}"; do
-  case "$phase" in all|tests|bench|suite|sweep|doctor|faults|fallback|namespaces|shared|collectives) ;;
-    *) echo "usage: $0 [all|tests|bench|suite|sweep|doctor|faults|fallback|namespaces|shared|collectives]..." >&2
+  case "$phase" in all|tests|bench|suite|sweep|doctor|faults|fallback|namespaces|shared|collectives|p2p) ;;
+    *) echo "usage: $0 [all|tests|bench|suite|sweep|doctor|faults|fallback|namespaces|shared|collectives|p2p]..." >&2
        exit 2 ;; esac
 done
 wants() {  # wants PHASE: whether PHASE was asked for (all = tests and bench)
@@ -380,9 +380,11 @@ elif wants fallback; then
   log "fallback: needs 2 GPUs; skipped"
 fi
 
-collective_tests() {  # collective_tests N: the Communicator's GPU tests
-  "$MPIEXEC" -n "$1" --bind-to none "$PY" -m pytest -q -rs -x --with-mpi -m gpu \
-    -p no:cacheprovider tests/gpu/test_gpu_communicator.py ${COLLECTIVE_TESTS_EXTRA:-}
+collective_tests() {  # collective_tests N FILE...: GPU tests of the collectives and baselines
+  local n=$1
+  shift
+  "$MPIEXEC" -n "$n" --bind-to none "$PY" -m pytest -q -rs --with-mpi -m gpu \
+    -p no:cacheprovider "$@"
 }
 collective_bench() {  # collective_bench N OP ALGO [extra flags...]: one sweep, into $RESULTS
   local n=$1 op=$2 algo=$3 json rc
@@ -397,7 +399,13 @@ collective_bench() {  # collective_bench N OP ALGO [extra flags...]: one sweep, 
 }
 export -f collective_tests collective_bench
 if [[ $G -ge 2 ]] && wants collectives; then
-  step "Communicator GPU tests n=2" "$STEP_TIMEOUT_TESTS" collective_tests 2
+  step "Communicator GPU tests n=2" "$STEP_TIMEOUT_TESTS" collective_tests 2 \
+    tests/gpu/test_gpu_communicator.py
+  # Baselines: torch-symm in a process of its own (symmetric memory keeps per-group state).
+  step "baseline GPU tests n=2" "$STEP_TIMEOUT_TESTS" collective_tests 2 \
+    tests/gpu/test_gpu_baselines.py tests/gpu/test_after_kernel.py
+  step "torch-symm baseline GPU tests n=2" "$STEP_TIMEOUT_TESTS" collective_tests 2 \
+    tests/gpu/test_torch_symm_baseline.py
   for op in allreduce reducescatter; do
     algos="one-shot"
     [[ $op == allreduce ]] && algos="one-shot two-shot auto"
@@ -406,14 +414,38 @@ if [[ $G -ge 2 ]] && wants collectives; then
       step "$op $algo n=2 graph" "$STEP_TIMEOUT_BENCH" collective_bench 2 "$op" "$algo" --graph
     done
   done
-  if [[ -n ${COLLECTIVE_BASELINES:-} ]]; then
-    for baseline in $COLLECTIVE_BASELINES; do
-      step "allreduce auto n=2 vs $baseline graph" "$STEP_TIMEOUT_BENCH" collective_bench 2 \
-        allreduce auto --graph --baseline "$baseline"
+  # Against each baseline in the same launch, in graphs and eager (COLLECTIVE_BASELINES).
+  for baseline in ${COLLECTIVE_BASELINES:-nccl}; do
+    for mode in --graph ""; do
+      step "allreduce auto n=2 vs $baseline $mode" "$STEP_TIMEOUT_BENCH" collective_bench 2 \
+        allreduce auto $mode --baseline "$baseline"
+      [[ $baseline == torch-symm ]] && continue
+      step "reducescatter auto n=2 vs $baseline $mode" "$STEP_TIMEOUT_BENCH" collective_bench 2 \
+        reducescatter auto $mode --baseline "$baseline"
+      step "allgather auto n=2 vs $baseline $mode" "$STEP_TIMEOUT_BENCH" collective_bench 2 \
+        allgather auto $mode --baseline "$baseline"
     done
-  fi
+  done
 elif wants collectives; then
   log "collectives: needs 2 GPUs; skipped"
+fi
+
+p2p_runs() {  # the P2P-direct mode against IPC, and host-staged copies (docs/P2P.md)
+  "$PY" -m pytest -q -s -rs -p no:cacheprovider tests/gpu/test_p2p_direct.py || return 1
+  "$PY" -m ipcshare p2p -b 8 -e "${P2P_MAX:-256M}" -f 4 --json "$OUT/p2p.json" || return 1
+  "$PY" -m ipcshare p2p --peer-access off --mode copy --no-ipc -b 64M -e 256M -f 4 \
+    --json "$OUT/p2p-staged.json"
+}
+doctor_bound() {  # doctor_bound N: doctor, every rank bound by launch/bind-gpu.sh (CPU, NUMA)
+  "$MPIEXEC" -n "$1" --bind-to none launch/bind-gpu.sh "$PY" -m ipcshare doctor --quick \
+    --json "$OUT/doctor-bound.json"
+}
+export -f p2p_runs doctor_bound
+if [[ $G -ge 2 ]] && wants p2p; then
+  step "p2p direct vs IPC, host-staged copies" 300 p2p_runs
+  step "doctor --quick under bind-gpu.sh" 180 doctor_bound "$G"
+elif wants p2p; then
+  log "p2p: needs 2 GPUs; skipped"
 fi
 
 namespaces_tests() {  # the PID-namespace tests, host and GPU backends, under the node's MPI

@@ -45,13 +45,17 @@ HOST_CHOICES: dict[str, dict[int, Choice]] = {
 
 # GPU memory (kernels of kernels/src/collectives.cu). All-gather and reduce-scatter have
 # one algorithm each. All-reduce: one-shot reads n times the bytes two-shot reads but
-# meets its peers once instead of twice; the limits are where two-shot took over on
-# nvidia-h200-x2 (docs/BENCHMARKS.md, "Collectives on the user's arrays").
+# meets its peers once instead of twice. Measured on nvidia-h200-x2 (2026-11-23, commit
+# 3c30cab, `ipcshare allreduce --algo one-shot|two-shot -b 8 -e 32M -f 4 [--graph]`):
+# on 2 GPUs one-shot wins at every size (graph: 7.8 / 11.0 / 16.2 / 39.1 / 137 us at
+# 8 B / 512 KiB / 2 MiB / 8 MiB / 32 MiB against two-shot's 11.9 / 16.9 / 21.1 / 44.1 /
+# 144), since each rank reads one peer either way. The 3+ row is NCCL's and vLLM's
+# rule of thumb (two-shot from a few hundred KiB), not yet measured here: the 4-GPU node
+# kind was not lent.
 CUDA_CHOICES: dict[str, dict[int, Choice]] = {
     "all_gather": {1: Choice((), ("pull",))},
     "reduce_scatter": {1: Choice((), ("one-shot",))},
     "all_reduce": {1: Choice((), ("one-shot",)),
-                   2: Choice((512 * _KiB,), ("one-shot", "two-shot")),
                    3: Choice((256 * _KiB,), ("one-shot", "two-shot"))},
 }
 _TABLES = {"host": HOST_CHOICES, "cuda": CUDA_CHOICES}
