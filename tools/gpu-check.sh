@@ -406,7 +406,8 @@ if [[ $G -ge 2 ]] && wants collectives; then
     tests/gpu/test_gpu_baselines.py tests/gpu/test_after_kernel.py
   step "torch-symm baseline GPU tests n=2" "$STEP_TIMEOUT_TESTS" collective_tests 2 \
     tests/gpu/test_torch_symm_baseline.py
-  for op in allreduce reducescatter; do
+  # Each algorithm alone (COLLECTIVE_SWEEPS=0 skips these).
+  [[ ${COLLECTIVE_SWEEPS:-1} == 0 ]] || for op in allreduce reducescatter; do
     algos="one-shot"
     [[ $op == allreduce ]] && algos="one-shot two-shot auto"
     for algo in $algos; do
