@@ -35,8 +35,11 @@ def _rank(wrapper: str, args: list[str]) -> list[str]:
     command = " ".join([*IPCSHARE, *args])
     if wrapper == "pid":
         return ["-n", "1", *own, *IPCSHARE, *args]
-    # A private /tmp: this rank cannot see the socket directory that rank 0 made.
-    return ["-n", "1", *own, "sh", "-c", f"mount -t tmpfs none /tmp && exec {command}"]
+    # A private socket base (IPCSHARE_SOCKET_DIR, under /tmp): this rank cannot see the
+    # socket directory that rank 0 made there. Only that directory is hidden, not all of
+    # /tmp, where the checkout and its virtual environment may live.
+    return ["-n", "1", *own, "sh", "-c",
+            f'mount -t tmpfs none "$IPCSHARE_SOCKET_DIR" && exec {command}']
 
 
 def _job(ranks: list[list[str]]):
