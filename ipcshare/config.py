@@ -36,9 +36,10 @@ HANDLES = ("posix-fd", "fabric")
 # auto / copy-engine: engine copies (memcpy on host, the copy engine on GPUs);
 # hierarchical: all-gather by IPC inside nodes and MPI between them (auto's choice when a
 # job spans nodes); push / pull / ring: all-gather kernels (GPU backends); one-shot /
-# two-shot: all-reduce (and one-shot reduce-scatter) of the collectives layer.
+# two-shot: all-reduce (and one-shot reduce-scatter) of the collectives layer; ll: the
+# low-latency protocol of the collectives layer (all-gather and all-reduce, GPU backends).
 ALGOS = ("auto", "copy-engine", "hierarchical", "push", "pull", "ring", "one-shot",
-         "two-shot", "leader")
+         "two-shot", "leader", "ll")
 # -o of allreduce / reducescatter (the collectives layer's ops).
 REDUCTIONS = ("sum", "max", "min")
 # name -> (numpy dtype string, bytes per element)

@@ -40,7 +40,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Group", "Window", "StreamWindow", "SIGNAL_PAD_BYTES", "BARRIER_SLOTS",
            "USER_SLOT_BASE", "USER_SLOTS", "ERROR_SLOT", "KERNEL_SLOT_BASE",
-           "DEVICE_BARRIER_SLOT_BASE", "EPOCH_SLOT_BASE", "FLAG_BARRIER_SLOT_BASE"]
+           "DEVICE_BARRIER_SLOT_BASE", "EPOCH_SLOT_BASE", "FLAG_BARRIER_SLOT_BASE",
+           "LL_EPOCH_SLOT"]
 
 # Signal pad: 8192 64-bit words after the data (layout shared with the CUDA header
 # kernels/include/ipcshare/signal.cuh). Words [0, 256) belong to the host barrier (word i
@@ -62,6 +63,8 @@ EPOCH_SLOT_BASE = 8064
 FLAG_BARRIER_SLOT_BASE = 7872
 FLAG_BARRIER_RANKS = 64
 _DEVICE_BARRIER_EPOCH_SLOT = EPOCH_SLOT_BASE + 4
+# The low-latency collectives count their own calls (their buffers alternate by it).
+LL_EPOCH_SLOT = EPOCH_SLOT_BASE + 6
 _PAD_ALIGN = 4096
 _DEFAULT_SIGNAL_TIMEOUT_S = 30.0
 # Flag-based barriers need stores that become visible in program order.

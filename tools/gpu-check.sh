@@ -25,6 +25,8 @@
 #   namespaces  every rank in a PID namespace of its own (unshare -p, as one container per
 #           rank): tests/cli/test_pid_namespaces_cli.py on the host and both GPU backends
 #           (records what legacy cudaIpc does there)
+#   latency the low-latency protocol (algo ll): its GPU tests at 2, G and G+1 ranks, and
+#           8 B - 4 MiB sweeps of ll, the other kernels and NCCL, in graphs and eager
 #   shared  G+1 and 2xG ranks on G GPUs (some share one): all-gather and ring at 1 MiB with
 #           auto, the copy engine under both shared-GPU barriers (host, stream), push and
 #           leader;
@@ -41,8 +43,8 @@ set -u
 
 phases=("${@:-all}")
 for phase in "${phases[@]}"; do
-  case "$phase" in all|tests|bench|suite|sweep|doctor|faults|fallback|namespaces|shared|collectives|p2p) ;;
-    *) echo "usage: $0 [all|tests|bench|suite|sweep|doctor|faults|fallback|namespaces|shared|collectives|p2p]..." >&2
+  case "$phase" in all|tests|bench|suite|sweep|doctor|faults|fallback|namespaces|shared|collectives|p2p|latency) ;;
+    *) echo "usage: $0 [all|tests|bench|suite|sweep|doctor|faults|fallback|namespaces|shared|collectives|p2p|latency]..." >&2
        exit 2 ;; esac
 done
 wants() {  # wants PHASE: whether PHASE was asked for (all = tests and bench)
@@ -429,6 +431,30 @@ if [[ $G -ge 2 ]] && wants collectives; then
   done
 elif wants collectives; then
   log "collectives: needs 2 GPUs; skipped"
+fi
+
+if [[ $G -ge 2 ]] && wants latency; then
+  # The low-latency protocol: its tests at G ranks (and 2 and G+1 ranks, some sharing a
+  # GPU), the Communicator's tests of it, then small-message sweeps of ll against the
+  # other kernels and NCCL (nccl4py, plain and symmetric) in the same launch, in graphs
+  # and eager.
+  step "LL tests n=$G" "$STEP_TIMEOUT_TESTS" collective_tests "$G" tests/gpu/test_gpu_low_latency.py
+  [[ $G -gt 2 ]] && step "LL tests n=2" "$STEP_TIMEOUT_TESTS" collective_tests 2 \
+    tests/gpu/test_gpu_low_latency.py
+  step "Communicator tests (ll, auto) n=$G" "$STEP_TIMEOUT_TESTS" collective_tests "$G" \
+    tests/gpu/test_gpu_communicator.py -k "ll or auto"
+  step "LL tests n=$((G + 1)) (shared GPU)" "$STEP_TIMEOUT_TESTS" collective_tests $((G + 1)) \
+    tests/gpu/test_gpu_low_latency.py
+  for mode in --graph ""; do
+    for pair in "allgather ll" "allgather push" "allgather pull" "allreduce ll" \
+                "allreduce one-shot"; do
+      set -- $pair
+      COLLECTIVE_MAX=${LATENCY_MAX:-4M} step "$1 $2 n=$G vs nccl $mode" "$STEP_TIMEOUT_BENCH" \
+        collective_bench "$G" "$1" "$2" $mode --baseline nccl
+    done
+  done
+elif wants latency; then
+  log "latency: needs 2 GPUs; skipped"
 fi
 
 p2p_runs() {  # the P2P-direct mode against IPC, and host-staged copies (docs/P2P.md)

@@ -54,7 +54,8 @@ def _add_pattern_flags(parser: argparse.ArgumentParser) -> None:
                            "on the same sizes")
     add("--algo", help="auto | copy-engine | hierarchical (IPC in nodes, MPI between) | "
                        "push | pull | ring (all-gather kernels, GPU only) | leader (one "
-                       "kernel per GPU, for ranks sharing GPUs)")
+                       "kernel per GPU, for ranks sharing GPUs) | one-shot | two-shot "
+                       "(all-reduce) | ll (low-latency all-gather / all-reduce, GPU only)")
     add("--graph", action="store_true", default=None, help="CUDA-graph timing mode")
     add("--after-kernel", dest="after_kernel", action="store_true", default=None,
         help="launch an empty kernel on the stream before every operation, ours and the "

@@ -104,7 +104,7 @@ def run_pattern_command(args: argparse.Namespace) -> int:
         # a peer dies cannot notice it: the watch ends it after this grace.
         group.watch.exit_if_stuck(grace=peer_exit_grace())
         with collective_step(group.world, "choosing the algorithm"):
-            if options.algo in ("push", "pull", "ring") and group.backend_name == "host":
+            if options.algo in ("push", "pull", "ring", "ll") and group.backend_name == "host":
                 raise ConfigError(f"--algo {options.algo} runs GPU kernels: it needs a GPU "
                                   "backend (cuda-ipc or cuda-vmm), not host")
         baseline = make_baseline(options.baseline, group, pattern)

@@ -81,7 +81,8 @@ class Communicator:
                     "yet; use a group of one node's ranks")
         self.max_bytes = max_bytes
         self.heap_bytes = heap_bytes
-        self._layout = ScratchLayout(max_bytes, heap_bytes, world.size)
+        self._layout = ScratchLayout(max_bytes, heap_bytes, world.size,
+                                     low_latency=group.backend_name != "host")
         if group.backend_name == "host":
             self._path: Any = HostPath(group, self._layout)
         else:

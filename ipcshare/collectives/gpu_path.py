@@ -22,17 +22,20 @@ from typing import Any
 
 from ..backends.device_buffer import DeviceArray
 from ..errors import CollectiveError
-from ..window import EPOCH_SLOT_BASE, ERROR_SLOT, KERNEL_SLOT_BASE
+from ..window import EPOCH_SLOT_BASE, ERROR_SLOT, KERNEL_SLOT_BASE, LL_EPOCH_SLOT
 from .agreement import Signature, disagreement_error
 from .algorithms import Algorithm
 from .algorithms.gpu_kernel import THREADS, GpuCall
 from .arrays import ArrayRef
-from .scratch import ScratchLayout
+from .scratch import LL_CLEANED_SLOT, ScratchLayout
 
 __all__ = ["GpuPath"]
 
 # The error word's peer field when a kernel found the ranks' digests differ (collectives.cu).
 _DISAGREEMENT = 0xFFFF
+# Calls of one parity after which an LL kernel re-flags that parity's whole buffer
+# (kernels/include/ipcshare/ll.cuh): far below 2**32, so no flag ever comes round again.
+LL_CLEAN_EVERY = 1 << 30
 
 
 class _BoundCall:
@@ -83,6 +86,11 @@ class GpuPath:
             template.rank, template.nranks = self.rank, self.size
             template.slot_base, template.epoch_word = KERNEL_SLOT_BASE, EPOCH_SLOT_BASE
             template.header_base = layout.header_slot(0)
+            template.ll_epoch_word, template.ll_cleaned_word = LL_EPOCH_SLOT, LL_CLEANED_SLOT
+            template.ll_offset[0], template.ll_offset[1] = layout.ll_offset(0), layout.ll_offset(1)
+            template.ll_slot_bytes = layout.ll_slot_bytes
+            template.ll_clean_every = LL_CLEAN_EVERY
+            self._clear_ll_buffers()
         except BaseException:
             window.close()
             raise
@@ -94,6 +102,20 @@ class GpuPath:
         self._functions: dict[str, Any] = {}
         self.copies_in = 0
         self.calls = 0
+
+    def _clear_ll_buffers(self) -> None:
+        """Zero this rank's LL buffers before any peer may write them: no line may hold a
+        flag that a call could take for its own (allocations are not zeroed). Collective:
+        no rank returns before every rank has cleared its own."""
+        import numpy as np
+
+        layout, window = self.layout, self.window
+        first = layout.ll_offset(0)
+        nbytes = layout.ll_offset(2) - first
+        if nbytes:
+            window.engine.upload(window.local.slice(first, nbytes), np.zeros(nbytes, np.uint8))
+            window.engine.synchronize()
+        self.group.barrier()
 
     # -- arrays ------------------------------------------------------------------------
     def heap_array(self, offset: int, dims: tuple[int, ...], dtype: Any) -> tuple[Any, Any]:
@@ -162,7 +184,8 @@ class GpuPath:
         args.count = signature.count if signature.op != "all_gather" else signature.nbytes
         args.digest = signature.digest
         bound = _BoundCall(args, cu_stream)
-        why = algorithm.unsupported(GpuCall(signature, self.size, lambda *_: None))
+        ll_max_bytes = self.layout.ll_max_bytes
+        why = algorithm.unsupported(GpuCall(signature, self.size, lambda *_: None, ll_max_bytes))
         if why is not None:
             raise CollectiveError(f"algo={algorithm.name!r} cannot run {signature.describe()}: "
                                   f"{why}")
@@ -177,7 +200,7 @@ class GpuPath:
                 from ..cuda_driver import check
 
                 check("cuLaunchKernel", (err,))
-        bound.call = GpuCall(signature, self.size, launch_on_stream)
+        bound.call = GpuCall(signature, self.size, launch_on_stream, ll_max_bytes)
         return bound
 
     def synchronize(self, stream: Any = None) -> None:

@@ -1,6 +1,7 @@
 """Where everything lives in a communicator's window: the ``empty()`` heap, the staging
-areas that inputs are copied into, the two-shot result areas, and the call header words
-in the signal pad. One owner for the layout, so every path and algorithm agrees on it."""
+areas that inputs are copied into, the two-shot result areas, the buffers of the
+low-latency protocol, and the call header words in the signal pad. One owner for the
+layout, so every path and algorithm agrees on it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import dataclasses
 from ..window import USER_SLOT_BASE
 
 __all__ = ["ScratchLayout", "ALIGN", "HEADER_WORDS", "HEADER_DIGEST", "HEADER_INPUT",
-           "HEADER_FLAGS", "FLAG_ZERO_COPY"]
+           "HEADER_FLAGS", "FLAG_ZERO_COPY", "LL_MAX_BYTES", "LL_LINE_BYTES",
+           "LL_LINE_PAYLOAD", "LL_CLEANED_SLOT"]
 
 # Regions and heap blocks start at multiples of this many bytes (every dtype aligned,
 # and vector loads of the GPU kernels to come).
@@ -24,6 +26,15 @@ HEADER_FLAGS = 2
 # Flag: the input is the user's own memory in the heap (not a staging copy), so peers
 # must be done reading it before the call returns on any rank.
 FLAG_ZERO_COPY = 1
+# The low-latency protocol (kernels/include/ipcshare/ll.cuh) sends 8 payload bytes per
+# 16-byte line, after one line carrying the call's digest. Its buffers hold inputs of up to
+# LL_MAX_BYTES (it is meant for small calls, where latency, not bytes, sets the time).
+LL_LINE_BYTES = 16
+LL_LINE_PAYLOAD = 8
+LL_MAX_BYTES = 512 << 10
+# Two own-pad words (one per parity) where the LL kernels record the call at which they
+# last re-flagged that parity's buffer: after the two call headers.
+LL_CLEANED_SLOT = USER_SLOT_BASE + 2 * HEADER_WORDS
 
 
 def _align(value: int) -> int:
@@ -35,15 +46,18 @@ class ScratchLayout:
     """The window of a communicator for calls of up to ``max_bytes`` (the largest array
     of a call) over ``world_size`` ranks, with ``heap_bytes`` for ``empty()``:
 
-    ``[heap][staging 0][staging 1][result 0][result 1]``
+    ``[heap][staging 0][staging 1][result 0][result 1][LL 0][LL 1]``
 
     Staging ``p`` holds the copied-in input of calls of parity ``p``; result ``p`` holds
-    this rank's reduced chunk in a two-shot all-reduce (at most ceil(count / n) elements).
+    this rank's reduced chunk in a two-shot all-reduce (at most ceil(count / n) elements);
+    LL ``p`` holds one slot per source rank, where that rank's lines of low-latency calls
+    of parity ``p`` land (a digest line, then the input, up to ``ll_max_bytes``).
     """
 
     max_bytes: int
     heap_bytes: int
     world_size: int
+    low_latency: bool = False  # whether the window holds LL buffers (GPU windows do)
 
     @property
     def heap_offset(self) -> int:
@@ -66,8 +80,23 @@ class ScratchLayout:
         return self.staging_offset(2) + parity * self.result_bytes
 
     @property
+    def ll_max_bytes(self) -> int:
+        """The largest input a low-latency call may have with this window (0: none)."""
+        return min(self.max_bytes, LL_MAX_BYTES) if self.low_latency else 0
+
+    @property
+    def ll_slot_bytes(self) -> int:
+        if not self.low_latency:
+            return 0
+        lines = 1 + -(-self.ll_max_bytes // LL_LINE_PAYLOAD)
+        return _align(lines * LL_LINE_BYTES)
+
+    def ll_offset(self, parity: int) -> int:
+        return self.result_offset(2) + parity * self.world_size * self.ll_slot_bytes
+
+    @property
     def total_bytes(self) -> int:
-        return self.result_offset(2)
+        return self.ll_offset(2)
 
     def in_heap(self, offset: int, nbytes: int) -> bool:
         """Whether ``[offset, offset + nbytes)`` of the window lies in the heap."""

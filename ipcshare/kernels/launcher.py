@@ -65,6 +65,11 @@ class CollectiveArgs(ctypes.Structure):
         ("slot_base", ctypes.c_int),
         ("header_base", ctypes.c_int),
         ("epoch_word", ctypes.c_int),
+        ("ll_epoch_word", ctypes.c_int),
+        ("ll_cleaned_word", ctypes.c_int),
+        ("ll_offset", ctypes.c_ulonglong * 2),
+        ("ll_slot_bytes", ctypes.c_ulonglong),
+        ("ll_clean_every", ctypes.c_ulonglong),
     ]
 
 

@@ -12,7 +12,8 @@ def make_pattern(name: str, algo: str = "auto", *, op: str = "sum",
     """A fresh pattern object for ``name`` (``ring`` or ``allgather``) and ``algo``:
     ``copy-engine`` (engine copies: memcpy on host, the copy engine on GPUs),
     ``hierarchical`` (all-gather: IPC inside nodes, MPI between nodes), one of the
-    all-gather kernels ``push``, ``pull``, ``ring`` (GPU backends, one node),
+    all-gather kernels ``push``, ``pull``, ``ring`` (GPU backends, one node), ``ll``
+    (the collectives layer's low-latency all-gather and all-reduce, GPU backends),
     ``leader`` (one kernel per GPU, for ranks that share GPUs), or
     ``auto``: for all-gather on one node's GPUs the measured choice by size and world
     size (patterns.choice), hierarchical across nodes, engine copies otherwise."""
@@ -37,6 +38,10 @@ def make_pattern(name: str, algo: str = "auto", *, op: str = "sum",
             from .allgather_kernels import KernelAllGather
 
             return KernelAllGather(algo)
+        if algo == "ll":
+            from .allgather_ll import LowLatencyAllGather
+
+            return LowLatencyAllGather()
         if algo == "leader":
             from .allgather_leader import LeaderAllGather
 
@@ -65,7 +70,8 @@ def _reduction_case(name: str, algo: str, op: str, datatype: str):
         from .allreduce import AllReduce as case
     else:
         from .reducescatter import ReduceScatter as case
-    allowed = ("auto", *algorithm_names("host", case.collective))
+    allowed = ("auto", *dict.fromkeys((*algorithm_names("host", case.collective),
+                                       *algorithm_names("cuda", case.collective))))
     if algo not in allowed:
         raise ConfigError(f"the {name} op has no {algo!r} algorithm; choose one of: "
                           f"{', '.join(allowed)}")

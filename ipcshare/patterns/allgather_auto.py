@@ -51,6 +51,10 @@ class AutoAllGather(AllGather):
                 from .allgather_leader import LeaderAllGather
 
                 self._algorithms[name] = LeaderAllGather()
+            elif name == "ll":
+                from .allgather_ll import LowLatencyAllGather
+
+                self._algorithms[name] = LowLatencyAllGather()
             else:
                 from .allgather_kernels import KernelAllGather
 

@@ -19,7 +19,18 @@ from ..window import Window
 from .base import Pattern, SizePlan, align
 from .seeding import count_wrong, poison, seeded_small_integers
 
-__all__ = ["CommunicatorCase", "exact_bytes"]
+__all__ = ["CommunicatorCase", "exact_bytes", "communicator_for"]
+
+
+def communicator_for(current: Any, window: Window, nbytes: int) -> Any:
+    """``current`` (a Communicator or None) if it takes calls of ``nbytes``, else a new
+    one of the window's group sized for them (no heap), ``current`` closed: a sweep
+    grows it at the first bind of each larger size and never keeps it larger."""
+    if current is not None and not current.closed and current.max_bytes >= nbytes:
+        return current
+    if current is not None:
+        current.close()
+    return window.group.communicator(max_bytes=nbytes, heap_bytes=0)
 
 
 def exact_bytes(values: np.ndarray, datatype: str) -> np.ndarray:
@@ -101,12 +112,8 @@ class CommunicatorCase(Pattern):
                       self.input_bytes(plan, window.rank, window.world_size, iteration))
 
     def bind(self, window: Window, plan: SizePlan, mode: str) -> Callable[[], None]:
-        communicator = self._communicator
-        if communicator is None or communicator.closed or communicator.max_bytes < plan.size:
-            if communicator is not None:
-                communicator.close()
-            communicator = self._communicator = window.group.communicator(
-                max_bytes=plan.size, heap_bytes=0)
+        communicator = self._communicator = communicator_for(self._communicator, window,
+                                                             plan.size)
         inputs = self._typed(window.local.slice(0, plan.size), communicator.memory)
         output = self._typed(self._output(window, plan, mode), communicator.memory)
         # On GPUs the collective runs on the window's stream, after the driver's uploads.

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import ipcshare
+from ipcshare.collectives.scratch import LL_MAX_BYTES
 from ipcshare.errors import CollectiveError
 from tests.reduction_reference import NUMPY_DTYPES, mismatches, reference, seeded_values
 
@@ -19,8 +20,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
 _TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "int32": torch.int32}
 _BITS = {4: np.int32, 2: np.int16}
-ALGOS = {"all_reduce": ("one-shot", "two-shot", "auto"), "reduce_scatter": ("one-shot", "auto"),
-         "all_gather": ("pull", "auto")}
+ALGOS = {"all_reduce": ("one-shot", "two-shot", "ll", "auto"),
+         "reduce_scatter": ("one-shot", "auto"), "all_gather": ("pull", "ll", "auto")}
 
 
 def _to_device(values: np.ndarray, dtype: str, device: int) -> torch.Tensor:
@@ -83,6 +84,10 @@ def test_all_reduce_matches_the_reference(setup, dtype, op, algo, count):
     want = reference(dtype, op, inputs)
     tensor = _to_device(inputs[cm.rank], dtype, device)
     out = torch.full_like(tensor, 0)
+    if algo == "ll" and tensor.nbytes > LL_MAX_BYTES:
+        with pytest.raises(CollectiveError, match="its buffers take inputs of up to"):
+            cm.all_reduce(tensor, op=op, output=out, algo=algo)
+        return
     cm.all_reduce(tensor, op=op, output=out, algo=algo)
     cm.all_reduce(tensor, op=op, algo=algo)  # in place
     cm.synchronize()
@@ -110,21 +115,24 @@ def test_reduce_scatter_matches_the_reference(setup, dtype, op, count):
     assert mismatches(dtype, op, block, want) == 0
 
 
+@pytest.mark.parametrize("algo", ALGOS["all_gather"])
 @pytest.mark.parametrize("nbytes", [1, 15, 4096, 1_000_003])
-def test_all_gather_moves_every_byte(setup, nbytes):
+def test_all_gather_moves_every_byte(setup, nbytes, algo):
     group, cm = setup
+    if algo == "ll" and nbytes > LL_MAX_BYTES:
+        pytest.skip("beyond the LL buffers (refusal tested with all_reduce)")
     device = group.backend.device
     blocks = [np.random.default_rng([nbytes, r]).integers(0, 256, nbytes, dtype=np.uint8)
               for r in range(cm.size)]
     source = torch.from_numpy(blocks[cm.rank]).to(f"cuda:{device}")
     out = torch.zeros(nbytes * cm.size, dtype=torch.uint8, device=f"cuda:{device}")
-    cm.all_gather(out, source)
+    cm.all_gather(out, source, algo=algo)
     cm.synchronize()
     assert np.array_equal(out.cpu().numpy(), np.concatenate(blocks))
     # In place: the input is this rank's block of the output.
     out2 = torch.zeros_like(out)
     out2[cm.rank * nbytes:(cm.rank + 1) * nbytes] = source
-    cm.all_gather(out2, out2[cm.rank * nbytes:(cm.rank + 1) * nbytes])
+    cm.all_gather(out2, out2[cm.rank * nbytes:(cm.rank + 1) * nbytes], algo=algo)
     cm.synchronize()
     assert np.array_equal(out2.cpu().numpy(), np.concatenate(blocks))
 

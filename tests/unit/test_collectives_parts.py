@@ -31,7 +31,15 @@ from ipcshare.collectives.reduction import (
     bfloat16_to_float32,
     float32_to_bfloat16,
 )
-from ipcshare.collectives.scratch import HEADER_WORDS, ScratchLayout
+from ipcshare.collectives.scratch import (
+    ALIGN,
+    HEADER_WORDS,
+    LL_CLEANED_SLOT,
+    LL_LINE_BYTES,
+    LL_LINE_PAYLOAD,
+    LL_MAX_BYTES,
+    ScratchLayout,
+)
 from ipcshare.errors import CollectiveError, Unsupported
 from ipcshare.patterns.collective_case import exact_bytes
 from ipcshare.patterns.seeding import seeded_small_integers
@@ -202,18 +210,35 @@ def test_heap_blocks_never_overlap_and_merge_back(steps):
     assert heap.allocate(8192) == 0  # every range merged back into one
 
 
-def test_scratch_regions_and_headers_do_not_overlap():
-    layout = ScratchLayout(max_bytes=1000, heap_bytes=3000, world_size=3)
+@pytest.mark.parametrize("low_latency", [False, True])
+def test_scratch_regions_and_headers_do_not_overlap(low_latency):
+    layout = ScratchLayout(max_bytes=1000, heap_bytes=3000, world_size=3,
+                           low_latency=low_latency)
     regions = [(0, layout.heap_bytes)]
     regions += [(layout.staging_offset(p), layout.staging_bytes) for p in (0, 1)]
     regions += [(layout.result_offset(p), layout.result_bytes) for p in (0, 1)]
+    regions += [(layout.ll_offset(p) + r * layout.ll_slot_bytes, layout.ll_slot_bytes)
+                for p in (0, 1) for r in range(3)]
     for (a, la), (b, _lb) in zip(regions, regions[1:], strict=False):
         assert a + la <= b
     assert layout.staging_bytes >= 1000 and layout.result_bytes >= -(-1000 // 3) + 4
     assert layout.total_bytes == regions[-1][0] + regions[-1][1]
     assert layout.in_heap(0, 3000) and not layout.in_heap(2999, 2) and not layout.in_heap(0, 0)
     words = {layout.header_slot(p) + w for p in (0, 1) for w in range(HEADER_WORDS)}
-    assert len(words) == 2 * HEADER_WORDS and USER_SLOT_BASE <= min(words) < max(words) < ERROR_SLOT
+    words |= {LL_CLEANED_SLOT, LL_CLEANED_SLOT + 1}
+    assert len(words) == 2 * HEADER_WORDS + 2
+    assert USER_SLOT_BASE <= min(words) < max(words) < ERROR_SLOT
+
+
+def test_ll_slots_hold_the_digest_line_and_the_largest_input_in_lines():
+    assert ScratchLayout(1000, 0, 2).ll_slot_bytes == 0  # host windows carry none
+    for max_bytes in (1, 8, 9, 1000, LL_MAX_BYTES, 4 * LL_MAX_BYTES):
+        layout = ScratchLayout(max_bytes, 0, 2, low_latency=True)
+        payload = min(max_bytes, LL_MAX_BYTES)
+        assert layout.ll_max_bytes == payload
+        lines = 1 + -(-payload // LL_LINE_PAYLOAD)
+        assert lines * LL_LINE_BYTES <= layout.ll_slot_bytes < lines * LL_LINE_BYTES + ALIGN
+        assert layout.ll_slot_bytes % ALIGN == 0
 
 
 @given(st.integers(0, 10_000), st.integers(1, 9))

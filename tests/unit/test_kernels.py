@@ -3,12 +3,15 @@ NVRTC log, and compiled kernels are cached by source, architecture and NVRTC ver
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 
 import pytest
 
+import ipcshare.kernels
 from ipcshare.errors import KernelCompileError
 from ipcshare.kernels import KERNEL_SOURCES, compile_kernel_source, nvrtc_version
+from ipcshare.kernels.launcher import CollectiveArgs
 
 pytestmark = pytest.mark.nvrtc
 
@@ -76,3 +79,30 @@ def test_a_kernel_that_does_not_compile_shows_the_nvrtc_log():
 def test_bad_architecture_is_refused():
     with pytest.raises(KernelCompileError, match="not of the form sm_90"):
         compile_kernel_source("barrier.cu", arch="hopper")
+
+
+def test_the_collective_kernels_argument_block_matches_its_ctypes_mirror():
+    # The kernel takes CollectiveArgs by value: every field must sit where ctypes puts it,
+    # or the kernels read garbage. NVRTC checks it at compile time, no GPU needed.
+    source = (Path(ipcshare.kernels.__file__).parent / "src" / "collectives.cu").read_text()
+    checks = [f"static_assert(sizeof(CollectiveArgs) == {ctypes.sizeof(CollectiveArgs)}, "
+              '"size");']
+    for field, *_ in CollectiveArgs._fields_:
+        offset = getattr(CollectiveArgs, field).offset
+        checks.append(f"static_assert(__builtin_offsetof(CollectiveArgs, {field}) == "
+                      f'{offset}, "{field}");')
+    code = source + "\n" + "\n".join(checks) + "\n"
+    assert _is_cubin(compile_kernel_source("collectives_layout.cu", code=code, use_cache=False))
+
+
+def test_user_kernels_can_use_the_low_latency_lines():
+    code = """
+    #include <ipcshare/ll.cuh>
+    extern "C" __global__ void send_and_wait(char* peer_line, const char* my_line,
+                                             unsigned flag, unsigned long long* out) {
+      ipcshare::ll_store(peer_line, 0x0123456789abcdefull, flag);
+      unsigned long long data;
+      if (ipcshare::ll_wait(my_line, flag, data, 1000000)) *out = data;
+    }
+    """
+    assert _is_cubin(compile_kernel_source("user_ll.cu", code=code, use_cache=False))

@@ -19,9 +19,11 @@ _REGISTRY: dict[tuple[str, str], dict[str, str]] = {
     ("host", "all_reduce"): {"one-shot": "host_one_shot:HostOneShotAllReduce",
                              "two-shot": "host_two_shot:HostTwoShotAllReduce"},
     ("host", "reduce_scatter"): {"one-shot": "host_one_shot:HostOneShotReduceScatter"},
-    ("cuda", "all_gather"): {"pull": "gpu_pull_all_gather:GpuPullAllGather"},
+    ("cuda", "all_gather"): {"pull": "gpu_pull_all_gather:GpuPullAllGather",
+                             "ll": "gpu_low_latency:GpuLowLatencyAllGather"},
     ("cuda", "all_reduce"): {"one-shot": "gpu_one_shot:GpuOneShotAllReduce",
-                             "two-shot": "gpu_two_shot:GpuTwoShotAllReduce"},
+                             "two-shot": "gpu_two_shot:GpuTwoShotAllReduce",
+                             "ll": "gpu_low_latency:GpuLowLatencyAllReduce"},
     ("cuda", "reduce_scatter"): {"one-shot": "gpu_one_shot:GpuOneShotReduceScatter"},
 }
 _INSTANCES: dict[tuple[str, str, str], Algorithm] = {}

@@ -22,12 +22,14 @@ MAX_BLOCKS = 128
 
 @dataclasses.dataclass(eq=False, slots=True)
 class GpuCall:
-    """One call as a GPU algorithm sees it: its signature, the world size, and
-    ``launch(entry, blocks)`` enqueuing the kernel with the call's arguments."""
+    """One call as a GPU algorithm sees it: its signature, the world size,
+    ``launch(entry, blocks)`` enqueuing the kernel with the call's arguments, and the
+    largest input the window's low-latency buffers take."""
 
     signature: Signature
     size: int
     launch: Callable[[str, int], None]
+    ll_max_bytes: int = 0
 
 
 class GpuKernelAlgorithm(Algorithm):

@@ -1,0 +1,200 @@
+"""The low-latency protocol on GPUs (algo="ll"): all-gather stays bit-exact whatever the
+bytes (including every pattern that looks like a flag), all-reduce keeps -0.0, NaN and
++-inf, inputs and outputs at any byte alignment, 1,000 graph replays with new data each
+time, the periodic re-flagging of the buffers, and a silent peer named by a timeout.
+Run under mpiexec with one GPU per rank (or shared GPUs)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ipcshare
+from ipcshare.collectives import gpu_path
+from ipcshare.collectives.scratch import LL_MAX_BYTES
+from ipcshare.errors import SignalTimeout
+from tests.reduction_reference import NUMPY_DTYPES, mismatches, reference, seeded_values
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
+
+_TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+          "int32": torch.int32}
+_BITS = {4: np.int32, 2: np.int16}
+
+
+def _to_device(values: np.ndarray, device: int) -> torch.Tensor:
+    bits = values.view(_BITS[values.itemsize]) if values.dtype != np.uint8 else values
+    tensor = torch.from_numpy(bits.copy()).to(f"cuda:{device}")
+    return tensor
+
+
+def _host_bits(tensor: torch.Tensor, dtype: str) -> np.ndarray:
+    bits = tensor.view(torch.int32 if tensor.element_size() == 4 else torch.int16)
+    return bits.cpu().numpy().view(NUMPY_DTYPES[dtype])
+
+
+@pytest.fixture(scope="module", params=["cuda-vmm", "cuda-ipc"])
+def setup(request):
+    with ipcshare.Group(backend=request.param) as group:
+        device = group.backend.device
+        torch.cuda.set_device(device)
+        stream = torch.cuda.Stream(device=device)
+        with group.communicator(max_bytes=4 << 20) as cm, torch.cuda.stream(stream):
+            yield group, cm, stream
+
+
+def _flag_like_blocks(nbytes: int, size: int, call: int) -> list[np.ndarray]:
+    """Blocks whose 4-byte words are what a line's flag can be around now (the call
+    counts near ``call``, 0, all ones) or random bytes, per rank."""
+    blocks = []
+    for rank in range(size):
+        rng = np.random.default_rng([nbytes, rank, call])
+        words = -(-nbytes // 4)
+        candidates = np.array([0, 0xFFFFFFFF, call - 1, call, call + 1, call + 2, 1, 2],
+                              dtype=np.int64).astype(np.uint32)
+        picks = candidates[rng.integers(0, len(candidates), words)]
+        noise = rng.integers(0, 1 << 32, words, dtype=np.uint64).astype(np.uint32)
+        mixed = np.where(rng.random(words) < 0.5, picks, noise).astype("<u4")
+        blocks.append(mixed.view(np.uint8)[:nbytes].copy())
+    return blocks
+
+
+@pytest.mark.parametrize("nbytes", [1, 3, 8, 9, 4095, 65_541, LL_MAX_BYTES])
+def test_all_gather_is_bit_exact_for_flag_like_bytes(setup, nbytes):
+    group, cm, stream = setup
+    device = group.backend.device
+    for call in range(1, 6):
+        blocks = _flag_like_blocks(nbytes, cm.size, call)
+        source = _to_device(blocks[cm.rank], device)
+        out = torch.zeros(nbytes * cm.size, dtype=torch.uint8, device=f"cuda:{device}")
+        cm.all_gather(out, source, algo="ll", stream=stream)
+        cm.synchronize(stream)
+        assert np.array_equal(out.cpu().numpy(), np.concatenate(blocks)), call
+
+
+@pytest.mark.parametrize("shift", [(1, 3), (3, 0), (5, 7)])
+def test_inputs_and_outputs_at_any_byte_offset(setup, shift):
+    group, cm, stream = setup
+    device = group.backend.device
+    nbytes = 1001
+    blocks = _flag_like_blocks(nbytes, cm.size, 7)
+    backing = torch.zeros(nbytes + 8, dtype=torch.uint8, device=f"cuda:{device}")
+    source = backing[shift[0]:shift[0] + nbytes]
+    source.copy_(torch.from_numpy(blocks[cm.rank]))
+    out_backing = torch.zeros(nbytes * cm.size + 8, dtype=torch.uint8, device=f"cuda:{device}")
+    out = out_backing[shift[1]:shift[1] + nbytes * cm.size]
+    cm.all_gather(out, source, algo="ll", stream=stream)
+    cm.synchronize(stream)
+    assert np.array_equal(out.cpu().numpy(), np.concatenate(blocks))
+    assert not out_backing[:shift[1]].any() and not out_backing[shift[1] + out.numel():].any()
+    # float16 at an odd element offset: 2-byte aligned, not 8-byte aligned.
+    count = 333
+    inputs = [seeded_values("float16", count + 1, 9, r, specials=True) for r in range(cm.size)]
+    tensor = _to_device(inputs[cm.rank], device).view(torch.float16)[1:]
+    cm.all_reduce(tensor, op="max", algo="ll", stream=stream)
+    cm.synchronize(stream)
+    want = reference("float16", "max", [x[1:] for x in inputs])
+    assert mismatches("float16", "max", _host_bits(tensor, "float16"), want) == 0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("op", ["sum", "max", "min"])
+def test_all_reduce_keeps_signed_zeros_nans_and_infinities(setup, dtype, op):
+    group, cm, stream = setup
+    device = group.backend.device
+    count = 4099
+    inputs = [seeded_values(dtype, count, 21, r, specials=True) for r in range(cm.size)]
+    # Every rank -0.0 at element 40: the sum of negative zeros is -0.0.
+    for values in inputs:
+        values[40] = np.array(-0.0, np.float32).astype(values.dtype)
+    want = reference(dtype, op, inputs)
+    tensor = _to_device(inputs[cm.rank], device).view(_TORCH[dtype])
+    out = torch.zeros_like(tensor)
+    cm.all_reduce(tensor, op=op, output=out, algo="ll", stream=stream)
+    cm.synchronize(stream)
+    got = _host_bits(out, dtype)
+    assert mismatches(dtype, op, got, want) == 0
+    assert np.signbit(got[40].astype(np.float32))  # -0.0 whatever the op
+
+
+@pytest.mark.parametrize("world_bytes", [4, 4096, 256 << 10])
+def test_a_thousand_graph_replays_with_new_data(setup, world_bytes):
+    group, cm, stream = setup
+    device = group.backend.device
+    count = world_bytes // 4
+    tensor = torch.zeros(count, dtype=torch.float32, device=f"cuda:{device}")
+    out = torch.zeros_like(tensor)
+    gathered_bytes = max(1, world_bytes // cm.size)
+    source = torch.zeros(gathered_bytes, dtype=torch.uint8, device=f"cuda:{device}")
+    gathered = torch.zeros(gathered_bytes * cm.size, dtype=torch.uint8, device=f"cuda:{device}")
+    cm.all_reduce(tensor, output=out, algo="ll", stream=stream)  # bind outside capture
+    cm.all_gather(gathered, source, algo="ll", stream=stream)
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        cm.all_reduce(tensor, output=out, algo="ll", stream=stream)
+        cm.all_gather(gathered, source, algo="ll", stream=stream)
+    inputs_all = [[seeded_values("float32", count, replay, r) for r in range(cm.size)]
+                  for replay in range(8)]
+    blocks_all = [_flag_like_blocks(gathered_bytes, cm.size, replay) for replay in range(8)]
+    wants = [reference("float32", "sum", inputs) for inputs in inputs_all]
+    wrong = 0
+    for replay in range(1000):
+        which = replay % 8  # new data every replay (eight sets in turn)
+        tensor.copy_(torch.from_numpy(inputs_all[which][cm.rank]))
+        source.copy_(torch.from_numpy(blocks_all[which][cm.rank]))
+        graph.replay()
+        if replay % 10 == 9 or replay < 20:
+            stream.synchronize()
+            wrong += mismatches("float32", "sum", out.cpu().numpy(), wants[which])
+            wrong += int(np.count_nonzero(gathered.cpu().numpy() !=
+                                          np.concatenate(blocks_all[which])))
+    stream.synchronize()
+    cm.synchronize(stream)
+    assert wrong == 0
+
+
+def test_buffers_reflagged_every_few_calls_stay_correct(monkeypatch):
+    # Re-flag every 3 calls of a parity instead of every 2**30: large calls leave lines
+    # that later small calls do not touch; correctness must not depend on them.
+    monkeypatch.setattr(gpu_path, "LL_CLEAN_EVERY", 3)
+    with ipcshare.Group(backend="cuda-vmm") as group:
+        device = group.backend.device
+        torch.cuda.set_device(device)
+        stream = torch.cuda.Stream(device=device)
+        with group.communicator(max_bytes=256 << 10) as cm:
+            for call, count in enumerate([65_536, 3, 1, 40_000, 7, 65_536, 2, 9, 1, 1, 30_000,
+                                          5, 65_536, 1, 4, 8, 12_345, 2, 65_536, 3] * 2):
+                inputs = [seeded_values("int32", count, call, r) for r in range(cm.size)]
+                tensor = _to_device(inputs[cm.rank], device).view(torch.int32)
+                cm.all_reduce(tensor, algo="ll", stream=stream)
+                cm.synchronize(stream)
+                got = tensor.cpu().numpy()
+                assert mismatches("int32", "sum", got, reference("int32", "sum", inputs)) == 0
+
+
+def test_a_silent_peer_is_named_by_the_timeout(comm):
+    if comm.size < 2:
+        pytest.skip("needs 2 or more ranks")
+    with ipcshare.Group(backend="cuda-vmm", timeout=2.0) as group:
+        device = group.backend.device
+        torch.cuda.set_device(device)
+        with group.communicator(max_bytes=1 << 16) as cm:
+            tensor = torch.ones(1024, device=f"cuda:{device}")
+            cm.all_reduce(tensor, algo="ll")  # agreed and bound by every rank
+            cm.synchronize()
+            comm.Barrier()
+            outcome = "ok"
+            if group.rank != 0:  # rank 0 stays silent: the others must give up on it
+                cm.all_reduce(tensor, algo="ll")
+                try:
+                    cm.synchronize()
+                except SignalTimeout as exc:
+                    outcome = str(exc)
+            comm.Barrier()
+            if group.rank == 0:
+                assert outcome == "ok"
+            else:
+                assert "gave up waiting for rank 0@" in outcome, outcome
