@@ -3,6 +3,7 @@ over scratch windows sized once (DESIGN.md, "Collectives on the user's own array
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import weakref
 from typing import Any
@@ -15,6 +16,7 @@ from ..topology import describe_disagreement
 from .agreement import Signature
 from .algorithms import algorithm
 from .arrays import ArrayRef, check_array, describe_array, device_dtype, to_numpy_dtype
+from .bound_call import BoundCollective
 from .choice import choose
 from .heap import Heap
 from .host_path import HostPath
@@ -162,12 +164,7 @@ class Communicator:
         Raises:
             CollectiveError: misuse (on this rank) or ranks that disagree (on all).
         """
-        self._check_call(stream)
-        out = self._array(output, "output", writable=True)
-        inp = self._array(input, "input")
-        in_place = self._check_pair("all_gather", out, inp, "output", "input", blocks=self.size)
-        self._run("all_gather", algo, inp, out, None, in_place, out.nbytes, stream)
-        return output
+        return self._run(self._all_gather(output, input, stream=stream, algo=algo))
 
     def all_reduce(self, tensor: Any, *, op: str = "sum", output: Any = None,
                    stream: Any = None, algo: str = "auto") -> Any:
@@ -178,14 +175,8 @@ class Communicator:
         Raises:
             CollectiveError: misuse (on this rank) or ranks that disagree (on all).
         """
-        self._check_call(stream)
-        inp = self._array(tensor, "tensor", writable=output is None)
-        out = inp if output is None else self._array(output, "output", writable=True)
-        check_reduction(inp.dtype, op, "tensor", call="all_reduce")
-        in_place = self._check_pair("all_reduce", inp, out, "tensor",
-                                    "tensor" if output is None else "output", blocks=None)
-        self._run("all_reduce", algo, inp, out, op, in_place, inp.nbytes, stream)
-        return tensor if output is None else output
+        return self._run(self._all_reduce(tensor, op=op, output=output, stream=stream,
+                                          algo=algo))
 
     def reduce_scatter(self, output: Any, input: Any, *, op: str = "sum", stream: Any = None,
                        algo: str = "auto") -> Any:
@@ -197,14 +188,61 @@ class Communicator:
         Raises:
             CollectiveError: misuse (on this rank) or ranks that disagree (on all).
         """
+        return self._run(self._reduce_scatter(output, input, op=op, stream=stream, algo=algo))
+
+    def bind(self, collective: str, *args: Any, **kwargs: Any) -> BoundCollective:
+        """Collective the first time a call of its shape is seen, like the call itself:
+        check and resolve ``collective`` (``"all_gather"``, ``"all_reduce"`` or
+        ``"reduce_scatter"``) with these arguments, exactly as the method of that name
+        takes them, once, and return a ``BoundCollective`` that enqueues that call each
+        time it is called, on the same arrays (whatever they hold then) and stream. On
+        GPUs a bound call is one kernel launch from Python and nothing else, and it can
+        be captured in CUDA graphs like the call.
+
+        Raises:
+            CollectiveError: an unknown collective, or what the call itself raises.
+        """
+        prepare = {"all_gather": self._all_gather, "all_reduce": self._all_reduce,
+                   "reduce_scatter": self._reduce_scatter}.get(collective)
+        if prepare is None:
+            raise CollectiveError(f"bind({collective!r}): choose all_gather, all_reduce or "
+                                  "reduce_scatter")
+        call = prepare(*args, **kwargs)
+        signature, chosen = self._signature(call)
+        enqueue = self._path.bind_call(signature, chosen, call.inp, call.out,
+                                       in_place=call.in_place, stream=call.stream)
+        return BoundCollective(collective, f"bound {signature.describe()}", enqueue,
+                               lambda: self.closed, call.result, (args, kwargs))
+
+    # -- calls, checked on this rank --------------------------------------------------
+    def _all_gather(self, output: Any, input: Any, *, stream: Any = None,
+                    algo: str = "auto") -> _Call:
+        self._check_call(stream)
+        out = self._array(output, "output", writable=True)
+        inp = self._array(input, "input")
+        in_place = self._check_pair("all_gather", out, inp, "output", "input", blocks=self.size)
+        return _Call("all_gather", algo, inp, out, None, in_place, out.nbytes, stream, output)
+
+    def _all_reduce(self, tensor: Any, *, op: str = "sum", output: Any = None,
+                    stream: Any = None, algo: str = "auto") -> _Call:
+        self._check_call(stream)
+        inp = self._array(tensor, "tensor", writable=output is None)
+        out = inp if output is None else self._array(output, "output", writable=True)
+        check_reduction(inp.dtype, op, "tensor", call="all_reduce")
+        in_place = self._check_pair("all_reduce", inp, out, "tensor",
+                                    "tensor" if output is None else "output", blocks=None)
+        return _Call("all_reduce", algo, inp, out, op, in_place, inp.nbytes, stream,
+                     tensor if output is None else output)
+
+    def _reduce_scatter(self, output: Any, input: Any, *, op: str = "sum", stream: Any = None,
+                        algo: str = "auto") -> _Call:
         self._check_call(stream)
         out = self._array(output, "output", writable=True)
         inp = self._array(input, "input")
         check_reduction(inp.dtype, op, "input", call="reduce_scatter")
         in_place = self._check_pair("reduce_scatter", inp, out, "input", "output",
                                     blocks=self.size)
-        self._run("reduce_scatter", algo, inp, out, op, in_place, inp.nbytes, stream)
-        return output
+        return _Call("reduce_scatter", algo, inp, out, op, in_place, inp.nbytes, stream, output)
 
     def synchronize(self, stream: Any = None) -> None:
         """Wait until this rank's calls enqueued on ``stream`` (the communicator's own by
@@ -318,19 +356,42 @@ class Communicator:
             f"byte {part.ptr - whole.ptr} of {whole_name}, in place is byte {offset}; pass "
             "arrays that do not overlap")
 
-    def _run(self, op: str, algo: str, inp: ArrayRef, out: ArrayRef, redop: str | None,
-             in_place: bool, nbytes: int, stream: Any) -> None:
-        if algo == "auto":
-            name = choose(self.memory, op, nbytes, self.size)
-        else:
-            name = algo
-        key = (op, inp.count, inp.dtype, inp.itemsize, redop, name)
+    def _signature(self, call: _Call) -> tuple[Signature, Any]:
+        """The call's signature and algorithm (``auto`` resolved), built once per shape."""
+        name = choose(self.memory, call.op, call.nbytes, self.size) if call.algo == "auto" \
+            else call.algo
+        inp = call.inp
+        key = (call.op, inp.count, inp.dtype, inp.itemsize, call.redop, name)
         known = self._signatures.get(key)
         if known is None:
-            chosen = algorithm(self.memory, op, name)
+            chosen = algorithm(self.memory, call.op, name)
             known = self._signatures[key] = (
-                Signature(op, inp.count, inp.dtype, inp.itemsize, redop, chosen.name), chosen)
-        if stream is None:
-            self._path.run(known[0], known[1], inp, out, in_place=in_place)
+                Signature(call.op, inp.count, inp.dtype, inp.itemsize, call.redop, chosen.name),
+                chosen)
+        return known
+
+    def _run(self, call: _Call) -> Any:
+        signature, chosen = self._signature(call)
+        if call.stream is None:
+            self._path.run(signature, chosen, call.inp, call.out, in_place=call.in_place)
         else:
-            self._path.run(known[0], known[1], inp, out, in_place=in_place, stream=stream)
+            self._path.run(signature, chosen, call.inp, call.out, in_place=call.in_place,
+                           stream=call.stream)
+        return call.result
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class _Call:
+    """One call after the checks on this rank: the collective, the algorithm asked for,
+    the arrays, the reduction, whether it is in place, the bytes ``auto`` chooses by,
+    the stream, and what the call returns."""
+
+    op: str
+    algo: str
+    inp: ArrayRef
+    out: ArrayRef
+    redop: str | None
+    in_place: bool
+    nbytes: int
+    stream: Any
+    result: Any

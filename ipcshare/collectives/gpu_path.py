@@ -96,6 +96,7 @@ class GpuPath:
             raise
         self._template = template
         self._launch_kernel = driver.cuLaunchKernel
+        self._success = driver.CUresult.CUDA_SUCCESS
         self._engines: dict[int, Any] = {}       # stream handle -> engine on it
         self._bound: dict[tuple[Signature, int], _BoundCall] = {}
         self._agreed: set[Signature] = set()
@@ -152,14 +153,60 @@ class GpuPath:
             CollectiveError: the first call of a signature that the ranks do not make
                 alike (on every rank), or an algorithm that cannot run it.
         """
-        engine = self.engine_for(stream)
-        cu_stream = engine.stream
+        bound = self._bound_for(signature, algorithm, stream)
+        if not self._place(bound.args, signature, algorithm, input_ref, output_ref, in_place):
+            self.copies_in += 1
+        self.calls += 1
+        algorithm.run(bound.call)
+
+    def bind_call(self, signature: Signature, algorithm: Algorithm, input_ref: ArrayRef,
+                  output_ref: ArrayRef, *, in_place: bool, stream: Any = None):
+        """The call as a function of no arguments that enqueues its kernel on ``stream``
+        and does nothing else (``Communicator.bind``): an argument block of its own,
+        filled now, and the entry point and grid the algorithm picks, resolved now.
+
+        Raises:
+            CollectiveError: as ``run``, at the first sight of the signature.
+        """
+        bound = self._bound_for(signature, algorithm, stream)
+        args = type(self._template)()
+        ctypes.memmove(ctypes.addressof(args), ctypes.addressof(bound.args),
+                       ctypes.sizeof(args))
+        zero_copy = self._place(args, signature, algorithm, input_ref, output_ref, in_place)
+        launches: list[tuple[str, int]] = []
+        algorithm.run(GpuCall(signature, self.size, lambda entry, blocks:
+                              launches.append((entry, blocks)), self.layout.ll_max_bytes))
+        params = (ctypes.c_void_p * 1)(ctypes.addressof(args))
+        address, cu_stream, launch = ctypes.addressof(params), bound.stream, self._launch_kernel
+        kernels = [(self._function(entry), blocks) for entry, blocks in launches]
+        path, success = self, self._success
+
+        def enqueue() -> None:
+            for function, blocks in kernels:
+                err = launch(function, blocks, 1, 1, THREADS, 1, 1, 0, cu_stream, address, 0)[0]
+                if err is not success and int(err) != 0:
+                    from ..cuda_driver import check
+
+                    check("cuLaunchKernel", (err,))
+            path.calls += 1
+            if not zero_copy:
+                path.copies_in += 1
+        enqueue.keep = (args, params)  # both must outlive every launch
+        return enqueue
+
+    def _bound_for(self, signature: Signature, algorithm: Algorithm, stream: Any) -> _BoundCall:
+        cu_stream = self.engine_for(stream).stream
         key = (signature, int(cu_stream))
         bound = self._bound.get(key)
         if bound is None:
-            bound = self._bind(signature, algorithm, cu_stream)
-            self._bound[key] = bound
-        args = bound.args
+            bound = self._bound[key] = self._bind(signature, algorithm, cu_stream)
+        return bound
+
+    def _place(self, args: Any, signature: Signature, algorithm: Algorithm,
+               input_ref: ArrayRef, output_ref: ArrayRef, in_place: bool) -> bool:
+        """Point ``args`` at the call's arrays; return whether peers read the input in
+        place (zero-copy: it lies in the heap, and in place only where the algorithm
+        allows it), else the kernel stages it."""
         offset = input_ref.ptr - self._local_ptr
         zero_copy = (self.layout.in_heap(offset, signature.nbytes)
                      and (not in_place or algorithm.aliasing_safe))
@@ -167,10 +214,13 @@ class GpuPath:
         args.output = output_ref.ptr
         args.zero_copy = int(zero_copy)
         args.input_offset = offset if zero_copy else 0
-        if not zero_copy:
-            self.copies_in += 1
-        self.calls += 1
-        algorithm.run(bound.call)
+        return zero_copy
+
+    def _function(self, entry: str) -> Any:
+        function = self._functions.get(entry)
+        if function is None:
+            function = self._functions[entry] = self._kernels.function(entry)
+        return function
 
     def _bind(self, signature: Signature, algorithm: Algorithm, cu_stream: Any) -> _BoundCall:
         if signature not in self._agreed:
@@ -192,10 +242,8 @@ class GpuPath:
         launch, address = self._launch_kernel, bound.address
 
         def launch_on_stream(entry: str, blocks: int) -> None:
-            function = self._functions.get(entry)
-            if function is None:
-                function = self._functions[entry] = self._kernels.function(entry)
-            err = launch(function, blocks, 1, 1, THREADS, 1, 1, 0, cu_stream, address, 0)[0]
+            err = launch(self._function(entry), blocks, 1, 1, THREADS, 1, 1, 0, cu_stream,
+                         address, 0)[0]
             if int(err) != 0:
                 from ..cuda_driver import check
 

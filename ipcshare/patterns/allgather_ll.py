@@ -38,12 +38,8 @@ class LowLatencyAllGather(AllGather):
         source = _bytes_array(self._send_of(window, window.rank, plan, mode))
         output = _bytes_array(window.local.slice(self._recv_offset(plan),
                                                  plan.block_bytes * window.world_size))
-        stream = window.engine.stream
-        all_gather = communicator.all_gather
-
-        def allgather() -> None:
-            all_gather(output, source, algo="ll", stream=stream)
-        return allgather
+        return communicator.bind("all_gather", output, source, algo="ll",
+                                 stream=window.engine.stream)
 
     def check(self, window: Window, plan: SizePlan, mode: str, iteration: int) -> int:
         if self._communicator is not None:

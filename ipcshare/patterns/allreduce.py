@@ -41,11 +41,11 @@ class AllReduce(CommunicatorCase):
 
     def call(self, communicator: Any, inputs: Any, output: Any, *, in_place: bool,
              stream: Any) -> Callable[[], None]:
-        op, algo = self.op, self.algo
         if in_place:  # the output is the input itself
-            return lambda: communicator.all_reduce(inputs, op=op, algo=algo, stream=stream)
-        return lambda: communicator.all_reduce(inputs, op=op, output=output, algo=algo,
-                                               stream=stream)
+            return communicator.bind("all_reduce", inputs, op=self.op, algo=self.algo,
+                                     stream=stream)
+        return communicator.bind("all_reduce", inputs, op=self.op, output=output,
+                                 algo=self.algo, stream=stream)
 
     def bandwidth(self, plan: SizePlan, seconds: float, world_size: int) -> tuple[float, float]:
         algbw = plan.size / seconds / 1e9

@@ -90,7 +90,8 @@ class CommunicatorCase(Pattern):
              stream: Any) -> Callable[[], None]:
         """One operation of the library on ``inputs`` and ``output`` (arrays over the
         window: numpy on host, DeviceArray on GPUs; in place, ``output`` lies inside
-        ``inputs``), on ``stream`` (None on host)."""
+        ``inputs``), on ``stream`` (None on host), bound once (``Communicator.bind``), so
+        the figures are those of a loop calling a bound collective."""
 
     # -- the Pattern interface ---------------------------------------------------------
     def window_bytes(self, plan: SizePlan, world_size: int) -> int:

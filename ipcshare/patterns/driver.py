@@ -117,8 +117,11 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
     window = group.window(max(rotated_window_bytes(pattern, plan, n, rotate) for plan in plans))
     setup_ms = world.comm.allreduce((time.perf_counter() - started) * 1e3, op=MPI.MAX)
     steps = {step: world.comm.allreduce(ms, op=MPI.MAX) for step, ms in window.setup_ms.items()}
+    # Eager nccl-tests timing also shows the host's time per call (what Python spends
+    # issuing it), next to the wall time per call.
     table = Table(pattern.modes, options.datatype, baseline.label if baseline else None,
-                  path_column=baseline.path_column if baseline else False)
+                  path_column=baseline.path_column if baseline else False,
+                  host_column=timing == "nccl-tests" and not graph)
     devices = world.comm.gather(group.backend.describe_device(), root=0) or []
     exchange = group.exchange_name
     rank_lines = [f"#  Rank {r:>3} Pid {world.pids[r]:>7} on {world.hostnames[r]:>12} "
@@ -196,10 +199,12 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
                         seconds = _graph_seconds(world, engine, bound_operations,
                                                  options.iters)
                     else:
-                        seconds = _back_to_back_seconds(world, engine, operations,
-                                                        options.iters)
+                        seconds, host = _back_to_back_seconds(world, engine, operations,
+                                                              options.iters)
                     algbw, busbw = pattern.bandwidth(plan, seconds, n)
                     modes[mode] = Measurement(seconds * 1e6, algbw, busbw, wrong)
+                    if not graph:
+                        modes[mode].host_us = host * 1e6
                 for captured in graphs:
                     captured.close()
                 graphs.clear()
@@ -257,15 +262,19 @@ def _after(first: Callable[[], None], operation: Callable[[], None]) -> Callable
 
 def _back_to_back_seconds(world: World, engine: Any, operations: list[Callable[[], None]],
                           iters: int) -> float:
-    """nccl-tests timing: seconds per operation, averaged over ranks."""
+    """nccl-tests timing: seconds per operation, and the host's seconds per operation
+    spent issuing them (until the last returned), each averaged over ranks."""
     sequence = [operations[i % len(operations)] for i in range(iters)]
     world.comm.Barrier()
     timer = engine.timer()
     timer.start()
+    started = time.perf_counter()
     for operation in sequence:
         operation()
+    host = (time.perf_counter() - started) / iters
     seconds = timer.stop() / iters
-    return world.comm.allreduce(seconds, op=mpi().SUM) / world.size
+    total = world.comm.allreduce((seconds, host), op=mpi().SUM)
+    return total[0] / world.size, total[1] / world.size
 
 
 def _graph_seconds(world: World, engine: Any, operations: list[Callable[[], None]],

@@ -40,9 +40,8 @@ class ReduceScatter(CommunicatorCase):
 
     def call(self, communicator: Any, inputs: Any, output: Any, *, in_place: bool,
              stream: Any) -> Callable[[], None]:
-        op, algo = self.op, self.algo
-        return lambda: communicator.reduce_scatter(output, inputs, op=op, algo=algo,
-                                                   stream=stream)
+        return communicator.bind("reduce_scatter", output, inputs, op=self.op, algo=self.algo,
+                                 stream=stream)
 
     def bandwidth(self, plan: SizePlan, seconds: float, world_size: int) -> tuple[float, float]:
         algbw = plan.size / seconds / 1e9

@@ -28,6 +28,9 @@ class Measurement:
     # Which of a baseline's paths gave this figure (its fastest: NCCL's "plain" or
     # "symmetric", symmetric memory's "one-shot" or "two-shot"); None where it has one.
     path: str | None = None
+    # Eager nccl-tests timing: the host's microseconds per call spent issuing the calls
+    # (for GPU operations, what Python and the launch cost; time_us is the wall time).
+    host_us: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"time_us": round(self.time_us, 3), "algbw": round(self.algbw, 3),
@@ -43,6 +46,8 @@ class Measurement:
                         busbw_max=round(self.busbw_range[1], 3))
         if self.path is not None:
             data["path"] = self.path
+        if self.host_us is not None:
+            data["host_us"] = round(self.host_us, 3)
         return data
 
 

@@ -23,19 +23,23 @@ class Table:
     """Formats rows as they come, so long sweeps show progress line by line."""
 
     def __init__(self, modes: tuple[str, ...], datatype: str, baseline: str | None, *,
-                 path_column: bool = False) -> None:
+                 path_column: bool = False, host_column: bool = False) -> None:
         """``baseline`` is the baseline's label (None: no baseline columns);
-        ``path_column`` adds the path its figure came from."""
+        ``path_column`` adds the path its figure came from; ``host_column`` the host's
+        time per call of the first mode (eager timing)."""
         self.modes = modes
         self.datatype = datatype
         self.baseline = baseline
         self.path_column = bool(baseline) and path_column
+        self.host_column = host_column
 
     def header(self, title: str, rank_lines: list[str]) -> list[str]:
         lines = [f"# {title}", "#", *rank_lines, "#"]
         groups = "".join(f"{mode or 'result':>34} " for mode in self.modes)
+        if self.host_column:
+            groups += " " * 9
         extra = f"{self.baseline + ' baseline':>33}" if self.baseline else ""
-        lines.append(f"#{'':>38}{groups}{extra}")
+        lines.append(f"#{'':>38}{groups}{extra}".rstrip())
         cols = "".join(f"{'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6}  " for _ in self.modes)
         units = "".join(f"{'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6}  " for _ in self.modes)
         bcols = f"{'time':>9} {'busbw':>7} {'#wrong':>6} {'speedup':>7}" if self.baseline else ""
@@ -43,12 +47,18 @@ class Table:
         if self.path_column:
             bcols += f" {'path':>9}"
             bunits += f" {'(fastest)':>9}"
-        lines.append(f"#{'size':>14} {'count':>13} {'type':>8}  {cols}{bcols}")
-        lines.append(f"#{'(B)':>14} {'(elements)':>13} {'':>8}  {units}{bunits}")
+        if self.host_column:
+            cols += f"{'host':>7}  "
+            units += f"{'(us)':>7}  "
+        lines.append(f"#{'size':>14} {'count':>13} {'type':>8}  {cols}{bcols}".rstrip())
+        lines.append(f"#{'(B)':>14} {'(elements)':>13} {'':>8}  {units}{bunits}".rstrip())
         return lines
 
     def row(self, row: Row, baseline_row: Row | None) -> str:
         cells = "".join(_cells(row.modes.get(mode)) + "  " for mode in self.modes)
+        if self.host_column:
+            host = row.primary.host_us
+            cells += f"{'' if host is None else f'{host:.2f}':>7}  "
         text = f" {row.size:>14} {row.count:>13} {self.datatype:>8}  {cells}"
         if self.baseline:
             if baseline_row is None:

@@ -190,6 +190,43 @@ def test_calls_on_a_user_stream_and_in_a_cuda_graph_replay_with_new_data(setup):
     cm.synchronize()
 
 
+@pytest.mark.parametrize("algo", ["ll", "one-shot", "two-shot"])
+def test_bound_calls_launch_again_on_new_data_and_in_graphs(setup, algo):
+    group, cm = setup
+    device = group.backend.device
+    count = 5003
+    tensor = torch.zeros(count, dtype=torch.float32, device=f"cuda:{device}")
+    out = torch.zeros_like(tensor)
+    block = torch.zeros(17, dtype=torch.int32, device=f"cuda:{device}")
+    gathered = torch.zeros(17 * cm.size, dtype=torch.int32, device=f"cuda:{device}")
+    all_reduce = cm.bind("all_reduce", tensor, output=out, algo=algo, stream=cm.stream)
+    all_gather = cm.bind("all_gather", gathered, block, stream=cm.stream,
+                         algo="ll" if algo == "ll" else "pull")
+    calls_before = cm._path.calls
+    for call in range(3):
+        inputs = [seeded_values("float32", count, 70 + call, r) for r in range(cm.size)]
+        tensor.copy_(torch.from_numpy(inputs[cm.rank]))
+        block.fill_(cm.rank * 100 + call)
+        assert all_reduce() is out
+        all_gather()
+        cm.synchronize()
+        assert mismatches("float32", "sum", out.cpu().numpy(),
+                          reference("float32", "sum", inputs)) == 0
+        want = [r * 100 + call for r in range(cm.size) for _ in range(17)]
+        assert gathered.cpu().tolist() == want
+    assert cm._path.calls - calls_before == 6
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=cm.stream):
+        all_reduce()
+    for replay in range(5):
+        inputs = [seeded_values("float32", count, 90 + replay, r) for r in range(cm.size)]
+        tensor.copy_(torch.from_numpy(inputs[cm.rank]))
+        graph.replay()
+        cm.synchronize()
+        assert mismatches("float32", "sum", out.cpu().numpy(),
+                          reference("float32", "sum", inputs)) == 0, replay
+
+
 def test_ranks_that_disagree_raise_on_every_rank(setup, comm):
     group, cm = setup
     device = group.backend.device

@@ -219,6 +219,49 @@ def test_two_hundred_calls_reuse_the_scratch(comm, communicator):
     assert same_everywhere(comm, heap)
 
 
+def test_bound_calls_rerun_on_what_the_arrays_hold_then(comm, communicator):
+    me, n = communicator.rank, communicator.size
+    tensor = np.zeros(1021, np.float32)
+    out = np.zeros(1021, np.float32)
+    gathered = np.zeros(13 * n, np.int32)
+    block = np.zeros(13, np.int32)
+    reduce_in = np.zeros(20 * n, np.float32)
+    reduce_out = np.zeros(20, np.float32)
+    all_reduce = communicator.bind("all_reduce", tensor, op="max", output=out)
+    all_gather = communicator.bind("all_gather", gathered, block)
+    reduce_scatter = communicator.bind("reduce_scatter", reduce_out, reduce_in, algo="one-shot")
+    assert "all_reduce of 1021 float32" in repr(all_reduce)
+    for call in range(4):
+        inputs = inputs_of("float32", 1021, call, n)
+        tensor[:] = inputs[me]
+        assert all_reduce() is out
+        assert mismatches("float32", "max", out, reference("float32", "max", inputs)) == 0
+        blocks = [np.arange(13, dtype=np.int32) * (r + 1) + call for r in range(n)]
+        block[:] = blocks[me]
+        all_gather()
+        assert np.array_equal(gathered, np.concatenate(blocks))
+        parts = inputs_of("float32", 20 * n, 50 + call, n, specials=False)
+        reduce_in[:] = parts[me]
+        reduce_scatter()
+        want = reference("float32", "sum", parts)[me * 20:(me + 1) * 20]
+        assert mismatches("float32", "sum", reduce_out, want) == 0
+
+
+def test_bind_refuses_what_the_call_refuses(communicator):
+    with pytest.raises(CollectiveError, match="bind\\('broadcast'\\): choose all_gather"):
+        communicator.bind("broadcast", np.zeros(4, np.float32))
+    with pytest.raises(CollectiveError, match="float64"):
+        communicator.bind("all_reduce", np.zeros(4, np.float64))
+
+
+def test_a_bound_call_refuses_to_run_after_close(group):
+    comm = group.communicator(max_bytes=4096)
+    bound = comm.bind("all_reduce", np.ones(8, np.float32))
+    comm.close()
+    with pytest.raises(CollectiveError, match="communicator it was bound to is closed"):
+        bound()
+
+
 @pytest.mark.parametrize("change", ["count", "dtype", "op", "algo", "collective"])
 def test_ranks_that_disagree_raise_on_every_rank(comm, communicator, change):
     if comm.size == 1:
