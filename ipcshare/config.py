@@ -40,6 +40,8 @@ HANDLES = ("posix-fd", "fabric")
 # low-latency protocol of the collectives layer (all-gather and all-reduce, GPU backends).
 ALGOS = ("auto", "copy-engine", "hierarchical", "push", "pull", "ring", "one-shot",
          "two-shot", "leader", "ll")
+# --timing of the op commands (patterns.timing.TIMING_MODES, kept in step by a test).
+TIMINGS = ("nccl-tests", "latency")
 # -o of allreduce / reducescatter (the collectives layer's ops).
 REDUCTIONS = ("sum", "max", "min")
 # name -> (numpy dtype string, bytes per element)
@@ -103,6 +105,9 @@ class PatternOptions:
     op: str = "sum"
     graph: bool = False
     after_kernel: bool = False
+    # nccl-tests: averaged back-to-back runs; latency: samples of one operation each,
+    # reported as p50 with p5 / p95 (patterns.timing).
+    timing: str = "nccl-tests"
     json: str | None = None
     min_bw: float | None = None
 
@@ -113,6 +118,7 @@ class PatternOptions:
         _choice("baseline", self.baseline, BASELINES)
         _choice("algo", self.algo, ALGOS)
         _choice("op", self.op, REDUCTIONS)
+        _choice("timing", self.timing, TIMINGS)
         _choice("datatype", self.datatype, tuple(DATATYPES))
         for name in ("min_bytes", "max_bytes"):
             parse_size(getattr(self, name), what=name)
@@ -154,7 +160,7 @@ _FIELD_TYPES = {
     "backend": str, "exchange": str, "handle": str, "datatype": str, "baseline": str,
     "min_bytes": "size", "max_bytes": "size", "step_factor": int, "iters": int,
     "warmup": int, "checks": int, "graph": bool, "after_kernel": bool, "algo": str, "json": str,
-    "min_bw": float, "op": str,
+    "min_bw": float, "op": str, "timing": str,
 }
 
 

@@ -441,17 +441,28 @@ if [[ $G -ge 2 ]] && wants latency; then
   step "LL tests n=$G" "$STEP_TIMEOUT_TESTS" collective_tests "$G" tests/gpu/test_gpu_low_latency.py
   [[ $G -gt 2 ]] && step "LL tests n=2" "$STEP_TIMEOUT_TESTS" collective_tests 2 \
     tests/gpu/test_gpu_low_latency.py
-  step "Communicator tests (ll, auto) n=$G" "$STEP_TIMEOUT_TESTS" collective_tests "$G" \
-    tests/gpu/test_gpu_communicator.py -k "ll or auto"
+  step "Communicator tests n=$G" "$STEP_TIMEOUT_TESTS" collective_tests "$G" \
+    tests/gpu/test_gpu_communicator.py
   step "LL tests n=$((G + 1)) (shared GPU)" "$STEP_TIMEOUT_TESTS" collective_tests $((G + 1)) \
     tests/gpu/test_gpu_low_latency.py
+  # The launch cost from Python: a call, a bound call, a bare launch of an empty kernel.
+  step "launch overhead n=$G" "$STEP_TIMEOUT_BENCH" "$MPIEXEC" -n "$G" --bind-to none "$PY" \
+    tools/launch_overhead_probe.py
+  # auto (ll up to 512 KiB on 2 GPUs) and each kernel alone, against NCCL in the same
+  # launch, in graphs and eager (bound calls; the host column is Python's time per call).
   for mode in --graph ""; do
-    for pair in "allgather ll" "allgather push" "allgather pull" "allreduce ll" \
-                "allreduce one-shot"; do
+    for pair in "allgather auto 4M" "allreduce auto 4M" "reducescatter auto 4M" \
+                "allgather push 512K" "allreduce one-shot 512K" "allreduce ll 512K"; do
       set -- $pair
-      COLLECTIVE_MAX=${LATENCY_MAX:-4M} step "$1 $2 n=$G vs nccl $mode" "$STEP_TIMEOUT_BENCH" \
+      COLLECTIVE_MAX=$3 step "$1 $2 n=$G vs nccl $mode" "$STEP_TIMEOUT_BENCH" \
         collective_bench "$G" "$1" "$2" $mode --baseline nccl
     done
+  done
+  # Latency timing in graphs: p50 and p95 per size, ours and NCCL's, 4 B to 1 MiB.
+  for op in allgather allreduce; do
+    COLLECTIVE_MIN=4 COLLECTIVE_MAX=1M COLLECTIVE_ITERS=200 step \
+      "$op auto n=$G latency graph vs nccl" "$STEP_TIMEOUT_BENCH" collective_bench "$G" "$op" \
+      auto --graph --timing latency --baseline nccl
   done
 elif wants latency; then
   log "latency: needs 2 GPUs; skipped"

@@ -57,6 +57,9 @@ def _add_pattern_flags(parser: argparse.ArgumentParser) -> None:
                        "kernel per GPU, for ranks sharing GPUs) | one-shot | two-shot "
                        "(all-reduce) | ll (low-latency all-gather / all-reduce, GPU only)")
     add("--graph", action="store_true", default=None, help="CUDA-graph timing mode")
+    add("--timing", help="nccl-tests (back-to-back operations, averaged; default) | latency "
+                         "(one operation per sample: p50 with p5 / p95, for ours and the "
+                         "baseline; with --graph each sample replays a one-operation graph)")
     add("--after-kernel", dest="after_kernel", action="store_true", default=None,
         help="launch an empty kernel on the stream before every operation, ours and the "
              "GPU baseline's, as when a collective follows the compute that produced its "

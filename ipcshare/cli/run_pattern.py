@@ -15,7 +15,7 @@ __all__ = ["run_pattern_command", "resolve_options", "check_same_run"]
 
 _OPTION_KEYS = ("backend", "exchange", "handle", "min_bytes", "max_bytes", "step_factor",
                 "iters", "warmup", "checks", "datatype", "baseline", "graph", "after_kernel",
-                "json", "min_bw", "algo", "op")
+                "json", "min_bw", "algo", "op", "timing")
 
 
 def resolve_options(args: argparse.Namespace) -> PatternOptions:
@@ -51,6 +51,7 @@ def _run_facts(args: argparse.Namespace, options: PatternOptions) -> list[tuple[
         ("the reduction", options.op, f"-o {options.op}"),
         ("the baseline", options.baseline, f"--baseline {options.baseline}"),
         ("graph mode", options.graph, switch("--graph", options.graph)),
+        ("the timing", options.timing, f"--timing {options.timing}"),
         ("the kernel before each operation", options.after_kernel,
          switch("--after-kernel", options.after_kernel)),
         ("the exchange", options.exchange, f"--exchange {options.exchange}"),
@@ -112,7 +113,8 @@ def run_pattern_command(args: argparse.Namespace) -> int:
             result = run_pattern(group, pattern, options, baseline=baseline,
                                  emit=lambda line: print(line, flush=True),
                                  graph=bool(options.graph),
-                                 after_kernel=bool(options.after_kernel))
+                                 after_kernel=bool(options.after_kernel),
+                                 timing=options.timing)
         finally:
             if baseline is not None and hasattr(baseline, "close"):
                 baseline.close()

@@ -52,10 +52,21 @@ HOST_CHOICES: dict[str, dict[int, Choice]] = {
 # 144), since each rank reads one peer either way. The 3+ row is NCCL's and vLLM's
 # rule of thumb (two-shot from a few hundred KiB), not yet measured here: the 4-GPU node
 # kind was not lent.
+# The low-latency protocol (ll), 2 ranks on nvidia-h200-x2 (2026-11-23, commit 9809801,
+# `ipcshare allreduce|allgather --algo ll|one-shot|pull|push -b 8 -e 4M -f 4 --graph`):
+# all-reduce 3.2-4.0 us up to 32 KiB, 4.6 at 128 KiB, 7.3 at 512 KiB against one-shot's
+# 7.5-9.0, 9.9 and 10.9; all-gather 3.1-3.6 us up to 32 KiB gathered, 4.1 at 128 KiB and
+# 5.2 at 512 KiB against pull's 7.9-9.4, 11.7 and 12.9. Its buffers take inputs of up to
+# 512 KiB (scratch.LL_MAX_BYTES), so it runs everything up to there. With 3 or more ranks
+# each rank pushes its input to every peer: not measured yet (no 4-GPU node was lent), so
+# those rows keep the measured kernels until a run says where ll stops winning.
 CUDA_CHOICES: dict[str, dict[int, Choice]] = {
-    "all_gather": {1: Choice((), ("pull",))},
+    "all_gather": {1: Choice((), ("pull",)),
+                   2: Choice((512 * _KiB,), ("ll", "pull")),
+                   3: Choice((), ("pull",))},
     "reduce_scatter": {1: Choice((), ("one-shot",))},
     "all_reduce": {1: Choice((), ("one-shot",)),
+                   2: Choice((512 * _KiB,), ("ll", "one-shot")),
                    3: Choice((256 * _KiB,), ("one-shot", "two-shot"))},
 }
 _TABLES = {"host": HOST_CHOICES, "cuda": CUDA_CHOICES}

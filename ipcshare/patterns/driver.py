@@ -121,7 +121,8 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
     # issuing it), next to the wall time per call.
     table = Table(pattern.modes, options.datatype, baseline.label if baseline else None,
                   path_column=baseline.path_column if baseline else False,
-                  host_column=timing == "nccl-tests" and not graph)
+                  host_column=timing == "nccl-tests" and not graph,
+                  p95_column=timing == "latency")
     devices = world.comm.gather(group.backend.describe_device(), root=0) or []
     exchange = group.exchange_name
     rank_lines = [f"#  Rank {r:>3} Pid {world.pids[r]:>7} on {world.hostnames[r]:>12} "

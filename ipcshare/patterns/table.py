@@ -15,6 +15,10 @@ def _cells(m: Measurement | None) -> str:
     return _CELL.format(_fmt_time(m.time_us), f"{m.algbw:.2f}", f"{m.busbw:.2f}", m.wrong)
 
 
+def _spell_p95(m: Measurement) -> str:
+    return "" if m.p95_us is None else _fmt_time(m.p95_us)
+
+
 def _fmt_time(us: float) -> str:
     return f"{us:.2f}" if us < 1e4 else f"{us:.1f}" if us < 1e6 else f"{us:.0f}"
 
@@ -23,20 +27,26 @@ class Table:
     """Formats rows as they come, so long sweeps show progress line by line."""
 
     def __init__(self, modes: tuple[str, ...], datatype: str, baseline: str | None, *,
-                 path_column: bool = False, host_column: bool = False) -> None:
+                 path_column: bool = False, host_column: bool = False,
+                 p95_column: bool = False) -> None:
         """``baseline`` is the baseline's label (None: no baseline columns);
         ``path_column`` adds the path its figure came from; ``host_column`` the host's
-        time per call of the first mode (eager timing)."""
+        time per call of the first mode (eager timing); ``p95_column`` the 95th
+        percentile of the first mode's samples and of the baseline's (latency timing,
+        where ``time`` is the median)."""
         self.modes = modes
         self.datatype = datatype
         self.baseline = baseline
         self.path_column = bool(baseline) and path_column
         self.host_column = host_column
+        self.p95_column = p95_column
 
     def header(self, title: str, rank_lines: list[str]) -> list[str]:
         lines = [f"# {title}", "#", *rank_lines, "#"]
         groups = "".join(f"{mode or 'result':>34} " for mode in self.modes)
         if self.host_column:
+            groups += " " * 9
+        if self.p95_column:
             groups += " " * 9
         extra = f"{self.baseline + ' baseline':>33}" if self.baseline else ""
         lines.append(f"#{'':>38}{groups}{extra}".rstrip())
@@ -50,6 +60,11 @@ class Table:
         if self.host_column:
             cols += f"{'host':>7}  "
             units += f"{'(us)':>7}  "
+        if self.p95_column:
+            cols += f"{'p95':>7}  "
+            units += f"{'(us)':>7}  "
+            bcols += f" {'p95':>7}" if self.baseline else ""
+            bunits += f" {'(us)':>7}" if self.baseline else ""
         lines.append(f"#{'size':>14} {'count':>13} {'type':>8}  {cols}{bcols}".rstrip())
         lines.append(f"#{'(B)':>14} {'(elements)':>13} {'':>8}  {units}{bunits}".rstrip())
         return lines
@@ -59,6 +74,8 @@ class Table:
         if self.host_column:
             host = row.primary.host_us
             cells += f"{'' if host is None else f'{host:.2f}':>7}  "
+        if self.p95_column:
+            cells += f"{_spell_p95(row.primary):>7}  "
         text = f" {row.size:>14} {row.count:>13} {self.datatype:>8}  {cells}"
         if self.baseline:
             if baseline_row is None:
@@ -69,6 +86,8 @@ class Table:
                 text += f"{_fmt_time(b.time_us):>9} {b.busbw:>7.2f} {b.wrong:>6} {speedup:>7.2f}"
                 if self.path_column:
                     text += f" {b.path or '':>9}"
+                if self.p95_column:
+                    text += f" {_spell_p95(b):>7}"
         return text.rstrip()
 
     @staticmethod

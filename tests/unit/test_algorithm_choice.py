@@ -75,3 +75,12 @@ def test_two_and_three_ranks_push_in_place_up_to_32_mib(world_size):
     assert choose_allgather(32 << 20, world_size, in_place=True) == "push"
     assert choose_allgather((32 << 20) + 1, world_size, in_place=True) == "copy-engine"
     assert choose_allgather(1 << 30, world_size, in_place=True) == "copy-engine"
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("graph", [False, True])
+def test_two_ranks_take_the_low_latency_protocol_up_to_512_kib(graph, in_place):
+    for size in (1, 64 << 10, 512 << 10):
+        assert choose_allgather(size, 2, graph=graph, in_place=in_place) == "ll"
+    assert choose_allgather((512 << 10) + 1, 2, graph=graph, in_place=in_place) == "push"
+    assert choose_allgather(1024, 4, graph=graph, in_place=in_place) == "push"  # unmeasured

@@ -251,6 +251,15 @@ def test_two_shot_chunks_cover_the_array_once(count, size):
 DIGEST = 0x80F2C549A7032D31
 
 
+def test_two_gpus_run_small_all_reduces_and_all_gathers_by_the_low_latency_protocol():
+    for op in ("all_reduce", "all_gather"):
+        assert choose("cuda", op, 1, 2) == "ll"
+        assert choose("cuda", op, LL_MAX_BYTES, 2) == "ll"
+        assert choose("cuda", op, LL_MAX_BYTES + 1, 2) != "ll"
+        assert choose("cuda", op, 1024, 4) != "ll"  # not measured on 4 GPUs yet
+    assert choose("cuda", "reduce_scatter", 1024, 2) == "one-shot"
+
+
 def test_signature_digests_are_the_same_in_every_process():
     signature = Signature("all_reduce", 1000, "float32", 4, "sum", "one-shot")
     # A fixed value: Python's hash() of a string changes from process to process.
@@ -264,13 +273,18 @@ def test_signature_digests_are_the_same_in_every_process():
     assert str(error) == "ranks disagree on a collective call: ranks 0, 2 call a, rank 1 b"
 
 
-def test_every_auto_choice_is_a_registered_algorithm():
+@pytest.mark.parametrize("memory", ["host", "cuda"])
+def test_every_auto_choice_is_a_registered_algorithm(memory):
     for op in OPS:
-        names = algorithm_names("host", op)
+        names = algorithm_names(memory, op)
         assert names
         for size in (1, 2, 3, 4, 8):
             for nbytes in (0, 1, 4096, 1 << 20, 1 << 30):
-                assert choose("host", op, nbytes, size) in names
+                assert choose(memory, op, nbytes, size) in names
+    if memory == "cuda":
+        return  # the GPU algorithms import CUDA bindings; the host ones are checked below
+    for op in OPS:
+        names = algorithm_names(memory, op)
         for name in names:
             found = algorithm("host", op, name)
             assert (found.name, found.op, found.memory) == (name, op, "host")

@@ -86,3 +86,14 @@ def test_shipped_configs_are_valid():
     for path in configs:
         data = load_yaml_config(path)
         merge_options({k: v for k, v in data.items() if k != "op"})
+
+
+def test_timing_modes_of_the_cli_are_the_drivers():
+    from ipcshare.config import TIMINGS
+    from ipcshare.patterns.timing import TIMING_MODES
+
+    assert TIMINGS == TIMING_MODES
+    assert merge_options({}, {"timing": "latency"}).timing == "latency"
+    with pytest.raises(ConfigError, match="unknown timing 'fast'; choose one of: nccl-tests, "
+                                          "latency"):
+        merge_options({}, {"timing": "fast"})
