@@ -31,6 +31,11 @@
 #           auto, the copy engine under both shared-GPU barriers (host, stream), push and
 #           leader;
 #           the G-rank figure beside them; again under MPS when it can be started
+#   nccl-tests  NVIDIA's nccl-tests (source carried in .nccl-tests/, ignored by git) built
+#           here with the node's nvcc against the nvidia-nccl-cu13 wheel's NCCL (sm_90
+#           CUBIN, MPI=0); all_gather_perf, all_reduce_perf, reduce_scatter_perf with
+#           -g 1 -t G at -b 8 -e 256M -f 4, -R 0 and -R 2, eager and -G 20; logs under
+#           $OUT/nccl-tests/, their Markdown table in $OUT/nccl-tests/nccl-tests.md
 #
 # Writes under ${OUT:-out}: gpu-check.log (everything), results.jsonl (one result document
 # per line), info.json (ipcshare info), summary.txt. Keeps going after a failure and exits
@@ -43,8 +48,8 @@ set -u
 
 phases=("${@:-all}")
 for phase in "${phases[@]}"; do
-  case "$phase" in all|tests|bench|suite|sweep|doctor|faults|fallback|namespaces|shared|collectives|p2p|latency) ;;
-    *) echo "usage: $0 [all|tests|bench|suite|sweep|doctor|faults|fallback|namespaces|shared|collectives|p2p|latency]..." >&2
+  case "$phase" in all|tests|bench|suite|sweep|doctor|faults|fallback|namespaces|shared|collectives|p2p|latency|nccl-tests) ;;
+    *) echo "usage: $0 [all|tests|bench|suite|sweep|doctor|faults|fallback|namespaces|shared|collectives|p2p|latency|nccl-tests]..." >&2
        exit 2 ;; esac
 done
 wants() {  # wants PHASE: whether PHASE was asked for (all = tests and bench)
@@ -548,6 +553,55 @@ if [[ $G -ge 2 ]] && wants shared; then
     log "MPS could not be started here; shared-GPU figures without MPS only"
   fi
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+fi
+
+# nccl-tests: the NCCL reference measured by NVIDIA's own harness (GPU-NODES.md says how
+# it builds here). The wheel's NCCL has no libnccl.so link, which the Makefile wants.
+NCCL_TESTS_BUILD=/tmp/nccl-tests-build
+NCCL_TESTS_HOME=/tmp/nccl-tests-home
+nccl_tests_build() {
+  local wheel nvcc_path
+  wheel=$("$PY" -c 'import nvidia.nccl as n; print(list(n.__path__)[0])') || return 1
+  nvcc_path=$(command -v nvcc) || { echo "nvcc: not found"; return 1; }
+  rm -rf "$NCCL_TESTS_HOME" "$NCCL_TESTS_BUILD"
+  mkdir -p "$NCCL_TESTS_HOME/lib"
+  ln -s "$wheel/include" "$NCCL_TESTS_HOME/include"
+  ln -s "$wheel"/lib/libnccl.so.* "$NCCL_TESTS_HOME/lib/"
+  ln -s "$(cd "$wheel/lib" && ls libnccl.so.* | head -1)" "$NCCL_TESTS_HOME/lib/libnccl.so"
+  make -C .nccl-tests/src -j 8 MPI=0 NCCL_HOME="$NCCL_TESTS_HOME" \
+    CUDA_HOME="$(dirname "$(dirname "$nvcc_path")")" \
+    NVCC_GENCODE=-gencode=arch=compute_90,code=sm_90 BUILDDIR="$NCCL_TESTS_BUILD" \
+    "$NCCL_TESTS_BUILD/all_gather_perf" "$NCCL_TESTS_BUILD/all_reduce_perf" \
+    "$NCCL_TESTS_BUILD/reduce_scatter_perf"
+}
+nccl_tests_run() {  # nccl_tests_run PROGRAM REGISTER [-G 20]: one run, appended to its log
+  local program=$1 register=$2 log
+  shift 2
+  log="$OUT/nccl-tests/$program.log"
+  echo "+ $program -b 8 -e 256M -f 4 -g 1 -t $G -R $register $*" >>"$log"
+  LD_LIBRARY_PATH="$NCCL_TESTS_HOME/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    "$NCCL_TESTS_BUILD/$program" -b 8 -e 256M -f 4 -g 1 -t "$G" -R "$register" "$@" \
+    | tee -a "$log"
+  return "${PIPESTATUS[0]}"
+}
+export -f nccl_tests_build nccl_tests_run
+export NCCL_TESTS_BUILD NCCL_TESTS_HOME G
+if [[ $G -ge 2 ]] && wants nccl-tests; then
+  if [[ ! -d .nccl-tests/src ]]; then
+    log "nccl-tests: .nccl-tests/src missing (carry the ignored .nccl-tests/ folder along)"
+    failures=$((failures + 1))
+  else
+    mkdir -p "$OUT/nccl-tests"
+    rm -f "$OUT"/nccl-tests/*.log
+    step "nccl-tests build (nvcc, the wheel's NCCL, sm_90)" 600 nccl_tests_build
+    for program in all_gather_perf all_reduce_perf reduce_scatter_perf; do
+      for register in 0 2; do
+        step "nccl-tests $program -t $G -R $register eager" 300 nccl_tests_run "$program" "$register"
+        step "nccl-tests $program -t $G -R $register graph" 300 nccl_tests_run "$program" "$register" -G 20
+      done
+    done
+    step "nccl-tests table" 60 bash -c '"$0" -m ipcshare.bench.nccl_tests "$1"/nccl-tests/*_perf.log > "$1/nccl-tests/nccl-tests.md"; rc=$?; cat "$1/nccl-tests/nccl-tests.md"; exit $rc' "$PY" "$OUT"
+  fi
 fi
 
 log ""

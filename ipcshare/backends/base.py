@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..errors import BackendError
 from ..exchange.fds import OwnedFd
 
 __all__ = ["Buffer", "Allocation", "Exported", "Backend", "Engine", "Timer"]
@@ -216,6 +217,26 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def engine(self) -> Engine:
         """The engine that moves bytes in this backend's memory."""
+
+    def share_existing(self, ptr: int, nbytes: int) -> tuple[Exported, int]:
+        """Export memory this process already has (not from ``allocate``), without a
+        copy: the handle of what holds ``[ptr, ptr + nbytes)`` for peers, and the offset
+        of ``ptr`` in what they map. The same memory exports the same payload bytes
+        (they name the allocation, not the array), so importers can share mappings.
+
+        Raises:
+            BackendError: this memory cannot be shared, naming why and what to do.
+        """
+        raise BackendError(f"the {self.name} backend cannot share memory it did not allocate")
+
+    def open_existing(self, payload: bytes, fd: OwnedFd | None) -> Allocation:
+        """Map here what a peer exported with ``share_existing`` (the caller closes
+        ``fd``).
+
+        Raises:
+            BackendError: malformed payload or the mapping failed.
+        """
+        raise BackendError(f"the {self.name} backend cannot map a peer's registered memory")
 
     def capacity_bytes(self) -> int | None:
         """Memory this process may still allocate, or None when unknown."""

@@ -21,6 +21,7 @@ from .cuda_engine import CudaEngine
 from .device_buffer import DeviceAllocation, ImportCache
 
 __all__ = ["CudaIpcBackend", "DeviceBackend", "IpcHandleInfo", "parse_ipc_handle",
+           "legacy_ipc_payload",
            "IPC_HEADER", "IPC_PAYLOAD_BYTES"]
 
 # magic, format version, bytes, exporter's device UUID; the 64-byte handle follows.
@@ -134,6 +135,52 @@ class DeviceBackend(Backend):
                 f"cuda:{self.device} cannot reach the memory of cuda:{peer} "
                 f"({cuda_driver.format_uuid(peer_uuid)}) peer-to-peer: {why}")
 
+    def open_legacy_ipc(self, info: IpcHandleInfo, nbytes: int, *,
+                        what: str) -> DeviceAllocation:
+        """Open a peer's cuIpcMemHandle here (once per distinct handle; later opens
+        share the mapping), viewing its first ``nbytes``.
+
+        Raises:
+            BackendError: GPUs without P2P.
+            CudaError: cuIpcOpenMemHandle failed.
+        """
+        self._context.make_current()
+        self._check_peer_reachable(info.device_uuid)
+
+        def open_mapping() -> tuple[int, int, functools.partial]:
+            handle = driver.CUipcMemHandle()
+            handle.reserved = info.handle
+            flags = int(driver.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
+            ptr = int(check("cuIpcOpenMemHandle", driver.cuIpcOpenMemHandle(handle, flags)))
+            return ptr, info.nbytes, functools.partial(_close_ipc, ptr)
+
+        return self._imports.acquire(info.handle, open_mapping, nbytes, self.device, what=what)
+
+    def share_existing(self, ptr: int, nbytes: int) -> tuple[Exported, int]:
+        """Device memory the user allocated (a cudaMalloc block by legacy IPC, a cuMem
+        allocation by POSIX FD); device_existing says what qualifies.
+
+        Raises:
+            BackendError: memory that cannot be shared, naming why.
+            CudaError: the export failed.
+        """
+        from .device_existing import export_device_range
+
+        self._context.make_current()
+        return export_device_range(self, ptr, nbytes)
+
+    def open_existing(self, payload: bytes, fd: OwnedFd | None) -> DeviceAllocation:
+        """Map a peer's registered allocation here.
+
+        Raises:
+            BackendError: malformed payload, no P2P, missing descriptor.
+            CudaError: the import or map failed (undone).
+        """
+        from .device_existing import open_device_range
+
+        self._context.make_current()
+        return open_device_range(self, payload, fd)
+
     def close(self) -> None:
         """Unmap peers still mapped, destroy the stream, release the context
         (idempotent).
@@ -165,6 +212,22 @@ def _free(ptr: int) -> None:
 
 def _close_ipc(ptr: int) -> None:
     check("cuIpcCloseMemHandle", driver.cuIpcCloseMemHandle(ptr))
+
+
+def legacy_ipc_payload(base: int, nbytes: int, device_uuid: bytes) -> bytes:
+    """The cuda-ipc payload of the cudaMalloc allocation starting at ``base``: a header
+    and its cuIpcMemHandle (the current context must be ``base``'s).
+
+    Raises:
+        BackendError: the driver gave a handle of an unexpected size.
+        CudaError: cuIpcGetMemHandle failed.
+    """
+    handle = check("cuIpcGetMemHandle", driver.cuIpcGetMemHandle(base))
+    raw = bytes(handle.reserved)
+    if len(raw) != _IPC_HANDLE_BYTES:
+        raise BackendError(
+            f"cuIpcGetMemHandle gave {len(raw)} bytes, expected {_IPC_HANDLE_BYTES}")
+    return IPC_HEADER.pack(_MAGIC, _VERSION, nbytes, device_uuid) + raw
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,13 +292,7 @@ class CudaIpcBackend(DeviceBackend):
         if not isinstance(allocation, DeviceAllocation) or allocation.closed:
             raise BackendError("cuda-ipc can only export its own open allocations")
         self._context.make_current()
-        handle = check("cuIpcGetMemHandle", driver.cuIpcGetMemHandle(allocation.ptr))
-        raw = bytes(handle.reserved)
-        if len(raw) != _IPC_HANDLE_BYTES:
-            raise BackendError(
-                f"cuIpcGetMemHandle gave {len(raw)} bytes, expected {_IPC_HANDLE_BYTES}")
-        header = IPC_HEADER.pack(_MAGIC, _VERSION, allocation.nbytes, self.uuid)
-        return Exported(payload=header + raw)
+        return Exported(payload=legacy_ipc_payload(allocation.ptr, allocation.nbytes, self.uuid))
 
     def import_peer(self, payload: bytes, fd: OwnedFd | None, nbytes: int) -> DeviceAllocation:
         """Open a peer's cuIpcMemHandle (once per distinct handle; later imports share it).
@@ -247,15 +304,4 @@ class CudaIpcBackend(DeviceBackend):
         info = parse_ipc_handle(payload)
         if info.nbytes != nbytes:
             raise BackendError(f"peer announced {info.nbytes} bytes, the window has {nbytes}")
-        self._context.make_current()
-        self._check_peer_reachable(info.device_uuid)
-
-        def open_mapping() -> tuple[int, int, functools.partial]:
-            handle = driver.CUipcMemHandle()
-            handle.reserved = info.handle
-            flags = int(driver.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
-            ptr = int(check("cuIpcOpenMemHandle", driver.cuIpcOpenMemHandle(handle, flags)))
-            return ptr, nbytes, functools.partial(_close_ipc, ptr)
-
-        return self._imports.acquire(info.handle, open_mapping, nbytes, self.device,
-                                     what="cuda-ipc peer mapping")
+        return self.open_legacy_ipc(info, nbytes, what="cuda-ipc peer mapping")

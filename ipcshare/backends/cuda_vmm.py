@@ -24,7 +24,8 @@ from .base import Allocation, Exported
 from .cuda_ipc import DeviceBackend
 from .device_buffer import DeviceAllocation
 
-__all__ = ["CudaVmmBackend", "VmmAllocation", "VmmHandleInfo", "parse_vmm_handle",
+__all__ = ["CudaVmmBackend", "VmmAllocation", "VmmHandleInfo", "parse_vmm_handle", "map_handle",
+           "open_posix_fd",
            "VMM_HEADER", "FABRIC_REFUSED_MESSAGE"]
 
 # magic, format version, bytes announced, bytes mapped (granularity-rounded), handle
@@ -69,6 +70,42 @@ def _undo(call: Callable[..., Any], *args: Any) -> None:
     # Rollback after a failure: the original error is the one worth reporting.
     with contextlib.suppress(Exception):
         call(*args)
+
+
+def map_handle(handle: Any, size: int, alignment: int, access: list, undo: contextlib.ExitStack
+               ) -> int:
+    """Reserve ``size`` bytes of addresses, map ``handle`` there and grant ``access``;
+    each step's undo goes on ``undo``. Returns the address.
+
+    Raises:
+        CudaError: the failing step.
+    """
+    ptr = int(check("cuMemAddressReserve", driver.cuMemAddressReserve(size, alignment, 0, 0)))
+    undo.callback(_undo, driver.cuMemAddressFree, ptr, size)
+    check("cuMemMap", driver.cuMemMap(ptr, size, 0, handle, 0))
+    undo.callback(_undo, driver.cuMemUnmap, ptr, size)
+    # Each process grants access to its own device only; importers do the same.
+    check("cuMemSetAccess", driver.cuMemSetAccess(ptr, size, access, len(access)))
+    return ptr
+
+
+def open_posix_fd(fd: OwnedFd, size: int, alignment: int, access: list
+                  ) -> tuple[int, int, Callable[[], None]]:
+    """Import a cuMem POSIX-FD handle and map its ``size`` bytes here: (address, bytes,
+    release), everything undone on a failure half-way. The caller closes ``fd``.
+
+    Raises:
+        CudaError: import, reserve, map or set-access failed.
+    """
+    posix = cuda_driver.handle_type("posix-fd")
+    with contextlib.ExitStack() as undo:
+        # The binding passes an int as (void*)fd, as C does.
+        handle = check("cuMemImportFromShareableHandle",
+                       driver.cuMemImportFromShareableHandle(fd.fileno(), posix))
+        undo.callback(_undo, driver.cuMemRelease, handle)
+        ptr = map_handle(handle, size, alignment, access, undo)
+        undo.pop_all()
+    return ptr, size, _releaser(ptr, size, handle)
 
 
 class _SharedRange:
@@ -202,14 +239,7 @@ class CudaVmmBackend(DeviceBackend):
 
     # -- memory --------------------------------------------------------------------
     def _map(self, handle: Any, size: int, undo: contextlib.ExitStack) -> int:
-        ptr = int(check("cuMemAddressReserve",
-                        driver.cuMemAddressReserve(size, self.granularity, 0, 0)))
-        undo.callback(_undo, driver.cuMemAddressFree, ptr, size)
-        check("cuMemMap", driver.cuMemMap(ptr, size, 0, handle, 0))
-        undo.callback(_undo, driver.cuMemUnmap, ptr, size)
-        # Each process grants access to its own device only; importers do the same.
-        check("cuMemSetAccess", driver.cuMemSetAccess(ptr, size, self._access, len(self._access)))
-        return ptr
+        return map_handle(handle, size, self.granularity, self._access, undo)
 
     def allocate(self, nbytes: int) -> VmmAllocation:
         """cuMemCreate + reserve + map + set access, all undone on a failure half-way.

@@ -324,6 +324,28 @@ class HostBackend(Backend):
         # mmap keeps its own duplicate of the descriptor; the caller closes ``fd``.
         return HostAllocation(None, mapping, nbytes, on_close=self._track(fd.fileno()))
 
+    def share_existing(self, ptr: int, nbytes: int) -> tuple[Exported, int]:
+        """The shared file mapping holding the range (host_existing says which memory
+        qualifies).
+
+        Raises:
+            BackendError: private memory, several mappings, or no way to reopen the file.
+        """
+        from .host_existing import export_host_range
+
+        return export_host_range(ptr, nbytes)
+
+    def open_existing(self, payload: bytes, fd: OwnedFd | None) -> HostAllocation:
+        """Map a peer's registered span, shared.
+
+        Raises:
+            BackendError: as ``host_existing.map_host_range``.
+        """
+        from .host_existing import map_host_range
+
+        mapping = map_host_range(payload, fd)
+        return HostAllocation(None, mapping, len(mapping))
+
     def engine(self) -> HostEngine:
         return self._engine
 

@@ -21,6 +21,7 @@ from .choice import choose
 from .heap import Heap
 from .host_path import HostPath
 from .reduction import check_reduction
+from .registry import Registration, Registry
 from .scratch import ALIGN, ScratchLayout
 
 __all__ = ["Communicator"]
@@ -92,6 +93,8 @@ class Communicator:
 
             self._path = GpuPath(group, self._layout)
         self._heap = Heap(heap_bytes, ALIGN)
+        self._registry = Registry(group, local_buffer=self._path.local_buffer)
+        self._path.registry = self._registry
         # Each call's signature and algorithm, by what the call asked: built (and its
         # digest computed) once, looked up after that.
         self._signatures: dict[tuple, tuple[Signature, Any]] = {}
@@ -152,6 +155,58 @@ class Communicator:
                                              tuple(int(d) for d in dims), numpy_dtype)
         weakref.finalize(owner, self._heap.free, offset)
         return array
+
+    def register(self, array: Any) -> Registration:
+        """Collective over the node: share ``array``, memory this rank already has, with
+        every rank without a copy; every rank registers one array, in the same order.
+        Returns a ``Registration`` whose ``peer(r)`` / ``buffer_ptrs`` are each rank's
+        registered array mapped here. What can be shared: on GPUs, a cudaMalloc block
+        (torch's caching allocator: by legacy IPC of its allocation) or a cuMem
+        allocation exportable as a POSIX descriptor (torch's expandable segments); on
+        host memory, a shared file mapping (a memfd, ``multiprocessing.shared_memory``).
+        Peer mappings are counted per allocation and released by ``unregister`` or
+        ``close``; the registration holds ``array`` until then.
+
+        Calls read a registered input in place on host memory (no copy-in). On GPUs they
+        still copy it into the window (the kernels address peers' inputs inside the
+        window); the mapped peers are for the user's own kernels.
+
+        Raises:
+            CollectiveError: misuse on this rank (closed, not an array, not contiguous).
+            BackendError: some rank's memory cannot be shared, naming the rank and why
+                (private host memory, host memory for a GPU group, another GPU, managed
+                memory, an array across allocations, not IPC capable); on every rank.
+        """
+        self._check_open()
+        ref = self._registrable(array)
+        return self._registry.register(ref)
+
+    def unregister(self, array: Any) -> None:
+        """Collective over the node: drop the latest registration of ``array`` (the same
+        array given to ``register``) and unmap what no other registration uses.
+
+        Raises:
+            CollectiveError: ``array`` is not registered (on every rank).
+        """
+        self._check_open()
+        ref = describe_array(array, "array")
+        self._registry.unregister(ref)
+
+    @property
+    def registered(self) -> int:
+        """Live registrations on this rank."""
+        return len(self._registry)
+
+    def _registrable(self, array: Any) -> ArrayRef:
+        """The array's descriptor, checked on this rank for what any backend needs
+        (contiguous, non-empty); where its memory lies is the backend's to judge."""
+        ref = describe_array(array, "array")
+        if not ref.contiguous:
+            raise CollectiveError(f"array is {ref.spell()} that is not contiguous: register "
+                                  "a C-contiguous array")
+        if ref.nbytes == 0:
+            raise CollectiveError(f"array is {ref.spell()} with no bytes: nothing to register")
+        return ref
 
     # -- collectives -------------------------------------------------------------------
     def all_gather(self, output: Any, input: Any, *, stream: Any = None,
@@ -267,7 +322,10 @@ class Communicator:
         if self._closed:
             return
         self._closed = True
-        self._path.close()
+        try:
+            self._registry.close()
+        finally:
+            self._path.close()  # waits for the node: no peer maps a registration after it
 
     def __enter__(self) -> Communicator:
         return self

@@ -20,7 +20,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from ..backends.device_buffer import DeviceArray
+from ..backends.device_buffer import DeviceArray, DeviceBuffer
 from ..errors import CollectiveError
 from ..window import EPOCH_SLOT_BASE, ERROR_SLOT, KERNEL_SLOT_BASE, LL_EPOCH_SLOT
 from .agreement import Signature, disagreement_error
@@ -130,6 +130,11 @@ class GpuPath:
         array = DeviceArray(self._local_ptr + offset, nbytes, self.device,
                             owner=window.local, shape=dims, dtype=dtype.name)
         return array, array
+
+    def local_buffer(self, ref: ArrayRef) -> DeviceBuffer:
+        """A buffer of this rank's own registered array (register's hook: calls copy
+        registered inputs in, since the kernels address peers' inputs in the window)."""
+        return DeviceBuffer(ref.ptr, ref.nbytes, self.device, owner=ref.source)
 
     # -- calls -------------------------------------------------------------------------
     def engine_for(self, stream: Any) -> Any:

@@ -8,11 +8,21 @@ from typing import Any
 
 import numpy as np
 
+from ..backends.host import HostBuffer
 from .agreement import Signature, disagreement_error
 from .algorithms import Algorithm, HostCall
 from .arrays import ArrayRef
 from .reduction import Reducer
-from .scratch import FLAG_ZERO_COPY, HEADER_DIGEST, HEADER_FLAGS, HEADER_INPUT, ScratchLayout
+from .scratch import (
+    FLAG_REGISTERED,
+    FLAG_ZERO_COPY,
+    HEADER_DIGEST,
+    HEADER_FLAGS,
+    HEADER_INPUT,
+    HEADER_REGISTRATION,
+    HEADER_WORDS,
+    ScratchLayout,
+)
 
 __all__ = ["HostPath"]
 
@@ -63,8 +73,16 @@ class HostPath:
                           for view in self._bytes] for p in (0, 1)]
         self._calls = 0
         self._reducers: dict[tuple[str, str], Reducer] = {}
-        # Calls whose input was copied into the staging area (heap inputs are not).
+        # Calls whose input was copied into the staging area (heap and registered
+        # inputs are not).
         self.copies_in = 0
+        # The communicator's registered arrays (set by it): inputs read in place.
+        self.registry: Any = None
+
+    @staticmethod
+    def local_buffer(ref: ArrayRef) -> HostBuffer:
+        """A buffer of this rank's own registered array."""
+        return HostBuffer(memoryview(ref.bytes()), ref.ptr)
 
     def heap_array(self, offset: int, dims: tuple[int, ...], dtype: np.dtype
                    ) -> tuple[np.ndarray, Any]:
@@ -87,7 +105,13 @@ class HostPath:
         nbytes = signature.nbytes
         offset = input_ref.ptr - self._local_ptr
         zero_copy = layout.in_heap(offset, nbytes)
-        if not zero_copy:
+        flags = FLAG_ZERO_COPY if zero_copy else 0
+        registration = (None if zero_copy or not nbytes or self.registry is None
+                        else self.registry.find(input_ref.ptr, nbytes))
+        if registration is not None:
+            zero_copy, flags = True, FLAG_ZERO_COPY | FLAG_REGISTERED
+            offset = input_ref.ptr - registration.ptr
+        elif not zero_copy:
             offset = layout.staging_offset(parity)
             self._bytes[self.rank][offset:offset + nbytes] = input_ref.bytes()
             self.copies_in += 1
@@ -95,10 +119,11 @@ class HostPath:
         pad = self._pads[self.rank]
         pad[slot + HEADER_DIGEST] = digest
         pad[slot + HEADER_INPUT] = offset
-        pad[slot + HEADER_FLAGS] = FLAG_ZERO_COPY if zero_copy else 0
+        pad[slot + HEADER_FLAGS] = flags
+        pad[slot + HEADER_REGISTRATION] = 0 if registration is None else registration.index
         self._calls += 1
         self.window.barrier()  # every input and header in place
-        headers = [[int(word) for word in peer[slot:slot + 3]] for peer in self._pads]
+        headers = [[int(word) for word in peer[slot:slot + HEADER_WORDS]] for peer in self._pads]
         if any(header[HEADER_DIGEST] != digest for header in headers):
             # Every rank sees the same headers, so every rank comes here.
             raise disagreement_error(self.group.collective("collective call",
@@ -111,8 +136,7 @@ class HostPath:
                 reducer = self._reducers[key] = Reducer(*key)
         algorithm.run(HostCall(
             rank=self.rank, size=self.size, count=signature.count, itemsize=signature.itemsize,
-            inputs=[view[header[HEADER_INPUT]:][:nbytes]
-                    for view, header in zip(self._bytes, headers, strict=True)],
+            inputs=[self._input_view(rank, header, nbytes) for rank, header in enumerate(headers)],
             output=output_ref.bytes(), results=self._results[parity], reducer=reducer,
             in_place=in_place, aliased=in_place and zero_copy,
             hold_inputs=any(header[HEADER_FLAGS] & FLAG_ZERO_COPY for header in headers),
@@ -127,6 +151,17 @@ class HostPath:
         def call() -> None:
             run(signature, algorithm, input_ref, output_ref, in_place=in_place)
         return call
+
+    def _input_view(self, rank: int, header: list[int], nbytes: int) -> np.ndarray:
+        """Rank ``rank``'s input of this call, as this rank reads it: in its window, or
+        in its registered array mapped here (the registration numbered alike on every
+        rank)."""
+        offset = header[HEADER_INPUT]
+        if header[HEADER_FLAGS] & FLAG_REGISTERED:
+            view = np.asarray(self.registry.by_index(header[HEADER_REGISTRATION]).peer(rank))
+        else:
+            view = self._bytes[rank]
+        return view[offset:offset + nbytes]
 
     def close(self) -> None:
         """Close the window (collective over the node; idempotent)."""

@@ -10,8 +10,8 @@ import dataclasses
 from ..window import USER_SLOT_BASE
 
 __all__ = ["ScratchLayout", "ALIGN", "HEADER_WORDS", "HEADER_DIGEST", "HEADER_INPUT",
-           "HEADER_FLAGS", "FLAG_ZERO_COPY", "LL_MAX_BYTES", "LL_LINE_BYTES",
-           "LL_LINE_PAYLOAD", "LL_CLEANED_SLOT"]
+           "HEADER_FLAGS", "FLAG_ZERO_COPY", "FLAG_REGISTERED", "HEADER_REGISTRATION",
+           "LL_MAX_BYTES", "LL_LINE_BYTES", "LL_LINE_PAYLOAD", "LL_CLEANED_SLOT"]
 
 # Regions and heap blocks start at multiples of this many bytes (every dtype aligned,
 # and vector loads of the GPU kernels to come).
@@ -26,6 +26,11 @@ HEADER_FLAGS = 2
 # Flag: the input is the user's own memory in the heap (not a staging copy), so peers
 # must be done reading it before the call returns on any rank.
 FLAG_ZERO_COPY = 1
+# Flag (host calls): the input lies in a registered array (Communicator.register), not
+# in the window: HEADER_INPUT is its offset there, HEADER_REGISTRATION the number of
+# the registration (the same on every rank).
+FLAG_REGISTERED = 2
+HEADER_REGISTRATION = 3
 # The low-latency protocol (kernels/include/ipcshare/ll.cuh) sends 8 payload bytes per
 # 16-byte line, after one line carrying the call's digest. Its buffers hold inputs of up to
 # LL_MAX_BYTES (it is meant for small calls, where latency, not bytes, sets the time).

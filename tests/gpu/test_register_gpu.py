@@ -1,0 +1,135 @@
+"""Communicator.register on GPUs: torch's caching allocator (legacy IPC), torch's
+expandable segments (cuMem POSIX FD, switched on at run time for new segments) and
+cupy; a peer really reads the registered memory; errors name the rank and the cause.
+Run under mpiexec with one GPU per rank (or shared GPUs)."""
+
+from __future__ import annotations
+
+import pytest
+
+import ipcshare
+from ipcshare.backends.device_buffer import DeviceArray
+from ipcshare.errors import BackendError
+
+pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def setup():
+    with ipcshare.Group(backend="cuda-vmm") as g, g.communicator(max_bytes=1 << 20) as comm:
+        torch.cuda.set_device(g.backend.device)
+        yield g, comm
+
+
+def _peer_values(registration, rank: int, count: int, dtype) -> list:
+    """What this rank reads of rank ``rank``'s registered tensor, through its mapping."""
+    view = torch.from_dlpack(registration.peer(rank))[:count * 4].view(dtype)
+    return view.cpu().tolist()
+
+
+def check_peers_read_the_registered_tensor(g, comm, tensor) -> None:
+    """Register, overwrite after registering, read every peer's through the mapping."""
+    registration = comm.register(tensor)
+    try:
+        tensor.fill_(1000 + g.rank)           # after registration: a copy would miss it
+        torch.cuda.synchronize()
+        g.barrier()
+        for rank in range(g.size):
+            assert _peer_values(registration, rank, 4, torch.float32) == [1000.0 + rank] * 4
+        g.barrier()
+        out = torch.empty(g.size * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
+        comm.all_gather(out, tensor)
+        comm.synchronize()
+        assert out.view(g.size, -1)[:, 0].tolist() == [1000.0 + r for r in range(g.size)]
+    finally:
+        comm.unregister(tensor)
+
+
+def test_torch_caching_allocator_tensors_are_shared_by_legacy_ipc(setup):
+    g, comm = setup
+    tensor = torch.zeros(4099, dtype=torch.float32, device=f"cuda:{g.backend.device}")
+    check_peers_read_the_registered_tensor(g, comm, tensor[3:])   # inside a block
+    assert comm.registered == 0
+
+
+def test_cupy_arrays_are_shared(setup):
+    cupy = pytest.importorskip("cupy")
+    g, comm = setup
+    with cupy.cuda.Device(g.backend.device):
+        array = cupy.zeros(2048, dtype=cupy.float32)
+    check_peers_read_the_registered_tensor(g, comm, torch.from_dlpack(array))
+
+
+def test_two_tensors_of_one_block_map_it_once(setup):
+    g, comm = setup
+    block = torch.zeros(1 << 16, dtype=torch.float32, device=f"cuda:{g.backend.device}")
+    first, second = comm.register(block[:100]), comm.register(block[1000:1100])
+    try:
+        assert comm._registry.mappings == 2 * (g.size - 1)   # one per peer and registration
+        assert g.backend.imports_mapped >= g.size - 1
+        assert second.buffer_ptrs[g.rank] - first.buffer_ptrs[g.rank] == 4000
+    finally:
+        comm.unregister(block[1000:1100])
+        comm.unregister(block[:100])
+    assert comm._registry.mappings == 0
+
+
+def test_host_memory_and_pool_memory_are_refused_naming_the_rank_and_cause(setup):
+    g, comm = setup
+    offender = g.size - 1
+    device = f"cuda:{g.backend.device}"
+    good = torch.zeros(256, device=device)
+    pinned = torch.zeros(256).pin_memory()
+    with pytest.raises(BackendError) as raised:
+        comm.register(pinned if g.rank == offender else good)
+    assert f"rank {offender}@" in str(raised.value) and "pinned host memory" in str(raised.value)
+    del raised
+    # cudaMallocAsync memory (a stream-ordered pool) is not legacy-IPC capable.
+    from cuda.bindings import driver
+
+    stream = torch.cuda.current_stream().cuda_stream
+    if g.rank == offender:
+        err, ptr = driver.cuMemAllocAsync(1 << 20, stream)
+        assert int(err) == 0
+        torch.cuda.synchronize()
+        pool_array = DeviceArray(int(ptr), 1 << 20, g.backend.device, None,
+                                 shape=(1 << 18,), dtype="float32")
+    try:
+        with pytest.raises(BackendError) as raised:
+            comm.register(pool_array if g.rank == offender else good)
+        assert f"rank {offender}@" in str(raised.value)
+        assert "not legacy-IPC capable" in str(raised.value)
+        del raised
+    finally:
+        if g.rank == offender:
+            driver.cuMemFreeAsync(ptr, stream)
+            torch.cuda.synchronize()
+    assert comm.registered == 0
+
+
+@pytest.fixture
+def expandable_segments():
+    """torch's allocator with expandable segments (cuMem allocations) for new segments,
+    switched back afterwards; skips where this torch cannot switch at run time."""
+    settings = getattr(torch.cuda.memory, "_set_allocator_settings", None)
+    if settings is None:
+        pytest.skip("this torch cannot switch expandable segments at run time")
+    torch.cuda.empty_cache()
+    settings("expandable_segments:True")
+    yield
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    settings("expandable_segments:False")
+
+
+def test_torch_expandable_segments_are_shared_by_posix_fd(setup, expandable_segments):
+    from cuda.bindings import driver
+
+    g, comm = setup
+    tensor = torch.zeros(3 << 20, dtype=torch.float32, device=f"cuda:{g.backend.device}")
+    attribute = driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE
+    err, legacy = driver.cuPointerGetAttribute(attribute, tensor.data_ptr())
+    assert int(err) == 0 and not legacy, "expected a cuMem allocation of expandable segments"
+    check_peers_read_the_registered_tensor(g, comm, tensor[:1 << 18])
