@@ -30,6 +30,11 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_USAGE)
 
 
+INTER_HELP = ("auto | nccl | mpi: what carries the hierarchical collectives between nodes "
+              "(nccl: NCCL through nccl4py, GPU backends; auto: nccl where importable on a "
+              "GPU backend, else mpi)")
+
+
 def _add_pattern_flags(parser: argparse.ArgumentParser) -> None:
     # Defaults are None so that a YAML config can fill what the command line leaves out.
     add = parser.add_argument
@@ -55,6 +60,7 @@ def _add_pattern_flags(parser: argparse.ArgumentParser) -> None:
     add("--algo", help="auto | copy-engine | hierarchical (IPC in nodes, MPI between) | "
                        "push | pull | ring (all-gather kernels, GPU only) | leader (one "
                        "kernel per GPU, for ranks sharing GPUs)")
+    add("--inter", help=INTER_HELP)
     add("--graph", action="store_true", default=None, help="CUDA-graph timing mode")
     add("--after-kernel", dest="after_kernel", action="store_true", default=None,
         help="launch an empty kernel on the stream before every operation, ours and the "
@@ -74,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     info = commands.add_parser("info", help="what each rank sees: host, MPI, backends, devices")
     info.add_argument("--json", metavar="FILE", help="write the facts as JSON (rank 0)")
+    info.add_argument("--inter", default="auto", help=INTER_HELP + "; info says which one "
+                      "a run would use")
     for name, text in (("ring", "each rank writes into the next rank's window, n-1 steps"),
                        ("allgather", "every rank gathers every rank's block, single copy")):
         _add_pattern_flags(commands.add_parser(name, help=text))

@@ -41,7 +41,7 @@ class AllReduce(CommunicatorCase):
 
     def call(self, communicator: Any, inputs: Any, output: Any, *, in_place: bool,
              stream: Any) -> Callable[[], None]:
-        op, algo = self.op, self.algo
+        op, algo = self.op, self.library_algo
         if in_place:  # the output is the input itself
             return lambda: communicator.all_reduce(inputs, op=op, algo=algo, stream=stream)
         return lambda: communicator.all_reduce(inputs, op=op, output=output, algo=algo,

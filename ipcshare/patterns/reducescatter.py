@@ -40,7 +40,7 @@ class ReduceScatter(CommunicatorCase):
 
     def call(self, communicator: Any, inputs: Any, output: Any, *, in_place: bool,
              stream: Any) -> Callable[[], None]:
-        op, algo = self.op, self.algo
+        op, algo = self.op, self.library_algo
         return lambda: communicator.reduce_scatter(output, inputs, op=op, algo=algo,
                                                    stream=stream)
 
