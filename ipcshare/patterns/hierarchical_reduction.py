@@ -68,8 +68,9 @@ def bind_hierarchical_reduction(case: Any, window: Window, plan: SizePlan,
     over ``window``, its input and output where the flat case keeps them.
 
     Raises:
-        ConfigError: a one-node algorithm asked for, or nodes of different rank counts
-            (on every rank: both are known job-wide).
+        ConfigError: a one-node algorithm asked for, nodes of different rank counts, or
+            CUDA-graph capture with a host-blocking engine (on every rank: all are known
+            job-wide).
     """
     world = window.world
     if case.algo in _ONE_NODE_ALGOS:
@@ -83,6 +84,9 @@ def bind_hierarchical_reduction(case: Any, window: Window, plan: SizePlan,
             "start the same number of ranks per node")
     communicator = case.node_communicator(window.group, plan)
     inter = case.inter_engine(window.group)
+    if getattr(window, "graph_safe", False) and not inter.stream_ordered:
+        raise ConfigError(f"--graph across nodes needs --inter nccl: the {inter.name} engine "
+                          "waits on the host, which a CUDA graph cannot replay")
     memory = communicator.memory
     stream = None if memory == "host" else window.engine.stream
     # A host-blocking engine reads device memory as it is: the stream must have run.

@@ -40,7 +40,7 @@ class MpiInterEngine(InterNodeEngine):
         """(read ``buffer``'s bytes to host, write host bytes back into ``buffer``):
         views of host memory, copies of device memory (reductions run on the host, so a
         CUDA-aware MPI changes nothing here)."""
-        if self._backend_name == "host":
+        if MpiPath(engine, self._backend_name).mode == "host":
             view = np.asarray(buffer).view(np.uint8).reshape(-1)
 
             def write_host(data: np.ndarray) -> None:

@@ -48,10 +48,18 @@ class NcclInterEngine(InterNodeEngine):
             unique_id = nccl.get_unique_id() if rail.Get_rank() == 0 else None
         # nccl4py's UniqueId pickles; every rail broadcasts its own at once.
         unique_id = rail.bcast(unique_id, root=0)
-        with collective_step(world, "NCCL rail communicator init", watch=group.watch):
-            # NCCL takes the calling thread's current device: the backend made its GPU's
-            # primary context current when it opened.
-            self._comm = nccl.Communicator.init(rail.Get_size(), rail.Get_rank(), unique_id)
+        try:
+            with collective_step(world, "NCCL rail communicator init", watch=group.watch):
+                # NCCL takes the calling thread's current device: the backend made its
+                # GPU's primary context current when it opened.
+                self._comm = nccl.Communicator.init(rail.Get_size(), rail.Get_rank(),
+                                                    unique_id)
+        except BaseException:
+            # Some rank failed: the ranks that got a communicator drop it, not leak it.
+            made, self._comm = self._comm, None
+            if made is not None:
+                made.abort()
+            raise
         self.rail_size, self.rail_rank = rail.Get_size(), rail.Get_rank()
 
     def _array(self, buffer: Any, dtype: str) -> Any:
