@@ -19,6 +19,7 @@ __all__ = [
     "REDUCTIONS",
     "BASELINES",
     "DATATYPES",
+    "INTER_ENGINES",
     "PatternOptions",
     "parse_size",
     "format_size",
@@ -42,6 +43,9 @@ ALGOS = ("auto", "copy-engine", "hierarchical", "push", "pull", "ring", "one-sho
          "two-shot", "leader", "ll")
 # --timing of the op commands (patterns.timing.TIMING_MODES, kept in step by a test).
 TIMINGS = ("nccl-tests", "latency")
+# What carries the hierarchical collectives' step between nodes: NCCL through nccl4py
+# (rails of local rank i), MPI, or auto (NCCL where importable on a GPU backend, else MPI).
+INTER_ENGINES = ("auto", "nccl", "mpi")
 # -o of allreduce / reducescatter (the collectives layer's ops).
 REDUCTIONS = ("sum", "max", "min")
 # name -> (numpy dtype string, bytes per element)
@@ -102,6 +106,7 @@ class PatternOptions:
     datatype: str = "float32"
     baseline: str = "none"
     algo: str = "auto"
+    inter: str = "auto"
     op: str = "sum"
     graph: bool = False
     after_kernel: bool = False
@@ -117,6 +122,7 @@ class PatternOptions:
         _choice("handle", self.handle, HANDLES)
         _choice("baseline", self.baseline, BASELINES)
         _choice("algo", self.algo, ALGOS)
+        _choice("inter", self.inter, INTER_ENGINES)
         _choice("op", self.op, REDUCTIONS)
         _choice("timing", self.timing, TIMINGS)
         _choice("datatype", self.datatype, tuple(DATATYPES))
@@ -159,8 +165,8 @@ def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
 _FIELD_TYPES = {
     "backend": str, "exchange": str, "handle": str, "datatype": str, "baseline": str,
     "min_bytes": "size", "max_bytes": "size", "step_factor": int, "iters": int,
-    "warmup": int, "checks": int, "graph": bool, "after_kernel": bool, "algo": str, "json": str,
-    "min_bw": float, "op": str, "timing": str,
+    "warmup": int, "checks": int, "graph": bool, "after_kernel": bool, "algo": str,
+    "inter": str, "json": str, "min_bw": float, "op": str, "timing": str,
 }
 
 

@@ -74,15 +74,23 @@ class World:
     _owns_local_comm: bool = True
 
     @classmethod
-    def from_comm(cls, comm: Any = None) -> World:
-        """Collective over ``comm``: split it into nodes and learn every rank's place."""
+    def from_comm(cls, comm: Any = None, *,
+                  host_placement: tuple[int, int] | None = None) -> World:
+        """Collective over ``comm``: split it into nodes and learn every rank's place.
+
+        ``host_placement`` (rank, rank count on this machine) replaces the one ``comm``'s
+        own split gives, for a world over part of a job whose machine placement is known
+        (a node's ranks under virtual nodes would otherwise bind the machine's first
+        GPUs, not their own).
+        """
         MPI = mpi()
         comm = MPI.COMM_WORLD if comm is None else comm
         rank, size = comm.Get_rank(), comm.Get_size()
         # Logs name the job's rank, also for groups over a sub-communicator.
         configure_logging(MPI.COMM_WORLD.Get_rank())
         local_comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
-        host_rank, host_size = local_comm.Get_rank(), local_comm.Get_size()
+        host_rank, host_size = (host_placement if host_placement is not None else
+                                (local_comm.Get_rank(), local_comm.Get_size()))
         hostname = socket.gethostname()
         # Rank of each node's first member names the node; order nodes by it.
         leader = local_comm.allreduce(rank, op=MPI.MIN)

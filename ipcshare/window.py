@@ -151,7 +151,9 @@ class Group:
     """The ranks of a communicator, sharing memory through one backend.
 
     Collective over ``comm`` (default ``MPI.COMM_WORLD``): every rank must create it
-    with the same arguments.
+    with the same arguments. ``host_placement`` (this rank's rank and rank count on its
+    machine, which device binding goes by) is for a group over part of a job whose
+    placement an enclosing group knows (``World.from_comm``).
 
     Raises:
         ConfigError: unknown backend or exchange name (on every rank).
@@ -160,8 +162,9 @@ class Group:
 
     def __init__(self, backend: str = "auto", exchange: str = "auto", *, comm: Any = None,
                  handle: str = "posix-fd", timeout: float | None = None,
-                 p2p_fallback: str | None = None, p2p_chunk: int | str | None = None) -> None:
-        self.world = World.from_comm(comm)
+                 p2p_fallback: str | None = None, p2p_chunk: int | str | None = None,
+                 host_placement: tuple[int, int] | None = None) -> None:
+        self.world = World.from_comm(comm, host_placement=host_placement)
         # How each pair of the node's ranks reaches the other (peer_paths); all direct
         # until the GPUs say otherwise.
         self.paths: PathPlan = all_direct(self.world.local_ranks)

@@ -2,8 +2,8 @@
 # The one script run on a GPU node: facts, the GPU test suite at 2 (and 4) ranks and with
 # two ranks sharing one GPU, then ring / all-gather sweeps on both GPU backends against NCCL.
 #
-#   tools/gpu-check.sh [all|tests|bench|suite|sweep|doctor|faults|fallback|namespaces|shared]...
-#                                                                             (default all)
+#   tools/gpu-check.sh [all|tests|bench|suite|sweep|doctor|faults|fallback|namespaces|shared|
+#                       collectives|p2p|inter]...                              (default all)
 #
 #   tests   the GPU pytest suite at 2, 4 and 2xG ranks, and 2 ranks sharing one GPU;
 #           tests/mpi under the node's own MPI at 2 and 3 ranks
@@ -36,6 +36,11 @@
 #           CUBIN, MPI=0); all_gather_perf, all_reduce_perf, reduce_scatter_perf with
 #           -g 1 -t G at -b 8 -e 256M -f 4, -R 0 and -R 2, eager and -G 20; logs under
 #           $OUT/nccl-tests/, their Markdown table in $OUT/nccl-tests/nccl-tests.md
+#   inter   the engines between nodes on 2 virtual nodes of this node's GPUs (2x1 on 2 GPUs,
+#           2x2 on 4): tests/gpu/test_inter_gpu.py and test_multinode_gpu.py, then all-gather,
+#           all-reduce and reduce-scatter sweeps INTER_MIN-INTER_MAX (default 1M-256M) with
+#           --inter nccl and --inter mpi against NCCL's flat collective over all ranks
+#           (--baseline nccl); results.jsonl rows carry "inter_case" (op-engine-2xL)
 #
 # Writes under ${OUT:-out}: gpu-check.log (everything), results.jsonl (one result document
 # per line), info.json (ipcshare info), summary.txt. Keeps going after a failure and exits
@@ -48,8 +53,8 @@ set -u
 
 phases=("${@:-all}")
 for phase in "${phases[@]}"; do
-  case "$phase" in all|tests|bench|suite|sweep|doctor|faults|fallback|namespaces|shared|collectives|p2p|latency|nccl-tests) ;;
-    *) echo "usage: $0 [all|tests|bench|suite|sweep|doctor|faults|fallback|namespaces|shared|collectives|p2p|latency|nccl-tests]..." >&2
+  case "$phase" in all|tests|bench|suite|sweep|doctor|faults|fallback|namespaces|shared|collectives|p2p|latency|nccl-tests|inter) ;;
+    *) echo "usage: $0 [all|tests|bench|suite|sweep|doctor|faults|fallback|namespaces|shared|collectives|p2p|latency|nccl-tests|inter]..." >&2
        exit 2 ;; esac
 done
 wants() {  # wants PHASE: whether PHASE was asked for (all = tests and bench)
@@ -602,6 +607,38 @@ if [[ $G -ge 2 ]] && wants nccl-tests; then
     done
     step "nccl-tests table" 60 bash -c '"$0" -m ipcshare.bench.nccl_tests "$1"/nccl-tests/*_perf.log > "$1/nccl-tests/nccl-tests.md"; rc=$?; cat "$1/nccl-tests/nccl-tests.md"; exit $rc' "$PY" "$OUT"
   fi
+elif wants nccl-tests; then
+  log "nccl-tests: needs 2 GPUs; skipped"
+fi
+
+inter_tests() {  # inter_tests N: the GPU tests of the engines between nodes, 2 virtual nodes
+  IPCSHARE_VIRTUAL_NODES=2 "$MPIEXEC" -n "$1" --bind-to none -x IPCSHARE_VIRTUAL_NODES \
+    "$PY" -m pytest -q -rs --with-mpi -m gpu -p no:cacheprovider \
+    tests/gpu/test_inter_gpu.py tests/gpu/test_multinode_gpu.py
+}
+inter_bench() {  # inter_bench N OP ENGINE: one sweep on 2 virtual nodes against flat NCCL
+  local n=$1 op=$2 engine=$3 json rc
+  json="$OUT/inter-$op-$engine-n$n.json"
+  IPCSHARE_VIRTUAL_NODES=2 "$MPIEXEC" -n "$n" --bind-to none -x IPCSHARE_VIRTUAL_NODES \
+    "$PY" -m ipcshare "$op" --backend cuda-vmm --inter "$engine" -b "${INTER_MIN:-1M}" \
+    -e "${INTER_MAX:-256M}" -f 4 -n "$BENCH_ITERS" -w 5 -c 1 --baseline nccl \
+    --json "$json" | grep -Ev "^#  Rank"
+  rc=${PIPESTATUS[0]}
+  append_result "$json" inter_case "$op-$engine-2x$((n / 2))"
+  return $rc
+}
+export -f inter_tests inter_bench
+if [[ $G -ge 2 ]] && wants inter; then
+  n=$(( G >= 4 ? 4 : 2 ))  # 2 virtual nodes of 1 GPU each on 2 GPUs, of 2 each on 4
+  step "inter tests n=$n as 2 virtual nodes" "$STEP_TIMEOUT_TESTS" inter_tests "$n"
+  for op in allgather allreduce reducescatter; do
+    for engine in nccl mpi; do
+      step "inter $op --inter $engine n=$n as 2 virtual nodes" \
+        "${STEP_TIMEOUT_INTER:-300}" inter_bench "$n" "$op" "$engine"
+    done
+  done
+elif wants inter; then
+  log "inter: needs 2 GPUs (two virtual nodes of one GPU each at least); skipped"
 fi
 
 log ""

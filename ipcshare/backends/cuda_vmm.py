@@ -17,12 +17,13 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import cuda_driver, devices
-from ..cuda_driver import check, driver
+from ..cuda_driver import SUCCESS, check, describe_error, driver, error_name
 from ..errors import BackendError, BackendUnavailable, ConfigError, CudaError
 from ..exchange.fds import OwnedFd
 from .base import Allocation, Exported
 from .cuda_ipc import DeviceBackend
 from .device_buffer import DeviceAllocation
+from .fabric_import import fabric_import_hint
 
 __all__ = ["CudaVmmBackend", "VmmAllocation", "VmmHandleInfo", "parse_vmm_handle", "map_handle",
            "open_posix_fd",
@@ -346,8 +347,13 @@ class CudaVmmBackend(DeviceBackend):
         fabric = driver.CUmemFabricHandle()
         fabric.data = info.fabric
         # getPtr() is the address of the 64 bytes; ``fabric`` keeps them alive meanwhile.
-        return check("cuMemImportFromShareableHandle",
-                     driver.cuMemImportFromShareableHandle(fabric.getPtr(), self._handle_type))
+        err, *handle = driver.cuMemImportFromShareableHandle(fabric.getPtr(), self._handle_type)
+        if err != SUCCESS:
+            # The driver's words ("invalid resource handle") name neither cause nor fix.
+            exporter = f"GPU {cuda_driver.format_uuid(info.device_uuid)}"
+            raise CudaError(f"{describe_error('cuMemImportFromShareableHandle', err)}: "
+                            + fabric_import_hint(error_name(err), exporter=exporter))
+        return handle[0]
 
     def import_peer(self, payload: bytes, fd: OwnedFd | None, nbytes: int) -> DeviceAllocation:
         """Import and map a peer's allocation (once per distinct allocation; later

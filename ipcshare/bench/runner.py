@@ -217,9 +217,12 @@ def run_suite(suite: Suite, world: World, *, emit: Callable[[str], None] = print
                                                _DRIVER_ALGO.get(case.algorithm, case.algorithm))
                         timed, skipped = baselines.for_case(case, pattern)
                         record = records[case]
-                        record.runs.append(_run_case(
-                            group, case, pattern, suite, timed, emit,
-                            _progress_hook(progress, position, total, case)))
+                        try:
+                            record.runs.append(_run_case(
+                                group, case, pattern, suite, timed, emit,
+                                _progress_hook(progress, position, total, case)))
+                        finally:
+                            pattern.close()  # across nodes: its node group and rails
                         if repetition == 0:
                             record.skipped = skipped
                         for line in _case_notes(record.runs[-1], case, skipped):

@@ -10,6 +10,7 @@ import platform
 from .. import __version__
 from ..consensus import collective_step
 from ..gpu_sharing import shared_gpus_advice
+from ..patterns.inter_engine import nccl4py_missing
 from ..peer_paths import FALLBACK_ENV, PathPlan, fallback_choice, plan_paths
 from ..topology import World, mpi_library_version
 
@@ -49,6 +50,7 @@ def rank_facts(world: World) -> dict:
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "gpus": gpus, "backend_auto": "cuda-vmm" if gpus else "host",
         "p2p_fallback": os.environ.get(FALLBACK_ENV, ""),
+        "nccl4py": nccl4py_missing(),  # None: importable; else why not
     }
     if not gpus:
         facts["no_gpu_reason"] = reason
@@ -145,6 +147,31 @@ def _no_access_reason(a: dict, b: dict) -> str:
     return "no peer access reported"
 
 
+def inter_choice(requested: str, facts: list[dict]) -> dict:
+    """Which engine ``--inter requested`` would cross nodes with on the auto backend,
+    from every rank's facts: ``{"requested", "engine" (nccl, mpi or None where it
+    cannot run), "why"}``."""
+    from ..errors import ConfigError
+    from ..patterns.inter_engine import INTER_LABELS, check_nccl_possible
+
+    backends = {f["backend_auto"] for f in facts}
+    missing = sorted({f["nccl4py"] for f in facts if f.get("nccl4py")})
+    backend = "host" if "host" in backends else "cuda-vmm"
+    reason = "; ".join(missing) if missing else None
+    if requested == "mpi":
+        return {"requested": requested, "engine": "mpi", "why": INTER_LABELS["mpi"]}
+    try:
+        check_nccl_possible(backend, reason)
+    except ConfigError as exc:
+        if requested == "nccl":
+            return {"requested": requested, "engine": None, "why": str(exc)}
+        why = ("no GPU backend on every rank" if backend == "host"
+               else f"nccl4py not importable on every rank ({reason})")
+        return {"requested": requested, "engine": "mpi",
+                "why": f"{INTER_LABELS['mpi']}; auto: {why}"}
+    return {"requested": requested, "engine": "nccl", "why": INTER_LABELS["nccl"]}
+
+
 def run_info(args: argparse.Namespace) -> int:
     world = World.from_comm()
     try:
@@ -183,6 +210,9 @@ def run_info(args: argparse.Namespace) -> int:
             cells = [f"relay:{relays[f'{r}-{c}']}" if cell == "relay" else cell
                      for c, cell in enumerate(row)]
             print(f"{r:>6}" + "".join(f"{cell:>12}" for cell in cells))
+    document["inter"] = inter = inter_choice(getattr(args, "inter", "auto"), facts)
+    if world.node_count > 1:
+        print(f"between nodes: {inter['engine'] or 'none'} ({inter['why']})")
     namespaces = {f["pid_namespace"] for f in facts}
     if len(namespaces) > 1:
         print("note: ranks live in different PID namespaces: pidfd_getfd cannot reach peers, "

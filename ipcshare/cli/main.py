@@ -30,6 +30,11 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_USAGE)
 
 
+INTER_HELP = ("auto | nccl | mpi: what carries the hierarchical collectives between nodes "
+              "(nccl: NCCL through nccl4py, GPU backends; auto: nccl where importable on a "
+              "GPU backend, else mpi)")
+
+
 def _add_pattern_flags(parser: argparse.ArgumentParser) -> None:
     # Defaults are None so that a YAML config can fill what the command line leaves out.
     add = parser.add_argument
@@ -56,6 +61,7 @@ def _add_pattern_flags(parser: argparse.ArgumentParser) -> None:
                        "push | pull | ring (all-gather kernels, GPU only) | leader (one "
                        "kernel per GPU, for ranks sharing GPUs) | one-shot | two-shot "
                        "(all-reduce) | ll (low-latency all-gather / all-reduce, GPU only)")
+    add("--inter", help=INTER_HELP)
     add("--graph", action="store_true", default=None, help="CUDA-graph timing mode")
     add("--timing", help="nccl-tests (back-to-back operations, averaged; default) | latency "
                          "(one operation per sample: p50 with p5 / p95, for ours and the "
@@ -78,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     info = commands.add_parser("info", help="what each rank sees: host, MPI, backends, devices")
     info.add_argument("--json", metavar="FILE", help="write the facts as JSON (rank 0)")
+    info.add_argument("--inter", default="auto", help=INTER_HELP + "; info says which one "
+                      "a run would use")
     for name, text in (("ring", "each rank writes into the next rank's window, n-1 steps"),
                        ("allgather", "every rank gathers every rank's block, single copy")):
         _add_pattern_flags(commands.add_parser(name, help=text))

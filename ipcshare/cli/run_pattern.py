@@ -15,7 +15,7 @@ __all__ = ["run_pattern_command", "resolve_options", "check_same_run"]
 
 _OPTION_KEYS = ("backend", "exchange", "handle", "min_bytes", "max_bytes", "step_factor",
                 "iters", "warmup", "checks", "datatype", "baseline", "graph", "after_kernel",
-                "json", "min_bw", "algo", "op", "timing")
+                "json", "min_bw", "algo", "inter", "op", "timing")
 
 
 def resolve_options(args: argparse.Namespace) -> PatternOptions:
@@ -48,6 +48,7 @@ def _run_facts(args: argparse.Namespace, options: PatternOptions) -> list[tuple[
         ("the checks", options.checks, f"-c {options.checks}"),
         ("the datatype", options.datatype, f"-d {options.datatype}"),
         ("the algorithm", options.algo, f"--algo {options.algo}"),
+        ("the engine between nodes", options.inter, f"--inter {options.inter}"),
         ("the reduction", options.op, f"-o {options.op}"),
         ("the baseline", options.baseline, f"--baseline {options.baseline}"),
         ("graph mode", options.graph, switch("--graph", options.graph)),
@@ -92,7 +93,7 @@ def run_pattern_command(args: argparse.Namespace) -> int:
         with collective_step(world, "reading options"):
             options = resolve_options(args)
             pattern = make_pattern(args.command, options.algo, op=options.op,
-                                   datatype=options.datatype)
+                                   datatype=options.datatype, inter=options.inter)
         # Before any window: a rank sweeping other sizes would otherwise be named only by
         # the window size its sizes make.
         facts = world.comm.allgather(_run_facts(args, options))
@@ -116,8 +117,11 @@ def run_pattern_command(args: argparse.Namespace) -> int:
                                  after_kernel=bool(options.after_kernel),
                                  timing=options.timing)
         finally:
-            if baseline is not None and hasattr(baseline, "close"):
-                baseline.close()
+            try:
+                pattern.close()  # what crossing nodes opened (NCCL communicators, node groups)
+            finally:
+                if baseline is not None and hasattr(baseline, "close"):
+                    baseline.close()
         if options.json:
             with collective_step(group.world, f"writing {options.json}"):
                 if group.rank == 0:

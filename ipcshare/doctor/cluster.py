@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from .consistency import node_differences
+from .fabric import describe_fabric_domains
 
 __all__ = ["summarize_cluster", "render_summary"]
 
@@ -55,6 +56,11 @@ def render_summary(document: dict[str, Any]) -> list[str]:
             lines.append(f"  FAIL  {_label(node)}")
             for reason in summary["failed"][key]:
                 lines.append(f"        {reason}")
+    ranks = {facts["rank"]: {**(facts.get("gpu") or {}), "host": facts.get("host")}
+             for node in nodes.values() for facts in node.get("ranks", [])}
+    if any((facts.get("fabric") or {}).get("in_domain") for facts in ranks.values()):
+        # NVL72-class systems: fabric handles reach every rank of a domain, any host.
+        lines.append(f"  NVLink domains: {describe_fabric_domains(ranks)}")
     if summary["differences"]:
         lines.append("  nodes differ (mixed drivers break P2P / IPC on some nodes only; "
                       "mixed GPUs make bandwidths incomparable):")

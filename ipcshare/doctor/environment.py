@@ -250,6 +250,7 @@ def _gpu_facts(local_rank: int, local_size: int) -> dict[str, Any]:
         return facts
     try:
         from .. import cuda_driver, devices
+        from .fabric import read_fabric_facts
 
         version = int(cuda_driver.check("cuDriverGetVersion",
                                         cuda_driver.driver.cuDriverGetVersion()))
@@ -261,6 +262,9 @@ def _gpu_facts(local_rank: int, local_size: int) -> dict[str, Any]:
                         for pair in devices.p2p_matrix()]
         facts["bound"] = devices.bind_device(local_rank, local_size)
         facts["bound_uuid"] = uuid_of[facts["bound"]]
+        # NVLink domain across hosts (NVL72-class): the bound GPU's fabric registration.
+        bus_id = _bound_bus_id(facts)
+        facts["fabric"] = read_fabric_facts(bus_id) if bus_id else None
     except Exception as exc:  # a fact that cannot be read is reported, not fatal
         facts["error"] = f"{type(exc).__name__}: {exc}"
     return facts

@@ -271,6 +271,17 @@ def fabric_without_imex(node: Node) -> list[Finding]:
                     "use posix-fd handles within a node", evidence=message)]
 
 
+def fabric_domain_state(node: Node) -> list[Finding]:
+    """GPUs of an NVLink domain across hosts that have not joined it, or that this
+    process cannot use without an IMEX channel (doctor.fabric)."""
+    from .fabric import fabric_domain_findings
+
+    ranks = {rank: {**(facts.get("gpu") or {}), "host": facts.get("host")}
+             for rank, facts in _ranks(node).items()}
+    return [Finding(severity, "fabric", problem, fix)
+            for severity, problem, fix in fabric_domain_findings(ranks)]
+
+
 def p2p_unreachable(node: Node) -> list[Finding]:
     """The driver says two GPUs have no peer path (or it was disabled on purpose), and
     which fallback path (relay, host-staged) their windows use instead."""
@@ -572,9 +583,9 @@ def host_staged_speed(node: Node) -> list[Finding]:
 
 RULES: tuple[Callable[[Node], list[Finding]], ...] = (
     pid_namespaces_differ, pidfd_refused, ipc_namespaces_differ, gpu_not_visible,
-    p2p_unreachable, data_not_arriving, fabric_without_imex, descriptor_limit, leaks,
-    slow_pairs, window_limit_short, small_dev_shm, gpu_unusable, gpus_shared,
-    cpus_far_from_gpu, host_staged_speed,
+    p2p_unreachable, data_not_arriving, fabric_without_imex, fabric_domain_state,
+    descriptor_limit, leaks, slow_pairs, window_limit_short, small_dev_shm, gpu_unusable,
+    gpus_shared, cpus_far_from_gpu, host_staged_speed,
 )
 
 

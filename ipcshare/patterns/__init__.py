@@ -8,7 +8,7 @@ PATTERNS = ("ring", "allgather", "allreduce", "reducescatter")
 
 
 def make_pattern(name: str, algo: str = "auto", *, op: str = "sum",
-                 datatype: str = "float32"):
+                 datatype: str = "float32", inter: str = "auto"):
     """A fresh pattern object for ``name`` (``ring`` or ``allgather``) and ``algo``:
     ``copy-engine`` (engine copies: memcpy on host, the copy engine on GPUs),
     ``hierarchical`` (all-gather: IPC inside nodes, MPI between nodes), one of the
@@ -16,7 +16,20 @@ def make_pattern(name: str, algo: str = "auto", *, op: str = "sum",
     (the collectives layer's low-latency all-gather and all-reduce, GPU backends),
     ``leader`` (one kernel per GPU, for ranks that share GPUs), or
     ``auto``: for all-gather on one node's GPUs the measured choice by size and world
-    size (patterns.choice), hierarchical across nodes, engine copies otherwise."""
+    size (patterns.choice), hierarchical across nodes, engine copies otherwise.
+    ``inter`` names what crosses nodes (config.INTER_ENGINES: auto, nccl, mpi)."""
+    from ..config import INTER_ENGINES
+    from ..errors import ConfigError
+
+    if inter not in INTER_ENGINES:
+        raise ConfigError(f"unknown inter-node engine {inter!r}; choose one of: "
+                          f"{', '.join(INTER_ENGINES)}")
+    pattern = _make(name, algo, op, datatype)
+    pattern.inter = inter
+    return pattern
+
+
+def _make(name: str, algo: str, op: str, datatype: str):
     from ..config import ALGOS
     from ..errors import ConfigError
 
@@ -70,8 +83,10 @@ def _reduction_case(name: str, algo: str, op: str, datatype: str):
         from .allreduce import AllReduce as case
     else:
         from .reducescatter import ReduceScatter as case
-    allowed = ("auto", *dict.fromkeys((*algorithm_names("host", case.collective),
-                                       *algorithm_names("cuda", case.collective))))
+    # hierarchical: the node's collective by the library, the rails' by --inter (across
+    # nodes; on one node it is the library's auto).
+    allowed = ("auto", "hierarchical", *dict.fromkeys((
+        *algorithm_names("host", case.collective), *algorithm_names("cuda", case.collective))))
     if algo not in allowed:
         raise ConfigError(f"the {name} op has no {algo!r} algorithm; choose one of: "
                           f"{', '.join(allowed)}")

@@ -59,6 +59,9 @@ class AutoAllGather(AllGather):
                 from .allgather_kernels import KernelAllGather
 
                 self._algorithms[name] = KernelAllGather(name)
+            # One engine between nodes for this pattern and every algorithm it picks:
+            # opened once, named in the results, closed with this pattern.
+            self._algorithms[name].inter_engine = self.inter_engine  # type: ignore[method-assign]
         return self._algorithms[name]
 
     def bind(self, window: Window, plan: SizePlan, mode: str) -> Callable[[], None]:

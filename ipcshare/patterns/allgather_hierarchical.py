@@ -1,8 +1,9 @@
-"""Hierarchical all-gather for jobs that span nodes: IPC inside each node, MPI between
-nodes. With nodes of equal size every rank exchanges its block with its counterparts on
-the other nodes (one MPI "rail" per local rank) and pushes what it got to its node's
-peers; with uneven nodes the node leaders exchange node segments and the other ranks pull
-them from their leader's window.
+"""Hierarchical all-gather for jobs that span nodes: IPC inside each node, an engine
+between nodes (``--inter``: NCCL through nccl4py, or MPI; patterns.inter_engine). With
+nodes of equal size every rank exchanges its block with its counterparts on the other
+nodes (one "rail" per local rank) and pushes what it got to its node's peers; with uneven
+nodes the node leaders exchange node segments and the other ranks pull them from their
+leader's window.
 
 Same window layout, seeded data, checks and bandwidth formula as the single-copy
 all-gather, so the table compares the two directly.
@@ -16,7 +17,7 @@ from ..errors import ConfigError
 from ..window import Window
 from .allgather import AllGather
 from .base import SizePlan
-from .mpi_path import MpiPath
+from .inter_engine import InterNodeEngine
 
 __all__ = ["HierarchicalAllGather", "bind_hierarchical", "node_segments"]
 
@@ -69,10 +70,10 @@ def bind_hierarchical(pattern: AllGather, window: Window, plan: SizePlan,
             copy_own()
             node_barrier()  # every block of the node has landed
         return allgather_one_node
-    path = MpiPath(engine, window.group.backend_name)
+    inter = pattern.inter_engine(window.group)
     if len({count for _, count in segments}) == 1:
-        return _by_rails(window, segments, block, recv, output, copy_own, path)
-    return _through_leaders(window, segments, block, recv, output, copy_own, path)
+        return _by_rails(window, segments, block, recv, output, copy_own, inter)
+    return _through_leaders(window, segments, block, recv, output, copy_own, inter)
 
 
 def _local_peers(world) -> list[int]:
@@ -83,27 +84,30 @@ def _local_peers(world) -> list[int]:
 
 
 def _by_rails(window: Window, segments: list[tuple[int, int]], block: int, recv: int,
-              output, copy_own: Callable[[], None], path: MpiPath) -> Callable[[], None]:
+              output, copy_own: Callable[[], None],
+              inter: InterNodeEngine) -> Callable[[], None]:
     """Nodes of L ranks each: local rank j of every node swaps blocks with local rank j of
-    the others (``Allgatherv`` on rail j, straight into the output), then pushes what it
-    got to its node's peers. Every rank speaks MPI and every rank copies."""
+    the others (an all-gather on rail j, straight into the output), then pushes what it
+    got to its node's peers. Every rank crosses nodes and every rank copies."""
     world, engine = window.world, window.engine
     per_node, j = segments[0][1], world.local_rank
     remote = [(node * per_node + j) * block for node in range(world.node_count)
               if node != world.node_index]
-    exchange = path.allgatherv_in_place(
-        world.rail_comm, output, [block] * world.node_count,
+    exchange = inter.allgatherv_in_place(
+        engine, output, [block] * world.node_count,
         [(node * per_node + j) * block for node in range(world.node_count)])
     peers = _local_peers(world)
     copy_remote = engine.copier([
         (window.peer(peer).slice(recv + offset, block), output.slice(offset, block))
         for offset in remote for peer in peers])
-    node_barrier, synchronize = window.node_barrier, engine.synchronize
+    node_barrier = window.node_barrier
+    # A host-blocking engine reads memory as it is: the stream must have written it.
+    synchronize = _nothing if inter.stream_ordered else engine.synchronize
 
     def allgather() -> None:
         node_barrier()  # every local output is free to write
         copy_own()
-        synchronize()   # MPI reads our own slot
+        synchronize()   # the engine reads our own slot
         exchange()
         copy_remote()
         node_barrier()  # every block has landed everywhere on the node
@@ -112,15 +116,15 @@ def _by_rails(window: Window, segments: list[tuple[int, int]], block: int, recv:
 
 def _through_leaders(window: Window, segments: list[tuple[int, int]], block: int,
                      recv: int, output, copy_own: Callable[[], None],
-                     path: MpiPath) -> Callable[[], None]:
+                     inter: InterNodeEngine) -> Callable[[], None]:
     """Nodes of different sizes: the node's blocks by IPC, node segments between the
-    leaders by ``Allgatherv`` on rail 0, then the other ranks pull the remote segments
+    leaders by an all-gather on rail 0, then the other ranks pull the remote segments
     from their leader's output by IPC."""
     world, engine = window.world, window.engine
     exchange = pull = None
     if world.is_leader:
-        exchange = path.allgatherv_in_place(
-            world.leader_comm, output, [count * block for _, count in segments],
+        exchange = inter.allgatherv_in_place(
+            engine, output, [count * block for _, count in segments],
             [first * block for first, _ in segments])
     else:
         leader_output = window.peer(world.local_ranks[0])
@@ -128,14 +132,15 @@ def _through_leaders(window: Window, segments: list[tuple[int, int]], block: int
             (output.slice(first * block, count * block),
              leader_output.slice(recv + first * block, count * block))
             for node, (first, count) in enumerate(segments) if node != world.node_index])
-    node_barrier, synchronize = window.node_barrier, engine.synchronize
+    node_barrier = window.node_barrier
+    synchronize = _nothing if inter.stream_ordered else engine.synchronize
 
     def allgather() -> None:
         node_barrier()  # every local output is free to write
         copy_own()
         node_barrier()  # every block of the node has landed
         if exchange is not None:
-            synchronize()  # MPI reads what the stream wrote
+            synchronize()  # a host-blocking engine reads what the stream wrote
             exchange()
         node_barrier()  # the leader holds every node's blocks
         if pull is not None:
@@ -143,8 +148,12 @@ def _through_leaders(window: Window, segments: list[tuple[int, int]], block: int
     return allgather
 
 
+def _nothing() -> None:
+    return None
+
+
 class HierarchicalAllGather(AllGather):
-    """``--algo hierarchical``: IPC inside nodes, MPI between node leaders."""
+    """``--algo hierarchical``: IPC inside nodes, the ``--inter`` engine between them."""
 
     def bind(self, window: Window, plan: SizePlan, mode: str) -> Callable[[], None]:
         return bind_hierarchical(self, window, plan, mode)

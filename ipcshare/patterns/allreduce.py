@@ -42,10 +42,10 @@ class AllReduce(CommunicatorCase):
     def call(self, communicator: Any, inputs: Any, output: Any, *, in_place: bool,
              stream: Any) -> Callable[[], None]:
         if in_place:  # the output is the input itself
-            return communicator.bind("all_reduce", inputs, op=self.op, algo=self.algo,
+            return communicator.bind("all_reduce", inputs, op=self.op, algo=self.library_algo,
                                      stream=stream)
         return communicator.bind("all_reduce", inputs, op=self.op, output=output,
-                                 algo=self.algo, stream=stream)
+                                 algo=self.library_algo, stream=stream)
 
     def bandwidth(self, plan: SizePlan, seconds: float, world_size: int) -> tuple[float, float]:
         algbw = plan.size / seconds / 1e9

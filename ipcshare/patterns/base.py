@@ -6,6 +6,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 from ..window import Window
 
@@ -33,6 +34,35 @@ class Pattern(abc.ABC):
     name: str = ""
     # Variants timed in separate table columns, e.g. ("out-of-place", "in-place").
     modes: tuple[str, ...] = ("",)
+    # What the hierarchical algorithms cross nodes with (config.INTER_ENGINES); the
+    # engine opens at the first bind that crosses nodes and serves every later one.
+    inter: str = "auto"
+    _inter_engine: Any = None
+
+    @property
+    def inter_engine_name(self) -> str | None:
+        """The engine that crossed nodes (``nccl`` or ``mpi``); None before any did."""
+        return None if self._inter_engine is None else self._inter_engine.name
+
+    def inter_engine(self, group: Any) -> Any:
+        """Collective the first time: this pattern's engine between nodes on ``group``
+        (patterns.inter_engine).
+
+        Raises:
+            ConfigError / IpcShareError: as ``open_inter_engine`` (on every rank).
+        """
+        if self._inter_engine is None:
+            from .inter_engine import open_inter_engine
+
+            self._inter_engine = open_inter_engine(self.inter, group)
+        return self._inter_engine
+
+    def close(self) -> None:
+        """Collective: release what binding opened beyond the window (the engine
+        between nodes). Idempotent."""
+        opened, self._inter_engine = self._inter_engine, None
+        if opened is not None:
+            opened.close()
 
     @abc.abstractmethod
     def plan(self, size: int, world_size: int, element_size: int) -> SizePlan:

@@ -70,6 +70,7 @@ class CommunicatorCase(Pattern):
         self.op = op
         self.datatype = datatype
         self._communicator: Any = None
+        self._node_group: Any = None  # the node's ranks, when the job spans nodes
 
     # -- what subclasses say -----------------------------------------------------------
     @abc.abstractmethod
@@ -112,7 +113,43 @@ class CommunicatorCase(Pattern):
         engine.upload(window.local.slice(0, plan.size),
                       self.input_bytes(plan, window.rank, window.world_size, iteration))
 
+    @property
+    def library_algo(self) -> str:
+        """The library's name for ``algo`` (hierarchical is auto on one node)."""
+        return "auto" if self.algo == "hierarchical" else self.algo
+
+    def node_communicator(self, group: Any, plan: SizePlan) -> Any:
+        """Collective over ``group``'s node: a communicator over the node's ranks for the
+        hierarchical collectives, sized for ``plan`` (made at the first bind of each
+        larger plan, on a node group made once)."""
+        from .hierarchical_reduction import node_heap_bytes, open_node_group
+
+        if self._node_group is None:
+            self._node_group = open_node_group(group)
+        communicator = self._communicator
+        if communicator is None or communicator.closed or communicator.max_bytes < plan.size:
+            if communicator is not None:
+                communicator.close()
+            communicator = self._communicator = self._node_group.communicator(
+                max_bytes=plan.size, heap_bytes=node_heap_bytes(self.collective, plan))
+        return communicator
+
+    def close(self) -> None:
+        """Collective: close the node group of the hierarchical collectives (with its
+        communicator) and the engine between nodes. Idempotent."""
+        node_group, self._node_group = self._node_group, None
+        try:
+            if node_group is not None:
+                self._communicator = None
+                node_group.close()
+        finally:
+            super().close()
+
     def bind(self, window: Window, plan: SizePlan, mode: str) -> Callable[[], None]:
+        if window.world.node_count > 1:
+            from .hierarchical_reduction import bind_hierarchical_reduction
+
+            return bind_hierarchical_reduction(self, window, plan, mode)
         communicator = self._communicator = communicator_for(self._communicator, window,
                                                              plan.size)
         inputs = self._typed(window.local.slice(0, plan.size), communicator.memory)

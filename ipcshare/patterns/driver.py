@@ -16,6 +16,7 @@ from ..gpu_sharing import shared_gpus_advice
 from ..topology import World, mpi
 from ..window import Group
 from .base import Pattern, SizePlan
+from .inter_engine import INTER_LABELS
 from .results import BaselineResult, Measurement, Row, RunResult
 from .rotation import (
     ROTATION_MAX_BLOCK_BYTES,
@@ -233,7 +234,9 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
         world_size=n, nodes=world.node_count,
         timing=timing_label(timing, graph), devices=list(devices),
         rows=rows, baseline=results[0] if results else None, extra_baselines=results[1:],
-        after_kernel=after_kernel)
+        after_kernel=after_kernel, inter=pattern.inter_engine_name)
+    if result.inter is not None:
+        say(f"# between nodes: {result.inter} ({INTER_LABELS[result.inter]})")
     for line in table.footer(result):
         say(line)
     return result

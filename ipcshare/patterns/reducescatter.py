@@ -40,8 +40,8 @@ class ReduceScatter(CommunicatorCase):
 
     def call(self, communicator: Any, inputs: Any, output: Any, *, in_place: bool,
              stream: Any) -> Callable[[], None]:
-        return communicator.bind("reduce_scatter", output, inputs, op=self.op, algo=self.algo,
-                                 stream=stream)
+        return communicator.bind("reduce_scatter", output, inputs, op=self.op,
+                                 algo=self.library_algo, stream=stream)
 
     def bandwidth(self, plan: SizePlan, seconds: float, world_size: int) -> tuple[float, float]:
         algbw = plan.size / seconds / 1e9

@@ -106,6 +106,8 @@ class RunResult:
     baseline: BaselineResult | None
     # Every operation (ours and the baselines') followed an empty kernel on its stream.
     after_kernel: bool = False
+    # What crossed nodes in a job spanning nodes (``nccl`` or ``mpi``); None on one node.
+    inter: str | None = None
     # Further baselines timed in the same run (``bench`` with several); not in to_dict.
     extra_baselines: list[BaselineResult] = dataclasses.field(default_factory=list)
 
@@ -137,4 +139,6 @@ class RunResult:
         }
         if self.after_kernel:   # only then: the design's document keeps its exact keys
             document["after_kernel"] = True
+        if self.inter is not None:  # jobs spanning nodes: the engine between them
+            document["inter"] = self.inter
         return document

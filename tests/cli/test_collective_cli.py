@@ -56,9 +56,11 @@ def test_reductions_verify_and_report_nccl_tests_figures(tmp_path, socket_dir, c
     (["reducescatter", "-d", "float64"],
      "the reducescatter op reduces float32, float16, bfloat16, int32, not -d float64"),
     (["allreduce", "--algo", "push"],
-     "the allreduce op has no 'push' algorithm; choose one of: auto, one-shot, two-shot"),
+     "the allreduce op has no 'push' algorithm; choose one of: auto, hierarchical, one-shot, "
+     "two-shot"),
     (["reducescatter", "--algo", "two-shot"],
-     "the reducescatter op has no 'two-shot' algorithm; choose one of: auto, one-shot"),
+     "the reducescatter op has no 'two-shot' algorithm; choose one of: auto, hierarchical, "
+     "one-shot"),
     (["allgather", "--algo", "one-shot"], "--algo one-shot runs all-reduce or reduce-scatter"),
     (["allreduce", "-d", "float16", "--baseline", "torch-symm"],
      "--baseline torch-symm reduces with -o sum on -d float32 or bfloat16 (what its kernels "

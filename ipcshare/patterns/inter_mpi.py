@@ -1,0 +1,81 @@
+"""``--inter mpi``: the rail's collectives through MPI. Bytes move as ``MpiPath`` carries
+them (host memory as it is; device memory by pointer to a CUDA-aware MPI, else through
+host copies). Reductions are computed here, on the host, by the library's ``Reducer`` in
+rail order (MPI has no bfloat16 and its own summation order): the gathered inputs come
+to host memory and the result goes back."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..collectives.reduction import Reducer
+from ..topology import mpi
+from .inter_engine import InterNodeEngine
+from .mpi_path import MpiPath
+
+__all__ = ["MpiInterEngine"]
+
+
+class MpiInterEngine(InterNodeEngine):
+    """Host-blocking collectives over ``World.rail_comm``; the caller synchronises the
+    stream first (``stream_ordered`` is False)."""
+
+    name = "mpi"
+    stream_ordered = False
+
+    def __init__(self, group: Any) -> None:
+        self._comm = group.world.rail_comm
+        self._backend_name = group.backend_name
+
+    def allgatherv_in_place(self, engine: Any, output: Any, counts: list[int],
+                            displacements: list[int]) -> Callable[[], None]:
+        return MpiPath(engine, self._backend_name).allgatherv_in_place(
+            self._comm, output, counts, displacements)
+
+    def _host_bytes(self, engine: Any, buffer: Any) -> tuple[Callable[[], np.ndarray],
+                                                             Callable[[np.ndarray], None]]:
+        """(read ``buffer``'s bytes to host, write host bytes back into ``buffer``):
+        views of host memory, copies of device memory (reductions run on the host, so a
+        CUDA-aware MPI changes nothing here)."""
+        if MpiPath(engine, self._backend_name).mode == "host":
+            view = np.asarray(buffer).view(np.uint8).reshape(-1)
+
+            def write_host(data: np.ndarray) -> None:
+                view[:] = data
+            return (lambda: view), write_host
+        return (lambda: engine.download(buffer)), (lambda data: engine.upload(buffer, data))
+
+    def all_reduce(self, engine: Any, buffer: Any, dtype: str, op: str) -> Callable[[], None]:
+        comm, MPI, reduce = self._comm, mpi(), Reducer(dtype, op)
+        size, nbytes = comm.Get_size(), buffer.nbytes
+        gathered = np.empty((size, nbytes), np.uint8)
+        read, write = self._host_bytes(engine, buffer)
+        result = np.empty(nbytes, np.uint8)
+
+        def all_reduce() -> None:
+            comm.Allgather([read(), MPI.BYTE], [gathered, MPI.BYTE])
+            reduce(list(gathered), result)  # rail order: node order
+            write(result)
+        return all_reduce
+
+    def reduce_scatter(self, engine: Any, output: Any, input: Any, dtype: str,
+                       op: str) -> Callable[[], None]:
+        comm, MPI, reduce = self._comm, mpi(), Reducer(dtype, op)
+        size, block = comm.Get_size(), output.nbytes
+        if input.nbytes != size * block:
+            raise ValueError(f"reduce-scatter of {input.nbytes} bytes over {size} rail ranks "
+                             f"into {block}")
+        received = np.empty((size, block), np.uint8)
+        read, _ = self._host_bytes(engine, input)
+        _, write = self._host_bytes(engine, output)
+        result = np.empty(block, np.uint8)
+
+        def reduce_scatter() -> None:
+            # Block i of every rail rank's input goes to rail rank i.
+            comm.Alltoall([read(), MPI.BYTE], [received, MPI.BYTE])
+            reduce(list(received), result)
+            write(result)
+        return reduce_scatter

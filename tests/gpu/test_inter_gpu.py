@@ -1,0 +1,69 @@
+"""Device memory across two virtual nodes through each engine between nodes (``--inter``):
+the hierarchical all-gather, all-reduce and reduce-scatter, bit-exact, with the engine
+named in the result. Run on a GPU node with an even number of ranks (2 x 1 on 2 GPUs,
+2 x 2 on 4), e.g. ``mpiexec -n 2 python -m pytest --with-mpi tests/gpu/test_inter_gpu.py``."""
+
+from __future__ import annotations
+
+import pytest
+
+import ipcshare
+from ipcshare.config import merge_options
+from ipcshare.errors import ConfigError
+from ipcshare.patterns import make_pattern
+from ipcshare.patterns.driver import run_pattern
+from ipcshare.patterns.inter_engine import nccl4py_missing
+from ipcshare.topology import VIRTUAL_NODES_ENV
+
+from ..node_runs import run_across_nodes
+
+pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
+
+
+@pytest.fixture
+def two_nodes(comm, monkeypatch):
+    if comm.size % 2 or comm.size < 2:
+        pytest.skip(f"two virtual nodes of equal size need an even number of ranks, not "
+                    f"{comm.size}")
+    monkeypatch.setenv(VIRTUAL_NODES_ENV, "2")
+
+
+def _needs(engine: str) -> None:
+    missing = nccl4py_missing() if engine == "nccl" else None
+    if missing is not None:
+        pytest.skip(f"--inter nccl needs nccl4py: {missing}")
+
+
+def _run(op: str, engine: str, **options):
+    return run_across_nodes(op, "cuda-vmm", engine, **options)
+
+
+@pytest.mark.parametrize("engine", ["nccl", "mpi"])
+@pytest.mark.parametrize("op", ["allgather", "allreduce", "reducescatter"])
+def test_device_memory_crosses_virtual_nodes_through_each_engine(comm, two_nodes, op, engine):
+    _needs(engine)
+    result = _run(op, engine, min_bytes=4, max_bytes=9 << 20, step_factor=13)
+    assert result.nodes == 2 and result.inter == engine
+    assert comm.allgather(result.wrong_total) == [0] * comm.size
+
+
+@pytest.mark.parametrize("op", ["allreduce", "reducescatter"])
+@pytest.mark.parametrize("reduction,datatype", [("max", "bfloat16"), ("sum", "float16"),
+                                                ("min", "int32")])
+def test_nccl_rails_reduce_every_type_bit_exact(comm, two_nodes, op, reduction, datatype):
+    _needs("nccl")
+    result = _run(op, "nccl", min_bytes=2, max_bytes=1 << 20, step_factor=32, op=reduction,
+                  datatype=datatype)
+    assert comm.allgather(result.wrong_total) == [0] * comm.size
+
+
+def test_graphs_across_nodes_need_a_stream_ordered_engine(comm, two_nodes):
+    opts = merge_options({"backend": "cuda-vmm", "iters": 2, "warmup": 1, "checks": 1,
+                          "graph": True})
+    pattern = make_pattern("allreduce", inter="mpi")
+    try:
+        with ipcshare.Group(backend="cuda-vmm") as g:
+            with pytest.raises(ConfigError, match="--graph across nodes needs --inter nccl"):
+                run_pattern(g, pattern, opts, emit=lambda _line: None, graph=True)
+    finally:
+        pattern.close()
