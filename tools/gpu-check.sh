@@ -462,7 +462,7 @@ if [[ $G -ge 2 ]] && wants latency; then
   # launch, in graphs and eager (bound calls; the host column is Python's time per call).
   for mode in --graph ""; do
     for pair in "allgather auto 4M" "allreduce auto 4M" "reducescatter auto 4M" \
-                "allgather push 512K" "allreduce one-shot 512K" "allreduce ll 512K"; do
+                "allgather push 512K" "allreduce one-shot 512K" "reducescatter one-shot 512K"; do
       set -- $pair
       COLLECTIVE_MAX=$3 step "$1 $2 n=$G vs nccl $mode" "$STEP_TIMEOUT_BENCH" \
         collective_bench "$G" "$1" "$2" $mode --baseline nccl
@@ -583,9 +583,9 @@ nccl_tests_run() {  # nccl_tests_run PROGRAM REGISTER [-G 20]: one run, appended
   local program=$1 register=$2 log
   shift 2
   log="$OUT/nccl-tests/$program.log"
-  echo "+ $program -b 8 -e 256M -f 4 -g 1 -t $G -R $register $*" >>"$log"
+  echo "+ $program -b 8 -e ${NCCL_TESTS_MAX:-256M} -f 4 -g 1 -t $G -R $register $*" >>"$log"
   LD_LIBRARY_PATH="$NCCL_TESTS_HOME/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    "$NCCL_TESTS_BUILD/$program" -b 8 -e 256M -f 4 -g 1 -t "$G" -R "$register" "$@" \
+    "$NCCL_TESTS_BUILD/$program" -b 8 -e "${NCCL_TESTS_MAX:-256M}" -f 4 -g 1 -t "$G" -R "$register" "$@" \
     | tee -a "$log"
   return "${PIPESTATUS[0]}"
 }

@@ -21,7 +21,7 @@ _TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
           "int32": torch.int32}
 _BITS = {4: np.int32, 2: np.int16}
 ALGOS = {"all_reduce": ("one-shot", "two-shot", "ll", "auto"),
-         "reduce_scatter": ("one-shot", "auto"), "all_gather": ("pull", "ll", "auto")}
+         "reduce_scatter": ("one-shot", "ll", "auto"), "all_gather": ("pull", "ll", "auto")}
 
 
 def _to_device(values: np.ndarray, dtype: str, device: int) -> torch.Tensor:
@@ -98,18 +98,19 @@ def test_all_reduce_matches_the_reference(setup, dtype, op, algo, count):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int32"])
 @pytest.mark.parametrize("op", ["sum", "max"])
 @pytest.mark.parametrize("count", [1, 1000, 65_539])
-def test_reduce_scatter_matches_the_reference(setup, dtype, op, count):
+@pytest.mark.parametrize("algo", ALGOS["reduce_scatter"])
+def test_reduce_scatter_matches_the_reference(setup, dtype, op, count, algo):
     group, cm = setup
     device = group.backend.device
     inputs = _inputs(dtype, count * cm.size, 5 + count, cm.size, specials=op != "sum")
     want = reference(dtype, op, inputs)[cm.rank * count:(cm.rank + 1) * count]
     source = _to_device(inputs[cm.rank], dtype, device)
     out = torch.zeros(count, dtype=_TORCH[dtype], device=f"cuda:{device}")
-    cm.reduce_scatter(out, source, op=op)
+    cm.reduce_scatter(out, source, op=op, algo=algo)
     cm.synchronize()
     assert mismatches(dtype, op, _to_host(out, dtype), want) == 0
     # In place: the output is this rank's block of the input.
-    cm.reduce_scatter(source[cm.rank * count:(cm.rank + 1) * count], source, op=op)
+    cm.reduce_scatter(source[cm.rank * count:(cm.rank + 1) * count], source, op=op, algo=algo)
     cm.synchronize()
     block = _to_host(source, dtype)[cm.rank * count:(cm.rank + 1) * count]
     assert mismatches(dtype, op, block, want) == 0

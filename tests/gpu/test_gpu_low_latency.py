@@ -119,6 +119,21 @@ def test_all_reduce_keeps_signed_zeros_nans_and_infinities(setup, dtype, op):
     assert np.signbit(got[40].astype(np.float32))  # -0.0 whatever the op
 
 
+@pytest.mark.parametrize("op", ["sum", "min"])
+def test_reduce_scatter_keeps_specials_at_odd_offsets(setup, op):
+    group, cm, stream = setup
+    device = group.backend.device
+    count = 1001  # per rank's block: odd, so blocks of float16 are not 8-byte aligned
+    inputs = [seeded_values("float16", count * cm.size + 1, 33, r, specials=True)
+              for r in range(cm.size)]
+    tensor = _to_device(inputs[cm.rank], device).view(torch.float16)[1:]
+    out = torch.zeros(count, dtype=torch.float16, device=f"cuda:{device}")
+    cm.reduce_scatter(out, tensor, op=op, algo="ll", stream=stream)
+    cm.synchronize(stream)
+    want = reference("float16", op, [x[1:] for x in inputs])[cm.rank * count:][:count]
+    assert mismatches("float16", op, _host_bits(out, "float16"), want) == 0
+
+
 @pytest.mark.parametrize("world_bytes", [4, 4096, 256 << 10])
 def test_a_thousand_graph_replays_with_new_data(setup, world_bytes):
     group, cm, stream = setup

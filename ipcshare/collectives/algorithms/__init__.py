@@ -24,7 +24,8 @@ _REGISTRY: dict[tuple[str, str], dict[str, str]] = {
     ("cuda", "all_reduce"): {"one-shot": "gpu_one_shot:GpuOneShotAllReduce",
                              "two-shot": "gpu_two_shot:GpuTwoShotAllReduce",
                              "ll": "gpu_low_latency:GpuLowLatencyAllReduce"},
-    ("cuda", "reduce_scatter"): {"one-shot": "gpu_one_shot:GpuOneShotReduceScatter"},
+    ("cuda", "reduce_scatter"): {"one-shot": "gpu_one_shot:GpuOneShotReduceScatter",
+                                 "ll": "gpu_low_latency:GpuLowLatencyReduceScatter"},
 }
 _INSTANCES: dict[tuple[str, str, str], Algorithm] = {}
 

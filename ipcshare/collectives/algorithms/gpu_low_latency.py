@@ -1,8 +1,9 @@
-"""GPU low-latency (LL) one-shot all-reduce and all-gather: every rank pushes its input
-into every peer's LL buffer as 16-byte lines that carry the call's flag beside 8 bytes of
-data (kernels/include/ipcshare/ll.cuh), and waits on its own buffer for every peer's
-lines. One kernel with no barrier: the time is a launch plus one NVLink write, which is
-what small calls are made of. Twice the bytes on the wire, so only for inputs up to the
+"""GPU low-latency (LL) one-shot all-reduce, reduce-scatter and all-gather: every rank
+pushes its input (for reduce-scatter, each block to the rank that reduces it) into the
+peers' LL buffers as 16-byte lines that carry the call's flag beside 8 bytes of data
+(kernels/include/ipcshare/ll.cuh), and waits on its own buffer for every peer's lines.
+One kernel with no barrier: the time is a launch plus one NVLink write, which is what
+small calls are made of. Twice the bytes on the wire, so only for inputs up to the
 window's LL buffers (``ScratchLayout.ll_max_bytes``); ``auto`` picks it where measured
 faster (choice.py)."""
 
@@ -14,7 +15,7 @@ from ..agreement import Signature
 from ..scratch import LL_LINE_PAYLOAD
 from .gpu_kernel import GpuKernelAlgorithm
 
-__all__ = ["GpuLowLatencyAllGather", "GpuLowLatencyAllReduce"]
+__all__ = ["GpuLowLatencyAllGather", "GpuLowLatencyAllReduce", "GpuLowLatencyReduceScatter"]
 
 
 class _LowLatency(GpuKernelAlgorithm):
@@ -48,6 +49,18 @@ class GpuLowLatencyAllReduce(_LowLatency):
     name = "ll"
     op = "all_reduce"
     kernel = "all_reduce_ll"
+
+
+class GpuLowLatencyReduceScatter(_LowLatency):
+    """Rank p receives block p of every rank's input and reduces it in rank order; only
+    that block travels to it, so a slot holds one block."""
+
+    name = "ll"
+    op = "reduce_scatter"
+    kernel = "reduce_scatter_ll"
+
+    def input_bytes(self, signature: Signature, size: int) -> int:
+        return signature.nbytes // max(size, 1)
 
 
 class GpuLowLatencyAllGather(_LowLatency):

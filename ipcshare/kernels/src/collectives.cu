@@ -451,14 +451,18 @@ __device__ __forceinline__ LLCall ll_begin(const CollectiveArgs& a) {
   return call;
 }
 
-// Push payload line j (0-based, after the digest line) to every peer.
+// Push payload line j (0-based, after the digest line) to `peer`.
+__device__ __forceinline__ void ll_push_to(const CollectiveArgs& a, const LLCall& call,
+                                           int peer, unsigned long long j, u64 data) {
+  ipcshare::ll_store(ll_slot(a, peer, call.parity, a.rank) + (j + 1) * ipcshare::kLineBytes,
+                     data, call.flag);
+}
+
+// Push payload line j to every peer.
 __device__ __forceinline__ void ll_push(const CollectiveArgs& a, const LLCall& call,
                                         unsigned long long j, u64 data) {
-  const unsigned long long at = (j + 1) * ipcshare::kLineBytes;
-  for (int step = 1; step < a.nranks; ++step) {
-    const int peer = (a.rank + step) % a.nranks;
-    ipcshare::ll_store(ll_slot(a, peer, call.parity, a.rank) + at, data, call.flag);
-  }
+  for (int step = 1; step < a.nranks; ++step)
+    ll_push_to(a, call, (a.rank + step) % a.nranks, j, data);
 }
 
 // Threads t < nranks of every block wait for rank t's digest line and compare it with
@@ -562,6 +566,50 @@ __device__ void all_reduce_ll(const CollectiveArgs& a) {
   ll_end(a, call);
 }
 
+// Reduce-scatter: count is the input's elements; rank p gets block p of the reduction.
+// Each rank pushes block p of its input to rank p only, and reduces its own block from
+// every rank's lines in rank order (its own from its input).
+template <class T, int OP>
+__device__ void reduce_scatter_ll(const CollectiveArgs& a) {
+  typedef typename T::Bits Bits;
+  constexpr int kLanes = ipcshare::kLinePayload / sizeof(Bits);
+  union Line { u64 v; Bits lane[kLanes]; };
+  const unsigned long long nbytes = a.count / a.nranks * sizeof(Bits);  // one block
+  const unsigned long long lines = (nbytes + ipcshare::kLinePayload - 1) / ipcshare::kLinePayload;
+  const bool out_aligned = ((unsigned long long)a.output & 7ull) == 0;
+  const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+  const unsigned long long first = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+  const char* own_block = a.input + a.rank * nbytes;
+  const bool own_aligned = ((unsigned long long)own_block & 7ull) == 0;
+  LLCall call = ll_begin(a);
+  for (int step = 1; step < a.nranks; ++step) {
+    const int peer = (a.rank + step) % a.nranks;
+    const char* block = a.input + peer * nbytes;
+    const bool aligned = ((unsigned long long)block & 7ull) == 0;
+    for (unsigned long long j = first; j < lines; j += stride)
+      ll_push_to(a, call, peer, j, ipcshare::load_payload(block, j, nbytes, aligned));
+  }
+  ll_check_digests(a, call);
+  for (unsigned long long j = first; j < lines && !call.failed; j += stride) {
+    Line in[kMaxRanks];
+    for (int r = 0; r < a.nranks; ++r) {
+      if (r == a.rank) {
+        in[r].v = ipcshare::load_payload(own_block, j, nbytes, own_aligned);
+      } else if (!ll_receive(a, call, r, j, in[r].v)) {
+        call.failed = true;
+        break;
+      }
+    }
+    if (call.failed) break;
+    Line out;
+#pragma unroll
+    for (int k = 0; k < kLanes; ++k)
+      out.lane[k] = reduce_ranks<T, OP>([&](int r) { return in[r].lane[k]; }, a.nranks);
+    ipcshare::store_payload(a.output, j, nbytes, out_aligned, out.v);
+  }
+  ll_end(a, call);
+}
+
 // All-gather (bytes): rank r's input goes to block r of every output.
 __device__ void all_gather_ll(const CollectiveArgs& a) {
   const unsigned long long nbytes = a.count;
@@ -619,6 +667,7 @@ IPCSHARE_ALL_TYPES(all_reduce_one_shot)
 IPCSHARE_ALL_TYPES(all_reduce_two_shot)
 IPCSHARE_ALL_TYPES(reduce_scatter_one_shot)
 IPCSHARE_ALL_TYPES(all_reduce_ll)
+IPCSHARE_ALL_TYPES(reduce_scatter_ll)
 
 extern "C" __global__ void all_gather_pull_bytes(CollectiveArgs a) { all_gather_pull(a); }
 extern "C" __global__ void all_gather_ll_bytes(CollectiveArgs a) { all_gather_ll(a); }
