@@ -413,6 +413,8 @@ export -f collective_tests collective_bench
 if [[ $G -ge 2 ]] && wants collectives; then
   step "Communicator GPU tests n=2" "$STEP_TIMEOUT_TESTS" collective_tests 2 \
     tests/gpu/test_gpu_communicator.py
+  step "register GPU tests n=2" "$STEP_TIMEOUT_TESTS" collective_tests 2 \
+    tests/gpu/test_register_gpu.py
   # Baselines: torch-symm in a process of its own (symmetric memory keeps per-group state).
   step "baseline GPU tests n=2" "$STEP_TIMEOUT_TESTS" collective_tests 2 \
     tests/gpu/test_gpu_baselines.py tests/gpu/test_after_kernel.py

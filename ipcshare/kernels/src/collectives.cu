@@ -529,28 +529,25 @@ __device__ __forceinline__ void ll_end(const CollectiveArgs& a, const LLCall& ca
   }
 }
 
-// One-shot all-reduce: every rank reduces every rank's lines in rank order (its own from
-// its input), so every rank computes the same bits.
+// Reduce this thread's lines (first, first + stride, ...) of an `nbytes` run: its own from
+// `own` (its input), every peer's from its slot in our buffer, in rank order, into the
+// output.
 template <class T, int OP>
-__device__ void all_reduce_ll(const CollectiveArgs& a) {
+__device__ __forceinline__ void ll_reduce_lines(const CollectiveArgs& a, LLCall& call,
+                                                const char* own, unsigned long long nbytes,
+                                                unsigned long long first,
+                                                unsigned long long stride) {
   typedef typename T::Bits Bits;
   constexpr int kLanes = ipcshare::kLinePayload / sizeof(Bits);
   union Line { u64 v; Bits lane[kLanes]; };
-  const unsigned long long nbytes = a.count * sizeof(Bits);
   const unsigned long long lines = (nbytes + ipcshare::kLinePayload - 1) / ipcshare::kLinePayload;
-  const bool in_aligned = ((unsigned long long)a.input & 7ull) == 0;
+  const bool own_aligned = ((unsigned long long)own & 7ull) == 0;
   const bool out_aligned = ((unsigned long long)a.output & 7ull) == 0;
-  const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
-  const unsigned long long first = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
-  LLCall call = ll_begin(a);
-  for (unsigned long long j = first; j < lines; j += stride)
-    ll_push(a, call, j, ipcshare::load_payload(a.input, j, nbytes, in_aligned));
-  ll_check_digests(a, call);
   for (unsigned long long j = first; j < lines && !call.failed; j += stride) {
     Line in[kMaxRanks];
     for (int r = 0; r < a.nranks; ++r) {
       if (r == a.rank) {
-        in[r].v = ipcshare::load_payload(a.input, j, nbytes, in_aligned);
+        in[r].v = ipcshare::load_payload(own, j, nbytes, own_aligned);
       } else if (!ll_receive(a, call, r, j, in[r].v)) {
         call.failed = true;
         break;
@@ -563,6 +560,22 @@ __device__ void all_reduce_ll(const CollectiveArgs& a) {
       out.lane[k] = reduce_ranks<T, OP>([&](int r) { return in[r].lane[k]; }, a.nranks);
     ipcshare::store_payload(a.output, j, nbytes, out_aligned, out.v);
   }
+}
+
+// One-shot all-reduce: every rank reduces every rank's lines in rank order (its own from
+// its input), so every rank computes the same bits.
+template <class T, int OP>
+__device__ void all_reduce_ll(const CollectiveArgs& a) {
+  const unsigned long long nbytes = a.count * sizeof(typename T::Bits);
+  const unsigned long long lines = (nbytes + ipcshare::kLinePayload - 1) / ipcshare::kLinePayload;
+  const bool in_aligned = ((unsigned long long)a.input & 7ull) == 0;
+  const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+  const unsigned long long first = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+  LLCall call = ll_begin(a);
+  for (unsigned long long j = first; j < lines; j += stride)
+    ll_push(a, call, j, ipcshare::load_payload(a.input, j, nbytes, in_aligned));
+  ll_check_digests(a, call);
+  ll_reduce_lines<T, OP>(a, call, a.input, nbytes, first, stride);
   ll_end(a, call);
 }
 
@@ -571,16 +584,11 @@ __device__ void all_reduce_ll(const CollectiveArgs& a) {
 // every rank's lines in rank order (its own from its input).
 template <class T, int OP>
 __device__ void reduce_scatter_ll(const CollectiveArgs& a) {
-  typedef typename T::Bits Bits;
-  constexpr int kLanes = ipcshare::kLinePayload / sizeof(Bits);
-  union Line { u64 v; Bits lane[kLanes]; };
-  const unsigned long long nbytes = a.count / a.nranks * sizeof(Bits);  // one block
+  const unsigned long long nbytes = a.count / a.nranks * sizeof(typename T::Bits);  // a block
   const unsigned long long lines = (nbytes + ipcshare::kLinePayload - 1) / ipcshare::kLinePayload;
-  const bool out_aligned = ((unsigned long long)a.output & 7ull) == 0;
   const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
   const unsigned long long first = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
   const char* own_block = a.input + a.rank * nbytes;
-  const bool own_aligned = ((unsigned long long)own_block & 7ull) == 0;
   LLCall call = ll_begin(a);
   for (int step = 1; step < a.nranks; ++step) {
     const int peer = (a.rank + step) % a.nranks;
@@ -590,23 +598,7 @@ __device__ void reduce_scatter_ll(const CollectiveArgs& a) {
       ll_push_to(a, call, peer, j, ipcshare::load_payload(block, j, nbytes, aligned));
   }
   ll_check_digests(a, call);
-  for (unsigned long long j = first; j < lines && !call.failed; j += stride) {
-    Line in[kMaxRanks];
-    for (int r = 0; r < a.nranks; ++r) {
-      if (r == a.rank) {
-        in[r].v = ipcshare::load_payload(own_block, j, nbytes, own_aligned);
-      } else if (!ll_receive(a, call, r, j, in[r].v)) {
-        call.failed = true;
-        break;
-      }
-    }
-    if (call.failed) break;
-    Line out;
-#pragma unroll
-    for (int k = 0; k < kLanes; ++k)
-      out.lane[k] = reduce_ranks<T, OP>([&](int r) { return in[r].lane[k]; }, a.nranks);
-    ipcshare::store_payload(a.output, j, nbytes, out_aligned, out.v);
-  }
+  ll_reduce_lines<T, OP>(a, call, own_block, nbytes, first, stride);
   ll_end(a, call);
 }
 
