@@ -5,6 +5,8 @@ descriptor of its physical handle. Anything else is refused with the reason."""
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 import struct
 from typing import Any
@@ -33,6 +35,23 @@ def _attribute(name: str, ptr: int) -> tuple[Any, Any]:
     return err, value
 
 
+@functools.cache
+def _libcuda() -> ctypes.CDLL:
+    return ctypes.CDLL("libcuda.so.1")
+
+
+def _device_ordinal(ptr: int) -> int | None:
+    """The ordinal of the GPU ``ptr`` was allocated on, or None where the driver cannot
+    say. Asked of libcuda directly: cuda-bindings 13.x returns 0 for this attribute
+    whatever the device (it writes a signed field and reads an unsigned one; NVIDIA/
+    cuda-python issue 2928), which would refuse every array of any GPU but the first."""
+    ordinal = ctypes.c_int(-1)
+    attribute = int(_ATTR.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)
+    status = _libcuda().cuPointerGetAttribute(ctypes.byref(ordinal), ctypes.c_int(attribute),
+                                              ctypes.c_uint64(ptr))
+    return ordinal.value if status == 0 and ordinal.value >= 0 else None
+
+
 def _check_device_memory(backend: Any, ptr: int) -> None:
     """Raise, naming why, unless ``ptr`` is device memory of ``backend``'s GPU."""
     err, kind = _attribute("CU_POINTER_ATTRIBUTE_MEMORY_TYPE", ptr)
@@ -46,9 +65,9 @@ def _check_device_memory(backend: Any, ptr: int) -> None:
     if err == driver.CUresult.CUDA_SUCCESS and managed:
         raise BackendError(f"the array at 0x{ptr:x} is managed (unified) memory, which CUDA "
                            "IPC cannot share: allocate it with cudaMalloc or cuMemCreate")
-    err, ordinal = _attribute("CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL", ptr)
-    if err == driver.CUresult.CUDA_SUCCESS and int(ordinal) != backend.device:
-        raise BackendError(f"the array at 0x{ptr:x} lives on cuda:{int(ordinal)}, but this "
+    ordinal = _device_ordinal(ptr)
+    if ordinal is not None and ordinal != backend.device:
+        raise BackendError(f"the array at 0x{ptr:x} lives on cuda:{ordinal}, but this "
                            f"rank's group uses cuda:{backend.device}: pass an array of "
                            f"cuda:{backend.device}")
 

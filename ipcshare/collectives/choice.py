@@ -56,7 +56,9 @@ HOST_CHOICES: dict[str, dict[int, Choice]] = {
 # `ipcshare allreduce|allgather --algo ll|one-shot|pull|push -b 8 -e 4M -f 4 --graph`):
 # all-reduce 3.2-4.0 us up to 32 KiB, 4.6 at 128 KiB, 7.3 at 512 KiB against one-shot's
 # 7.5-9.0, 9.9 and 10.9; all-gather 3.1-3.6 us up to 32 KiB gathered, 4.1 at 128 KiB and
-# 5.2 at 512 KiB against pull's 7.9-9.4, 11.7 and 12.9. Its buffers take inputs of up to
+# 5.2 at 512 KiB against pull's 7.9-9.4, 11.7 and 12.9; reduce-scatter (commit 5ae108a)
+# 3.5-4.1 us up to 32 KiB, 4.5 at 128 KiB, 6.0 at 512 KiB against one-shot's 7.9-9.3,
+# 10.0 and 10.7 (and NCCL's 3.7-4.6, 6.4, 7.8). Its buffers take inputs of up to
 # 512 KiB (scratch.LL_MAX_BYTES), so it runs everything up to there. With 3 or more ranks
 # each rank pushes its input to every peer: not measured yet (no 4-GPU node was lent), so
 # those rows keep the measured kernels until a run says where ll stops winning.
