@@ -34,8 +34,9 @@ def _needs(engine: str) -> None:
         pytest.skip(f"--inter nccl needs nccl4py: {missing}")
 
 
-def _run(op: str, engine: str, **options):
-    return run_across_nodes(op, "cuda-vmm", engine, **options)
+def _run(collective: str, engine: str, **options):
+    # options may name the reduction (op=...): the collective has its own name here
+    return run_across_nodes(collective, "cuda-vmm", engine, **options)
 
 
 @pytest.mark.parametrize("engine", ["nccl", "mpi"])
