@@ -228,6 +228,31 @@ def test_bound_calls_launch_again_on_new_data_and_in_graphs(setup, algo):
                           reference("float32", "sum", inputs)) == 0, replay
 
 
+def test_repeated_calls_on_the_same_tensors_skip_the_checks_and_stay_right(setup):
+    group, cm = setup
+    device = group.backend.device
+    count = 3001
+    tensor = torch.zeros(count, dtype=torch.float32, device=f"cuda:{device}")
+    out = torch.zeros_like(tensor)
+    recent = cm._recent
+    hits = recent.hits
+    for call in range(4):
+        inputs = [seeded_values("float32", count, 300 + call, r) for r in range(cm.size)]
+        tensor.copy_(torch.from_numpy(inputs[cm.rank]))
+        assert cm.all_reduce(tensor, output=out) is out
+        cm.synchronize()
+        assert mismatches("float32", "sum", out.cpu().numpy(),
+                          reference("float32", "sum", inputs)) == 0, call
+    assert recent.hits - hits == 3  # the first call was checked, the next three replayed
+    # Another tensor (another pointer) is checked afresh, and misuse still raises.
+    other = torch.ones(count, dtype=torch.float32, device=f"cuda:{device}")
+    cm.all_reduce(other)
+    cm.synchronize()
+    assert other.cpu().tolist() == [float(cm.size)] * count
+    with pytest.raises(CollectiveError, match="float64"):
+        cm.all_reduce(other.double())
+
+
 def test_ranks_that_disagree_raise_on_every_rank(setup, comm):
     group, cm = setup
     device = group.backend.device
