@@ -470,6 +470,11 @@ if [[ $G -ge 2 ]] && wants latency; then
         collective_bench "$G" "$1" "$2" $mode --baseline nccl
     done
   done
+  # Where ll stops winning: 512 KiB to 2 MiB in graphs (its buffers take 2 MiB inputs).
+  for op in allgather allreduce reducescatter; do
+    COLLECTIVE_MIN=512K COLLECTIVE_MAX=2M step "$op ll n=$G 512K-2M vs nccl --graph" \
+      "$STEP_TIMEOUT_BENCH" collective_bench "$G" "$op" ll --graph --baseline nccl
+  done
   # Latency timing in graphs: p50 and p95 per size, ours and NCCL's, 4 B to 1 MiB.
   for op in allgather allreduce; do
     COLLECTIVE_MIN=4 COLLECTIVE_MAX=1M COLLECTIVE_ITERS=200 step \

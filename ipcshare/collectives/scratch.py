@@ -36,7 +36,7 @@ HEADER_REGISTRATION = 3
 # LL_MAX_BYTES (it is meant for small calls, where latency, not bytes, sets the time).
 LL_LINE_BYTES = 16
 LL_LINE_PAYLOAD = 8
-LL_MAX_BYTES = 512 << 10
+LL_MAX_BYTES = 2 << 20
 # Two own-pad words (one per parity) where the LL kernels record the call at which they
 # last re-flagged that parity's buffer: after the two call headers.
 LL_CLEANED_SLOT = USER_SLOT_BASE + 2 * HEADER_WORDS
