@@ -6,10 +6,10 @@ import contextlib
 from collections.abc import Iterator
 
 from .errors import PeerDied, error_class
-from .peer_watch import PeerWatch, watched_allgather
+from .peer_watch import PeerWatch, watched_allgather, watched_barrier
 from .topology import World, format_ranks
 
-__all__ = ["agree", "collective_step", "failure_suffix"]
+__all__ = ["agree", "collective_step", "failure_suffix", "Rendezvous"]
 
 
 def failure_suffix(ranks: list[int]) -> str:
@@ -70,3 +70,35 @@ def collective_step(world: World, step: str, *, comm=None, watch: PeerWatch | No
         raise  # agree always raises when exc is set; keeps type checkers honest
     else:
         agree(world, step, None, comm=comm, watch=watch, timeout=timeout)
+
+
+class Rendezvous:
+    """The fail-together collectives of a group of ranks (``world``), each of which
+    gives up on a dead peer (PeerDied, through ``watch``) or after ``timeout`` seconds
+    (ExchangeTimeout) instead of hanging: what a group and its windows meet by."""
+
+    def __init__(self, world: World, watch: PeerWatch | None, timeout: float) -> None:
+        self.world = world
+        self.watch = watch
+        self.timeout = timeout
+
+    def step(self, name: str):
+        """``collective_step`` over the world: every rank raises if any rank raised."""
+        return collective_step(self.world, name, watch=self.watch, timeout=self.timeout)
+
+    def collective(self, what: str, value, *, comm=None) -> list:
+        """Collective allgather of ``value`` over ``comm`` (default: the world's)."""
+        return watched_allgather(self.world.comm if comm is None else comm, value,
+                                 watch=self.watch, timeout=self.timeout, what=what)
+
+    def barrier(self, what: str) -> None:
+        """Collective, host-blocking: an MPI barrier over the world."""
+        watched_barrier(self.world.comm, watch=self.watch, timeout=self.timeout, what=what)
+
+    def wait_for_node(self, what: str) -> None:
+        """Barrier over the node's ranks, skipped once the group has failed (a dead
+        peer would never arrive)."""
+        if self.watch is not None and self.watch.failed:
+            return
+        watched_barrier(self.world.local_comm, watch=self.watch, timeout=self.timeout,
+                        what=what)

@@ -6,13 +6,16 @@ are imported only when asked for, so a machine without CUDA never loads them.
 
 from __future__ import annotations
 
+from ..config import BACKENDS
 from ..errors import BackendUnavailable, ConfigError
 from .base import Allocation, Backend, Buffer, Engine, Exported
 
-__all__ = ["open_backend", "gpu_count", "BACKEND_NAMES", "Allocation", "Backend", "Buffer",
-           "Engine", "Exported"]
+__all__ = ["open_backend", "gpu_count", "resolve_backend_name", "BACKEND_NAMES",
+           "Allocation", "Backend", "Buffer", "Engine", "Exported"]
 
-BACKEND_NAMES = ("host", "cuda-ipc", "cuda-vmm")
+# The backends by name, without ``auto``: config.BACKENDS is the one list (options are
+# checked on the floor below this one, where the names must already be known).
+BACKEND_NAMES = tuple(name for name in BACKENDS if name != "auto")
 
 
 def gpu_count() -> tuple[int, str]:
@@ -25,6 +28,14 @@ def gpu_count() -> tuple[int, str]:
         return cuda_driver.device_count(), "no CUDA device is visible"
     except Exception as exc:
         return 0, str(exc)
+
+
+def resolve_backend_name(name: str) -> str:
+    """``auto`` -> ``cuda-vmm`` when a GPU is visible here, else ``host``."""
+    if name != "auto":
+        return name
+    count, _reason = gpu_count()
+    return "cuda-vmm" if count > 0 else "host"
 
 
 def open_backend(name: str, *, local_rank: int = 0, local_size: int = 1,

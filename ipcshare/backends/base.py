@@ -105,8 +105,11 @@ class Engine(Protocol):
     """Moves bytes and signals in one backend's memory, in submission order.
 
     Host engines act at once; device engines enqueue on a stream, and ``synchronize``
-    waits for it.
+    waits for it. ``has_streams``: the engine has ``on_stream(stream)``, the same
+    engine on another CUDA stream.
     """
+
+    has_streams: bool
 
     def copy(self, dst: Buffer, src: Buffer) -> None:
         """Copy ``src`` into ``dst`` (same length)."""
@@ -169,12 +172,21 @@ class Engine(Protocol):
 class Backend(abc.ABC):
     """One kind of shareable memory.
 
-    ``uses_fds`` tells the window whether exports carry a descriptor (memfd, cuMem
-    POSIX-FD) or only opaque bytes (legacy cudaIpc handles).
+    A backend declares what it can do, and windows, patterns and the CLI choose by these
+    declarations, never by its name or by probing for methods:
+
+    - ``uses_fds``: exports carry a descriptor (memfd, cuMem POSIX-FD), not only opaque
+      bytes (legacy cudaIpc handles);
+    - ``device_memory``: the memory lives on a GPU (device arrays, CUDA streams);
+    - ``has_kernels``: ``kernels(source)`` compiles and loads ipcshare's kernels;
+    - ``crosses_pid_namespaces``: its handles open in a process of another PID namespace.
     """
 
     name: str = ""
     uses_fds: bool = False
+    device_memory: bool = False
+    has_kernels: bool = False
+    crosses_pid_namespaces: bool = True
     # Window sizes are rounded up to this many bytes (page size, VMM granularity).
     granularity: int = 4096
 
@@ -217,6 +229,22 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def engine(self) -> Engine:
         """The engine that moves bytes in this backend's memory."""
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        """What this backend declares, by name: ``descriptors``, ``device-memory``,
+        ``kernels``, ``streams`` (its engine's)."""
+        declared = {"descriptors": self.uses_fds, "device-memory": self.device_memory,
+                    "kernels": self.has_kernels, "streams": self.device_memory}
+        return frozenset(name for name, present in declared.items() if present)
+
+    def kernels(self, source: str) -> Any:
+        """ipcshare's kernels from ``source`` (a file of kernels/src), loaded here.
+
+        Raises:
+            BackendError: a backend without kernels (``has_kernels`` is False).
+        """
+        raise BackendError(f"the {self.name} backend runs no kernels (it needs a GPU backend)")
 
     def share_existing(self, ptr: int, nbytes: int) -> tuple[Exported, int]:
         """Export memory this process already has (not from ``allocate``), without a

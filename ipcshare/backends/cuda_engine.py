@@ -64,6 +64,8 @@ class CudaEngine:
         CudaError: the stream could not be created.
     """
 
+    has_streams = True
+
     def __init__(self, device: int, *, timeout: float = DEFAULT_SYNC_TIMEOUT_S) -> None:
         self.device = device
         self.timeout = timeout

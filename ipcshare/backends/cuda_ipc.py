@@ -1,26 +1,20 @@
 """Legacy CUDA IPC: cuMemAlloc'd buffers shared as 64-byte cuIpcMemHandles (opaque bytes
-that travel by MPI), opened with cuIpcOpenMemHandle.
-
-Also home of ``DeviceBackend``, what both GPU backends share: device binding, the
-retained primary context, the stream engine, the peer-mapping cache, capacity.
-"""
+that travel by MPI), opened with cuIpcOpenMemHandle."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
 import struct
-from typing import Any
 
-from .. import cuda_driver, devices
 from ..cuda_driver import check, driver
 from ..errors import BackendError
 from ..exchange.fds import OwnedFd
-from .base import Allocation, Backend, Exported
-from .cuda_engine import CudaEngine
-from .device_buffer import DeviceAllocation, ImportCache
+from .base import Allocation, Exported
+from .device_backend import DeviceBackend
+from .device_buffer import DeviceAllocation
 
-__all__ = ["CudaIpcBackend", "DeviceBackend", "IpcHandleInfo", "parse_ipc_handle",
+__all__ = ["CudaIpcBackend", "IpcHandleInfo", "parse_ipc_handle",
            "legacy_ipc_payload",
            "IPC_HEADER", "IPC_PAYLOAD_BYTES"]
 
@@ -32,186 +26,8 @@ _IPC_HANDLE_BYTES = 64
 IPC_PAYLOAD_BYTES = IPC_HEADER.size + _IPC_HANDLE_BYTES
 
 
-class DeviceBackend(Backend):
-    """What the GPU backends share: this rank's device (``local_rank % device_count``),
-    a retained primary context made current, one CudaEngine, the peer-mapping cache.
-
-    Raises:
-        BackendUnavailable: no device visible.
-        ConfigError: too many ranks per GPU (IPCSHARE_MAX_RANKS_PER_GPU).
-        CudaError: the driver failed.
-    """
-
-    def __init__(self, *, local_rank: int = 0, local_size: int = 1) -> None:
-        self._closed = False
-        self._engine: CudaEngine | None = None
-        self._imports = ImportCache()
-        self._kernels: dict[str, Any] = {}  # source file -> LoadedKernels in our context
-        self.device = devices.bind_device(local_rank, local_size)
-        self._sharing = devices.ranks_sharing(self.device, local_size, cuda_driver.device_count())
-        self._local_size = local_size
-        self._context = cuda_driver.PrimaryContext(self.device)
-        try:
-            self.uuid = cuda_driver.device_uuid(self.device)
-            self._label = (f"cuda:{self.device} {cuda_driver.device_name(self.device)} "
-                           f"{cuda_driver.format_uuid(self.uuid)[:12]}")
-            self._peer_ordinals: dict[bytes, int] | None = None
-            self._engine = CudaEngine(self.device)
-        except BaseException:
-            self._context.close()
-            raise
-
-    def engine(self) -> CudaEngine:
-        if self._engine is None:
-            raise BackendError(f"{self.name} backend is closed")
-        return self._engine
-
-    def kernels(self, source: str) -> Any:
-        """ipcshare's kernels from ``source`` (a file of kernels/src), compiled with NVRTC
-        for this device's architecture and loaded into this backend's context once.
-
-        Raises:
-            KernelCompileError: NVRTC missing or the source does not compile.
-            CudaError: the CUBIN does not load.
-        """
-        if self._closed:
-            raise BackendError(f"{self.name} backend is closed")
-        if source not in self._kernels:
-            from ..kernels.compiler import compile_kernel_source, device_arch
-            from ..kernels.launcher import LoadedKernels
-
-            cubin = compile_kernel_source(source, arch=device_arch(self.device))
-            self._context.make_current()
-            self._kernels[source] = LoadedKernels(cubin)
-        return self._kernels[source]
-
-    @property
-    def imports_mapped(self) -> int:
-        """Distinct peer allocations mapped by this backend right now."""
-        return len(self._imports)
-
-    @property
-    def ranks_per_device(self) -> int:
-        """Ranks of this node bound to this rank's device (this one included).
-
-        Computed assuming every rank of the node sees the same devices; a caller that
-        knows better (ranks compared device UUIDs) sets it, and capacity follows.
-        """
-        return self._sharing
-
-    @ranks_per_device.setter
-    def ranks_per_device(self, ranks: int) -> None:
-        if ranks < 1:
-            raise ValueError(f"ranks_per_device must be at least 1, got {ranks}")
-        self._sharing = ranks
-
-    def capacity_bytes(self) -> int | None:
-        """Free device memory, scaled so that the window's per-node check
-        (bytes per rank x ranks on the node) compares against what one GPU holds.
-
-        Raises:
-            CudaError: the query failed.
-        """
-        self._context.make_current()
-        free, _total = cuda_driver.mem_get_info()
-        return free * self._local_size // self._sharing
-
-    def describe_device(self) -> str:
-        return self._label
-
-    def _check_peer_reachable(self, peer_uuid: bytes) -> None:
-        # The driver would fail later with a bare error; name the two GPUs instead.
-        if peer_uuid == self.uuid:
-            return
-        if self._peer_ordinals is None:
-            self._peer_ordinals = {cuda_driver.device_uuid(o): o
-                                   for o in range(cuda_driver.device_count())}
-        peer = self._peer_ordinals.get(peer_uuid)
-        if peer is None:
-            return
-        reachable, why = devices.peer_access(self.device, peer)
-        if not reachable:
-            raise BackendError(
-                f"cuda:{self.device} cannot reach the memory of cuda:{peer} "
-                f"({cuda_driver.format_uuid(peer_uuid)}) peer-to-peer: {why}")
-
-    def open_legacy_ipc(self, info: IpcHandleInfo, nbytes: int, *,
-                        what: str) -> DeviceAllocation:
-        """Open a peer's cuIpcMemHandle here (once per distinct handle; later opens
-        share the mapping), viewing its first ``nbytes``.
-
-        Raises:
-            BackendError: GPUs without P2P.
-            CudaError: cuIpcOpenMemHandle failed.
-        """
-        self._context.make_current()
-        self._check_peer_reachable(info.device_uuid)
-
-        def open_mapping() -> tuple[int, int, functools.partial]:
-            handle = driver.CUipcMemHandle()
-            handle.reserved = info.handle
-            flags = int(driver.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
-            ptr = int(check("cuIpcOpenMemHandle", driver.cuIpcOpenMemHandle(handle, flags)))
-            return ptr, info.nbytes, functools.partial(_close_ipc, ptr)
-
-        return self._imports.acquire(info.handle, open_mapping, nbytes, self.device, what=what)
-
-    def share_existing(self, ptr: int, nbytes: int) -> tuple[Exported, int]:
-        """Device memory the user allocated (a cudaMalloc block by legacy IPC, a cuMem
-        allocation by POSIX FD); device_existing says what qualifies.
-
-        Raises:
-            BackendError: memory that cannot be shared, naming why.
-            CudaError: the export failed.
-        """
-        from .device_existing import export_device_range
-
-        self._context.make_current()
-        return export_device_range(self, ptr, nbytes)
-
-    def open_existing(self, payload: bytes, fd: OwnedFd | None) -> DeviceAllocation:
-        """Map a peer's registered allocation here.
-
-        Raises:
-            BackendError: malformed payload, no P2P, missing descriptor.
-            CudaError: the import or map failed (undone).
-        """
-        from .device_existing import open_device_range
-
-        self._context.make_current()
-        return open_device_range(self, payload, fd)
-
-    def close(self) -> None:
-        """Unmap peers still mapped, destroy the stream, release the context
-        (idempotent).
-
-        Raises:
-            CudaError: a release failed (every step is still attempted).
-        """
-        if self._closed:
-            return
-        self._closed = True
-        engine, self._engine = self._engine, None
-        try:
-            self._context.make_current()
-            for loaded in self._kernels.values():
-                loaded.close()
-            self._kernels.clear()
-            self._imports.close()
-        finally:
-            try:
-                if engine is not None:
-                    engine.close()
-            finally:
-                self._context.close()
-
-
 def _free(ptr: int) -> None:
     check("cuMemFree", driver.cuMemFree(ptr))
-
-
-def _close_ipc(ptr: int) -> None:
-    check("cuIpcCloseMemHandle", driver.cuIpcCloseMemHandle(ptr))
 
 
 def legacy_ipc_payload(base: int, nbytes: int, device_uuid: bytes) -> bytes:
@@ -267,6 +83,9 @@ class CudaIpcBackend(DeviceBackend):
 
     name = "cuda-ipc"
     uses_fds = False
+    # Measured on H200s (driver 580): cuIpcOpenMemHandle returns
+    # CUDA_ERROR_INVALID_CONTEXT in another PID namespace.
+    crosses_pid_namespaces = False
     # cuMemAlloc needs no rounding, but window regions then start on the large-page
     # boundary the driver uses for big allocations anyway.
     granularity = 2 << 20

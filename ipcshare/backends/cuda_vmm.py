@@ -21,7 +21,7 @@ from ..cuda_driver import SUCCESS, check, describe_error, driver, error_name
 from ..errors import BackendError, BackendUnavailable, ConfigError, CudaError
 from ..exchange.fds import OwnedFd
 from .base import Allocation, Exported
-from .cuda_ipc import DeviceBackend
+from .device_backend import DeviceBackend
 from .device_buffer import DeviceAllocation
 from .fabric_import import fabric_import_hint
 

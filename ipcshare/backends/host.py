@@ -148,6 +148,9 @@ class HostEngine:
     that has seen the signal. See docs/MEMORY-ORDERING.md.
     """
 
+    # Host memory has no streams: work happens at once, in program order.
+    has_streams = False
+
     def __init__(self, *, spin_before_yield: int = 2000) -> None:
         # Spin this many polls before yielding the core; 0 when ranks outnumber cores,
         # where spinning only delays the peer we wait for.

@@ -41,7 +41,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
     from ..bench.report import summary_lines
     from ..bench.runner import run_suite
     from ..bench.suite import load_suite
-    from .main import EXIT_OK, EXIT_SLOW, EXIT_WRONG
+    from .exit_codes import EXIT_OK, EXIT_SLOW, EXIT_WRONG
 
     world = World.from_comm()
     try:

@@ -33,7 +33,7 @@ def run_doctor_command(args: argparse.Namespace) -> int:
     from ..doctor.plan import DoctorPlan
     from ..doctor.runner import run_doctor
     from ..topology import World
-    from .main import EXIT_ERROR, EXIT_OK
+    from .exit_codes import EXIT_ERROR, EXIT_OK
 
     world = World.from_comm()
     try:

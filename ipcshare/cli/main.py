@@ -9,15 +9,11 @@ import sys
 from collections.abc import Sequence
 
 from .. import __version__
+from .exit_codes import EXIT_ERROR, EXIT_OK, EXIT_SLOW, EXIT_USAGE, EXIT_WRONG
 
 __all__ = ["main", "build_parser", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_WRONG",
            "EXIT_SLOW"]
 
-EXIT_OK = 0
-EXIT_ERROR = 1      # an error on some rank (config, backend, exchange...)
-EXIT_USAGE = 2      # the command line itself is malformed
-EXIT_WRONG = 3      # data verification found mismatches
-EXIT_SLOW = 4       # bandwidth under --min-bw
 
 
 class _Parser(argparse.ArgumentParser):

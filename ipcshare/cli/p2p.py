@@ -56,7 +56,7 @@ def run_p2p_command(args: argparse.Namespace) -> int:
     from ..errors import BackendUnavailable, ConfigError
     from ..p2p.ipc_half import default_mpiexec
     from ..p2p.runner import P2pOptions, run_p2p
-    from .main import EXIT_ERROR, EXIT_OK, EXIT_WRONG
+    from .exit_codes import EXIT_ERROR, EXIT_OK, EXIT_WRONG
 
     for name in _LAUNCHER_SIZE_VARS:
         if os.environ.get(name, "1") not in ("", "1"):

@@ -86,7 +86,7 @@ def run_pattern_command(args: argparse.Namespace) -> int:
     from ..patterns.driver import run_pattern
     from ..peer_watch import peer_exit_grace
     from ..window import Group
-    from .main import EXIT_OK, EXIT_SLOW, EXIT_WRONG
+    from .exit_codes import EXIT_OK, EXIT_SLOW, EXIT_WRONG
 
     world = World.from_comm()
     try:
@@ -106,7 +106,7 @@ def run_pattern_command(args: argparse.Namespace) -> int:
         # a peer dies cannot notice it: the watch ends it after this grace.
         group.watch.exit_if_stuck(grace=peer_exit_grace())
         with collective_step(group.world, "choosing the algorithm"):
-            if options.algo in ("push", "pull", "ring", "ll") and group.backend_name == "host":
+            if options.algo in ("push", "pull", "ring", "ll") and not group.backend.has_kernels:
                 raise ConfigError(f"--algo {options.algo} runs GPU kernels: it needs a GPU "
                                   "backend (cuda-ipc or cuda-vmm), not host")
         baseline = make_baseline(options.baseline, group, pattern)

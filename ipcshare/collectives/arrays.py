@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CollectiveError, Unsupported
+from ..window.views import DEVICE_DTYPES, dtype_name
 
 __all__ = ["ArrayRef", "describe_array", "parse_dlpack_capsule", "check_array", "c_contiguous",
            "to_numpy_dtype"]
@@ -259,28 +260,17 @@ class DeviceDtype:
     itemsize: int
 
 
-_DEVICE_ITEMSIZES = {"uint8": 1, "int8": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4,
-                     "int64": 8, "uint64": 8, "float16": 2, "float32": 4, "float64": 8,
-                     "bfloat16": 2}
-
-
 def device_dtype(dtype: Any) -> DeviceDtype:
     """The dtype of a GPU array from a name (``bfloat16``), a numpy dtype or a torch dtype.
 
     Raises:
         CollectiveError: none of the types a GPU array can have.
     """
-    name = dtype if isinstance(dtype, str) else str(dtype)
-    name = name.removeprefix("torch.")
-    if name not in _DEVICE_ITEMSIZES:
-        try:
-            name = np.dtype(dtype).name
-        except TypeError:
-            pass
-    if name not in _DEVICE_ITEMSIZES:
+    name = dtype_name(dtype)
+    if name is None:
         raise CollectiveError(f"dtype={dtype!r}: a GPU array's dtype is one of "
-                              f"{', '.join(_DEVICE_ITEMSIZES)}")
-    return DeviceDtype(name, _DEVICE_ITEMSIZES[name])
+                              f"{', '.join(DEVICE_DTYPES)}")
+    return DeviceDtype(name, DEVICE_DTYPES[name])
 
 
 def to_numpy_dtype(dtype: Any) -> np.dtype:

@@ -86,8 +86,8 @@ class Communicator:
         self.max_bytes = max_bytes
         self.heap_bytes = heap_bytes
         self._layout = ScratchLayout(max_bytes, heap_bytes, world.size,
-                                     low_latency=group.backend_name != "host")
-        if group.backend_name == "host":
+                                     low_latency=group.backend.device_memory)
+        if not group.backend.device_memory:
             self._path: Any = HostPath(group, self._layout)
         else:
             from .gpu_path import GpuPath

@@ -22,12 +22,18 @@ from typing import Any
 
 from ..backends.device_buffer import DeviceArray, DeviceBuffer
 from ..errors import CollectiveError
-from ..window import EPOCH_SLOT_BASE, ERROR_SLOT, KERNEL_SLOT_BASE, LL_EPOCH_SLOT
+from ..window.layout import (
+    ERROR_SLOT,
+    KERNEL_SLOT_BASE,
+    LL_CLEANED_SLOT,
+    LL_EPOCH_SLOT,
+    ONE_SHOT_EPOCH_SLOT,
+)
 from .agreement import Signature, disagreement_error
 from .algorithms import Algorithm
 from .algorithms.gpu_kernel import THREADS, GpuCall
 from .arrays import ArrayRef
-from .scratch import LL_CLEANED_SLOT, ScratchLayout
+from .scratch import ScratchLayout
 
 __all__ = ["GpuPath"]
 
@@ -84,7 +90,7 @@ class GpuPath:
             # the pad before the host gives up on the stream.
             template.timeout_ns = int(group.signal_timeout * 0.5e9)
             template.rank, template.nranks = self.rank, self.size
-            template.slot_base, template.epoch_word = KERNEL_SLOT_BASE, EPOCH_SLOT_BASE
+            template.slot_base, template.epoch_word = KERNEL_SLOT_BASE, ONE_SHOT_EPOCH_SLOT
             template.header_base = layout.header_slot(0)
             template.ll_epoch_word, template.ll_cleaned_word = LL_EPOCH_SLOT, LL_CLEANED_SLOT
             template.ll_offset[0], template.ll_offset[1] = layout.ll_offset(0), layout.ll_offset(1)

@@ -9,11 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..backends.host import HostBuffer
-from .agreement import Signature, disagreement_error
-from .algorithms import Algorithm, HostCall
-from .arrays import ArrayRef
-from .reduction import Reducer
-from .scratch import (
+from ..window.layout import (
     FLAG_REGISTERED,
     FLAG_ZERO_COPY,
     HEADER_DIGEST,
@@ -21,8 +17,12 @@ from .scratch import (
     HEADER_INPUT,
     HEADER_REGISTRATION,
     HEADER_WORDS,
-    ScratchLayout,
 )
+from .agreement import Signature, disagreement_error
+from .algorithms import Algorithm, HostCall
+from .arrays import ArrayRef
+from .reduction import Reducer
+from .scratch import ScratchLayout
 
 __all__ = ["HostPath"]
 

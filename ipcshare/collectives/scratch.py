@@ -1,49 +1,30 @@
 """Where everything lives in a communicator's window: the ``empty()`` heap, the staging
 areas that inputs are copied into, the two-shot result areas, the buffers of the
-low-latency protocol, and the call header words in the signal pad. One owner for the
-layout, so every path and algorithm agrees on it."""
+low-latency protocol, and where the call headers lie in the signal pad (whose words
+window.layout owns). One owner for the layout, so every path and algorithm agrees on it."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from ..window import USER_SLOT_BASE
+from ..window.layout import HEADER_WORDS, LL_CLEANED_SLOT, USER_SLOT_BASE, round_up
 
-__all__ = ["ScratchLayout", "ALIGN", "HEADER_WORDS", "HEADER_DIGEST", "HEADER_INPUT",
-           "HEADER_FLAGS", "FLAG_ZERO_COPY", "FLAG_REGISTERED", "HEADER_REGISTRATION",
-           "LL_MAX_BYTES", "LL_LINE_BYTES", "LL_LINE_PAYLOAD", "LL_CLEANED_SLOT"]
+__all__ = ["ScratchLayout", "ALIGN", "HEADER_WORDS", "LL_MAX_BYTES", "LL_LINE_BYTES",
+           "LL_LINE_PAYLOAD", "LL_CLEANED_SLOT"]
 
 # Regions and heap blocks start at multiples of this many bytes (every dtype aligned,
 # and vector loads of the GPU kernels to come).
 ALIGN = 256
-# A call publishes a header in its own pad: the digest of its signature, the offset of
-# its input in its window, and flags. Two headers, used by calls in turn (parity), so a
-# rank one call ahead never overwrites the header a slow peer is about to read.
-HEADER_WORDS = 4
-HEADER_DIGEST = 0
-HEADER_INPUT = 1
-HEADER_FLAGS = 2
-# Flag: the input is the user's own memory in the heap (not a staging copy), so peers
-# must be done reading it before the call returns on any rank.
-FLAG_ZERO_COPY = 1
-# Flag (host calls): the input lies in a registered array (Communicator.register), not
-# in the window: HEADER_INPUT is its offset there, HEADER_REGISTRATION the number of
-# the registration (the same on every rank).
-FLAG_REGISTERED = 2
-HEADER_REGISTRATION = 3
 # The low-latency protocol (kernels/include/ipcshare/ll.cuh) sends 8 payload bytes per
 # 16-byte line, after one line carrying the call's digest. Its buffers hold inputs of up to
 # LL_MAX_BYTES (it is meant for small calls, where latency, not bytes, sets the time).
 LL_LINE_BYTES = 16
 LL_LINE_PAYLOAD = 8
 LL_MAX_BYTES = 2 << 20
-# Two own-pad words (one per parity) where the LL kernels record the call at which they
-# last re-flagged that parity's buffer: after the two call headers.
-LL_CLEANED_SLOT = USER_SLOT_BASE + 2 * HEADER_WORDS
 
 
 def _align(value: int) -> int:
-    return -(-value // ALIGN) * ALIGN
+    return round_up(value, ALIGN)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -87,6 +87,11 @@ class Exchange:
                 secrets.token_hex(8) if self.world.rank == 0 else None, root=0)
         return self._token
 
+    def adopt_token(self, token: str) -> None:
+        """Take ``token`` (16 hex digits, the same on every rank: a group agrees on one
+        while it sets up) as the job's, before any handle or socket is named by it."""
+        self._token = token
+
     def _job_secret(self) -> bytes:
         """The job's secret (collective over the node on first use): keys the MAC that
         admits socket peers whose pid cannot be checked. Travels only over MPI."""

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from ..errors import ConfigError
 from ..window import Window
+from .allgather_across_nodes import bind_hierarchical
 from .base import Pattern, SizePlan, align
 from .seeding import count_wrong, poison, seeded_bytes
 
@@ -69,8 +70,6 @@ class AllGather(Pattern):
                 raise ConfigError(
                     f"--algo {self.algo} maps every peer's window, which works within one "
                     f"node; this job spans {nodes} nodes: use --algo hierarchical (or auto)")
-            from .allgather_hierarchical import bind_hierarchical
-
             return bind_hierarchical(self, window, plan, mode)
         pairs, sends, receives = self.copies(window, plan, mode)
         copy_all = window.engine.copier(pairs)

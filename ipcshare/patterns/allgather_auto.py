@@ -28,14 +28,14 @@ class AutoAllGather(AllGather):
         """The algorithm ``plan`` runs on ``window`` in ``mode``."""
         # Kernels need every peer mapped: pairs without peer access keep to the copy
         # engine, whose staged copies reach them.
-        if (not hasattr(window.group.backend, "kernels") or window.world.node_count > 1
+        if (not window.backend.has_kernels or window.world.node_count > 1
                 or window.paths.has_fallbacks or not _nvrtc_present()):
             return "copy-engine"
         # Ranks sharing a GPU take turns on it in time slices (without MPS): a kernel that
         # spins on a peer's flag holds the GPU while that peer cannot run, and copies
         # issued by both contexts at once keep preempting each other. One rank per GPU
         # moves the bytes, between barriers met on the host (docs/GPU.md).
-        if window.group.shared_gpus:
+        if window.shared_gpus:
             return "leader"
         # A graph-safe view (Window.on_stream(..., graph_safe=True)) is what gets captured.
         return choose_allgather(plan.size, window.world_size,

@@ -10,7 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..errors import ConfigError
-from ..window import EPOCH_SLOT_BASE, KERNEL_SLOT_BASE, Window
+from ..window import Window
+from ..window.layout import (
+    KERNEL_SLOT_BASE,
+    ONE_SHOT_EPOCH_SLOT,
+    RING_KERNEL_EPOCH_SLOT,
+    RING_KERNEL_SLOT_BASE,
+)
 from .allgather import AllGather
 from .base import SizePlan
 
@@ -24,12 +30,11 @@ _MAX_BLOCKS = 128
 # Below this per block, fewer blocks: flags cost more than bytes. (At 256 KiB, measured
 # on 4 H200s, 1-4 MiB all-gathers ran on 1-4 blocks and lost to NCCL.)
 _BYTES_PER_BLOCK = 32 << 10
-# Pad words: push and pull share one region, the ring (whose flags count steps, not
-# operations) has its own, so algorithms can alternate on one window.
-_SLOT_BASE = {"push": KERNEL_SLOT_BASE, "pull": KERNEL_SLOT_BASE, "ring": KERNEL_SLOT_BASE + 3840}
-# Own-pad words where each family counts its operations (device-side epochs: nothing on
-# the host changes between launches, so CUDA graphs of these kernels replay correctly).
-_EPOCH_WORD = {"push": EPOCH_SLOT_BASE, "pull": EPOCH_SLOT_BASE, "ring": EPOCH_SLOT_BASE + 2}
+# Pad words (window.layout): push and pull share the one-shot kernels' region and epoch,
+# the ring has its own.
+_SLOT_BASE = {"push": KERNEL_SLOT_BASE, "pull": KERNEL_SLOT_BASE, "ring": RING_KERNEL_SLOT_BASE}
+_EPOCH_WORD = {"push": ONE_SHOT_EPOCH_SLOT, "pull": ONE_SHOT_EPOCH_SLOT,
+               "ring": RING_KERNEL_EPOCH_SLOT}
 
 
 def refuse_indirect_pairs(window: Window, what: str) -> None:
@@ -64,8 +69,8 @@ class KernelAllGather(AllGather):
     def bind(self, window: Window, plan: SizePlan, mode: str) -> Callable[[], None]:
         from ..kernels.launcher import MAX_KERNEL_RANKS, AllGatherArgs
 
-        backend, n, me = window.group.backend, window.world_size, window.rank
-        if not hasattr(backend, "kernels"):
+        backend, n, me = window.backend, window.world_size, window.rank
+        if not backend.has_kernels:
             raise ConfigError(f"--algo {self.algo} runs kernels: it needs a GPU backend "
                               "(cuda-ipc or cuda-vmm), not host")
         if n > MAX_KERNEL_RANKS or window.world.node_count > 1:
@@ -81,7 +86,7 @@ class KernelAllGather(AllGather):
         args.block_bytes = plan.block_bytes
         # Device waits give up at half the host's patience, so a kernel reports the silent
         # peer (in the pad's error word) before the host gives up on the stream.
-        args.timeout_ns = int(window.group.signal_timeout * 0.5e9)
+        args.timeout_ns = int(window.signal_timeout * 0.5e9)
         args.rank, args.nranks, args.slot_base = me, n, _SLOT_BASE[self.algo]
         args.epoch_word = _EPOCH_WORD[self.algo]
         return backend.kernels("allgather.cu").launcher(

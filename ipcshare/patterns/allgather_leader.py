@@ -28,7 +28,7 @@ _THREADS = 512
 def gpu_leaders(window: Window) -> list[int]:
     """For each rank of the node (by world rank), the lowest rank on the same GPU."""
     leader = list(range(window.world_size))
-    for ranks in window.group.shared_gpus.values():
+    for ranks in window.shared_gpus.values():
         for rank in ranks:
             leader[rank] = min(ranks)
     return leader
@@ -44,8 +44,8 @@ class LeaderAllGather(AllGather):
     def bind(self, window: Window, plan: SizePlan, mode: str) -> Callable[[], None]:
         from ..kernels.launcher import MAX_KERNEL_RANKS, ScatterArgs
 
-        backend, n, me = window.group.backend, window.world_size, window.rank
-        if not hasattr(backend, "kernels"):
+        backend, n, me = window.backend, window.world_size, window.rank
+        if not backend.has_kernels:
             raise ConfigError("--algo leader runs a kernel: it needs a GPU backend "
                               "(cuda-ipc or cuda-vmm), not host")
         if n > MAX_KERNEL_RANKS or window.world.node_count > 1:

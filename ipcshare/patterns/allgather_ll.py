@@ -30,7 +30,7 @@ class LowLatencyAllGather(AllGather):
         self._communicator: Any = None  # the window's group closes it
 
     def bind(self, window: Window, plan: SizePlan, mode: str) -> Callable[[], None]:
-        if window.group.backend_name == "host":
+        if not window.backend.has_kernels:
             raise ConfigError("--algo ll runs GPU kernels: it needs a GPU backend (cuda-ipc "
                               "or cuda-vmm), not host")
         communicator = self._communicator = communicator_for(

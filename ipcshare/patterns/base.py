@@ -9,13 +9,14 @@ from collections.abc import Callable
 from typing import Any
 
 from ..window import Window
+from ..window.layout import PAD_ALIGN, round_up
 
 __all__ = ["SizePlan", "Pattern", "align"]
 
 
-def align(value: int, multiple: int = 4096) -> int:
+def align(value: int, multiple: int = PAD_ALIGN) -> int:
     """Round ``value`` up to a multiple of ``multiple`` (region starts in windows)."""
-    return -(-value // multiple) * multiple
+    return round_up(value, multiple)
 
 
 @dataclasses.dataclass(frozen=True)

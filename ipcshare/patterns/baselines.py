@@ -35,7 +35,7 @@ def open_gpu_baseline(name: str, group: Group, pattern: Any) -> Any:
     Raises:
         ConfigError: it cannot run here (on every rank, naming what is missing).
     """
-    device = None if group.backend_name == "host" else group.backend.device
+    device = group.backend.device if group.backend.device_memory else None
     return gpu_baseline_class(name)(group.world, pattern, device)
 
 

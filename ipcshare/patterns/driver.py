@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import __version__
+from ..backends import Backend
 from ..config import PatternOptions, format_size
 from ..consensus import collective_step
 from ..errors import ConfigError
@@ -39,14 +40,15 @@ from .timing import (
 __all__ = ["run_pattern", "check_graph_mode", "check_after_kernel"]
 
 
-def check_graph_mode(backend: str, op: str, baseline: Any, extra_baselines: Sequence[Any]) -> None:
+def check_graph_mode(backend: Backend, op: str, baseline: Any,
+                     extra_baselines: Sequence[Any]) -> None:
     """Refuse graph mode where it cannot run.
 
     Raises:
         ConfigError: a host backend, the ring pattern, or a baseline that cannot capture
             graphs.
     """
-    if backend == "host":
+    if not backend.device_memory:
         raise ConfigError("--graph captures CUDA graphs: it needs a GPU backend (cuda-ipc or "
                           "cuda-vmm), not host")
     if op not in ("allgather", "allreduce", "reducescatter"):
@@ -110,7 +112,7 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
     started = time.perf_counter()
     if graph:
         with collective_step(world, "graph mode"):
-            check_graph_mode(group.backend_name, pattern.name, baseline, extra_baselines)
+            check_graph_mode(group.backend, pattern.name, baseline, extra_baselines)
     baselines = ([] if baseline is None else [baseline]) + list(extra_baselines)
     if after_kernel:
         with collective_step(world, "--after-kernel"):
@@ -242,13 +244,13 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
     return result
 
 
-def check_after_kernel(backend: Any, baselines: Sequence[Any]) -> None:
+def check_after_kernel(backend: Backend, baselines: Sequence[Any]) -> None:
     """Refuse ``--after-kernel`` where it cannot run.
 
     Raises:
         ConfigError: a host backend, or a baseline that runs no kernels on a stream.
     """
-    if not hasattr(backend, "kernels"):
+    if not backend.has_kernels:
         raise ConfigError("--after-kernel launches an empty kernel before every operation: it "
                           "needs a GPU backend (cuda-ipc or cuda-vmm), not host")
     for timed in baselines:

@@ -28,7 +28,7 @@ import numpy as np
 from ..collectives.scratch import ALIGN
 from ..errors import ConfigError
 from ..window import Group, Window
-from .allgather_hierarchical import node_segments
+from .allgather_across_nodes import node_segments
 from .base import SizePlan
 
 __all__ = ["bind_hierarchical_reduction", "open_node_group", "rail_major_moves",

@@ -28,11 +28,11 @@ class MpiInterEngine(InterNodeEngine):
 
     def __init__(self, group: Any) -> None:
         self._comm = group.world.rail_comm
-        self._backend_name = group.backend_name
+        self._device_memory = group.backend.device_memory
 
     def allgatherv_in_place(self, engine: Any, output: Any, counts: list[int],
                             displacements: list[int]) -> Callable[[], None]:
-        return MpiPath(engine, self._backend_name).allgatherv_in_place(
+        return MpiPath(engine, self._device_memory).allgatherv_in_place(
             self._comm, output, counts, displacements)
 
     def _host_bytes(self, engine: Any, buffer: Any) -> tuple[Callable[[], np.ndarray],
@@ -40,7 +40,7 @@ class MpiInterEngine(InterNodeEngine):
         """(read ``buffer``'s bytes to host, write host bytes back into ``buffer``):
         views of host memory, copies of device memory (reductions run on the host, so a
         CUDA-aware MPI changes nothing here)."""
-        if MpiPath(engine, self._backend_name).mode == "host":
+        if MpiPath(engine, self._device_memory).mode == "host":
             view = np.asarray(buffer).view(np.uint8).reshape(-1)
 
             def write_host(data: np.ndarray) -> None:

@@ -38,9 +38,10 @@ def mpi_cuda_aware() -> bool:
     return bool(query()) if query is not None else False
 
 
-def mpi_path_mode(backend_name: str) -> str:
-    """Which of ``MPI_PATH_MODES`` carries the memory of backend ``backend_name``."""
-    if backend_name == "host":
+def mpi_path_mode(device_memory: bool) -> str:
+    """Which of ``MPI_PATH_MODES`` carries a backend's memory (``device_memory``: the
+    backend's declaration that its memory lives on a GPU)."""
+    if not device_memory:
         return "host"
     return "cuda-aware" if mpi_cuda_aware() else "host-staged"
 
@@ -52,9 +53,9 @@ class MpiPath:
     races the stream: the caller synchronises before handing a buffer over.
     """
 
-    def __init__(self, engine: Any, backend_name: str) -> None:
+    def __init__(self, engine: Any, device_memory: bool) -> None:
         self.engine = engine
-        self.mode = mpi_path_mode(backend_name)
+        self.mode = mpi_path_mode(device_memory)
 
     def sendable(self, buffer: Any) -> Any:
         """An object MPI can send ``buffer``'s bytes from (a host copy when staged)."""

@@ -10,15 +10,14 @@ from collections.abc import Callable
 from typing import Any
 
 from ..topology import mpi
-from ..window import USER_SLOT_BASE, Window
+from ..window import Window
+from ..window.layout import RING_SIGNAL_SLOT
 from .base import Pattern, SizePlan
 from .mpi_path import MpiPath
 from .seeding import count_wrong, poison, seeded_bytes
 
 __all__ = ["Ring", "RING_SIGNAL_SLOT"]
 
-# Word of the receiver's pad that the previous rank bumps after each block it wrote.
-RING_SIGNAL_SLOT = USER_SLOT_BASE
 # MPI tag of the ring's hops between nodes (messages of one pair never overtake).
 RING_MPI_TAG = 0x1A6
 
@@ -111,7 +110,7 @@ class Ring(Pattern):
         nxt, prev = (me + 1) % n, (me - 1) % n
         post = engine.signal_poster(window.signal_pad(nxt), RING_SIGNAL_SLOT) if to_next else None
         wait = engine.signal_waiter(
-            window.signal_pad(me), RING_SIGNAL_SLOT, timeout=window.group.signal_timeout,
+            window.signal_pad(me), RING_SIGNAL_SLOT, timeout=window.signal_timeout,
             what=f"{window.world.where()} in ring waiting for {window.world.where(prev)}"
         ) if from_previous else None
         return post, wait
@@ -123,7 +122,7 @@ class Ring(Pattern):
         engine, world, block = window.engine, window.world, plan.block_bytes
         me, n, comm = window.rank, window.world_size, window.world.comm
         nxt, prev = (me + 1) % n, (me - 1) % n
-        steps, path = ring_steps(n), MpiPath(engine, window.group.backend_name)
+        steps, path = ring_steps(n), MpiPath(engine, window.backend.device_memory)
         send_by_mpi, receive_by_mpi = not world.is_local(nxt), not world.is_local(prev)
         # Step s sends block (me - s) and receives block (me - 1 - s), which it sends on.
         sources = [window.local.slice(((me - step) % n) * block, block) for step in range(steps)]

@@ -15,7 +15,7 @@ import pytest
 import ipcshare
 from ipcshare import cuda_driver
 from ipcshare.backends import gpu_count
-from ipcshare.backends.device_buffer import DeviceBuffer, live_dlpack_exports
+from ipcshare.backends.device_buffer import DeviceArray, DeviceBuffer, live_dlpack_exports
 from ipcshare.config import merge_options
 from ipcshare.errors import BackendError, BackendUnavailable, SignalTimeout, WindowError
 from ipcshare.patterns import make_pattern
@@ -55,6 +55,27 @@ def test_a_peer_uploads_into_my_window_and_i_read_it_back(comm, backend):
         w.close()
     assert _all(comm, ok) == [True] * n
     assert facts == (backend, True, True, True, True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_get_buffer_views_each_peer_as_a_typed_device_array(comm, backend):
+    with ipcshare.Group(backend=backend) as g:
+        w = g.window(1 << 16)
+        engine, n, me = w.engine, g.size, g.rank
+        mine = w.get_buffer(me, (16, 16), "float32", offset=4096)
+        engine.upload(mine, (np.arange(256, dtype=np.float32) + 1000 * me).view(np.uint8))
+        w.barrier()
+        ok = True
+        for r in range(n):
+            view = w.get_buffer(r, (16, 16), np.float32, offset=4096)
+            ok &= (isinstance(view, DeviceArray) and view.shape == (16, 16)
+                   and view.dtype == "float32" and view.ptr == w.peer(r).ptr + 4096)
+            got = engine.download(view).view(np.float32)
+            ok &= bool(np.array_equal(got, np.arange(256, dtype=np.float32) + 1000 * r))
+        w.barrier()
+        w.synchronize()
+        w.close()
+    assert _all(comm, ok) == [True] * n
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -178,4 +180,38 @@ def test_host_windows_refuse_streams_and_device_barriers(comm):
         with pytest.raises(WindowError, match="device_barrier runs a kernel"):
             w.device_barrier()
         w.barrier()  # the plain barrier still works after the refusals
+        w.close()
+
+
+def test_get_buffer_views_each_peer_as_a_typed_array(comm):
+    with ipcshare.Group(backend="host") as g:
+        w = g.window(1 << 16)
+        mine = w.get_buffer(g.rank, (4, 8), "float32", offset=1024)
+        assert mine.shape == (4, 8) and mine.dtype == np.float32
+        mine[:] = np.arange(32, dtype=np.float32).reshape(4, 8) + 100 * g.rank
+        w.barrier()
+        for r in range(g.size):
+            view = w.get_buffer(r, (4, 8), np.float32, offset=1024)
+            assert (view == np.arange(32, dtype=np.float32).reshape(4, 8) + 100 * r).all()
+        # A view, not a copy: bytes 1024.. of the peer's buffer are the view's.
+        assert np.asarray(w.local)[1024:1028].view(np.float32)[0] == 100 * g.rank
+        assert w.get_buffer(g.rank, 16, "int64").shape == (16,)
+        w.barrier()
+        w.close()
+
+
+@pytest.mark.parametrize(("shape", "dtype", "offset", "text"), [
+    ((1 << 15,), "float32", 0, "the window holds 65536"),
+    ((4,), "float32", 2, "offset=2 is not a multiple of 4"),
+    ((4,), "complex64", 0, "dtype='complex64'"),
+    ((-1,), "float32", 0, "shape=(-1,)"),
+    ((4,), "float32", -4, "offset=-4"),
+])
+def test_get_buffer_refuses_views_that_do_not_fit(comm, shape, dtype, offset, text):
+    with ipcshare.Group(backend="host") as g:
+        w = g.window(1 << 16)
+        with pytest.raises(WindowError, match=re.escape(text)):
+            w.get_buffer(g.rank, shape, dtype, offset=offset)
+        with pytest.raises(WindowError, match="not in this group"):
+            w.get_buffer(g.size, (4,), "float32")
         w.close()

@@ -13,12 +13,12 @@ from ipcshare.consensus import agree, failure_suffix
 from ipcshare.doctor.paths import translate_ranks
 from ipcshare.errors import BackendError, ConfigError, WindowError
 from ipcshare.topology import World, describe_disagreement, format_ranks, parse_ranks
-from ipcshare.window import (
+from ipcshare.window.group import (
     _check_same_arguments,
     _check_same_backend,
     _check_same_p2p_choices,
-    _spell_nbytes,
 )
+from ipcshare.window.window import _spell_nbytes
 
 
 @pytest.mark.parametrize(("ranks", "text"), [

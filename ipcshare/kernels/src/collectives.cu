@@ -24,7 +24,7 @@ using ipcshare::u64;
 using ipcshare::kMaxRanks;
 
 // Header words of a call, in the caller's own pad (two sets, by parity): the signature's
-// digest, where the input lies in the caller's window, flags (collectives/scratch.py).
+// digest, where the input lies in the caller's window, flags (window/layout.py).
 constexpr int kHeaderDigest = 0;
 constexpr int kHeaderInput = 1;
 constexpr int kHeaderFlags = 2;

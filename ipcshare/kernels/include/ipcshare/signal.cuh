@@ -12,7 +12,8 @@ namespace ipcshare {
 
 typedef unsigned long long u64;
 
-// Pad layout, in 64-bit words (keep in step with ipcshare/window.py).
+// Pad layout, in 64-bit words: ipcshare/window/layout.py owns it (tests/unit/test_layout.py
+// checks these against it).
 constexpr int kPadWords = 8192;          // SIGNAL_PAD_BYTES / 8
 constexpr int kHostBarrierWords = 256;   // [0, 256): Window.barrier(), one word per local rank
 constexpr int kUserWords = 256;          // [256, 512): free for users

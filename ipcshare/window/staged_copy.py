@@ -10,10 +10,10 @@ receiver its pulls).
   memfd every end registers with the driver): the sender copies device to host, the
   receiver host to device.
 
-Protocol per directed pair (sender s, receiver r), ``SLOTS`` slots, chunks numbered
+Protocol per directed pair (sender s, receiver r), ``STAGING_SLOTS`` slots, chunks numbered
 1, 2, ... over the life of the window (both ends count the same chunks, since both bind
-the same transfers in the same order): chunk c goes to slot (c - 1) % SLOTS. The sender
-waits until FREE[s<-r] >= c - SLOTS (the slot's previous chunk was taken), copies the
+the same transfers in the same order): chunk c goes to slot (c - 1) % STAGING_SLOTS. The sender
+waits until FREE[s<-r] >= c - STAGING_SLOTS (the slot's previous chunk was taken), copies the
 chunk in, and stores READY = c into the receiver's inbox; the receiver waits until
 READY >= c, copies the chunk out, and stores FREE = c into the sender's inbox. The
 stores are ``cuStreamWriteValue64`` with the default flags (a system-wide fence before
@@ -28,58 +28,30 @@ the host never blocks per chunk.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
 
+from ..backends.cuda_streams import new_side_lane
+from ..backends.device_buffer import DeviceBuffer
+from ..backends.pinned_host import PinnedHostMemory, create_pinned, open_peer_pinned
+from ..consensus import Rendezvous
 from ..cuda_driver import NOT_READY, SUCCESS, check, describe_error, driver
 from ..errors import CudaError, WindowError
+from ..exchange import Exchange
 from ..peer_paths import PathPlan
-from .cuda_streams import new_side_lane
-from .device_buffer import DeviceBuffer
-from .pinned_host import PinnedHostMemory
+from ..topology import World
+from .layout import (
+    INBOX_FREE_WORD_BASE,
+    INBOX_HEADER_BYTES,
+    INBOX_READY_WORD_BASE,
+    STAGING_SLOTS,
+    inbox_bytes,
+    slot_stride,
+)
 
-__all__ = ["StagedCopy", "SLOTS", "INBOX_HEADER_BYTES", "BARRIER_WORD_BASE",
-           "READY_WORD_BASE", "FREE_WORD_BASE", "slot_bytes_for", "slot_stride",
-           "relay_staging_bytes", "inbox_bytes"]
-
-SLOTS = 2
-# Inbox words (64-bit): [0, 256) the barrier (word i written by local rank i), [256, 512)
-# READY (word i: chunks local rank i has posted to the inbox's owner), [512, 768) FREE
-# (word i: chunks local rank i has taken of what the owner sent it). Host-staged slots
-# follow the header, SLOTS per host-staged sender, in rank order.
-INBOX_HEADER_BYTES = 64 << 10
-BARRIER_WORD_BASE = 0
-READY_WORD_BASE = 256
-FREE_WORD_BASE = 512
-_SLOT_ALIGN = 4096
-_PAGE = 4096
-
-
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
-
-
-def slot_bytes_for(window_bytes: int, chunk_bytes: int) -> int:
-    """Bytes per staging slot for a window of ``window_bytes``: a chunk, or less when no
-    copy in the window can be that long."""
-    return max(1, min(chunk_bytes, _round_up(max(window_bytes, 1), _SLOT_ALIGN)))
-
-
-def slot_stride(slot_bytes: int) -> int:
-    """Distance between two slots (page-aligned starts)."""
-    return _round_up(slot_bytes, _SLOT_ALIGN)
-
-
-def relay_staging_bytes(plan: PathPlan, slot_bytes: int) -> int:
-    """Bytes each window of the node adds for the pairs it may relay."""
-    return plan.most_relayed() * SLOTS * slot_stride(slot_bytes)
-
-
-def inbox_bytes(plan: PathPlan, slot_bytes: int) -> int:
-    """Bytes of each rank's pinned inbox: the flag header and its host-staged slots."""
-    return _round_up(INBOX_HEADER_BYTES + plan.most_host_staged() * SLOTS
-                     * slot_stride(slot_bytes), _PAGE)
+__all__ = ["StagedCopy", "open_staged_copy"]
 
 
 class _Lane:
@@ -216,10 +188,10 @@ class StagedCopy:
         if path.kind == "relay":
             assert path.relay is not None
             index = self.plan.relayed_by(path.relay).index((sender, receiver))
-            return self._relay_areas[path.relay].ptr + index * SLOTS * self._stride
+            return self._relay_areas[path.relay].ptr + index * STAGING_SLOTS * self._stride
         inbox = self._inbox if receiver == self.rank else self._peer_inboxes[receiver]
         index = self.plan.host_staged_peers(receiver).index(sender)
-        return inbox.device_ptr + INBOX_HEADER_BYTES + index * SLOTS * self._stride
+        return inbox.device_ptr + INBOX_HEADER_BYTES + index * STAGING_SLOTS * self._stride
 
     def _chunks(self, buffers: list[DeviceBuffer]) -> list[tuple[int, int]]:
         step = self.slot_bytes
@@ -232,10 +204,10 @@ class StagedCopy:
 
     def _sender(self, lane: _Lane, peer: int, sources: list[DeviceBuffer]) -> Callable[[], None]:
         wait_free = lane.engine.signal_waiter(
-            self.own_words, FREE_WORD_BASE + self._index(peer), timeout=self._timeout,
+            self.own_words, INBOX_FREE_WORD_BASE + self._index(peer), timeout=self._timeout,
             what=self._label("waiting for a free staging slot of", peer))
         post_ready = lane.engine.signal_poster(self.words_of(peer),
-                                               READY_WORD_BASE + self._index(self.rank))
+                                               INBOX_READY_WORD_BASE + self._index(self.rank))
         base, stride, stream = self._slots(self.rank, peer), self._stride, lane.stream
         chunks, counters, memcpy = self._chunks(sources), self._sent, driver.cuMemcpyAsync
 
@@ -243,9 +215,9 @@ class StagedCopy:
             count = counters.get(peer, 0)
             for source, length in chunks:
                 count += 1
-                if count > SLOTS:
-                    wait_free(count - SLOTS)
-                err, = memcpy(base + ((count - 1) % SLOTS) * stride, source, length, stream)
+                if count > STAGING_SLOTS:
+                    wait_free(count - STAGING_SLOTS)
+                err, = memcpy(base + ((count - 1) % STAGING_SLOTS) * stride, source, length, stream)
                 if err != SUCCESS:
                     raise CudaError(describe_error("cuMemcpyAsync", err))
                 post_ready(count)
@@ -255,10 +227,10 @@ class StagedCopy:
     def _receiver(self, lane: _Lane, peer: int,
                   targets: list[DeviceBuffer]) -> Callable[[], None]:
         wait_ready = lane.engine.signal_waiter(
-            self.own_words, READY_WORD_BASE + self._index(peer), timeout=self._timeout,
+            self.own_words, INBOX_READY_WORD_BASE + self._index(peer), timeout=self._timeout,
             what=self._label("waiting for a staged chunk from", peer))
         post_free = lane.engine.signal_poster(self.words_of(peer),
-                                              FREE_WORD_BASE + self._index(self.rank))
+                                              INBOX_FREE_WORD_BASE + self._index(self.rank))
         base, stride, stream = self._slots(peer, self.rank), self._stride, lane.stream
         chunks, counters, memcpy = self._chunks(targets), self._taken, driver.cuMemcpyAsync
 
@@ -267,7 +239,7 @@ class StagedCopy:
             for target, length in chunks:
                 count += 1
                 wait_ready(count)
-                err, = memcpy(target, base + ((count - 1) % SLOTS) * stride, length, stream)
+                err, = memcpy(target, base + ((count - 1) % STAGING_SLOTS) * stride, length, stream)
                 if err != SUCCESS:
                     raise CudaError(describe_error("cuMemcpyAsync", err))
                 post_free(count)
@@ -317,3 +289,41 @@ class StagedCopy:
         self._relay_areas.clear()
         if first is not None:
             raise first
+
+
+def open_staged_copy(undo: contextlib.ExitStack, *, rendezvous: Rendezvous, exchange: Exchange,
+                     world: World, plan: PathPlan, engine: Any, device: int,
+                     relay_areas: Callable[[set[int]], dict[int, DeviceBuffer]],
+                     slot_bytes: int, timeout: float) -> StagedCopy | None:
+    """Collective over the job: every rank makes a pinned inbox and passes it to its
+    node's peers; each rank maps the inboxes of the peers it cannot map and keeps them
+    in a StagedCopy (None where this rank has no such peer). Each step's undo goes on
+    ``undo``, the window's setup transaction; ``relay_areas(relays)`` gives the staging
+    area of each relay rank's window, as mapped here."""
+    size = inbox_bytes(plan, slot_bytes)
+    peers = plan.indirect_peers(world.rank)
+    with rendezvous.step("pinned inbox"):
+        inbox, inbox_fd = create_pinned(size, device, what=f"pinned inbox of {world.where()}")
+        undo.callback(inbox.close)
+        undo.callback(inbox_fd.close)
+    fds = exchange.share_fds(inbox_fd)  # collective over the node, agrees job-wide
+    inbox_fd.close()
+    for owned in fds.values():
+        undo.callback(owned.close)
+    with rendezvous.step("pinned inbox import"):
+        peer_inboxes = {}
+        for rank in peers:
+            peer_inboxes[rank] = open_peer_pinned(
+                fds[rank], size, device, what=f"pinned inbox of {world.where(rank)}")
+            undo.callback(peer_inboxes[rank].close)
+        for owned in fds.values():
+            owned.close()
+        if not peers:
+            inbox.close()  # nobody writes into it: no peer of ours goes through staging
+            return None
+        relays = {plan.path(world.rank, r).relay for r in peers} - {None}
+        staged = StagedCopy(engine=engine, world=world, plan=plan, inbox=inbox,
+                            peer_inboxes=peer_inboxes, relay_areas=relay_areas(relays),
+                            slot_bytes=slot_bytes, timeout=timeout)
+        undo.callback(staged.close)
+    return staged

@@ -1,0 +1,321 @@
+"""``Group``: the ranks of a communicator (the world), the memory backend they share,
+the exchange that carries their handles, and the plan of how each pair of a node
+reaches the other. Windows are made from what a group settled once."""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+from typing import TYPE_CHECKING, Any
+
+from ..backends import Backend, open_backend, resolve_backend_name
+from ..config import BACKENDS, EXCHANGES, HANDLES, seconds_from_env
+from ..consensus import Rendezvous, collective_step
+from ..errors import BackendUnavailable, ConfigError, WindowError
+from ..exchange import Exchange
+from ..exchange.node_reach import PID_NAMESPACE_FIX
+from ..peer_paths import (
+    CHUNK_ENV,
+    FALLBACK_ENV,
+    PathPlan,
+    all_direct,
+    chunk_bytes_choice,
+    env_choices,
+    fallback_choice,
+    plan_paths,
+)
+from ..peer_watch import PeerWatch
+from ..topology import World, describe_disagreement
+from .window import Window
+
+if TYPE_CHECKING:
+    from ..collectives import Communicator
+
+__all__ = ["Group"]
+
+_DEFAULT_SIGNAL_TIMEOUT_S = 30.0
+
+
+def _check_same_arguments(given: list[dict[str, str]]) -> None:
+    """Raise unless every rank passed the same ``exchange`` and ``handle`` (``given``:
+    each rank's arguments, by rank): ranks on different paths would wait for each other
+    in different calls. Backends may differ as long as they resolve alike."""
+    for name in ("exchange", "handle"):
+        values = [arguments[name] for arguments in given]
+        if any(value != values[0] for value in values):
+            raise ConfigError(f"ranks disagree on the {name}: " + describe_disagreement(
+                values, verb=("passes", "pass"), spell=lambda value, name=name:
+                f"{name}={value!r}"))
+
+
+def _check_same_backend(choices: list[tuple[str, str]]) -> None:
+    """Raise unless every rank resolved to the same backend; ``choices`` holds each
+    rank's ``(backend argument, backend chosen)``."""
+    if all(chosen == choices[0][1] for _given, chosen in choices):
+        return
+    hint = " (a GPU missing on one node?)" if all(given == "auto" for given, _ in choices) else ""
+    raise ConfigError("ranks chose different backends: " + describe_disagreement(
+        choices, verb=("passes", "pass"), spell=lambda choice: f"backend={choice[0]!r}"
+        + (f", which chose {choice[1]!r}" if choice[0] != choice[1] else "")) + hint)
+
+
+def _refuse_legacy_ipc_across_pid_namespaces(exchange: Exchange) -> None:
+    """Legacy CUDA IPC handles do not open in another PID namespace: measured on H200s
+    (driver 580), cuIpcOpenMemHandle returns CUDA_ERROR_INVALID_CONTEXT there. Say so
+    before any allocation, on every rank of the node alike (docs/RELIABILITY.md)."""
+    layout = exchange.pid_namespace_layout()
+    if layout:
+        raise BackendUnavailable(
+            f"legacy CUDA IPC (backend cuda-ipc) does not work across PID namespaces "
+            f"({layout}): cuIpcOpenMemHandle fails there with CUDA_ERROR_INVALID_CONTEXT; "
+            f"use backend cuda-vmm, whose POSIX-FD handles travel over unix sockets, or "
+            f"{PID_NAMESPACE_FIX}")
+
+
+def _check_same_p2p_choices(choices: list[tuple[Any, Any]], ranks: list[int]) -> None:
+    """Raise unless the ranks of a node (world ``ranks``) chose the same ``(p2p_fallback,
+    p2p_chunk)``, each the argument or else its environment variable (empty: unset)."""
+    for index, (name, variable) in enumerate((("p2p_fallback", FALLBACK_ENV),
+                                              ("p2p_chunk", CHUNK_ENV))):
+        values = [choice[index] for choice in choices]
+        if any(value != values[0] for value in values):
+            raise ConfigError(
+                f"ranks of a node disagree on {name} (the argument, else {variable}): "
+                + describe_disagreement(values, ranks=ranks, spell=lambda value:
+                                        "nothing" if value in ("", None) else repr(value)))
+
+
+def _signal_timeout() -> float:
+    return seconds_from_env("IPCSHARE_SIGNAL_TIMEOUT", _DEFAULT_SIGNAL_TIMEOUT_S)
+
+
+class Group:
+    """The ranks of a communicator, sharing memory through one backend.
+
+    Collective over ``comm`` (default ``MPI.COMM_WORLD``): every rank must create it
+    with the same arguments. ``host_placement`` (this rank's rank and rank count on its
+    machine, which device binding goes by) is for a group over part of a job whose
+    placement an enclosing group knows (``World.from_comm``).
+
+    Raises:
+        ConfigError: unknown backend or exchange name (on every rank).
+        BackendUnavailable: the backend cannot run on some rank (on every rank).
+    """
+
+    def __init__(self, backend: str = "auto", exchange: str = "auto", *, comm: Any = None,
+                 handle: str = "posix-fd", timeout: float | None = None,
+                 p2p_fallback: str | None = None, p2p_chunk: int | str | None = None,
+                 host_placement: tuple[int, int] | None = None) -> None:
+        self.world = World.from_comm(comm, host_placement=host_placement)
+        # How each pair of the node's ranks reaches the other (peer_paths); all direct
+        # until the GPUs say otherwise.
+        self.paths: PathPlan = all_direct(self.world.local_ranks)
+        # Whether some node of the job has a pair without peer access: then every rank
+        # joins the pinned-inbox exchange of each window (a job-wide collective).
+        self.fallbacks_anywhere = False
+        self.backend: Backend | None = None
+        # GPU UUID -> the node's world ranks on it, for GPUs that more than one rank uses.
+        # The same on every rank of the node: barriers and algorithms choose by it.
+        self.shared_gpus: dict[str, list[int]] = {}
+        self.exchange: Exchange | None = None
+        self._windows: list[Window] = []
+        self._closed = False
+        # Every wait on a peer (collectives, signals, sockets) asks this watch, so a rank
+        # that dies is named at once instead of hanging the others.
+        self.watch: PeerWatch | None = None
+        try:
+            self.watch = PeerWatch.open(self.world)
+            with collective_step(self.world, "group setup"):
+                if backend not in BACKENDS:
+                    raise ConfigError(
+                        f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
+                if exchange not in EXCHANGES:
+                    raise ConfigError(
+                        f"unknown exchange {exchange!r}; choose one of: {', '.join(EXCHANGES)}")
+                if handle not in HANDLES:
+                    raise ConfigError(
+                        f"unknown handle type {handle!r}; choose one of: {', '.join(HANDLES)}")
+                self.exchange = Exchange(self.world, exchange, timeout=timeout,
+                                         watch=self.watch)
+                self.rendezvous = Rendezvous(self.world, self.watch, self.exchange.timeout)
+                self.signal_timeout = _signal_timeout() if timeout is None else timeout
+                chosen = resolve_backend_name(backend)
+            # Rank 0's token names this job in every handle and socket.
+            facts = self.collective("backend choice", (
+                {"backend": backend, "exchange": exchange, "handle": handle}, chosen,
+                secrets.token_hex(8)))
+            self.exchange.adopt_token(facts[0][2])
+            with self.step("group setup"):
+                _check_same_arguments([given for given, _chosen, _token in facts])
+            with self.step("backend setup"):
+                _check_same_backend([(given["backend"], choice) for given, choice, _ in facts])
+                # Devices and cores are the machine's: bind by the rank on this host,
+                # which is the node-local rank unless virtual nodes split the host.
+                self.backend = open_backend(chosen, local_rank=self.world.host_rank,
+                                            local_size=self.world.host_size, handle=handle)
+                self.backend.engine().peer_check = self.watch.check
+            with self.step("backend setup"):
+                if not self.backend.crosses_pid_namespaces and self.world.local_size > 1:
+                    _refuse_legacy_ipc_across_pid_namespaces(self.exchange)
+            # Launch wrappers often give each rank its own CUDA_VISIBLE_DEVICES, so device
+            # ordinals say nothing about sharing: count the ranks holding the same GPU UUID.
+            uuid = getattr(self.backend, "uuid", None)
+            uuids = self.collective("device choice", uuid, comm=self.world.local_comm)
+            if uuid is not None:
+                self.backend.ranks_per_device = uuids.count(uuid)
+                self.shared_gpus = {
+                    device: [rank for rank, other in zip(self.world.local_ranks, uuids,
+                                                         strict=True) if other == device]
+                    for device in dict.fromkeys(uuids) if uuids.count(device) > 1}
+                self.backend.engine().timeout = self.signal_timeout
+                self._plan_peer_paths(uuids, p2p_fallback, p2p_chunk)
+            if self.backend.uses_fds and self.world.size > 1:  # collective, like a window's
+                self.exchange.warm_up()
+        except BaseException:
+            self._release()
+            raise
+
+    def _plan_peer_paths(self, uuids: list, fallback: str | None, chunk: int | str | None) -> None:
+        """Gather which GPUs of the node reach which, and plan every pair's path (the
+        same plan on every rank of the node)."""
+        from .. import devices
+
+        world, backend = self.world, self.backend
+        assert backend is not None
+        with self.step("peer access"):
+            reach = devices.peer_reach(backend.device, uuids)
+            env_fallback, env_chunk = env_choices()
+            choices = (env_fallback if fallback is None else fallback,
+                       env_chunk if chunk is None else chunk)
+        facts = self.collective("peer access", (reach, choices, f"cuda:{backend.device}"),
+                                comm=world.local_comm)
+        with self.step("peer paths"):
+            _check_same_p2p_choices([fact[1] for fact in facts], world.local_ranks)
+            self.paths = plan_paths(
+                world.local_ranks, [fact[2] for fact in facts],
+                [[ok for ok, _why in fact[0]] for fact in facts],
+                [[why for _ok, why in fact[0]] for fact in facts],
+                fallback=fallback_choice(choices[0]), chunk_bytes=chunk_bytes_choice(choices[1]))
+        self.fallbacks_anywhere = any(self.collective("peer paths", self.paths.has_fallbacks))
+
+    @property
+    def rank(self) -> int:
+        return self.world.rank
+
+    def step(self, name: str):
+        """``collective_step`` that gives up on a dead peer or at the exchange timeout."""
+        return self.rendezvous.step(name)
+
+    def collective(self, what: str, value, *, comm=None) -> list:
+        """Collective allgather over ``comm`` (default: the group's) that gives up on a
+        dead peer (PeerDied) or at the exchange timeout (ExchangeTimeout)."""
+        return self.rendezvous.collective(what, value, comm=comm)
+
+    def wait_for_node(self, what: str) -> None:
+        """Barrier over the node's ranks, skipped once the group has failed (a dead
+        peer would never arrive)."""
+        self.rendezvous.wait_for_node(what)
+
+    @property
+    def size(self) -> int:
+        return self.world.size
+
+    @property
+    def backend_name(self) -> str:
+        assert self.backend is not None
+        return self.backend.name
+
+    @property
+    def exchange_name(self) -> str:
+        """How handles travelled: ``pidfd``, ``socket`` (descriptors) or ``mpi`` (bytes)."""
+        assert self.exchange is not None and self.backend is not None
+        return self.exchange.name if self.backend.uses_fds else "mpi"
+
+    def window(self, nbytes: int) -> Window:
+        """Collective: allocate, export, exchange, import and map ``nbytes`` on every rank.
+
+        Every rank must pass the same ``nbytes``.
+
+        Raises:
+            WindowError: ranks disagree on the size, or the group is closed.
+            BackendError / ExchangeError: a step failed on some rank (raised on all).
+        """
+        if self._closed:
+            raise WindowError("group is closed")
+        assert self.backend is not None and self.exchange is not None
+        window = Window(nbytes, world=self.world, backend=self.backend,
+                        exchange=self.exchange, rendezvous=self.rendezvous, paths=self.paths,
+                        fallbacks_anywhere=self.fallbacks_anywhere,
+                        shared_gpus=self.shared_gpus, signal_timeout=self.signal_timeout,
+                        on_close=self._forget, group=self)
+        self._windows.append(window)
+        return window
+
+    def communicator(self, max_bytes: int, *, heap_bytes: int | None = None) -> Communicator:
+        """Collective: a ``Communicator`` for all-gather, all-reduce and reduce-scatter
+        on the user's arrays, whose calls move at most ``max_bytes`` (the largest array
+        of a call), with ``heap_bytes`` (default ``2 * max_bytes``) for ``empty()``. Its
+        window is sized once here and closed with the group.
+
+        Raises:
+            CollectiveError: bad or disagreeing sizes (on every rank).
+            Unsupported: a backend or layout that has no collectives yet (on every rank).
+            WindowError: the group is closed.
+        """
+        if self._closed:
+            raise WindowError("group is closed")
+        # The collectives layer sits above windows: imported only when asked for.
+        from ..collectives import Communicator
+
+        return Communicator(self, max_bytes, heap_bytes=heap_bytes)
+
+    def barrier(self) -> None:
+        """Collective, host-blocking: an MPI barrier over the group.
+
+        Raises:
+            PeerDied / ExchangeTimeout: a rank died or did not come in time.
+        """
+        self.rendezvous.barrier("group barrier")
+
+    def _forget(self, window: Window) -> None:
+        with contextlib.suppress(ValueError):
+            self._windows.remove(window)
+
+    def close(self) -> None:
+        """Close every window, the exchange and the backend. Idempotent; collective."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            errors = []
+            for window in reversed(list(self._windows)):
+                try:
+                    window.close()
+                except Exception as exc:  # close the others anyway; report the first
+                    errors.append(exc)
+            if errors:
+                raise errors[0]
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        try:
+            if self.exchange is not None:
+                self.exchange.close()
+        finally:
+            self.exchange = None
+            try:
+                if self.backend is not None:
+                    self.backend.close()
+                    self.backend = None
+            finally:
+                if self.watch is not None:
+                    self.watch.close()
+                self.world.close()
+
+    def __enter__(self) -> Group:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
