@@ -87,6 +87,9 @@ class DoctorPlan:
     va_probe_cap: int
     # `lspci -vvv` for PCIe ACS (can take a second on big machines).
     probe_pci_acs: bool
+    # Host-staging probe (GPUs 0 and 1 of a node, peer access off and on): bytes per copy,
+    # 0 to skip it (a few seconds: CUDA contexts in a process of its own).
+    staging_probe_bytes: int = 0
     # Liveness: how late a rank may be at a checkpoint before it is reported.
     timeout_s: float = DEFAULT_TIMEOUT_S
 
@@ -110,7 +113,8 @@ class DoctorPlan:
                    bandwidth_repeats=5, latency_writes=100, window_bound=1000,
                    window_time_budget_s=15.0, host_export_cap=256 << 20,
                    gpu_export_cap=8 << 30, export_bisect_steps=4,
-                   va_probe_cap=1 << 47, probe_pci_acs=True, timeout_s=timeout)
+                   va_probe_cap=1 << 47, probe_pci_acs=True, staging_probe_bytes=64 << 20,
+                   timeout_s=timeout)
 
     @property
     def group_timeout_s(self) -> float:

@@ -581,11 +581,55 @@ def host_staged_speed(node: Node) -> list[Finding]:
         "on / off (docs/P2P.md)", evidence=_iommu_evidence(node))]
 
 
+_PEER_ACCESS_FIX = ("enable peer access before peer copies (cudaDeviceEnablePeerAccess / "
+                    "cuCtxEnablePeerAccess; IPC mappings need cuMemSetAccess for the peer "
+                    "device); compare with ipcshare p2p --peer-access on / off (docs/P2P.md)")
+
+
+def host_staging_probe(node: Node) -> list[Finding]:
+    """The host-staging probe's verdict (full runs, 2+ GPUs): what copies staged through
+    host memory cost on this node, and a warning when copies stay at host-staged speed
+    with peer access enabled."""
+    probe = node.get("staging")
+    if not probe:
+        return []
+    if "error" in probe:
+        return [Finding("info", "bandwidth", f"the host-staging probe did not run: "
+                        f"{probe['error']}", "run ipcshare p2p --peer-access off on the node "
+                        "to see the same figures (docs/P2P.md)")]
+    staged, direct = probe["without_peer_access"], probe["with_peer_access"]
+    src, dst = probe["pair"]
+    pair = f"cuda:{src} -> cuda:{dst}"
+    findings = []
+    if "error" in direct:
+        findings.append(Finding("warn", "bandwidth", f"peer access could not be enabled for "
+                                f"{pair}: {direct['error']}; its peer copies are staged through "
+                                "host memory", _PEER_ACCESS_FIX))
+    elif direct["gbps"] <= HOST_STAGED_MAX_GBPS:
+        findings.append(Finding(
+            "warn", "bandwidth",
+            f"{pair} copies at {direct['gbps']:g} GB/s with peer access enabled, host-staged "
+            f"speed (<= {HOST_STAGED_MAX_GBPS:g} GB/s; {staged['gbps']:g} without it): peer "
+            "traffic goes through host memory (an IOMMU or PCIe ACS redirecting it)",
+            "boot with iommu=pt or disable ACS redirection for the GPUs' switches; "
+            "nvidia-smi topo -p2p r should show OK", evidence=_iommu_evidence(node)))
+    waited = (f"; a copy on a second stream waited {staged['second_copy_ms']:g} ms behind a "
+              f"{staged['spin_ms']:g} ms kernel on the first (alone: "
+              f"{staged['copy_alone_ms']:g} ms)" if staged.get("waited_behind_kernel") else "")
+    with_access = (f" against {direct['gbps']:g} GB/s with it" if "gbps" in direct else "")
+    findings.append(Finding(
+        "info", "bandwidth",
+        f"without peer access {pair} copies are staged through host memory: "
+        f"{staged['gbps']:g} GB/s{with_access}{waited}", _PEER_ACCESS_FIX,
+        evidence=f"{staged['bytes']} bytes per copy"))
+    return findings
+
+
 RULES: tuple[Callable[[Node], list[Finding]], ...] = (
     pid_namespaces_differ, pidfd_refused, ipc_namespaces_differ, gpu_not_visible,
     p2p_unreachable, data_not_arriving, fabric_without_imex, fabric_domain_state,
     descriptor_limit, leaks, slow_pairs, window_limit_short, small_dev_shm, gpu_unusable,
-    gpus_shared, cpus_far_from_gpu, host_staged_speed,
+    gpus_shared, cpus_far_from_gpu, host_staged_speed, host_staging_probe,
 )
 
 

@@ -138,6 +138,21 @@ def _bandwidth(stages: _Stages, host: PathSpec | None, gpu: PathSpec | None
     return result
 
 
+def _staging(stages: _Stages, facts: dict[str, Any], gpu_node: bool) -> dict[str, Any] | None:
+    """Local rank 0 of a node whose ranks see 2 or more GPUs runs the host-staging probe
+    (full runs); everyone else waits for it at the next stage."""
+    plan, world = stages.plan, stages.world
+    if not plan.staging_probe_bytes or not gpu_node:
+        return None
+    stages.begin("host-staging probe")
+    if world.local_rank != 0 or ((facts.get("gpu") or {}).get("count") or 0) < 2:
+        return None
+    from .staging import run_staging_probe
+
+    return run_staging_probe(nbytes=plan.staging_probe_bytes,
+                             timeout_s=min(60.0, plan.stage_budget_s * 0.8))
+
+
 def _limits(stages: _Stages, host: PathSpec | None, gpu: PathSpec | None,
             gpu_ordinal: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
     from .limits import (
@@ -206,12 +221,14 @@ def run_doctor(plan: DoctorPlan, *, json_path: str | None = None, yaml_path: str
         records = _matrix(stages, gpu_node)
         host, gpu = _working_paths(stages, records)
         bandwidth = _bandwidth(stages, host, gpu)
+        staging = _staging(stages, facts, gpu_node)
         gpu_ordinal = facts["gpu"].get("bound") if context is not None else None
         limits, leak = _limits(stages, host, gpu, gpu_ordinal)
         stages.begin("report")
         stages.finish()
         result = {"rank": world.rank, "local_rank": world.local_rank, "node": world.node_index,
                   "environment": facts, "matrix": records, "bandwidth": bandwidth,
+                  "staging": staging,
                   "limits": limits, "leak": leak, "stage_seconds": stages.seconds}
         # The job-wide gather has its own deadline; the stage watchdog would only race it.
         watchdog.stop()

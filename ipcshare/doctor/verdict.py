@@ -178,6 +178,7 @@ def build_node_verdict(results: list[dict[str, Any]], *, quick: bool) -> dict[st
         if times:
             window["ms_per_window_slowest_rank"] = max(times)
     node["leaks"] = [dict(r.get("leak") or {}, rank=r["rank"]) for r in results]
+    node["staging"] = results[0].get("staging")  # local rank 0 probes (full runs)
     node["checks"] = _checks(node, gpu_node)
     node["findings"] = [finding.to_dict() for finding in diagnose(node)]
     node["pass"] = all(check["ok"] for check in node["checks"] if check["required"])

@@ -85,3 +85,54 @@ def probe_staging(gpus: GpuSet, src: int, dst: int, *, nbytes: int = 64 << 20,
             "copy_alone_ms": round(alone_ms, 3), "spin_ms": spin_ms,
             "second_copy_ms": round(second_ms, 3),
             "waited_behind_kernel": second_ms >= 0.8 * spin_ms}
+
+
+def probe_pair(nbytes: int = 64 << 20, spin_ms: float = 50.0) -> dict[str, Any]:
+    """GPUs 0 and 1 of this process: ``probe_staging`` 0 -> 1 with peer access never
+    enabled, then with it enabled (and disabled again after): what host staging costs on
+    this node, and whether enabling peer access really makes copies go peer to peer.
+
+    Raises:
+        ValueError: fewer than 2 GPUs are visible.
+        CudaError / TimeoutError: as ``probe_staging``.
+    """
+    from .gpus import visible_gpus
+    from .peer_access import disable_peer_access, enable_peer_access
+
+    count = visible_gpus()
+    if count < 2:
+        raise ValueError(f"the staging probe needs 2 GPUs in one process; {count} visible")
+    with GpuSet(2) as gpus:
+        staged = probe_staging(gpus, 0, 1, nbytes=nbytes, spin_ms=spin_ms)
+        pairs = enable_peer_access(gpus)
+        try:
+            enabled = all(pair.enabled for pair in pairs)
+            direct = probe_staging(gpus, 0, 1, nbytes=nbytes, spin_ms=spin_ms) if enabled \
+                else {"error": "; ".join(p.reason for p in pairs if not p.enabled)}
+        finally:
+            disable_peer_access(gpus, pairs)
+    return {"pair": [0, 1], "without_peer_access": staged, "with_peer_access": direct}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m ipcshare.p2p.staging_probe [--bytes N]``: ``probe_pair`` as one JSON
+    line on stdout (doctor runs it in a process of its own, so the probe's contexts and
+    peer mappings never touch the doctor's); exit status 2 with the reason on stderr."""
+    import argparse
+    import json
+    import sys
+
+    parser = argparse.ArgumentParser(description=probe_pair.__doc__.splitlines()[0])
+    parser.add_argument("--bytes", type=int, default=64 << 20)
+    parser.add_argument("--spin-ms", type=float, default=50.0)
+    args = parser.parse_args(argv)
+    try:
+        print(json.dumps(probe_pair(args.bytes, args.spin_ms)))
+    except Exception as exc:  # reported to the caller, who records it as the probe's result
+        sys.stderr.write(f"{type(exc).__name__}: {exc}\n")
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
