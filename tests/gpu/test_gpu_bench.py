@@ -13,7 +13,9 @@ from ipcshare.topology import World
 pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
 
 
-def test_a_gpu_suite_of_reductions_and_ll_verifies_every_case(comm):
+def test_a_gpu_suite_of_reductions_and_ll_verifies_every_case(comm, gpus):
+    if comm.size > gpus:
+        pytest.skip(f"a bench wants one GPU per rank: {comm.size} ranks, {gpus} GPU(s)")
     suite = parse_suite({
         "backends": ["cuda-vmm"], "baselines": ["nccl", "torch-symm"], "min_bytes": "1K",
         "max_bytes": "1M", "step_factor": 32, "iters": 3, "warmup": 1, "checks": 2,
