@@ -193,6 +193,10 @@ export PY MPIEXEC OUT RESULTS BENCH_MAX BENCH_ITERS BENCH_BASELINE
 
 if [[ $G -ge 1 ]] && wants tests; then
   step "pytest tests/gpu, 2 ranks" "$STEP_TIMEOUT_TESTS" pytest_run 2
+  if [[ $G -ge 2 ]]; then  # the examples launch mpiexec themselves, 2 ranks on 2 GPUs
+    step "pytest tests/gpu/test_examples.py" "$STEP_TIMEOUT_TESTS" \
+      "$PY" -m pytest -q -rs -s -m "gpu and not mpi" -p no:cacheprovider tests/gpu/test_examples.py
+  fi
   if [[ $G -ge 4 ]]; then
     step "pytest tests/gpu, 4 ranks" "$STEP_TIMEOUT_TESTS" pytest_run 4
     step "pytest tests/gpu, $((2 * G)) ranks on $G GPUs" "$STEP_TIMEOUT_TESTS" pytest_run $((2 * G))

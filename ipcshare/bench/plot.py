@@ -1,5 +1,6 @@
-"""The bench figure: busbw against size and time against size, one line per case and per
-baseline, with the ceilings that bound them. matplotlib is imported only to draw."""
+"""The bench figure: busbw against size and time against size, a row of the two panels per
+op (sizes mean different things per op), one line per case and per baseline, with the
+ceilings that bound them. matplotlib is imported only to draw."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 from ..config import format_size
 from ..errors import ConfigError
 from .runner import BenchResult
+from .suite import OP_SIZES, OP_TITLES
 
 __all__ = ["Ceiling", "ceilings", "require_matplotlib", "write_plot", "NVLINK4_GBPS"]
 
@@ -80,18 +82,18 @@ def write_plot(result: BenchResult, facts: dict[str, Any], path: str | Path) -> 
     from matplotlib.lines import Line2D
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
-    figure = Figure(figsize=(14, 7.2), dpi=110, layout="constrained")
+    ops = list(dict.fromkeys(record.case.op for record in result.cases)) or ["allgather"]
+    figure = Figure(figsize=(14, 2.4 + 4.8 * len(ops)), dpi=110, layout="constrained")
     FigureCanvasAgg(figure)
-    bandwidth, latency = figure.subplots(1, 2)
+    panels = dict(zip(ops, figure.subplots(len(ops), 2, squeeze=False), strict=True))
     colours = _colours(len(result.cases))
-    sizes: set[int] = set()
     handles: list[Any] = []
     for colour, record in zip(colours, result.cases, strict=True):
         run = record.result
+        bandwidth, latency = panels[record.case.op]
         sources = [("ours", run.rows)] + [(b.name, b.rows) for b in run.baselines]
         for source, rows in sources:
             x = [row.size for row in rows]
-            sizes.update(x)
             style = dict(color=colour, linestyle=_STYLES.get(source, "-."), linewidth=1.6,
                          marker="o" if source == "ours" else None, markersize=3.5)
             bandwidth.plot(x, [row.primary.busbw for row in rows], **style)
@@ -102,11 +104,13 @@ def write_plot(result: BenchResult, facts: dict[str, Any], path: str | Path) -> 
                               label=_case_label(record.case, run)))
     for index, ceiling in enumerate(ceilings(result)):
         colour = ("0.25", "0.55", "0.4")[index % 3]
-        bandwidth.axhline(ceiling.gbps, color=colour, linestyle=(0, (6, 2, 1, 2)),
-                          linewidth=1.2)
-        bandwidth.annotate(ceiling.label, xy=(0.01, ceiling.gbps),
-                           xycoords=("axes fraction", "data"), xytext=(0, 2),
-                           textcoords="offset points", va="bottom", fontsize=8, color=colour)
+        for bandwidth, _latency in panels.values():
+            bandwidth.axhline(ceiling.gbps, color=colour, linestyle=(0, (6, 2, 1, 2)),
+                              linewidth=1.2)
+            bandwidth.annotate(ceiling.label, xy=(0.01, ceiling.gbps),
+                               xycoords=("axes fraction", "data"), xytext=(0, 2),
+                               textcoords="offset points", va="bottom", fontsize=8,
+                               color=colour)
         handles.append(Line2D([], [], color=colour, linestyle=(0, (6, 2, 1, 2)),
                               label=ceiling.label))
     used = {"ours"} | {b.name for c in result.cases for b in c.result.baselines}
@@ -115,27 +119,30 @@ def write_plot(result: BenchResult, facts: dict[str, Any], path: str | Path) -> 
             handles.append(Line2D([], [], color="black", linestyle=_STYLES[source],
                                   label=f"line style: {_SOURCE_NAMES[source]}"))
 
-    ticks = _size_ticks(sorted(sizes))
-    for axes in (bandwidth, latency):
-        axes.set_xscale("log", base=2)
-        axes.xaxis.set_major_locator(FixedLocator(ticks))
-        axes.xaxis.set_minor_locator(NullLocator())
-        axes.xaxis.set_major_formatter(FuncFormatter(lambda value, _pos: _size_text(value)))
-        axes.set_xlabel("size (bytes; all-gather: total gathered, ring: per rank)")
-        axes.grid(True, which="major", alpha=0.3)
     repeated = result.suite.repeat > 1
     sampled = any(c.case.timing == "latency" for c in result.cases)
     shading = [text for text, shown in (("p5-p95 of latency samples", sampled),
                                         ("min-max over repetitions", repeated)) if shown]
-    bandwidth.set_ylabel("busbw (GB/s)")
-    bandwidth.set_title("Bus bandwidth (higher is better)"
-                        + ("\nshaded: min-max over repetitions" if repeated else ""))
-    bandwidth.set_ylim(bottom=0)
-    latency.set_yscale("log")
-    latency.set_ylabel("time per operation (µs)")
-    latency.set_title("Time per operation (lower is better)"
-                      + (f"\nshaded: {', or '.join(shading)}" if shading else ""))
-    latency.grid(True, which="minor", axis="y", alpha=0.12)
+    for op, (bandwidth, latency) in panels.items():
+        sizes = sorted({row.size for record in result.cases if record.case.op == op
+                        for row in record.result.rows})
+        ticks = _size_ticks(sizes)
+        for axes in (bandwidth, latency):
+            axes.set_xscale("log", base=2)
+            axes.xaxis.set_major_locator(FixedLocator(ticks))
+            axes.xaxis.set_minor_locator(NullLocator())
+            axes.xaxis.set_major_formatter(FuncFormatter(lambda value, _pos: _size_text(value)))
+            axes.set_xlabel(f"size (bytes: {OP_SIZES[op]})")
+            axes.grid(True, which="major", alpha=0.3)
+        bandwidth.set_ylabel("busbw (GB/s)")
+        bandwidth.set_title(f"{OP_TITLES[op]}: bus bandwidth (higher is better)"
+                            + ("\nshaded: min-max over repetitions" if repeated else ""))
+        bandwidth.set_ylim(bottom=0)
+        latency.set_yscale("log")
+        latency.set_ylabel("time per operation (µs)")
+        latency.set_title(f"{OP_TITLES[op]}: time per operation (lower is better)"
+                          + (f"\nshaded: {', or '.join(shading)}" if shading else ""))
+        latency.grid(True, which="minor", axis="y", alpha=0.12)
     figure.suptitle(_title(result, facts), fontsize=12)
     figure.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=8.5,
                   frameon=False)
@@ -167,7 +174,9 @@ def _case_label(case: Any, run: Any) -> str:
     variant = f" {mode}" if mode and mode != case.op else ""
     names = ", ".join(b.name for b in run.baselines)
     against = f" (vs {names})" if names else ""
-    return f"{case.op}{variant} · {case.backend} {case.algorithm} · {case.timing}{against}"
+    reduction = f" {case.reduction} {case.options.datatype}" if case.reduction else ""
+    return (f"{case.op}{reduction}{variant} · {case.backend} {case.algorithm} · "
+            f"{case.timing}{against}")
 
 
 def _colours(count: int) -> list[Any]:

@@ -15,6 +15,7 @@ from ..patterns.timing import LATENCY_LABEL
 from .bands import SIZE_BANDS, BandRatio, band_ratios
 from .plot import ceilings
 from .runner import BenchResult, CaseResult, timing_label
+from .suite import OP_SIZES, OP_TITLES, REDUCTION_OPS
 
 __all__ = ["summary_lines", "render_markdown", "write_markdown"]
 
@@ -103,7 +104,7 @@ def render_markdown(result: BenchResult, facts: dict[str, Any], *,
     out += ["", "## Summary", "",
             "Our time over the baseline's, per size band: geometric mean over the band's sizes "
             "with [min-max]; below 1 means ipcshare is faster. Primary variant only "
-            "(all-gather: out-of-place).", ""]
+            "(all-gather, all-reduce, reduce-scatter: out-of-place).", ""]
     out.append("| case | avg busbw (GB/s) | baseline | " + " | ".join(SIZE_BANDS) + " |")
     out.append("|---|---|---|" + "---|" * len(SIZE_BANDS))
     ratios = _ratio_table(result)
@@ -122,13 +123,20 @@ def render_markdown(result: BenchResult, facts: dict[str, Any], *,
                 + "; ".join(bound.label for bound in bounds) + "."]
     if plot_link:
         out += ["", "## Plot", "", f"![busbw and time per operation against size]({plot_link})"]
-    out += ["", "## Cases"]
-    for record in result.cases:
-        out += ["", *_case_section(record)]
+    for op in _ops(result):
+        out += ["", f"## Cases: {OP_TITLES[op]}", "", f"size = {OP_SIZES[op]}."]
+        for record in result.cases:
+            if record.case.op == op:
+                out += ["", *_case_section(record)]
     status = "OK" if result.wrong_total == 0 else "FAILED"
     out += ["", f"Wrong elements over all cases and baselines: **{result.wrong_total}** "
             f"({status}).", ""]
     return "\n".join(out)
+
+
+def _ops(result: BenchResult) -> list[str]:
+    """The ops of the result's cases, in order of first appearance."""
+    return list(dict.fromkeys(record.case.op for record in result.cases))
 
 
 def _devices(result: BenchResult) -> str:
@@ -147,8 +155,9 @@ def _method(result: BenchResult) -> list[str]:
         lines.append(f"- **{LATENCY_LABEL}**: `iters` samples of one operation each, started "
                      "together after a barrier and timed alone (host clock; CUDA events on "
                      "GPUs); each sample is the slowest rank's; the table gives the median "
-                     "with p5 and p95. GPU all-gather samples replay a CUDA graph of one "
-                     "operation (ours and NCCL's), so they measure the operation, not the "
+                     "with p5 and p95. GPU all-gather, all-reduce and reduce-scatter samples "
+                     "replay a CUDA graph of one operation (ours and NCCL's), so they measure "
+                     "the operation, not the "
                      "Python launching it; ring samples are eager launches.")
     if "graph" in modes:
         lines.append("- **graph** timing: nccl-tests timing of `iters` operations captured in "
@@ -166,10 +175,23 @@ def _method(result: BenchResult) -> list[str]:
     if suite.repeat > 1:
         lines.append(f"- The suite ran {suite.repeat} times; figures are medians, "
                      "[min-max] the spread over repetitions.")
-    lines.append("- nccl-tests formulas: all-gather size = total gathered bytes, algbw = size / "
-                 "time, busbw = algbw x (n-1)/n; ring follows sendrecv (size = bytes per rank "
-                 "and step, busbw = algbw). GB = 1e9 bytes. Every size is verified bit-exact "
-                 "(`checks` runs) for ipcshare and the baselines.")
+    ops = _ops(result)
+    if any(op in REDUCTION_OPS for op in ops):
+        lines.append("- all-reduce and reduce-scatter run the library's `Communicator` through a "
+                     "bound call (`comm.bind`), as a user's loop would; inputs are seeded small "
+                     "integers whose reductions are exact in every datatype, so every algorithm "
+                     "and summation order must give the same bits; outputs are poisoned before "
+                     "each checked run. MPI reduces float32 and int32 only: 16-bit cases skip "
+                     "it, saying so.")
+    formulas = {
+        "allgather": "all-gather size = total gathered bytes, busbw = algbw x (n-1)/n",
+        "allreduce": "all-reduce size = each rank's array, busbw = algbw x 2(n-1)/n",
+        "reducescatter": "reduce-scatter size = each rank's input, busbw = algbw x (n-1)/n",
+        "ring": "ring follows sendrecv (size = bytes per rank and step, busbw = algbw)"}
+    lines.append("- nccl-tests formulas: algbw = size / time; "
+                 + "; ".join(formulas[op] for op in ops)
+                 + ". GB = 1e9 bytes. Every size is verified bit-exact (`checks` runs) for "
+                 "ipcshare and the baselines.")
     return lines
 
 
@@ -179,7 +201,8 @@ def _case_section(record: CaseResult) -> list[str]:
     lines = [f"### {case.label}", "",
              f"backend `{run.backend}`, exchange `{run.exchange}`, {run.world_size} ranks, "
              f"algorithm {case.algorithm}, timing {timing_label(case.timing, case)}, "
-             f"{options.datatype}, "
+             + (f"reduction {case.reduction}, " if case.reduction else "")
+             + f"{options.datatype}, "
              f"iters {options.iters}, warmup {options.warmup}, checks {options.checks}, "
              f"avg busbw {run.avg_busbw:.2f} GB/s.", ""]
     modes = list(run.rows[0].modes) if run.rows else []

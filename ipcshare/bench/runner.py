@@ -12,7 +12,7 @@ from typing import Any
 from ..config import format_size
 from ..errors import ConfigError
 from ..patterns import make_pattern
-from ..patterns.baseline_mpi import MpiBaseline
+from ..patterns.baseline_mpi import mpi_baseline
 from ..patterns.baselines import gpu_baseline_class, open_gpu_baseline
 from ..patterns.driver import run_pattern
 from ..patterns.results import RunResult
@@ -23,7 +23,7 @@ from ..topology import World
 from ..window import Group
 from .progress import ProgressLine
 from .stats import aggregate_runs
-from .suite import BenchCase, Suite
+from .suite import GRAPH_OPS, BenchCase, Suite
 
 __all__ = ["SkippedBaseline", "CaseResult", "BenchResult", "run_suite", "timing_label"]
 
@@ -43,14 +43,15 @@ def timing_label(mode: str, case: BenchCase | None = None) -> str:
 def driver_timing(case: BenchCase) -> tuple[str, bool]:
     """(the driver's timing mode, whether operations run as CUDA graphs) for ``case``.
 
-    Latency samples of GPU all-gathers are graph replays, for us and NCCL alike: a
-    sample then measures the operation, not Python launching it. The ring's signals
-    carry host-chosen values, so its samples stay eager."""
+    Latency samples of GPU all-gathers, all-reduces and reduce-scatters are graph
+    replays, for us and NCCL alike: a sample then measures the operation, not Python
+    launching it. The ring's signals carry host-chosen values, so its samples stay
+    eager."""
     if case.timing == "graph":
         return "nccl-tests", True
     if case.timing == "after-kernel":
         return "nccl-tests", False
-    graphed = case.timing == "latency" and case.backend != "host" and case.op == "allgather"
+    graphed = case.timing == "latency" and case.backend != "host" and case.op in GRAPH_OPS
     return case.timing, graphed
 
 
@@ -88,6 +89,8 @@ class CaseResult:
         document = result.to_dict()
         document["timing"] = timing_label(self.case.timing, self.case)
         options = self.case.options
+        if self.case.reduction is not None:
+            document["reduction"] = self.case.reduction
         document.update(
             case=self.case.label, algorithm=self.case.algorithm, datatype=options.datatype,
             iters=options.iters, warmup=options.warmup, checks=options.checks,
@@ -149,7 +152,11 @@ class _Baselines:
                         name, "MPI runs no kernels on a stream; this case launches one "
                               "before each operation"))
                     continue
-                timed.append(MpiBaseline(self.group.world, case.op))
+                try:
+                    # Every rank alike: MPI reduces no 16-bit floats, whatever the rank.
+                    timed.append(mpi_baseline(self.group.world, pattern))
+                except ConfigError as exc:
+                    skipped.append(SkippedBaseline(name, str(exc)))
                 continue
             try:
                 # Every rank alike: the case and the library decide, not the rank.
@@ -214,7 +221,9 @@ def run_suite(suite: Suite, world: World, *, emit: Callable[[str], None] = print
                             heading += f"  (repetition {repetition + 1}/{suite.repeat})"
                         say(heading)
                         pattern = make_pattern(case.op,
-                                               _DRIVER_ALGO.get(case.algorithm, case.algorithm))
+                                               _DRIVER_ALGO.get(case.algorithm, case.algorithm),
+                                               op=case.options.op,
+                                               datatype=case.options.datatype)
                         timed, skipped = baselines.for_case(case, pattern)
                         record = records[case]
                         try:

@@ -3,12 +3,14 @@ size sweep (or a list of such matrices), validated in one place into frozen case
 
 ```yaml
 name: host vs MPI          # optional title (default: the file's name)
-ops: [allgather, ring]
+ops: [allgather, ring]     # also allreduce, reducescatter (the collectives layer's)
+reductions: [sum]          # -o of allreduce / reducescatter: sum | max | min (a case each)
 backends: [host]           # auto | host | cuda-ipc | cuda-vmm
-algorithms: [auto]         # auto | single-copy (host) | copy-engine | push | pull | ring (GPU)
-timing: [nccl-tests, latency]  # and graph: nccl-tests timing of a CUDA graph (GPU all-gather);
+algorithms: [auto]         # per op and backend: ALGORITHMS; the others are left out
+timing: [nccl-tests, latency]  # and graph: nccl-tests timing of a CUDA graph (GPU);
                                # after-kernel: nccl-tests timing, an empty kernel before each (GPU)
 baselines: [mpi, nccl]     # also torch, torch-symm; skipped, with a note, where they cannot run
+datatype: float32          # allreduce / reducescatter: float32 | float16 | bfloat16 | int32
 min_bytes: 1K
 max_bytes: 16M
 step_factor: 4
@@ -31,24 +33,77 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..config import PatternOptions, format_size, load_yaml_config, merge_options, parse_size
+from ..collectives.algorithms import algorithm_names
+from ..collectives.reduction import REDUCE_DTYPES
+from ..collectives.scratch import LL_MAX_BYTES
+from ..config import (
+    REDUCTIONS,
+    PatternOptions,
+    format_size,
+    load_yaml_config,
+    merge_options,
+    parse_size,
+)
 from ..errors import ConfigError
 from ..patterns.timing import TIMING_MODES
 
 __all__ = ["BenchCase", "Suite", "load_suite", "parse_suite", "ALGORITHMS", "BASELINE_NAMES",
-           "BACKEND_CHOICES", "DEFAULT_ROTATE_BUFFERS", "SUITE_TIMINGS", "KERNEL_ALGORITHMS"]
+           "BACKEND_CHOICES", "DEFAULT_ROTATE_BUFFERS", "SUITE_TIMINGS", "BENCH_OPS",
+           "REDUCTION_OPS", "GRAPH_OPS", "OP_TITLES", "OP_SIZES", "algorithms_of"]
 
 BACKEND_CHOICES = ("auto", "host", "cuda-ipc", "cuda-vmm")
 # nccl: NCCL through nccl4py; torch: NCCL through torch.distributed; torch-symm: PyTorch
 # symmetric memory (all-reduce only: skipped, with the reason, by the suites' ops).
 BASELINE_NAMES = ("mpi", "nccl", "torch", "torch-symm")
 _GPU = ("cuda-ipc", "cuda-vmm")
-# Each algorithm and the backends that run it. On host memory "auto" is single-copy; on
-# GPUs it stays "auto": the measured choice per size (patterns.choice).
-ALGORITHMS = {"single-copy": ("host",), "auto": _GPU, "copy-engine": _GPU,
-              "push": _GPU, "pull": _GPU, "ring": _GPU}
-# The all-gather kernels: cases pairing them with another op are left out of a matrix.
-KERNEL_ALGORITHMS = ("push", "pull", "ring")
+# The ops of the collectives layer: each case names its reduction (-o) and datatype.
+REDUCTION_OPS = ("allreduce", "reducescatter")
+# The ops a suite runs.
+BENCH_OPS = ("ring", "allgather", *REDUCTION_OPS)
+# How outputs name each op, and what its table's size counts (nccl-tests' conventions).
+OP_TITLES = {"ring": "ring", "allgather": "all-gather", "allreduce": "all-reduce",
+             "reducescatter": "reduce-scatter"}
+OP_SIZES = {"ring": "bytes each rank sends per step", "allgather": "total gathered bytes",
+            "allreduce": "bytes of each rank's array",
+            "reducescatter": "bytes of each rank's input"}
+# The ops whose GPU operations can be captured in CUDA graphs (the ring's signals carry
+# host-chosen values).
+GRAPH_OPS = ("allgather", *REDUCTION_OPS)
+# The library's name of each reduction op, whose algorithms it lists per memory.
+_COLLECTIVES = {"allreduce": "all_reduce", "reducescatter": "reduce_scatter"}
+
+
+def _algorithm_table() -> dict[str, dict[str, tuple[str, ...]]]:
+    """algorithm -> op -> the backends that run it. All-gather and ring run the driver's
+    patterns (single-copy is the host's engine copy; push / pull / ring are the
+    all-gather kernels; ll the collectives layer's low-latency all-gather); all-reduce and
+    reduce-scatter run what the collectives layer registers for host or GPU memory. On
+    host memory ``auto`` of all-gather and ring is single-copy; elsewhere it stays
+    ``auto``, the measured choice per size."""
+    table: dict[str, dict[str, list[str]]] = {
+        "single-copy": {"allgather": ["host"], "ring": ["host"]},
+        "auto": {"allgather": [*_GPU], "ring": [*_GPU]},
+        "copy-engine": {"allgather": [*_GPU], "ring": [*_GPU]},
+        "push": {"allgather": [*_GPU]}, "pull": {"allgather": [*_GPU]},
+        "ring": {"allgather": [*_GPU]}, "ll": {"allgather": [*_GPU]},
+    }
+    for op, collective in _COLLECTIVES.items():
+        for backend in ("host", *_GPU):
+            memory = "host" if backend == "host" else "cuda"
+            for name in ("auto", *algorithm_names(memory, collective)):
+                table.setdefault(name, {}).setdefault(op, []).append(backend)
+    return {name: {op: tuple(backends) for op, backends in ops.items()}
+            for name, ops in table.items()}
+
+
+ALGORITHMS = _algorithm_table()
+
+
+def algorithms_of(op: str, backend: str) -> tuple[str, ...]:
+    """The algorithms that run ``op`` on ``backend``, in ALGORITHMS' order."""
+    return tuple(name for name, ops in ALGORITHMS.items() if backend in ops.get(op, ()))
+
+
 # Timing modes of a suite: the driver's two, "graph" (nccl-tests timing of operations
 # captured in a CUDA graph) and "after-kernel" (nccl-tests timing with an empty kernel on
 # the stream before every operation, ours and NCCL's). Latency cases of GPU all-gathers
@@ -57,12 +112,10 @@ SUITE_TIMINGS = (*TIMING_MODES, "graph", "after-kernel")
 DEFAULT_ROTATE_BUFFERS = 4
 _MAX_ROTATE_BUFFERS = 64
 
-# The ops a suite runs. allreduce / reducescatter (ipcshare allreduce | reducescatter) join
-# once suites name their reduction (-o) and the collectives' algorithms.
-BENCH_OPS = ("ring", "allgather")
 # List-valued keys of a matrix: allowed names and the default.
 _LIST_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "ops": (BENCH_OPS, ("allgather",)),
+    "reductions": (REDUCTIONS, ("sum",)),
     "backends": (BACKEND_CHOICES, ("auto",)),
     "algorithms": (tuple(ALGORITHMS), ("auto",)),
     "timing": (SUITE_TIMINGS, ("nccl-tests",)),
@@ -81,15 +134,24 @@ class BenchCase:
 
     op: str
     backend: str          # resolved: host, cuda-ipc or cuda-vmm
-    algorithm: str        # resolved: single-copy, auto, copy-engine, push, pull or ring
-    timing: str           # nccl-tests, latency or graph
+    algorithm: str        # resolved: one of algorithms_of(op, backend)
+    timing: str           # nccl-tests, latency, graph or after-kernel
     baselines: tuple[str, ...]
-    options: PatternOptions
+    options: PatternOptions   # all-reduce / reduce-scatter: options.op is the reduction
+
+    @property
+    def reduction(self) -> str | None:
+        """The reduction (sum, max, min) of an all-reduce or reduce-scatter, else None."""
+        return self.options.op if self.op in REDUCTION_OPS else None
 
     @property
     def label(self) -> str:
-        """``'allgather host single-copy latency'``."""
-        return f"{self.op} {self.backend} {self.algorithm} {self.timing}"
+        """``'allgather host single-copy latency'``; reductions name their reduction and
+        datatype: ``'allreduce sum float32 host auto nccl-tests'``."""
+        what = self.op
+        if self.reduction is not None:
+            what += f" {self.reduction} {self.options.datatype}"
+        return f"{what} {self.backend} {self.algorithm} {self.timing}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,29 +260,42 @@ def _expand(matrix: Mapping[str, Any], where: str, common: PatternOptions,
             resolve_backend: Callable[[str], str]) -> list[BenchCase]:
     lists = {key: _names(matrix.get(key), key, where) for key in _LIST_KEYS}
     sweep = _sweep_options(matrix, where, common)
+    for op in lists["ops"]:
+        if op in REDUCTION_OPS and sweep.datatype not in REDUCE_DTYPES:
+            raise ConfigError(f"{where}: the {op} op reduces {', '.join(REDUCE_DTYPES)}, not "
+                              f"datatype {sweep.datatype}: give it a case of its own with "
+                              "one of those")
+    backends = list(dict.fromkeys(resolve_backend(name) for name in lists["backends"]))
+    chosen = {backend: _algorithms_for(backend, lists["ops"], lists["algorithms"], where)
+              for backend in backends}
     cases = []
     for op in lists["ops"]:
-        for requested in lists["backends"]:
-            backend = resolve_backend(requested)
-            for algorithm in _algorithms_for(backend, lists["algorithms"], where):
-                if op != "allgather" and algorithm in KERNEL_ALGORITHMS:
-                    continue  # the kernels are all-gathers
-                for timing in lists["timing"]:
-                    if timing == "graph" and (backend == "host" or op != "allgather"):
+        reductions = lists["reductions"] if op in REDUCTION_OPS else (sweep.op,)
+        for reduction in reductions:
+            for backend in backends:
+                for algorithm in chosen[backend][op]:
+                    if algorithm == "ll" and sweep.max_bytes > LL_MAX_BYTES:
                         raise ConfigError(
-                            f"{where}: timing 'graph' captures GPU all-gathers in CUDA "
-                            f"graphs; it cannot time {op} on {backend}")
-                    if timing == "after-kernel" and backend == "host":
-                        raise ConfigError(
-                            f"{where}: timing 'after-kernel' launches a GPU kernel before "
-                            f"each operation; it cannot time {op} on host")
-                    options = dataclasses.replace(sweep, backend=backend)
-                    cases.append(BenchCase(op, backend, algorithm, timing,
-                                           lists["baselines"], options))
-    if not cases:
-        raise ConfigError(f"{where}: no case left: the kernel algorithms "
-                          f"({', '.join(KERNEL_ALGORITHMS)}) run only the allgather op")
+                            f"{where}: algorithm 'll' takes sizes up to "
+                            f"{format_size(LL_MAX_BYTES)} (its buffers' limit), not max_bytes "
+                            f"{format_size(sweep.max_bytes)}: give ll a case of its own with "
+                            f"max_bytes <= {format_size(LL_MAX_BYTES)}")
+                    for timing in lists["timing"]:
+                        _check_timing(timing, op, backend, where)
+                        options = dataclasses.replace(sweep, backend=backend, op=reduction)
+                        cases.append(BenchCase(op, backend, algorithm, timing,
+                                               lists["baselines"], options))
     return cases
+
+
+def _check_timing(timing: str, op: str, backend: str, where: str) -> None:
+    """Raises ConfigError where ``timing`` cannot time ``op`` on ``backend``."""
+    if timing == "graph" and (backend == "host" or op not in GRAPH_OPS):
+        raise ConfigError(f"{where}: timing 'graph' captures GPU {', '.join(GRAPH_OPS)} in "
+                          f"CUDA graphs; it cannot time {op} on {backend}")
+    if timing == "after-kernel" and backend == "host":
+        raise ConfigError(f"{where}: timing 'after-kernel' launches a GPU kernel before each "
+                          f"operation; it cannot time {op} on host")
 
 
 def _names(value: Any, key: str, where: str) -> tuple[str, ...]:
@@ -239,7 +314,8 @@ def _names(value: Any, key: str, where: str) -> tuple[str, ...]:
         if not isinstance(item, str):
             raise ConfigError(f"{where}: {key}: expected names (strings), got {item!r}")
         if item not in allowed:
-            what = {"ops": "op", "backends": "backend", "algorithms": "algorithm",
+            what = {"ops": "op", "reductions": "reduction", "backends": "backend",
+                    "algorithms": "algorithm",
                     "timing": "timing mode", "baselines": "baseline"}[key]
             raise ConfigError(f"{where}: unknown {what} {item!r}; choose one of: "
                               f"{', '.join(allowed)}")
@@ -254,25 +330,30 @@ def _names(value: Any, key: str, where: str) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _algorithms_for(backend: str, requested: tuple[str, ...], where: str) -> list[str]:
-    """The requested algorithms that ``backend`` runs, ``auto`` resolved to its own.
+def _algorithms_for(backend: str, ops: tuple[str, ...], requested: tuple[str, ...],
+                    where: str) -> dict[str, list[str]]:
+    """For each op, the requested algorithms that run it on ``backend``, ``auto``
+    resolved to the op's own there (single-copy for all-gather and ring on host memory).
+    An algorithm that does not run an op leaves that pairing out of the matrix (the
+    all-gather kernels run no ring).
 
     Raises:
-        ConfigError: the backend runs none of them.
+        ConfigError: the backend runs none of the requested algorithms for any op.
     """
-    own = [name for name, backends in ALGORITHMS.items() if backend in backends]
-    if not own:
-        raise ConfigError(f"{where}: no algorithm runs on backend {backend!r}")
-    chosen: list[str] = []
-    for name in requested:
-        resolved = "auto" if name == "auto" and "auto" in own else name
-        resolved = own[0] if resolved == "auto" and "auto" not in own else resolved
-        if resolved in own and resolved not in chosen:
-            chosen.append(resolved)
-    if not chosen:
+    chosen: dict[str, list[str]] = {}
+    for op in ops:
+        own = algorithms_of(op, backend)
+        names = chosen[op] = []
+        for name in requested:
+            resolved = name if name != "auto" or "auto" in own else own[0]
+            if resolved in own and resolved not in names:
+                names.append(resolved)
+    if not any(chosen.values()):
+        runs = list(dict.fromkeys(name for op in ops for name in algorithms_of(op, backend)))
         raise ConfigError(
             f"{where}: backend {backend!r} runs none of the algorithms "
-            f"{', '.join(requested)}; it runs {', '.join(own)} (or say auto)")
+            f"{', '.join(requested)} for {', '.join(ops)}; it runs {', '.join(runs)} "
+            "(or say auto)")
     return chosen
 
 

@@ -57,18 +57,22 @@ def test_the_cpu_suite_writes_json_plot_and_report(tmp_path, socket_dir):  # noq
     # text mode reads as a line end).
     progress = [part for part in out.stderr.splitlines()
                 if part.startswith("ipcshare bench: case")]
-    assert progress and all(re.search(r"case \d+/4 .*, size \w+, \d+ s elapsed", part)
+    assert progress and all(re.search(r"case \d+/6 .*, size \w+, \d+ s elapsed", part)
                             for part in progress)
     docs = json.loads(files["json"].read_text())
-    assert isinstance(docs, list) and len(docs) == 4
+    assert isinstance(docs, list) and len(docs) == 6
     assert {doc["timing"] for doc in docs} == {"nccl-tests", "latency (eager samples)"}
     for doc in docs:
         assert doc["world_size"] == 2 and doc["wrong_total"] == 0 and doc["backend"] == "host"
-        assert doc["op"] in ("allgather", "ring") and doc["baseline"]["name"] == "mpi"
+        assert doc["baseline"]["name"] == "mpi"
         assert doc["rows"] and all(row["wrong"] == 0 for row in doc["rows"])
+    assert [(doc["op"], doc.get("reduction")) for doc in docs] == [
+        ("allgather", None), ("allgather", None), ("ring", None), ("ring", None),
+        ("allreduce", "sum"), ("reducescatter", "sum")]
     assert files["png"].read_bytes()[:8] == PNG_SIGNATURE
     report = files["md"].read_text()
     assert "](bench.png)" in report and "## Summary" in report and "## Machine" in report
+    assert "## Cases: all-reduce" in report and "## Cases: reduce-scatter" in report
     assert list(socket_dir.iterdir()) == []
 
 
@@ -121,7 +125,10 @@ BAD_SUITES = [
     ("ops: [ring]\nbackends: [host]\nalgorithms: [copy-engine]\n",
      "backend 'host' runs none of the algorithms copy-engine"),
     ("ops: [ring]\nmin_bytes: 1M\nmax_bytes: 1K\n", "smaller than min_bytes"),
-    ("ops: [ring]\ntiming: [graph]\n", "timing 'graph' captures GPU all-gathers"),
+    ("ops: [ring]\ntiming: [graph]\n", "timing 'graph' captures GPU allgather, allreduce, "
+     "reducescatter in CUDA graphs; it cannot time ring"),
+    ("ops: [allreduce]\nreductions: [sum, prod]\n",
+     "unknown reduction 'prod'; choose one of: sum, max, min"),
     ("ops: [allgather]\ntiming: [warp]\n", "unknown timing mode 'warp'"),
     ("ops: ring\niters: many\n", "iters: expected an integer"),
     ("- ring\n", "must be a mapping"),

@@ -142,3 +142,67 @@ def test_an_unknown_timing_mode_is_refused(comm):
             run_pattern(g, make_pattern("ring"), options, timing="graph")
         with pytest.raises(ConfigError, match="rotate must be an integer >= 1"):
             run_pattern(g, make_pattern("ring"), options, rotate=0)
+
+
+def test_a_host_suite_of_both_reductions_writes_json_report_and_plot(comm, world, tmp_path):
+    from ipcshare.bench.machine import machine_facts
+    from ipcshare.bench.report import write_markdown
+
+    suite = parse_suite({
+        "backends": ["host"], "baselines": ["mpi"], "min_bytes": 64, "max_bytes": "64K",
+        "step_factor": 32, "iters": 3, "warmup": 1, "checks": 2,
+        "cases": [
+            {"ops": ["allreduce", "reducescatter"], "reductions": ["sum", "max"],
+             "algorithms": ["one-shot", "two-shot"], "datatype": "int32"},
+            # MPI reduces no 16-bit floats: this case runs without it, saying why.
+            {"ops": ["allreduce"], "reductions": ["min"], "datatype": "bfloat16",
+             "timing": ["latency"]}]},
+        source="reductions.yaml", resolve_backend=lambda b: b)
+    lines: list[str] = []
+    result = run_suite(suite, world, emit=lines.append)
+    assert result.wrong_total == 0
+    docs = result.documents()
+    assert [(doc["op"], doc["reduction"], doc["algorithm"]) for doc in docs] == [
+        ("allreduce", "sum", "one-shot"), ("allreduce", "sum", "two-shot"),
+        ("allreduce", "max", "one-shot"), ("allreduce", "max", "two-shot"),
+        ("reducescatter", "sum", "one-shot"), ("reducescatter", "max", "one-shot"),
+        ("allreduce", "min", "auto")]
+    for doc in docs[:-1]:
+        assert doc["datatype"] == "int32" and doc["baseline"]["name"] == "mpi"
+        assert [row["wrong"] for row in doc["rows"] + doc["baseline"]["rows"]] == [0] * 6
+        # Sizes as nccl-tests: all-reduce keeps the array; reduce-scatter's input is a
+        # whole number of blocks, one per rank.
+        sizes = [row["size"] for row in doc["rows"]]
+        if doc["op"] == "allreduce":
+            assert sizes == [64, 2048, 65536]
+        else:
+            assert all(size % (4 * comm.size) == 0 for size in sizes)
+    last = docs[-1]
+    assert last["baseline"] is None and last["datatype"] == "bfloat16"
+    assert "no 16-bit float types" in last["skipped_baselines"][0]["reason"]
+    assert last["rows"][0]["p5_us"] <= last["rows"][0]["p95_us"]
+    text = json.dumps([{k: v for k, v in doc.items() if k != "devices"} for doc in docs],
+                      sort_keys=True)
+    assert comm.allgather(text) == [text] * comm.size
+    facts = machine_facts(world)
+    report = tmp_path / "bench.md"
+    if comm.rank == 0:
+        assert any(line.startswith("# mpi baseline skipped: --baseline mpi reduces")
+                   for line in lines)
+        (tmp_path / "bench.json").write_text(json.dumps(docs))
+        assert len(json.loads((tmp_path / "bench.json").read_text())) == 7
+        write_markdown(result, facts, report)
+        markdown = report.read_text()
+        assert "## Cases: all-reduce" in markdown and "## Cases: reduce-scatter" in markdown
+        assert "### reducescatter max int32 host one-shot nccl-tests" in markdown
+        assert "**0** (OK)" in markdown
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        pytest.skip("matplotlib is not installed: the plot is not drawn (pip install "
+                    "'ipcshare[plot]')")
+    if comm.rank == 0:
+        from ipcshare.bench.plot import write_plot
+
+        write_plot(result, facts, tmp_path / "bench.png")
+        assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

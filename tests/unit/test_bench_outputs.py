@@ -27,14 +27,15 @@ FACTS = {"ipcshare": "0.1.0", "world_size": 2, "nodes": 1, "date": "2026-11-22 1
 
 
 def _rows(op, times, latency):
-    mode = "out-of-place" if op == "allgather" else "ring"
+    mode = "ring" if op == "ring" else "out-of-place"
     return [Row(size, size // 4, {mode: Measurement(
         t, size / t / 1e3, size / t / 2e3, 0, p5_us=t * 0.9 if latency else None,
         p95_us=t * 1.3 if latency else None)}) for size, t in zip(SIZES, times, strict=True)]
 
 
-def _result(backend="host", baselines=("mpi",), repeat=1):
-    suite = parse_suite({"ops": ["allgather", "ring"], "backends": [backend],
+def _result(backend="host", baselines=("mpi",), repeat=1, ops=("allgather", "ring"),
+            reductions=("sum",)):
+    suite = parse_suite({"ops": list(ops), "backends": [backend], "reductions": list(reductions),
                          "timing": ["nccl-tests", "latency"], "baselines": list(baselines),
                          "min_bytes": "1K", "max_bytes": "16M", "step_factor": 64,
                          "repeat": repeat}, source="suite.yaml", resolve_backend=lambda b: b)
@@ -48,7 +49,8 @@ def _result(backend="host", baselines=("mpi",), repeat=1):
         runs = [RunResult("0.1.0", case.op, backend, "pidfd", 2, 1, "eager",
                           ["host"] * 2 if backend == "host" else ["H200 #0", "H200 #1"],
                           _rows(case.op, [t * (1 + rep / 10) for t in ours], latency),
-                          timed[0] if timed else None, timed[1:])
+                          timed[0] if timed else None,
+                          extra_baselines=timed[1:])
                 for rep in range(repeat)]
         skipped = ([SkippedBaseline("nccl", "NCCL runs on GPU memory only")]
                    if backend == "host" and "nccl" in baselines else [])
@@ -94,6 +96,47 @@ def test_json_documents_have_the_design_shape():
         assert ("p5_us" in row) == doc["timing"].startswith("latency")
         assert row["time_us_min"] <= row["time_us"] <= row["time_us_max"]
     json.dumps(docs)
+
+
+def _png_size(path):
+    """(width, height) from a PNG's IHDR chunk."""
+    header = path.read_bytes()[16:24]
+    return int.from_bytes(header[:4], "big"), int.from_bytes(header[4:], "big")
+
+
+def test_reductions_get_their_own_sections_formulas_and_plot_rows(tmp_path):
+    result = _result(backend="cuda-vmm", baselines=("nccl", "torch-symm"),
+                     ops=("allreduce", "reducescatter", "allgather"), reductions=("sum", "max"))
+    assert len(result.cases) == 10  # 2 reductions x 2 timings x 2 ops + 2 all-gathers
+    text = render_markdown(result, FACTS, plot_link="bench.png")
+    sections = [line for line in text.splitlines() if line.startswith("## Cases")]
+    assert sections == ["## Cases: all-reduce", "## Cases: reduce-scatter",
+                        "## Cases: all-gather"]
+    reduce_scatter = text.split("## Cases: reduce-scatter")[1].split("## Cases: all-gather")[0]
+    assert "### reducescatter max float32 cuda-vmm auto latency" in reduce_scatter
+    assert "### allreduce" not in reduce_scatter and "size = bytes of each rank's input" in (
+        reduce_scatter)
+    assert "reduction max, float32" in reduce_scatter
+    for needle in ("all-reduce size = each rank's array, busbw = algbw x 2(n-1)/n",
+                   "reduce-scatter size = each rank's input, busbw = algbw x (n-1)/n",
+                   "bound call (`comm.bind`)", "| allreduce sum float32 cuda-vmm auto nccl-tests |",
+                   "torch-symm time (µs)", "ours / torch-symm"):
+        assert needle in text, needle
+    assert "ring follows sendrecv" not in text
+    docs = result.documents()
+    assert [doc.get("reduction") for doc in docs] == (
+        ["sum", "sum", "max", "max"] * 2 + [None, None])
+    assert all(doc["datatype"] == "float32" for doc in docs)
+    summary = "\n".join(summary_lines(result))
+    assert "allreduce max float32 cuda-vmm auto latency" in summary and "torch-symm" in summary
+    pytest.importorskip("matplotlib")
+    one_op, three_ops = tmp_path / "one.png", tmp_path / "three.png"
+    write_plot(_result(backend="cuda-vmm", baselines=("nccl",), ops=("allreduce",)), FACTS,
+               one_op)
+    write_plot(result, FACTS, three_ops)
+    # A row of panels per op: the figure grows with the ops it shows.
+    assert _png_size(three_ops)[0] == _png_size(one_op)[0]
+    assert _png_size(three_ops)[1] > 2 * _png_size(one_op)[1]
 
 
 def test_ceilings_follow_the_backend():

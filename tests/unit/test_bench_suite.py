@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ipcshare.bench.suite import BenchCase, load_suite, parse_suite
+from ipcshare.bench.suite import ALGORITHMS, BenchCase, algorithms_of, load_suite, parse_suite
 from ipcshare.errors import ConfigError
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -69,20 +69,40 @@ def test_gpu_algorithms_resolve_per_backend():
 
 
 @pytest.mark.parametrize("data,message", [
-    ({"ops": ["alltoall"]}, "unknown op 'alltoall'; choose one of: ring, allgather"),
+    ({"ops": ["alltoall"]},
+     "unknown op 'alltoall'; choose one of: ring, allgather, allreduce, reducescatter"),
     ({"backends": ["warp-drive"]}, "unknown backend 'warp-drive'"),
     ({"algorithms": ["tree"]},
-     "unknown algorithm 'tree'; choose one of: single-copy, auto, copy-engine, push, pull, ring"),
+     "unknown algorithm 'tree'; choose one of: single-copy, auto, copy-engine, push, pull, "
+     "ring, ll, one-shot, two-shot"),
     ({"backends": ["host"], "algorithms": ["copy-engine"]},
-     "backend 'host' runs none of the algorithms copy-engine; it runs single-copy"),
+     "backend 'host' runs none of the algorithms copy-engine for allgather; it runs "
+     "single-copy"),
     ({"timing": ["warp"]}, "unknown timing mode 'warp'"),
     ({"timing": ["graph"], "backends": ["host"]},
-     "timing 'graph' captures GPU all-gathers in CUDA graphs; it cannot time allgather on host"),
+     "timing 'graph' captures GPU allgather, allreduce, reducescatter in CUDA graphs; it "
+     "cannot time allgather on host"),
+    ({"ops": ["ring"], "backends": ["cuda-vmm"], "timing": ["graph"]},
+     "it cannot time ring on cuda-vmm"),
     ({"timing": ["after-kernel"], "backends": ["host"]},
      "timing 'after-kernel' launches a GPU kernel before each operation; it cannot time "
      "allgather on host"),
     ({"ops": ["ring"], "backends": ["cuda-ipc"], "algorithms": ["push"]},
-     "no case left: the kernel algorithms"),
+     "backend 'cuda-ipc' runs none of the algorithms push for ring; it runs auto, "
+     "copy-engine"),
+    ({"ops": ["allreduce"], "backends": ["host"], "algorithms": ["single-copy", "ll"]},
+     "backend 'host' runs none of the algorithms single-copy, ll for allreduce; it runs "
+     "auto, one-shot, two-shot"),
+    ({"ops": ["reducescatter"], "backends": ["host"], "algorithms": ["two-shot"]},
+     "runs none of the algorithms two-shot for reducescatter; it runs auto, one-shot"),
+    ({"ops": ["allreduce"], "reductions": ["prod"]},
+     "unknown reduction 'prod'; choose one of: sum, max, min"),
+    ({"ops": ["allreduce"], "reductions": []}, "reductions: give at least one"),
+    ({"ops": ["allgather", "reducescatter"], "datatype": "uint8"},
+     "the reducescatter op reduces float32, float16, bfloat16, int32, not datatype uint8"),
+    ({"ops": ["allreduce"], "backends": ["cuda-vmm"], "algorithms": ["auto", "ll"],
+      "max_bytes": "4M"},
+     "algorithm 'll' takes sizes up to 2M .*, not max_bytes 4M: give ll a case of its own"),
     ({"baselines": ["gloo"]}, "unknown baseline 'gloo'"),
     ({"baselines": ["none", "mpi"]}, "'none' cannot be combined"),
     ({"min_bytes": "1M", "max_bytes": "1K"},
@@ -148,9 +168,18 @@ def test_shipped_suites_are_valid(path):
         assert {case.timing for case in suite.cases} == {
             "nccl-tests", "graph", "latency", "after-kernel"}
         assert {case.algorithm for case in suite.cases} == {
-            "auto", "copy-engine", "push", "pull", "ring"}
+            "auto", "copy-engine", "push", "pull", "ring", "one-shot", "two-shot", "ll"}
         assert max(case.options.max_bytes for case in suite.cases) == 1 << 30
         assert min(case.options.min_bytes for case in suite.cases) == 1 << 10
+        # ll on the three collectives; PyTorch symmetric memory beside every all-reduce
+        # that is not ll's (it is skipped, saying so, for the other ops).
+        assert {c.op for c in suite.cases if c.algorithm == "ll"} == {
+            "allgather", "allreduce", "reducescatter"}
+        assert all("torch-symm" in c.baselines for c in suite.cases if c.op == "allreduce")
+    # Every shipped suite, CPU and GPU, times both reductions beside a baseline.
+    reductions = {(c.op, c.reduction) for c in suite.cases if c.reduction is not None}
+    assert {("allreduce", "sum"), ("reducescatter", "sum")} <= reductions
+    assert all(c.baselines for c in suite.cases if c.reduction is not None)
 
 
 def test_cpu_suite_is_named_for_cpu_machines():
@@ -160,11 +189,13 @@ def test_cpu_suite_is_named_for_cpu_machines():
 # -- fuzzing: whatever the mapping holds, the loader raises ConfigError or succeeds ---------
 
 _KEYS = ["name", "exchange", "handle", "repeat", "rotate_buffers", "min_bw", "cases", "ops",
-         "backends", "algorithms", "timing", "baselines", "min_bytes", "max_bytes",
-         "step_factor", "iters", "warmup", "checks", "datatype"]
-_WORDS = ["allgather", "ring", "host", "auto", "cuda-ipc", "cuda-vmm", "single-copy",
-          "copy-engine", "nccl-tests", "latency", "mpi", "nccl", "none", "1K", "64K", "1M",
-          "float32", "uint8", "pidfd", "socket", "posix-fd", "fabric", "mpi,nccl"]
+         "reductions", "backends", "algorithms", "timing", "baselines", "min_bytes",
+         "max_bytes", "step_factor", "iters", "warmup", "checks", "datatype"]
+_WORDS = ["allgather", "ring", "allreduce", "reducescatter", "sum", "max", "min", "host",
+          "auto", "cuda-ipc", "cuda-vmm", "single-copy", "copy-engine", "one-shot", "two-shot",
+          "ll", "nccl-tests", "latency", "graph", "mpi", "nccl", "none", "1K", "64K", "1M",
+          "4M", "float32", "bfloat16", "uint8", "pidfd", "socket", "posix-fd", "fabric",
+          "mpi,nccl"]
 _scalars = st.one_of(
     st.none(), st.booleans(), st.integers(min_value=-(1 << 70), max_value=1 << 70),
     st.floats(allow_nan=True, allow_infinity=True), st.sampled_from(_WORDS),
@@ -189,6 +220,8 @@ def test_fuzzed_mappings_raise_only_config_errors(data):
     for case in suite.cases:  # what got through is complete and consistent
         assert case.options.min_bytes <= case.options.max_bytes
         assert case.backend in ("host", "cuda-ipc", "cuda-vmm")
+        assert case.algorithm in algorithms_of(case.op, case.backend)
+        assert (case.reduction is None) == (case.op not in ("allreduce", "reducescatter"))
 
 
 @settings(max_examples=150, deadline=None)
@@ -236,3 +269,70 @@ def test_after_kernel_cases_time_like_nccl_tests_under_their_own_label():
     assert got["allgather cuda-vmm auto after-kernel"] == (
         ("nccl-tests", False), "after-kernel")
     assert got["ring cuda-vmm auto after-kernel"] == (("nccl-tests", False), "after-kernel")
+
+
+def test_reductions_expand_per_reduction_with_the_library_s_algorithms():
+    suite = parse({"ops": ["allreduce", "reducescatter", "ring"], "reductions": ["sum", "max"],
+                   "backends": ["host", "cuda-vmm"], "datatype": "bfloat16",
+                   "algorithms": ["auto", "two-shot", "ll"], "max_bytes": "2M",
+                   "timing": ["nccl-tests"]})
+    assert [case.label for case in suite.cases] == [
+        "allreduce sum bfloat16 host auto nccl-tests",
+        "allreduce sum bfloat16 host two-shot nccl-tests",
+        "allreduce sum bfloat16 cuda-vmm auto nccl-tests",
+        "allreduce sum bfloat16 cuda-vmm two-shot nccl-tests",
+        "allreduce sum bfloat16 cuda-vmm ll nccl-tests",
+        "allreduce max bfloat16 host auto nccl-tests",
+        "allreduce max bfloat16 host two-shot nccl-tests",
+        "allreduce max bfloat16 cuda-vmm auto nccl-tests",
+        "allreduce max bfloat16 cuda-vmm two-shot nccl-tests",
+        "allreduce max bfloat16 cuda-vmm ll nccl-tests",
+        # reduce-scatter has no two-shot; ll runs on GPUs only.
+        "reducescatter sum bfloat16 host auto nccl-tests",
+        "reducescatter sum bfloat16 cuda-vmm auto nccl-tests",
+        "reducescatter sum bfloat16 cuda-vmm ll nccl-tests",
+        "reducescatter max bfloat16 host auto nccl-tests",
+        "reducescatter max bfloat16 cuda-vmm auto nccl-tests",
+        "reducescatter max bfloat16 cuda-vmm ll nccl-tests",
+        # The ring takes no reduction: one case per algorithm, whatever reductions says.
+        "ring host single-copy nccl-tests", "ring cuda-vmm auto nccl-tests"]
+    first = suite.cases[0]
+    assert (first.reduction, first.options.op, first.options.datatype) == (
+        "sum", "sum", "bfloat16")
+    assert suite.cases[5].options.op == "max" and suite.cases[-1].reduction is None
+    # reductions default to sum alone.
+    default = parse({"ops": ["allreduce"], "backends": ["host"]})
+    assert [case.label for case in default.cases] == ["allreduce sum float32 host auto nccl-tests"]
+
+
+def test_the_algorithm_table_is_the_collectives_layer_s():
+    from ipcshare.collectives.algorithms import algorithm_names
+
+    for op, collective in (("allreduce", "all_reduce"), ("reducescatter", "reduce_scatter")):
+        assert algorithms_of(op, "host") == ("auto", *algorithm_names("host", collective))
+        for backend in ("cuda-ipc", "cuda-vmm"):
+            assert set(algorithms_of(op, backend)) == {"auto",
+                                                       *algorithm_names("cuda", collective)}
+    assert algorithms_of("allgather", "host") == ("single-copy",)
+    assert algorithms_of("allgather", "cuda-vmm") == (
+        "auto", "copy-engine", "push", "pull", "ring", "ll")
+    assert algorithms_of("ring", "cuda-ipc") == ("auto", "copy-engine")
+    assert set(ALGORITHMS["ll"]) == {"allgather", "allreduce", "reducescatter"}
+    assert all(backends and "host" not in backends for backends in ALGORITHMS["ll"].values())
+
+
+def test_reductions_are_graphed_and_sampled_by_graphs_on_gpus():
+    from ipcshare.bench.runner import driver_timing, timing_label
+
+    suite = parse({"ops": ["allreduce", "reducescatter"], "backends": ["cuda-ipc"],
+                   "timing": ["graph", "latency", "after-kernel"]})
+    got = {case.label: (driver_timing(case), timing_label(case.timing, case))
+           for case in suite.cases}
+    for op in ("allreduce", "reducescatter"):
+        assert got[f"{op} sum float32 cuda-ipc auto graph"] == (("nccl-tests", True), "graph")
+        assert got[f"{op} sum float32 cuda-ipc auto latency"] == (
+            ("latency", True), "latency (graph replay samples)")
+        assert got[f"{op} sum float32 cuda-ipc auto after-kernel"] == (
+            ("nccl-tests", False), "after-kernel")
+    host = parse({"ops": ["allreduce"], "backends": ["host"], "timing": ["latency"]})
+    assert driver_timing(host.cases[0]) == ("latency", False)

@@ -1,0 +1,59 @@
+"""The GPU examples as users run them: 2 ranks under mpiexec, each on its own GPU.
+
+Not under pytest-mpi (the test launches mpiexec itself); on a GPU node::
+
+    python -m pytest -m "gpu and not mpi" tests/gpu/test_examples.py -s
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+
+import pytest
+
+from ..example_runs import MPIEXEC, inside_an_mpi_job, run_example
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def _needs_two_gpus_torch_and_mpiexec(gpus):
+    if inside_an_mpi_job():
+        pytest.skip("launches mpiexec itself: run it outside mpiexec (see the module's "
+                    "docstring)")
+    if gpus < 2:
+        pytest.skip(f"needs 2 GPUs (one per rank), found {gpus}")
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("needs torch with CUDA")
+    if MPIEXEC is None:
+        pytest.skip("needs mpiexec")
+
+
+def test_the_user_kernel_all_reduce_verifies_and_keeps_within_1_5x_of_the_library():
+    out = run_example("allreduce_oneshot", "--backend", "cuda-vmm", "--count", str(1 << 20),
+                      "--iters", "200", n=2, timeout=300)
+    print(out.stdout)
+    assert out.returncode == 0, out.stderr
+    match = re.search(r"on 2 rank\(s\): verified .* your kernel ([\d.]+) us per call, "
+                      r"comm.all_reduce \(bound\) ([\d.]+) us; ratio ([\d.]+)", out.stdout)
+    assert match, out.stdout
+    mine, library = float(match[1]), float(match[2])
+    print(f"user kernel {mine:.2f} us, comm.all_reduce {library:.2f} us per call at 4 MiB")
+    assert mine <= 1.5 * library
+
+
+def test_the_user_kernel_handles_a_count_that_is_no_multiple_of_4():
+    out = run_example("allreduce_oneshot", "--backend", "cuda-vmm", "--count", "1001",
+                      "--iters", "20", n=2, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "of 1001 float32 on 2 rank(s): verified" in out.stdout, out.stdout
+
+
+def test_the_graph_captured_training_step_matches_nccl_bit_for_bit():
+    out = run_example("torch_grad_allreduce_graph", "--steps", "8", n=2, timeout=300)
+    print(out.stdout)
+    assert out.returncode == 0, out.stderr
+    assert re.search(r"8 replays of a CUDA graph of one training step on 2 ranks \(bucket of "
+                     r"\d+ float32 gradients\): all-reduced bucket equal to NCCL's bit for bit "
+                     r"at every step; parameters identical on every rank", out.stdout), out.stdout

@@ -1,0 +1,48 @@
+"""bench on GPUs: a tiny suite of the three collectives, every algorithm of the
+reductions and ll, eager and in CUDA graphs, verified, beside NCCL and PyTorch symmetric
+memory where they run (skipped with their reason where they do not)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ipcshare.bench.runner import run_suite
+from ipcshare.bench.suite import parse_suite
+from ipcshare.topology import World
+
+pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
+
+
+def test_a_gpu_suite_of_reductions_and_ll_verifies_every_case(comm, gpus):
+    if comm.size > gpus:
+        pytest.skip(f"a bench wants one GPU per rank: {comm.size} ranks, {gpus} GPU(s)")
+    suite = parse_suite({
+        "backends": ["cuda-vmm"], "baselines": ["nccl", "torch-symm"], "min_bytes": "1K",
+        "max_bytes": "1M", "step_factor": 32, "iters": 3, "warmup": 1, "checks": 2,
+        "datatype": "bfloat16",
+        "cases": [{"ops": ["allreduce", "reducescatter"], "reductions": ["sum", "max"],
+                   "algorithms": ["auto", "one-shot", "two-shot", "ll"],
+                   "timing": ["nccl-tests", "graph"]},
+                  {"ops": ["allgather"], "algorithms": ["ll"], "timing": ["graph"]}]},
+        source="gpu-reductions.yaml", resolve_backend=lambda b: b)
+    world = World.from_comm()
+    try:
+        result = run_suite(suite, world, emit=lambda _line: None)
+    finally:
+        world.close()
+    assert result.wrong_total == 0
+    docs = result.documents()
+    labels = [doc["case"] for doc in docs]
+    assert "allreduce max bfloat16 cuda-vmm ll graph" in labels
+    assert "reducescatter sum bfloat16 cuda-vmm one-shot nccl-tests" in labels
+    assert labels[-1] == "allgather cuda-vmm ll graph" and len(labels) == 2 * 2 * 7 + 1
+    for doc in docs:
+        assert all(row["wrong"] == 0 and row["time_us"] > 0 for row in doc["rows"])
+        names = {b["name"] for b in doc["baselines"]} | {
+            s["name"] for s in doc["skipped_baselines"]}
+        assert names == {"nccl", "torch-symm"}, doc["case"]
+        if doc["op"] != "allreduce":
+            assert any(s["name"] == "torch-symm" and "all-reduce only" in s["reason"]
+                       for s in doc["skipped_baselines"])
+    if comm.rank == 0:
+        print({doc["case"]: [row["time_us"] for row in doc["rows"]] for doc in docs})
