@@ -7,9 +7,9 @@ import dataclasses
 import functools
 import struct
 
-from ..cuda_driver import check, driver
 from ..errors import BackendError
-from ..exchange.fds import OwnedFd
+from ..runtime.cuda_driver import check, driver
+from ..runtime.owned_fd import OwnedFd
 from .base import Allocation, Exported
 from .device_backend import DeviceBackend
 from .device_buffer import DeviceAllocation

@@ -16,10 +16,11 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from .. import cuda_driver, devices
-from ..cuda_driver import SUCCESS, check, describe_error, driver, error_name
+from .. import devices
 from ..errors import BackendError, BackendUnavailable, ConfigError, CudaError
-from ..exchange.fds import OwnedFd
+from ..runtime import cuda_driver
+from ..runtime.cuda_driver import SUCCESS, check, describe_error, driver, error_name
+from ..runtime.owned_fd import OwnedFd
 from .base import Allocation, Exported
 from .device_backend import DeviceBackend
 from .device_buffer import DeviceAllocation

@@ -11,9 +11,9 @@ import os
 import struct
 from typing import Any
 
-from ..cuda_driver import check, driver, error_name, handle_type
 from ..errors import BackendError
-from ..exchange.fds import OwnedFd
+from ..runtime.cuda_driver import check, driver, error_name, handle_type
+from ..runtime.owned_fd import OwnedFd
 from .base import Exported
 from .device_buffer import DeviceAllocation
 
@@ -145,7 +145,7 @@ def open_device_range(backend: Any, payload: bytes, fd: OwnedFd | None) -> Devic
     if fd is None:
         raise BackendError("registered cuMem memory arrived without its descriptor")
     backend._check_peer_reachable(uuid)
-    from .. import cuda_driver
+    from ..runtime import cuda_driver
     from .cuda_vmm import open_posix_fd
 
     alignment = cuda_driver.vmm_granularity(

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..errors import BackendError, BackendUnavailable, SignalTimeout
-from ..exchange.fds import OwnedFd
+from ..runtime.owned_fd import OwnedFd
 from .base import Allocation, Backend, Buffer, Exported
 
 __all__ = ["HostBackend", "HostBuffer", "HostAllocation", "HostEngine", "HANDLE_FORMAT",

@@ -8,10 +8,11 @@ import os
 import platform
 
 from .. import __version__
-from ..consensus import collective_step
 from ..gpu_sharing import shared_gpus_advice
+from ..liveness.consensus import collective_step
 from ..patterns.inter_engine import nccl4py_missing
 from ..peer_paths import FALLBACK_ENV, PathPlan, fallback_choice, plan_paths
+from ..runtime import settings
 from ..topology import World, mpi_library_version
 
 __all__ = ["run_info", "rank_facts", "pair_paths", "node_path_plans", "PAIR_PATHS"]
@@ -49,7 +50,7 @@ def rank_facts(world: World) -> dict:
         "memfd": hasattr(os, "memfd_create"), "pidfd_getfd": _pidfd_support(),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "gpus": gpus, "backend_auto": "cuda-vmm" if gpus else "host",
-        "p2p_fallback": os.environ.get(FALLBACK_ENV, ""),
+        "p2p_fallback": settings.raw(FALLBACK_ENV),
         "nccl4py": nccl4py_missing(),  # None: importable; else why not
     }
     if not gpus:
@@ -176,7 +177,7 @@ def run_info(args: argparse.Namespace) -> int:
     world = World.from_comm()
     try:
         with collective_step(world, f"reading {FALLBACK_ENV}"):
-            fallback_choice(os.environ.get(FALLBACK_ENV))
+            fallback_choice(settings.raw(FALLBACK_ENV))
         facts = world.comm.gather(rank_facts(world), root=0)
     finally:
         world.close()

@@ -10,14 +10,15 @@ from __future__ import annotations
 import os
 import secrets
 
-from ..config import seconds_from_env
-from ..consensus import agree, collective_step
 from ..errors import ConfigError, ExchangeError
+from ..liveness.consensus import agree, collective_step
+from ..liveness.deadline_waits import watched_allgather, watched_barrier
+from ..liveness.pidfd_watch import PeerWatch
 from ..logs import get_logger
-from ..peer_watch import PeerWatch, watched_allgather, watched_barrier
+from ..runtime import settings
+from ..runtime.owned_fd import OwnedFd
 from ..topology import World, format_ranks
 from .envelope import open_sealed, seal
-from .fds import OwnedFd
 from .node_reach import (
     PID_NAMESPACE_FIX,
     ProcessIdentity,
@@ -38,7 +39,7 @@ DEFAULT_TIMEOUT_S = 30.0
 
 
 def _default_timeout() -> float:
-    return seconds_from_env("IPCSHARE_EXCHANGE_TIMEOUT", DEFAULT_TIMEOUT_S)
+    return settings.seconds(settings.EXCHANGE_TIMEOUT, DEFAULT_TIMEOUT_S)
 
 
 class Exchange:

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from ..consensus import collective_step
 from ..errors import ConfigError
+from ..liveness.consensus import collective_step
 from ..topology import World, mpi
 from .base import SizePlan
 from .rotation import warmup_iterations
@@ -64,7 +64,7 @@ def check_one_gpu_per_rank(world: World, ordinal: int, flag: str) -> None:
     Raises:
         ConfigError: two ranks on one GPU, named by rank, host and GPU UUID.
     """
-    from .. import cuda_driver
+    from ..runtime import cuda_driver
 
     # Same CUDA_VISIBLE_DEVICES or not, the driver's UUID names the GPU.
     uuid = cuda_driver.format_uuid(cuda_driver.device_uuid(ordinal))

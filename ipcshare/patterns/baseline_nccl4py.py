@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..consensus import collective_step
 from ..errors import ConfigError
+from ..liveness.consensus import collective_step
 from ..topology import World
 from .base import SizePlan
 from .baseline_gpu import (

@@ -9,8 +9,8 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from ..consensus import collective_step
 from ..errors import ConfigError
+from ..liveness.consensus import collective_step
 from ..topology import World
 from .base import SizePlan
 from .baseline_gpu import (

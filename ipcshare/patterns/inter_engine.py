@@ -10,8 +10,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..config import INTER_ENGINES
-from ..consensus import collective_step
 from ..errors import ConfigError
+from ..liveness.consensus import collective_step
 from ..topology import describe_disagreement
 
 __all__ = ["InterNodeEngine", "INTER_ENGINES", "INTER_LABELS", "nccl4py_missing", "resolve_inter",
