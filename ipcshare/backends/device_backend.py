@@ -16,7 +16,7 @@ from .cuda_engine import CudaEngine
 from .device_buffer import DeviceAllocation, ImportCache
 
 if TYPE_CHECKING:
-    from .cuda_ipc import IpcHandleInfo
+    from .ipc_handle import IpcHandleInfo
 
 __all__ = ["DeviceBackend"]
 

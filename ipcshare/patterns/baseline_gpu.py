@@ -7,7 +7,6 @@ each operation, and the faster of a baseline's paths per size."""
 from __future__ import annotations
 
 import copy
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,20 +22,13 @@ from .seeding import count_wrong, poison, seeded_bytes
 from .timing import percentile, slowest_rank_samples
 
 __all__ = ["GpuBaseline", "import_torch_cuda", "check_one_gpu_per_rank", "TORCH_DTYPES",
-           "REDUCTION_OPS", "keep_multicast_off"]
+           "REDUCTION_OPS"]
 
 # The reduction cases' datatypes as torch dtypes (attribute names of the torch module).
 TORCH_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16",
                 "int32": "int32"}
 REDUCTION_OPS = ("allreduce", "reducescatter")
 _BYTE_OPS = ("allgather", "ring")
-
-
-def keep_multicast_off() -> None:
-    """NVLink SHARP / multicast can take shared GPUs out of service (DESIGN.md): never by
-    default, for NCCL and for PyTorch symmetric memory alike. A value the user set wins."""
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 
 
 def import_torch_cuda(flag: str) -> Any:

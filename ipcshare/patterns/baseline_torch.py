@@ -18,8 +18,8 @@ from .baseline_gpu import (
     GpuBaseline,
     check_one_gpu_per_rank,
     import_torch_cuda,
-    keep_multicast_off,
 )
+from .nvlink_multicast import keep_multicast_off
 
 __all__ = ["TorchBaseline"]
 
