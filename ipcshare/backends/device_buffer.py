@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import BackendError
-from ..runtime.finalizers import finalize_unclosed
+from ..runtime.finalizers import finalize_unclosed, release_now
 from .base import Allocation, Buffer
 
 __all__ = ["DeviceBuffer", "DeviceArray", "DeviceAllocation", "ImportCache", "KDLCUDA",
@@ -270,10 +270,7 @@ class DeviceAllocation(Allocation):
         Raises:
             CudaError: the driver refused to release (the allocation counts as closed).
         """
-        if not self._finalizer.alive:
-            return
-        self._finalizer.detach()
-        self._release()
+        release_now(self._finalizer, self._release)
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"ptr=0x{self.ptr:x}"

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import CudaError
 from ..runtime.cuda_driver import check, driver
-from ..runtime.finalizers import finalize_unclosed
+from ..runtime.finalizers import finalize_unclosed, release_now
 from ..runtime.owned_fd import OwnedFd
 from .device_buffer import DeviceBuffer
 from .host import HostAllocation, check_peer_memfd, create_sealed_memfd, map_peer_memfd
@@ -96,10 +96,7 @@ class PinnedHostMemory:
         Raises:
             CudaError: cuMemHostUnregister failed (the mapping is gone anyway).
         """
-        if not self._finalizer.alive:
-            return
-        self._finalizer.detach()
-        _release(self.host_ptr, self._allocation)
+        release_now(self._finalizer, functools.partial(_release, self.host_ptr, self._allocation))
 
 
 def create_pinned(nbytes: int, device: int, *, what: str) -> tuple[PinnedHostMemory, OwnedFd]:

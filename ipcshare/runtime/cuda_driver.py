@@ -18,7 +18,7 @@ from typing import Any
 from cuda.bindings import driver  # ImportError -> gpu_count() says cuda-python is missing
 
 from ..errors import CudaError
-from .finalizers import finalize_unclosed
+from .finalizers import finalize_unclosed, release_now
 
 __all__ = [
     "driver",
@@ -331,11 +331,11 @@ class PrimaryContext:
         Raises:
             CudaError: the driver refused the release (the reference is dropped anyway).
         """
-        if not self._finalizer.alive:
-            return
-        self._finalizer.detach()
-        check("cuDevicePrimaryCtxRelease",
-              driver.cuDevicePrimaryCtxRelease(get_device(self.ordinal)))
+        def release() -> None:
+            check("cuDevicePrimaryCtxRelease",
+                  driver.cuDevicePrimaryCtxRelease(get_device(self.ordinal)))
+
+        release_now(self._finalizer, release)
 
     def __enter__(self) -> PrimaryContext:
         return self

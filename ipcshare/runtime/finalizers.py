@@ -13,7 +13,7 @@ import warnings
 import weakref
 from collections.abc import Callable
 
-__all__ = ["release_then_warn", "finalize_unclosed"]
+__all__ = ["release_then_warn", "finalize_unclosed", "release_now"]
 
 
 def release_then_warn(release: Callable[[], object], message: str) -> None:
@@ -33,3 +33,12 @@ def finalize_unclosed(owner: object, release: Callable[[], object],
     before its ``close()`` detached it. ``close()`` calls ``finalizer.detach()`` and then
     releases by itself, so that its own errors still reach the caller."""
     return weakref.finalize(owner, release_then_warn, release, message)
+
+
+def release_now(finalizer: weakref.finalize, release: Callable[[], object]) -> None:
+    """What an owner's ``close()`` does: disarm ``finalizer`` and run ``release``, once
+    (idempotent: nothing happens after the first call). ``release``'s errors reach the
+    caller; the resource counts as released either way."""
+    if finalizer.alive:
+        finalizer.detach()
+        release()
