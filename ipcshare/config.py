@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,7 +24,6 @@ __all__ = [
     "format_size",
     "load_yaml_config",
     "merge_options",
-    "seconds_from_env",
 ]
 
 BACKENDS = ("auto", "host", "cuda-ipc", "cuda-vmm")
@@ -210,42 +208,6 @@ def _coerce(key: str, value: Any) -> Any:
     if not isinstance(value, str):
         raise ConfigError(f"{key}: expected a string, got {value!r}")
     return value
-
-
-def seconds_from_env(name: str, default: float) -> float:
-    """A positive number of seconds from environment variable ``name``, else ``default``.
-
-    Raises:
-        ConfigError: set but not a positive number.
-    """
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        raise ConfigError(f"{name}={text!r} is not a number of seconds") from None
-    if not value > 0:  # also refuses NaN
-        raise ConfigError(f"{name} must be positive, got {text!r}")
-    return value
-
-
-SHARED_GPU_BARRIERS = ("host", "stream")
-
-
-def shared_gpu_barrier() -> str:
-    """How barriers meet when ranks share a GPU, from ``IPCSHARE_SHARED_GPU_BARRIER``:
-    ``host`` (default: wait for the stream, then meet on the host) or ``stream`` (stream
-    memory operations, as on GPUs of their own; kept to measure the difference).
-
-    Raises:
-        ConfigError: set to anything else.
-    """
-    text = os.environ.get("IPCSHARE_SHARED_GPU_BARRIER", "").strip() or "host"
-    if text not in SHARED_GPU_BARRIERS:
-        raise ConfigError(f"IPCSHARE_SHARED_GPU_BARRIER={text!r}; choose one of: "
-                          + ", ".join(SHARED_GPU_BARRIERS))
-    return text
 
 
 def load_yaml_config(path: str | Path) -> dict[str, Any]:

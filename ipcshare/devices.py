@@ -7,8 +7,9 @@ import dataclasses
 import os
 from typing import Any
 
-from . import cuda_driver
 from .errors import BackendUnavailable, ConfigError, CudaError
+from .runtime import cuda_driver
+from .runtime.settings import disabled_p2p_pairs, max_ranks_per_gpu
 
 __all__ = [
     "bind_device",
@@ -25,25 +26,6 @@ __all__ = [
 
 # Why a fabric allocation is refused on a node without IMEX: the one spelling of it.
 FABRIC_REFUSED_REASON = "no IMEX channel"
-
-
-def max_ranks_per_gpu() -> int | None:
-    """``IPCSHARE_MAX_RANKS_PER_GPU`` as an int, or None (unlimited) when unset.
-
-    Raises:
-        ConfigError: the variable is not a positive integer.
-    """
-    text = os.environ.get("IPCSHARE_MAX_RANKS_PER_GPU", "").strip()
-    if not text:
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        raise ConfigError(
-            f"IPCSHARE_MAX_RANKS_PER_GPU={text!r} is not a whole number of ranks") from None
-    if value < 1:
-        raise ConfigError(f"IPCSHARE_MAX_RANKS_PER_GPU must be at least 1, got {value}")
-    return value
 
 
 def ranks_sharing(ordinal: int, local_size: int, count: int) -> int:
@@ -89,25 +71,6 @@ def describe_devices() -> list[dict[str, Any]]:
          "memory": cuda_driver.total_memory(ordinal)}
         for ordinal in range(cuda_driver.device_count())
     ]
-
-
-def disabled_p2p_pairs() -> set[frozenset[int]]:
-    """Device pairs named in ``IPCSHARE_DISABLE_P2P`` (e.g. ``"0-1,2-3"``, ordinals as this
-    process sees them), treated as having no peer path. On machines where every pair has
-    NVLink this is how the no-peer-access paths are exercised.
-
-    Raises:
-        ConfigError: a malformed pair.
-    """
-    text = os.environ.get("IPCSHARE_DISABLE_P2P", "").strip()
-    pairs: set[frozenset[int]] = set()
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        ends = item.split("-")
-        if len(ends) != 2 or not all(end.strip().isdigit() for end in ends):
-            raise ConfigError(
-                f"IPCSHARE_DISABLE_P2P: {item!r} is not a pair of device numbers like 0-1")
-        pairs.add(frozenset(int(end) for end in ends))
-    return pairs
 
 
 def peer_access(src: int, dst: int) -> tuple[bool, str]:

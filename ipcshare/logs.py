@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
-import os
 import socket
+
+from .runtime import settings
 
 __all__ = ["get_logger", "configure_logging"]
 
@@ -23,7 +24,7 @@ def configure_logging(rank: int, *, level: str | None = None) -> None:
     again only updates the rank and level, so it is safe in tests that open many groups.
     """
     logger = logging.getLogger(_LOGGER_NAME)
-    wanted = (level or os.environ.get("IPCSHARE_LOG") or "WARNING").upper()
+    wanted = (level or settings.log_level() or "WARNING").upper()
     logger.setLevel(getattr(logging, wanted, logging.WARNING))
     prefix = f"[ipcshare rank {rank}@{socket.gethostname()}]"
     formatter = logging.Formatter(f"{prefix} %(levelname)s %(message)s")

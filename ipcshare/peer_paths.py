@@ -6,11 +6,11 @@ that every rank computes the same plan. Pure: no driver, no MPI."""
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Sequence
 
 from .config import parse_size
 from .errors import ConfigError
+from .runtime import settings
 
 __all__ = ["PairPath", "PathPlan", "plan_paths", "all_direct", "fallback_choice",
            "chunk_bytes_choice", "env_choices", "PATH_KINDS", "FALLBACKS", "FALLBACK_ENV",
@@ -22,9 +22,9 @@ PATH_KINDS = ("self", "direct", "relay", "host-staged", "mpi")
 # ``IPCSHARE_P2P_FALLBACK``: how pairs without peer access move bytes. ``auto`` relays
 # where a third GPU reaches both ends and stages through host memory elsewhere.
 FALLBACKS = ("auto", "relay", "host")
-FALLBACK_ENV = "IPCSHARE_P2P_FALLBACK"
+FALLBACK_ENV = settings.P2P_FALLBACK
 # ``IPCSHARE_P2P_CHUNK``: bytes per staged chunk (each fallback pair double-buffers two).
-CHUNK_ENV = "IPCSHARE_P2P_CHUNK"
+CHUNK_ENV = settings.P2P_CHUNK
 DEFAULT_CHUNK_BYTES = 4 << 20
 
 
@@ -55,7 +55,7 @@ def chunk_bytes_choice(text: str | int | None) -> int:
 def env_choices() -> tuple[str, str]:
     """The raw ``(IPCSHARE_P2P_FALLBACK, IPCSHARE_P2P_CHUNK)`` of this process, for ranks
     to compare before planning."""
-    return os.environ.get(FALLBACK_ENV, ""), os.environ.get(CHUNK_ENV, "")
+    return settings.raw(FALLBACK_ENV), settings.raw(CHUNK_ENV)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,11 +14,12 @@ from typing import Any
 
 from .errors import ConfigError
 from .logs import configure_logging
+from .runtime import settings
 
 __all__ = ["World", "mpi", "mpi_library_version", "virtual_node_blocks", "VIRTUAL_NODES_ENV",
            "format_ranks", "parse_ranks", "describe_disagreement"]
 
-VIRTUAL_NODES_ENV = "IPCSHARE_VIRTUAL_NODES"
+VIRTUAL_NODES_ENV = settings.VIRTUAL_NODES
 
 
 def mpi() -> Any:
@@ -94,7 +95,7 @@ class World:
         hostname = socket.gethostname()
         # Rank of each node's first member names the node; order nodes by it.
         leader = local_comm.allreduce(rank, op=MPI.MIN)
-        requested = os.environ.get(VIRTUAL_NODES_ENV, "").strip()
+        requested = settings.raw(VIRTUAL_NODES_ENV).strip()
         job_rank = MPI.COMM_WORLD.Get_rank()
         facts = comm.allgather((hostname, os.getpid(), leader, requested, job_rank))
         leaders = sorted({fact[2] for fact in facts})

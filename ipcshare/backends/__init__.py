@@ -21,7 +21,7 @@ BACKEND_NAMES = tuple(name for name in BACKENDS if name != "auto")
 def gpu_count() -> tuple[int, str]:
     """(number of visible CUDA devices, reason when zero). Never raises."""
     try:
-        from .. import cuda_driver
+        from ..runtime import cuda_driver
     except ImportError as exc:
         return 0, f"cuda-python is not installed ({exc.name or exc})"
     try:

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..errors import BackendError
-from ..exchange.fds import OwnedFd
+from ..runtime.owned_fd import OwnedFd
 
 __all__ = ["Buffer", "Allocation", "Exported", "Backend", "Engine", "Timer"]
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..cuda_driver import check, describe_error, driver
 from ..errors import CudaError
+from ..runtime.cuda_driver import check, describe_error, driver
 
 __all__ = ["CapturedGraph"]
 

@@ -9,35 +9,32 @@ end, so a failure half-way releases everything. NVLink multicast is never used.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
 import os
-import struct
 from collections.abc import Callable
 from typing import Any
 
-from .. import cuda_driver, devices
-from ..cuda_driver import SUCCESS, check, describe_error, driver, error_name
+from .. import devices
 from ..errors import BackendError, BackendUnavailable, ConfigError, CudaError
-from ..exchange.fds import OwnedFd
+from ..runtime import cuda_driver
+from ..runtime.cuda_driver import SUCCESS, check, describe_error, driver, error_name
+from ..runtime.owned_fd import OwnedFd
 from .base import Allocation, Exported
 from .device_backend import DeviceBackend
 from .device_buffer import DeviceAllocation
 from .fabric_import import fabric_import_hint
+from .vmm_handle import (
+    FABRIC_HANDLE_BYTES,
+    VMM_HEADER,
+    VmmHandleInfo,
+    pack_vmm_header,
+    parse_vmm_handle,
+)
+from .vmm_mapping import SharedRange, map_handle, mapping_releaser, open_posix_fd, undo_quietly
 
 __all__ = ["CudaVmmBackend", "VmmAllocation", "VmmHandleInfo", "parse_vmm_handle", "map_handle",
            "open_posix_fd",
            "VMM_HEADER", "FABRIC_REFUSED_MESSAGE"]
-
-# magic, format version, bytes announced, bytes mapped (granularity-rounded), handle
-# type code, exporter's device UUID, exporter pid, exporter's allocation number.
-# A fabric payload carries the 64-byte CUmemFabricHandle after it.
-VMM_HEADER = struct.Struct("!4sHQQB16sIQ")
-_MAGIC = b"IPCV"
-_VERSION = 1
-_HANDLE_CODES = {"posix-fd": 1, "fabric": 2}
-_HANDLE_NAMES = {code: name for name, code in _HANDLE_CODES.items()}
-_FABRIC_HANDLE_BYTES = 64
 
 FABRIC_REFUSED_MESSAGE = (
     "fabric handles refused: CUDA_ERROR_NOT_PERMITTED \u2014 no IMEX channel on this node "
@@ -46,94 +43,6 @@ FABRIC_REFUSED_MESSAGE = (
 
 def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
-
-
-def _release_mapping(ptr: int, size: int, handle: Any) -> None:
-    # Unmap, free the address range, release the handle: each step runs even if an
-    # earlier one failed, and the first failure is reported.
-    first: CudaError | None = None
-    for call, result in (("cuMemUnmap", lambda: driver.cuMemUnmap(ptr, size)),
-                         ("cuMemAddressFree", lambda: driver.cuMemAddressFree(ptr, size)),
-                         ("cuMemRelease", lambda: driver.cuMemRelease(handle))):
-        try:
-            check(call, result())
-        except CudaError as exc:
-            first = first or exc
-    if first is not None:
-        raise first
-
-
-def _releaser(ptr: int, size: int, handle: Any) -> Callable[[], None]:
-    return lambda: _release_mapping(ptr, size, handle)
-
-
-def _undo(call: Callable[..., Any], *args: Any) -> None:
-    # Rollback after a failure: the original error is the one worth reporting.
-    with contextlib.suppress(Exception):
-        call(*args)
-
-
-def map_handle(handle: Any, size: int, alignment: int, access: list, undo: contextlib.ExitStack
-               ) -> int:
-    """Reserve ``size`` bytes of addresses, map ``handle`` there and grant ``access``;
-    each step's undo goes on ``undo``. Returns the address.
-
-    Raises:
-        CudaError: the failing step.
-    """
-    ptr = int(check("cuMemAddressReserve", driver.cuMemAddressReserve(size, alignment, 0, 0)))
-    undo.callback(_undo, driver.cuMemAddressFree, ptr, size)
-    check("cuMemMap", driver.cuMemMap(ptr, size, 0, handle, 0))
-    undo.callback(_undo, driver.cuMemUnmap, ptr, size)
-    # Each process grants access to its own device only; importers do the same.
-    check("cuMemSetAccess", driver.cuMemSetAccess(ptr, size, access, len(access)))
-    return ptr
-
-
-def open_posix_fd(fd: OwnedFd, size: int, alignment: int, access: list
-                  ) -> tuple[int, int, Callable[[], None]]:
-    """Import a cuMem POSIX-FD handle and map its ``size`` bytes here: (address, bytes,
-    release), everything undone on a failure half-way. The caller closes ``fd``.
-
-    Raises:
-        CudaError: import, reserve, map or set-access failed.
-    """
-    posix = cuda_driver.handle_type("posix-fd")
-    with contextlib.ExitStack() as undo:
-        # The binding passes an int as (void*)fd, as C does.
-        handle = check("cuMemImportFromShareableHandle",
-                       driver.cuMemImportFromShareableHandle(fd.fileno(), posix))
-        undo.callback(_undo, driver.cuMemRelease, handle)
-        ptr = map_handle(handle, size, alignment, access, undo)
-        undo.pop_all()
-    return ptr, size, _releaser(ptr, size, handle)
-
-
-class _SharedRange:
-    """One reserved virtual range holding several peers' mappings: each peer unmaps and
-    releases its own part; the range is freed with the last part."""
-
-    def __init__(self, base: int, size: int, parts: int) -> None:
-        self._base, self._size, self._parts = base, size, parts
-
-    def releaser(self, ptr: int, size: int, handle: Any) -> Callable[[], None]:
-        def release() -> None:
-            first: CudaError | None = None
-            for call, result in (("cuMemUnmap", lambda: driver.cuMemUnmap(ptr, size)),
-                                 ("cuMemRelease", lambda: driver.cuMemRelease(handle))):
-                try:
-                    check(call, result())
-                except CudaError as exc:
-                    first = first or exc
-            self._parts -= 1
-            if self._parts == 0:
-                try:
-                    check("cuMemAddressFree", driver.cuMemAddressFree(self._base, self._size))
-                except CudaError as exc:
-                    first = first or exc
-            if first is not None:
-                raise first
-        return release
 
 
 class VmmAllocation(DeviceAllocation):
@@ -145,55 +54,6 @@ class VmmAllocation(DeviceAllocation):
         self.handle = handle
         self.size = size
         self.number = number
-
-
-@dataclasses.dataclass(frozen=True)
-class VmmHandleInfo:
-    """A parsed cuda-vmm payload."""
-
-    nbytes: int
-    size: int
-    handle: str
-    device_uuid: bytes
-    pid: int
-    number: int
-    fabric: bytes | None
-
-    @property
-    def key(self) -> tuple[bytes, int, int]:
-        """Identity of the exporter's allocation (for the import cache)."""
-        return (self.device_uuid, self.pid, self.number)
-
-
-def parse_vmm_handle(payload: bytes) -> VmmHandleInfo:
-    """Validate and split a cuda-vmm payload.
-
-    Raises:
-        BackendError: wrong length, magic, version, handle type or sizes.
-    """
-    payload = bytes(payload)
-    if len(payload) < VMM_HEADER.size:
-        raise BackendError(
-            f"cuda-vmm handle has {len(payload)} bytes, fewer than its "
-            f"{VMM_HEADER.size}-byte header")
-    magic, version, nbytes, size, code, uuid, pid, number = VMM_HEADER.unpack_from(payload)
-    if magic != _MAGIC:
-        raise BackendError("cuda-vmm handle has a bad magic number (not an ipcshare cuda-vmm "
-                           "handle: do all ranks use the same backend?)")
-    if version != _VERSION:
-        raise BackendError(
-            f"cuda-vmm handle format {version} is not supported (expected {_VERSION})")
-    handle = _HANDLE_NAMES.get(code)
-    if handle is None:
-        raise BackendError(f"cuda-vmm handle names unknown handle type {code}")
-    expected = VMM_HEADER.size + (_FABRIC_HANDLE_BYTES if handle == "fabric" else 0)
-    if len(payload) != expected:
-        raise BackendError(
-            f"cuda-vmm {handle} handle has {len(payload)} bytes, expected {expected}")
-    if size < nbytes or size == 0:
-        raise BackendError(f"cuda-vmm handle maps {size} bytes, fewer than the {nbytes} announced")
-    fabric = payload[VMM_HEADER.size:] if handle == "fabric" else None
-    return VmmHandleInfo(nbytes, size, handle, uuid, pid, number, fabric)
 
 
 class CudaVmmBackend(DeviceBackend):
@@ -252,11 +112,11 @@ class CudaVmmBackend(DeviceBackend):
         self._context.make_current()
         with contextlib.ExitStack() as undo:
             handle = check("cuMemCreate", driver.cuMemCreate(size, self._prop, 0))
-            undo.callback(_undo, driver.cuMemRelease, handle)
+            undo.callback(undo_quietly, driver.cuMemRelease, handle)
             ptr = self._map(handle, size, undo)
             undo.pop_all()
         # The release closure holds plain values, never the backend or the allocation.
-        return VmmAllocation(ptr, nbytes, self.device, _releaser(ptr, size, handle),
+        return VmmAllocation(ptr, nbytes, self.device, mapping_releaser(ptr, size, handle),
                              handle=handle, size=size,
                              number=next(self._numbers))
 
@@ -271,17 +131,16 @@ class CudaVmmBackend(DeviceBackend):
         if not isinstance(allocation, VmmAllocation) or allocation.closed:
             raise BackendError("cuda-vmm can only export its own open allocations")
         self._context.make_current()
-        header = VMM_HEADER.pack(_MAGIC, _VERSION, allocation.nbytes, allocation.size,
-                                 _HANDLE_CODES[self.handle], self.uuid, self._pid,
-                                 allocation.number)
+        header = pack_vmm_header(allocation.nbytes, allocation.size, self.handle, self.uuid,
+                                 self._pid, allocation.number)
         shared = check("cuMemExportToShareableHandle",
                        driver.cuMemExportToShareableHandle(allocation.handle, self._handle_type, 0))
         if self.handle == "posix-fd":
             return Exported(payload=header, fd=OwnedFd(int(shared)))
         raw = bytes(shared.data)
-        if len(raw) != _FABRIC_HANDLE_BYTES:
+        if len(raw) != FABRIC_HANDLE_BYTES:
             raise BackendError(f"cuMemExportToShareableHandle gave a {len(raw)}-byte fabric "
-                               f"handle, expected {_FABRIC_HANDLE_BYTES}")
+                               f"handle, expected {FABRIC_HANDLE_BYTES}")
         return Exported(payload=header + raw)
 
     def import_peers(self, peers: list[tuple[bytes, OwnedFd | None]],
@@ -303,14 +162,14 @@ class CudaVmmBackend(DeviceBackend):
         with contextlib.ExitStack() as undo:
             base = int(check("cuMemAddressReserve",
                              driver.cuMemAddressReserve(total, self.granularity, 0, 0)))
-            undo.callback(_undo, driver.cuMemAddressFree, base, total)
+            undo.callback(undo_quietly, driver.cuMemAddressFree, base, total)
             placed = []
             offset = 0
             for info, (_payload, fd) in zip(infos, peers, strict=True):
                 handle = self._import_handle(info, fd)
-                undo.callback(_undo, driver.cuMemRelease, handle)
+                undo.callback(undo_quietly, driver.cuMemRelease, handle)
                 check("cuMemMap", driver.cuMemMap(base + offset, info.size, 0, handle, 0))
-                undo.callback(_undo, driver.cuMemUnmap, base + offset, info.size)
+                undo.callback(undo_quietly, driver.cuMemUnmap, base + offset, info.size)
                 placed.append((base + offset, info.size, handle))
                 offset += info.size
             err, = driver.cuMemSetAccess(base, total, self._access, len(self._access))
@@ -319,7 +178,7 @@ class CudaVmmBackend(DeviceBackend):
                     check("cuMemSetAccess",
                           driver.cuMemSetAccess(ptr, size, self._access, len(self._access)))
             undo.pop_all()
-        shared = _SharedRange(base, total, len(placed))
+        shared = SharedRange(base, total, len(placed))
         return [DeviceAllocation(ptr, nbytes, self.device, shared.releaser(ptr, size, handle),
                                  what="cuda-vmm peer mapping")
                 for ptr, size, handle in placed]
@@ -373,7 +232,7 @@ class CudaVmmBackend(DeviceBackend):
     def _open_peer(self, info: VmmHandleInfo, fd: OwnedFd | None) -> tuple[int, int, Callable]:
         with contextlib.ExitStack() as undo:
             handle = self._import_handle(info, fd)
-            undo.callback(_undo, driver.cuMemRelease, handle)
+            undo.callback(undo_quietly, driver.cuMemRelease, handle)
             ptr = self._map(handle, info.size, undo)
             undo.pop_all()
-        return ptr, info.size, _releaser(ptr, info.size, handle)
+        return ptr, info.size, mapping_releaser(ptr, info.size, handle)

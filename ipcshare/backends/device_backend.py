@@ -6,16 +6,17 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any
 
-from .. import cuda_driver, devices
-from ..cuda_driver import check, driver
+from .. import devices
 from ..errors import BackendError
-from ..exchange.fds import OwnedFd
+from ..runtime import cuda_driver
+from ..runtime.cuda_driver import check, driver
+from ..runtime.owned_fd import OwnedFd
 from .base import Backend, Exported
 from .cuda_engine import CudaEngine
 from .device_buffer import DeviceAllocation, ImportCache
 
 if TYPE_CHECKING:
-    from .cuda_ipc import IpcHandleInfo
+    from .ipc_handle import IpcHandleInfo
 
 __all__ = ["DeviceBackend"]
 

@@ -12,14 +12,12 @@ them from its destructor.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import warnings
-import weakref
 from collections.abc import Callable
 from typing import Any
 
 from ..errors import BackendError
+from ..runtime.finalizers import finalize_unclosed, release_now
 from .base import Allocation, Buffer
 
 __all__ = ["DeviceBuffer", "DeviceArray", "DeviceAllocation", "ImportCache", "KDLCUDA",
@@ -242,18 +240,6 @@ class DeviceArray(DeviceBuffer):
                 f"device=cuda:{self.device})")
 
 
-def _release_quietly(description: str, release: Callable[[], None], warn: bool) -> None:
-    # Release first: a warning filter set to "error" must not stop the release.
-    try:
-        release()
-    except Exception:  # a finalizer warns, never raises
-        pass
-    if warn:
-        with contextlib.suppress(Exception):
-            warnings.warn(f"ipcshare: {description} was never closed; released it now",
-                          ResourceWarning, stacklevel=1)
-
-
 class DeviceAllocation(Allocation):
     """Device memory this process owns or has mapped: ``release`` runs exactly once,
     on ``close()`` or, with a warning, when the object is collected unclosed."""
@@ -264,8 +250,9 @@ class DeviceAllocation(Allocation):
         self.nbytes = int(nbytes)
         self.device = int(device)
         self._release = release
-        self._finalizer = weakref.finalize(
-            self, _release_quietly, f"{what} of {nbytes} bytes at 0x{self.ptr:x}", release, True)
+        self._finalizer = finalize_unclosed(
+            self, release, f"ipcshare: {what} of {nbytes} bytes at 0x{self.ptr:x} was never "
+            "closed; released it now")
 
     @property
     def closed(self) -> bool:
@@ -283,10 +270,7 @@ class DeviceAllocation(Allocation):
         Raises:
             CudaError: the driver refused to release (the allocation counts as closed).
         """
-        if not self._finalizer.alive:
-            return
-        self._finalizer.detach()
-        self._release()
+        release_now(self._finalizer, self._release)
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"ptr=0x{self.ptr:x}"

@@ -11,9 +11,9 @@ import os
 import struct
 from typing import Any
 
-from ..cuda_driver import check, driver, error_name, handle_type
 from ..errors import BackendError
-from ..exchange.fds import OwnedFd
+from ..runtime.cuda_driver import check, driver, error_name, handle_type
+from ..runtime.owned_fd import OwnedFd
 from .base import Exported
 from .device_buffer import DeviceAllocation
 
@@ -93,7 +93,7 @@ def export_device_range(backend: Any, ptr: int, nbytes: int) -> tuple[Exported, 
             "allocate it in one piece")
     err, legacy = _attribute("CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE", ptr)
     if err == driver.CUresult.CUDA_SUCCESS and legacy:
-        from .cuda_ipc import legacy_ipc_payload
+        from .ipc_handle import legacy_ipc_payload
 
         return Exported(payload=_LEGACY + legacy_ipc_payload(base, size, backend.uuid)), ptr - base
     err, handle = driver.cuMemRetainAllocationHandle(ptr)
@@ -133,7 +133,7 @@ def open_device_range(backend: Any, payload: bytes, fd: OwnedFd | None) -> Devic
     payload = bytes(payload)
     kind, rest = payload[:1], payload[1:]
     if kind == _LEGACY:
-        from .cuda_ipc import parse_ipc_handle
+        from .ipc_handle import parse_ipc_handle
 
         info = parse_ipc_handle(rest)
         return backend.open_legacy_ipc(info, info.nbytes, what="registered peer memory")
@@ -145,8 +145,8 @@ def open_device_range(backend: Any, payload: bytes, fd: OwnedFd | None) -> Devic
     if fd is None:
         raise BackendError("registered cuMem memory arrived without its descriptor")
     backend._check_peer_reachable(uuid)
-    from .. import cuda_driver
-    from .cuda_vmm import open_posix_fd
+    from ..runtime import cuda_driver
+    from .vmm_mapping import open_posix_fd
 
     alignment = cuda_driver.vmm_granularity(
         cuda_driver.vmm_allocation_prop(backend.device, "posix-fd"), recommended=False)

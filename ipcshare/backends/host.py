@@ -18,8 +18,9 @@ from collections.abc import Callable
 import numpy as np
 
 from ..errors import BackendError, BackendUnavailable, SignalTimeout
-from ..exchange.fds import OwnedFd
+from ..runtime.owned_fd import OwnedFd
 from .base import Allocation, Backend, Buffer, Exported
+from .handle_header import check_magic_and_version
 
 __all__ = ["HostBackend", "HostBuffer", "HostAllocation", "HostEngine", "HANDLE_FORMAT",
            "check_peer_memfd", "parse_host_handle", "create_sealed_memfd", "map_peer_memfd"]
@@ -437,8 +438,6 @@ def parse_host_handle(payload: bytes) -> int:
             f"host handle has {len(payload) if isinstance(payload, (bytes, bytearray)) else '?'}"
             f" bytes, expected {HANDLE_FORMAT.size}")
     magic, version, nbytes, _pid = HANDLE_FORMAT.unpack(payload)
-    if magic != _MAGIC:
-        raise BackendError("host handle has a bad magic number (not an ipcshare host handle)")
-    if version != _VERSION:
-        raise BackendError(f"host handle format {version} is not supported (expected {_VERSION})")
+    check_magic_and_version("host", magic, version, expected_magic=_MAGIC,
+                            expected_version=_VERSION, same_backend_hint=False)
     return nbytes

@@ -12,7 +12,7 @@ import stat
 import struct
 
 from ..errors import BackendError
-from ..exchange.fds import OwnedFd
+from ..runtime.owned_fd import OwnedFd
 from .base import Exported
 
 __all__ = ["FileMapping", "find_mapping", "parse_maps_line", "reopen_mapping",

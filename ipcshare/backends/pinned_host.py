@@ -11,13 +11,13 @@ copies' flags and, for host-staged pairs, the staged bytes themselves.
 from __future__ import annotations
 
 import contextlib
-import warnings
-import weakref
+import functools
 from typing import Any
 
-from ..cuda_driver import check, driver
 from ..errors import CudaError
-from ..exchange.fds import OwnedFd
+from ..runtime.cuda_driver import check, driver
+from ..runtime.finalizers import finalize_unclosed, release_now
+from ..runtime.owned_fd import OwnedFd
 from .device_buffer import DeviceBuffer
 from .host import HostAllocation, check_peer_memfd, create_sealed_memfd, map_peer_memfd
 
@@ -28,22 +28,13 @@ __all__ = ["PinnedHostMemory", "create_pinned", "open_peer_pinned"]
 _REGISTER_FLAGS = driver.CU_MEMHOSTREGISTER_DEVICEMAP | driver.CU_MEMHOSTREGISTER_PORTABLE
 
 
-def _release(host_ptr: int, allocation: HostAllocation, warn: bool, what: str) -> None:
+def _release(host_ptr: int, allocation: HostAllocation) -> None:
     # Unregister before unmapping (the driver must let go of the pages first); the
     # mapping goes even if the driver refused, and the first failure is reported.
     try:
         check("cuMemHostUnregister", driver.cuMemHostUnregister(host_ptr))
     finally:
         allocation.close()
-        if warn:
-            with contextlib.suppress(Exception):
-                warnings.warn(f"ipcshare: {what} was never closed; released it now",
-                              ResourceWarning, stacklevel=1)
-
-
-def _release_quietly(host_ptr: int, allocation: HostAllocation, what: str) -> None:
-    with contextlib.suppress(Exception):  # a finalizer warns, never raises
-        _release(host_ptr, allocation, True, what)
 
 
 class PinnedHostMemory:
@@ -78,8 +69,9 @@ class PinnedHostMemory:
             allocation.close()
             raise
         # The finalizer holds plain values and the allocation, never this object.
-        self._finalizer = weakref.finalize(self, _release_quietly, self.host_ptr, allocation,
-                                           f"{what} of {self.nbytes} bytes")
+        self._finalizer = finalize_unclosed(
+            self, functools.partial(_release, self.host_ptr, allocation),
+            f"ipcshare: {what} of {self.nbytes} bytes was never closed; released it now")
         self._allocation = allocation
 
     @property
@@ -104,10 +96,7 @@ class PinnedHostMemory:
         Raises:
             CudaError: cuMemHostUnregister failed (the mapping is gone anyway).
         """
-        if not self._finalizer.alive:
-            return
-        self._finalizer.detach()
-        _release(self.host_ptr, self._allocation, False, self.what)
+        release_now(self._finalizer, functools.partial(_release, self.host_ptr, self._allocation))
 
 
 def create_pinned(nbytes: int, device: int, *, what: str) -> tuple[PinnedHostMemory, OwnedFd]:

@@ -28,10 +28,10 @@ def run_doctor_command(args: argparse.Namespace) -> int:
         IpcShareError: collective errors (bad IPCSHARE_DOCTOR_TIMEOUT, unwritable
             output), the same on every rank; main() prints them.
     """
-    from ..consensus import collective_step
     from ..doctor.liveness import PeerLost
     from ..doctor.plan import DoctorPlan
     from ..doctor.runner import run_doctor
+    from ..liveness.consensus import collective_step
     from ..topology import World
     from .exit_codes import EXIT_ERROR, EXIT_OK
 

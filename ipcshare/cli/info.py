@@ -8,10 +8,11 @@ import os
 import platform
 
 from .. import __version__
-from ..consensus import collective_step
 from ..gpu_sharing import shared_gpus_advice
-from ..patterns.inter_engine import nccl4py_missing
+from ..liveness.consensus import collective_step
+from ..patterns.inter_node_engine import nccl4py_missing
 from ..peer_paths import FALLBACK_ENV, PathPlan, fallback_choice, plan_paths
+from ..runtime import settings
 from ..topology import World, mpi_library_version
 
 __all__ = ["run_info", "rank_facts", "pair_paths", "node_path_plans", "PAIR_PATHS"]
@@ -49,7 +50,7 @@ def rank_facts(world: World) -> dict:
         "memfd": hasattr(os, "memfd_create"), "pidfd_getfd": _pidfd_support(),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "gpus": gpus, "backend_auto": "cuda-vmm" if gpus else "host",
-        "p2p_fallback": os.environ.get(FALLBACK_ENV, ""),
+        "p2p_fallback": settings.raw(FALLBACK_ENV),
         "nccl4py": nccl4py_missing(),  # None: importable; else why not
     }
     if not gpus:
@@ -152,7 +153,8 @@ def inter_choice(requested: str, facts: list[dict]) -> dict:
     from every rank's facts: ``{"requested", "engine" (nccl, mpi or None where it
     cannot run), "why"}``."""
     from ..errors import ConfigError
-    from ..patterns.inter_engine import INTER_LABELS, check_nccl_possible
+    from ..patterns.inter_engine import INTER_LABELS
+    from ..patterns.inter_node_engine import check_nccl_possible
 
     backends = {f["backend_auto"] for f in facts}
     missing = sorted({f["nccl4py"] for f in facts if f.get("nccl4py")})
@@ -176,7 +178,7 @@ def run_info(args: argparse.Namespace) -> int:
     world = World.from_comm()
     try:
         with collective_step(world, f"reading {FALLBACK_ENV}"):
-            fallback_choice(os.environ.get(FALLBACK_ENV))
+            fallback_choice(settings.raw(FALLBACK_ENV))
         facts = world.comm.gather(rank_facts(world), root=0)
     finally:
         world.close()

@@ -4,11 +4,11 @@ non-zero exit status that says what went wrong."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 
 from .. import __version__
+from ..runtime import settings
 from .exit_codes import EXIT_ERROR, EXIT_OK, EXIT_SLOW, EXIT_USAGE, EXIT_WRONG
 
 __all__ = ["main", "build_parser", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_WRONG",
@@ -140,9 +140,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_pattern_command(args)
     except PeerDied as exc:
         # Every survivor found out by itself and cleaned up on the way here.
-        from ..peer_watch import leave_after_peer_death, peer_exit_grace
+        from ..liveness.exit_policy import leave_after_peer_death, peer_exit_grace
 
-        if os.environ.get("IPCSHARE_DEBUG"):
+        if settings.debug():
             import traceback
 
             traceback.print_exc()
@@ -161,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _abort_job(exc: BaseException) -> None:
     """An unexpected error on one rank: say so, then abort the job so nobody waits."""
-    if os.environ.get("IPCSHARE_DEBUG"):
+    if settings.debug():
         import traceback
 
         traceback.print_exc()

@@ -7,8 +7,8 @@ import json
 import sys
 
 from ..config import PatternOptions, format_size, load_yaml_config, merge_options
-from ..consensus import collective_step
 from ..errors import ConfigError
+from ..liveness.consensus import collective_step
 from ..topology import World, describe_disagreement
 
 __all__ = ["run_pattern_command", "resolve_options", "check_same_run"]
@@ -81,10 +81,10 @@ def check_same_run(facts: list[list[tuple[str, object, str]]]) -> None:
 
 
 def run_pattern_command(args: argparse.Namespace) -> int:
+    from ..liveness.exit_policy import peer_exit_grace
     from ..patterns import make_pattern
     from ..patterns.baselines import make_baseline
     from ..patterns.driver import run_pattern
-    from ..peer_watch import peer_exit_grace
     from ..window import Group
     from .exit_codes import EXIT_OK, EXIT_SLOW, EXIT_WRONG
 

@@ -66,8 +66,8 @@ class GpuPath:
     memory = "cuda"
 
     def __init__(self, group: Any, layout: ScratchLayout) -> None:
-        from ..cuda_driver import driver
         from ..kernels.launcher import MAX_KERNEL_RANKS, CollectiveArgs
+        from ..runtime.cuda_driver import driver
 
         self.group = group
         self.layout = layout
@@ -196,7 +196,7 @@ class GpuPath:
             for function, blocks in kernels:
                 err = launch(function, blocks, 1, 1, THREADS, 1, 1, 0, cu_stream, address, 0)[0]
                 if err is not success and int(err) != 0:
-                    from ..cuda_driver import check
+                    from ..runtime.cuda_driver import check
 
                     check("cuLaunchKernel", (err,))
             path.calls += 1
@@ -256,7 +256,7 @@ class GpuPath:
             err = launch(self._function(entry), blocks, 1, 1, THREADS, 1, 1, 0, cu_stream,
                          address, 0)[0]
             if int(err) != 0:
-                from ..cuda_driver import check
+                from ..runtime.cuda_driver import check
 
                 check("cuLaunchKernel", (err,))
         bound.call = GpuCall(signature, self.size, launch_on_stream, ll_max_bytes)

@@ -10,7 +10,7 @@ import struct
 from typing import Any
 
 from ..errors import CollectiveError
-from ..exchange.fds import OwnedFd
+from ..runtime.owned_fd import OwnedFd
 from .arrays import ArrayRef
 
 __all__ = ["Registration", "Registry"]

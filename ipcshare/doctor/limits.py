@@ -34,7 +34,7 @@ def resource_snapshot(gpu_ordinal: int | None = None) -> dict[str, Any]:
     snapshot: dict[str, Any] = {"fds": open_fd_count(), "mappings": mapping_counts()}
     if gpu_ordinal is not None:
         try:
-            from .. import cuda_driver
+            from ..runtime import cuda_driver
 
             with cuda_driver.primary_context(gpu_ordinal):
                 snapshot["gpu_free"] = cuda_driver.mem_get_info()[0]
@@ -190,7 +190,7 @@ def probe_largest_export(spec: PathSpec, *, local_rank: int, local_size: int, ca
 def probe_gpu_memory_facts(ordinal: int, *, va_cap: int) -> dict[str, Any]:
     """Granularity of cuMem allocations (minimum and recommended) and the largest
     virtual range cuMemAddressReserve grants, doubling from 1 GiB up to ``va_cap``."""
-    from .. import cuda_driver
+    from ..runtime import cuda_driver
 
     driver = cuda_driver.driver
     facts: dict[str, Any] = {}

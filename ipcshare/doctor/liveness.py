@@ -18,14 +18,15 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import IpcShareError
+from ..runtime import settings
 
 __all__ = ["PeerLost", "Checkpoints", "Watchdog", "maybe_die_for_test", "DIE_RANK_VARIABLE",
            "DIE_STAGE_VARIABLE"]
 
 # Test hook: the rank named here leaves with os._exit when it reaches the stage named in
 # DIE_STAGE_VARIABLE (default "matrix"), as a crashed rank would. Used only by tests.
-DIE_RANK_VARIABLE = "IPCSHARE_DOCTOR_TEST_DIE_RANK"
-DIE_STAGE_VARIABLE = "IPCSHARE_DOCTOR_TEST_DIE_STAGE"
+DIE_RANK_VARIABLE = settings.DOCTOR_TEST_DIE_RANK
+DIE_STAGE_VARIABLE = settings.DOCTOR_TEST_DIE_STAGE
 DIE_EXIT_STATUS = 17
 
 _FIRST_POLL_S = 20e-6
@@ -217,10 +218,9 @@ class Watchdog:
 def maybe_die_for_test(rank: int, stage: str) -> None:
     """Leave at once, as a crashed rank would, when the test hook names this rank and
     this stage (``IPCSHARE_DOCTOR_TEST_DIE_RANK`` / ``..._STAGE``). Tests only."""
-    wanted = os.environ.get(DIE_RANK_VARIABLE, "").strip()
+    wanted, wanted_stage = settings.doctor_test_death()
     if not wanted or wanted != str(rank):
         return
-    wanted_stage = os.environ.get(DIE_STAGE_VARIABLE, "").strip() or "matrix"
     if stage.split()[0] == wanted_stage:
         sys.stdout.flush()
         sys.stderr.write(f"ipcshare: doctor test hook: rank {rank} dies at stage '{stage}'\n")

@@ -46,10 +46,15 @@ def _fail_cells(owner: int, peers: list[int], failure: dict[str, Any]) -> list[d
              "error": failure["error"], "message": failure["message"]} for peer in peers]
 
 
-def _exchange_facts(group: Any) -> dict[str, Any]:
+def _exchange_facts(group: Any, members: list[int]) -> dict[str, Any]:
     exchange = group.exchange
+    refusal = exchange.pidfd_refusal if exchange is not None else None
+    # The typed fact the doctor's rules read: the refused rank in the job's numbering.
+    evidence = None if refusal is None else {"rank": members[refusal.rank],
+                                             "errno": refusal.errno}
     return {"exchange_used": group.exchange_name,
-            "fallback_reason": exchange.fallback_reason if exchange is not None else None}
+            "fallback_reason": exchange.fallback_reason if exchange is not None else None,
+            "pidfd_refusal": evidence}
 
 
 def probe_path(spec: PathSpec, comm: Any, members: list[int], *, path_index: int,
@@ -79,9 +84,10 @@ def probe_path(spec: PathSpec, comm: Any, members: list[int], *, path_index: int
         except IpcShareError as exc:
             failure = describe_failure(exc, members)
             record.update(status="failed", failure=failure,
-                          cells=_fail_cells(owner, peers, failure), **_exchange_facts(group))
+                          cells=_fail_cells(owner, peers, failure),
+                          **_exchange_facts(group, members))
             return record
-        record.update(_exchange_facts(group))
+        record.update(_exchange_facts(group, members))
         record["setup_ms"] = {step: round(ms, 3) for step, ms in window.setup_ms.items()}
         if window.paths.has_fallbacks:
             record["pair_paths"] = indirect_pairs(window, members)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..config import seconds_from_env
+from ..runtime import settings
 
 __all__ = [
     "DoctorPlan",
@@ -58,7 +58,7 @@ def doctor_timeout() -> float:
     Raises:
         ConfigError: not a positive number.
     """
-    return seconds_from_env("IPCSHARE_DOCTOR_TIMEOUT", DEFAULT_TIMEOUT_S)
+    return settings.seconds(settings.DOCTOR_TIMEOUT, DEFAULT_TIMEOUT_S)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,7 +24,6 @@ __all__ = ["Finding", "RULES", "diagnose", "descriptor_need", "suggested_nofile"
 
 SEVERITIES = ("fail", "warn", "info")
 _ERRNO = re.compile(r"\b(EPERM|ENOSYS|EACCES|ESRCH|EBADF|EMFILE|ENOMEM|EINVAL)\b")
-_REFUSED_ON = re.compile(r"pidfd_getfd refused on rank (\d+)@")
 _SOCKET_PATHS = ("posix-fd/socket", "cuda-vmm/socket")
 
 
@@ -110,22 +109,23 @@ def pidfd_refused(node: Node) -> list[Finding]:
     carry the descriptors instead, if they work."""
     if len(_pid_namespaces(node)) > 1:
         return []  # the namespace rule explains it better
-    evidence: list[tuple[int | None, str]] = []
+    evidence: list[tuple[int | None, str | None, str]] = []  # (rank, errno name, text)
     for record in node.get("matrix", []):
         failure = record.get("failure") or {}
         if record.get("exchange") == "pidfd" and failure.get("step", "").startswith(
                 "descriptor exchange (pidfd)"):
-            evidence.append((failure.get("rank"), failure.get("message", "")))
-        reason = record.get("fallback_reason")
-        if reason:
-            match = _REFUSED_ON.search(reason)
-            evidence.append((int(match.group(1)) if match else None, reason))
+            message = failure.get("message", "")
+            evidence.append((failure.get("rank"), _errno_in(message), message))
+        refusal = record.get("pidfd_refusal")
+        if refusal:  # the exchange's typed record of why it left pidfd for sockets
+            evidence.append((refusal.get("rank"), refusal.get("errno"),
+                             record.get("fallback_reason") or ""))
     findings: dict[tuple[int | None, str], Finding] = {}
     ranks = _ranks(node)
     sockets = _sockets_work(node)
-    for rank, text in evidence:
+    for rank, errno_name, text in evidence:
         facts = ranks.get(rank, {}) if rank is not None else {}
-        code = _errno_in(text) or "refused"
+        code = errno_name or "refused"
         seccomp = (facts.get("seccomp") or {}).get("mode")
         scope = facts.get("ptrace_scope")
         where = f"rank {rank}" if rank is not None else "a rank"

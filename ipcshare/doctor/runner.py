@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import __version__
-from ..consensus import collective_step
+from ..liveness.consensus import collective_step
 from ..topology import World, mpi_library_version
 from .environment import collect_rank_facts
 from .liveness import Checkpoints, PeerLost, Watchdog, maybe_die_for_test
@@ -90,7 +90,7 @@ def _environment(stages: _Stages) -> tuple[dict[str, Any], bool, Any]:
         # Hold the device's primary context for the whole run: otherwise every group
         # would create and destroy it again (slow, and it moves the leak check).
         try:
-            from .. import cuda_driver
+            from ..runtime import cuda_driver
 
             context = cuda_driver.PrimaryContext(bound)
         except Exception as exc:

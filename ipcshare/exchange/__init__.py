@@ -10,14 +10,15 @@ from __future__ import annotations
 import os
 import secrets
 
-from ..config import seconds_from_env
-from ..consensus import agree, collective_step
 from ..errors import ConfigError, ExchangeError
+from ..liveness.consensus import agree, collective_step
+from ..liveness.deadline_waits import watched_allgather, watched_barrier
+from ..liveness.pidfd_watch import PeerWatch
 from ..logs import get_logger
-from ..peer_watch import PeerWatch, watched_allgather, watched_barrier
+from ..runtime import settings
+from ..runtime.owned_fd import OwnedFd
 from ..topology import World, format_ranks
 from .envelope import open_sealed, seal
-from .fds import OwnedFd
 from .node_reach import (
     PID_NAMESPACE_FIX,
     ProcessIdentity,
@@ -27,6 +28,7 @@ from .node_reach import (
     unreachable_users,
 )
 from .pidfd import fetch_fd
+from .pidfd_refusal import PidfdRefusal, errno_name_of
 from .socket_dir import make_socket_dir, remove_socket_dir
 from .unix_socket import SocketEndpoint
 
@@ -38,7 +40,7 @@ DEFAULT_TIMEOUT_S = 30.0
 
 
 def _default_timeout() -> float:
-    return seconds_from_env("IPCSHARE_EXCHANGE_TIMEOUT", DEFAULT_TIMEOUT_S)
+    return settings.seconds(settings.EXCHANGE_TIMEOUT, DEFAULT_TIMEOUT_S)
 
 
 class Exchange:
@@ -46,7 +48,8 @@ class Exchange:
 
     ``kind`` is ``auto``, ``mpi`` (bytes only: descriptors then go by socket),
     ``socket`` or ``pidfd``. After the first descriptor exchange, ``fd_path`` says which
-    path carried them and ``fallback_reason`` why pidfd was not used, if it was not.
+    path carried them and ``fallback_reason`` why pidfd was not used, if it was not
+    (``pidfd_refusal``: the same as a typed fact, the refused rank and its errno).
 
     ``token`` is the job's random token (the same on every rank; drawn by rank 0 on first
     use when not given): handles and socket names carry it. With a ``watch``, every wait
@@ -62,6 +65,7 @@ class Exchange:
         self.timeout = _default_timeout() if timeout is None else timeout
         self.fd_path: str | None = {"socket": "socket", "mpi": "socket", "pidfd": "pidfd"}.get(kind)
         self.fallback_reason: str | None = None
+        self.pidfd_refusal: PidfdRefusal | None = None
         self._endpoint: SocketEndpoint | None = None
         self._socket_dir: str | None = None
         self._node_socket_dir: str | None = None  # known to every rank of the node
@@ -185,15 +189,17 @@ class Exchange:
             received, error = self._try(self._share_by_pidfd, fd)
             if self.watch is not None and self.watch.failed:
                 raise error  # a dead peer or an abandoned collective: nothing to agree on
-            statuses = self._allgather(self.world.comm, None if error is None else str(error),
-                                       "descriptor exchange (pidfd)")
+            statuses = self._allgather(
+                self.world.comm, None if error is None else (str(error), errno_name_of(error)),
+                "descriptor exchange (pidfd)")
             failures = [(r, s) for r, s in enumerate(statuses) if s is not None]
             if not failures:
                 self.fd_path = "pidfd"
                 return received
             for owned in received.values():
                 owned.close()
-            rank, reason = failures[0]
+            rank, (reason, errno_name) = failures[0]
+            self.pidfd_refusal = PidfdRefusal(rank, errno_name, reason)
             self.fallback_reason = f"pidfd_getfd refused on {self.world.where(rank)}: {reason}"
             log.info("%s; passing descriptors over unix sockets instead", self.fallback_reason)
             self.fd_path = "socket"

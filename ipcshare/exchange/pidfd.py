@@ -7,7 +7,7 @@ import errno
 import os
 
 from ..errors import ExchangeError
-from .fds import OwnedFd
+from ..runtime.owned_fd import OwnedFd
 
 __all__ = ["pidfd_getfd", "fetch_fd", "probe_self", "PIDFD_GETFD_SYSCALL"]
 

@@ -21,8 +21,9 @@ import stat
 import tempfile
 import time
 
+from ..liveness.pidfd_watch import process_start_time
 from ..logs import get_logger
-from ..peer_watch import process_start_time
+from ..runtime import settings
 
 __all__ = ["CLAIM_NAME", "STALE_DIR_AGE_S", "SUN_PATH_MAX", "make_socket_dir",
            "remove_socket_dir", "remove_stale_socket_dirs", "socket_dir_base_candidates",
@@ -47,7 +48,7 @@ def socket_path_fits(path: str) -> bool:
 
 def socket_dir_base_candidates() -> list[str]:
     """Where the socket directory may go, in order: $IPCSHARE_SOCKET_DIR, the temp dir, /tmp."""
-    return [base for base in (os.environ.get("IPCSHARE_SOCKET_DIR"), tempfile.gettempdir(),
+    return [base for base in (settings.socket_dir(), tempfile.gettempdir(),
                               "/tmp") if base]
 
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from ..errors import ExchangeError, ExchangeTimeout
 from ..logs import get_logger
-from .fds import OwnedFd
+from ..runtime.owned_fd import OwnedFd
 
 __all__ = ["SocketEndpoint"]
 

@@ -14,6 +14,8 @@ from importlib import resources
 from pathlib import Path
 
 from ..errors import KernelCompileError
+from ..runtime import settings
+from ..runtime.nvrtc import check_nvrtc, nvrtc_bindings
 
 __all__ = ["KERNEL_SOURCES", "include_dir", "nvrtc_version", "compile_kernel_source",
            "cache_dir", "device_arch"]
@@ -43,33 +45,15 @@ def include_dir() -> Path:
     return _package_dir() / "include"
 
 
-def _nvrtc():
-    try:
-        from cuda.bindings import nvrtc
-    except ImportError as exc:
-        raise KernelCompileError(
-            "kernel compilation needs NVRTC: pip install 'ipcshare[nvrtc]' "
-            f"(cuda-bindings and nvidia-cuda-nvrtc) — {exc}") from exc
-    return nvrtc
-
-
-def _check(nvrtc, call: str, result: tuple):
-    err, *values = result
-    if int(err) != 0:
-        _, name = nvrtc.nvrtcGetErrorString(err)
-        raise KernelCompileError(f"{call} -> {name.decode() if isinstance(name, bytes) else name}")
-    return values[0] if len(values) == 1 else values
-
-
 def nvrtc_version() -> tuple[int, int]:
     """(major, minor) of the NVRTC library that compiles our kernels.
 
     Raises:
         KernelCompileError: NVRTC is not installed or cannot be loaded.
     """
-    nvrtc = _nvrtc()
+    nvrtc = nvrtc_bindings()
     try:
-        major, minor = _check(nvrtc, "nvrtcVersion", nvrtc.nvrtcVersion())
+        major, minor = check_nvrtc(nvrtc, "nvrtcVersion", nvrtc.nvrtcVersion())
     except RuntimeError as exc:  # the bindings could not find libnvrtc
         raise KernelCompileError(f"NVRTC library not found: {exc}; "
                                  "pip install nvidia-cuda-nvrtc") from exc
@@ -78,7 +62,7 @@ def nvrtc_version() -> tuple[int, int]:
 
 def cache_dir() -> Path:
     """Where CUBINs are kept: ``$IPCSHARE_KERNEL_CACHE`` or ``~/.cache/ipcshare/kernels``."""
-    configured = os.environ.get("IPCSHARE_KERNEL_CACHE")
+    configured = settings.kernel_cache()
     if configured:
         return Path(configured)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
@@ -87,7 +71,7 @@ def cache_dir() -> Path:
 
 def device_arch(ordinal: int) -> str:
     """``sm_XY`` for CUDA device ``ordinal`` (compute capability X.Y)."""
-    from .. import cuda_driver
+    from ..runtime import cuda_driver
 
     major = cuda_driver.device_attribute(ordinal, "COMPUTE_CAPABILITY_MAJOR")
     minor = cuda_driver.device_attribute(ordinal, "COMPUTE_CAPABILITY_MINOR")
@@ -142,21 +126,22 @@ def compile_kernel_source(source: str | os.PathLike, *, arch: str = "sm_90",
 
 
 def _compile(name: str, text: str, options: tuple[str, ...], arch: str) -> bytes:
-    nvrtc = _nvrtc()
-    program = _check(nvrtc, "nvrtcCreateProgram",
+    nvrtc = nvrtc_bindings()
+    program = check_nvrtc(nvrtc, "nvrtcCreateProgram",
                      nvrtc.nvrtcCreateProgram(text.encode(), name.encode(), 0, [], []))
     try:
         encoded = [option.encode() for option in options]
         (err,) = nvrtc.nvrtcCompileProgram(program, len(encoded), encoded)
         if int(err) != 0:
-            size = _check(nvrtc, "nvrtcGetProgramLogSize", nvrtc.nvrtcGetProgramLogSize(program))
+            size = check_nvrtc(nvrtc, "nvrtcGetProgramLogSize",
+                               nvrtc.nvrtcGetProgramLogSize(program))
             log = b" " * size
-            _check(nvrtc, "nvrtcGetProgramLog", nvrtc.nvrtcGetProgramLog(program, log))
+            check_nvrtc(nvrtc, "nvrtcGetProgramLog", nvrtc.nvrtcGetProgramLog(program, log))
             text_log = log.decode(errors="replace").rstrip("\x00 \n")
             raise KernelCompileError(f"NVRTC could not compile {name} for {arch}:\n{text_log}")
-        size = _check(nvrtc, "nvrtcGetCUBINSize", nvrtc.nvrtcGetCUBINSize(program))
+        size = check_nvrtc(nvrtc, "nvrtcGetCUBINSize", nvrtc.nvrtcGetCUBINSize(program))
         cubin = b" " * size
-        _check(nvrtc, "nvrtcGetCUBIN", nvrtc.nvrtcGetCUBIN(program, cubin))
+        check_nvrtc(nvrtc, "nvrtcGetCUBIN", nvrtc.nvrtcGetCUBIN(program, cubin))
         return cubin
     finally:
         nvrtc.nvrtcDestroyProgram(program)

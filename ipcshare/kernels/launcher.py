@@ -9,7 +9,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from ..cuda_driver import check, driver
+from ..runtime.cuda_driver import check, driver
 
 __all__ = ["LoadedKernels", "AllGatherArgs", "BarrierArgs", "ScatterArgs", "CollectiveArgs",
            "MAX_KERNEL_RANKS"]

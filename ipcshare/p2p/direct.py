@@ -14,12 +14,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..cuda_driver import check, driver
 from ..patterns.allgather import AllGather
 from ..patterns.base import Pattern, SizePlan
 from ..patterns.results import Measurement
 from ..patterns.ring import Ring
 from ..patterns.seeding import POISON_BYTE, count_wrong, seeded_bytes
+from ..runtime.cuda_driver import check, driver
 from .gpus import GpuSet, PushArgs
 
 __all__ = ["OPS", "MODES", "DirectBuffers", "measure_direct", "events_needed", "pattern_of"]

@@ -8,8 +8,8 @@ import dataclasses
 import time
 from typing import Any
 
-from ..cuda_driver import SUCCESS, can_access_peer, driver, error_name
-from ..devices import disabled_p2p_pairs
+from ..runtime.cuda_driver import SUCCESS, can_access_peer, driver, error_name
+from ..runtime.settings import disabled_p2p_pairs
 from .gpus import GpuSet
 
 __all__ = ["PeerPair", "enable_peer_access", "disable_peer_access", "describe_pairs"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..cuda_driver import NOT_READY, check, driver
+from ..runtime.cuda_driver import NOT_READY, check, driver
 from .gpus import GpuSet
 
 __all__ = ["probe_staging"]

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from ..errors import ConfigError
 from ..window import Window
 from .base import SizePlan
-from .inter_engine import InterNodeEngine
+from .inter_node_engine import InterNodeEngine
 
 __all__ = ["bind_hierarchical", "node_segments"]
 

@@ -7,15 +7,14 @@ each operation, and the faster of a baseline's paths per size."""
 from __future__ import annotations
 
 import copy
-import os
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from ..consensus import collective_step
 from ..errors import ConfigError
+from ..liveness.consensus import collective_step
 from ..topology import World, mpi
 from .base import SizePlan
 from .rotation import warmup_iterations
@@ -23,20 +22,13 @@ from .seeding import count_wrong, poison, seeded_bytes
 from .timing import percentile, slowest_rank_samples
 
 __all__ = ["GpuBaseline", "import_torch_cuda", "check_one_gpu_per_rank", "TORCH_DTYPES",
-           "REDUCTION_OPS", "keep_multicast_off"]
+           "REDUCTION_OPS"]
 
 # The reduction cases' datatypes as torch dtypes (attribute names of the torch module).
 TORCH_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16",
                 "int32": "int32"}
 REDUCTION_OPS = ("allreduce", "reducescatter")
 _BYTE_OPS = ("allgather", "ring")
-
-
-def keep_multicast_off() -> None:
-    """NVLink SHARP / multicast can take shared GPUs out of service (DESIGN.md): never by
-    default, for NCCL and for PyTorch symmetric memory alike. A value the user set wins."""
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 
 
 def import_torch_cuda(flag: str) -> Any:
@@ -64,7 +56,7 @@ def check_one_gpu_per_rank(world: World, ordinal: int, flag: str) -> None:
     Raises:
         ConfigError: two ranks on one GPU, named by rank, host and GPU UUID.
     """
-    from .. import cuda_driver
+    from ..runtime import cuda_driver
 
     # Same CUDA_VISIBLE_DEVICES or not, the driver's UUID names the GPU.
     uuid = cuda_driver.format_uuid(cuda_driver.device_uuid(ordinal))

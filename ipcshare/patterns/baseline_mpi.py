@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
@@ -16,21 +15,7 @@ from .rotation import warmup_iterations
 from .seeding import count_wrong, poison, seeded_bytes
 from .timing import slowest_rank_samples
 
-__all__ = ["MpiBaseline", "mpi_baseline"]
-
-
-def mpi_baseline(world: World, pattern: Any) -> Any:
-    """The MPI baseline of ``pattern``: MpiBaseline for all-gather and ring, the
-    reduction baseline for all-reduce and reduce-scatter.
-
-    Raises:
-        ConfigError: a datatype MPI cannot reduce.
-    """
-    if pattern.name in ("allreduce", "reducescatter"):
-        from .baseline_mpi_reduce import MpiReductionBaseline
-
-        return MpiReductionBaseline(world, pattern)
-    return MpiBaseline(world, pattern.name)
+__all__ = ["MpiBaseline"]
 
 
 class MpiBaseline:
@@ -42,7 +27,7 @@ class MpiBaseline:
 
     def __init__(self, world: World, op: str) -> None:
         """Raises:
-            ConfigError: an op other than allgather and ring (``mpi_baseline`` picks the
+            ConfigError: an op other than allgather and ring (``baselines.mpi_baseline`` picks the
                 reduction baseline for the others).
         """
         if op not in ("allgather", "ring"):

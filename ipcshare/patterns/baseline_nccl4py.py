@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..consensus import collective_step
 from ..errors import ConfigError
+from ..liveness.consensus import collective_step
 from ..topology import World
 from .base import SizePlan
 from .baseline_gpu import (
@@ -17,8 +17,8 @@ from .baseline_gpu import (
     GpuBaseline,
     check_one_gpu_per_rank,
     import_torch_cuda,
-    keep_multicast_off,
 )
+from .nvlink_multicast import keep_multicast_off
 
 __all__ = ["Nccl4pyBaseline"]
 

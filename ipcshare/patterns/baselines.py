@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..topology import World
 from ..window import Group
 
-__all__ = ["GPU_BASELINES", "gpu_baseline_class", "open_gpu_baseline", "make_baseline"]
+__all__ = ["GPU_BASELINES", "gpu_baseline_class", "open_gpu_baseline", "mpi_baseline",
+           "make_baseline"]
 
 # name -> (module, class) of the baselines that time GPU memory.
 _GPU_CLASSES = {
@@ -39,6 +41,22 @@ def open_gpu_baseline(name: str, group: Group, pattern: Any) -> Any:
     return gpu_baseline_class(name)(group.world, pattern, device)
 
 
+def mpi_baseline(world: World, pattern: Any) -> Any:
+    """The MPI baseline of ``pattern``: MpiBaseline for all-gather and ring, the
+    reduction baseline for all-reduce and reduce-scatter.
+
+    Raises:
+        ConfigError: a datatype MPI cannot reduce.
+    """
+    if pattern.name in ("allreduce", "reducescatter"):
+        from .baseline_mpi_reduce import MpiReductionBaseline
+
+        return MpiReductionBaseline(world, pattern)
+    from .baseline_mpi import MpiBaseline
+
+    return MpiBaseline(world, pattern.name)
+
+
 def make_baseline(name: str, group: Group, pattern: Any) -> Any:
     """Collective: the baseline ``name`` (``none`` gives None) for ``pattern``.
 
@@ -48,7 +66,5 @@ def make_baseline(name: str, group: Group, pattern: Any) -> Any:
     if name == "none":
         return None
     if name == "mpi":
-        from .baseline_mpi import mpi_baseline
-
         return mpi_baseline(group.world, pattern)
     return open_gpu_baseline(name, group, pattern)

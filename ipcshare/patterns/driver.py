@@ -11,9 +11,9 @@ from typing import Any
 from .. import __version__
 from ..backends import Backend
 from ..config import PatternOptions, format_size
-from ..consensus import collective_step
 from ..errors import ConfigError
 from ..gpu_sharing import shared_gpus_advice
+from ..liveness.consensus import collective_step
 from ..topology import World, mpi
 from ..window import Group
 from .base import Pattern, SizePlan

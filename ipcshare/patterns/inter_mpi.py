@@ -13,7 +13,7 @@ import numpy as np
 
 from ..collectives.reduction import Reducer
 from ..topology import mpi
-from .inter_engine import InterNodeEngine
+from .inter_node_engine import InterNodeEngine
 from .mpi_path import MpiPath
 
 __all__ = ["MpiInterEngine"]

@@ -11,9 +11,9 @@ from typing import Any
 
 from ..backends.cuda_streams import stream_handle
 from ..backends.device_buffer import DeviceArray
-from ..consensus import collective_step
-from .baseline_gpu import keep_multicast_off
-from .inter_engine import InterNodeEngine, check_nccl_possible, nccl4py_missing
+from ..liveness.consensus import collective_step
+from .inter_node_engine import InterNodeEngine, check_nccl_possible, nccl4py_missing
+from .nvlink_multicast import keep_multicast_off
 
 __all__ = ["NcclInterEngine"]
 

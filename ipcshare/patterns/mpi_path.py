@@ -3,20 +3,19 @@ device memory when the MPI is CUDA-aware, and through host copies otherwise."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..runtime import settings
 from ..topology import mpi
 
 __all__ = ["MpiPath", "mpi_cuda_aware", "mpi_path_mode", "MPI_CUDA_AWARE_ENV",
            "MPI_PATH_MODES"]
 
 # "1" / "0" overrides the probe: a GPU node can then time both device paths.
-MPI_CUDA_AWARE_ENV = "IPCSHARE_MPI_CUDA_AWARE"
+MPI_CUDA_AWARE_ENV = settings.MPI_CUDA_AWARE
 # host: host memory as it is; cuda-aware: device pointers to MPI; host-staged: copies.
 MPI_PATH_MODES = ("host", "cuda-aware", "host-staged")
 
@@ -28,12 +27,9 @@ def mpi_cuda_aware() -> bool:
     Raises:
         ConfigError: the variable is set to something other than 0 or 1.
     """
-    text = os.environ.get(MPI_CUDA_AWARE_ENV, "").strip()
-    if text:
-        if text not in ("0", "1"):
-            raise ConfigError(f"{MPI_CUDA_AWARE_ENV}={text!r}: use 1 (CUDA-aware MPI) or 0 "
-                              "(stage device memory through the host)")
-        return text == "1"
+    override = settings.mpi_cuda_aware()
+    if override is not None:
+        return override
     query = getattr(mpi(), "Query_cuda_support", None)
     return bool(query()) if query is not None else False
 

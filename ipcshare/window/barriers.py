@@ -9,10 +9,11 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..backends import Backend, Buffer
-from ..config import shared_gpu_barrier
 from ..errors import WindowError
+from ..liveness.deadline_waits import watched_barrier
+from ..liveness.pidfd_watch import PeerWatch
 from ..peer_paths import PathPlan
-from ..peer_watch import PeerWatch, watched_barrier
+from ..runtime.settings import shared_gpu_barrier
 from ..topology import World
 from .layout import (
     DEVICE_BARRIER_EPOCH_SLOT,

@@ -9,11 +9,12 @@ import secrets
 from typing import TYPE_CHECKING, Any
 
 from ..backends import Backend, open_backend, resolve_backend_name
-from ..config import BACKENDS, EXCHANGES, HANDLES, seconds_from_env
-from ..consensus import Rendezvous, collective_step
+from ..config import BACKENDS, EXCHANGES, HANDLES
 from ..errors import BackendUnavailable, ConfigError, WindowError
 from ..exchange import Exchange
 from ..exchange.node_reach import PID_NAMESPACE_FIX
+from ..liveness.consensus import Rendezvous, collective_step
+from ..liveness.pidfd_watch import PeerWatch
 from ..peer_paths import (
     CHUNK_ENV,
     FALLBACK_ENV,
@@ -24,7 +25,7 @@ from ..peer_paths import (
     fallback_choice,
     plan_paths,
 )
-from ..peer_watch import PeerWatch
+from ..runtime import settings
 from ..topology import World, describe_disagreement
 from .window import Window
 
@@ -86,7 +87,7 @@ def _check_same_p2p_choices(choices: list[tuple[Any, Any]], ranks: list[int]) ->
 
 
 def _signal_timeout() -> float:
-    return seconds_from_env("IPCSHARE_SIGNAL_TIMEOUT", _DEFAULT_SIGNAL_TIMEOUT_S)
+    return settings.seconds(settings.SIGNAL_TIMEOUT, _DEFAULT_SIGNAL_TIMEOUT_S)
 
 
 class Group:

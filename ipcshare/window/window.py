@@ -11,9 +11,9 @@ from typing import Any
 
 from ..backends import Allocation, Backend, Buffer
 from ..config import format_size
-from ..consensus import Rendezvous
 from ..errors import SignalTimeout, WindowError
 from ..exchange import Exchange, OwnedFd
+from ..liveness.consensus import Rendezvous
 from ..peer_paths import PathPlan
 from ..topology import World, describe_disagreement
 from .barriers import WindowBarriers

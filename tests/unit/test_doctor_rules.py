@@ -74,7 +74,8 @@ def pidfd_refused_node(**rank1) -> dict:
     return node(ranks=[rank_facts(0), rank_facts(1, **rank1)],
                 matrix=[path("host-shm", exchange_used="socket",
                              fallback_reason="pidfd_getfd refused on rank 1@node1: pidfd_getfd("
-                                             "pid 7, fd 9) -> EPERM: Operation not permitted"),
+                                             "pid 7, fd 9) -> EPERM: Operation not permitted",
+                             pidfd_refusal={"rank": 1, "errno": "EPERM"}),
                         path("posix-fd/pidfd", status="failed", exchange="pidfd",
                              failure=failure),
                         path("posix-fd/socket", exchange="socket", exchange_used="socket")])
@@ -115,6 +116,8 @@ def test_enosys_means_an_old_kernel():
                 record[key]["message"] = record[key]["message"].replace("EPERM", "ENOSYS")
             elif record.get(key):
                 record[key] = record[key].replace("EPERM", "ENOSYS")
+        if record.get("pidfd_refusal"):
+            record["pidfd_refusal"]["errno"] = "ENOSYS"
     finding = only(rules.diagnose(evidence), "pidfd")
     assert "5.4.0" in finding.cause and "5.6" in finding.cause
 
@@ -339,3 +342,26 @@ def test_findings_come_failures_first_and_rules_never_mutate_the_evidence():
 @pytest.mark.parametrize("rule", rules.RULES)
 def test_every_rule_accepts_a_minimal_node(rule):
     assert rule({"ranks": [], "matrix": [], "checks": []}) == []
+
+
+def test_pidfd_refusal_is_read_from_the_typed_fact_not_the_message():
+    evidence = pidfd_refused_node(seccomp={"mode": 2, "filters": 1})
+    evidence["matrix"] = [record for record in evidence["matrix"]
+                          if record.get("pidfd_refusal")]
+    evidence["matrix"][0]["fallback_reason"] = "refused (wording of another release)"
+    finding = only(rules.diagnose(evidence), "pidfd")
+    assert "seccomp filter on rank 1" in finding.cause and "EPERM" in finding.cause
+
+
+def test_errno_name_of_follows_the_cause():
+    from ipcshare.errors import ExchangeError
+    from ipcshare.exchange.pidfd_refusal import errno_name_of
+
+    try:
+        try:
+            raise PermissionError(1, "Operation not permitted")
+        except OSError as exc:
+            raise ExchangeError("pidfd_getfd(pid 7, fd 9) -> EPERM") from exc
+    except ExchangeError as error:
+        assert errno_name_of(error) == "EPERM"
+    assert errno_name_of(ExchangeError("no system call")) is None

@@ -1,0 +1,105 @@
+"""Collectives fail together: after each step every rank learns whether any rank failed."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from ..errors import PeerDied, error_class
+from ..topology import World, format_ranks
+from .deadline_waits import watched_allgather, watched_barrier
+from .pidfd_watch import PeerWatch
+
+__all__ = ["agree", "collective_step", "failure_suffix", "Rendezvous"]
+
+
+def failure_suffix(ranks: list[int]) -> str:
+    """What ends a fail-together message: the ranks that reported the failure,
+    ``' (reported by ranks 0-1)'``, or nothing when only the named rank did."""
+    return f" (reported by {format_ranks(ranks)})" if len(ranks) > 1 else ""
+
+
+def agree(world: World, step: str, error: BaseException | None, *, comm=None,
+          watch: PeerWatch | None = None, timeout: float = 30.0) -> None:
+    """Collective: raise the same typed error on every rank if any rank failed ``step``.
+
+    The message names the first failing rank, its host, the step and the cause, e.g.
+    ``import failed on rank 1@node3: cuMemImportFromShareableHandle -> CUDA_ERROR_...``;
+    when several ranks failed it ends with the ones that did, e.g.
+    ``(reported by ranks 0-1, 3)``.
+
+    With a ``watch``, waiting for the others gives up when one of them dies (PeerDied)
+    or after ``timeout`` seconds (ExchangeTimeout) instead of hanging.
+
+    Raises:
+        IpcShareError (or the failing rank's subclass of it): when any rank failed.
+        PeerDied / ExchangeTimeout: with a watch, as above.
+    """
+    comm = world.comm if comm is None else comm
+    status = None
+    if error is not None:
+        status = (type(error).__name__, str(error) or type(error).__name__)
+    if watch is None:
+        statuses = comm.allgather((world.rank, status))
+    else:
+        statuses = watched_allgather(comm, (world.rank, status), watch=watch, timeout=timeout,
+                                     what=step)
+    failures = [(rank, s) for rank, s in statuses if s is not None]
+    if not failures:
+        return
+    rank, (name, message) = failures[0]
+    cls = error_class(name)  # an OSError on one rank becomes IpcShareError everywhere
+    exc = cls(f"{step} failed on {world.where(rank)}: {message}"
+              f"{failure_suffix([r for r, _status in failures])}")
+    if error is not None:
+        raise exc from error
+    raise exc
+
+
+@contextlib.contextmanager
+def collective_step(world: World, step: str, *, comm=None, watch: PeerWatch | None = None,
+                    timeout: float = 30.0) -> Iterator[None]:
+    """Run the body on every rank, then agree: all ranks raise if any rank raised."""
+    try:
+        yield
+    except Exception as exc:
+        if isinstance(exc, PeerDied) or (watch is not None and watch.failed):
+            # A dead rank cannot agree, and an abandoned collective leaves the
+            # communicator unusable: every survivor finds out by itself.
+            raise
+        agree(world, step, exc, comm=comm, watch=watch, timeout=timeout)
+        raise  # agree always raises when exc is set; keeps type checkers honest
+    else:
+        agree(world, step, None, comm=comm, watch=watch, timeout=timeout)
+
+
+class Rendezvous:
+    """The fail-together collectives of a group of ranks (``world``), each of which
+    gives up on a dead peer (PeerDied, through ``watch``) or after ``timeout`` seconds
+    (ExchangeTimeout) instead of hanging: what a group and its windows meet by."""
+
+    def __init__(self, world: World, watch: PeerWatch | None, timeout: float) -> None:
+        self.world = world
+        self.watch = watch
+        self.timeout = timeout
+
+    def step(self, name: str):
+        """``collective_step`` over the world: every rank raises if any rank raised."""
+        return collective_step(self.world, name, watch=self.watch, timeout=self.timeout)
+
+    def collective(self, what: str, value, *, comm=None) -> list:
+        """Collective allgather of ``value`` over ``comm`` (default: the world's)."""
+        return watched_allgather(self.world.comm if comm is None else comm, value,
+                                 watch=self.watch, timeout=self.timeout, what=what)
+
+    def barrier(self, what: str) -> None:
+        """Collective, host-blocking: an MPI barrier over the world."""
+        watched_barrier(self.world.comm, watch=self.watch, timeout=self.timeout, what=what)
+
+    def wait_for_node(self, what: str) -> None:
+        """Barrier over the node's ranks, skipped once the group has failed (a dead
+        peer would never arrive)."""
+        if self.watch is not None and self.watch.failed:
+            return
+        watched_barrier(self.world.local_comm, watch=self.watch, timeout=self.timeout,
+                        what=what)

@@ -1,0 +1,112 @@
+"""MPI waits with a deadline that ask the peer watch while they wait, and the one watched
+collective (an all-gather of picklable values) that every fail-together step meets by.
+
+A plain MPI collective waits forever for a rank that was SIGKILLed (unless the launcher
+kills the whole job for us, which hydra does only by default): these waits give up with
+PeerDied when the watch saw a node peer exit, and with ExchangeTimeout at the deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+from typing import Any
+
+from ..errors import ExchangeTimeout, PeerDied
+from .pidfd_watch import PeerWatch
+
+__all__ = ["wait_request", "watched_allgather", "watched_barrier"]
+
+# Waits on MPI requests poll MPI_Test and yield the core in between (small collectives
+# finish within microseconds and must not pay for a sleep); every _POLLS_PER_CHECK polls
+# they ask the watch and the clock, and after _POLLS_BEFORE_SLEEP polls they also sleep.
+_POLLS_PER_CHECK = 64
+_POLLS_BEFORE_SLEEP = 50_000
+_LONG_WAIT_SLEEP_S = 50e-6
+# watched_allgather's fixed slot per rank, and the length word at its start.
+_SLOT_BYTES = 512
+_LENGTH = struct.Struct("=i")
+
+
+def wait_request(request: Any, *, watch: PeerWatch | None, timeout: float, what: str) -> None:
+    """Complete a non-blocking MPI request, giving up when a peer dies or time runs out.
+
+    Raises:
+        PeerDied: a watched rank exited; the request is abandoned (``watch.failed``).
+        ExchangeTimeout: not complete within ``timeout`` seconds (a rank on another node
+            died or hangs); the request is abandoned.
+    """
+    if request.Test():
+        return
+    deadline = time.monotonic() + timeout
+    polls = 0
+    try:
+        while not request.Test():
+            polls += 1
+            if polls % _POLLS_PER_CHECK:
+                # Ranks may outnumber cores: let the one we wait for run. Costs nothing
+                # when every rank has its own core.
+                os.sched_yield()
+                continue
+            if watch is not None:
+                watch.check(what)
+            if time.monotonic() > deadline:
+                raise ExchangeTimeout(
+                    f"{what}: not every rank arrived within {timeout:g} s (a rank died or "
+                    "hangs; see its own output)")
+            if polls > _POLLS_BEFORE_SLEEP:
+                time.sleep(_LONG_WAIT_SLEEP_S)  # a long wait: stop burning a shared core
+    except Exception as exc:
+        if watch is not None:
+            watch.fail(str(exc))
+            # MPICH may report the loss of a peer as an MPI error: name the peer instead.
+            if not isinstance(exc, PeerDied) and watch.dead_ranks:
+                raise PeerDied(watch.describe(what)) from exc
+        raise
+
+
+def watched_allgather(comm: Any, value: Any, *, watch: PeerWatch | None, timeout: float,
+                      what: str) -> list[Any]:
+    """Collective: every rank's picklable ``value``, by rank, like ``comm.allgather``, but
+    with a deadline and the watch consulted while waiting.
+
+    Values that pickle to at most ``_SLOT_BYTES - 4`` bytes (statuses, sizes, handles)
+    travel in one fixed-size all-gather; larger ones take a second, sized round.
+
+    Raises:
+        PeerDied / ExchangeTimeout: as ``wait_request``.
+    """
+    import pickle
+
+    from ..topology import mpi
+
+    MPI = mpi()
+    size = comm.Get_size()
+    data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    slot = bytearray(_SLOT_BYTES)
+    _LENGTH.pack_into(slot, 0, len(data))
+    if len(data) <= _SLOT_BYTES - _LENGTH.size:
+        slot[_LENGTH.size:_LENGTH.size + len(data)] = data
+    gathered = bytearray(size * _SLOT_BYTES)
+    wait_request(comm.Iallgather([slot, MPI.BYTE], [gathered, MPI.BYTE]), watch=watch,
+                 timeout=timeout, what=what)
+    lengths = [_LENGTH.unpack_from(gathered, r * _SLOT_BYTES)[0] for r in range(size)]
+    if max(lengths) <= _SLOT_BYTES - _LENGTH.size:
+        return [pickle.loads(gathered[r * _SLOT_BYTES + _LENGTH.size:
+                                      r * _SLOT_BYTES + _LENGTH.size + lengths[r]])
+                for r in range(size)]
+    offsets = [sum(lengths[:r]) for r in range(size)]
+    everything = bytearray(sum(lengths))
+    wait_request(comm.Iallgatherv([data, MPI.BYTE], [everything, (lengths, offsets), MPI.BYTE]),
+                 watch=watch, timeout=timeout, what=what)
+    return [pickle.loads(everything[o:o + n]) for o, n in zip(offsets, lengths, strict=True)]
+
+
+def watched_barrier(comm: Any, *, watch: PeerWatch | None, timeout: float, what: str) -> None:
+    """Collective: ``comm.Barrier()`` with a deadline and the watch consulted.
+
+    Raises:
+        PeerDied / ExchangeTimeout: as ``wait_request``.
+    """
+    wait_request(comm.Ibarrier(), watch=watch, timeout=timeout, what=what)

@@ -1,0 +1,207 @@
+"""Every ``IPCSHARE_*`` environment variable, read here and nowhere else.
+
+Each variable is read when it is needed (not cached at import), so a test or a launcher
+may set it late; what it means and its default are listed once, in ``SETTINGS`` (and in
+docs/SETTINGS.md, which a test holds against this table). A malformed value raises
+ConfigError naming the variable and the value.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+
+__all__ = [
+    "Setting", "SETTINGS", "raw", "seconds", "log_level", "debug", "max_ranks_per_gpu",
+    "disabled_p2p_pairs", "shared_gpu_barrier", "SHARED_GPU_BARRIERS", "mpi_cuda_aware",
+    "socket_dir", "kernel_cache", "doctor_test_death",
+    "LOG", "DEBUG", "VIRTUAL_NODES", "MAX_RANKS_PER_GPU", "DISABLE_P2P", "P2P_FALLBACK",
+    "P2P_CHUNK", "SHARED_GPU_BARRIER", "MPI_CUDA_AWARE", "SIGNAL_TIMEOUT", "EXCHANGE_TIMEOUT",
+    "PEER_EXIT_GRACE", "DOCTOR_TIMEOUT", "SOCKET_DIR", "KERNEL_CACHE", "DOCTOR_TEST_DIE_RANK",
+    "DOCTOR_TEST_DIE_STAGE",
+]
+
+LOG = "IPCSHARE_LOG"
+DEBUG = "IPCSHARE_DEBUG"
+VIRTUAL_NODES = "IPCSHARE_VIRTUAL_NODES"
+MAX_RANKS_PER_GPU = "IPCSHARE_MAX_RANKS_PER_GPU"
+DISABLE_P2P = "IPCSHARE_DISABLE_P2P"
+P2P_FALLBACK = "IPCSHARE_P2P_FALLBACK"
+P2P_CHUNK = "IPCSHARE_P2P_CHUNK"
+SHARED_GPU_BARRIER = "IPCSHARE_SHARED_GPU_BARRIER"
+MPI_CUDA_AWARE = "IPCSHARE_MPI_CUDA_AWARE"
+SIGNAL_TIMEOUT = "IPCSHARE_SIGNAL_TIMEOUT"
+EXCHANGE_TIMEOUT = "IPCSHARE_EXCHANGE_TIMEOUT"
+PEER_EXIT_GRACE = "IPCSHARE_PEER_EXIT_GRACE"
+DOCTOR_TIMEOUT = "IPCSHARE_DOCTOR_TIMEOUT"
+SOCKET_DIR = "IPCSHARE_SOCKET_DIR"
+KERNEL_CACHE = "IPCSHARE_KERNEL_CACHE"
+DOCTOR_TEST_DIE_RANK = "IPCSHARE_DOCTOR_TEST_DIE_RANK"
+DOCTOR_TEST_DIE_STAGE = "IPCSHARE_DOCTOR_TEST_DIE_STAGE"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One variable: its name, its default (as a user would write it) and its meaning."""
+
+    name: str
+    default: str
+    meaning: str
+
+
+SETTINGS = (
+    Setting(LOG, "WARNING", "log level of ipcshare's messages on stderr (DEBUG, INFO, ...)"),
+    Setting(DEBUG, "unset", "any value: the CLI prints the traceback of an error"),
+    Setting(VIRTUAL_NODES, "unset", "K: split the job's ranks into K simulated nodes "
+            "(the same on every rank)"),
+    Setting(MAX_RANKS_PER_GPU, "unlimited", "how many ranks may share one GPU (a whole "
+            "number, at least 1)"),
+    Setting(DISABLE_P2P, "unset", "device pairs treated as having no peer access, e.g. "
+            "`0-1,2-3`"),
+    Setting(P2P_FALLBACK, "auto", "how pairs without peer access move bytes: auto, relay "
+            "or host"),
+    Setting(P2P_CHUNK, "4M", "bytes per staged chunk of a fallback pair (K/M/G suffixes)"),
+    Setting(SHARED_GPU_BARRIER, "host", "how barriers meet when ranks share a GPU: host or "
+            "stream"),
+    Setting(MPI_CUDA_AWARE, "MPI's own answer", "1: hand MPI device pointers; 0: stage "
+            "device memory through the host"),
+    Setting(SIGNAL_TIMEOUT, "60", "seconds a device-side wait on a peer's signal may take"),
+    Setting(EXCHANGE_TIMEOUT, "30", "seconds a handle exchange or a fail-together step "
+            "waits for every rank"),
+    Setting(PEER_EXIT_GRACE, "2", "seconds a rank stuck in a blocking MPI call lives on "
+            "after a peer died, before its guard ends it"),
+    Setting(DOCTOR_TIMEOUT, "60", "seconds a rank may be late at a doctor checkpoint"),
+    Setting(SOCKET_DIR, "the temp dir", "where the job's private socket directory goes "
+            "(one directory mounted in every container of a node)"),
+    Setting(KERNEL_CACHE, "~/.cache/ipcshare/kernels", "where compiled kernels (CUBIN) are "
+            "kept"),
+    Setting(DOCTOR_TEST_DIE_RANK, "unset", "tests only: the rank that dies during doctor"),
+    Setting(DOCTOR_TEST_DIE_STAGE, "matrix", "tests only: the doctor stage at which it dies"),
+)
+
+
+def raw(name: str) -> str:
+    """The variable's text as the process has it ("" when unset), not stripped: some
+    callers compare it between ranks exactly as it was written."""
+    return os.environ.get(name, "")
+
+
+def _text(name: str) -> str:
+    return raw(name).strip()
+
+
+def seconds(name: str, default: float) -> float:
+    """A positive number of seconds from variable ``name``, else ``default``.
+
+    Raises:
+        ConfigError: set but not a positive number.
+    """
+    text = _text(name)
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{name}={text!r} is not a number of seconds") from None
+    if not value > 0:  # also refuses NaN
+        raise ConfigError(f"{name} must be positive, got {text!r}")
+    return value
+
+
+def log_level() -> str | None:
+    """``IPCSHARE_LOG`` as written, or None when unset or empty."""
+    return raw(LOG) or None
+
+
+def debug() -> bool:
+    """Whether ``IPCSHARE_DEBUG`` is set to anything."""
+    return bool(raw(DEBUG))
+
+
+def max_ranks_per_gpu() -> int | None:
+    """``IPCSHARE_MAX_RANKS_PER_GPU`` as an int, or None (unlimited) when unset.
+
+    Raises:
+        ConfigError: the variable is not a positive integer.
+    """
+    text = _text(MAX_RANKS_PER_GPU)
+    if not text:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(
+            f"{MAX_RANKS_PER_GPU}={text!r} is not a whole number of ranks") from None
+    if value < 1:
+        raise ConfigError(f"{MAX_RANKS_PER_GPU} must be at least 1, got {value}")
+    return value
+
+
+def disabled_p2p_pairs() -> set[frozenset[int]]:
+    """Device pairs named in ``IPCSHARE_DISABLE_P2P`` (e.g. ``"0-1,2-3"``, ordinals as this
+    process sees them), treated as having no peer path. On machines where every pair has
+    NVLink this is how the no-peer-access paths are exercised.
+
+    Raises:
+        ConfigError: a malformed pair.
+    """
+    pairs: set[frozenset[int]] = set()
+    for item in filter(None, (part.strip() for part in _text(DISABLE_P2P).split(","))):
+        ends = item.split("-")
+        if len(ends) != 2 or not all(end.strip().isdigit() for end in ends):
+            raise ConfigError(
+                f"{DISABLE_P2P}: {item!r} is not a pair of device numbers like 0-1")
+        pairs.add(frozenset(int(end) for end in ends))
+    return pairs
+
+
+SHARED_GPU_BARRIERS = ("host", "stream")
+
+
+def shared_gpu_barrier() -> str:
+    """How barriers meet when ranks share a GPU, from ``IPCSHARE_SHARED_GPU_BARRIER``:
+    ``host`` (default: wait for the stream, then meet on the host) or ``stream`` (stream
+    memory operations, as on GPUs of their own; kept to measure the difference).
+
+    Raises:
+        ConfigError: set to anything else.
+    """
+    text = _text(SHARED_GPU_BARRIER) or "host"
+    if text not in SHARED_GPU_BARRIERS:
+        raise ConfigError(f"{SHARED_GPU_BARRIER}={text!r}; choose one of: "
+                          + ", ".join(SHARED_GPU_BARRIERS))
+    return text
+
+
+def mpi_cuda_aware() -> bool | None:
+    """``IPCSHARE_MPI_CUDA_AWARE``: True (1), False (0), or None when unset (then MPI's
+    own answer counts).
+
+    Raises:
+        ConfigError: set to something other than 0 or 1.
+    """
+    text = _text(MPI_CUDA_AWARE)
+    if not text:
+        return None
+    if text not in ("0", "1"):
+        raise ConfigError(f"{MPI_CUDA_AWARE}={text!r}: use 1 (CUDA-aware MPI) or 0 "
+                          "(stage device memory through the host)")
+    return text == "1"
+
+
+def socket_dir() -> str | None:
+    """``IPCSHARE_SOCKET_DIR``, or None when unset or empty."""
+    return raw(SOCKET_DIR) or None
+
+
+def kernel_cache() -> str | None:
+    """``IPCSHARE_KERNEL_CACHE``, or None when unset or empty."""
+    return raw(KERNEL_CACHE) or None
+
+
+def doctor_test_death() -> tuple[str, str]:
+    """The doctor's test hook: (the rank that dies, "" for none; the stage, default
+    ``matrix``)."""
+    return _text(DOCTOR_TEST_DIE_RANK), _text(DOCTOR_TEST_DIE_STAGE) or "matrix"
