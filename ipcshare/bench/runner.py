@@ -12,8 +12,7 @@ from typing import Any
 from ..config import format_size
 from ..errors import ConfigError
 from ..patterns import make_pattern
-from ..patterns.baseline_mpi import mpi_baseline
-from ..patterns.baselines import gpu_baseline_class, open_gpu_baseline
+from ..patterns.baselines import gpu_baseline_class, mpi_baseline, open_gpu_baseline
 from ..patterns.driver import run_pattern
 from ..patterns.results import RunResult
 from ..patterns.rotation import ROTATION_MAX_BLOCK_BYTES
