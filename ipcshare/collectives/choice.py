@@ -59,12 +59,16 @@ HOST_CHOICES: dict[str, dict[int, Choice]] = {
 # 5.2 at 512 KiB against pull's 7.9-9.4, 11.7 and 12.9; reduce-scatter (commit 5ae108a)
 # 3.5-4.1 us up to 32 KiB, 4.5 at 128 KiB, 6.0 at 512 KiB against one-shot's 7.9-9.3,
 # 10.0 and 10.7 (and NCCL's 3.7-4.6, 6.4, 7.8). Its buffers take inputs of up to
-# 512 KiB (scratch.LL_MAX_BYTES), so it runs everything up to there. With 3 or more ranks
+# 2 MiB (scratch.LL_MAX_BYTES). From 512 KiB to 2 MiB (same node kind and day, commit
+# 78dd026): all-gather ll 5.3 / 10.4 us at 512 KiB / 2 MiB gathered against pull
+# 12.9 / 14.5 and NCCL's 8.0 / 11.1, so ll runs all-gathers up to 2 MiB; all-reduce ll
+# 7.4 / 18.4 us against one-shot's 10.9 / 16.2, so all-reduce switches at 512 KiB.
+# With 3 or more ranks
 # each rank pushes its input to every peer: not measured yet (no 4-GPU node was lent), so
 # those rows keep the measured kernels until a run says where ll stops winning.
 CUDA_CHOICES: dict[str, dict[int, Choice]] = {
     "all_gather": {1: Choice((), ("pull",)),
-                   2: Choice((512 * _KiB,), ("ll", "pull")),
+                   2: Choice((2048 * _KiB,), ("ll", "pull")),
                    3: Choice((), ("pull",))},
     "reduce_scatter": {1: Choice((), ("one-shot",)),
                        2: Choice((512 * _KiB,), ("ll", "one-shot")),

@@ -43,13 +43,14 @@ _MiB = 1 << 20
 # BENCHMARKS.md, "After a kernel"). So push runs up to 128 MiB, where the two tie back to
 # back and push is 15% ahead after a kernel; from 256 MiB the copy engine is 5-9% ahead
 # back to back and within 3% of push after a kernel. 2 GPUs lose at most 3% after a kernel.
-# Up to 512 KiB gathered, 2 ranks: the low-latency protocol (ll, the collectives layer's
-# all-gather) takes 3.1-5.2 us in graphs where push takes 7.5-8.9 (nvidia-h200-x2,
-# 2026-11-23, commit 9809801; docs/BENCHMARKS.md, "Small messages"); bound eager calls
-# cost a launch from Python either way. 4 ranks: not measured yet, push stays.
+# Up to 2 MiB gathered, 2 ranks: the low-latency protocol (ll, the collectives layer's
+# all-gather) takes 3.1-5.2 us in graphs up to 512 KiB where push takes 7.5-10.3, and 10.4
+# us at 2 MiB against push's 12.2 and NCCL's 11.1 (nvidia-h200-x2, 2026-11-23;
+# docs/BENCHMARKS.md, "Small messages"); bound eager calls cost a launch from Python either
+# way. 4 ranks: not measured yet, push stays.
 _KiB = 1 << 10
 ALLGATHER_CHOICES = {
-    2: AllGatherChoice(2, (512 * _KiB, 16 * _MiB), ("ll", "push", "copy-engine")),
+    2: AllGatherChoice(2, (2 * _MiB, 16 * _MiB), ("ll", "push", "copy-engine")),
     4: AllGatherChoice(4, (128 * _MiB,), ("push", "copy-engine")),
 }
 # In place, after a kernel, the 4-GPU copy engine falls to 207-239 GB/s at 128 MiB-1 GiB
@@ -60,7 +61,7 @@ ALLGATHER_CHOICES = {
 # ahead back to back (335.5 vs 316.6) and within 5% after a kernel, and it keeps 361 / 384
 # GB/s after a kernel at 256 MiB / 1 GiB.
 IN_PLACE_ALLGATHER_CHOICES = {
-    2: AllGatherChoice(2, (512 * _KiB, 32 * _MiB), ("ll", "push", "copy-engine")),
+    2: AllGatherChoice(2, (2 * _MiB, 32 * _MiB), ("ll", "push", "copy-engine")),
     4: AllGatherChoice(4, (), ("push",)),
 }
 # Inside CUDA graphs the copy engine loses its concurrency on 4 GPUs: the copies to three

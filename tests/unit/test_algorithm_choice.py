@@ -79,8 +79,8 @@ def test_two_and_three_ranks_push_in_place_up_to_32_mib(world_size):
 
 @pytest.mark.parametrize("in_place", [False, True])
 @pytest.mark.parametrize("graph", [False, True])
-def test_two_ranks_take_the_low_latency_protocol_up_to_512_kib(graph, in_place):
-    for size in (1, 64 << 10, 512 << 10):
+def test_two_ranks_take_the_low_latency_protocol_up_to_2_mib(graph, in_place):
+    for size in (1, 64 << 10, 2 << 20):
         assert choose_allgather(size, 2, graph=graph, in_place=in_place) == "ll"
-    assert choose_allgather((512 << 10) + 1, 2, graph=graph, in_place=in_place) == "push"
+    assert choose_allgather((2 << 20) + 1, 2, graph=graph, in_place=in_place) == "push"
     assert choose_allgather(1024, 4, graph=graph, in_place=in_place) == "push"  # unmeasured

@@ -252,10 +252,11 @@ DIGEST = 0x80F2C549A7032D31
 
 
 def test_two_gpus_run_small_calls_by_the_low_latency_protocol():
-    for op in ("all_reduce", "all_gather", "reduce_scatter"):
+    for op, limit in (("all_reduce", 512 << 10), ("all_gather", 2 << 20),
+                      ("reduce_scatter", 512 << 10)):
         assert choose("cuda", op, 1, 2) == "ll"
-        assert choose("cuda", op, 512 << 10, 2) == "ll"
-        assert choose("cuda", op, (512 << 10) + 1, 2) != "ll"
+        assert choose("cuda", op, limit, 2) == "ll"
+        assert choose("cuda", op, limit + 1, 2) != "ll"
         assert LL_MAX_BYTES >= 512 << 10  # auto never asks more of the buffers than they take
         assert choose("cuda", op, 1024, 4) != "ll"  # not measured on 4 GPUs yet
 
