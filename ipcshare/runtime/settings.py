@@ -67,7 +67,7 @@ SETTINGS = (
             "stream"),
     Setting(MPI_CUDA_AWARE, "MPI's own answer", "1: hand MPI device pointers; 0: stage "
             "device memory through the host"),
-    Setting(SIGNAL_TIMEOUT, "60", "seconds a device-side wait on a peer's signal may take"),
+    Setting(SIGNAL_TIMEOUT, "30", "seconds a device-side wait on a peer's signal may take"),
     Setting(EXCHANGE_TIMEOUT, "30", "seconds a handle exchange or a fail-together step "
             "waits for every rank"),
     Setting(PEER_EXIT_GRACE, "2", "seconds a rank stuck in a blocking MPI call lives on "

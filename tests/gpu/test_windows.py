@@ -93,12 +93,16 @@ def test_signals_carry_data_and_a_missing_signal_times_out_naming_the_peer(comm,
         # Nobody raises this word: the stream-ordered wait must surface at synchronize.
         slot = USER_SLOT_BASE + 5
         w.wait_signal(slot, 1, peer=prev, timeout=0.5)
-        with pytest.raises(SignalTimeout, match=rf"waiting for rank {prev}@") as caught:
-            engine.synchronize()
-        # Unblock our own stream with a write it does not wait for, then close cleanly.
-        one = np.ones(1, dtype=np.uint64)
-        cuda_driver.check("cuMemcpyHtoD", cuda_driver.driver.cuMemcpyHtoD(
-            w.signal_pad(me).ptr + 8 * slot, one.ctypes.data, 8))
+        try:
+            with pytest.raises(SignalTimeout, match=rf"waiting for rank {prev}@") as caught:
+                engine.synchronize()
+        finally:
+            # Unblock our own stream with a write it does not wait for, whatever happened
+            # above: a stream left waiting makes the teardown's cuMemFree wait forever,
+            # which would hide the real failure behind a hang.
+            one = np.ones(1, dtype=np.uint64)
+            cuda_driver.check("cuMemcpyHtoD", cuda_driver.driver.cuMemcpyHtoD(
+                w.signal_pad(me).ptr + 8 * slot, one.ctypes.data, 8))
         engine.synchronize()
         w.close()
     assert "did not finish within 0.5 s" in str(caught.value)

@@ -114,3 +114,11 @@ def test_texts_and_flags(monkeypatch):
         "info", True, ("1", "bandwidth"))
     monkeypatch.setenv(settings.P2P_FALLBACK, " relay")
     assert settings.raw(settings.P2P_FALLBACK) == " relay"  # compared between ranks as written
+
+
+def test_the_signal_timeout_the_table_documents_is_the_one_groups_use(monkeypatch):
+    from ipcshare.window import group
+
+    monkeypatch.delenv(settings.SIGNAL_TIMEOUT, raising=False)
+    (row,) = [s for s in settings.SETTINGS if s.name == settings.SIGNAL_TIMEOUT]
+    assert float(row.default) == group._signal_timeout() == 30.0
