@@ -424,6 +424,29 @@ class CudaEngine:
         diff = (current - value) & ((1 << bits) - 1)
         return diff < (1 << (bits - 1))
 
+    def release_waits(self, pad: DeviceBuffer) -> int:
+        """Meet this engine's unmet waits on words of ``pad`` by writing the awaited values
+        there from the host, and return how many it wrote. For a window that is closing
+        after a peer never signalled: its stream would otherwise stay blocked, and freeing
+        memory under a blocked stream (cuMemFree) waits for it forever. The copy is
+        synchronous on the legacy default stream, which our non-blocking stream does not
+        hold up. Never raises (it runs on an error path): a word it cannot write stays."""
+        met = 0
+        size = _WORD if self.wide_signals else 4
+        for address, (value, _timeout, _label) in list(self._pending.items()):
+            if not pad.ptr <= address < pad.ptr + pad.nbytes:
+                continue
+            current = self._peek_word(address)
+            if current is not None and self._reached(current, value):
+                continue
+            word = ctypes.c_uint64(value & self._mask)
+            try:
+                err, = driver.cuMemcpyHtoD(address, ctypes.addressof(word), size)
+            except Exception:
+                continue
+            met += int(err == cuda_driver.SUCCESS)
+        return met
+
     def _peek_word(self, address: int) -> int | None:
         # Our stream is blocked; a synchronous copy runs on the legacy default stream,
         # which does not wait for non-blocking streams.

@@ -362,7 +362,7 @@ class Window:
         self._closed = True
         try:
             try:
-                self.engine.synchronize()
+                self._drain_stream()
                 if self.staged is not None:  # lanes another stream's work left running
                     self.staged.drain(self.signal_timeout)
             finally:
@@ -383,6 +383,22 @@ class Window:
                 self._allocations.clear()
                 if self._on_close is not None:
                     self._on_close(self)
+
+    def _drain_stream(self) -> None:
+        """Wait for this window's stream. When it is stuck on a wait for a peer's signal
+        that never came (the SignalTimeout it raises is the caller's to see), first meet
+        our own pad's unmet waits from the host, so the stream drains and the memory freed
+        after this is not under a blocked stream (cuMemFree would wait for it forever)."""
+        try:
+            self.engine.synchronize()
+        except SignalTimeout:
+            own = self._pads.get(self.world.rank)
+            if self.engine.has_streams and own is not None and self.engine.release_waits(own):
+                try:
+                    self.engine.synchronize()
+                except SignalTimeout:
+                    pass  # something else holds the stream: the first error says enough
+            raise
 
     def __enter__(self) -> Window:
         return self
