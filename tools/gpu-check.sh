@@ -572,14 +572,12 @@ if [[ $G -ge 2 ]] && wants shared; then
 fi
 
 # nccl-tests: the NCCL reference measured by NVIDIA's own harness (GPU-NODES.md says how
-# it builds here). The wheel's NCCL has no libnccl.so link, which the Makefile wants.
-NCCL_TESTS_BUILD=/tmp/nccl-tests-build
-NCCL_TESTS_HOME=/tmp/nccl-tests-home
+# it builds here). The wheel's NCCL has no libnccl.so link, which the Makefile wants. The
+# build and that link live in a folder this run makes (mktemp), never one found by name.
 nccl_tests_build() {
   local wheel nvcc_path
   wheel=$("$PY" -c 'import nvidia.nccl as n; print(list(n.__path__)[0])') || return 1
   nvcc_path=$(command -v nvcc) || { echo "nvcc: not found"; return 1; }
-  rm -rf "$NCCL_TESTS_HOME" "$NCCL_TESTS_BUILD"
   mkdir -p "$NCCL_TESTS_HOME/lib"
   ln -s "$wheel/include" "$NCCL_TESTS_HOME/include"
   ln -s "$wheel"/lib/libnccl.so.* "$NCCL_TESTS_HOME/lib/"
@@ -601,14 +599,19 @@ nccl_tests_run() {  # nccl_tests_run PROGRAM REGISTER [-G 20]: one run, appended
   return "${PIPESTATUS[0]}"
 }
 export -f nccl_tests_build nccl_tests_run
-export NCCL_TESTS_BUILD NCCL_TESTS_HOME G
+export G
 if [[ $G -ge 2 ]] && wants nccl-tests; then
   if [[ ! -d .nccl-tests/src ]]; then
     log "nccl-tests: .nccl-tests/src missing (carry the ignored .nccl-tests/ folder along)"
     failures=$((failures + 1))
   else
     mkdir -p "$OUT/nccl-tests"
-    rm -f "$OUT"/nccl-tests/*.log
+    NCCL_TESTS_ROOT=$(mktemp -d "${TMPDIR:-/tmp}/ipcshare-nccl-tests.XXXXXX")
+    NCCL_TESTS_HOME=$NCCL_TESTS_ROOT/nccl NCCL_TESTS_BUILD=$NCCL_TESTS_ROOT/build
+    export NCCL_TESTS_HOME NCCL_TESTS_BUILD
+    for program in all_gather_perf all_reduce_perf reduce_scatter_perf; do
+      : >"$OUT/nccl-tests/$program.log"  # this run's logs start empty (runs append to them)
+    done
     step "nccl-tests build (nvcc, the wheel's NCCL, sm_90)" 600 nccl_tests_build
     for program in all_gather_perf all_reduce_perf reduce_scatter_perf; do
       for register in 0 2; do
@@ -617,6 +620,7 @@ if [[ $G -ge 2 ]] && wants nccl-tests; then
       done
     done
     step "nccl-tests table" 60 bash -c '"$0" -m ipcshare.bench.nccl_tests "$1"/nccl-tests/*_perf.log > "$1/nccl-tests/nccl-tests.md"; rc=$?; cat "$1/nccl-tests/nccl-tests.md"; exit $rc' "$PY" "$OUT"
+    rm -rf "$NCCL_TESTS_ROOT"  # made by mktemp above, for this run only
   fi
 elif wants nccl-tests; then
   log "nccl-tests: needs 2 GPUs; skipped"

@@ -24,9 +24,7 @@ _LIMIT = 64
 
 
 def _torch_identity(obj: Any, torch: Any) -> tuple | None:
-    if type(obj) is not torch.Tensor and not isinstance(obj, torch.Tensor):
-        return None
-    if not obj.is_cuda:
+    if not isinstance(obj, torch.Tensor) or not obj.is_cuda:
         return None
     return (obj.data_ptr(), obj.numel(), obj.dtype, obj.is_contiguous(), obj.get_device())
 

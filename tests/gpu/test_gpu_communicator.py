@@ -8,10 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import ipcshare
 from ipcshare.collectives.scratch import LL_MAX_BYTES
 from ipcshare.errors import CollectiveError
 from tests.reduction_reference import NUMPY_DTYPES, mismatches, reference, seeded_values
+
+from .torch_communicator import torch_communicator
 
 torch = pytest.importorskip("torch")
 
@@ -61,12 +62,8 @@ class _OnStream:
 
 @pytest.fixture(scope="module", params=["cuda-vmm", "cuda-ipc"])
 def setup(request):
-    with ipcshare.Group(backend=request.param) as group:
-        device = group.backend.device
-        torch.cuda.set_device(device)
-        stream = torch.cuda.Stream(device=device)
-        with group.communicator(max_bytes=4 << 20) as communicator, torch.cuda.stream(stream):
-            yield group, _OnStream(communicator, stream)
+    with torch_communicator(request.param, 4 << 20) as (group, communicator, stream):
+        yield group, _OnStream(communicator, stream)
 
 
 def _inputs(dtype, count, seed, size, specials):

@@ -15,6 +15,8 @@ from ipcshare.collectives.scratch import LL_MAX_BYTES
 from ipcshare.errors import SignalTimeout
 from tests.reduction_reference import NUMPY_DTYPES, mismatches, reference, seeded_values
 
+from .torch_communicator import torch_communicator
+
 torch = pytest.importorskip("torch")
 
 pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
@@ -37,12 +39,8 @@ def _host_bits(tensor: torch.Tensor, dtype: str) -> np.ndarray:
 
 @pytest.fixture(scope="module", params=["cuda-vmm", "cuda-ipc"])
 def setup(request):
-    with ipcshare.Group(backend=request.param) as group:
-        device = group.backend.device
-        torch.cuda.set_device(device)
-        stream = torch.cuda.Stream(device=device)
-        with group.communicator(max_bytes=4 << 20) as cm, torch.cuda.stream(stream):
-            yield group, cm, stream
+    with torch_communicator(request.param, 4 << 20) as found:
+        yield found
 
 
 def _flag_like_blocks(nbytes: int, size: int, call: int) -> list[np.ndarray]:
