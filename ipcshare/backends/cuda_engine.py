@@ -33,6 +33,9 @@ _SPIN_POLLS = 200
 _MAX_SLEEP_S = 1e-3
 
 _WORD = 8
+# How long a host-side look at (or write of) one signal word may take before it is given
+# up: it runs only on error paths, where a stuck probe must not turn into a hang.
+_PROBE_TIMEOUT_S = 0.5
 _WAIT_GEQ = int(driver.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ)
 # Default write flags put a memory barrier before the store: data written earlier on
 # the stream is visible to whoever sees the new value (release).
@@ -90,6 +93,10 @@ class CudaEngine:
         self._timers: set[CudaTimer] = set()
         # Side streams (and their completion events) for concurrent large copies.
         self._side: list[tuple[Any, Any]] = []
+        # A stream and a pinned word of its own for looking at signal words from the host
+        # while our stream is blocked (made on first use; see _probe).
+        self._probe_lane: tuple[Any, int] | None = None
+        self._probe_stuck = False
         # The engine this one is a view of (on_stream), or None for the owner of the stream.
         self._parent: CudaEngine | None = None
         self._fork = check("cuEventCreate", driver.cuEventCreate(
@@ -426,37 +433,72 @@ class CudaEngine:
 
     def release_waits(self, pad: DeviceBuffer) -> int:
         """Meet this engine's unmet waits on words of ``pad`` by writing the awaited values
-        there from the host, and return how many it wrote. For a window that is closing
-        after a peer never signalled: its stream would otherwise stay blocked, and freeing
-        memory under a blocked stream (cuMemFree) waits for it forever. The copy is
-        synchronous on the legacy default stream, which our non-blocking stream does not
-        hold up. Never raises (it runs on an error path): a word it cannot write stays."""
+        there, and return how many it wrote. For a window that is closing after a peer
+        never signalled: its stream would otherwise stay blocked, and freeing memory under
+        a blocked stream (cuMemFree) waits for it forever. The writes go on a probe stream
+        of their own, each given at most half a second. Never raises (it runs on an error
+        path): a word it cannot write stays."""
         met = 0
-        size = _WORD if self.wide_signals else 4
         for address, (value, _timeout, _label) in list(self._pending.items()):
             if not pad.ptr <= address < pad.ptr + pad.nbytes:
                 continue
             current = self._peek_word(address)
             if current is not None and self._reached(current, value):
                 continue
-            word = ctypes.c_uint64(value & self._mask)
-            try:
-                err, = driver.cuMemcpyHtoD(address, ctypes.addressof(word), size)
-            except Exception:
-                continue
-            met += int(err == cuda_driver.SUCCESS)
+            met += int(self._probe(lambda lane, at=address, word=value & self._mask:
+                                   self._write(lane, at, word, _WRITE_RELEASE)) is not None)
         return met
 
     def _peek_word(self, address: int) -> int | None:
-        # Our stream is blocked; a synchronous copy runs on the legacy default stream,
-        # which does not wait for non-blocking streams.
-        word = ctypes.c_uint64(0)
+        """The signal word at ``address`` as the host reads it now, or None when it cannot
+        be read within the probe's time."""
         size = _WORD if self.wide_signals else 4
+
+        def read(lane: Any) -> tuple:
+            return driver.cuMemcpyDtoHAsync(self._probe_lane[1], address, size, lane)
+        if self._probe(read) is None:
+            return None
+        word = ctypes.c_uint64.from_address(self._probe_lane[1]).value
+        return int(word & self._mask)
+
+    def _probe(self, enqueue: Callable[[Any], tuple]) -> bool | None:
+        """Run ``enqueue(stream)`` on the probe stream and wait for it at most
+        ``_PROBE_TIMEOUT_S``; True when done, None when it failed or did not finish.
+
+        Why not a synchronous cuMemcpy: with our stream blocked on a peer that never
+        signals, synchronous copies were seen to hang on legacy-IPC windows of two ranks
+        (H100/H200, driver 580), whereas asynchronous work on another non-blocking stream
+        runs. A probe that does not finish in time leaves the lane marked stuck and
+        unused, so diagnosis can never block the caller."""
+        if self._probe_stuck:
+            return None
         try:
-            err, = driver.cuMemcpyDtoH(ctypes.addressof(word), address, size)
+            if self._probe_lane is None:
+                stream = check("cuStreamCreate", driver.cuStreamCreate(
+                    int(driver.CUstream_flags.CU_STREAM_NON_BLOCKING)))
+                try:
+                    word = check("cuMemHostAlloc", driver.cuMemHostAlloc(_WORD, 0))
+                except BaseException:
+                    driver.cuStreamDestroy(stream)
+                    raise
+                self._probe_lane = (stream, int(word))
+            lane = self._probe_lane[0]
+            err, = enqueue(lane)
+            if err:
+                return None
+            deadline = time.monotonic() + _PROBE_TIMEOUT_S
+            while True:
+                err, = driver.cuStreamQuery(lane)
+                if err == cuda_driver.SUCCESS:
+                    return True
+                if err != cuda_driver.NOT_READY:
+                    return None
+                if time.monotonic() > deadline:
+                    self._probe_stuck = True
+                    return None
+                time.sleep(1e-4)
         except Exception:  # diagnosis only
             return None
-        return int(word.value) if err == cuda_driver.SUCCESS else None
 
     def timer(self) -> CudaTimer:
         """A timer from CUDA events recorded on this stream."""
@@ -484,6 +526,11 @@ class CudaEngine:
             driver.cuEventDestroy(done)
             driver.cuStreamDestroy(side)
         self._side.clear()
+        lane, self._probe_lane = self._probe_lane, None
+        if lane is not None:
+            driver.cuStreamDestroy(lane[0])
+            if not self._probe_stuck:  # a copy still in flight would write into freed memory
+                driver.cuMemFreeHost(lane[1])
         if self._fork is not None:
             driver.cuEventDestroy(self._fork)
             self._fork = None

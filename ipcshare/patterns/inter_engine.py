@@ -5,6 +5,7 @@ rank on every node (``World.rail_comm``; rail 0 is the node leaders')."""
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 from ..config import INTER_ENGINES
@@ -14,7 +15,7 @@ from ..topology import describe_disagreement
 from .inter_node_engine import InterNodeEngine, check_nccl_possible, nccl4py_missing
 
 __all__ = ["InterNodeEngine", "INTER_ENGINES", "INTER_LABELS", "nccl4py_missing", "resolve_inter",
-           "check_nccl_possible", "open_inter_engine"]
+           "check_nccl_possible", "open_inter_engine", "rail_gpu_clash"]
 
 # The engines in words, for tables and reports.
 INTER_LABELS = {"nccl": "NCCL through nccl4py on rails of local rank i",
@@ -40,6 +41,23 @@ def resolve_inter(requested: str, backend_name: str) -> str:
     return "nccl"
 
 
+def rail_gpu_clash(places: list[tuple[int, str, Any]]) -> str | None:
+    """Where two ranks of one rail use the same GPU, in words, or None. ``places[r]`` is
+    world rank r's (local rank, physical host, GPU UUID or None). NCCL refuses a
+    communicator two of whose ranks share a GPU (ncclInvalidUsage), which is what rails
+    of virtual nodes on one machine with fewer GPUs than ranks would ask of it."""
+    first: dict[tuple[int, str, Any], int] = {}
+    for rank, (rail, host, uuid) in enumerate(places):
+        if uuid is None:
+            continue
+        other = first.setdefault((rail, host, uuid), rank)
+        if other != rank:
+            text = uuid.hex() if isinstance(uuid, bytes) else str(uuid)
+            return (f"ranks {other} and {rank} of rail {rail} both use GPU "
+                    f"{text.removeprefix('GPU-')[:8]} on {host}")
+    return None
+
+
 def open_inter_engine(requested: str, group: Any) -> InterNodeEngine:
     """Collective over ``group`` (a job spanning nodes): the engine ``requested`` names,
     on this rank's rail.
@@ -52,6 +70,16 @@ def open_inter_engine(requested: str, group: Any) -> InterNodeEngine:
     world = group.world
     with collective_step(world, "choosing the engine between nodes", watch=group.watch):
         name = resolve_inter(requested, group.backend_name)
+    if name == "nccl":
+        # Every rank gathers the same places, so every rank decides (and raises) alike.
+        clash = rail_gpu_clash(group.collective("GPUs of the rails", (
+            world.local_rank, socket.gethostname(), getattr(group.backend, "uuid", None))))
+        if clash is not None and requested == "auto":
+            name = "mpi"
+        elif clash is not None:
+            raise ConfigError(f"--inter nccl cannot run here: {clash}, and NCCL needs one "
+                              "GPU per rank of a communicator; use --inter mpi or auto, or "
+                              "give each rank its own GPU")
     # Ranks of one job resolve alike unless nccl4py is importable on some only: then
     # auto would mix engines and the rails would never meet.
     names = group.collective("engine between nodes", name)

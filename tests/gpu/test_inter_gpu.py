@@ -5,6 +5,8 @@ named in the result. Run on a GPU node with an even number of ranks (2 x 1 on 2 
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 import ipcshare
@@ -12,7 +14,7 @@ from ipcshare.config import merge_options
 from ipcshare.errors import ConfigError
 from ipcshare.patterns import make_pattern
 from ipcshare.patterns.driver import run_pattern
-from ipcshare.patterns.inter_engine import nccl4py_missing
+from ipcshare.patterns.inter_engine import nccl4py_missing, rail_gpu_clash
 from ipcshare.topology import VIRTUAL_NODES_ENV
 
 from ..node_runs import run_across_nodes
@@ -28,10 +30,21 @@ def two_nodes(comm, monkeypatch):
     monkeypatch.setenv(VIRTUAL_NODES_ENV, "2")
 
 
-def _needs(engine: str) -> None:
+def _rails_clash(comm) -> str | None:
+    """Where two ranks of one rail use the same GPU (what NCCL refuses), from the UUIDs
+    that each rank's group really uses; None when every rail has GPUs of its own."""
+    with ipcshare.Group(backend="cuda-vmm") as g:
+        places = comm.allgather((g.world.local_rank, socket.gethostname(), g.backend.uuid))
+    return rail_gpu_clash(places)
+
+
+def _needs(engine: str, comm=None) -> None:
     missing = nccl4py_missing() if engine == "nccl" else None
     if missing is not None:
         pytest.skip(f"--inter nccl needs nccl4py: {missing}")
+    clash = _rails_clash(comm) if engine == "nccl" else None
+    if clash is not None:
+        pytest.skip(f"NCCL needs one GPU per rank of a rail: {clash}")
 
 
 def _run(collective: str, engine: str, **options):
@@ -42,7 +55,7 @@ def _run(collective: str, engine: str, **options):
 @pytest.mark.parametrize("engine", ["nccl", "mpi"])
 @pytest.mark.parametrize("op", ["allgather", "allreduce", "reducescatter"])
 def test_device_memory_crosses_virtual_nodes_through_each_engine(comm, two_nodes, op, engine):
-    _needs(engine)
+    _needs(engine, comm)
     result = _run(op, engine, min_bytes=4, max_bytes=9 << 20, step_factor=13)
     assert result.nodes == 2 and result.inter == engine
     assert comm.allgather(result.wrong_total) == [0] * comm.size
@@ -52,9 +65,23 @@ def test_device_memory_crosses_virtual_nodes_through_each_engine(comm, two_nodes
 @pytest.mark.parametrize("reduction,datatype", [("max", "bfloat16"), ("sum", "float16"),
                                                 ("min", "int32")])
 def test_nccl_rails_reduce_every_type_bit_exact(comm, two_nodes, op, reduction, datatype):
-    _needs("nccl")
+    _needs("nccl", comm)
     result = _run(op, "nccl", min_bytes=2, max_bytes=1 << 20, step_factor=32, op=reduction,
                   datatype=datatype)
+    assert comm.allgather(result.wrong_total) == [0] * comm.size
+
+
+def test_rails_sharing_a_gpu_refuse_nccl_on_every_rank_and_auto_takes_mpi(comm, two_nodes):
+    if nccl4py_missing() is not None:
+        pytest.skip(f"auto picks MPI anyway without nccl4py: {nccl4py_missing()}")
+    clash = _rails_clash(comm)
+    if clash is None:
+        pytest.skip("every rank of each rail has a GPU of its own here (needs 2 ranks on 1 GPU)")
+    with pytest.raises(ConfigError, match="NCCL needs one GPU per rank") as refused:
+        _run("allreduce", "nccl", min_bytes=4, max_bytes=4096)
+    assert clash in str(refused.value)
+    result = _run("allreduce", "auto", min_bytes=4, max_bytes=1 << 20, step_factor=16)
+    assert result.inter == "mpi"
     assert comm.allgather(result.wrong_total) == [0] * comm.size
 
 

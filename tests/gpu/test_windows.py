@@ -97,15 +97,14 @@ def test_signals_carry_data_and_a_missing_signal_times_out_naming_the_peer(comm,
             with pytest.raises(SignalTimeout, match=rf"waiting for rank {prev}@") as caught:
                 engine.synchronize()
         finally:
-            # Unblock our own stream with a write it does not wait for, whatever happened
-            # above: a stream left waiting makes the teardown's cuMemFree wait forever,
-            # which would hide the real failure behind a hang.
-            one = np.ones(1, dtype=np.uint64)
-            cuda_driver.check("cuMemcpyHtoD", cuda_driver.driver.cuMemcpyHtoD(
-                w.signal_pad(me).ptr + 8 * slot, one.ctypes.data, 8))
+            # Unblock our own stream whatever happened above, through the library's own
+            # path (the one Window.close takes): a stream left waiting makes the
+            # teardown's cuMemFree wait forever, which would hide the real failure.
+            released = engine.release_waits(w.signal_pad(me))
         engine.synchronize()
         w.close()
     assert "did not finish within 0.5 s" in str(caught.value)
+    assert f"waiting for rank {prev}@" in str(caught.value) and released == 1
     assert _all(comm, carried) == [True] * n
 
 
