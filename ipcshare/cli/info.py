@@ -8,9 +8,9 @@ import os
 import platform
 
 from .. import __version__
+from ..collectives.across_nodes.engine import nccl4py_missing
 from ..gpu_sharing import shared_gpus_advice
 from ..liveness.consensus import collective_step
-from ..patterns.inter_node_engine import nccl4py_missing
 from ..peer_paths import FALLBACK_ENV, PathPlan, fallback_choice, plan_paths
 from ..runtime import settings
 from ..topology import World, mpi_library_version
@@ -152,9 +152,9 @@ def inter_choice(requested: str, facts: list[dict]) -> dict:
     """Which engine ``--inter requested`` would cross nodes with on the auto backend,
     from every rank's facts: ``{"requested", "engine" (nccl, mpi or None where it
     cannot run), "why"}``."""
+    from ..collectives.across_nodes.choice import INTER_LABELS
+    from ..collectives.across_nodes.engine import check_nccl_possible
     from ..errors import ConfigError
-    from ..patterns.inter_engine import INTER_LABELS
-    from ..patterns.inter_node_engine import check_nccl_possible
 
     backends = {f["backend_auto"] for f in facts}
     missing = sorted({f["nccl4py"] for f in facts if f.get("nccl4py")})

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -276,11 +277,15 @@ class Communicator:
             raise CollectiveError(f"bind({collective!r}): choose all_gather, all_reduce or "
                                   "reduce_scatter")
         call = prepare(*args, **kwargs)
+        description, enqueue = self._bind_call(call)
+        return BoundCollective(collective, f"bound {description}", enqueue,
+                               lambda: self.closed, call.result, (args, kwargs, enqueue))
+
+    def _bind_call(self, call: _Call) -> tuple[str, Callable[[], None]]:
+        """The call described, and a callable that enqueues it again each time."""
         signature, chosen = self._signature(call)
-        enqueue = self._path.bind_call(signature, chosen, call.inp, call.out,
-                                       in_place=call.in_place, stream=call.stream)
-        return BoundCollective(collective, f"bound {signature.describe()}", enqueue,
-                               lambda: self.closed, call.result, (args, kwargs))
+        return signature.describe(), self._path.bind_call(
+            signature, chosen, call.inp, call.out, in_place=call.in_place, stream=call.stream)
 
     # -- calls, checked on this rank --------------------------------------------------
     def _all_gather(self, output: Any, input: Any, *, stream: Any = None,

@@ -1,5 +1,5 @@
 """Hierarchical all-gather for jobs that span nodes: IPC inside each node, an engine
-between nodes (``--inter``: NCCL through nccl4py, or MPI; patterns.inter_engine). With
+between nodes (``--inter``: NCCL through nccl4py, or MPI; collectives.across_nodes.choice). With
 nodes of equal size every rank exchanges its block with its counterparts on the other
 nodes (one "rail" per local rank) and pushes what it got to its node's peers; with uneven
 nodes the node leaders exchange node segments and the other ranks pull them from their
@@ -15,31 +15,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from ..collectives.across_nodes.engine import InterNodeEngine
+from ..collectives.across_nodes.hierarchy import node_segments
 from ..errors import ConfigError
 from ..window import Window
 from .base import SizePlan
-from .inter_node_engine import InterNodeEngine
 
-__all__ = ["bind_hierarchical", "node_segments"]
-
-
-def node_segments(node_of_rank: list[int]) -> list[tuple[int, int]]:
-    """(first rank, rank count) of each node, in node order.
-
-    Raises:
-        ConfigError: a node's ranks are not consecutive (a node segment must be one
-            contiguous range of the rank-ordered output).
-    """
-    segments: list[tuple[int, int]] = []
-    for node in range(max(node_of_rank) + 1):
-        ranks = [r for r, n in enumerate(node_of_rank) if n == node]
-        if ranks != list(range(ranks[0], ranks[-1] + 1)):
-            raise ConfigError(
-                f"the hierarchical all-gather needs each node's ranks to be consecutive; "
-                f"node {node} holds ranks {ranks}: place ranks by node (srun "
-                "--distribution=block, mpirun --map-by slot or ppr:N:node)")
-        segments.append((ranks[0], len(ranks)))
-    return segments
+__all__ = ["bind_hierarchical"]
 
 
 class AllGatherRegions(Protocol):

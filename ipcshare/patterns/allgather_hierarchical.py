@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..collectives.across_nodes.hierarchy import node_segments
 from ..window import Window
 from .allgather import AllGather
-from .allgather_across_nodes import bind_hierarchical, node_segments
+from .allgather_across_nodes import bind_hierarchical
 from .base import SizePlan
 
 __all__ = ["HierarchicalAllGather", "bind_hierarchical", "node_segments"]

@@ -47,13 +47,13 @@ class Pattern(abc.ABC):
 
     def inter_engine(self, group: Any) -> Any:
         """Collective the first time: this pattern's engine between nodes on ``group``
-        (patterns.inter_engine).
+        (collectives.across_nodes.choice).
 
         Raises:
             ConfigError / IpcShareError: as ``open_inter_engine`` (on every rank).
         """
         if self._inter_engine is None:
-            from .inter_engine import open_inter_engine
+            from ..collectives.across_nodes.choice import open_inter_engine
 
             self._inter_engine = open_inter_engine(self.inter, group)
         return self._inter_engine

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..liveness.consensus import collective_step
+from ..runtime.nvlink_multicast import keep_multicast_off
 from ..topology import World
 from .base import SizePlan
 from .baseline_gpu import (
@@ -18,7 +19,6 @@ from .baseline_gpu import (
     check_one_gpu_per_rank,
     import_torch_cuda,
 )
-from .nvlink_multicast import keep_multicast_off
 
 __all__ = ["Nccl4pyBaseline"]
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from .. import __version__
 from ..backends import Backend
+from ..collectives.across_nodes.choice import INTER_LABELS
 from ..config import PatternOptions, format_size
 from ..errors import ConfigError
 from ..gpu_sharing import shared_gpus_advice
@@ -17,7 +18,6 @@ from ..liveness.consensus import collective_step
 from ..topology import World, mpi
 from ..window import Group
 from .base import Pattern, SizePlan
-from .inter_engine import INTER_LABELS
 from .results import BaselineResult, Measurement, Row, RunResult
 from .rotation import (
     ROTATION_MAX_BLOCK_BYTES,

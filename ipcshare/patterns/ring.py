@@ -9,11 +9,11 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from ..collectives.across_nodes.mpi_path import MpiPath
 from ..topology import mpi
 from ..window import Window
 from ..window.layout import RING_SIGNAL_SLOT
 from .base import Pattern, SizePlan
-from .mpi_path import MpiPath
 from .seeding import count_wrong, poison, seeded_bytes
 
 __all__ = ["Ring", "RING_SIGNAL_SLOT"]

@@ -252,11 +252,14 @@ class Group:
         self._windows.append(window)
         return window
 
-    def communicator(self, max_bytes: int, *, heap_bytes: int | None = None) -> Communicator:
+    def communicator(self, max_bytes: int, *, heap_bytes: int | None = None,
+                     inter: str = "auto") -> Communicator:
         """Collective: a ``Communicator`` for all-gather, all-reduce and reduce-scatter
         on the user's arrays, whose calls move at most ``max_bytes`` (the largest array
         of a call), with ``heap_bytes`` (default ``2 * max_bytes``) for ``empty()``. Its
-        window is sized once here and closed with the group.
+        window is sized once here and closed with the group. A group spanning nodes gets
+        a ``NodesCommunicator`` (IPC inside nodes; between them the engine ``inter``
+        names: ``nccl``, ``mpi`` or ``auto``, as ``--inter``).
 
         Raises:
             CollectiveError: bad or disagreeing sizes (on every rank).
@@ -268,6 +271,10 @@ class Group:
         # The collectives layer sits above windows: imported only when asked for.
         from ..collectives import Communicator
 
+        if self.world.node_count > 1:
+            from ..collectives.across_nodes.communicator import NodesCommunicator
+
+            return NodesCommunicator(self, max_bytes, heap_bytes=heap_bytes, inter=inter)
         return Communicator(self, max_bytes, heap_bytes=heap_bytes)
 
     def barrier(self) -> None:

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 import ipcshare
+from ipcshare.collectives.across_nodes.mpi_path import MPI_CUDA_AWARE_ENV, mpi_cuda_aware
 from ipcshare.config import merge_options
 from ipcshare.patterns import make_pattern
 from ipcshare.patterns.driver import run_pattern
-from ipcshare.patterns.mpi_path import MPI_CUDA_AWARE_ENV, mpi_cuda_aware
 from ipcshare.topology import VIRTUAL_NODES_ENV
 
 pytestmark = [pytest.mark.gpu, pytest.mark.mpi]

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 import ipcshare
-import ipcshare.patterns.inter_engine as inter_engine_module
-import ipcshare.patterns.mpi_path as mpi_path_module
+import ipcshare.collectives.across_nodes.choice as inter_engine_module
+import ipcshare.collectives.across_nodes.mpi_path as mpi_path_module
+from ipcshare.collectives.across_nodes.choice import open_inter_engine
 from ipcshare.errors import ConfigError
-from ipcshare.patterns.inter_engine import open_inter_engine
 from ipcshare.topology import VIRTUAL_NODES_ENV
 
 from ..node_runs import run_across_nodes
@@ -66,7 +66,7 @@ def test_hierarchical_allgather_names_its_engine(comm, even_nodes):
 def test_a_wrong_rail_sum_is_caught(comm, even_nodes, monkeypatch):
     # A rail all-reduce that adds one to the result on rank 0's rail only: the ranks of
     # that rail (and their node's all-gather) must see wrong elements, not the others.
-    from ipcshare.patterns import inter_mpi
+    from ipcshare.collectives.across_nodes import mpi_engine as inter_mpi
 
     original = inter_mpi.MpiInterEngine.all_reduce
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import ipcshare
-import ipcshare.patterns.mpi_path as mpi_path_module
+import ipcshare.collectives.across_nodes.mpi_path as mpi_path_module
 from ipcshare.config import merge_options
 from ipcshare.errors import ConfigError, WindowError
 from ipcshare.patterns import make_pattern

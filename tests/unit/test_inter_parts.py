@@ -3,14 +3,15 @@ refusals, the rail-major block order, the result document's field."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from ipcshare.cli.main import build_parser
+from ipcshare.collectives.across_nodes.choice import nccl4py_missing, resolve_inter
+from ipcshare.collectives.across_nodes.hierarchy import rail_major_moves, rank_order_moves
 from ipcshare.config import merge_options
 from ipcshare.errors import ConfigError
 from ipcshare.patterns import make_pattern
-from ipcshare.patterns.hierarchical_reduction import rail_major_moves
-from ipcshare.patterns.inter_engine import nccl4py_missing, resolve_inter
 from ipcshare.patterns.results import RunResult
 
 
@@ -61,3 +62,17 @@ def test_result_document_names_the_engine_only_across_nodes():
                          rows=[], baseline=None, inter=inter)
     assert result("nccl").to_dict()["inter"] == "nccl"
     assert "inter" not in result(None).to_dict()
+
+
+@pytest.mark.parametrize("nodes,per_node", [(3, 2), (2, 3), (4, 1), (1, 4), (2, 2)])
+def test_rank_order_moves_undo_the_local_rank_major_gather(nodes, per_node):
+    # What the hierarchical all-gather holds after its node step: local rank j's rail
+    # blocks, node by node: the block of rank (node, j) at position j * nodes + node.
+    block = 3
+    rank = np.arange(nodes * per_node)
+    gathered = np.concatenate([np.full(block, node * per_node + j, np.uint8)
+                               for j in range(per_node) for node in range(nodes)])
+    output = np.zeros_like(gathered)
+    for target, source in rank_order_moves(nodes, per_node, block):
+        output[target:target + block] = gathered[source:source + block]
+    assert np.array_equal(output, np.repeat(rank.astype(np.uint8), block))

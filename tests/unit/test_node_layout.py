@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from ipcshare.collectives.across_nodes.hierarchy import node_segments
 from ipcshare.errors import ConfigError
 from ipcshare.patterns import make_pattern
-from ipcshare.patterns.allgather_hierarchical import HierarchicalAllGather, node_segments
+from ipcshare.patterns.allgather_hierarchical import HierarchicalAllGather
 from ipcshare.topology import virtual_node_blocks
 
 

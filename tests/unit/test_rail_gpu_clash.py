@@ -1,9 +1,9 @@
 """Rails whose ranks share a GPU: NCCL refuses them, so --inter auto must not pick it and
---inter nccl must say why (ipcshare.patterns.inter_engine.rail_gpu_clash)."""
+--inter nccl must say why (ipcshare.collectives.across_nodes.choice.rail_gpu_clash)."""
 
 from __future__ import annotations
 
-from ipcshare.patterns.inter_engine import rail_gpu_clash
+from ipcshare.collectives.across_nodes.choice import rail_gpu_clash
 
 
 def test_two_virtual_nodes_on_one_gpu_clash_on_rail_zero():

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from ..runtime import settings
-from ..topology import mpi
+from ...runtime import settings
+from ...topology import mpi
 
 __all__ = ["MpiPath", "mpi_cuda_aware", "mpi_path_mode", "MPI_CUDA_AWARE_ENV",
            "MPI_PATH_MODES"]

@@ -8,11 +8,11 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-from ..config import INTER_ENGINES
-from ..errors import ConfigError
-from ..liveness.consensus import collective_step
-from ..topology import describe_disagreement
-from .inter_node_engine import InterNodeEngine, check_nccl_possible, nccl4py_missing
+from ...config import INTER_ENGINES
+from ...errors import ConfigError
+from ...liveness.consensus import collective_step
+from ...topology import describe_disagreement
+from .engine import InterNodeEngine, check_nccl_possible, nccl4py_missing
 
 __all__ = ["InterNodeEngine", "INTER_ENGINES", "INTER_LABELS", "nccl4py_missing", "resolve_inter",
            "check_nccl_possible", "open_inter_engine", "rail_gpu_clash"]
@@ -70,16 +70,6 @@ def open_inter_engine(requested: str, group: Any) -> InterNodeEngine:
     world = group.world
     with collective_step(world, "choosing the engine between nodes", watch=group.watch):
         name = resolve_inter(requested, group.backend_name)
-    if name == "nccl":
-        # Every rank gathers the same places, so every rank decides (and raises) alike.
-        clash = rail_gpu_clash(group.collective("GPUs of the rails", (
-            world.local_rank, socket.gethostname(), getattr(group.backend, "uuid", None))))
-        if clash is not None and requested == "auto":
-            name = "mpi"
-        elif clash is not None:
-            raise ConfigError(f"--inter nccl cannot run here: {clash}, and NCCL needs one "
-                              "GPU per rank of a communicator; use --inter mpi or auto, or "
-                              "give each rank its own GPU")
     # Ranks of one job resolve alike unless nccl4py is importable on some only: then
     # auto would mix engines and the rails would never meet.
     names = group.collective("engine between nodes", name)
@@ -89,9 +79,19 @@ def open_inter_engine(requested: str, group: Any) -> InterNodeEngine:
                           "not importable everywhere); install nccl4py on every node, or use "
                           "--inter mpi")
     if name == "nccl":
-        from .inter_nccl import NcclInterEngine
+        # Every rank gathers the same places, so every rank decides (and raises) alike.
+        clash = rail_gpu_clash(group.collective("GPUs of the rails", (
+            world.local_rank, socket.gethostname(), getattr(group.backend, "uuid", None))))
+        if clash is not None and requested == "nccl":
+            raise ConfigError(f"--inter nccl cannot run here: {clash}, and NCCL needs one "
+                              "GPU per rank of a communicator; use --inter mpi or auto, or "
+                              "give each rank its own GPU")
+        if clash is not None:
+            name = "mpi"
+    if name == "nccl":
+        from .nccl_engine import NcclInterEngine
 
         return NcclInterEngine(group)
-    from .inter_mpi import MpiInterEngine
+    from .mpi_engine import MpiInterEngine
 
     return MpiInterEngine(group)

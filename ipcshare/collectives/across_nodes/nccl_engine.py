@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..backends.cuda_streams import stream_handle
-from ..backends.device_buffer import DeviceArray
-from ..liveness.consensus import collective_step
-from .inter_node_engine import InterNodeEngine, check_nccl_possible, nccl4py_missing
-from .nvlink_multicast import keep_multicast_off
+from ...backends.cuda_streams import stream_handle
+from ...backends.device_buffer import DeviceArray
+from ...liveness.consensus import collective_step
+from ...runtime.nvlink_multicast import keep_multicast_off
+from .engine import InterNodeEngine, check_nccl_possible, nccl4py_missing
 
 __all__ = ["NcclInterEngine"]
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from ..collectives.reduction import Reducer
-from ..topology import mpi
-from .inter_node_engine import InterNodeEngine
+from ...topology import mpi
+from ..reduction import Reducer
+from .engine import InterNodeEngine
 from .mpi_path import MpiPath
 
 __all__ = ["MpiInterEngine"]

@@ -1,0 +1,249 @@
+"""``NodesCommunicator``: the ``Communicator`` of a group that spans nodes. IPC inside each
+node (a Communicator over the node's ranks), the rails' engine between nodes (``inter``:
+NCCL through nccl4py, or MPI), composed by ``hierarchy``. Same calls, checks and results
+as on one node; ``algo`` is ``hierarchical`` (or ``auto``)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from ...errors import CollectiveError, Unsupported
+from ..agreement import Signature, disagreement_error
+from ..communicator import Communicator, _Call
+from .choice import open_inter_engine
+from .hierarchy import (
+    HostBytes,
+    Levels,
+    bind_all_gather,
+    bind_all_reduce,
+    bind_reduce_scatter,
+    check_even_nodes,
+    open_node_group,
+)
+
+__all__ = ["NodesCommunicator", "HIERARCHICAL"]
+
+HIERARCHICAL = "hierarchical"
+# Calls whose scratch is kept bound (their arrays, stream and shape); older ones are dropped.
+_BOUND_KEPT = 16
+
+
+class NodesCommunicator(Communicator):
+    """Collectives on the user's arrays among the ranks of a ``Group`` that spans nodes
+    (``Group.communicator`` makes one where the group's world has more than one node).
+
+    Every call is collective over the whole group, checked as on one node (the same
+    errors, naming arguments and values); ranks that disagree on a call raise on every
+    rank at the first call of that shape. The steps inside a node run on a node
+    communicator of ``max_bytes``; its heap holds ``empty()`` arrays (``heap_bytes``,
+    default ``2 * max_bytes``) and the calls' scratch (``2 * max_bytes`` more). With the
+    NCCL engine GPU calls are stream-ordered; with MPI they wait on the host for the rail
+    step. Nodes must hold as many ranks each, numbered consecutively.
+
+    Raises (at creation, on every rank):
+        ConfigError: uneven or interleaved nodes, or an engine that cannot run here.
+        CollectiveError: bad or disagreeing sizes.
+    """
+
+    def __init__(self, group: Any, max_bytes: int, *, heap_bytes: int | None = None,
+                 inter: str = "auto") -> None:
+        self._closed = True  # until everything below is open
+        world = group.world
+        self.group = group
+        self.per_node = check_even_nodes(world.node_of_rank, "Group.communicator across nodes")
+        self._node_group = open_node_group(group)
+        self._node: Communicator | None = None
+        self._inter: Any = None
+        try:
+            user_heap = 2 * max_bytes if heap_bytes is None else heap_bytes
+            if isinstance(max_bytes, int) and isinstance(user_heap, int):
+                scratch = 2 * max_bytes + 4 * 4096  # two arrays of a call, aligned
+                node_heap = user_heap + scratch
+            else:
+                node_heap = user_heap  # the node communicator names what is wrong
+            self._node = Communicator(self._node_group, max_bytes, heap_bytes=node_heap)
+            self._inter = open_inter_engine(inter, group)
+        except BaseException:
+            self._release()
+            raise
+        self.max_bytes, self.heap_bytes = self._node.max_bytes, user_heap
+        self._path = self._node._path  # memory, device, window: the checks read them
+        self._signatures: dict[tuple, Signature] = {}
+        self._bound: OrderedDict[tuple, Callable[[], None]] = OrderedDict()
+        self._recent = None
+        self._closed = False
+
+    # -- facts -------------------------------------------------------------------------
+    @property
+    def inter(self) -> str:
+        """The engine between nodes that runs the rail steps: ``nccl`` or ``mpi``."""
+        return self._inter.name
+
+    @property
+    def copies_in(self) -> int:
+        return self._node.copies_in
+
+    @property
+    def registered(self) -> int:
+        return 0
+
+    @property
+    def closed(self) -> bool:
+        return self._closed or self._node.closed
+
+    # -- arrays ------------------------------------------------------------------------
+    def empty(self, shape: int | tuple[int, ...], dtype: Any) -> Any:
+        """A new array inside this rank's node window (see ``Communicator.empty``)."""
+        self._check_open()
+        return self._node.empty(shape, dtype)
+
+    def register(self, array: Any) -> Any:
+        """Not across nodes: a registration maps memory between the ranks of one node.
+
+        Raises:
+            Unsupported: always, saying what to do instead.
+        """
+        raise Unsupported("register() on a communicator spanning nodes: registered memory "
+                          "is mapped between the ranks of one node only; register on a "
+                          "communicator of one node's group, or pass the array to the calls "
+                          "(they copy it in)")
+
+    def unregister(self, array: Any) -> None:
+        raise Unsupported("unregister() on a communicator spanning nodes: nothing is "
+                          "registered there")
+
+    # -- calls ---------------------------------------------------------------------------
+    def _bind_call(self, call: _Call) -> tuple[str, Callable[[], None]]:
+        return self._agreed(call).describe(), self._bind(call)
+
+    def synchronize(self, stream: Any = None) -> None:
+        self._check_open()
+        self._node.synchronize(stream)
+
+    @property
+    def stream(self) -> Any:
+        return self._node.stream
+
+    def _run(self, call: _Call, key: tuple | None = None) -> Any:
+        self._agreed(call)
+        identity = (call.op, call.redop, call.inp.ptr, call.inp.nbytes, call.inp.dtype,
+                    call.out.ptr, call.in_place, _stream_key(call.stream))
+        run = self._bound.get(identity)
+        if run is None:
+            run = self._bound[identity] = self._bind(call)
+            if len(self._bound) > _BOUND_KEPT:
+                # Its scratch returns to the heap: let work still queued on it finish.
+                self._bound.popitem(last=False)
+                self._node.synchronize()
+        else:
+            self._bound.move_to_end(identity)
+        run()
+        return call.result
+
+    def _agreed(self, call: _Call) -> Signature:
+        """The call's signature, agreed on by every rank of the group the first time it
+        is seen (ranks of different nodes would otherwise meet in the rail step with
+        different sizes).
+
+        Raises:
+            CollectiveError: an algorithm other than hierarchical / auto (on this rank),
+                or ranks that disagree (on every rank).
+        """
+        if call.algo not in ("auto", HIERARCHICAL):
+            raise CollectiveError(f"algo={call.algo!r}: a communicator spanning nodes runs "
+                                  f"the {HIERARCHICAL} algorithm; pass algo='auto' or "
+                                  f"'{HIERARCHICAL}'")
+        inp = call.inp
+        key = (call.op, inp.count, inp.dtype, inp.itemsize, call.redop)
+        signature = self._signatures.get(key)
+        if signature is None:
+            signature = Signature(call.op, inp.count, inp.dtype, inp.itemsize, call.redop,
+                                  HIERARCHICAL)
+            seen = self.group.collective("collective call", signature.describe())
+            if len(set(seen)) > 1:
+                raise disagreement_error(seen)
+            self._signatures[key] = signature
+        return signature
+
+    def _bind(self, call: _Call) -> Callable[[], None]:
+        world, node = self.group.world, self._node
+        memory = node.memory
+        engine = node._path.window.engine
+        if memory != "host" and call.stream is not None:
+            engine = engine.on_stream(call.stream)
+        byte_call = call.op == "all_gather"
+        dtype = "uint8" if byte_call else call.inp.dtype
+        levels = Levels(node, self._inter, engine, call.stream,
+                        lambda buffer: _typed(buffer, memory, dtype), dtype, call.redop)
+        inp, out = self._buffer(call.inp), self._buffer(call.out)
+        if call.op == "all_gather":
+            return bind_all_gather(levels, inp, out, nodes=world.node_count,
+                                   per_node=self.per_node, node_index=world.node_index,
+                                   local_rank=world.local_rank)
+        if call.op == "all_reduce":
+            return bind_all_reduce(levels, inp, out, element=call.inp.itemsize,
+                                   in_place=call.in_place)
+        return bind_reduce_scatter(levels, inp, out, element=call.inp.itemsize,
+                                   nodes=world.node_count)
+
+    def _buffer(self, ref: Any) -> Any:
+        """The user's array as a buffer the steps slice (its bytes, not a copy)."""
+        if self.memory == "host":
+            return HostBytes(ref.bytes())
+        from ...backends.device_buffer import DeviceBuffer
+
+        return DeviceBuffer(ref.ptr, ref.nbytes, self._path.device, ref.source)
+
+    def close(self) -> None:
+        """Close the node communicator, the engine between nodes and the node group
+        (collective over the group; idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._bound.clear()
+        self._release()
+
+    def _release(self) -> None:
+        node, self._node = self._node, None
+        inter, self._inter = self._inter, None
+        node_group, self._node_group = self._node_group, None
+        try:
+            if node is not None:
+                node.close()
+            if inter is not None:
+                inter.close()
+        finally:
+            if node_group is not None:
+                node_group.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"rank {self.rank} of {self.size}"
+        return (f"NodesCommunicator({self.memory}, {self.group.world.node_count} nodes x "
+                f"{self.per_node}, inter {self._inter.name if self._inter else '-'}, "
+                f"max_bytes={self.max_bytes}, {state})")
+
+
+def _typed(buffer: Any, memory: str, dtype: str) -> Any:
+    """``buffer`` as an array of ``dtype`` a node call takes: numpy on host, a DeviceArray
+    on GPUs."""
+    import numpy as np
+
+    if memory == "host":
+        from ..arrays import to_numpy_dtype
+
+        return np.asarray(buffer).view(to_numpy_dtype(dtype))
+    from ...backends.device_buffer import DeviceArray
+
+    itemsize = 1 if dtype == "uint8" else 2 if dtype in ("float16", "bfloat16") else 4
+    return DeviceArray(buffer.ptr, buffer.nbytes, buffer.device, buffer,
+                       (buffer.nbytes // itemsize,), dtype)
+
+
+def _stream_key(stream: Any) -> Any:
+    if stream is None:
+        return None
+    from ...backends.cuda_streams import stream_handle
+
+    return stream_handle(stream)
