@@ -78,6 +78,18 @@ class DeviceBackend(Backend):
         return self._kernels[source]
 
     @property
+    def allocate_private(self, nbytes: int) -> DeviceAllocation:
+        """cuMemAlloc ``nbytes`` of device memory that never leaves this process (tables
+        the kernels read, not windows).
+
+        Raises:
+            CudaError: out of memory, or another driver failure.
+        """
+        self._context.make_current()
+        ptr = int(check("cuMemAlloc", driver.cuMemAlloc(nbytes)))
+        return DeviceAllocation(ptr, nbytes, self.device, functools.partial(_free_private, ptr),
+                                what="private device allocation")
+
     def imports_mapped(self) -> int:
         """Distinct peer allocations mapped by this backend right now."""
         return len(self._imports)
@@ -197,6 +209,10 @@ class DeviceBackend(Backend):
             finally:
                 self._context.close()
 
+
+
+def _free_private(ptr: int) -> None:
+    check("cuMemFree", driver.cuMemFree(ptr))
 
 
 def _close_ipc(ptr: int) -> None:

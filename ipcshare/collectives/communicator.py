@@ -95,7 +95,7 @@ class Communicator:
 
             self._path = GpuPath(group, self._layout)
         self._heap = Heap(heap_bytes, ALIGN)
-        self._registry = Registry(group, local_buffer=self._path.local_buffer)
+        self._registry = Registry(group, local_buffer=self._path.local_buffer, path=self._path)
         self._path.registry = self._registry
         # Each call's signature and algorithm, by what the call asked: built (and its
         # digest computed) once, looked up after that.
@@ -171,9 +171,9 @@ class Communicator:
         Peer mappings are counted per allocation and released by ``unregister`` or
         ``close``; the registration holds ``array`` until then.
 
-        Calls read a registered input in place on host memory (no copy-in). On GPUs they
-        still copy it into the window (the kernels address peers' inputs inside the
-        window); the mapped peers are for the user's own kernels.
+        Calls read a registered input in place (no copy-in), on host memory and on GPUs
+        (up to 64 live registrations there; inputs of further ones are copied in). Bound
+        calls and CUDA graphs on a registered array must not run after ``unregister``.
 
         Raises:
             CollectiveError: misuse on this rank (closed, not an array, not contiguous).

@@ -42,6 +42,11 @@ _DISAGREEMENT = 0xFFFF
 # Calls of one parity after which an LL kernel re-flags that parity's whole buffer
 # (kernels/include/ipcshare/ll.cuh): far below 2**32, so no flag ever comes round again.
 LL_CLEAN_EVERY = 1 << 30
+# Rows of the registrations table (live registrations whose arrays kernels read in place;
+# calls on arrays of further registrations copy them in).
+REGISTRATION_ROWS = 64
+# Values of CollectiveArgs.zero_copy: staged by the kernel, in the heap, registered.
+_STAGED, _IN_HEAP, _REGISTERED = 0, 1, 2
 
 
 class _BoundCall:
@@ -109,6 +114,11 @@ class GpuPath:
         self._functions: dict[str, Any] = {}
         self.copies_in = 0
         self.calls = 0
+        # Communicator.register's arrays (set by the communicator), and the device table
+        # of where every rank's array of each live registration is mapped here.
+        self.registry: Any = None
+        self._table: Any = None
+        self._rows: dict[int, int] = {}          # registration number -> table row
 
     def _clear_ll_buffers(self) -> None:
         """Zero this rank's LL buffers before any peer may write them: no line may hold a
@@ -138,9 +148,36 @@ class GpuPath:
         return array, array
 
     def local_buffer(self, ref: ArrayRef) -> DeviceBuffer:
-        """A buffer of this rank's own registered array (register's hook: calls copy
-        registered inputs in, since the kernels address peers' inputs in the window)."""
+        """A buffer of this rank's own registered array (register's hook)."""
         return DeviceBuffer(ref.ptr, ref.nbytes, self.device, owner=ref.source)
+
+    def registered(self, registration: Any) -> None:
+        """Registry's hook, on every rank in the same order: give ``registration`` the
+        lowest free row of the registrations table (so rows agree across ranks) and write
+        there where every rank's array is mapped here; kernels then read a call's
+        input from it in place. With every row taken, calls on it copy the input in."""
+        import numpy as np
+
+        from ..kernels.launcher import MAX_KERNEL_RANKS
+
+        taken = set(self._rows.values())
+        row = next((r for r in range(REGISTRATION_ROWS) if r not in taken), None)
+        if row is None or self.size > MAX_KERNEL_RANKS:
+            return
+        engine = self.window.engine
+        if self._table is None:
+            self._table = self.group.backend.allocate_private(
+                REGISTRATION_ROWS * MAX_KERNEL_RANKS * 8)
+        entries = np.zeros(MAX_KERNEL_RANKS, np.uint64)
+        entries[:self.size] = registration.buffer_ptrs
+        engine.upload(self._table.buffer(row * MAX_KERNEL_RANKS * 8, entries.nbytes), entries)
+        engine.synchronize()
+        self._rows[registration.index] = row
+
+    def unregistered(self, registration: Any) -> None:
+        """Registry's hook: free the registration's row (bound calls on its arrays must
+        not run after this, as the arrays themselves may then be freed)."""
+        self._rows.pop(registration.index, None)
 
     # -- calls -------------------------------------------------------------------------
     def engine_for(self, stream: Any) -> Any:
@@ -216,16 +253,25 @@ class GpuPath:
     def _place(self, args: Any, signature: Signature, algorithm: Algorithm,
                input_ref: ArrayRef, output_ref: ArrayRef, in_place: bool) -> bool:
         """Point ``args`` at the call's arrays; return whether peers read the input in
-        place (zero-copy: it lies in the heap, and in place only where the algorithm
-        allows it), else the kernel stages it."""
+        place (zero-copy: it lies in the heap or in a registered array, and in place only
+        where the algorithm allows it), else the kernel stages it."""
+        nbytes = signature.nbytes
         offset = input_ref.ptr - self._local_ptr
-        zero_copy = (self.layout.in_heap(offset, signature.nbytes)
-                     and (not in_place or algorithm.aliasing_safe))
+        may_alias = not in_place or algorithm.aliasing_safe
+        mode = _IN_HEAP if may_alias and self.layout.in_heap(offset, nbytes) else _STAGED
+        row = None
+        if mode == _STAGED and may_alias and self._rows and nbytes:
+            registration = self.registry.find(input_ref.ptr, nbytes)
+            row = None if registration is None else self._rows.get(registration.index)
+            if row is not None:
+                mode, offset = _REGISTERED, input_ref.ptr - registration.ptr
         args.input = input_ref.ptr
         args.output = output_ref.ptr
-        args.zero_copy = int(zero_copy)
-        args.input_offset = offset if zero_copy else 0
-        return zero_copy
+        args.zero_copy = mode
+        args.input_offset = offset if mode != _STAGED else 0
+        args.registration_row = row or 0
+        args.registrations = self._table.ptr if mode == _REGISTERED else None
+        return mode != _STAGED
 
     def _function(self, entry: str) -> Any:
         function = self._functions.get(entry)
@@ -282,7 +328,14 @@ class GpuPath:
         self.window.raise_kernel_error("a collective kernel")
 
     def close(self) -> None:
-        """Close the window (collective over the node; idempotent)."""
+        """Close the window and free the registrations table (collective over the node;
+        idempotent)."""
         self._bound.clear()
         self._engines.clear()
-        self.window.close()
+        self._rows.clear()
+        table, self._table = self._table, None
+        try:
+            self.window.close()
+        finally:
+            if table is not None:
+                table.close()

@@ -84,6 +84,12 @@ class HostPath:
         """A buffer of this rank's own registered array."""
         return HostBuffer(memoryview(ref.bytes()), ref.ptr)
 
+    def registered(self, registration: Any) -> None:
+        """Registry's hook: nothing to do, host calls find registrations by number."""
+
+    def unregistered(self, registration: Any) -> None:
+        """Registry's hook: nothing to do."""
+
     def heap_array(self, offset: int, dims: tuple[int, ...], dtype: np.dtype
                    ) -> tuple[np.ndarray, Any]:
         """An array of ``dims`` and ``dtype`` at ``offset`` of this rank's window, and the

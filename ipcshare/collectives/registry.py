@@ -77,10 +77,13 @@ class _Mapping:
 class Registry:
     """The registrations of one communicator over ``group``."""
 
-    def __init__(self, group: Any, *, local_buffer: Any) -> None:
+    def __init__(self, group: Any, *, local_buffer: Any, path: Any) -> None:
         self.group = group
         # Makes a buffer of this rank's own array: ArrayRef -> Buffer.
         self._local_buffer = local_buffer
+        # Told of each registration made and dropped (the GPU path keeps a device table
+        # of them for its kernels), in the same order on every rank.
+        self._path = path
         self._registrations: list[Registration] = []     # live, by index
         self._mapped: dict[tuple[int, bytes], _Mapping] = {}
         self._uses: dict[int, list[tuple[int, bytes]]] = {}  # index -> mapping keys
@@ -164,6 +167,7 @@ class Registry:
         self._next += 1
         self._registrations.append(registration)
         self._uses[registration.index] = keys
+        self._path.registered(registration)
         return registration
 
     def unregister(self, ref: ArrayRef) -> None:
@@ -184,6 +188,7 @@ class Registry:
         group.wait_for_node("unregistering an array")
 
     def _drop(self, registration: Registration) -> None:
+        self._path.unregistered(registration)
         registration.closed = True
         self._registrations.remove(registration)
         keys = self._uses.pop(registration.index)

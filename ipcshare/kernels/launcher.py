@@ -70,6 +70,8 @@ class CollectiveArgs(ctypes.Structure):
         ("ll_offset", ctypes.c_ulonglong * 2),
         ("ll_slot_bytes", ctypes.c_ulonglong),
         ("ll_clean_every", ctypes.c_ulonglong),
+        ("registrations", ctypes.c_void_p),
+        ("registration_row", ctypes.c_ulonglong),
     ]
 
 

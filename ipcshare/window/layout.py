@@ -76,9 +76,10 @@ HEADER_FLAGS = 2
 # Flag: the input is the user's own memory in the heap (not a staging copy), so peers
 # must be done reading it before the call returns on any rank.
 FLAG_ZERO_COPY = 1
-# Flag (host calls): the input lies in a registered array (Communicator.register), not
-# in the window: HEADER_INPUT is its offset there, HEADER_REGISTRATION the number of
-# the registration (the same on every rank).
+# Flag: the input lies in a registered array (Communicator.register), not in the
+# window: HEADER_INPUT is its offset there, HEADER_REGISTRATION the registration's number
+# (host calls) or its row of the GPU path's registrations table (GPU calls), the same on
+# every rank.
 FLAG_REGISTERED = 2
 HEADER_REGISTRATION = 3
 # Two own-pad words (one per parity) where the LL kernels record the call at which they

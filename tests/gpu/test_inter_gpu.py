@@ -95,3 +95,41 @@ def test_graphs_across_nodes_need_a_stream_ordered_engine(comm, two_nodes):
                 run_pattern(g, pattern, opts, emit=lambda _line: None, graph=True)
     finally:
         pattern.close()
+
+
+@pytest.mark.parametrize("backend", ["cuda-vmm", "cuda-ipc"])
+def test_a_communicator_across_virtual_nodes_on_torch_tensors(comm, two_nodes, backend):
+    """Group.communicator on a group spanning two virtual nodes: the user's torch tensors
+    on a torch stream, every collective, bit-exact (small integers: exact in every order)
+    and the same on every rank; the engine between nodes as auto resolves it here."""
+    torch = pytest.importorskip("torch")
+    me, n = comm.rank, comm.size
+    with ipcshare.Group(backend=backend) as g:
+        device = g.backend.device
+        torch.cuda.set_device(device)
+        stream = torch.cuda.Stream(device=device)
+        with g.communicator(max_bytes=1 << 22) as c, torch.cuda.stream(stream):
+            assert c.inter == ("mpi" if _rails_clash_of(comm, g) else
+                               "nccl" if nccl4py_missing() is None else "mpi")
+            wrong = 0
+            for count in (1, 4099, 262_147):
+                base = torch.arange(count, device="cuda", dtype=torch.float32) % 7
+                tensor = (base + me).to(torch.bfloat16)
+                c.all_reduce(tensor, stream=stream)
+                want = (base * n + n * (n - 1) // 2).to(torch.bfloat16)
+                gathered = torch.empty(n * count, device="cuda", dtype=torch.int32)
+                c.all_gather(gathered, torch.full((count,), me, device="cuda",
+                                                  dtype=torch.int32), stream=stream)
+                scattered = torch.empty(count, device="cuda", dtype=torch.float32)
+                c.reduce_scatter(scattered, base.repeat(n) + me, op="max", stream=stream)
+                stream.synchronize()
+                wrong += int((tensor.view(torch.int16) != want.view(torch.int16)).sum())
+                wrong += int((gathered != torch.arange(n, device="cuda", dtype=torch.int32)
+                              .repeat_interleave(count)).sum())
+                wrong += int((scattered != base + (n - 1)).sum())
+    assert comm.allgather(wrong) == [0] * n
+
+
+def _rails_clash_of(comm, g) -> str | None:
+    return rail_gpu_clash(comm.allgather((g.world.local_rank, socket.gethostname(),
+                                          g.backend.uuid)))

@@ -135,3 +135,90 @@ def test_torch_expandable_segments_are_shared_by_posix_fd(setup, expandable_segm
     err, legacy = driver.cuPointerGetAttribute(attribute, tensor.data_ptr())
     assert int(err) == 0 and not legacy, "expected a cuMem allocation of expandable segments"
     check_peers_read_the_registered_tensor(g, comm, tensor[:1 << 18])
+
+
+# Calls on registered tensors: peers read them in place (no copy into the window).
+_REDUCE_ALGOS = {"all_reduce": ("one-shot", "two-shot", "auto"),
+                 "reduce_scatter": ("one-shot", "auto"), "all_gather": ("pull", "auto")}
+
+
+def _run_call(comm, collective: str, source, algo: str, n: int):
+    """One call of ``collective`` on ``source`` (out of place) and its output."""
+    if collective == "all_reduce":
+        out = torch.empty_like(source)
+        comm.all_reduce(source, output=out, algo=algo)
+    elif collective == "reduce_scatter":
+        out = torch.empty(source.numel() // n, dtype=source.dtype, device=source.device)
+        comm.reduce_scatter(out, source, algo=algo)
+    else:
+        out = torch.empty(n * source.numel(), dtype=source.dtype, device=source.device)
+        comm.all_gather(out, source, algo=algo)
+    return out
+
+
+def _expected(collective: str, count: int, me: int, n: int, device):
+    """What every rank's input ``arange(count) % 11 + rank`` gives: exact in float32."""
+    base = torch.arange(count, device=device, dtype=torch.float32) % 11
+    if collective == "all_reduce":
+        return base * n + n * (n - 1) // 2
+    if collective == "reduce_scatter":
+        block = count // n
+        return (base * n + n * (n - 1) // 2)[me * block:(me + 1) * block]
+    return torch.cat([base + r for r in range(n)])
+
+
+@pytest.mark.parametrize("collective,algo", [(c, a) for c, algos in _REDUCE_ALGOS.items()
+                                             for a in algos])
+def test_calls_read_registered_tensors_in_place_at_any_offset(setup, collective, algo):
+    g, comm = setup
+    me, n = g.rank, g.size
+    device = f"cuda:{g.backend.device}"
+    count = 4096 * n + 4 * n      # a multiple of the ranks, not of 16-byte vectors
+    # Each rank's input starts at a different offset of its registered tensor: peers find
+    # it through the call's header, not by assuming their own offset.
+    holder = torch.zeros(count + 64 * (me + 1), dtype=torch.float32, device=device)
+    source = holder[64 * (me + 1):]
+    source.copy_(torch.arange(count, device=device, dtype=torch.float32) % 11 + me)
+    comm.register(holder)
+    try:
+        before = comm.copies_in
+        out = _run_call(comm, collective, source, algo, n)
+        comm.synchronize()
+        zero_copy = comm.copies_in == before
+        right = bool(torch.equal(out, _expected(collective, count, me, n, device)))
+    finally:
+        comm.unregister(holder)
+    # Unregistered: the same call copies the input in again, with the same result.
+    before = comm.copies_in
+    again = _run_call(comm, collective, source, algo, n)
+    comm.synchronize()
+    copied = comm.copies_in == before + 1
+    assert (right, zero_copy, bool(torch.equal(again, out)), copied) == (True,) * 4
+    assert comm.registered == 0
+
+
+def test_graph_replays_of_a_call_on_registered_tensors_see_new_data(setup):
+    g, comm = setup
+    me, n = g.rank, g.size
+    device = f"cuda:{g.backend.device}"
+    tensor = torch.zeros(1 << 14, dtype=torch.float32, device=device)
+    out = torch.empty_like(tensor)
+    comm.register(tensor)
+    try:
+        stream = torch.cuda.Stream(device=device)
+        bound = comm.bind("all_reduce", tensor, output=out, algo="one-shot", stream=stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            bound()
+        wrong = 0
+        for step in range(50):
+            tensor.fill_(float(step * 10 + me))
+            torch.cuda.synchronize()
+            graph.replay()
+            torch.cuda.synchronize()
+            wrong += int((out != float(step * 10 * n + n * (n - 1) // 2)).sum())
+        comm.synchronize(stream)
+        del graph
+    finally:
+        comm.unregister(tensor)
+    assert wrong == 0

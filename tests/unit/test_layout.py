@@ -47,6 +47,8 @@ def test_collective_call_header_matches_the_layout():
     assert source["kHeaderInput"] == layout.HEADER_INPUT
     assert source["kHeaderFlags"] == layout.HEADER_FLAGS
     assert source["kFlagZeroCopy"] == layout.FLAG_ZERO_COPY
+    assert source["kHeaderRegistration"] == layout.HEADER_REGISTRATION
+    assert source["kFlagRegistered"] == layout.FLAG_REGISTERED
 
 
 def test_pad_regions_do_not_overlap():

@@ -28,7 +28,12 @@ using ipcshare::kMaxRanks;
 constexpr int kHeaderDigest = 0;
 constexpr int kHeaderInput = 1;
 constexpr int kHeaderFlags = 2;
+constexpr int kHeaderRegistration = 3;
 constexpr u64 kFlagZeroCopy = 1;
+// The input lies in an array the user registered (Communicator.register): kHeaderInput is
+// its offset there and kHeaderRegistration the row of the registrations table (the same
+// row on every rank: rows are handed out in the collective order of register calls).
+constexpr u64 kFlagRegistered = 2;
 // Error-word code of a call whose ranks disagree (peer field all ones; see gpu_path.py).
 constexpr u64 kDisagreement = 0xFFFFull << 48;
 
@@ -39,13 +44,15 @@ struct CollectiveArgs {
   char* output;                    // this rank's output
   unsigned long long count;        // elements of the call's input
   unsigned long long digest;       // of the call's signature
-  unsigned long long input_offset; // where the input lies in our window, if zero_copy
+  unsigned long long input_offset; // where the input lies in our window (or registered
+                                   // array), if zero_copy
   unsigned long long staging_offset[2];
   unsigned long long result_offset[2];
   u64 timeout_ns;                  // 0: wait forever
   int rank;
   int nranks;
-  int zero_copy;                   // the input is in our heap: peers read it in place
+  int zero_copy;                   // peers read the input in place: 1 in our heap,
+                                   // 2 in a registered array (row registration_row)
   int slot_base;                   // first pad word of the block barriers
   int header_base;                 // first pad word of the two headers
   int epoch_word;                  // own-pad word counting calls (device-side epoch)
@@ -58,6 +65,10 @@ struct CollectiveArgs {
   unsigned long long ll_offset[2];
   unsigned long long ll_slot_bytes;
   unsigned long long ll_clean_every;
+  // Registered arrays: row k holds, for every rank r, where rank r's array of the
+  // registration in row k is mapped here (kMaxRanks addresses a row).
+  const u64* registrations;
+  unsigned long long registration_row;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -241,9 +252,12 @@ __device__ __forceinline__ void meet(const CollectiveArgs& a, Call& call) {
     u64* h = header(own, a, call.parity);
     h[kHeaderDigest] = a.digest;
     h[kHeaderInput] = a.zero_copy ? a.input_offset : a.staging_offset[call.parity];
-    h[kHeaderFlags] = a.zero_copy ? kFlagZeroCopy : 0;
+    h[kHeaderFlags] = a.zero_copy == 2 ? (kFlagZeroCopy | kFlagRegistered)
+                      : a.zero_copy   ? kFlagZeroCopy : 0;
+    h[kHeaderRegistration] = a.zero_copy == 2 ? a.registration_row : 0;
   }
   __shared__ int failed, hold;
+  __shared__ const char* bases[kMaxRanks];
   __shared__ unsigned long long offsets[kMaxRanks];
   // block_barrier fences and syncs the block before any signal leaves: the staged bytes
   // and the header are visible to a peer that has seen our signal.
@@ -257,8 +271,13 @@ __device__ __forceinline__ void meet(const CollectiveArgs& a, Call& call) {
   if (met && threadIdx.x < a.nranks) {
     const u64* h = header(a.pads[threadIdx.x], a, call.parity);
     const u64 digest = ipcshare::load_acquire(h + kHeaderDigest);
+    const u64 flags = h[kHeaderFlags];
     offsets[threadIdx.x] = h[kHeaderInput];
-    if (h[kHeaderFlags] & kFlagZeroCopy) atomicOr(&hold, 1);
+    bases[threadIdx.x] = (flags & kFlagRegistered)
+        ? reinterpret_cast<const char*>(
+              a.registrations[h[kHeaderRegistration] * kMaxRanks + threadIdx.x])
+        : a.windows[threadIdx.x];
+    if (flags & kFlagZeroCopy) atomicOr(&hold, 1);
     if (digest != a.digest) {
       atomicCAS(own + ipcshare::kErrorWord, 0ull,
                 kDisagreement | (call.epoch & 0xFFFFFFFFFFFFull));
@@ -268,7 +287,7 @@ __device__ __forceinline__ void meet(const CollectiveArgs& a, Call& call) {
   __syncthreads();
   call.failed = failed != 0;
   call.hold_inputs = hold != 0;
-  for (int r = 0; r < a.nranks; ++r) call.sources[r] = a.windows[r] + offsets[r];
+  for (int r = 0; r < a.nranks; ++r) call.sources[r] = bases[r] + offsets[r];
 }
 
 // Leave: when some input is its owner's own memory, wait until every peer's block has
