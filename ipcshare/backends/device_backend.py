@@ -77,7 +77,6 @@ class DeviceBackend(Backend):
             self._kernels[source] = LoadedKernels(cubin)
         return self._kernels[source]
 
-    @property
     def allocate_private(self, nbytes: int) -> DeviceAllocation:
         """cuMemAlloc ``nbytes`` of device memory that never leaves this process (tables
         the kernels read, not windows).
@@ -90,6 +89,7 @@ class DeviceBackend(Backend):
         return DeviceAllocation(ptr, nbytes, self.device, functools.partial(_free_private, ptr),
                                 what="private device allocation")
 
+    @property
     def imports_mapped(self) -> int:
         """Distinct peer allocations mapped by this backend right now."""
         return len(self._imports)

@@ -102,6 +102,9 @@ class GpuPath:
             template.ll_slot_bytes = layout.ll_slot_bytes
             template.ll_clean_every = LL_CLEAN_EVERY
             self._clear_ll_buffers()
+            # Where every rank's registered arrays are mapped here (see registered()).
+            self._table = group.backend.allocate_private(
+                REGISTRATION_ROWS * MAX_KERNEL_RANKS * 8)
         except BaseException:
             window.close()
             raise
@@ -117,7 +120,6 @@ class GpuPath:
         # Communicator.register's arrays (set by the communicator), and the device table
         # of where every rank's array of each live registration is mapped here.
         self.registry: Any = None
-        self._table: Any = None
         self._rows: dict[int, int] = {}          # registration number -> table row
 
     def _clear_ll_buffers(self) -> None:
@@ -152,10 +154,15 @@ class GpuPath:
         return DeviceBuffer(ref.ptr, ref.nbytes, self.device, owner=ref.source)
 
     def registered(self, registration: Any) -> None:
-        """Registry's hook, on every rank in the same order: give ``registration`` the
-        lowest free row of the registrations table (so rows agree across ranks) and write
-        there where every rank's array is mapped here; kernels then read a call's
-        input from it in place. With every row taken, calls on it copy the input in."""
+        """Registry's hook, on every rank in the same order, inside register's agreed
+        step (a failure fails every rank): give ``registration`` the lowest free row of
+        the registrations table (so rows agree across ranks) and write there where every
+        rank's array is mapped here; kernels then read a call's input from it in place.
+        With every row taken, calls on it copy the input in.
+
+        Raises:
+            CudaError: the row could not be written.
+        """
         import numpy as np
 
         from ..kernels.launcher import MAX_KERNEL_RANKS
@@ -165,12 +172,10 @@ class GpuPath:
         if row is None or self.size > MAX_KERNEL_RANKS:
             return
         engine = self.window.engine
-        if self._table is None:
-            self._table = self.group.backend.allocate_private(
-                REGISTRATION_ROWS * MAX_KERNEL_RANKS * 8)
         entries = np.zeros(MAX_KERNEL_RANKS, np.uint64)
         entries[:self.size] = registration.buffer_ptrs
-        engine.upload(self._table.buffer(row * MAX_KERNEL_RANKS * 8, entries.nbytes), entries)
+        engine.upload(self._table.buffer(row * MAX_KERNEL_RANKS * 8, entries.nbytes),
+                      entries.view(np.uint8))
         engine.synchronize()
         self._rows[registration.index] = row
 

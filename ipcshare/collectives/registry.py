@@ -159,15 +159,16 @@ class Registry:
                     undo.callback(self._release, key)
                     keys.append(key)
                     buffers[rank] = mapping.allocation.buffer(peer_offset, peer_nbytes)
+                registration = Registration(self._next, ref, buffers)
+                self._path.registered(registration)
+                undo.callback(self._path.unregistered, registration)
             undo.pop_all()
         for owned in fds.values():
             owned.close()
         exported.close()
-        registration = Registration(self._next, ref, buffers)
         self._next += 1
         self._registrations.append(registration)
         self._uses[registration.index] = keys
-        self._path.registered(registration)
         return registration
 
     def unregister(self, ref: ArrayRef) -> None:
