@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 
 import ipcshare
-from ipcshare.config import BACKENDS
-from ipcshare.errors import IpcShareError
+from ipcshare import IpcShareError
+from ipcshare.runtime.config import BACKENDS
 from ipcshare.window import ERROR_SLOT, USER_SLOT_BASE
 
 KERNEL_SOURCE = Path(__file__).resolve().with_name("allreduce_oneshot.cu")

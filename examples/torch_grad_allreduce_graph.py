@@ -29,8 +29,8 @@ import socket
 import sys
 
 import ipcshare
-from ipcshare.config import BACKENDS
-from ipcshare.errors import IpcShareError
+from ipcshare import IpcShareError
+from ipcshare.runtime.config import BACKENDS
 
 # Gradients are rounded to multiples of 2^-QUANTUM_BITS below 2^RANGE_BITS in magnitude:
 # 20 significant bits, so sums over up to 8 ranks (3 more bits) stay within float32's 24.

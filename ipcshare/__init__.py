@@ -6,12 +6,37 @@ Importing the package is cheap: MPI and CUDA start only when a Group is created.
 
 from __future__ import annotations
 
+from .runtime import errors
+from .runtime.errors import (
+    BackendError,
+    BackendUnavailable,
+    CollectiveError,
+    ConfigError,
+    CudaError,
+    ExchangeError,
+    ExchangeTimeout,
+    IpcShareError,
+    KernelCompileError,
+    PeerDied,
+    SignalTimeout,
+    Unsupported,
+    VerificationError,
+    WindowError,
+)
+
 __version__ = "0.1.0"
 
-__all__ = ["Group", "Window", "Communicator", "__version__", "errors"]
+# The typed errors are public API (``from ipcshare import SignalTimeout``); they live on the
+# ground floor (runtime/errors.py), which imports nothing, so naming them here stays cheap.
+__all__ = ["Group", "Window", "Communicator", "__version__", "errors",
+           "IpcShareError", "ConfigError", "ExchangeError", "ExchangeTimeout", "BackendError",
+           "BackendUnavailable", "CudaError", "WindowError", "SignalTimeout", "PeerDied",
+           "VerificationError", "KernelCompileError", "CollectiveError", "Unsupported"]
 
 
 def __getattr__(name: str):
+    # Group, Window and Communicator pull in the window and collectives floors: loaded on
+    # first use so that importing ipcshare (and `ipcshare --help`) stays light.
     if name in ("Group", "Window"):
         from . import window
 
@@ -20,8 +45,4 @@ def __getattr__(name: str):
         from .collectives import Communicator
 
         return Communicator
-    if name == "errors":
-        from . import errors
-
-        return errors
     raise AttributeError(f"module 'ipcshare' has no attribute {name!r}")

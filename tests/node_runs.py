@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import ipcshare
-from ipcshare.config import merge_options
 from ipcshare.patterns import make_pattern
 from ipcshare.patterns.driver import run_pattern
+from ipcshare.runtime.config import merge_options
 
 
 def run_across_nodes(name: str, backend: str, inter: str, *, algo: str = "auto",

@@ -60,9 +60,9 @@ from pathlib import Path
 from cuda.bindings import driver
 
 import ipcshare
-from ipcshare.config import parse_size
 from ipcshare.patterns import make_pattern
 from ipcshare.patterns.allgather import allgather_busbw_factor
+from ipcshare.runtime.config import parse_size
 
 VARIANTS = ("full", "copies", "copies-1s", "batch", "full-batch", "barriers", "kbarriers",
             "full-kbar", "in-place", "pairwise", "pairwise-ip", "push",

@@ -6,8 +6,8 @@ are imported only when asked for, so a machine without CUDA never loads them.
 
 from __future__ import annotations
 
-from ..config import BACKENDS
-from ..errors import BackendUnavailable, ConfigError
+from ..runtime.config import BACKENDS
+from ..runtime.errors import BackendUnavailable, ConfigError
 from .base import Allocation, Backend, Buffer, Engine, Exported
 
 __all__ = ["open_backend", "gpu_count", "resolve_backend_name", "BACKEND_NAMES",

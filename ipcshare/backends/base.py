@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..errors import BackendError
+from ..runtime.errors import BackendError
 from ..runtime.owned_fd import OwnedFd
 
 __all__ = ["Buffer", "Allocation", "Exported", "Backend", "Engine", "Timer"]

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, CudaError, SignalTimeout
 from ..runtime import cuda_driver
 from ..runtime.cuda_driver import check, describe_error, driver
+from ..runtime.errors import ConfigError, CudaError, SignalTimeout
 from .cuda_graph import CapturedGraph
 from .cuda_streams import new_side_lane, stream_device, stream_handle
 from .device_buffer import DeviceBuffer

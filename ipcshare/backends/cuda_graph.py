@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import CudaError
 from ..runtime.cuda_driver import check, describe_error, driver
+from ..runtime.errors import CudaError
 
 __all__ = ["CapturedGraph"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import functools
 
-from ..errors import BackendError
 from ..runtime.cuda_driver import check, driver
+from ..runtime.errors import BackendError
 from ..runtime.owned_fd import OwnedFd
 from .base import Allocation, Exported
 from .device_backend import DeviceBackend

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import ConfigError
 from ..runtime.cuda_driver import check, driver
+from ..runtime.errors import ConfigError
 
 __all__ = ["stream_handle", "stream_device", "new_side_lane"]
 

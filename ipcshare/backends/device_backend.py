@@ -7,9 +7,9 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 from .. import devices
-from ..errors import BackendError
 from ..runtime import cuda_driver
 from ..runtime.cuda_driver import check, driver
+from ..runtime.errors import BackendError
 from ..runtime.owned_fd import OwnedFd
 from .base import Backend, Exported
 from .cuda_engine import CudaEngine

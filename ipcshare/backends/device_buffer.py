@@ -16,7 +16,7 @@ import ctypes
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import BackendError
+from ..runtime.errors import BackendError
 from ..runtime.finalizers import finalize_unclosed, release_now
 from .base import Allocation, Buffer
 

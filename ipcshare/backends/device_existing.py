@@ -11,8 +11,8 @@ import os
 import struct
 from typing import Any
 
-from ..errors import BackendError
 from ..runtime.cuda_driver import check, driver, error_name, handle_type
+from ..runtime.errors import BackendError
 from ..runtime.owned_fd import OwnedFd
 from .base import Exported
 from .device_buffer import DeviceAllocation

@@ -3,7 +3,7 @@ number says it is an ipcshare handle of this kind, the version that this code re
 
 from __future__ import annotations
 
-from ..errors import BackendError
+from ..runtime.errors import BackendError
 
 __all__ = ["check_magic_and_version"]
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..errors import BackendError, BackendUnavailable, SignalTimeout
+from ..runtime.errors import BackendError, BackendUnavailable, SignalTimeout
 from ..runtime.owned_fd import OwnedFd
 from .base import Allocation, Backend, Buffer, Exported
 from .handle_header import check_magic_and_version

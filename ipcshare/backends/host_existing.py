@@ -11,7 +11,7 @@ import os
 import stat
 import struct
 
-from ..errors import BackendError
+from ..runtime.errors import BackendError
 from ..runtime.owned_fd import OwnedFd
 from .base import Exported
 

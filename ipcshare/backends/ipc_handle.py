@@ -8,8 +8,8 @@ from __future__ import annotations
 import dataclasses
 import struct
 
-from ..errors import BackendError
 from ..runtime.cuda_driver import check, driver
+from ..runtime.errors import BackendError
 from .handle_header import check_magic_and_version
 
 __all__ = ["IpcHandleInfo", "parse_ipc_handle", "legacy_ipc_payload", "IPC_HEADER",

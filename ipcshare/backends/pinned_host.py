@@ -14,8 +14,8 @@ import contextlib
 import functools
 from typing import Any
 
-from ..errors import CudaError
 from ..runtime.cuda_driver import check, driver
+from ..runtime.errors import CudaError
 from ..runtime.finalizers import finalize_unclosed, release_now
 from ..runtime.owned_fd import OwnedFd
 from .device_buffer import DeviceBuffer

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import struct
 
-from ..errors import BackendError
+from ..runtime.errors import BackendError
 from .handle_header import check_magic_and_version
 
 __all__ = ["VmmHandleInfo", "parse_vmm_handle", "pack_vmm_header", "VMM_HEADER",

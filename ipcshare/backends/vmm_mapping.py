@@ -8,9 +8,9 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import CudaError
 from ..runtime import cuda_driver
 from ..runtime.cuda_driver import check, driver
+from ..runtime.errors import CudaError
 from ..runtime.owned_fd import OwnedFd
 
 __all__ = ["map_handle", "open_posix_fd", "mapping_releaser", "undo_quietly", "SharedRange"]

@@ -9,8 +9,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..config import format_size
-from ..errors import ConfigError
+from ..runtime.config import format_size
+from ..runtime.errors import ConfigError
 from .runner import BenchResult
 from .suite import OP_SIZES, OP_TITLES
 

@@ -7,11 +7,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..config import format_size
-from ..errors import ConfigError
 from ..patterns.results import Measurement, RunResult
 from ..patterns.rotation import ROTATION_MAX_BLOCK_BYTES
 from ..patterns.timing import LATENCY_LABEL
+from ..runtime.config import format_size
+from ..runtime.errors import ConfigError
 from .bands import SIZE_BANDS, BandRatio, band_ratios
 from .plot import ceilings
 from .runner import BenchResult, CaseResult, timing_label

@@ -9,8 +9,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..config import format_size
-from ..errors import ConfigError
 from ..patterns import make_pattern
 from ..patterns.baselines import gpu_baseline_class, mpi_baseline, open_gpu_baseline
 from ..patterns.driver import run_pattern
@@ -18,6 +16,8 @@ from ..patterns.results import RunResult
 from ..patterns.rotation import ROTATION_MAX_BLOCK_BYTES
 from ..patterns.timing import GRAPH_LATENCY_LABEL, LATENCY_LABEL
 from ..patterns.timing import timing_label as result_timing_label
+from ..runtime.config import format_size
+from ..runtime.errors import ConfigError
 from ..topology import World
 from ..window import Group
 from .progress import ProgressLine

@@ -36,7 +36,8 @@ from typing import Any
 from ..collectives.algorithms import algorithm_names
 from ..collectives.reduction import REDUCE_DTYPES
 from ..collectives.scratch import LL_MAX_BYTES
-from ..config import (
+from ..patterns.timing import TIMING_MODES
+from ..runtime.config import (
     REDUCTIONS,
     PatternOptions,
     format_size,
@@ -44,8 +45,7 @@ from ..config import (
     merge_options,
     parse_size,
 )
-from ..errors import ConfigError
-from ..patterns.timing import TIMING_MODES
+from ..runtime.errors import ConfigError
 
 __all__ = ["BenchCase", "Suite", "load_suite", "parse_suite", "ALGORITHMS", "BASELINE_NAMES",
            "BACKEND_CHOICES", "DEFAULT_ROTATE_BUFFERS", "SUITE_TIMINGS", "BENCH_OPS",

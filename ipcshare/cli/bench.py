@@ -9,8 +9,8 @@ import os
 import sys
 from pathlib import Path
 
-from ..errors import ConfigError
 from ..liveness.consensus import collective_step
+from ..runtime.errors import ConfigError
 from ..topology import World, describe_disagreement
 
 __all__ = ["run_bench_command", "add_bench_flags", "check_same_suite"]

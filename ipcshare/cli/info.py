@@ -154,7 +154,7 @@ def inter_choice(requested: str, facts: list[dict]) -> dict:
     cannot run), "why"}``."""
     from ..collectives.across_nodes.choice import INTER_LABELS
     from ..collectives.across_nodes.engine import check_nccl_possible
-    from ..errors import ConfigError
+    from ..runtime.errors import ConfigError
 
     backends = {f["backend_auto"] for f in facts}
     missing = sorted({f["nccl4py"] for f in facts if f.get("nccl4py")})

@@ -116,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         build_parser().print_help()
         return EXIT_USAGE
-    from ..errors import IpcShareError, PeerDied
+    from ..runtime.errors import IpcShareError, PeerDied
 
     try:
         if args.command == "info":

@@ -7,8 +7,8 @@ import dataclasses
 import functools
 import hashlib
 
-from ..config import format_size
-from ..errors import CollectiveError
+from ..runtime.config import format_size
+from ..runtime.errors import CollectiveError
 from ..topology import describe_disagreement
 
 __all__ = ["Signature", "disagreement_error"]

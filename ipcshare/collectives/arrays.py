@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CollectiveError, Unsupported
+from ..runtime.errors import CollectiveError, Unsupported
 from ..window.views import DEVICE_DTYPES, dtype_name
 
 __all__ = ["ArrayRef", "describe_array", "parse_dlpack_capsule", "check_array", "c_contiguous",

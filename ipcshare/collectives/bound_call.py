@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import CollectiveError
+from ..runtime.errors import CollectiveError
 
 __all__ = ["BoundCollective"]
 

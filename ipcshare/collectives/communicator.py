@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from ..config import format_size
-from ..errors import CollectiveError, Unsupported
+from ..runtime.config import format_size
+from ..runtime.errors import CollectiveError, Unsupported
 from ..topology import describe_disagreement
 from .agreement import Signature
 from .algorithms import algorithm

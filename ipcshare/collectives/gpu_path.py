@@ -21,7 +21,7 @@ import ctypes
 from typing import Any
 
 from ..backends.device_buffer import DeviceArray, DeviceBuffer
-from ..errors import CollectiveError
+from ..runtime.errors import CollectiveError
 from ..window.layout import (
     ERROR_SLOT,
     KERNEL_SLOT_BASE,

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ..errors import CollectiveError
+from ..runtime.errors import CollectiveError
 
 __all__ = ["REDUCE_DTYPES", "REDUCE_OPS", "Reducer", "check_reduction", "bfloat16_to_float32",
            "float32_to_bfloat16", "CANONICAL_NAN_BITS"]

@@ -9,7 +9,7 @@ import os
 import struct
 from typing import Any
 
-from ..errors import CollectiveError
+from ..runtime.errors import CollectiveError
 from ..runtime.owned_fd import OwnedFd
 from .arrays import ArrayRef
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import IpcShareError
 from ..patterns.seeding import seeded_bytes
+from ..runtime.errors import IpcShareError
 from .paths import PathSpec, close_group_noting, close_window_together, describe_failure, open_group
 from .plan import EXPECTED_MIN_GBPS
 

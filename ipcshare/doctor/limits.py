@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..errors import IpcShareError
+from ..runtime.errors import IpcShareError
 from .environment import mapping_counts, open_fd_count
 from .paths import PathSpec, describe_failure, open_group
 from .plan import GPU_MEMORY_SLACK, MAPPINGS_SLACK

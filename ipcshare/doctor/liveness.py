@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import IpcShareError
 from ..runtime import settings
+from ..runtime.errors import IpcShareError
 
 __all__ = ["PeerLost", "Checkpoints", "Watchdog", "maybe_die_for_test", "DIE_RANK_VARIABLE",
            "DIE_STAGE_VARIABLE"]

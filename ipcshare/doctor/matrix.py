@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import IpcShareError
 from ..patterns.seeding import POISON_BYTE, seeded_bytes
+from ..runtime.errors import IpcShareError
 from .paths import PathSpec, close_group_noting, close_window_together, describe_failure, open_group
 
 __all__ = ["probe_path", "pair_rounds", "run_matrix", "cell_seed", "indirect_pairs"]

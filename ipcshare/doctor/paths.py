@@ -62,7 +62,7 @@ def open_group(spec: PathSpec, comm: Any, *, timeout: float, world_rank: int):
     Raises:
         IpcShareError: on every rank of ``comm`` when any rank failed (as Group does).
     """
-    from ..logs import configure_logging
+    from ..runtime.logs import configure_logging
     from ..window import Group
 
     try:

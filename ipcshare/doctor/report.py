@@ -9,8 +9,8 @@ import sys
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from ..config import format_size
-from ..errors import ConfigError
+from ..runtime.config import format_size
+from ..runtime.errors import ConfigError
 
 __all__ = ["render_node", "render_header", "write_outputs", "check_writable", "Progress",
            "human_bytes"]

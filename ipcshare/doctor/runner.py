@@ -202,7 +202,7 @@ def run_doctor(plan: DoctorPlan, *, json_path: str | None = None, yaml_path: str
             the caller should leave without MPI_Finalize, which could wait for the lost
             rank.
     """
-    from ..errors import ConfigError
+    from ..runtime.errors import ConfigError
     from .report import Progress, check_writable
 
     started = time.perf_counter()
@@ -263,7 +263,7 @@ def _judge(results: list[dict[str, Any]], plan: DoctorPlan, started: float,
            json_path: str | None, yaml_path: str | None, emit: Callable[[str], None],
            progress: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """Rank 0: the document, the table and the summary on screen, the files."""
-    from ..errors import ConfigError
+    from ..runtime.errors import ConfigError
     from .cluster import render_summary
     from .report import render_header, render_node, write_outputs
     from .verdict import build_document

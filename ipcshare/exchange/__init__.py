@@ -10,12 +10,12 @@ from __future__ import annotations
 import os
 import secrets
 
-from ..errors import ConfigError, ExchangeError
 from ..liveness.consensus import agree, collective_step
 from ..liveness.deadline_waits import watched_allgather, watched_barrier
 from ..liveness.pidfd_watch import PeerWatch
-from ..logs import get_logger
 from ..runtime import settings
+from ..runtime.errors import ConfigError, ExchangeError
+from ..runtime.logs import get_logger
 from ..runtime.owned_fd import OwnedFd
 from ..topology import World, format_ranks
 from .envelope import open_sealed, seal

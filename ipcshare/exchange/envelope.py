@@ -13,7 +13,7 @@ from __future__ import annotations
 import struct
 import zlib
 
-from ..errors import ExchangeError
+from ..runtime.errors import ExchangeError
 
 __all__ = ["seal", "open_sealed", "ENVELOPE", "ENVELOPE_VERSION", "KIND_CODES"]
 

@@ -6,7 +6,7 @@ import ctypes
 import errno
 import os
 
-from ..errors import ExchangeError
+from ..runtime.errors import ExchangeError
 from ..runtime.owned_fd import OwnedFd
 
 __all__ = ["pidfd_getfd", "fetch_fd", "probe_self", "PIDFD_GETFD_SYSCALL"]

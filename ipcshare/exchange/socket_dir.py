@@ -22,8 +22,8 @@ import tempfile
 import time
 
 from ..liveness.pidfd_watch import process_start_time
-from ..logs import get_logger
 from ..runtime import settings
+from ..runtime.logs import get_logger
 
 __all__ = ["CLAIM_NAME", "STALE_DIR_AGE_S", "SUN_PATH_MAX", "make_socket_dir",
            "remove_socket_dir", "remove_stale_socket_dirs", "socket_dir_base_candidates",

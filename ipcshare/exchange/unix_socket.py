@@ -22,8 +22,8 @@ import struct
 import time
 from collections.abc import Callable
 
-from ..errors import ExchangeError, ExchangeTimeout
-from ..logs import get_logger
+from ..runtime.errors import ExchangeError, ExchangeTimeout
+from ..runtime.logs import get_logger
 from ..runtime.owned_fd import OwnedFd
 
 __all__ = ["SocketEndpoint"]

@@ -13,8 +13,8 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
-from ..errors import KernelCompileError
 from ..runtime import settings
+from ..runtime.errors import KernelCompileError
 from ..runtime.nvrtc import check_nvrtc, nvrtc_bindings
 
 __all__ = ["KERNEL_SOURCES", "include_dir", "nvrtc_version", "compile_kernel_source",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from ..errors import PeerDied, error_class
+from ..runtime.errors import PeerDied, error_class
 from ..topology import World, format_ranks
 from .deadline_waits import watched_allgather, watched_barrier
 from .pidfd_watch import PeerWatch

@@ -13,7 +13,7 @@ import struct
 import time
 from typing import Any
 
-from ..errors import ExchangeTimeout, PeerDied
+from ..runtime.errors import ExchangeTimeout, PeerDied
 from .pidfd_watch import PeerWatch
 
 __all__ = ["wait_request", "watched_allgather", "watched_barrier"]

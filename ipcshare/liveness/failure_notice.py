@@ -6,7 +6,7 @@ import signal
 import threading
 from typing import Any
 
-from ..logs import get_logger
+from ..runtime.logs import get_logger
 
 __all__ = ["survive_failure_notices"]
 

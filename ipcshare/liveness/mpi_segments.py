@@ -17,7 +17,7 @@ import re
 import stat
 import time
 
-from ..logs import get_logger
+from ..runtime.logs import get_logger
 
 __all__ = ["STALE_SEGMENT_AGE_S", "remove_mpi_segments", "remove_stale_mpi_segments"]
 

@@ -17,8 +17,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import PeerDied
-from ..logs import get_logger
+from ..runtime.errors import PeerDied
+from ..runtime.logs import get_logger
 from ..topology import World
 from .failure_notice import survive_failure_notices
 from .mpi_segments import remove_stale_mpi_segments

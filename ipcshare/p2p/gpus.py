@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BackendUnavailable
 from ..runtime import cuda_driver
 from ..runtime.cuda_driver import check, driver
+from ..runtime.errors import BackendUnavailable
 
 __all__ = ["GpuSet", "PushArgs", "P2P_MAX_TARGETS", "visible_gpus"]
 

@@ -19,8 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..config import PatternOptions
 from ..patterns.results import Measurement, Row
+from ..runtime.config import PatternOptions
 
 __all__ = ["IpcRun", "default_mpiexec", "run_ipc_half", "parse_window_setup_ms", "merge_rows"]
 

@@ -10,10 +10,10 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import __version__
-from ..config import PatternOptions
-from ..errors import BackendUnavailable
 from ..patterns.results import Row
 from ..patterns.table import Table
+from ..runtime.config import PatternOptions
+from ..runtime.errors import BackendUnavailable
 from .direct import MODES, OPS, DirectBuffers, events_needed, measure_direct, pattern_of
 from .gpus import P2P_MAX_TARGETS, GpuSet, visible_gpus
 from .ipc_half import IpcRun, merge_rows, run_ipc_half

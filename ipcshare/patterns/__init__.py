@@ -18,8 +18,8 @@ def make_pattern(name: str, algo: str = "auto", *, op: str = "sum",
     ``auto``: for all-gather on one node's GPUs the measured choice by size and world
     size (patterns.choice), hierarchical across nodes, engine copies otherwise.
     ``inter`` names what crosses nodes (config.INTER_ENGINES: auto, nccl, mpi)."""
-    from ..config import INTER_ENGINES
-    from ..errors import ConfigError
+    from ..runtime.config import INTER_ENGINES
+    from ..runtime.errors import ConfigError
 
     if inter not in INTER_ENGINES:
         raise ConfigError(f"unknown inter-node engine {inter!r}; choose one of: "
@@ -30,8 +30,8 @@ def make_pattern(name: str, algo: str = "auto", *, op: str = "sum",
 
 
 def _make(name: str, algo: str, op: str, datatype: str):
-    from ..config import ALGOS
-    from ..errors import ConfigError
+    from ..runtime.config import ALGOS
+    from ..runtime.errors import ConfigError
 
     if algo not in ALGOS:
         raise ConfigError(f"unknown algorithm {algo!r}; choose one of: {', '.join(ALGOS)}")
@@ -77,7 +77,7 @@ def _reduction_case(name: str, algo: str, op: str, datatype: str):
     """The all-reduce or reduce-scatter case: it calls the collectives layer, whose
     algorithm names ``algo`` must be (or ``auto``)."""
     from ..collectives.algorithms import algorithm_names
-    from ..errors import ConfigError
+    from ..runtime.errors import ConfigError
 
     if name == "allreduce":
         from .allreduce import AllReduce as case

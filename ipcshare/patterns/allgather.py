@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..errors import ConfigError
+from ..runtime.errors import ConfigError
 from ..window import Window
 from .allgather_across_nodes import bind_hierarchical
 from .base import Pattern, SizePlan, align

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from ..collectives.across_nodes.engine import InterNodeEngine
 from ..collectives.across_nodes.hierarchy import node_segments
-from ..errors import ConfigError
+from ..runtime.errors import ConfigError
 from ..window import Window
 from .base import SizePlan
 

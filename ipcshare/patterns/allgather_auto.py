@@ -75,8 +75,8 @@ class AutoAllGather(AllGather):
 
 def _nvrtc_present() -> bool:
     """Whether kernels can be compiled here (else auto keeps to the copy engine)."""
-    from ..errors import KernelCompileError
     from ..kernels.compiler import nvrtc_version
+    from ..runtime.errors import KernelCompileError
 
     try:
         nvrtc_version()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..errors import ConfigError
+from ..runtime.errors import ConfigError
 from ..window import Window
 from ..window.layout import (
     KERNEL_SLOT_BASE,

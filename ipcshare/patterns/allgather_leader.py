@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..errors import ConfigError
+from ..runtime.errors import ConfigError
 from ..window import Window
 from .allgather import AllGather
 from .allgather_kernels import kernel_blocks, refuse_indirect_pairs

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..backends.device_buffer import DeviceArray
-from ..errors import ConfigError
+from ..runtime.errors import ConfigError
 from ..window import Window
 from .allgather import AllGather
 from .base import SizePlan

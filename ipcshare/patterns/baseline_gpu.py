@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
 from ..liveness.consensus import collective_step
+from ..runtime.errors import ConfigError
 from ..topology import World, mpi
 from .base import SizePlan
 from .rotation import warmup_iterations

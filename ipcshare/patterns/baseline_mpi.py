@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..runtime.errors import ConfigError
 from ..topology import World, mpi, mpi_library_version
 from .base import SizePlan
 from .rotation import warmup_iterations

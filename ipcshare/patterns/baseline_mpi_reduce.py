@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..runtime.errors import ConfigError
 from ..topology import World, mpi
 from .base import SizePlan
 from .baseline_mpi import MpiBaseline

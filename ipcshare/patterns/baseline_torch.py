@@ -9,8 +9,8 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import ConfigError
 from ..liveness.consensus import collective_step
+from ..runtime.errors import ConfigError
 from ..runtime.nvlink_multicast import keep_multicast_off
 from ..topology import World
 from .base import SizePlan

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import ConfigError
+from ..runtime.errors import ConfigError
 from ..topology import World
 from .base import SizePlan
 from .baseline_torch import TorchBaseline

@@ -14,7 +14,7 @@ import numpy as np
 from ..backends.device_buffer import DeviceArray
 from ..collectives.arrays import to_numpy_dtype
 from ..collectives.reduction import REDUCE_DTYPES, REDUCE_OPS, float32_to_bfloat16
-from ..errors import ConfigError
+from ..runtime.errors import ConfigError
 from ..window import Window
 from .base import Pattern, SizePlan, align
 from .seeding import count_wrong, poison, seeded_small_integers

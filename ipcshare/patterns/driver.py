@@ -11,10 +11,10 @@ from typing import Any
 from .. import __version__
 from ..backends import Backend
 from ..collectives.across_nodes.choice import INTER_LABELS
-from ..config import PatternOptions, format_size
-from ..errors import ConfigError
 from ..gpu_sharing import shared_gpus_advice
 from ..liveness.consensus import collective_step
+from ..runtime.config import PatternOptions, format_size
+from ..runtime.errors import ConfigError
 from ..topology import World, mpi
 from ..window import Group
 from .base import Pattern, SizePlan

@@ -14,7 +14,7 @@ from ..collectives.across_nodes.hierarchy import (
     check_even_nodes,
 )
 from ..collectives.scratch import ALIGN
-from ..errors import ConfigError
+from ..runtime.errors import ConfigError
 from ..window import Window
 from .base import SizePlan
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from cuda.bindings import driver  # ImportError -> gpu_count() says cuda-python is missing
 
-from ..errors import CudaError
+from .errors import CudaError
 from .finalizers import finalize_unclosed, release_now
 
 __all__ = [

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import KernelCompileError
+from .errors import KernelCompileError
 
 __all__ = ["nvrtc_bindings", "check_nvrtc"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ..errors import ConfigError
+from .errors import ConfigError
 
 __all__ = [
     "Setting", "SETTINGS", "raw", "seconds", "log_level", "debug", "max_ranks_per_gpu",

@@ -9,10 +9,10 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..backends import Backend, Buffer
-from ..errors import WindowError
 from ..liveness.deadline_waits import watched_barrier
 from ..liveness.pidfd_watch import PeerWatch
 from ..peer_paths import PathPlan
+from ..runtime.errors import WindowError
 from ..runtime.settings import shared_gpu_barrier
 from ..topology import World
 from .layout import (

@@ -9,8 +9,6 @@ import secrets
 from typing import TYPE_CHECKING, Any
 
 from ..backends import Backend, open_backend, resolve_backend_name
-from ..config import BACKENDS, EXCHANGES, HANDLES
-from ..errors import BackendUnavailable, ConfigError, WindowError
 from ..exchange import Exchange
 from ..exchange.node_reach import PID_NAMESPACE_FIX
 from ..liveness.consensus import Rendezvous, collective_step
@@ -26,6 +24,8 @@ from ..peer_paths import (
     plan_paths,
 )
 from ..runtime import settings
+from ..runtime.config import BACKENDS, EXCHANGES, HANDLES
+from ..runtime.errors import BackendUnavailable, ConfigError, WindowError
 from ..topology import World, describe_disagreement
 from .window import Window
 

@@ -36,11 +36,11 @@ from typing import Any
 from ..backends.cuda_streams import new_side_lane
 from ..backends.device_buffer import DeviceBuffer
 from ..backends.pinned_host import PinnedHostMemory, create_pinned, open_peer_pinned
-from ..errors import CudaError, WindowError
 from ..exchange import Exchange
 from ..liveness.consensus import Rendezvous
 from ..peer_paths import PathPlan
 from ..runtime.cuda_driver import NOT_READY, SUCCESS, check, describe_error, driver
+from ..runtime.errors import CudaError, WindowError
 from ..topology import World
 from .layout import (
     INBOX_FREE_WORD_BASE,

@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from ..backends import Buffer
-from ..errors import WindowError
+from ..runtime.errors import WindowError
 
 __all__ = ["StreamWindow", "typed_view", "dtype_name", "DEVICE_DTYPES"]
 

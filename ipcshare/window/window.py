@@ -10,11 +10,11 @@ from collections.abc import Callable
 from typing import Any
 
 from ..backends import Allocation, Backend, Buffer
-from ..config import format_size
-from ..errors import SignalTimeout, WindowError
 from ..exchange import Exchange, OwnedFd
 from ..liveness.consensus import Rendezvous
 from ..peer_paths import PathPlan
+from ..runtime.config import format_size
+from ..runtime.errors import SignalTimeout, WindowError
 from ..topology import World, describe_disagreement
 from .barriers import WindowBarriers
 from .layout import BARRIER_SLOTS, ERROR_SLOT, SIGNAL_PAD_BYTES, WindowLayout

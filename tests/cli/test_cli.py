@@ -58,6 +58,18 @@ def test_help_runs_without_mpi():
     assert probe.stdout.split() == ["False", "False"]
 
 
+def test_typed_errors_are_public_names_and_stay_light():
+    # The errors live in runtime/errors.py; users name them through the package.
+    probe = subprocess.run([sys.executable, "-c", "import sys; "
+                            "from ipcshare import SignalTimeout, errors, IpcShareError; "
+                            "from ipcshare.runtime.errors import SignalTimeout as S; "
+                            "print(SignalTimeout is S is errors.SignalTimeout, "
+                            "issubclass(SignalTimeout, IpcShareError), "
+                            "'mpi4py' in sys.modules, 'cuda' in sys.modules)"],
+                           capture_output=True, text=True, timeout=60)
+    assert probe.stdout.split() == ["True", "True", "False", "False"], probe.stderr
+
+
 def test_a_world_of_one_runs_without_mpiexec(tmp_path):
     out = run(["allgather", "-b", "1K", "-e", "64K", "-f", "8", "--json", str(tmp_path / "r.json")])
     assert out.returncode == 0, out.stderr

@@ -23,8 +23,8 @@ import time
 import numpy as np
 
 import ipcshare
-from ipcshare.errors import PeerDied
 from ipcshare.peer_watch import leave_after_peer_death
+from ipcshare.runtime.errors import PeerDied
 from ipcshare.window import USER_SLOT_BASE
 
 DETECTED = 3

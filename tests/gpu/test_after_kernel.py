@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 import ipcshare
-from ipcshare.config import merge_options
-from ipcshare.errors import ConfigError, KernelCompileError
 from ipcshare.patterns import make_pattern
 from ipcshare.patterns.driver import run_pattern
+from ipcshare.runtime.config import merge_options
+from ipcshare.runtime.errors import ConfigError, KernelCompileError
 
 pytestmark = [pytest.mark.gpu, pytest.mark.mpi, pytest.mark.nvrtc]
 

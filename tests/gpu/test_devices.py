@@ -11,8 +11,8 @@ import pytest
 from ipcshare import cuda_driver, devices
 from ipcshare.backends import open_backend
 from ipcshare.backends.device_buffer import DeviceBuffer, live_dlpack_exports
-from ipcshare.errors import BackendError, ConfigError, CudaError
 from ipcshare.patterns.seeding import seeded_bytes
+from ipcshare.runtime.errors import BackendError, ConfigError, CudaError
 
 pytestmark = pytest.mark.gpu
 

@@ -15,10 +15,10 @@ import pytest
 
 import ipcshare
 from ipcshare import cuda_driver
-from ipcshare.config import merge_options
-from ipcshare.errors import ConfigError, WindowError
 from ipcshare.patterns import make_pattern
 from ipcshare.patterns.driver import run_pattern
+from ipcshare.runtime.config import merge_options
+from ipcshare.runtime.errors import ConfigError, WindowError
 
 from ..resources import mapping_count, open_fd_count
 

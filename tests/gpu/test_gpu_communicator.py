@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ipcshare.collectives.scratch import LL_MAX_BYTES
-from ipcshare.errors import CollectiveError
+from ipcshare.runtime.errors import CollectiveError
 from tests.reduction_reference import NUMPY_DTYPES, mismatches, reference, seeded_values
 
 from .torch_communicator import torch_communicator

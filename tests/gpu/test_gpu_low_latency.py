@@ -12,7 +12,7 @@ import pytest
 import ipcshare
 from ipcshare.collectives import gpu_path
 from ipcshare.collectives.scratch import LL_MAX_BYTES
-from ipcshare.errors import SignalTimeout
+from ipcshare.runtime.errors import SignalTimeout
 from tests.reduction_reference import NUMPY_DTYPES, mismatches, reference, seeded_values
 
 from .torch_communicator import torch_communicator

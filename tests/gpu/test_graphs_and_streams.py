@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 import ipcshare
-from ipcshare.config import merge_options
-from ipcshare.errors import ConfigError, KernelCompileError
 from ipcshare.patterns import make_pattern
 from ipcshare.patterns.driver import run_pattern
 from ipcshare.patterns.seeding import seeded_bytes
+from ipcshare.runtime.config import merge_options
+from ipcshare.runtime.errors import ConfigError, KernelCompileError
 from ipcshare.window import USER_SLOT_BASE
 
 pytestmark = [pytest.mark.gpu, pytest.mark.mpi]

@@ -11,10 +11,10 @@ import pytest
 
 import ipcshare
 from ipcshare.collectives.across_nodes.choice import nccl4py_missing, rail_gpu_clash
-from ipcshare.config import merge_options
-from ipcshare.errors import ConfigError
 from ipcshare.patterns import make_pattern
 from ipcshare.patterns.driver import run_pattern
+from ipcshare.runtime.config import merge_options
+from ipcshare.runtime.errors import ConfigError
 from ipcshare.topology import VIRTUAL_NODES_ENV
 
 from ..node_runs import run_across_nodes

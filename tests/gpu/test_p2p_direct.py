@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from ipcshare.config import PatternOptions
 from ipcshare.p2p.ipc_half import default_mpiexec
 from ipcshare.p2p.runner import P2pOptions, run_p2p
+from ipcshare.runtime.config import PatternOptions
 
 SMALL = PatternOptions(min_bytes=4096, max_bytes=4 << 20, step_factor=32, iters=5, warmup=1,
                        checks=2)

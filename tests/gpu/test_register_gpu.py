@@ -9,7 +9,7 @@ import pytest
 
 import ipcshare
 from ipcshare.backends.device_buffer import DeviceArray
-from ipcshare.errors import BackendError
+from ipcshare.runtime.errors import BackendError
 
 pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
 

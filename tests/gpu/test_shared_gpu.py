@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 
 import ipcshare
-from ipcshare.config import merge_options
 from ipcshare.patterns import make_pattern
 from ipcshare.patterns.allgather_auto import AutoAllGather
 from ipcshare.patterns.driver import run_pattern
+from ipcshare.runtime.config import merge_options
 
 pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 import ipcshare
-from ipcshare.errors import ConfigError
 from ipcshare.patterns import make_pattern
+from ipcshare.runtime.errors import ConfigError
 
 pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
 

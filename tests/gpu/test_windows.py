@@ -16,11 +16,11 @@ import ipcshare
 from ipcshare import cuda_driver
 from ipcshare.backends import gpu_count
 from ipcshare.backends.device_buffer import DeviceArray, DeviceBuffer, live_dlpack_exports
-from ipcshare.config import merge_options
-from ipcshare.errors import BackendError, BackendUnavailable, SignalTimeout, WindowError
 from ipcshare.patterns import make_pattern
 from ipcshare.patterns.driver import run_pattern
 from ipcshare.patterns.seeding import seeded_bytes
+from ipcshare.runtime.config import merge_options
+from ipcshare.runtime.errors import BackendError, BackendUnavailable, SignalTimeout, WindowError
 from ipcshare.window import USER_SLOT_BASE
 
 from ..resources import open_fd_count
@@ -346,7 +346,7 @@ KERNEL_ALGOS = ["push", "pull", "ring"]
 @pytest.mark.parametrize("algo", KERNEL_ALGOS)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_allgather_kernels_verify_every_size(comm, backend, algo):
-    from ipcshare.errors import KernelCompileError
+    from ipcshare.runtime.errors import KernelCompileError
 
     if comm.size > 8:
         pytest.skip("kernels take at most 8 ranks")
@@ -364,8 +364,8 @@ def test_allgather_kernels_verify_every_size(comm, backend, algo):
 
 @pytest.mark.nvrtc
 def test_a_kernel_waiting_for_a_silent_peer_times_out_naming_it(comm):
-    from ipcshare.errors import KernelCompileError
     from ipcshare.patterns.allgather_kernels import KernelAllGather
+    from ipcshare.runtime.errors import KernelCompileError
 
     if comm.size < 2 or comm.size > 8:
         pytest.skip("needs 2 to 8 ranks")

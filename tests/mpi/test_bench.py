@@ -10,12 +10,12 @@ import pytest
 import ipcshare
 from ipcshare.bench.runner import run_suite
 from ipcshare.bench.suite import parse_suite
-from ipcshare.config import merge_options
-from ipcshare.errors import ConfigError
 from ipcshare.patterns import make_pattern
 from ipcshare.patterns.baseline_mpi import MpiBaseline
 from ipcshare.patterns.driver import run_pattern
 from ipcshare.patterns.rotation import WindowRegion, rotation_count, window_regions
+from ipcshare.runtime.config import merge_options
+from ipcshare.runtime.errors import ConfigError
 from ipcshare.topology import World
 
 pytestmark = pytest.mark.mpi

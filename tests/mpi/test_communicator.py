@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import ipcshare
-from ipcshare.errors import CollectiveError
+from ipcshare.runtime.errors import CollectiveError
 
 from ..reduction_reference import NUMPY_DTYPES, mismatches, reference, seeded_values
 

@@ -12,7 +12,7 @@ import pytest
 
 import ipcshare
 from ipcshare.collectives.across_nodes.communicator import NodesCommunicator
-from ipcshare.errors import CollectiveError, ConfigError, Unsupported
+from ipcshare.runtime.errors import CollectiveError, ConfigError, Unsupported
 from ipcshare.topology import VIRTUAL_NODES_ENV
 
 from ..reduction_reference import NUMPY_DTYPES, mismatches, reference, seeded_values

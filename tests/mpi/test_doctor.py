@@ -13,7 +13,7 @@ from ipcshare.doctor import bandwidth, limits, matrix
 from ipcshare.doctor.liveness import Checkpoints, PeerLost
 from ipcshare.doctor.paths import HOST_PATHS, PATHS_BY_NAME
 from ipcshare.doctor.plan import DoctorPlan
-from ipcshare.errors import ExchangeError
+from ipcshare.runtime.errors import ExchangeError
 from ipcshare.topology import World
 
 pytestmark = pytest.mark.mpi

@@ -11,7 +11,7 @@ import pytest
 
 import ipcshare
 import ipcshare.exchange as exchange_module
-from ipcshare.errors import ExchangeError
+from ipcshare.runtime.errors import ExchangeError
 
 pytestmark = pytest.mark.mpi
 

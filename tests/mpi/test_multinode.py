@@ -9,10 +9,10 @@ import pytest
 
 import ipcshare
 import ipcshare.collectives.across_nodes.mpi_path as mpi_path_module
-from ipcshare.config import merge_options
-from ipcshare.errors import ConfigError, WindowError
 from ipcshare.patterns import make_pattern
 from ipcshare.patterns.driver import run_pattern
+from ipcshare.runtime.config import merge_options
+from ipcshare.runtime.errors import ConfigError, WindowError
 from ipcshare.topology import VIRTUAL_NODES_ENV, World, virtual_node_blocks
 
 pytestmark = pytest.mark.mpi

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import ipcshare
-from ipcshare.errors import BackendError, CollectiveError
+from ipcshare.runtime.errors import BackendError, CollectiveError
 
 pytestmark = pytest.mark.mpi
 

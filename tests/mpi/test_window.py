@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import ipcshare
-from ipcshare.errors import ConfigError, SignalTimeout, WindowError
+from ipcshare.runtime.errors import ConfigError, SignalTimeout, WindowError
 from ipcshare.window import USER_SLOT_BASE
 
 from ..resources import mapping_count, open_fd_count

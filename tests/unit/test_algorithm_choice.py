@@ -2,13 +2,13 @@
 
 import pytest
 
-from ipcshare.config import ALGOS
 from ipcshare.patterns.choice import (
     ALLGATHER_CHOICES,
     GRAPH_ALLGATHER_CHOICES,
     IN_PLACE_ALLGATHER_CHOICES,
     choose_allgather,
 )
+from ipcshare.runtime.config import ALGOS
 
 
 @pytest.mark.parametrize("table", [ALLGATHER_CHOICES, IN_PLACE_ALLGATHER_CHOICES,

@@ -15,8 +15,8 @@ from ipcshare.bench.progress import ProgressLine
 from ipcshare.bench.report import render_markdown, summary_lines, write_markdown
 from ipcshare.bench.runner import BenchResult, CaseResult, SkippedBaseline
 from ipcshare.bench.suite import parse_suite
-from ipcshare.errors import ConfigError
 from ipcshare.patterns.results import BaselineResult, Measurement, Row, RunResult
+from ipcshare.runtime.errors import ConfigError
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 SIZES = [1 << 10, 1 << 16, 1 << 20, 1 << 24]

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ipcshare.bench.suite import ALGORITHMS, BenchCase, algorithms_of, load_suite, parse_suite
-from ipcshare.errors import ConfigError
+from ipcshare.runtime.errors import ConfigError
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 

@@ -40,9 +40,9 @@ from ipcshare.collectives.scratch import (
     LL_MAX_BYTES,
     ScratchLayout,
 )
-from ipcshare.errors import CollectiveError, Unsupported
 from ipcshare.patterns.collective_case import exact_bytes
 from ipcshare.patterns.seeding import seeded_small_integers
+from ipcshare.runtime.errors import CollectiveError, Unsupported
 from ipcshare.window import ERROR_SLOT, USER_SLOT_BASE
 
 from ..reduction_reference import NUMPY_DTYPES, mismatches, reference, seeded_values

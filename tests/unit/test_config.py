@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ipcshare.config import format_size, load_yaml_config, merge_options, parse_size
-from ipcshare.errors import ConfigError
+from ipcshare.runtime.config import format_size, load_yaml_config, merge_options, parse_size
+from ipcshare.runtime.errors import ConfigError
 
 
 @pytest.mark.parametrize("text,value", [("1", 1), ("64", 64), ("4K", 4096), ("1M", 1 << 20),
@@ -89,8 +89,8 @@ def test_shipped_configs_are_valid():
 
 
 def test_timing_modes_of_the_cli_are_the_drivers():
-    from ipcshare.config import TIMINGS
     from ipcshare.patterns.timing import TIMING_MODES
+    from ipcshare.runtime.config import TIMINGS
 
     assert TIMINGS == TIMING_MODES
     assert merge_options({}, {"timing": "latency"}).timing == "latency"

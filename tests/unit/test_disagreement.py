@@ -11,7 +11,7 @@ from ipcshare.cli.main import build_parser
 from ipcshare.cli.run_pattern import _run_facts, check_same_run, resolve_options
 from ipcshare.consensus import agree, failure_suffix
 from ipcshare.doctor.paths import translate_ranks
-from ipcshare.errors import BackendError, ConfigError, WindowError
+from ipcshare.runtime.errors import BackendError, ConfigError, WindowError
 from ipcshare.topology import World, describe_disagreement, format_ranks, parse_ranks
 from ipcshare.window.group import (
     _check_same_arguments,

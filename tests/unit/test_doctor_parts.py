@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from ipcshare.doctor import bandwidth, cluster, environment, matrix, paths, plan, report, verdict
-from ipcshare.errors import ConfigError
+from ipcshare.runtime.errors import ConfigError
 
 GPU0, GPU1 = "GPU-aaaaaaaa-0000-0000-0000-000000000000", "GPU-bbbbbbbb-0000-0000-0000-000000000000"
 
@@ -108,7 +108,7 @@ def test_collective_messages_are_split_and_translated_to_world_ranks():
 
 
 def test_describe_failure_keeps_the_local_cause():
-    from ipcshare.errors import ExchangeError
+    from ipcshare.runtime.errors import ExchangeError
 
     try:
         try:

@@ -354,8 +354,8 @@ def test_pidfd_refusal_is_read_from_the_typed_fact_not_the_message():
 
 
 def test_errno_name_of_follows_the_cause():
-    from ipcshare.errors import ExchangeError
     from ipcshare.exchange.pidfd_refusal import errno_name_of
+    from ipcshare.runtime.errors import ExchangeError
 
     try:
         try:

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ipcshare.backends.host import HANDLE_FORMAT, parse_host_handle
-from ipcshare.errors import BackendError, ExchangeError
 from ipcshare.exchange.envelope import ENVELOPE, open_sealed, seal
+from ipcshare.runtime.errors import BackendError, ExchangeError
 
 TOKEN = "0123456789abcdef"
 OTHER = "fedcba9876543210"

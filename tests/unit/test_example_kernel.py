@@ -9,8 +9,8 @@ import ctypes
 import numpy as np
 import pytest
 
-from ipcshare.errors import KernelCompileError
 from ipcshare.kernels import compile_kernel_source, nvrtc_version
+from ipcshare.runtime.errors import KernelCompileError
 from ipcshare.window import ERROR_SLOT, USER_SLOT_BASE
 
 from ..example_runs import load_example

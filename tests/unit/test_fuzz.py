@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from ipcshare.cli.main import build_parser
 from ipcshare.cli.run_pattern import resolve_options
-from ipcshare.config import PatternOptions, load_yaml_config, merge_options
-from ipcshare.errors import ConfigError
+from ipcshare.runtime.config import PatternOptions, load_yaml_config, merge_options
+from ipcshare.runtime.errors import ConfigError
 
 KEYS = ["backend", "exchange", "handle", "min_bytes", "max_bytes", "step_factor", "iters",
         "warmup", "checks", "datatype", "baseline", "graph", "after_kernel", "algo", "json",

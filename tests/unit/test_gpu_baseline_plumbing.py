@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from ipcshare.bench.stats import aggregate_runs
-from ipcshare.config import merge_options
-from ipcshare.errors import ConfigError
 from ipcshare.patterns import make_pattern
 from ipcshare.patterns.baseline_gpu import GpuBaseline
 from ipcshare.patterns.baselines import GPU_BASELINES, gpu_baseline_class
 from ipcshare.patterns.results import BaselineResult, Measurement, Row, RunResult
 from ipcshare.patterns.table import Table
+from ipcshare.runtime.config import merge_options
+from ipcshare.runtime.errors import ConfigError
 
 
 def test_every_gpu_baseline_is_named_and_labelled():

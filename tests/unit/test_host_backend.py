@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from ipcshare.backends.host import HANDLE_FORMAT, HostBackend
-from ipcshare.errors import BackendError
 from ipcshare.exchange.fds import OwnedFd
+from ipcshare.runtime.errors import BackendError
 
 from ..resources import mapping_count, open_fd_count
 

@@ -15,7 +15,7 @@ from ipcshare.backends.host_existing import (
     map_host_range,
     parse_maps_line,
 )
-from ipcshare.errors import BackendError
+from ipcshare.runtime.errors import BackendError
 
 
 def test_a_maps_line_is_parsed():

@@ -9,10 +9,10 @@ import pytest
 from ipcshare.cli.main import build_parser
 from ipcshare.collectives.across_nodes.choice import nccl4py_missing, resolve_inter
 from ipcshare.collectives.across_nodes.hierarchy import rail_major_moves, rank_order_moves
-from ipcshare.config import merge_options
-from ipcshare.errors import ConfigError
 from ipcshare.patterns import make_pattern
 from ipcshare.patterns.results import RunResult
+from ipcshare.runtime.config import merge_options
+from ipcshare.runtime.errors import ConfigError
 
 
 def test_inter_option_from_yaml_and_flags():

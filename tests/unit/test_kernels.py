@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 import ipcshare.kernels
-from ipcshare.errors import KernelCompileError
 from ipcshare.kernels import KERNEL_SOURCES, compile_kernel_source, nvrtc_version
 from ipcshare.kernels.launcher import CollectiveArgs
+from ipcshare.runtime.errors import KernelCompileError
 
 pytestmark = pytest.mark.nvrtc
 

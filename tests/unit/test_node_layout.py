@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from ipcshare.collectives.across_nodes.hierarchy import node_segments
-from ipcshare.errors import ConfigError
 from ipcshare.patterns import make_pattern
 from ipcshare.patterns.allgather_hierarchical import HierarchicalAllGather
+from ipcshare.runtime.errors import ConfigError
 from ipcshare.topology import virtual_node_blocks
 
 

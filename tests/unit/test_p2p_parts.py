@@ -10,10 +10,10 @@ import pytest
 
 pytest.importorskip("cuda.bindings")
 
-from ipcshare.config import PatternOptions
 from ipcshare.p2p import direct, ipc_half
 from ipcshare.p2p.gpus import P2P_MAX_TARGETS, PushArgs
 from ipcshare.patterns.results import Measurement, Row
+from ipcshare.runtime.config import PatternOptions
 
 
 def test_push_args_match_the_kernels_struct():

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-from ipcshare.errors import ConfigError
 from ipcshare.peer_paths import (
     DEFAULT_CHUNK_BYTES,
     all_direct,
@@ -14,6 +13,7 @@ from ipcshare.peer_paths import (
     fallback_choice,
     plan_paths,
 )
+from ipcshare.runtime.errors import ConfigError
 
 
 def _plan(count: int, disabled: set[frozenset[int]], *, fallback: str = "auto",

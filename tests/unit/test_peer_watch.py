@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from ipcshare.errors import ExchangeTimeout, PeerDied
 from ipcshare.peer_watch import process_start_time, wait_request
+from ipcshare.runtime.errors import ExchangeTimeout, PeerDied
 
 
 class NeverDone:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ipcshare.errors import ConfigError
 from ipcshare.runtime import settings
+from ipcshare.runtime.errors import ConfigError
 
 _ROOT = Path(__file__).resolve().parents[2]
 # Read by the launch scripts alone; the package only names them in advice.

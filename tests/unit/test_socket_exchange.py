@@ -10,7 +10,6 @@ import textwrap
 
 import pytest
 
-from ipcshare.errors import ExchangeTimeout
 from ipcshare.exchange.socket_dir import (
     CLAIM_NAME,
     SUN_PATH_MAX,
@@ -19,6 +18,7 @@ from ipcshare.exchange.socket_dir import (
     socket_path_fits,
 )
 from ipcshare.exchange.unix_socket import SocketEndpoint
+from ipcshare.runtime.errors import ExchangeTimeout
 
 TOKEN = "0123456789abcdef"
 SECRET = bytes(range(32))

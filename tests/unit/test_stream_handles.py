@@ -5,7 +5,7 @@ import pytest
 pytest.importorskip("cuda.bindings.driver")
 
 from ipcshare.backends.cuda_streams import stream_handle
-from ipcshare.errors import ConfigError
+from ipcshare.runtime.errors import ConfigError
 
 
 class CoreLikeStream:  # cuda.core's protocol

@@ -8,9 +8,9 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-from ...config import INTER_ENGINES
-from ...errors import ConfigError
 from ...liveness.consensus import collective_step
+from ...runtime.config import INTER_ENGINES
+from ...runtime.errors import ConfigError
 from ...topology import describe_disagreement
 from .engine import InterNodeEngine, check_nccl_possible, nccl4py_missing
 

@@ -9,7 +9,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from ...errors import CollectiveError, Unsupported
+from ...runtime.errors import CollectiveError, Unsupported
 from ..agreement import Signature, disagreement_error
 from ..communicator import Communicator, _Call
 from .choice import open_inter_engine

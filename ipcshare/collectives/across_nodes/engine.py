@@ -7,7 +7,7 @@ import abc
 from collections.abc import Callable
 from typing import Any
 
-from ...errors import ConfigError
+from ...runtime.errors import ConfigError
 
 __all__ = ["InterNodeEngine", "nccl4py_missing", "check_nccl_possible"]
 

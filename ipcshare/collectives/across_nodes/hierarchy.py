@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import ConfigError
+from ...runtime.errors import ConfigError
 
 __all__ = ["node_segments", "Levels", "open_node_group", "rail_major_moves",
            "rank_order_moves", "check_even_nodes", "bind_all_gather", "bind_all_reduce",

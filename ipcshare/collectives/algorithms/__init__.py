@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import importlib
 
-from ...errors import CollectiveError
+from ...runtime.errors import CollectiveError
 from .base import Algorithm, HostCall
 
 __all__ = ["Algorithm", "HostCall", "algorithm", "algorithm_names", "OPS"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import socket
 
-from .runtime import settings
+from . import settings
 
 __all__ = ["get_logger", "configure_logging"]
 
