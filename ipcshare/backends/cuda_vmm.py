@@ -14,11 +14,11 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from .. import devices
 from ..runtime import cuda_driver
 from ..runtime.cuda_driver import SUCCESS, check, describe_error, driver, error_name
 from ..runtime.errors import BackendError, BackendUnavailable, ConfigError, CudaError
 from ..runtime.owned_fd import OwnedFd
+from ..topology import devices
 from .base import Allocation, Exported
 from .device_backend import DeviceBackend
 from .device_buffer import DeviceAllocation

@@ -6,11 +6,11 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any
 
-from .. import devices
 from ..runtime import cuda_driver
 from ..runtime.cuda_driver import check, driver
 from ..runtime.errors import BackendError
 from ..runtime.owned_fd import OwnedFd
+from ..topology import devices
 from .base import Backend, Exported
 from .cuda_engine import CudaEngine
 from .device_buffer import DeviceAllocation, ImportCache

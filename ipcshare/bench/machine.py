@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..topology import World, mpi_library_version
+from ..topology.world import World, mpi_library_version
 
 __all__ = ["machine_facts", "git_commit"]
 

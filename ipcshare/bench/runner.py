@@ -18,7 +18,7 @@ from ..patterns.timing import GRAPH_LATENCY_LABEL, LATENCY_LABEL
 from ..patterns.timing import timing_label as result_timing_label
 from ..runtime.config import format_size
 from ..runtime.errors import ConfigError
-from ..topology import World
+from ..topology.world import World
 from ..window import Group
 from .progress import ProgressLine
 from .stats import aggregate_runs

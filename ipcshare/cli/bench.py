@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..liveness.consensus import collective_step
 from ..runtime.errors import ConfigError
-from ..topology import World, describe_disagreement
+from ..topology.world import World, describe_disagreement
 
 __all__ = ["run_bench_command", "add_bench_flags", "check_same_suite"]
 

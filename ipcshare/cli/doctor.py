@@ -32,7 +32,7 @@ def run_doctor_command(args: argparse.Namespace) -> int:
     from ..doctor.plan import DoctorPlan
     from ..doctor.runner import run_doctor
     from ..liveness.consensus import collective_step
-    from ..topology import World
+    from ..topology.world import World
     from .exit_codes import EXIT_ERROR, EXIT_OK
 
     world = World.from_comm()

@@ -9,11 +9,11 @@ import platform
 
 from .. import __version__
 from ..collectives.across_nodes.engine import nccl4py_missing
-from ..gpu_sharing import shared_gpus_advice
 from ..liveness.consensus import collective_step
-from ..peer_paths import FALLBACK_ENV, PathPlan, fallback_choice, plan_paths
 from ..runtime import settings
-from ..topology import World, mpi_library_version
+from ..topology.gpu_sharing import shared_gpus_advice
+from ..topology.peer_paths import FALLBACK_ENV, PathPlan, fallback_choice, plan_paths
+from ..topology.world import World, mpi_library_version
 
 __all__ = ["run_info", "rank_facts", "pair_paths", "node_path_plans", "PAIR_PATHS"]
 
@@ -57,7 +57,7 @@ def rank_facts(world: World) -> dict:
         facts["no_gpu_reason"] = reason
     else:
         try:
-            from .. import devices
+            from ..topology import devices
 
             facts["device"] = devices.bind_device(world.host_rank, world.host_size)
             facts["devices"] = devices.describe_devices()

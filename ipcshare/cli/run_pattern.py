@@ -9,7 +9,7 @@ import sys
 from ..liveness.consensus import collective_step
 from ..runtime.config import PatternOptions, format_size, load_yaml_config, merge_options
 from ..runtime.errors import ConfigError
-from ..topology import World, describe_disagreement
+from ..topology.world import World, describe_disagreement
 
 __all__ = ["run_pattern_command", "resolve_options", "check_same_run"]
 

@@ -9,7 +9,7 @@ import hashlib
 
 from ..runtime.config import format_size
 from ..runtime.errors import CollectiveError
-from ..topology import describe_disagreement
+from ..topology.world import describe_disagreement
 
 __all__ = ["Signature", "disagreement_error"]
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..runtime.config import format_size
 from ..runtime.errors import CollectiveError, Unsupported
-from ..topology import describe_disagreement
+from ..topology.world import describe_disagreement
 from .agreement import Signature
 from .algorithms import algorithm
 from .arrays import ArrayRef, check_array, describe_array, device_dtype, to_numpy_dtype

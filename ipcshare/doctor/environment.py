@@ -249,8 +249,8 @@ def _gpu_facts(local_rank: int, local_size: int) -> dict[str, Any]:
         facts["reason"] = reason
         return facts
     try:
-        from .. import devices
         from ..runtime import cuda_driver
+        from ..topology import devices
         from .fabric import read_fabric_facts
 
         version = int(cuda_driver.check("cuDriverGetVersion",

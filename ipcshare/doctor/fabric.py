@@ -84,7 +84,7 @@ def fabric_domains(ranks: Mapping[int, Mapping[str, Any]]) -> dict[str, list[int
 def describe_fabric_domains(ranks: Mapping[int, Mapping[str, Any]]) -> str:
     """One line: how many NVLink domains span how many hosts, e.g. ``ranks 0-7 on 2 hosts
     share NVLink domain <uuid>/3: fabric handles can map memory between these hosts``."""
-    from ..topology import format_ranks
+    from ..topology.world import format_ranks
 
     parts = []
     for key, members in fabric_domains(ranks).items():

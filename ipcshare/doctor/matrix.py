@@ -216,7 +216,7 @@ def run_matrix(paths: list[tuple[int, PathSpec]], comm: Any, members: list[int],
 
 def _pairwise_cells(spec: PathSpec, comm: Any, members: list[int], *, path_index: int,
                     slot_bytes: int, timeout: float, world_rank: int) -> list[dict[str, Any]]:
-    from ..topology import mpi
+    from ..topology.world import mpi
 
     MPI = mpi()
     me = comm.Get_rank()

@@ -12,7 +12,7 @@ import dataclasses
 import re
 from typing import Any
 
-from ..topology import format_ranks, parse_ranks
+from ..topology.world import format_ranks, parse_ranks
 
 __all__ = [
     "PathSpec",

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..exchange.node_reach import PID_NAMESPACE_FIX
-from ..gpu_sharing import shared_gpus_advice
+from ..topology.gpu_sharing import shared_gpus_advice
 from .plan import APP_WINDOWS, DESCRIPTOR_MARGIN, HOST_STAGED_MAX_GBPS, SMALL_DEV_SHM
 
 __all__ = ["Finding", "RULES", "diagnose", "descriptor_need", "suggested_nofile",

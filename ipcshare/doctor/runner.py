@@ -17,7 +17,7 @@ from typing import Any
 
 from .. import __version__
 from ..liveness.consensus import collective_step
-from ..topology import World, mpi_library_version
+from ..topology.world import World, mpi_library_version
 from .environment import collect_rank_facts
 from .liveness import Checkpoints, PeerLost, Watchdog, maybe_die_for_test
 from .paths import GPU_PATHS, HOST_PATHS, PATHS_BY_NAME, PathSpec

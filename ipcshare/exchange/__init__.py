@@ -17,7 +17,7 @@ from ..runtime import settings
 from ..runtime.errors import ConfigError, ExchangeError
 from ..runtime.logs import get_logger
 from ..runtime.owned_fd import OwnedFd
-from ..topology import World, format_ranks
+from ..topology.world import World, format_ranks
 from .envelope import open_sealed, seal
 from .node_reach import (
     PID_NAMESPACE_FIX,

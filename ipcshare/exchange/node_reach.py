@@ -23,7 +23,7 @@ import dataclasses
 import os
 from collections.abc import Sequence
 
-from ..topology import format_ranks
+from ..topology.world import format_ranks
 
 __all__ = ["ProcessIdentity", "grouped_by", "layout", "unreachable_users",
            "no_shared_socket_place", "PID_NAMESPACE_FIX"]

@@ -6,7 +6,7 @@ import contextlib
 from collections.abc import Iterator
 
 from ..runtime.errors import PeerDied, error_class
-from ..topology import World, format_ranks
+from ..topology.world import World, format_ranks
 from .deadline_waits import watched_allgather, watched_barrier
 from .pidfd_watch import PeerWatch
 

@@ -79,7 +79,7 @@ def watched_allgather(comm: Any, value: Any, *, watch: PeerWatch | None, timeout
     """
     import pickle
 
-    from ..topology import mpi
+    from ..topology.world import mpi
 
     MPI = mpi()
     size = comm.Get_size()

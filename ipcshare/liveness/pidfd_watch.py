@@ -19,7 +19,7 @@ from typing import Any
 
 from ..runtime.errors import PeerDied
 from ..runtime.logs import get_logger
-from ..topology import World
+from ..topology.world import World
 from .failure_notice import survive_failure_notices
 from .mpi_segments import remove_stale_mpi_segments
 

@@ -54,7 +54,7 @@ def run_p2p(options: P2pOptions, *, emit: Callable[[str], None] = print) -> dict
         CudaError, KernelCompileError: the direct half failed.
     """
     count = _gpu_count()
-    from .. import devices
+    from ..topology import devices
 
     names = [d["name"] for d in devices.describe_devices()[:count]]
     document: dict[str, Any] = {"ipcshare": __version__, "op": "p2p", "gpus": count,

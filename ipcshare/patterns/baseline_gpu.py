@@ -15,7 +15,7 @@ import numpy as np
 
 from ..liveness.consensus import collective_step
 from ..runtime.errors import ConfigError
-from ..topology import World, mpi
+from ..topology.world import World, mpi
 from .base import SizePlan
 from .rotation import warmup_iterations
 from .seeding import count_wrong, poison, seeded_bytes

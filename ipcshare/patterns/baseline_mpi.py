@@ -9,7 +9,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..runtime.errors import ConfigError
-from ..topology import World, mpi, mpi_library_version
+from ..topology.world import World, mpi, mpi_library_version
 from .base import SizePlan
 from .rotation import warmup_iterations
 from .seeding import count_wrong, poison, seeded_bytes

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..runtime.errors import ConfigError
-from ..topology import World, mpi
+from ..topology.world import World, mpi
 from .base import SizePlan
 from .baseline_mpi import MpiBaseline
 from .seeding import count_wrong, poison

@@ -11,7 +11,7 @@ from typing import Any
 from ..liveness.consensus import collective_step
 from ..runtime.errors import ConfigError
 from ..runtime.nvlink_multicast import keep_multicast_off
-from ..topology import World
+from ..topology.world import World
 from .base import SizePlan
 from .baseline_gpu import (
     REDUCTION_OPS,

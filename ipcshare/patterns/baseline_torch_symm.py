@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..runtime.errors import ConfigError
-from ..topology import World
+from ..topology.world import World
 from .base import SizePlan
 from .baseline_torch import TorchBaseline
 

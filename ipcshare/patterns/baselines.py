@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..topology import World
+from ..topology.world import World
 from ..window import Group
 
 __all__ = ["GPU_BASELINES", "gpu_baseline_class", "open_gpu_baseline", "mpi_baseline",

@@ -11,11 +11,11 @@ from typing import Any
 from .. import __version__
 from ..backends import Backend
 from ..collectives.across_nodes.choice import INTER_LABELS
-from ..gpu_sharing import shared_gpus_advice
 from ..liveness.consensus import collective_step
 from ..runtime.config import PatternOptions, format_size
 from ..runtime.errors import ConfigError
-from ..topology import World, mpi
+from ..topology.gpu_sharing import shared_gpus_advice
+from ..topology.world import World, mpi
 from ..window import Group
 from .base import Pattern, SizePlan
 from .results import BaselineResult, Measurement, Row, RunResult

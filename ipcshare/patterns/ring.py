@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..collectives.across_nodes.mpi_path import MpiPath
-from ..topology import mpi
+from ..topology.world import mpi
 from ..window import Window
 from ..window.layout import RING_SIGNAL_SLOT
 from .base import Pattern, SizePlan

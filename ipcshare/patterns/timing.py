@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ..topology import mpi
+from ..topology.world import mpi
 
 __all__ = ["TIMING_MODES", "LATENCY_LABEL", "GRAPH_LABEL", "GRAPH_LATENCY_LABEL",
            "timing_label", "percentile", "LatencySummary", "summarize_samples",

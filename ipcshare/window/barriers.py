@@ -11,10 +11,10 @@ from typing import Any, Protocol
 from ..backends import Backend, Buffer
 from ..liveness.deadline_waits import watched_barrier
 from ..liveness.pidfd_watch import PeerWatch
-from ..peer_paths import PathPlan
 from ..runtime.errors import WindowError
 from ..runtime.settings import shared_gpu_barrier
-from ..topology import World
+from ..topology.peer_paths import PathPlan
+from ..topology.world import World
 from .layout import (
     DEVICE_BARRIER_EPOCH_SLOT,
     DEVICE_BARRIER_SLOT_BASE,

@@ -13,7 +13,10 @@ from ..exchange import Exchange
 from ..exchange.node_reach import PID_NAMESPACE_FIX
 from ..liveness.consensus import Rendezvous, collective_step
 from ..liveness.pidfd_watch import PeerWatch
-from ..peer_paths import (
+from ..runtime import settings
+from ..runtime.config import BACKENDS, EXCHANGES, HANDLES
+from ..runtime.errors import BackendUnavailable, ConfigError, WindowError
+from ..topology.peer_paths import (
     CHUNK_ENV,
     FALLBACK_ENV,
     PathPlan,
@@ -23,10 +26,7 @@ from ..peer_paths import (
     fallback_choice,
     plan_paths,
 )
-from ..runtime import settings
-from ..runtime.config import BACKENDS, EXCHANGES, HANDLES
-from ..runtime.errors import BackendUnavailable, ConfigError, WindowError
-from ..topology import World, describe_disagreement
+from ..topology.world import World, describe_disagreement
 from .window import Window
 
 if TYPE_CHECKING:
@@ -179,7 +179,7 @@ class Group:
     def _plan_peer_paths(self, uuids: list, fallback: str | None, chunk: int | str | None) -> None:
         """Gather which GPUs of the node reach which, and plan every pair's path (the
         same plan on every rank of the node)."""
-        from .. import devices
+        from ..topology import devices
 
         world, backend = self.world, self.backend
         assert backend is not None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..peer_paths import PathPlan
+from ..topology.peer_paths import PathPlan
 
 __all__ = [
     "round_up", "WindowLayout", "PAD_ALIGN", "SIGNAL_PAD_BYTES", "PAD_WORDS",

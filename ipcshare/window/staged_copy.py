@@ -38,10 +38,10 @@ from ..backends.device_buffer import DeviceBuffer
 from ..backends.pinned_host import PinnedHostMemory, create_pinned, open_peer_pinned
 from ..exchange import Exchange
 from ..liveness.consensus import Rendezvous
-from ..peer_paths import PathPlan
 from ..runtime.cuda_driver import NOT_READY, SUCCESS, check, describe_error, driver
 from ..runtime.errors import CudaError, WindowError
-from ..topology import World
+from ..topology.peer_paths import PathPlan
+from ..topology.world import World
 from .layout import (
     INBOX_FREE_WORD_BASE,
     INBOX_HEADER_BYTES,

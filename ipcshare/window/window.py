@@ -12,10 +12,10 @@ from typing import Any
 from ..backends import Allocation, Backend, Buffer
 from ..exchange import Exchange, OwnedFd
 from ..liveness.consensus import Rendezvous
-from ..peer_paths import PathPlan
 from ..runtime.config import format_size
 from ..runtime.errors import SignalTimeout, WindowError
-from ..topology import World, describe_disagreement
+from ..topology.peer_paths import PathPlan
+from ..topology.world import World, describe_disagreement
 from .barriers import WindowBarriers
 from .layout import BARRIER_SLOTS, ERROR_SLOT, SIGNAL_PAD_BYTES, WindowLayout
 from .views import StreamWindow, typed_view

@@ -8,11 +8,12 @@ import gc
 import numpy as np
 import pytest
 
-from ipcshare import cuda_driver, devices
 from ipcshare.backends import open_backend
 from ipcshare.backends.device_buffer import DeviceBuffer, live_dlpack_exports
 from ipcshare.patterns.seeding import seeded_bytes
+from ipcshare.runtime import cuda_driver
 from ipcshare.runtime.errors import BackendError, ConfigError, CudaError
+from ipcshare.topology import devices
 
 pytestmark = pytest.mark.gpu
 

@@ -8,7 +8,7 @@ import pytest
 
 from ipcshare.bench.runner import run_suite
 from ipcshare.bench.suite import parse_suite
-from ipcshare.topology import World
+from ipcshare.topology.world import World
 
 pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
 

@@ -15,7 +15,7 @@ from ipcshare.patterns import make_pattern
 from ipcshare.patterns.driver import run_pattern
 from ipcshare.runtime.config import merge_options
 from ipcshare.runtime.errors import ConfigError
-from ipcshare.topology import VIRTUAL_NODES_ENV
+from ipcshare.topology.world import VIRTUAL_NODES_ENV
 
 from ..node_runs import run_across_nodes
 

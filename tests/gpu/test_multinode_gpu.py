@@ -11,7 +11,7 @@ from ipcshare.collectives.across_nodes.mpi_path import MPI_CUDA_AWARE_ENV, mpi_c
 from ipcshare.patterns import make_pattern
 from ipcshare.patterns.driver import run_pattern
 from ipcshare.runtime.config import merge_options
-from ipcshare.topology import VIRTUAL_NODES_ENV
+from ipcshare.topology.world import VIRTUAL_NODES_ENV
 
 pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
 

@@ -16,7 +16,7 @@ from ipcshare.patterns.driver import run_pattern
 from ipcshare.patterns.rotation import WindowRegion, rotation_count, window_regions
 from ipcshare.runtime.config import merge_options
 from ipcshare.runtime.errors import ConfigError
-from ipcshare.topology import World
+from ipcshare.topology.world import World
 
 pytestmark = pytest.mark.mpi
 

@@ -13,7 +13,7 @@ import pytest
 import ipcshare
 from ipcshare.collectives.across_nodes.communicator import NodesCommunicator
 from ipcshare.runtime.errors import CollectiveError, ConfigError, Unsupported
-from ipcshare.topology import VIRTUAL_NODES_ENV
+from ipcshare.topology.world import VIRTUAL_NODES_ENV
 
 from ..reduction_reference import NUMPY_DTYPES, mismatches, reference, seeded_values
 

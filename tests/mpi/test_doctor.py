@@ -14,7 +14,7 @@ from ipcshare.doctor.liveness import Checkpoints, PeerLost
 from ipcshare.doctor.paths import HOST_PATHS, PATHS_BY_NAME
 from ipcshare.doctor.plan import DoctorPlan
 from ipcshare.runtime.errors import ExchangeError
-from ipcshare.topology import World
+from ipcshare.topology.world import World
 
 pytestmark = pytest.mark.mpi
 

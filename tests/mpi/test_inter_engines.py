@@ -13,7 +13,7 @@ import ipcshare.collectives.across_nodes.choice as inter_engine_module
 import ipcshare.collectives.across_nodes.mpi_path as mpi_path_module
 from ipcshare.collectives.across_nodes.choice import open_inter_engine
 from ipcshare.runtime.errors import ConfigError
-from ipcshare.topology import VIRTUAL_NODES_ENV
+from ipcshare.topology.world import VIRTUAL_NODES_ENV
 
 from ..node_runs import run_across_nodes
 

@@ -13,7 +13,7 @@ from ipcshare.patterns import make_pattern
 from ipcshare.patterns.driver import run_pattern
 from ipcshare.runtime.config import merge_options
 from ipcshare.runtime.errors import ConfigError, WindowError
-from ipcshare.topology import VIRTUAL_NODES_ENV, World, virtual_node_blocks
+from ipcshare.topology.world import VIRTUAL_NODES_ENV, World, virtual_node_blocks
 
 pytestmark = pytest.mark.mpi
 

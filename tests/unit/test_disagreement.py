@@ -12,7 +12,7 @@ from ipcshare.cli.run_pattern import _run_facts, check_same_run, resolve_options
 from ipcshare.consensus import agree, failure_suffix
 from ipcshare.doctor.paths import translate_ranks
 from ipcshare.runtime.errors import BackendError, ConfigError, WindowError
-from ipcshare.topology import World, describe_disagreement, format_ranks, parse_ranks
+from ipcshare.topology.world import World, describe_disagreement, format_ranks, parse_ranks
 from ipcshare.window.group import (
     _check_same_arguments,
     _check_same_backend,

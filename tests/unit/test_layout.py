@@ -10,7 +10,7 @@ import pytest
 
 import ipcshare.kernels
 from ipcshare.kernels.launcher import MAX_KERNEL_RANKS
-from ipcshare.peer_paths import all_direct
+from ipcshare.topology.peer_paths import all_direct
 from ipcshare.window import layout
 
 _KERNELS = Path(ipcshare.kernels.__file__).parent

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ipcshare import topology
+from ipcshare.topology import world as topology
 
 
 class _FakeMPI:

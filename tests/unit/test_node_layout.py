@@ -8,7 +8,7 @@ from ipcshare.collectives.across_nodes.hierarchy import node_segments
 from ipcshare.patterns import make_pattern
 from ipcshare.patterns.allgather_hierarchical import HierarchicalAllGather
 from ipcshare.runtime.errors import ConfigError
-from ipcshare.topology import virtual_node_blocks
+from ipcshare.topology.world import virtual_node_blocks
 
 
 @pytest.mark.parametrize(("size", "nodes", "expected"), [

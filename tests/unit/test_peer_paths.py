@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from ipcshare.peer_paths import (
+from ipcshare.runtime.errors import ConfigError
+from ipcshare.topology.peer_paths import (
     DEFAULT_CHUNK_BYTES,
     all_direct,
     chunk_bytes_choice,
     fallback_choice,
     plan_paths,
 )
-from ipcshare.runtime.errors import ConfigError
 
 
 def _plan(count: int, disabled: set[frozenset[int]], *, fallback: str = "auto",

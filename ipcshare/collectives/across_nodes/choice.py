@@ -11,7 +11,7 @@ from typing import Any
 from ...liveness.consensus import collective_step
 from ...runtime.config import INTER_ENGINES
 from ...runtime.errors import ConfigError
-from ...topology import describe_disagreement
+from ...topology.world import describe_disagreement
 from .engine import InterNodeEngine, check_nccl_possible, nccl4py_missing
 
 __all__ = ["InterNodeEngine", "INTER_ENGINES", "INTER_LABELS", "nccl4py_missing", "resolve_inter",

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ...topology import mpi
+from ...topology.world import mpi
 from ..reduction import Reducer
 from .engine import InterNodeEngine
 from .mpi_path import MpiPath

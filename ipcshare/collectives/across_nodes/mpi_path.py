@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ...runtime import settings
-from ...topology import mpi
+from ...topology.world import mpi
 
 __all__ = ["MpiPath", "mpi_cuda_aware", "mpi_path_mode", "MPI_CUDA_AWARE_ENV",
            "MPI_PATH_MODES"]

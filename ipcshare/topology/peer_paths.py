@@ -8,9 +8,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from .runtime import settings
-from .runtime.config import parse_size
-from .runtime.errors import ConfigError
+from ..runtime import settings
+from ..runtime.config import parse_size
+from ..runtime.errors import ConfigError
 
 __all__ = ["PairPath", "PathPlan", "plan_paths", "all_direct", "fallback_choice",
            "chunk_bytes_choice", "env_choices", "PATH_KINDS", "FALLBACKS", "FALLBACK_ENV",

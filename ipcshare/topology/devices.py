@@ -7,9 +7,9 @@ import dataclasses
 import os
 from typing import Any
 
-from .runtime import cuda_driver
-from .runtime.errors import BackendUnavailable, ConfigError, CudaError
-from .runtime.settings import disabled_p2p_pairs, max_ranks_per_gpu
+from ..runtime import cuda_driver
+from ..runtime.errors import BackendUnavailable, ConfigError, CudaError
+from ..runtime.settings import disabled_p2p_pairs, max_ranks_per_gpu
 
 __all__ = [
     "bind_device",

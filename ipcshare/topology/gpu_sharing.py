@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .topology import format_ranks
+from .world import format_ranks
 
 __all__ = ["shared_gpus_advice"]
 

@@ -12,9 +12,9 @@ import socket
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from .runtime import settings
-from .runtime.errors import ConfigError
-from .runtime.logs import configure_logging
+from ..runtime import settings
+from ..runtime.errors import ConfigError
+from ..runtime.logs import configure_logging
 
 __all__ = ["World", "mpi", "mpi_library_version", "virtual_node_blocks", "VIRTUAL_NODES_ENV",
            "format_ranks", "parse_ranks", "describe_disagreement"]

@@ -1,0 +1,8 @@
+"""Topology: who the ranks are and how they reach each other.
+
+Modules, one idea each: ``world`` (the user's communicator, the node-local and node-leader
+communicators, virtual nodes, every rank's host and pid), ``devices`` (device binding, the
+P2P / NVLink matrix, handle support), ``peer_paths`` (each pair's path: direct or staged)
+and ``gpu_sharing`` (ranks that share one GPU). Importing this package loads nothing
+heavy: each module is imported by name where it is needed.
+"""
