@@ -104,8 +104,8 @@ class KernelAllReduce:
     def __init__(self, window, inputs, output, stream) -> None:
         from cuda.bindings import driver
 
-        from ipcshare.cuda_driver import check
         from ipcshare.kernels.compiler import compile_kernel_source, device_arch
+        from ipcshare.runtime.cuda_driver import check
 
         count = inputs.numel()
         for name, tensor in (("inputs", inputs), ("output", output)):

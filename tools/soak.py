@@ -41,7 +41,7 @@ def counts(group) -> dict[str, int]:
               "ipcshare_maps": sum("memfd:ipcshare" in line for line in lines),
               "maps": len(lines), "rss_kib": rss}
     if group.backend_name != "host":
-        from ipcshare import cuda_driver
+        from ipcshare.runtime import cuda_driver
 
         free, total = cuda_driver.mem_get_info()
         sample["gpu_used_kib"] = (total - free) // 1024

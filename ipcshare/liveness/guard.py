@@ -9,9 +9,10 @@ peer dies and the rank has not said ``done`` within the grace period, the guard 
 one line naming the dead rank, removes the job's socket directories it was told of (only
 what the job put there: ``exchange.socket_dir``) and SIGKILLs the rank.
 
-The program is ``python -m ipcshare.peer_guard SPEC_JSON`` (with the command pipe on stdin
-and the pidfds named in SPEC_JSON inherited): it sits above the exchange and hands this
-loop the exchange's own removal of its socket directory, which liveness must not import.
+The program is ``python -m ipcshare.exchange.peer_guard SPEC_JSON`` (with the command pipe
+on stdin and the pidfds named in SPEC_JSON inherited): it sits in the exchange, above this
+floor, and hands this loop the exchange's own removal of its socket directory, which
+liveness must not import.
 """
 
 from __future__ import annotations

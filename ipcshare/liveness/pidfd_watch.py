@@ -132,7 +132,7 @@ class PeerWatch:
         """After a peer's death, have this process ended if it has not closed the watch
         within ``grace`` seconds: it is then stuck in a call that cannot notice (a
         blocking MPI collective), and only another process can free it (see
-        ``ipcshare.peer_guard``). Idempotent; nothing to do on a node of one rank."""
+        ``ipcshare.exchange.peer_guard``). Idempotent; nothing to do on a node of one rank."""
         if self._guard is not None or not self._pidfds or self._stopped.is_set():
             return
         import json
@@ -145,7 +145,7 @@ class PeerWatch:
                     "peers": {str(fd): f"{world.where(r)} (pid {world.pids[r]})"
                               for fd, r in self._pidfds.items()}}
             self._guard = subprocess.Popen(
-                [sys.executable, "-m", "ipcshare.peer_guard", json.dumps(spec)],
+                [sys.executable, "-m", "ipcshare.exchange.peer_guard", json.dumps(spec)],
                 stdin=subprocess.PIPE, close_fds=True, pass_fds=[own, *self._pidfds])
         finally:
             os.close(own)

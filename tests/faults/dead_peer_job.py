@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 import ipcshare
-from ipcshare.peer_watch import leave_after_peer_death
+from ipcshare.liveness.exit_policy import leave_after_peer_death
 from ipcshare.runtime.errors import PeerDied
 from ipcshare.window import USER_SLOT_BASE
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ipcshare.mpi_segments import remove_stale_mpi_segments
+from ipcshare.liveness.mpi_segments import remove_stale_mpi_segments
 
 from ..launchers import mpich_launcher
 

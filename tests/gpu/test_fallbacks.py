@@ -14,9 +14,9 @@ from __future__ import annotations
 import pytest
 
 import ipcshare
-from ipcshare import cuda_driver
 from ipcshare.patterns import make_pattern
 from ipcshare.patterns.driver import run_pattern
+from ipcshare.runtime import cuda_driver
 from ipcshare.runtime.config import merge_options
 from ipcshare.runtime.errors import ConfigError, WindowError
 

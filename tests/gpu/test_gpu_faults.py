@@ -20,8 +20,8 @@ import pytest
 
 import ipcshare
 from ipcshare.backends.base import Exported
-from ipcshare.exchange.fds import OwnedFd
 from ipcshare.runtime.errors import BackendError, ExchangeError
+from ipcshare.runtime.owned_fd import OwnedFd
 
 from ..launchers import mpich_launcher
 from ..resources import open_fd_count

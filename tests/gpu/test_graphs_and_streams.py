@@ -106,8 +106,8 @@ def test_signals_and_barriers_run_on_a_torch_stream(comm):
 
 
 def test_a_stream_of_another_device_is_refused(comm, gpus):
-    from ipcshare import cuda_driver
-    from ipcshare.cuda_driver import check, driver
+    from ipcshare.runtime import cuda_driver
+    from ipcshare.runtime.cuda_driver import check, driver
 
     if gpus < 2:
         pytest.skip("needs two visible GPUs")

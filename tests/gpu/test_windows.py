@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 import ipcshare
-from ipcshare import cuda_driver
 from ipcshare.backends import gpu_count
 from ipcshare.backends.device_buffer import DeviceArray, DeviceBuffer, live_dlpack_exports
 from ipcshare.patterns import make_pattern
 from ipcshare.patterns.driver import run_pattern
 from ipcshare.patterns.seeding import seeded_bytes
+from ipcshare.runtime import cuda_driver
 from ipcshare.runtime.config import merge_options
 from ipcshare.runtime.errors import BackendError, BackendUnavailable, SignalTimeout, WindowError
 from ipcshare.window import USER_SLOT_BASE

@@ -10,8 +10,8 @@ import pytest
 
 import ipcshare
 from ipcshare.backends.base import Exported
-from ipcshare.exchange.fds import OwnedFd
 from ipcshare.runtime.errors import BackendError, ExchangeError
+from ipcshare.runtime.owned_fd import OwnedFd
 
 from ..resources import mapping_count, open_fd_count
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import ipcshare
-from ipcshare.peer_watch import watched_allgather, watched_barrier
+from ipcshare.liveness.deadline_waits import watched_allgather, watched_barrier
 
 pytestmark = pytest.mark.mpi
 

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from ipcshare.cli.main import build_parser
 from ipcshare.cli.run_pattern import _run_facts, check_same_run, resolve_options
-from ipcshare.consensus import agree, failure_suffix
 from ipcshare.doctor.paths import translate_ranks
+from ipcshare.liveness.consensus import agree, failure_suffix
 from ipcshare.runtime.errors import BackendError, ConfigError, WindowError
 from ipcshare.topology.world import World, describe_disagreement, format_ranks, parse_ranks
 from ipcshare.window.group import (

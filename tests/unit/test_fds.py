@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from ipcshare.exchange.fds import OwnedFd
 from ipcshare.exchange.pidfd import fetch_fd
 from ipcshare.runtime.errors import ExchangeError
+from ipcshare.runtime.owned_fd import OwnedFd
 
 
 def test_owned_fd_closes_once_and_refuses_use_after_close():

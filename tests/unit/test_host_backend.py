@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from ipcshare.backends.host import HANDLE_FORMAT, HostBackend
-from ipcshare.exchange.fds import OwnedFd
 from ipcshare.runtime.errors import BackendError
+from ipcshare.runtime.owned_fd import OwnedFd
 
 from ..resources import mapping_count, open_fd_count
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ipcshare.mpi_segments import SHM_DIR, remove_stale_mpi_segments
+from ipcshare.liveness.mpi_segments import SHM_DIR, remove_stale_mpi_segments
 
 from ..launchers import mpich_launcher
 

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from ipcshare.peer_watch import process_start_time, wait_request
+from ipcshare.liveness.deadline_waits import wait_request
+from ipcshare.liveness.pidfd_watch import process_start_time
 from ipcshare.runtime.errors import ExchangeTimeout, PeerDied
 
 

@@ -204,7 +204,8 @@ def test_the_guard_removes_only_the_jobs_socket_directory(tmp_path, monkeypatch)
         own_fd, peer_fd = os.pidfd_open(own.pid), os.pidfd_open(peer.pid)
         spec = {"pid": own.pid, "rank_pidfd": own_fd, "grace": 0.1, "me": "rank 0",
                 "peers": {str(peer_fd): "rank 1"}, "linger": 0}
-        guard = subprocess.Popen([sys.executable, "-m", "ipcshare.peer_guard", json.dumps(spec)],
+        guard = subprocess.Popen([sys.executable, "-m", "ipcshare.exchange.peer_guard",
+                                  json.dumps(spec)],
                                  stdin=subprocess.PIPE, stderr=subprocess.PIPE,
                                  pass_fds=[own_fd, peer_fd])
         os.close(own_fd)
