@@ -18,6 +18,7 @@ from .runtime.errors import (
     IpcShareError,
     KernelCompileError,
     PeerDied,
+    PeerUnreachable,
     SignalTimeout,
     Unsupported,
     VerificationError,
@@ -27,11 +28,13 @@ from .runtime.errors import (
 __version__ = "0.1.0"
 
 # The typed errors are public API (``from ipcshare import SignalTimeout``); they live on the
-# ground floor (runtime/errors.py), which imports nothing, so naming them here stays cheap.
+# ground floor (runtime/errors.py), which imports only the standard library, so naming them
+# here stays cheap.
 __all__ = ["Group", "Window", "Communicator", "__version__", "errors",
            "IpcShareError", "ConfigError", "ExchangeError", "ExchangeTimeout", "BackendError",
-           "BackendUnavailable", "CudaError", "WindowError", "SignalTimeout", "PeerDied",
-           "VerificationError", "KernelCompileError", "CollectiveError", "Unsupported"]
+           "BackendUnavailable", "CudaError", "PeerUnreachable", "WindowError", "SignalTimeout",
+           "PeerDied", "VerificationError", "KernelCompileError", "CollectiveError",
+           "Unsupported"]
 
 
 def __getattr__(name: str):

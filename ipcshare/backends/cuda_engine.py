@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..runtime import cuda_driver
-from ..runtime.cuda_driver import check, describe_error, driver
+from ..runtime.cuda_driver import check, cuda_error, driver
 from ..runtime.errors import ConfigError, CudaError, SignalTimeout
 from .cuda_graph import CapturedGraph
 from .cuda_streams import new_side_lane, stream_device, stream_handle
@@ -180,7 +180,7 @@ class CudaEngine:
             for dst_ptr, src_ptr, nbytes in jobs:
                 err, = memcpy(dst_ptr, src_ptr, nbytes, stream)
                 if err:
-                    raise CudaError(describe_error("cuMemcpyDtoDAsync", err))
+                    raise cuda_error("cuMemcpyDtoDAsync", err)
         return copy_all
 
     def _concurrent_copier(self, jobs: list[tuple[int, int, int]]) -> Callable[[], None]:
@@ -282,7 +282,7 @@ class CudaEngine:
         def post(value: int) -> None:
             err, = write(stream, address, value & mask, _WRITE_RELEASE)
             if err:
-                raise CudaError(describe_error(name, err))
+                raise cuda_error(name, err)
         return post
 
     def signal_waiter(self, pad: DeviceBuffer, slot: int, *, timeout: float,
@@ -294,7 +294,7 @@ class CudaEngine:
         def wait_for(value: int) -> None:
             err, = wait(stream, address, value & mask, _WAIT_GEQ)
             if err:
-                raise CudaError(describe_error(name, err))
+                raise cuda_error(name, err)
             pending[address] = (value & mask, timeout, what)
         return wait_for
 
@@ -320,16 +320,16 @@ class CudaEngine:
             for address in outgoing:
                 err, = write(stream, address, 1, _WRITE_RELEASE)
                 if err:
-                    raise CudaError(describe_error(write_name, err))
+                    raise cuda_error(write_name, err)
             for address, label in incoming:
                 err, = wait(stream, address, 1, _WAIT_GEQ)
                 if err:
-                    raise CudaError(describe_error(wait_name, err))
+                    raise cuda_error(wait_name, err)
                 pending[address] = (1, timeout, label)
             for address, _label in incoming:
                 err, = write(stream, address, 0, _WRITE_RELEASE)
                 if err:
-                    raise CudaError(describe_error(write_name, err))
+                    raise cuda_error(write_name, err)
         return barrier
 
     def make_barrier(self, own_pad: DeviceBuffer, peer_pads: list[DeviceBuffer], my_slot: int,
@@ -354,11 +354,11 @@ class CudaEngine:
             for address in outgoing:
                 err, = write(stream, address, value, _WRITE_RELEASE)
                 if err:
-                    raise CudaError(describe_error(write_name, err))
+                    raise cuda_error(write_name, err)
             for address, label in incoming:
                 err, = wait(stream, address, value, _WAIT_GEQ)
                 if err:
-                    raise CudaError(describe_error(wait_name, err))
+                    raise cuda_error(wait_name, err)
                 pending[address] = (value, timeout, label)
         return barrier
 
@@ -383,7 +383,7 @@ class CudaEngine:
         if err == cuda_driver.SUCCESS:
             return
         if err != cuda_driver.NOT_READY:
-            raise CudaError(describe_error(call, err))
+            raise cuda_error(call, err)
         # Waits carry their own deadlines (the window's signal timeout); plain work gets
         # the engine's.
         timeout = (max(entry[1] for entry in self._pending.values()) if self._pending
@@ -395,7 +395,7 @@ class CudaEngine:
             if err == cuda_driver.SUCCESS:
                 return
             if err != cuda_driver.NOT_READY:
-                raise CudaError(describe_error(call, err))
+                raise cuda_error(call, err)
             polls += 1
             if polls > _SPIN_POLLS:
                 # Past the first microseconds the peer is slow or gone: stop burning a core

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..runtime.cuda_driver import check, describe_error, driver
+from ..runtime.cuda_driver import check, cuda_error, driver
 from ..runtime.errors import CudaError
 
 __all__ = ["CapturedGraph"]
@@ -47,8 +47,8 @@ class CapturedGraph:
                 driver.cuGraphDestroy(graph)
             raise failure
         if err != 0:
-            raise CudaError(describe_error("cuStreamEndCapture", err)
-                            + " (an operation in the capture is not capturable)")
+            raise cuda_error("cuStreamEndCapture", err,
+                             then=" (an operation in the capture is not capturable)")
         self._graph = graph
         try:
             self._exec = check("cuGraphInstantiate", driver.cuGraphInstantiate(graph, 0))
@@ -75,7 +75,7 @@ class CapturedGraph:
             raise CudaError("cuGraphLaunch -> the graph was destroyed")
         err, = self._launch(self._exec, self._stream)
         if err:
-            raise CudaError(describe_error("cuGraphLaunch", err))
+            raise cuda_error("cuGraphLaunch", err)
 
     def close(self) -> None:
         """Destroy the executable and the graph (idempotent)."""

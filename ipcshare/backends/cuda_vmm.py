@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..runtime import cuda_driver
-from ..runtime.cuda_driver import SUCCESS, check, describe_error, driver, error_name
-from ..runtime.errors import BackendError, BackendUnavailable, ConfigError, CudaError
+from ..runtime.cuda_driver import SUCCESS, check, cuda_error, driver, error_name
+from ..runtime.errors import BackendError, BackendUnavailable, ConfigError
 from ..runtime.owned_fd import OwnedFd
 from ..topology import devices
 from .base import Allocation, Exported
@@ -86,11 +86,13 @@ class CudaVmmBackend(DeviceBackend):
             self._access = [cuda_driver.vmm_access_desc(self.device)]
             probe = devices.probe_vmm_handle(self.device, handle)
             if not probe.ok:
+                # The refused call is the cause: its CUDA error name travels as a field.
                 if handle == "fabric" and probe.error == "CUDA_ERROR_NOT_PERMITTED":
-                    raise BackendUnavailable(FABRIC_REFUSED_MESSAGE)
+                    raise BackendUnavailable(FABRIC_REFUSED_MESSAGE) from probe.as_error()
                 raise BackendUnavailable(
                     f"cuMem {handle} handles do not work on cuda:{self.device}: "
-                    f"{probe.describe()}{' (' + probe.call + ')' if probe.call else ''}")
+                    f"{probe.describe()}{' (' + probe.call + ')' if probe.call else ''}"
+                ) from probe.as_error()
             self.granularity = cuda_driver.vmm_granularity(self._prop, recommended=True)
             self._pid = os.getpid()
             self._numbers = itertools.count(1)
@@ -210,8 +212,8 @@ class CudaVmmBackend(DeviceBackend):
         if err != SUCCESS:
             # The driver's words ("invalid resource handle") name neither cause nor fix.
             exporter = f"GPU {cuda_driver.format_uuid(info.device_uuid)}"
-            raise CudaError(f"{describe_error('cuMemImportFromShareableHandle', err)}: "
-                            + fabric_import_hint(error_name(err), exporter=exporter))
+            raise cuda_error("cuMemImportFromShareableHandle", err,
+                             then=": " + fabric_import_hint(error_name(err), exporter=exporter))
         return handle[0]
 
     def import_peer(self, payload: bytes, fd: OwnedFd | None, nbytes: int) -> DeviceAllocation:

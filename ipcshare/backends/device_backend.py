@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..runtime import cuda_driver
 from ..runtime.cuda_driver import check, driver
-from ..runtime.errors import BackendError
+from ..runtime.errors import BackendError, PeerUnreachable
 from ..runtime.owned_fd import OwnedFd
 from ..topology import devices
 from .base import Backend, Exported
@@ -133,11 +133,13 @@ class DeviceBackend(Backend):
         peer = self._peer_ordinals.get(peer_uuid)
         if peer is None:
             return
-        reachable, why = devices.peer_access(self.device, peer)
-        if not reachable:
-            raise BackendError(
+        access = devices.peer_access(self.device, peer)
+        if not access.ok:
+            raise PeerUnreachable(
                 f"cuda:{self.device} cannot reach the memory of cuda:{peer} "
-                f"({cuda_driver.format_uuid(peer_uuid)}) peer-to-peer: {why}")
+                f"({cuda_driver.format_uuid(peer_uuid)}) peer-to-peer: {access.why}",
+                device=f"cuda:{self.device}", peer=f"cuda:{peer}", reason=access.why,
+                disabled_by_setting=access.disabled_by_setting)
 
     def open_legacy_ipc(self, info: IpcHandleInfo, nbytes: int, *,
                         what: str) -> DeviceAllocation:
@@ -145,7 +147,7 @@ class DeviceBackend(Backend):
         share the mapping), viewing its first ``nbytes``.
 
         Raises:
-            BackendError: GPUs without P2P.
+            PeerUnreachable: GPUs without P2P (a BackendError).
             CudaError: cuIpcOpenMemHandle failed.
         """
         self._context.make_current()

@@ -9,13 +9,14 @@ once), so a cell says which pairs work and which do not, not only that one of th
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from ..patterns.seeding import POISON_BYTE, seeded_bytes
-from ..runtime.errors import IpcShareError
+from ..runtime.errors import ErrorFacts, IpcShareError, error_facts
 from .paths import PathSpec, close_group_noting, close_window_together, describe_failure, open_group
 
 __all__ = ["probe_path", "pair_rounds", "run_matrix", "cell_seed", "indirect_pairs"]
@@ -41,9 +42,20 @@ def pair_rounds(count: int) -> list[list[tuple[int, int]]]:
     return rounds
 
 
+# The typed facts of a failure (errno, cuda_error, peer_unreachable) that its cells carry.
+_FACT_KEYS = tuple(field.name for field in dataclasses.fields(ErrorFacts))
+
+
 def _fail_cells(owner: int, peers: list[int], failure: dict[str, Any]) -> list[dict[str, Any]]:
+    facts = {key: failure.get(key) for key in _FACT_KEYS}
     return [{"owner": owner, "peer": peer, "result": "fail", "step": failure["step"],
-             "error": failure["error"], "message": failure["message"]} for peer in peers]
+             "error": failure["error"], "message": failure["message"], **facts}
+            for peer in peers]
+
+
+def _cell_error(exc: BaseException, prefix: str = "") -> dict[str, Any]:
+    """A failed write or read as its cell records it: the text and the error's typed facts."""
+    return {"message": f"{prefix}{type(exc).__name__}: {exc}", **error_facts(exc).to_dict()}
 
 
 def _exchange_facts(group: Any, members: list[int]) -> dict[str, Any]:
@@ -110,13 +122,13 @@ def _write_and_read_back(window: Any, comm: Any, members: list[int], path_index:
     me, count = comm.Get_rank(), comm.Get_size()
     engine = window.engine
     inbox_at, outbox_at = 0, count * slot_bytes
-    write_errors: dict[int, str] = {}
+    write_errors: dict[int, dict[str, Any]] = {}
     try:
         engine.upload(window.local.slice(inbox_at, count * slot_bytes),
                       np.full(count * slot_bytes, POISON_BYTE, dtype=np.uint8))
         engine.synchronize()
     except Exception as exc:
-        write_errors = {r: f"poison: {type(exc).__name__}: {exc}" for r in range(count)}
+        write_errors = {r: _cell_error(exc, "poison: ") for r in range(count)}
     comm.Barrier()  # every inbox is poisoned before anyone writes
     # Pairs without peer access go through the window's staged copies, where the owner
     # takes part: every rank pulls from its staged peers while it pushes to them.
@@ -134,7 +146,7 @@ def _write_and_read_back(window: Any, comm: Any, members: list[int], path_index:
             else:
                 sends.append((target, staged))
         except Exception as exc:
-            write_errors[target] = f"{type(exc).__name__}: {exc}"
+            write_errors[target] = _cell_error(exc)
     if window.staged is not None and not poison_failed:
         receives = [(peer, window.local.slice(inbox_at + peer * slot_bytes, slot_bytes))
                     for peer in window.staged.peers]
@@ -143,12 +155,12 @@ def _write_and_read_back(window: Any, comm: Any, members: list[int], path_index:
             window.staged.bind(engine, sends=sends, receives=receives)()
         except Exception as exc:
             for target, _source in sends:
-                write_errors.setdefault(target, f"{type(exc).__name__}: {exc}")
+                write_errors.setdefault(target, _cell_error(exc))
     try:
         engine.synchronize()
     except Exception as exc:
         for target in range(count):
-            write_errors.setdefault(target, f"{type(exc).__name__}: {exc}")
+            write_errors.setdefault(target, _cell_error(exc))
     comm.Barrier()  # every write has landed (or failed) before anyone reads
     # What each writer failed to write, so owners can tell "never written" from "lost".
     failed_writes = comm.allgather({t: e for t, e in write_errors.items() if t != me})
@@ -157,16 +169,16 @@ def _write_and_read_back(window: Any, comm: Any, members: list[int], path_index:
         inbox = engine.download(window.local.slice(inbox_at, count * slot_bytes))
         read_error = None
     except Exception as exc:
-        inbox, read_error = None, f"{type(exc).__name__}: {exc}"
+        inbox, read_error = None, _cell_error(exc)
     for peer in range(count):
         if peer == me:
             continue
         cell: dict[str, Any] = {"owner": members[me], "peer": members[peer], "result": "ok",
                                 "path": window.path(peer)}
         if me in failed_writes[peer]:
-            cell.update(result="fail", step="write", message=failed_writes[peer][me])
+            cell.update(result="fail", step="write", **failed_writes[peer][me])
         elif read_error is not None:
-            cell.update(result="fail", step="readback", message=read_error)
+            cell.update(result="fail", step="readback", **read_error)
         else:
             got = inbox[peer * slot_bytes:(peer + 1) * slot_bytes]
             expected = cell_seed(path_index, members[me], members[peer], slot_bytes)
@@ -190,7 +202,8 @@ def indirect_pairs(window: Any, members: list[int]) -> list[dict[str, Any]]:
         a, b = sorted(pair)
         pairs.append({"ranks": [members[a], members[b]], "path": path.kind,
                       "relay": None if path.relay is None else members[path.relay],
-                      "devices": [plan.label(a), plan.label(b)], "reason": path.reason})
+                      "devices": [plan.label(a), plan.label(b)], "reason": path.reason,
+                      "disabled_by_setting": path.disabled_by_setting})
     return pairs
 
 

@@ -12,6 +12,7 @@ import dataclasses
 import re
 from typing import Any
 
+from ..runtime.errors import IpcShareError, error_facts
 from ..topology.world import format_ranks, parse_ranks
 
 __all__ = [
@@ -23,7 +24,6 @@ __all__ = [
     "close_window_together",
     "close_group_noting",
     "translate_ranks",
-    "split_collective_message",
     "describe_failure",
 ]
 
@@ -104,39 +104,41 @@ def close_group_noting(group: Any, record: dict[str, Any]) -> None:
 
 
 # ``rank 1@n3``, ``rank 3``, ``ranks 0-1, 3`` (as topology.format_ranks writes them);
-# a local rank is a node's number, not the communicator's.
+# a local rank is a node's number, not the communicator's. Only the text people read is
+# rewritten with it: the facts rules read come typed (``describe_failure``).
 _RANK_MENTION = re.compile(r"(?<!local )\branks? \d+(?:-\d+)?(?:, \d+(?:-\d+)?)*")
 
 
 def translate_ranks(text: str, members: list[int]) -> str:
     """Rewrite ``rank K@host`` and lists such as ``ranks 0-1, 3`` (ranks of a
-    sub-communicator) as the job's ranks."""
+    sub-communicator) as the job's ranks, for people to read."""
     def world(match: re.Match) -> str:
         ranks = parse_ranks(match.group(0))
-        return format_ranks(members[r] if r < len(members) else r for r in ranks)
+        return format_ranks(_job_rank(r, members) for r in ranks)
     return _RANK_MENTION.sub(world, text)
 
 
-_COLLECTIVE = re.compile(r"^(?P<step>.+?) failed on rank (?P<rank>\d+)@(?P<host>\S+?): "
-                         r"(?P<detail>.*)$", re.DOTALL)
-
-
-def split_collective_message(text: str) -> tuple[str, int | None, str]:
-    """``'import failed on rank 1@n3: X'`` -> ``('import', 1, 'X')``; a message of
-    another shape -> ``('setup', None, text)``."""
-    match = _COLLECTIVE.match(text)
-    if not match:
-        return "setup", None, text
-    return match.group("step"), int(match.group("rank")), match.group("detail")
+def _job_rank(rank: int, members: list[int]) -> int:
+    return members[rank] if rank < len(members) else rank
 
 
 def describe_failure(exc: BaseException, members: list[int]) -> dict[str, Any]:
     """The failing step, rank (world numbering), error class and message of a
-    collective error, plus this rank's own cause when it is one of the failing ranks."""
-    message = translate_ranks(str(exc), members)
-    step, rank, _detail = split_collective_message(message)
+    collective error, the typed facts of the failing rank's error (``errno``,
+    ``cuda_error``, ``peer_unreachable``: what the rules read), plus this rank's own
+    cause when it is one of the failing ranks.
+
+    The step and rank are those that fail-together agreement recorded (``exc.failure``);
+    an error that no agreement raised (a dead peer, a timeout) is ``setup`` with no rank.
+    """
+    agreed = exc.failure if isinstance(exc, IpcShareError) else None
+    if agreed is None:
+        step, rank, facts = "setup", None, error_facts(exc)
+    else:
+        step, rank, facts = agreed.step, _job_rank(agreed.rank, members), agreed.facts
     failure: dict[str, Any] = {"step": step, "rank": rank, "error": type(exc).__name__,
-                               "message": message}
+                               "message": translate_ranks(str(exc), members),
+                               **facts.to_dict()}
     cause = exc.__cause__
     if cause is not None:  # consensus re-raises with the local error as the cause
         failure["local_cause"] = translate_ranks(f"{type(cause).__name__}: {cause}", members)

@@ -6,12 +6,16 @@ Every rule is a function ``node -> list[Finding]`` over plain data, so the rules
 tested with synthetic evidence (tests/unit/test_doctor_rules.py). ``diagnose`` runs them
 all, then adds an "unexplained" finding for any failing required check that no rule
 explained, so a failure is never left without a line.
+
+Rules decide on typed facts, never on the wording of a message: the errno and CUDA error
+names and the unreachable peer that a failure records (``errno``, ``cuda_error``,
+``peer_unreachable``, as ``runtime.errors.ErrorFacts`` gathers them), ``pidfd_refusal``,
+and a pair's ``disabled_by_setting``. Messages are only shown, as evidence.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -23,7 +27,6 @@ __all__ = ["Finding", "RULES", "diagnose", "descriptor_need", "suggested_nofile"
            "SEVERITIES"]
 
 SEVERITIES = ("fail", "warn", "info")
-_ERRNO = re.compile(r"\b(EPERM|ENOSYS|EACCES|ESRCH|EBADF|EMFILE|ENOMEM|EINVAL)\b")
 _SOCKET_PATHS = ("posix-fd/socket", "cuda-vmm/socket")
 
 
@@ -86,11 +89,6 @@ def _sockets_work(node: Node) -> bool:
     return any(_path_ok(node, name) for name in _SOCKET_PATHS)
 
 
-def _errno_in(text: str) -> str | None:
-    match = _ERRNO.search(text)
-    return match.group(1) if match else None
-
-
 def _pid_namespaces(node: Node) -> dict[str, list[int]]:
     spaces: dict[str, list[int]] = {}
     for rank, facts in sorted(_ranks(node).items()):
@@ -114,8 +112,9 @@ def pidfd_refused(node: Node) -> list[Finding]:
         failure = record.get("failure") or {}
         if record.get("exchange") == "pidfd" and failure.get("step", "").startswith(
                 "descriptor exchange (pidfd)"):
-            message = failure.get("message", "")
-            evidence.append((failure.get("rank"), _errno_in(message), message))
+            # The failing rank's errno as agreement recorded it, not read from the text.
+            evidence.append((failure.get("rank"), failure.get("errno"),
+                             failure.get("message", "")))
         refusal = record.get("pidfd_refusal")
         if refusal:  # the exchange's typed record of why it left pidfd for sockets
             evidence.append((refusal.get("rank"), refusal.get("errno"),
@@ -253,10 +252,11 @@ def fabric_without_imex(node: Node) -> list[Finding]:
     record = _paths(node).get("fabric")
     if not record or record.get("status") != "failed":
         return []
-    message = (record.get("failure") or {}).get("message", "")
+    failure = record.get("failure") or {}
+    message = failure.get("message", "")
     channels = [(facts.get("gpu") or {}).get("imex_channels") for facts in _ranks(node).values()]
     present = next((c for c in channels if c), None)
-    if "NOT_PERMITTED" in message or "IMEX" in message:
+    if failure.get("cuda_error") == "CUDA_ERROR_NOT_PERMITTED":
         where = ("/dev/nvidia-caps-imex-channels holds " + ", ".join(present) if present
                  else "no /dev/nvidia-caps-imex-channels")
         return [Finding(
@@ -292,7 +292,7 @@ def p2p_unreachable(node: Node) -> list[Finding]:
             key = f"pair {a}-{b}"
             if key in findings:
                 continue
-            on_purpose = "IPCSHARE_DISABLE_P2P" in pair.get("reason", "")
+            on_purpose = pair.get("disabled_by_setting") is True
             how = (f"relay through rank {pair['relay']}'s GPU" if pair["path"] == "relay"
                    else "host-staged copies through pinned host memory")
             findings[key] = Finding(
@@ -305,19 +305,18 @@ def p2p_unreachable(node: Node) -> list[Finding]:
                 "pass the GPUs through with peer access allowed (ACS / IOMMU settings)",
                 evidence=f"{record['path']}: {pair['path']}"
                          + (f" via rank {pair['relay']}" if pair.get("relay") is not None else ""))
-        texts = [(record.get("failure") or {}).get("message", "")]
-        texts += [cell.get("message", "") for cell in record.get("cells", [])]
-        for text in texts:
-            match = re.search(r"cuda:\d+ cannot reach the memory of cuda:\d+ \([^)]*\) "
-                              r"peer-to-peer: [^;]*", text or "")
-            if not match or match.group(0) in findings:
+        # A window that mapped a peer GPU it may not reach: the typed fact of the error.
+        for source in [record.get("failure") or {}, *record.get("cells", [])]:
+            unreachable = source.get("peer_unreachable")
+            if not unreachable or unreachable["message"] in findings:
                 continue
-            on_purpose = "IPCSHARE_DISABLE_P2P" in match.group(0)
-            findings[match.group(0)] = Finding(
+            text = source.get("message", "")
+            on_purpose = unreachable.get("disabled_by_setting") is True
+            findings[unreachable["message"]] = Finding(
                 "info" if on_purpose else "warn", "gpu-path",
                 ("peer access between these GPUs was disabled on purpose: " if on_purpose else
                  "the driver reports no peer-to-peer path between these GPUs: ")
-                + match.group(0),
+                + unreachable["message"],
                 "unset IPCSHARE_DISABLE_P2P" if on_purpose else
                 "put cooperating ranks on GPUs with a P2P path (nvidia-smi topo -p2p r); in VMs "
                 "pass the GPUs through with peer access allowed (ACS / IOMMU settings)",
@@ -389,9 +388,10 @@ def descriptor_limit(node: Node) -> list[Finding]:
     local_size = len(node.get("ranks", [])) or 1
     emfile = []
     for limit in (node.get("limits") or {}).get("windows", []):
-        message = (limit.get("failure") or {}).get("message", "")
-        if "EMFILE" in message or "Too many open files" in message:
-            emfile.append(f"{limit['path']}: held {limit['windows']} windows, then {message}")
+        failure = limit.get("failure") or {}
+        if failure.get("errno") == "EMFILE":
+            emfile.append(f"{limit['path']}: held {limit['windows']} windows, then "
+                          f"{failure.get('message', '')}")
     short: dict[tuple[int, int | None], list[tuple[int, int]]] = {}
     for rank, facts in sorted(_ranks(node).items()):
         soft, hard = facts.get("nofile_soft"), facts.get("nofile_hard")
@@ -497,9 +497,9 @@ def window_limit_short(node: Node) -> list[Finding]:
         if limit.get("stopped") != "failure" or not failure:
             continue
         message = failure.get("message", "")
-        if "EMFILE" in message or "Too many open files" in message:
+        if failure.get("errno") == "EMFILE":
             continue  # the descriptor rule says it
-        if "ENOMEM" in message or "Cannot allocate memory" in message:
+        if failure.get("errno") == "ENOMEM":
             fix = ("mappings may be capped by vm.max_map_count: sysctl -w "
                    "vm.max_map_count=262144; or memory is short")
         else:

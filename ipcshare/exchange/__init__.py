@@ -14,7 +14,7 @@ from ..liveness.consensus import agree, collective_step
 from ..liveness.deadline_waits import watched_allgather, watched_barrier
 from ..liveness.pidfd_watch import PeerWatch
 from ..runtime import settings
-from ..runtime.errors import ConfigError, ExchangeError
+from ..runtime.errors import ConfigError, ExchangeError, errno_name_of
 from ..runtime.logs import get_logger
 from ..runtime.owned_fd import OwnedFd
 from ..topology.world import World, format_ranks
@@ -28,7 +28,7 @@ from .node_reach import (
     unreachable_users,
 )
 from .pidfd import fetch_fd
-from .pidfd_refusal import PidfdRefusal, errno_name_of
+from .pidfd_refusal import PidfdRefusal
 from .socket_dir import make_socket_dir, remove_socket_dir
 from .unix_socket import SocketEndpoint
 

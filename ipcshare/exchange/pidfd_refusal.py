@@ -5,9 +5,8 @@ parsing the message."""
 from __future__ import annotations
 
 import dataclasses
-import errno
 
-__all__ = ["PidfdRefusal", "errno_name_of"]
+__all__ = ["PidfdRefusal"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,14 +18,3 @@ class PidfdRefusal:
     rank: int
     errno: str | None
     message: str
-
-
-def errno_name_of(error: BaseException) -> str | None:
-    """The errno name of the OSError that caused ``error`` (itself or along its causes),
-    or None when no system call failed."""
-    seen: BaseException | None = error
-    while seen is not None:
-        if isinstance(seen, OSError) and seen.errno is not None:
-            return errno.errorcode.get(seen.errno, str(seen.errno))
-        seen = seen.__cause__
-    return None

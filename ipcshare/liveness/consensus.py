@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from ..runtime.errors import PeerDied, error_class
+from ..runtime.errors import CollectiveFailure, PeerDied, error_class, error_facts
 from ..topology.world import World, format_ranks
 from .deadline_waits import watched_allgather, watched_barrier
 from .pidfd_watch import PeerWatch
@@ -26,7 +26,9 @@ def agree(world: World, step: str, error: BaseException | None, *, comm=None,
     The message names the first failing rank, its host, the step and the cause, e.g.
     ``import failed on rank 1@node3: cuMemImportFromShareableHandle -> CUDA_ERROR_...``;
     when several ranks failed it ends with the ones that did, e.g.
-    ``(reported by ranks 0-1, 3)``.
+    ``(reported by ranks 0-1, 3)``. The error's ``failure`` holds the same as typed
+    facts (step, rank, host, the failing ranks, and the failing rank's errno and CUDA
+    error names), for readers that must not parse the message.
 
     With a ``watch``, waiting for the others gives up when one of them dies (PeerDied)
     or after ``timeout`` seconds (ExchangeTimeout) instead of hanging.
@@ -38,7 +40,9 @@ def agree(world: World, step: str, error: BaseException | None, *, comm=None,
     comm = world.comm if comm is None else comm
     status = None
     if error is not None:
-        status = (type(error).__name__, str(error) or type(error).__name__)
+        # The facts travel beside the text: other ranks cannot read this rank's causes.
+        status = (type(error).__name__, str(error) or type(error).__name__,
+                  error_facts(error))
     if watch is None:
         statuses = comm.allgather((world.rank, status))
     else:
@@ -47,10 +51,12 @@ def agree(world: World, step: str, error: BaseException | None, *, comm=None,
     failures = [(rank, s) for rank, s in statuses if s is not None]
     if not failures:
         return
-    rank, (name, message) = failures[0]
+    rank, (name, message, facts) = failures[0]
+    failed = [r for r, _status in failures]
     cls = error_class(name)  # an OSError on one rank becomes IpcShareError everywhere
-    exc = cls(f"{step} failed on {world.where(rank)}: {message}"
-              f"{failure_suffix([r for r, _status in failures])}")
+    exc = cls(f"{step} failed on {world.where(rank)}: {message}{failure_suffix(failed)}")
+    exc.failure = CollectiveFailure(step=step, rank=rank, host=world.hostnames[rank],
+                                    ranks=tuple(failed), facts=facts)
     if error is not None:
         raise exc from error
     raise exc

@@ -24,6 +24,7 @@ __all__ = [
     "driver",
     "check",
     "describe_error",
+    "cuda_error",
     "error_name",
     "init",
     "device_count",
@@ -90,6 +91,13 @@ def describe_error(call: str, err: Any) -> str:
     return f"{call} -> {name}: {description}" if description else f"{call} -> {name}"
 
 
+def cuda_error(call: str, err: Any, *, then: str = "") -> CudaError:
+    """The CudaError for ``call`` failing with ``err``: the message of
+    :func:`describe_error` (followed by ``then``), the call and the error name as fields,
+    so that readers never parse the name out of the message."""
+    return CudaError(describe_error(call, err) + then, call=call, error_name=error_name(err))
+
+
 def check(call: str, result: tuple) -> Any:
     """Unpack what a ``cuda.bindings.driver`` call returned: ``(err, *values)``.
 
@@ -101,7 +109,7 @@ def check(call: str, result: tuple) -> Any:
     """
     err = result[0]
     if err != SUCCESS:
-        raise CudaError(describe_error(call, err))
+        raise cuda_error(call, err)
     if len(result) == 1:
         return None
     if len(result) == 2:

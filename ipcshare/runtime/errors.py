@@ -1,6 +1,13 @@
-"""Typed exceptions: every error says which rank, on which host, doing what."""
+"""Typed exceptions: every error says which rank, on which host, doing what; and the
+facts that readers act on (an errno name, a CUDA error name, the failing rank and step)
+travel as typed fields beside the message, never only inside it."""
 
 from __future__ import annotations
+
+import dataclasses
+import errno as errno_codes
+from collections.abc import Iterator
+from typing import Any
 
 __all__ = [
     "IpcShareError",
@@ -10,6 +17,7 @@ __all__ = [
     "BackendError",
     "BackendUnavailable",
     "CudaError",
+    "PeerUnreachable",
     "WindowError",
     "SignalTimeout",
     "PeerDied",
@@ -18,11 +26,51 @@ __all__ = [
     "CollectiveError",
     "Unsupported",
     "error_class",
+    "ErrorFacts",
+    "CollectiveFailure",
+    "error_facts",
+    "errno_name_of",
 ]
 
 
+@dataclasses.dataclass(frozen=True)
+class ErrorFacts:
+    """What an error knows as typed facts, gathered along the errors that caused it, for
+    readers that must not parse messages (the doctor's rules): ``errno`` is the kernel's
+    name of the OSError behind it (``EMFILE``, ``EPERM``...), ``cuda_error`` the CUDA
+    error name of the CudaError behind it (``CUDA_ERROR_NOT_PERMITTED``...),
+    ``peer_unreachable`` the PeerUnreachable behind it as plain data (its ``facts()``)."""
+
+    errno: str | None = None
+    cuda_error: str | None = None
+    peer_unreachable: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectiveFailure:
+    """The facts of an error that fail-together agreement raised on every rank
+    (``liveness.consensus``): the step, the first failing rank (numbered as the group's
+    communicator numbers it) and its host, every rank that failed, and the typed facts of
+    the first failing rank's own error."""
+
+    step: str
+    rank: int
+    host: str
+    ranks: tuple[int, ...]
+    facts: ErrorFacts
+
+
 class IpcShareError(Exception):
-    """Base class of every error ipcshare raises on purpose."""
+    """Base class of every error ipcshare raises on purpose.
+
+    ``failure`` is set on the error that fail-together agreement raises on every rank
+    (None elsewhere): who failed at which step, and why, as typed facts.
+    """
+
+    failure: CollectiveFailure | None = None
 
 
 class ConfigError(IpcShareError, ValueError):
@@ -46,7 +94,37 @@ class BackendUnavailable(BackendError):
 
 
 class CudaError(BackendError):
-    """A CUDA driver call failed; the message starts with the call and the error name."""
+    """A CUDA driver call failed; the message starts with the call and the error name.
+
+    ``call`` and ``error_name`` (``CUDA_ERROR_...``) hold the same as fields, where the
+    checked call knew them (``runtime.cuda_driver.cuda_error``).
+    """
+
+    def __init__(self, message: str, *, call: str | None = None,
+                 error_name: str | None = None) -> None:
+        super().__init__(message)
+        self.call = call
+        self.error_name = error_name
+
+
+class PeerUnreachable(BackendError):
+    """This rank's GPU may not map a peer GPU's memory: no peer-to-peer path between
+    them, or the pair was disabled on purpose (``disabled_by_setting``: the user's
+    IPCSHARE_DISABLE_P2P named it). The other ranks of a group raise it with the message
+    alone; the fields then travel in ``failure``."""
+
+    def __init__(self, message: str, *, device: str | None = None, peer: str | None = None,
+                 reason: str | None = None, disabled_by_setting: bool | None = None) -> None:
+        super().__init__(message)
+        self.device = device
+        self.peer = peer
+        self.reason = reason
+        self.disabled_by_setting = disabled_by_setting
+
+    def facts(self) -> dict[str, Any]:
+        """The error as plain data: device, peer, reason, disabled_by_setting, message."""
+        return {"device": self.device, "peer": self.peer, "reason": self.reason,
+                "disabled_by_setting": self.disabled_by_setting, "message": str(self)}
 
 
 class WindowError(IpcShareError):
@@ -81,8 +159,8 @@ class VerificationError(IpcShareError):
 
 _BY_NAME = {cls.__name__: cls for cls in (
     IpcShareError, ConfigError, ExchangeError, ExchangeTimeout, BackendError,
-    BackendUnavailable, CudaError, WindowError, SignalTimeout, VerificationError,
-    KernelCompileError, PeerDied, CollectiveError, Unsupported)}
+    BackendUnavailable, CudaError, PeerUnreachable, WindowError, SignalTimeout,
+    VerificationError, KernelCompileError, PeerDied, CollectiveError, Unsupported)}
 
 
 def error_class(name: str) -> type[IpcShareError]:
@@ -91,3 +169,45 @@ def error_class(name: str) -> type[IpcShareError]:
     Used to re-raise on every rank the same type that one rank hit.
     """
     return _BY_NAME.get(name, IpcShareError)
+
+
+def _causes(error: BaseException) -> Iterator[BaseException]:
+    """``error`` and the errors behind it, as Python's traceback shows them: the
+    explicit cause, else the error being handled unless ``from None`` hid it."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        if current.__cause__ is not None:
+            current = current.__cause__
+        elif not current.__suppress_context__:
+            current = current.__context__
+        else:
+            current = None
+
+
+def error_facts(error: BaseException) -> ErrorFacts:
+    """The typed facts of ``error`` and the errors behind it: the nearest of each kind
+    wins; an error that agreement raised contributes its failing rank's facts."""
+    found: dict[str, Any] = {"errno": None, "cuda_error": None, "peer_unreachable": None}
+    for seen in _causes(error):
+        candidates: dict[str, Any] = {}
+        if isinstance(seen, IpcShareError) and seen.failure is not None:
+            candidates = seen.failure.facts.to_dict()
+        if isinstance(seen, OSError) and seen.errno is not None:
+            candidates["errno"] = errno_codes.errorcode.get(seen.errno, str(seen.errno))
+        if isinstance(seen, CudaError) and seen.error_name:
+            candidates["cuda_error"] = seen.error_name
+        if isinstance(seen, PeerUnreachable):
+            candidates["peer_unreachable"] = seen.facts()
+        for key, value in candidates.items():
+            if found[key] is None and value is not None:
+                found[key] = value
+    return ErrorFacts(**found)
+
+
+def errno_name_of(error: BaseException) -> str | None:
+    """The errno name of the OSError behind ``error`` (itself or along its causes), or
+    None when no system call failed."""
+    return error_facts(error).errno

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..runtime import cuda_driver
 from ..runtime.errors import BackendUnavailable, ConfigError, CudaError
@@ -17,7 +17,9 @@ __all__ = [
     "max_ranks_per_gpu",
     "describe_devices",
     "p2p_matrix",
+    "peer_access",
     "peer_reach",
+    "PeerAccess",
     "handle_support",
     "probe_vmm_handle",
     "HandleProbe",
@@ -73,16 +75,27 @@ def describe_devices() -> list[dict[str, Any]]:
     ]
 
 
-def peer_access(src: int, dst: int) -> tuple[bool, str]:
-    """(whether ``src`` may map ``dst``'s memory, why not when it may not)."""
+class PeerAccess(NamedTuple):
+    """Whether one GPU may map another's memory (``ok``), why not (``why``), and whether
+    the user's IPCSHARE_DISABLE_P2P is the reason (``disabled_by_setting``: a fact for
+    readers such as the doctor, not a phrase to look for in ``why``)."""
+
+    ok: bool
+    why: str = ""
+    disabled_by_setting: bool = False
+
+
+def peer_access(src: int, dst: int) -> PeerAccess:
+    """Whether ``src`` may map ``dst``'s memory, and why not when it may not."""
     if frozenset((src, dst)) in disabled_p2p_pairs():
-        return False, "disabled by IPCSHARE_DISABLE_P2P"
+        return PeerAccess(False, "disabled by IPCSHARE_DISABLE_P2P", disabled_by_setting=True)
     if not cuda_driver.can_access_peer(src, dst):
-        return False, "cuDeviceCanAccessPeer -> 0: no NVLink or PCIe P2P path between them"
-    return True, ""
+        return PeerAccess(False,
+                          "cuDeviceCanAccessPeer -> 0: no NVLink or PCIe P2P path between them")
+    return PeerAccess(True)
 
 
-def peer_reach(ordinal: int, uuids: list[bytes | None]) -> list[tuple[bool, str]]:
+def peer_reach(ordinal: int, uuids: list[bytes | None]) -> list[PeerAccess]:
     """For each device UUID in ``uuids`` (one per rank of the node): whether ``ordinal``
     may map memory on it, and why not. The same device always may; a device this process
     cannot see (another CUDA_VISIBLE_DEVICES) counts as reachable, for the driver to judge
@@ -97,7 +110,7 @@ def peer_reach(ordinal: int, uuids: list[bytes | None]) -> list[tuple[bool, str]
     for uuid in uuids:
         peer = visible.get(uuid) if uuid is not None else None
         if uuid == own or peer is None:
-            facts.append((True, ""))
+            facts.append(PeerAccess(True))
         else:
             facts.append(peer_access(ordinal, peer))
     return facts
@@ -116,12 +129,12 @@ def p2p_matrix() -> list[dict[str, Any]]:
         for dst in range(count):
             if src == dst:
                 continue
-            reachable, why = peer_access(src, dst)
+            access = peer_access(src, dst)
             pairs.append({
                 "src": src, "dst": dst,
                 "access": bool(cuda_driver.p2p_attribute("ACCESS_SUPPORTED", src, dst))
-                          and reachable,
-                "why": why,
+                          and access.ok,
+                "why": access.why,
                 "native_atomics": bool(
                     cuda_driver.p2p_attribute("NATIVE_ATOMIC_SUPPORTED", src, dst)),
                 "perf_rank": cuda_driver.p2p_attribute("PERFORMANCE_RANK", src, dst),
@@ -152,6 +165,13 @@ class HandleProbe:
         if self.handle == "fabric" and self.error == "CUDA_ERROR_NOT_PERMITTED":
             why = f" ({FABRIC_REFUSED_REASON})"
         return f"refused: {self.error}{why}"
+
+    def as_error(self) -> CudaError | None:
+        """The refusal as the CudaError of its call (None when no call failed): the cause
+        that errors about this handle type cite, the CUDA error name as a field."""
+        if self.ok or self.call is None:
+            return None
+        return CudaError(f"{self.call} -> {self.error}", call=self.call, error_name=self.error)
 
 
 _SUPPORT_ATTRIBUTE = {

@@ -62,11 +62,13 @@ def env_choices() -> tuple[str, str]:
 class PairPath:
     """How two ranks of one node reach each other. ``relay`` is the world rank whose
     window stages their bytes (relay paths only); ``reason`` says why the pair is not
-    direct (empty when it is)."""
+    direct (empty when it is); ``disabled_by_setting`` whether that is because the user's
+    IPCSHARE_DISABLE_P2P named the pair."""
 
     kind: str
     relay: int | None = None
     reason: str = ""
+    disabled_by_setting: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,11 +155,13 @@ def all_direct(ranks: Sequence[int], labels: Sequence[str] | None = None) -> Pat
 
 def plan_paths(ranks: Sequence[int], labels: Sequence[str], reach: Sequence[Sequence[bool]],
                reasons: Sequence[Sequence[str]], *, fallback: str = "auto",
-               chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> PathPlan:
+               chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+               disabled: Sequence[Sequence[bool]] | None = None) -> PathPlan:
     """Plan the path of every pair of a node's ranks.
 
     ``reach[i][j]`` says whether the i-th rank's GPU may map the j-th rank's memory
-    (``reasons[i][j]`` why not). A pair is direct when both directions work; otherwise
+    (``reasons[i][j]`` why not; ``disabled[i][j]`` whether IPCSHARE_DISABLE_P2P is why,
+    none by default). A pair is direct when both directions work; otherwise
     it relays through the lowest-numbered rank that is direct with both ends, or, where
     none is or ``fallback`` is ``host``, stages through pinned host memory.
 
@@ -180,7 +184,9 @@ def plan_paths(ranks: Sequence[int], labels: Sequence[str], reach: Sequence[Sequ
         for j in range(i + 1, count):
             if direct(i, j):
                 continue
-            why = reasons[i][j] if not reach[i][j] else reasons[j][i]
+            a, b = (i, j) if not reach[i][j] else (j, i)  # the direction that failed
+            why = reasons[a][b]
+            on_purpose = bool(disabled[a][b]) if disabled is not None else False
             reason = f"{labels[i]} and {labels[j]} have no peer access: {why or 'unknown'}"
             relays = [k for k in range(count) if k not in (i, j) and direct(i, k)
                       and direct(j, k)]
@@ -188,13 +194,14 @@ def plan_paths(ranks: Sequence[int], labels: Sequence[str], reach: Sequence[Sequ
             # lowest-numbered rank, on every rank alike.
             if relays and fallback != "host":
                 indirect[frozenset((ranks[i], ranks[j]))] = PairPath(
-                    "relay", ranks[relays[0]], reason)
+                    "relay", ranks[relays[0]], reason, on_purpose)
             elif fallback == "relay":
                 raise ConfigError(
                     f"{FALLBACK_ENV}=relay: no rank of the node reaches both rank {ranks[i]} "
                     f"({labels[i]}) and rank {ranks[j]} ({labels[j]}) peer-to-peer ({reason}); "
                     "use auto or host")
             else:
-                indirect[frozenset((ranks[i], ranks[j]))] = PairPath("host-staged", None, reason)
+                indirect[frozenset((ranks[i], ranks[j]))] = PairPath("host-staged", None, reason,
+                                                                     on_purpose)
     return PathPlan(tuple(ranks), tuple(labels), fallback, chunk_bytes, indirect)
 

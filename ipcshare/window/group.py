@@ -194,9 +194,10 @@ class Group:
             _check_same_p2p_choices([fact[1] for fact in facts], world.local_ranks)
             self.paths = plan_paths(
                 world.local_ranks, [fact[2] for fact in facts],
-                [[ok for ok, _why in fact[0]] for fact in facts],
-                [[why for _ok, why in fact[0]] for fact in facts],
-                fallback=fallback_choice(choices[0]), chunk_bytes=chunk_bytes_choice(choices[1]))
+                [[access.ok for access in fact[0]] for fact in facts],
+                [[access.why for access in fact[0]] for fact in facts],
+                fallback=fallback_choice(choices[0]), chunk_bytes=chunk_bytes_choice(choices[1]),
+                disabled=[[access.disabled_by_setting for access in fact[0]] for fact in facts])
         self.fallbacks_anywhere = any(self.collective("peer paths", self.paths.has_fallbacks))
 
     @property

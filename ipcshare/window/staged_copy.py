@@ -38,8 +38,8 @@ from ..backends.device_buffer import DeviceBuffer
 from ..backends.pinned_host import PinnedHostMemory, create_pinned, open_peer_pinned
 from ..exchange import Exchange
 from ..liveness.consensus import Rendezvous
-from ..runtime.cuda_driver import NOT_READY, SUCCESS, check, describe_error, driver
-from ..runtime.errors import CudaError, WindowError
+from ..runtime.cuda_driver import NOT_READY, SUCCESS, check, cuda_error, driver
+from ..runtime.errors import WindowError
 from ..topology.peer_paths import PathPlan
 from ..topology.world import World
 from .layout import (
@@ -219,7 +219,7 @@ class StagedCopy:
                     wait_free(count - STAGING_SLOTS)
                 err, = memcpy(base + ((count - 1) % STAGING_SLOTS) * stride, source, length, stream)
                 if err != SUCCESS:
-                    raise CudaError(describe_error("cuMemcpyAsync", err))
+                    raise cuda_error("cuMemcpyAsync", err)
                 post_ready(count)
             counters[peer] = count
         return enqueue
@@ -241,7 +241,7 @@ class StagedCopy:
                 wait_ready(count)
                 err, = memcpy(target, base + ((count - 1) % STAGING_SLOTS) * stride, length, stream)
                 if err != SUCCESS:
-                    raise CudaError(describe_error("cuMemcpyAsync", err))
+                    raise cuda_error("cuMemcpyAsync", err)
                 post_free(count)
             counters[peer] = count
         return enqueue

@@ -11,7 +11,13 @@ from ipcshare.cli.main import build_parser
 from ipcshare.cli.run_pattern import _run_facts, check_same_run, resolve_options
 from ipcshare.doctor.paths import translate_ranks
 from ipcshare.liveness.consensus import agree, failure_suffix
-from ipcshare.runtime.errors import BackendError, ConfigError, WindowError
+from ipcshare.runtime.errors import (
+    BackendError,
+    CollectiveFailure,
+    ConfigError,
+    ErrorFacts,
+    WindowError,
+)
 from ipcshare.topology.world import World, describe_disagreement, format_ranks, parse_ranks
 from ipcshare.window.group import (
     _check_same_arguments,
@@ -76,7 +82,7 @@ def _world(rank: int, size: int) -> World:
 
 
 def test_agree_names_every_rank_that_failed_not_a_count():
-    failed = ("BackendError", "cuMemMap -> CUDA_ERROR_X")
+    failed = ("BackendError", "cuMemMap -> CUDA_ERROR_X", ErrorFacts(cuda_error="CUDA_ERROR_X"))
     comm = _Gathered([None, failed, None, failed, failed])
     with pytest.raises(BackendError) as caught:
         agree(_world(0, 5), "import", None, comm=comm)
@@ -86,9 +92,26 @@ def test_agree_names_every_rank_that_failed_not_a_count():
 
 
 def test_agree_on_one_failing_rank_has_no_suffix():
-    comm = _Gathered([None, ("WindowError", "bad")])
+    comm = _Gathered([None, ("WindowError", "bad", ErrorFacts())])
     with pytest.raises(WindowError, match=r"^step failed on rank 1@h: bad$"):
         agree(_world(0, 2), "step", None, comm=comm)
+
+
+def test_agree_carries_the_failure_as_typed_facts():
+    failed = ("BackendError", "cuMemMap -> CUDA_ERROR_X", ErrorFacts(cuda_error="CUDA_ERROR_X"))
+    comm = _Gathered([None, failed, None, failed])
+    with pytest.raises(BackendError) as caught:
+        agree(_world(0, 4), "import", None, comm=comm)
+    assert caught.value.failure == CollectiveFailure(
+        step="import", rank=1, host="h", ranks=(1, 3), facts=ErrorFacts(cuda_error="CUDA_ERROR_X"))
+
+
+def test_the_failing_rank_sends_the_facts_of_its_own_error():
+    error = BackendError("allocate: out of descriptors")
+    error.__cause__ = OSError(24, "Too many open files")  # as `raise ... from exc` sets it
+    with pytest.raises(BackendError) as caught:
+        agree(_world(1, 2), "allocate", error, comm=_Gathered([None, None]))
+    assert caught.value.failure.rank == 1 and caught.value.failure.facts.errno == "EMFILE"
 
 
 def test_window_sizes_are_named_as_the_nbytes_each_rank_passed():

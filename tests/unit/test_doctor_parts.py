@@ -14,7 +14,18 @@ import pytest
 import yaml
 
 from ipcshare.doctor import bandwidth, cluster, environment, matrix, paths, plan, report, verdict
-from ipcshare.runtime.errors import ConfigError
+from ipcshare.runtime.errors import (
+    BackendError,
+    BackendUnavailable,
+    CollectiveFailure,
+    ConfigError,
+    CudaError,
+    ErrorFacts,
+    ExchangeError,
+    IpcShareError,
+    PeerUnreachable,
+    error_facts,
+)
 
 GPU0, GPU1 = "GPU-aaaaaaaa-0000-0000-0000-000000000000", "GPU-bbbbbbbb-0000-0000-0000-000000000000"
 
@@ -97,30 +108,70 @@ def test_acs_redirection_is_counted():
                                             "examples": ["00:01.0"]}
 
 
-def test_collective_messages_are_split_and_translated_to_world_ranks():
+def _agreed(error, step: str, rank: int, facts: ErrorFacts | None = None):
+    """``error`` as fail-together agreement raises it: with its typed facts."""
+    error.failure = CollectiveFailure(step=step, rank=rank, host="n3", ranks=(rank,),
+                                      facts=facts or ErrorFacts())
+    return error
+
+
+def test_collective_failures_name_the_step_and_the_world_rank_from_typed_facts():
     text = "import failed on rank 1@n3: cuMemMap -> CUDA_ERROR_X (and on rank 0@n3 too)"
     translated = paths.translate_ranks(text, [4, 6])
     assert translated == ("import failed on rank 6@n3: cuMemMap -> CUDA_ERROR_X "
                           "(and on rank 4@n3 too)")
-    assert paths.split_collective_message(translated) == (
-        "import", 6, "cuMemMap -> CUDA_ERROR_X (and on rank 4@n3 too)")
-    assert paths.split_collective_message("something else") == ("setup", None, "something else")
+    failure = paths.describe_failure(
+        _agreed(CudaError(text), "import", 1, ErrorFacts(cuda_error="CUDA_ERROR_X")), [4, 6])
+    assert (failure["step"], failure["rank"], failure["message"]) == ("import", 6, translated)
+    assert failure["cuda_error"] == "CUDA_ERROR_X" and failure["errno"] is None
+    unagreed = paths.describe_failure(IpcShareError("something else"), [4, 6])
+    assert (unagreed["step"], unagreed["rank"]) == ("setup", None)
+
+
+def test_the_step_and_rank_come_from_the_facts_not_the_wording():
+    exc = _agreed(BackendError("worded in another release"), "export", 0)
+    failure = paths.describe_failure(exc, [5, 7])
+    assert (failure["step"], failure["rank"]) == ("export", 5)
+    # a message shaped like agreement's, without its facts, names no step and no rank
+    shaped = paths.describe_failure(BackendError("export failed on rank 1@n3: x"), [5, 7])
+    assert (shaped["step"], shaped["rank"]) == ("setup", None)
 
 
 def test_describe_failure_keeps_the_local_cause():
-    from ipcshare.runtime.errors import ExchangeError
-
     try:
         try:
             raise OSError(1, "Operation not permitted")
         except OSError as cause:
-            raise ExchangeError("descriptor exchange (pidfd) failed on rank 0@h: EPERM") \
-                from cause
+            raise _agreed(ExchangeError("descriptor exchange (pidfd) failed on rank 0@h: EPERM"),
+                          "descriptor exchange (pidfd)", 0, ErrorFacts(errno="EPERM")) from cause
     except ExchangeError as exc:
         failure = paths.describe_failure(exc, [5, 7])
     assert failure["step"] == "descriptor exchange (pidfd)" and failure["rank"] == 5
     assert failure["error"] == "ExchangeError" and "rank 5@h" in failure["message"]
     assert failure["local_cause"] == "PermissionError: [Errno 1] Operation not permitted"
+    assert failure["errno"] == "EPERM"
+
+
+def test_error_facts_follow_the_causes():
+    try:
+        try:
+            raise OSError(24, "Too many open files")
+        except OSError:
+            raise BackendError("memfd_create failed")  # noqa: B904 (the context is the cause)
+    except BackendError as exc:
+        assert error_facts(exc) == ErrorFacts(errno="EMFILE")
+    hidden = BackendError("no cause")
+    hidden.__context__, hidden.__suppress_context__ = OSError(24, "x"), True
+    assert error_facts(hidden) == ErrorFacts()
+    cuda = BackendUnavailable("fabric refused")
+    cuda.__cause__ = CudaError("cuMemCreate -> CUDA_ERROR_NOT_PERMITTED", call="cuMemCreate",
+                               error_name="CUDA_ERROR_NOT_PERMITTED")
+    assert error_facts(cuda).cuda_error == "CUDA_ERROR_NOT_PERMITTED"
+    peer = PeerUnreachable("cuda:0 cannot reach ...", device="cuda:0", peer="cuda:1",
+                           reason="disabled by IPCSHARE_DISABLE_P2P", disabled_by_setting=True)
+    assert error_facts(peer).peer_unreachable == {
+        "device": "cuda:0", "peer": "cuda:1", "reason": "disabled by IPCSHARE_DISABLE_P2P",
+        "disabled_by_setting": True, "message": "cuda:0 cannot reach ..."}
 
 
 def test_plan_timeout_comes_from_the_environment(monkeypatch):

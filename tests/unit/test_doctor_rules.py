@@ -11,6 +11,8 @@ from ipcshare.doctor import rules
 from ipcshare.doctor.plan import APP_WINDOWS, DESCRIPTOR_MARGIN
 
 NS_A, NS_B = "pid:[4026531836]", "pid:[4026532001]"
+# The typed facts a failure carries (runtime.errors.ErrorFacts), copied onto its cells.
+FACT_KEYS = ("errno", "cuda_error", "peer_unreachable")
 GPU0, GPU1 = "GPU-00000000-0000-0000-0000-000000000000", "GPU-11111111-1111-1111-1111-111111111111"
 
 
@@ -37,8 +39,10 @@ def path(name: str, *, status: str = "ok", exchange: str = "auto", gpu: bool = F
     if failure:
         record["failure"] = failure
         if cells is None:
+            facts = {key: failure[key] for key in FACT_KEYS if key in failure}
             record["cells"] = [dict(c, result="fail", step=failure["step"],
-                                    message=failure["message"]) for c in record["cells"]]
+                                    message=failure["message"], **facts)
+                               for c in record["cells"]]
     record.update(extra)
     return record
 
@@ -70,7 +74,7 @@ EPERM_MESSAGE = ("descriptor exchange (pidfd) failed on rank 1@node1: pidfd_getf
 
 def pidfd_refused_node(**rank1) -> dict:
     failure = {"step": "descriptor exchange (pidfd)", "rank": 1, "error": "ExchangeError",
-               "message": EPERM_MESSAGE}
+               "message": EPERM_MESSAGE, "errno": "EPERM"}
     return node(ranks=[rank_facts(0), rank_facts(1, **rank1)],
                 matrix=[path("host-shm", exchange_used="socket",
                              fallback_reason="pidfd_getfd refused on rank 1@node1: pidfd_getfd("
@@ -79,6 +83,15 @@ def pidfd_refused_node(**rank1) -> dict:
                         path("posix-fd/pidfd", status="failed", exchange="pidfd",
                              failure=failure),
                         path("posix-fd/socket", exchange="socket", exchange_used="socket")])
+
+
+def unreachable(*, disabled_by_setting: bool) -> dict:
+    """A PeerUnreachable error's facts, as ``failure["peer_unreachable"]`` holds them."""
+    reason = ("disabled by IPCSHARE_DISABLE_P2P" if disabled_by_setting else
+              "cuDeviceCanAccessPeer -> 0: no NVLink or PCIe P2P path between them")
+    return {"device": "cuda:0", "peer": "cuda:1", "reason": reason,
+            "disabled_by_setting": disabled_by_setting,
+            "message": f"cuda:0 cannot reach the memory of cuda:1 ({GPU1}) peer-to-peer: {reason}"}
 
 
 def only(findings, check_name):
@@ -114,6 +127,7 @@ def test_enosys_means_an_old_kernel():
         for key in ("failure", "fallback_reason"):
             if isinstance(record.get(key), dict):
                 record[key]["message"] = record[key]["message"].replace("EPERM", "ENOSYS")
+                record[key]["errno"] = "ENOSYS"
             elif record.get(key):
                 record[key] = record[key].replace("EPERM", "ENOSYS")
         if record.get("pidfd_refusal"):
@@ -190,7 +204,8 @@ def test_peer_gpu_not_visible():
 def test_fabric_without_imex_is_information_not_failure():
     failure = {"step": "backend setup", "rank": 0, "error": "BackendUnavailable",
                "message": "backend setup failed on rank 0@node1: fabric handles refused: "
-                          "CUDA_ERROR_NOT_PERMITTED \u2014 no IMEX channel on this node"}
+                          "CUDA_ERROR_NOT_PERMITTED \u2014 no IMEX channel on this node",
+               "cuda_error": "CUDA_ERROR_NOT_PERMITTED"}
     evidence = node(matrix=node()["matrix"] + [path("fabric", status="failed", gpu=True,
                                                       failure=failure)])
     finding = only(rules.diagnose(evidence), "fabric")
@@ -230,7 +245,8 @@ def test_a_descriptor_limit_too_low_gets_the_ulimit_fix():
                                          "stopped": "failure",
                                          "failure": {"step": "allocate", "message":
                                                      "allocate failed: [Errno 24] Too many "
-                                                     "open files"}}], "per_rank": []},
+                                                     "open files", "errno": "EMFILE"}}],
+                            "per_rank": []},
                     checks=[check("host-shm", True), check("descriptors", False),
                             check("leak", True)])
     findings = rules.diagnose(evidence)
@@ -291,16 +307,18 @@ def test_window_limit_failure_other_than_descriptors():
                                          "stopped": "failure",
                                          "failure": {"step": "import", "message":
                                                      "mmap of peer memory failed: Cannot "
-                                                     "allocate memory"}}], "per_rank": []})
+                                                     "allocate memory", "errno": "ENOMEM"}}],
+                            "per_rank": []})
     finding = only(rules.diagnose(evidence), "limits")
     assert "held 500 windows (1500 peer imports)" in finding.cause
     assert "vm.max_map_count" in finding.fix
 
 
 def test_p2p_disabled_on_purpose_is_not_a_mystery():
-    failure = {"step": "import", "rank": 0, "error": "BackendError",
+    failure = {"step": "import", "rank": 0, "error": "PeerUnreachable",
                "message": "import failed on rank 0@node1: cuda:0 cannot reach the memory of "
-                          f"cuda:1 ({GPU1}) peer-to-peer: disabled by IPCSHARE_DISABLE_P2P"}
+                          f"cuda:1 ({GPU1}) peer-to-peer: disabled by IPCSHARE_DISABLE_P2P",
+               "peer_unreachable": unreachable(disabled_by_setting=True)}
     evidence = node(matrix=node()["matrix"] + [path("cuda-ipc", status="failed", gpu=True,
                                                       failure=failure)])
     finding = only(rules.diagnose(evidence), "gpu-path")
@@ -311,10 +329,11 @@ def test_p2p_disabled_on_purpose_is_not_a_mystery():
 def test_pairs_without_peer_access_are_named_with_their_fallback_path():
     pairs = [{"ranks": [0, 2], "path": "relay", "relay": 1, "devices": ["cuda:0", "cuda:2"],
               "reason": "cuda:0 and cuda:2 have no peer access: disabled by "
-                        "IPCSHARE_DISABLE_P2P"},
+                        "IPCSHARE_DISABLE_P2P", "disabled_by_setting": True},
              {"ranks": [1, 3], "path": "host-staged", "relay": None,
               "devices": ["cuda:1", "cuda:3"],
-              "reason": "cuda:1 and cuda:3 have no peer access: cuDeviceCanAccessPeer -> 0"}]
+              "reason": "cuda:1 and cuda:3 have no peer access: cuDeviceCanAccessPeer -> 0",
+              "disabled_by_setting": False}]
     evidence = node(matrix=node()["matrix"] + [path("cuda-vmm/pidfd", gpu=True,
                                                       pair_paths=pairs)])
     found = [f for f in rules.diagnose(evidence) if f.check == "gpu-path"]
@@ -354,8 +373,7 @@ def test_pidfd_refusal_is_read_from_the_typed_fact_not_the_message():
 
 
 def test_errno_name_of_follows_the_cause():
-    from ipcshare.exchange.pidfd_refusal import errno_name_of
-    from ipcshare.runtime.errors import ExchangeError
+    from ipcshare.runtime.errors import ExchangeError, errno_name_of
 
     try:
         try:
@@ -365,3 +383,110 @@ def test_errno_name_of_follows_the_cause():
     except ExchangeError as error:
         assert errno_name_of(error) == "EPERM"
     assert errno_name_of(ExchangeError("no system call")) is None
+
+
+# -- each rule that reads a typed fact fires from the fact, whatever the wording, and
+# -- never from the wording alone ------------------------------------------------------
+NEUTRAL = "step failed on rank 1@node1: worded in a way no rule knows"
+
+
+def forced_pidfd_node(failure: dict) -> dict:
+    """A node whose forced-pidfd path failed as ``failure`` says (no pidfd_refusal)."""
+    return node(ranks=[rank_facts(0), rank_facts(1, kernel="5.4.0")],
+                matrix=[path("host-shm", exchange_used="socket"),
+                        path("posix-fd/pidfd", status="failed", exchange="pidfd",
+                             failure=failure),
+                        path("posix-fd/socket", exchange="socket", exchange_used="socket")])
+
+
+def test_pidfd_rule_reads_the_failure_s_errno_not_its_message():
+    failure = {"step": "descriptor exchange (pidfd)", "rank": 1, "error": "ExchangeError"}
+    typed = only(rules.diagnose(forced_pidfd_node(dict(failure, message=NEUTRAL,
+                                                       errno="ENOSYS"))), "pidfd")
+    assert "5.4.0" in typed.cause and "5.6" in typed.cause
+    worded = only(rules.diagnose(forced_pidfd_node(dict(
+        failure, message="descriptor exchange (pidfd) failed on rank 1@node1: pidfd_getfd "
+                         "-> ENOSYS: Function not implemented"))), "pidfd")
+    assert "5.6" not in worded.cause and "(refused)" in worded.cause
+
+
+def fabric_node(failure: dict) -> dict:
+    return node(matrix=node()["matrix"] + [path("fabric", status="failed", gpu=True,
+                                                 failure=failure)])
+
+
+def test_fabric_rule_reads_the_cuda_error_name_not_the_message():
+    failure = {"step": "backend setup", "rank": 0, "error": "BackendUnavailable"}
+    typed = only(rules.diagnose(fabric_node(dict(failure, message=NEUTRAL,
+                                                 cuda_error="CUDA_ERROR_NOT_PERMITTED"))),
+                 "fabric")
+    assert "no usable IMEX channel" in typed.cause and "nvidia-imex" in typed.fix
+    worded = only(rules.diagnose(fabric_node(dict(
+        failure, message="fabric handles refused: CUDA_ERROR_NOT_PERMITTED \u2014 no IMEX "
+                         "channel on this node"))), "fabric")
+    assert "no usable IMEX channel" not in worded.cause
+    assert worded.cause.startswith("fabric handles do not work here")
+
+
+def unreachable_node(failure: dict) -> dict:
+    return node(matrix=node()["matrix"] + [path("cuda-ipc", status="failed", gpu=True,
+                                                 failure=failure)])
+
+
+def test_p2p_rule_reads_the_unreachable_peer_not_the_message():
+    failure = {"step": "import", "rank": 0, "error": "PeerUnreachable", "message": NEUTRAL}
+    for on_purpose in (True, False):
+        facts = unreachable(disabled_by_setting=on_purpose)
+        finding = only(rules.diagnose(unreachable_node(dict(failure,
+                                                            peer_unreachable=facts))),
+                       "gpu-path")
+        assert finding.severity == ("info" if on_purpose else "warn")
+        assert facts["message"] in finding.cause
+        assert ("unset IPCSHARE_DISABLE_P2P" == finding.fix) == on_purpose
+    worded = dict(failure, message="import failed on rank 0@node1: cuda:0 cannot reach the "
+                  f"memory of cuda:1 ({GPU1}) peer-to-peer: disabled by IPCSHARE_DISABLE_P2P")
+    assert [f for f in rules.diagnose(unreachable_node(worded)) if f.check == "gpu-path"] == []
+
+
+def test_pairs_disabled_on_purpose_are_read_from_the_flag_not_the_reason():
+    pair = {"ranks": [0, 1], "path": "host-staged", "relay": None,
+            "devices": ["cuda:0", "cuda:1"], "reason": "cuda:0 and cuda:1 have no peer access"}
+
+    def finding(**fields):
+        evidence = node(matrix=node()["matrix"] + [path("cuda-vmm/pidfd", gpu=True,
+                                                          pair_paths=[dict(pair, **fields)])])
+        return only(rules.diagnose(evidence), "gpu-path")
+
+    typed = finding(disabled_by_setting=True)
+    assert typed.severity == "info" and typed.fix == "unset IPCSHARE_DISABLE_P2P"
+    worded = finding(reason="cuda:0 and cuda:1 have no peer access: disabled by "
+                            "IPCSHARE_DISABLE_P2P")
+    assert worded.severity == "warn" and "IPCSHARE_DISABLE_P2P" not in worded.fix
+
+
+def window_limit_node(failure: dict) -> dict:
+    return node(limits={"windows": [{"path": "host-shm", "windows": 500, "imports": 1500,
+                                     "stopped": "failure", "failure": failure}],
+                        "per_rank": []})
+
+
+def test_descriptor_rules_read_emfile_from_the_errno_not_the_message():
+    typed = rules.diagnose(window_limit_node({"step": "allocate", "message": NEUTRAL,
+                                              "errno": "EMFILE"}))
+    finding = only(typed, "limits")
+    assert "ran out of descriptors (EMFILE)" in finding.cause and NEUTRAL in finding.evidence
+    worded = rules.diagnose(window_limit_node({"step": "allocate", "message":
+                                               "allocate failed: [Errno 24] Too many open "
+                                               "files (EMFILE)"}))
+    finding = only(worded, "limits")  # the window rule's line, not the descriptor rule's
+    assert "ran out of descriptors" not in finding.cause and "held 500 windows" in finding.cause
+
+
+def test_window_rule_reads_enomem_from_the_errno_not_the_message():
+    typed = only(rules.diagnose(window_limit_node({"step": "import", "message": NEUTRAL,
+                                                   "errno": "ENOMEM"})), "limits")
+    assert "vm.max_map_count" in typed.fix
+    worded = only(rules.diagnose(window_limit_node({"step": "import", "message":
+                                                    "mmap failed: ENOMEM, Cannot allocate "
+                                                    "memory"})), "limits")
+    assert "vm.max_map_count" not in worded.fix

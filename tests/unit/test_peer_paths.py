@@ -91,6 +91,19 @@ def test_one_way_peer_access_is_not_direct():
     assert "cuDeviceCanAccessPeer -> 0" in plan.path(0, 1).reason
 
 
+def test_a_pair_disabled_by_the_setting_says_so_as_a_flag():
+    reach = [[True, False, True], [False, True, True], [True, True, True]]
+    reasons = [["", "disabled by IPCSHARE_DISABLE_P2P", ""],
+               ["disabled by IPCSHARE_DISABLE_P2P", "", ""], ["", "", ""]]
+    disabled = [[False, True, False], [True, False, False], [False, False, False]]
+    plan = plan_paths([0, 1, 2], ["cuda:0", "cuda:1", "cuda:2"], reach, reasons,
+                      disabled=disabled)
+    assert plan.kind(0, 1) == "relay" and plan.path(0, 1).disabled_by_setting is True
+    undisabled = plan_paths([0, 1, 2], ["cuda:0", "cuda:1", "cuda:2"], reach, reasons)
+    # the reason's words count for nothing: only the flag says "on purpose"
+    assert undisabled.path(0, 1).disabled_by_setting is False
+
+
 def test_two_ranks_sharing_one_gpu_are_direct():
     plan = all_direct([0, 1], ["cuda:0", "cuda:0"])
     assert plan.kind(0, 1) == "direct" and plan.kind(1, 1) == "self"
