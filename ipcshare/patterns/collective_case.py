@@ -122,11 +122,10 @@ class CommunicatorCase(Pattern):
         """Collective over ``group``'s node: a communicator over the node's ranks for the
         hierarchical collectives, sized for ``plan`` (made at the first bind of each
         larger plan, on a node group made once)."""
-        from ..collectives.across_nodes.hierarchy import open_node_group
         from .hierarchical_reduction import node_heap_bytes
 
         if self._node_group is None:
-            self._node_group = open_node_group(group)
+            self._node_group = group.node_group()
         communicator = self._communicator
         if communicator is None or communicator.closed or communicator.max_bytes < plan.size:
             if communicator is not None:

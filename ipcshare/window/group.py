@@ -278,6 +278,18 @@ class Group:
             return NodesCommunicator(self, max_bytes, heap_bytes=heap_bytes, inter=inter)
         return Communicator(self, max_bytes, heap_bytes=heap_bytes)
 
+    def node_group(self) -> Group:
+        """Collective over the group: a group of this rank's node (its ranks only), on the
+        same backend and GPU as this one; the caller closes it. What collectives across
+        nodes run inside each node.
+
+        Raises:
+            as ``Group()``: on every rank of the node.
+        """
+        world = self.world
+        return Group(self.backend_name, self.exchange_name, comm=world.local_comm,
+                     host_placement=(world.host_rank, world.host_size))
+
     def barrier(self) -> None:
         """Collective, host-blocking: an MPI barrier over the group.
 

@@ -20,7 +20,6 @@ from .hierarchy import (
     bind_all_reduce,
     bind_reduce_scatter,
     check_even_nodes,
-    open_node_group,
 )
 
 __all__ = ["NodesCommunicator", "HIERARCHICAL"]
@@ -53,7 +52,7 @@ class NodesCommunicator(Communicator):
         world = group.world
         self.group = group
         self.per_node = check_even_nodes(world.node_of_rank, "Group.communicator across nodes")
-        self._node_group = open_node_group(group)
+        self._node_group = group.node_group()
         self._node: Communicator | None = None
         self._inter: Any = None
         try:

@@ -31,19 +31,9 @@ import numpy as np
 
 from ...runtime.errors import ConfigError
 
-__all__ = ["node_segments", "Levels", "open_node_group", "rail_major_moves",
+__all__ = ["node_segments", "Levels", "rail_major_moves",
            "rank_order_moves", "check_even_nodes", "bind_all_gather", "bind_all_reduce",
            "bind_reduce_scatter", "as_buffer"]
-
-
-def open_node_group(group: Any) -> Any:
-    """Collective: a group of this rank's node (its ranks only), on the same backend and
-    GPU as ``group``."""
-    from ...window import Group
-
-    world = group.world
-    return Group(group.backend_name, group.exchange_name, comm=world.local_comm,
-                 host_placement=(world.host_rank, world.host_size))
 
 
 def node_segments(node_of_rank: list[int]) -> list[tuple[int, int]]:
