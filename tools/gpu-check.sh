@@ -306,9 +306,12 @@ doctor_run() {  # doctor_run N [--quick]
 }
 export -f doctor_run
 if [[ $G -ge 1 ]] && wants doctor; then
+  # Reports are named by the GPU model the node has (h100, h200, ...) and the count.
+  model=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 |
+          grep -oiE 'h[0-9]{3}|a[0-9]{3}|b[0-9]{3}' | tr '[:upper:]' '[:lower:]')
+  report="$OUT/doctor/${model:-gpu}-x$G"
   step "doctor --quick n=$G" 120 doctor_run "$G" --quick
-  step "doctor (full) n=$G" 180 doctor_run "$G" --json "$OUT/doctor/h200-x$G.json" \
-    --yaml "$OUT/doctor/h200-x$G.yaml"
+  step "doctor (full) n=$G" 180 doctor_run "$G" --json "$report.json" --yaml "$report.yaml"
   step "doctor --quick n=$((2 * G)) (2 ranks per GPU)" 120 doctor_run $((2 * G)) --quick
 fi
 
