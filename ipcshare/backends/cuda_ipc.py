@@ -3,9 +3,6 @@ that travel by MPI), opened with cuIpcOpenMemHandle."""
 
 from __future__ import annotations
 
-import functools
-
-from ..runtime.cuda_driver import check, driver
 from ..runtime.errors import BackendError
 from ..runtime.owned_fd import OwnedFd
 from .base import Allocation, Exported
@@ -22,10 +19,6 @@ from .ipc_handle import (
 __all__ = ["CudaIpcBackend", "IpcHandleInfo", "parse_ipc_handle",
            "legacy_ipc_payload",
            "IPC_HEADER", "IPC_PAYLOAD_BYTES"]
-
-def _free(ptr: int) -> None:
-    check("cuMemFree", driver.cuMemFree(ptr))
-
 
 class CudaIpcBackend(DeviceBackend):
     """cuMemAlloc memory shared with legacy cudaIpc handles (bytes only, no descriptor).
@@ -48,10 +41,7 @@ class CudaIpcBackend(DeviceBackend):
         Raises:
             CudaError: out of memory, or another driver failure.
         """
-        self._context.make_current()
-        ptr = int(check("cuMemAlloc", driver.cuMemAlloc(nbytes)))
-        return DeviceAllocation(ptr, nbytes, self.device, functools.partial(_free, ptr),
-                                what="cuda-ipc allocation")
+        return self.allocate_private(nbytes, what="cuda-ipc allocation")
 
     def export(self, allocation: Allocation) -> Exported:
         """The allocation's cuIpcMemHandle behind a small header.

@@ -77,9 +77,10 @@ class DeviceBackend(Backend):
             self._kernels[source] = LoadedKernels(cubin)
         return self._kernels[source]
 
-    def allocate_private(self, nbytes: int) -> DeviceAllocation:
-        """cuMemAlloc ``nbytes`` of device memory that never leaves this process (tables
-        the kernels read, not windows).
+    def allocate_private(self, nbytes: int, *,
+                         what: str = "private device allocation") -> DeviceAllocation:
+        """cuMemAlloc ``nbytes`` (256-byte aligned or better): memory the legacy IPC path
+        exports, or that never leaves this process (tables the kernels read).
 
         Raises:
             CudaError: out of memory, or another driver failure.
@@ -87,7 +88,7 @@ class DeviceBackend(Backend):
         self._context.make_current()
         ptr = int(check("cuMemAlloc", driver.cuMemAlloc(nbytes)))
         return DeviceAllocation(ptr, nbytes, self.device, functools.partial(_free_private, ptr),
-                                what="private device allocation")
+                                what=what)
 
     @property
     def imports_mapped(self) -> int:
