@@ -76,6 +76,17 @@ def stream_device(handle: int) -> int | None:
         driver.cuCtxPopCurrent()
 
 
+def stream_capturing(handle: int) -> bool:
+    """Whether work enqueued on the stream ``handle`` is being captured into a CUDA graph
+    now (cuStreamIsCapturing): host waits are then not allowed on it.
+
+    Raises:
+        CudaError: the handle is not a live stream.
+    """
+    status = check("cuStreamIsCapturing", driver.cuStreamIsCapturing(driver.CUstream(handle)))
+    return status != driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+
+
 def new_side_lane() -> tuple[Any, Any]:
     """A new non-blocking stream of the current context and an event (no timing) that marks
     where its work ends: the pair that side work forks onto and joins back from. The

@@ -14,7 +14,7 @@ from ipcshare.collectives.across_nodes.choice import nccl4py_missing, rail_gpu_c
 from ipcshare.patterns import make_pattern
 from ipcshare.patterns.driver import run_pattern
 from ipcshare.runtime.config import merge_options
-from ipcshare.runtime.errors import ConfigError
+from ipcshare.runtime.errors import CollectiveError, ConfigError
 from ipcshare.topology.world import VIRTUAL_NODES_ENV
 
 from ..node_runs import run_across_nodes
@@ -133,3 +133,23 @@ def test_a_communicator_across_virtual_nodes_on_torch_tensors(comm, two_nodes, b
 def _rails_clash_of(comm, g) -> str | None:
     return rail_gpu_clash(comm.allgather((g.world.local_rank, socket.gethostname(),
                                           g.backend.uuid)))
+
+
+def test_capturing_a_call_across_nodes_with_a_host_blocking_engine_is_refused(comm, two_nodes):
+    torch = pytest.importorskip("torch")
+    with ipcshare.Group(backend="cuda-vmm") as g:
+        device = g.backend.device
+        torch.cuda.set_device(device)
+        with g.communicator(max_bytes=1 << 16, inter="mpi") as c:
+            tensor = torch.ones(1024, device="cuda", dtype=torch.float32)
+            stream = torch.cuda.Stream(device=device)
+            graph = torch.cuda.CUDAGraph()
+            with pytest.raises(CollectiveError, match="inter='nccl' to capture it"):
+                with torch.cuda.graph(graph, stream=stream):
+                    c.all_reduce(tensor, stream=stream)
+            # Outside a capture the same call runs, and gives every rank the sum.
+            torch.cuda.synchronize()
+            c.all_reduce(tensor, stream=stream)
+            stream.synchronize()
+            right = bool(torch.equal(tensor, torch.full_like(tensor, comm.size)))
+    assert comm.allgather(right) == [True] * comm.size

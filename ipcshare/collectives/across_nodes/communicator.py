@@ -167,11 +167,36 @@ class NodesCommunicator(Communicator):
         return signature
 
     def _bind(self, call: _Call) -> Callable[[], None]:
-        world, node = self.group.world, self._node
+        node = self._node
         memory = node.memory
         engine = node._path.window.engine
         if memory != "host" and call.stream is not None:
             engine = engine.on_stream(call.stream)
+        if memory != "host" and not self._inter.stream_ordered:
+            return self._refuse_capture(engine, self._bind_steps(call, engine))
+        return self._bind_steps(call, engine)
+
+    def _refuse_capture(self, engine: Any, run: Callable[[], None]) -> Callable[[], None]:
+        """``run`` behind a check that its stream is not being captured: a host-blocking
+        engine waits for the stream, which a CUDA graph cannot replay (and a wait inside a
+        capture would invalidate the user's graph with an error that names no cause)."""
+        from ...backends.cuda_streams import stream_capturing
+
+        handle, name = int(engine.stream), self._inter.name
+
+        def run_uncaptured() -> None:
+            if stream_capturing(handle):
+                raise CollectiveError(
+                    f"a call across nodes is being captured in a CUDA graph, but the engine "
+                    f"between nodes is {name!r}, which waits on the host: create the "
+                    "communicator with inter='nccl' to capture it, or call it outside the "
+                    "capture")
+            run()
+        return run_uncaptured
+
+    def _bind_steps(self, call: _Call, engine: Any) -> Callable[[], None]:
+        world, node = self.group.world, self._node
+        memory = node.memory
         byte_call = call.op == "all_gather"
         dtype = "uint8" if byte_call else call.inp.dtype
         levels = Levels(node, self._inter, engine, call.stream,
@@ -179,8 +204,7 @@ class NodesCommunicator(Communicator):
         inp, out = self._buffer(call.inp), self._buffer(call.out)
         if call.op == "all_gather":
             return bind_all_gather(levels, inp, out, nodes=world.node_count,
-                                   per_node=self.per_node, node_index=world.node_index,
-                                   local_rank=world.local_rank)
+                                   per_node=self.per_node, node_index=world.node_index)
         if call.op == "all_reduce":
             return bind_all_reduce(levels, inp, out, element=call.inp.itemsize,
                                    in_place=call.in_place)

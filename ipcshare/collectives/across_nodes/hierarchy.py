@@ -125,7 +125,7 @@ class Levels:
         return self._settled(self.inter.reduce_scatter(self.engine, output, input, self.dtype,
                                                        self.op))
 
-    def rail_all_gather(self, output: Any, block: int, rail_rank: int) -> Callable[[], None]:
+    def rail_all_gather(self, output: Any, block: int) -> Callable[[], None]:
         rails = output.nbytes // block
         return self._settled(self.inter.allgatherv_in_place(
             self.engine, output, [block] * rails, [r * block for r in range(rails)]))
@@ -156,7 +156,7 @@ class Levels:
 
 
 def bind_all_gather(levels: Levels, input: Any, output: Any, *, nodes: int, per_node: int,
-                    node_index: int, local_rank: int) -> Callable[[], None]:
+                    node_index: int) -> Callable[[], None]:
     """All-gather of ``input`` (``block`` bytes) into ``output`` (rank order), through two
     arrays of the node communicator's heap (freed when the returned callable goes)."""
     block = input.nbytes
@@ -164,7 +164,7 @@ def bind_all_gather(levels: Levels, input: Any, output: Any, *, nodes: int, per_
     rail = as_buffer(node.empty((nodes * block,), "uint8"))         # block (k', j), k' = 0..N-1
     gathered = as_buffer(node.empty((per_node * nodes * block,), "uint8"))  # [j][k'][block]
     own = levels.copier(rail, input, [(node_index * block, 0)], block)
-    exchange = levels.rail_all_gather(rail, block, node_index)
+    exchange = levels.rail_all_gather(rail, block)
     node_step = levels.node_all_gather(gathered, rail)
     # gathered[j][k] -> output[k][j]: the inverse of the rail-major order.
     reorder = levels.copier(output, gathered, rank_order_moves(nodes, per_node, block), block)
