@@ -169,3 +169,16 @@ def test_uneven_nodes_are_refused_on_every_rank(comm, monkeypatch):
         with pytest.raises(ConfigError, match="needs as many ranks on every node"):
             g.communicator(max_bytes=4096, inter="mpi")
         assert comm.allgather(g.world.node_count) == [2] * comm.size
+
+
+def test_kept_bindings_do_not_keep_the_users_arrays_alive(comm, communicator):
+    import gc
+    import weakref
+
+    data = np.ones(256, np.float32)
+    gone = weakref.ref(data)
+    communicator.all_reduce(data)
+    assert np.array_equal(data, np.full(256, comm.size, np.float32))
+    del data
+    gc.collect()
+    assert gone() is None

@@ -212,12 +212,20 @@ class NodesCommunicator(Communicator):
                                    nodes=world.node_count)
 
     def _buffer(self, ref: Any) -> Any:
-        """The user's array as a buffer the steps slice (its bytes, not a copy)."""
+        """The user's array as a buffer the steps slice: its bytes by address, holding
+        no reference to the array (kept bindings must not keep the user's tensors alive;
+        a later call at the same address means an array there again)."""
         if self.memory == "host":
-            return HostBytes(ref.bytes())
+            import ctypes
+
+            import numpy as np
+
+            raw = (ctypes.c_uint8 * ref.nbytes).from_address(ref.ptr) if ref.nbytes else b""
+            return HostBytes(np.frombuffer(raw, np.uint8) if ref.nbytes else
+                             np.empty(0, np.uint8))
         from ...backends.device_buffer import DeviceBuffer
 
-        return DeviceBuffer(ref.ptr, ref.nbytes, self._path.device, ref.source)
+        return DeviceBuffer(ref.ptr, ref.nbytes, self._path.device, None)
 
     def close(self) -> None:
         """Close the node communicator, the engine between nodes and the node group
