@@ -189,6 +189,9 @@ class Backend(abc.ABC):
     crosses_pid_namespaces: bool = True
     # Window sizes are rounded up to this many bytes (page size, VMM granularity).
     granularity: int = 4096
+    # The raw UUID of the GPU whose memory this backend shares (None on host memory):
+    # what names a GPU alike whatever CUDA_VISIBLE_DEVICES each rank was given.
+    uuid: bytes | None = None
 
     @abc.abstractmethod
     def allocate(self, nbytes: int) -> Allocation:

@@ -160,7 +160,7 @@ class Group:
                     _refuse_legacy_ipc_across_pid_namespaces(self.exchange)
             # Launch wrappers often give each rank its own CUDA_VISIBLE_DEVICES, so device
             # ordinals say nothing about sharing: count the ranks holding the same GPU UUID.
-            uuid = getattr(self.backend, "uuid", None)
+            uuid = self.backend.uuid
             uuids = self.collective("device choice", uuid, comm=self.world.local_comm)
             if uuid is not None:
                 self.backend.ranks_per_device = uuids.count(uuid)

@@ -81,7 +81,7 @@ def open_inter_engine(requested: str, group: Any) -> InterNodeEngine:
     if name == "nccl":
         # Every rank gathers the same places, so every rank decides (and raises) alike.
         clash = rail_gpu_clash(group.collective("GPUs of the rails", (
-            world.local_rank, socket.gethostname(), getattr(group.backend, "uuid", None))))
+            world.local_rank, socket.gethostname(), group.backend.uuid)))
         if clash is not None and requested == "nccl":
             raise ConfigError(f"--inter nccl cannot run here: {clash}, and NCCL needs one "
                               "GPU per rank of a communicator; use --inter mpi or auto, or "
