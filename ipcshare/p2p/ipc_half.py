@@ -10,17 +10,14 @@ it would flatter IPC.
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import re
 import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from ..patterns.results import Measurement, Row
 from ..runtime.config import PatternOptions
+from .child_job import ipcshare_command, run_child
 
 __all__ = ["IpcRun", "default_mpiexec", "run_ipc_half", "parse_window_setup_ms", "merge_rows"]
 
@@ -50,40 +47,18 @@ def parse_window_setup_ms(stdout: str) -> float | None:
     return float(match.group(1)) if match else None
 
 
-def _package_root() -> str:
-    return str(Path(__file__).resolve().parents[2])
-
-
 def run_ipc_half(op: str, ranks: int, *, mpiexec: list[str], sweep: PatternOptions,
                  timeout_s: float) -> IpcRun:
     """Run ``op`` through IPC windows on ``ranks`` processes; never raises for the child's
     failure (it becomes ``error``: its last stderr line)."""
-    with tempfile.TemporaryDirectory(prefix="ipcshare-p2p-") as folder:
-        out = os.path.join(folder, "ipc.json")
-        command = [*mpiexec, "-n", str(ranks), sys.executable, "-m", "ipcshare", op,
-                   "--backend", "cuda-vmm", "-b", str(sweep.min_bytes),
-                   "-e", str(sweep.max_bytes), "-f", str(sweep.step_factor),
-                   "-n", str(sweep.iters), "-w", str(sweep.warmup), "-c", str(sweep.checks),
-                   "--json", out]
-        # The child imports this very ipcshare, wherever it was imported from.
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_package_root(),
-                                                          env.get("PYTHONPATH")]))
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
-                                  env=env)
-        except (OSError, subprocess.SubprocessError) as exc:
-            return IpcRun(command, {}, error=f"{command[0]}: {exc}")
-        if done.returncode != 0 or not os.path.exists(out):
-            lines = [line for line in done.stderr.splitlines() if line.strip()]
-            return IpcRun(command, {}, error=f"exit status {done.returncode}: "
-                                             f"{lines[-1] if lines else 'no message'}")
-        with open(out) as source:
-            document = json.load(source)
-    rows = {row["size"]: Measurement(time_us=row["time_us"], algbw=row["algbw"],
-                                     busbw=row["busbw"], wrong=row["wrong"])
-            for row in document["rows"]}
-    return IpcRun(command, rows, setup_ms=parse_window_setup_ms(done.stdout))
+    run = run_child([*mpiexec, "-n", str(ranks), *ipcshare_command(
+        op, "--backend", "cuda-vmm", "-b", str(sweep.min_bytes), "-e", str(sweep.max_bytes),
+        "-f", str(sweep.step_factor), "-n", str(sweep.iters), "-w", str(sweep.warmup),
+        "-c", str(sweep.checks))], timeout_s=timeout_s)
+    if run.error is not None:
+        return IpcRun(run.command, {}, error=run.error)
+    rows = {row["size"]: Measurement.from_dict(row) for row in run.document["rows"]}
+    return IpcRun(run.command, rows, setup_ms=parse_window_setup_ms(run.stdout))
 
 
 def merge_rows(direct: list[Row], ipc: IpcRun) -> list[Row]:

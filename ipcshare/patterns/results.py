@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 __all__ = ["Measurement", "Row", "BaselineResult", "RunResult"]
@@ -49,6 +50,23 @@ class Measurement:
         if self.host_us is not None:
             data["host_us"] = round(self.host_us, 3)
         return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Measurement:
+        """The measurement that ``to_dict`` wrote (as another process reports it in its
+        ``--json``).
+
+        Raises:
+            KeyError: ``data`` lacks time_us, algbw, busbw or wrong.
+        """
+        def bounds(name: str) -> tuple[float, float] | None:
+            low, high = data.get(f"{name}_min"), data.get(f"{name}_max")
+            return None if low is None or high is None else (low, high)
+
+        return cls(time_us=data["time_us"], algbw=data["algbw"], busbw=data["busbw"],
+                   wrong=data["wrong"], p5_us=data.get("p5_us"), p95_us=data.get("p95_us"),
+                   time_us_range=bounds("time_us"), busbw_range=bounds("busbw"),
+                   path=data.get("path"), host_us=data.get("host_us"))
 
 
 @dataclasses.dataclass

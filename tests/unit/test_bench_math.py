@@ -116,6 +116,15 @@ def test_measurement_documents_keep_their_keys():
     assert (sampled["p5_us"], sampled["p50_us"], sampled["p95_us"]) == (1.5, 2.0, 3.0)
 
 
+@pytest.mark.parametrize("measurement", [
+    Measurement(1.5, 2.0, 1.0, 3),
+    Measurement(2.0, 2.0, 1.0, 0, p5_us=1.5, p95_us=3.0, time_us_range=(1.0, 4.0),
+                busbw_range=(0.5, 1.5), path="symmetric", host_us=0.75)])
+def test_a_measurement_document_reads_back_as_the_measurement(measurement):
+    # what another process reports in its --json (the p2p halves) becomes one again
+    assert Measurement.from_dict(measurement.to_dict()) == measurement
+
+
 @pytest.mark.parametrize("size,band", [
     (1, 0), (64 << 10, 0), ((64 << 10) + 1, 1), ((16 << 20) - 1, 1), (16 << 20, 2), (1 << 30, 2)])
 def test_size_bands(size, band):
