@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +20,17 @@ __all__ = ["Ceiling", "ceilings", "require_matplotlib", "write_plot", "NVLINK4_G
 # NVLink 4 (H100 / H200, 18 links): line rate per direction, GB/s.
 NVLINK4_GBPS = 450.0
 _GPU_BACKENDS = ("cuda-ipc", "cuda-vmm")
+# A legend line is half the figure wide: the whole reason is in the report and the JSON.
+_SKIP_REASON_CHARS = 60
 # Line styles say who moved the bytes; colours say which case.
 _STYLES = {"ours": "-", "mpi": "--", "nccl": ":", "torch": (0, (1, 3)),
-           "torch-symm": (0, (5, 1))}
+           "torch-symm": (0, (5, 1)), "p2p-kernel": (0, (3, 1, 1, 1)),
+           "p2p-copy": (0, (8, 2))}
 _SOURCE_NAMES = {"ours": "ipcshare", "mpi": "MPI baseline", "nccl": "NCCL (nccl4py) baseline",
                  "torch": "NCCL through torch.distributed",
-                 "torch-symm": "PyTorch symmetric memory"}
+                 "torch-symm": "PyTorch symmetric memory",
+                 "p2p-kernel": "P2P direct in one process, kernel through peer pointers",
+                 "p2p-copy": "P2P direct in one process, cuMemcpyPeerAsync"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,8 +46,9 @@ def ceilings(result: BenchResult) -> list[Ceiling]:
     of a ring case) and NVLink 4's line rate; on host memory the best single-copy
     bandwidth measured (ring cases first: one copy per step, nothing else)."""
     lines = []
-    gpu = [c for c in result.cases if c.case.backend in _GPU_BACKENDS]
-    host = [c for c in result.cases if c.case.backend == "host"]
+    ran = [c for c in result.cases if c.skip_reason is None]
+    gpu = [c for c in ran if c.case.backend in _GPU_BACKENDS]
+    host = [c for c in ran if c.case.backend == "host"]
     if gpu:
         best = _best_busbw([c for c in gpu if c.case.op == "ring"])
         if best:
@@ -82,7 +89,9 @@ def write_plot(result: BenchResult, facts: dict[str, Any], path: str | Path) -> 
     from matplotlib.lines import Line2D
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
-    ops = list(dict.fromkeys(record.case.op for record in result.cases)) or ["allgather"]
+    # A row of panels per op with a case that ran; skipped cases have a legend entry only.
+    ops = list(dict.fromkeys(record.case.pattern_op for record in result.cases
+                             if record.skip_reason is None)) or ["allgather"]
     figure = Figure(figsize=(14, 2.4 + 4.8 * len(ops)), dpi=110, layout="constrained")
     FigureCanvasAgg(figure)
     panels = dict(zip(ops, figure.subplots(len(ops), 2, squeeze=False), strict=True))
@@ -90,7 +99,12 @@ def write_plot(result: BenchResult, facts: dict[str, Any], path: str | Path) -> 
     handles: list[Any] = []
     for colour, record in zip(colours, result.cases, strict=True):
         run = record.result
-        bandwidth, latency = panels[record.case.op]
+        if record.skip_reason is not None:
+            reason = textwrap.shorten(record.skip_reason, _SKIP_REASON_CHARS, placeholder=" ...")
+            handles.append(Line2D([], [], color=colour, linestyle="none", marker="x",
+                                  label=f"{_case_label(record.case, run)}: skipped ({reason})"))
+            continue
+        bandwidth, latency = panels[record.case.pattern_op]
         sources = [("ours", run.rows)] + [(b.name, b.rows) for b in run.baselines]
         for source, rows in sources:
             x = [row.size for row in rows]
@@ -124,7 +138,7 @@ def write_plot(result: BenchResult, facts: dict[str, Any], path: str | Path) -> 
     shading = [text for text, shown in (("p5-p95 of latency samples", sampled),
                                         ("min-max over repetitions", repeated)) if shown]
     for op, (bandwidth, latency) in panels.items():
-        sizes = sorted({row.size for record in result.cases if record.case.op == op
+        sizes = sorted({row.size for record in result.cases if record.case.pattern_op == op
                         for row in record.result.rows})
         ticks = _size_ticks(sizes)
         for axes in (bandwidth, latency):
@@ -171,11 +185,10 @@ def _shade_spread(bandwidth: Any, latency: Any, rows: list[Any], colour: Any) ->
 
 def _case_label(case: Any, run: Any) -> str:
     mode = next(iter(run.rows[0].modes)) if run.rows else ""
-    variant = f" {mode}" if mode and mode != case.op else ""
+    variant = f" {mode}" if mode and mode != case.pattern_op else ""
     names = ", ".join(b.name for b in run.baselines)
     against = f" (vs {names})" if names else ""
-    reduction = f" {case.reduction} {case.options.datatype}" if case.reduction else ""
-    return (f"{case.op}{reduction}{variant} · {case.backend} {case.algorithm} · "
+    return (f"{case.what}{variant} · {case.backend} {case.algorithm} · "
             f"{case.timing}{against}")
 
 

@@ -41,12 +41,25 @@ def _ratio_table(result: BenchResult) -> list[tuple[CaseResult, str, dict[str, B
 
 
 def _skipped_notes(result: BenchResult) -> list[str]:
+    """The cases that could not run, each with its reason; then the baselines skipped,
+    counted by reason."""
     notes: dict[tuple[str, str], int] = {}
     for record in result.cases:
         for entry in record.skipped:
             notes[(entry.name, entry.reason)] = notes.get((entry.name, entry.reason), 0) + 1
-    return [f"{name} baseline skipped in {count} case(s): {reason}"
-            for (name, reason), count in notes.items()]
+    return ([f"case {record.case.label} skipped: {record.skip_reason}"
+             for record in result.cases if record.skip_reason is not None]
+            + [f"{name} baseline skipped in {count} case(s): {reason}"
+               for (name, reason), count in notes.items()])
+
+
+# Said wherever ratios are shown and a p2p case is among them.
+_P2P_RATIOS = ("p2p cases: ours is IPC, the baselines are P2P direct (p2p-kernel, p2p-copy), "
+               "so a ratio above 1 is what IPC costs against P2P direct")
+
+
+def _has_p2p(result: BenchResult) -> bool:
+    return any(record.case.p2p_op and record.skip_reason is None for record in result.cases)
 
 
 def summary_lines(result: BenchResult) -> list[str]:
@@ -60,14 +73,18 @@ def summary_lines(result: BenchResult) -> list[str]:
     lines.append(header)
     ratios = {(id(record), name): bands for record, name, bands in _ratio_table(result)}
     for record in result.cases:
-        names = [b.name for b in record.result.baselines] or ["-"]
+        names = [b.name for b in record.result.baselines] or [
+            "skipped" if record.skip_reason else "-"]
         for index, name in enumerate(names):
             bands = ratios.get((id(record), name), {})
             label = record.case.label if index == 0 else ""
-            busbw = f"{record.result.avg_busbw:>9.2f}" if index == 0 else " " * 9
+            busbw = (f"{record.result.avg_busbw:>9.2f}" if record.skip_reason is None
+                     else f"{'-':>9}") if index == 0 else " " * 9
             lines.append(f"#  {label:<{width}}  {busbw}  {name:<8}"
                          + "".join(f"  {_ratio_cell(bands.get(band)):>19}"
                                    for band in SIZE_BANDS))
+    if _has_p2p(result):
+        lines.append(f"# {_P2P_RATIOS}")
     for note in _skipped_notes(result):
         lines.append(f"# {note}")
     status = "OK" if result.wrong_total == 0 else "FAILED"
@@ -104,7 +121,8 @@ def render_markdown(result: BenchResult, facts: dict[str, Any], *,
     out += ["", "## Summary", "",
             "Our time over the baseline's, per size band: geometric mean over the band's sizes "
             "with [min-max]; below 1 means ipcshare is faster. Primary variant only "
-            "(all-gather, all-reduce, reduce-scatter: out-of-place).", ""]
+            "(all-gather, all-reduce, reduce-scatter: out-of-place)."
+            + (f" For {_P2P_RATIOS}." if _has_p2p(result) else ""), ""]
     out.append("| case | avg busbw (GB/s) | baseline | " + " | ".join(SIZE_BANDS) + " |")
     out.append("|---|---|---|" + "---|" * len(SIZE_BANDS))
     ratios = _ratio_table(result)
@@ -126,7 +144,7 @@ def render_markdown(result: BenchResult, facts: dict[str, Any], *,
     for op in _ops(result):
         out += ["", f"## Cases: {OP_TITLES[op]}", "", f"size = {OP_SIZES[op]}."]
         for record in result.cases:
-            if record.case.op == op:
+            if record.case.pattern_op == op:
                 out += ["", *_case_section(record)]
     status = "OK" if result.wrong_total == 0 else "FAILED"
     out += ["", f"Wrong elements over all cases and baselines: **{result.wrong_total}** "
@@ -135,8 +153,9 @@ def render_markdown(result: BenchResult, facts: dict[str, Any], *,
 
 
 def _ops(result: BenchResult) -> list[str]:
-    """The ops of the result's cases, in order of first appearance."""
-    return list(dict.fromkeys(record.case.op for record in result.cases))
+    """The ops whose tables the result's cases fill (a p2p case's pattern), in order of
+    first appearance."""
+    return list(dict.fromkeys(record.case.pattern_op for record in result.cases))
 
 
 def _devices(result: BenchResult) -> str:
@@ -175,6 +194,14 @@ def _method(result: BenchResult) -> list[str]:
     if suite.repeat > 1:
         lines.append(f"- The suite ran {suite.repeat} times; figures are medians, "
                      "[min-max] the spread over repetitions.")
+    if _has_p2p(result):
+        lines.append("- **p2p** cases set P2P direct against IPC on the same sizes: rank 0 "
+                     "runs `ipcshare p2p --no-ipc` over the ranks' GPUs in one process "
+                     "(`p2p-kernel`: a kernel storing through peer pointers; `p2p-copy`: "
+                     "`cuMemcpyPeerAsync`; host clock from idle GPUs to idle GPUs, so the "
+                     "host's enqueueing counts) while the other ranks wait; then every rank "
+                     "runs the pattern through IPC windows (the columns without a baseline's "
+                     "name), nccl-tests timing, one buffer set for both (docs/P2P.md).")
     ops = _ops(result)
     if any(op in REDUCTION_OPS for op in ops):
         lines.append("- all-reduce and reduce-scatter run the library's `Communicator` through a "
@@ -198,6 +225,8 @@ def _method(result: BenchResult) -> list[str]:
 def _case_section(record: CaseResult) -> list[str]:
     case, run = record.case, record.result
     options = case.options
+    if record.skip_reason is not None:
+        return [f"### {case.label}", "", f"Skipped: {record.skip_reason}."]
     lines = [f"### {case.label}", "",
              f"backend `{run.backend}`, exchange `{run.exchange}`, {run.world_size} ranks, "
              f"algorithm {case.algorithm}, timing {timing_label(case.timing, case)}, "
@@ -205,12 +234,17 @@ def _case_section(record: CaseResult) -> list[str]:
              + f"{options.datatype}, "
              f"iters {options.iters}, warmup {options.warmup}, checks {options.checks}, "
              f"avg busbw {run.avg_busbw:.2f} GB/s.", ""]
+    if record.p2p is not None:
+        lines += [_p2p_facts(record.p2p), ""]
     modes = list(run.rows[0].modes) if run.rows else []
     spread = _has(run, "p5_us")
     ranged = _has(run, "time_us_range")
+    ours = "ipc" if case.p2p_op else "ours"
     head = ["size (B)"]
     for mode in modes:
-        name = "" if mode in ("", case.op) else f" {mode}"
+        name = "" if mode in ("", case.pattern_op) else f" {mode}"
+        if case.p2p_op:
+            name = f" ipc{name}"
         head += [f"time{name} (µs)", f"busbw{name} (GB/s)"]
         if spread:
             head.append(f"p5-p95{name} (µs)")
@@ -218,7 +252,7 @@ def _case_section(record: CaseResult) -> list[str]:
             head.append(f"time{name} min-max (µs)")
     for baseline in run.baselines:
         head += [f"{baseline.name} time (µs)", f"{baseline.name} busbw (GB/s)",
-                 f"ours / {baseline.name}"]
+                 f"{ours} / {baseline.name}"]
     head.append("#wrong")
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "---|" * len(head))
@@ -243,6 +277,18 @@ def _case_section(record: CaseResult) -> list[str]:
     for entry in record.skipped:
         lines += ["", f"{entry.name} baseline skipped: {entry.reason}"]
     return lines
+
+
+def _p2p_facts(p2p: dict[str, Any]) -> str:
+    """What the direct half of a p2p case reported beside its rows, in one sentence."""
+    pairs = p2p["peer_access"]
+    enabled = [pair for pair in pairs if pair["enabled"]]
+    setup = p2p.get("ipc_window_setup_ms")
+    return (f"P2P direct: one process over {p2p['gpus']} GPUs (`{p2p['command']}`), peer "
+            f"access enabled for {len(enabled)} of {len(pairs)} ordered pairs in "
+            f"{sum(pair['setup_ms'] for pair in enabled):.2f} ms, buffers allocated in "
+            f"{p2p['allocate_ms']:.2f} ms; IPC: window setup "
+            + (f"{setup:.2f} ms (slowest rank)." if setup is not None else "not reported."))
 
 
 def _has(run: RunResult, field: str) -> bool:

@@ -1,5 +1,6 @@
 """Runs a suite in one launch: one Group per backend, every case through the shared
-driver with its baselines beside it, the whole suite ``repeat`` times."""
+driver with its baselines beside it (p2p cases: P2P direct beside IPC, or skipped with the
+reason where they cannot run), the whole suite ``repeat`` times."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .. import __version__
 from ..patterns import make_pattern
 from ..patterns.baselines import gpu_baseline_class, mpi_baseline, open_gpu_baseline
 from ..patterns.driver import run_pattern
@@ -20,9 +22,10 @@ from ..runtime.config import format_size
 from ..runtime.errors import ConfigError
 from ..topology.world import World
 from ..window import Group
+from .p2p_case import group_skip_reason, no_gpu_reason, run_p2p_case, skip_reason
 from .progress import ProgressLine
 from .stats import aggregate_runs
-from .suite import GRAPH_OPS, BenchCase, Suite
+from .suite import GRAPH_OPS, P2P_OP, BenchCase, Suite
 
 __all__ = ["SkippedBaseline", "CaseResult", "BenchResult", "run_suite", "timing_label"]
 
@@ -71,11 +74,15 @@ class SkippedBaseline:
 
 @dataclasses.dataclass
 class CaseResult:
-    """Every repetition of one case, and the baselines it had to skip."""
+    """Every repetition of one case, and the baselines it had to skip; a case that could
+    not run at all has ``skip_reason`` and one run without rows. A p2p case keeps what
+    its direct half reported beside the rows (``p2p``)."""
 
     case: BenchCase
     runs: list[RunResult] = dataclasses.field(default_factory=list)
     skipped: list[SkippedBaseline] = dataclasses.field(default_factory=list)
+    skip_reason: str | None = None
+    p2p: dict[str, Any] | None = None
 
     @functools.cached_property
     def result(self) -> RunResult:
@@ -93,12 +100,15 @@ class CaseResult:
         document.update(
             case=self.case.label, algorithm=self.case.algorithm, datatype=options.datatype,
             iters=options.iters, warmup=options.warmup, checks=options.checks,
-            repeats=len(self.runs),
+            repeats=0 if self.skip_reason else len(self.runs), skipped=self.skip_reason,
             rotate_buffers=suite.rotate_buffers,
             rotate_max_block_bytes=ROTATION_MAX_BLOCK_BYTES if suite.rotate_buffers > 1 else 0,
             avg_busbw=round(result.avg_busbw, 3),
             baselines=[baseline.to_dict() for baseline in result.baselines],
             skipped_baselines=[skipped.to_dict() for skipped in self.skipped])
+        if self.case.p2p_op is not None:
+            # The driver's document names the pattern; the suite's op is p2p.
+            document.update(op=self.case.op, p2p_op=self.case.p2p_op, p2p=self.p2p)
         return document
 
 
@@ -119,8 +129,9 @@ class BenchResult:
         return [case.to_dict(self.suite) for case in self.cases]
 
     def below(self, min_bw: float) -> list[CaseResult]:
-        """The cases whose average busbw is under ``min_bw`` GB/s."""
-        return [case for case in self.cases if case.result.avg_busbw < min_bw]
+        """The cases that ran and whose average busbw is under ``min_bw`` GB/s."""
+        return [case for case in self.cases
+                if case.skip_reason is None and case.result.avg_busbw < min_bw]
 
 
 class _Baselines:
@@ -197,50 +208,108 @@ def run_suite(suite: Suite, world: World, *, emit: Callable[[str], None] = print
 
     Cases of one backend share one Group (and so one exchange setup) and one instance of
     each baseline. ``emit`` gets the tables and notes on rank 0; ``progress`` (rank 0)
-    shows the case, size and elapsed time.
+    shows the case, size and elapsed time. A p2p case that cannot run here is skipped
+    with its reason (no GPU, one rank, several nodes...), never an error.
 
     Raises:
         IpcShareError: a backend, window or pattern failure (on every rank).
     """
-    say = emit if world.rank == 0 else (lambda _line: None)
-    records = {case: CaseResult(case) for case in suite.cases}
-    total = len(suite.cases) * suite.repeat
     started = time.perf_counter()
-    position = 0
+    run = _SuiteRun(suite, world, emit, progress)
     for backend in suite.backends:
+        run.backend(backend)
+    if progress is not None:
+        progress.clear()
+    return BenchResult(suite, [run.records[case] for case in suite.cases],
+                       time.perf_counter() - started)
+
+
+class _SuiteRun:
+    """One run of a suite: each case's record, the position in the run, and the p2p
+    cases that cannot run in this job, decided up front (alike on every rank)."""
+
+    def __init__(self, suite: Suite, world: World, emit: Callable[[str], None],
+                 progress: ProgressLine | None) -> None:
+        self.suite, self.world, self.emit, self.progress = suite, world, emit, progress
+        self.say = emit if world.rank == 0 else (lambda _line: None)
+        self.records = {case: CaseResult(case) for case in suite.cases}
+        self.total = len(suite.cases) * suite.repeat
+        self.position = 0
+        p2p = [case for case in suite.cases if case.op == P2P_OP]
+        # Only suites with p2p cases ask whether any rank sees a GPU (a collective).
+        no_gpu = no_gpu_reason(world) if p2p else None
+        self.skips = {case: reason for case in p2p
+                      if (reason := skip_reason(case, world, no_gpu)) is not None}
+
+    def backend(self, backend: str) -> None:
+        """Collective: every repetition of the cases on ``backend``."""
+        suite = self.suite
         cases = [case for case in suite.cases if case.backend == backend]
+        if all(case in self.skips for case in cases):
+            # Nothing runs on it: no Group, which a GPU backend cannot open without a GPU.
+            for repetition in range(suite.repeat):
+                for case in cases:
+                    self._begin(case, repetition)
+                    self._skip(case, self.skips[case])
+            return
         with Group(backend, suite.exchange, handle=suite.handle) as group:
             baselines = _Baselines(group)
+            shared = group_skip_reason(group) if any(c.op == P2P_OP for c in cases) else None
             try:
                 for repetition in range(suite.repeat):
                     for case in cases:
-                        position += 1
-                        heading = f"# [case {position}/{total}] {case.label}"
-                        if suite.repeat > 1:
-                            heading += f"  (repetition {repetition + 1}/{suite.repeat})"
-                        say(heading)
-                        pattern = make_pattern(case.op,
-                                               _DRIVER_ALGO.get(case.algorithm, case.algorithm),
-                                               op=case.options.op,
-                                               datatype=case.options.datatype)
-                        timed, skipped = baselines.for_case(case, pattern)
-                        record = records[case]
-                        try:
-                            record.runs.append(_run_case(
-                                group, case, pattern, suite, timed, emit,
-                                _progress_hook(progress, position, total, case)))
-                        finally:
-                            pattern.close()  # across nodes: its node group and rails
-                        if repetition == 0:
-                            record.skipped = skipped
-                        for line in _case_notes(record.runs[-1], case, skipped):
-                            say(line)
+                        self._begin(case, repetition)
+                        reason = self.skips.get(case) or (shared if case.op == P2P_OP
+                                                          else None)
+                        if reason is not None:
+                            self._skip(case, reason)
+                        else:
+                            self._run(group, baselines, case, repetition)
             finally:
                 baselines.close()
-    if progress is not None:
-        progress.clear()
-    return BenchResult(suite, [records[case] for case in suite.cases],
-                       time.perf_counter() - started)
+
+    def _begin(self, case: BenchCase, repetition: int) -> None:
+        self.position += 1
+        heading = f"# [case {self.position}/{self.total}] {case.label}"
+        if self.suite.repeat > 1:
+            heading += f"  (repetition {repetition + 1}/{self.suite.repeat})"
+        self.say(heading)
+
+    def _skip(self, case: BenchCase, reason: str) -> None:
+        record = self.records[case]
+        if record.skip_reason is None:
+            record.skip_reason = reason
+            record.runs.append(RunResult(__version__, case.op, case.backend,
+                                         self.suite.exchange, self.world.size,
+                                         self.world.node_count, case.timing, [], [], None))
+        self.say(f"# skipped: {reason}")
+        self.say("#")
+
+    def _run(self, group: Group, baselines: _Baselines, case: BenchCase,
+             repetition: int) -> None:
+        record = self.records[case]
+        hook = _progress_hook(self.progress, self.position, self.total, case)
+        pattern = make_pattern(case.pattern_op, _DRIVER_ALGO.get(case.algorithm, case.algorithm),
+                               op=case.options.op, datatype=case.options.datatype)
+        try:
+            if case.op == P2P_OP:
+                if self.progress is not None:
+                    self.progress.show(f"ipcshare bench: case {self.position}/{self.total} "
+                                       f"{case.label}, P2P direct half on rank 0")
+                p2p = run_p2p_case(group, case, pattern, emit=self.emit, before_size=hook)
+                result = p2p.result
+                skipped = [SkippedBaseline(name, why) for name, why in p2p.missing.items()]
+                record.p2p = record.p2p or p2p.details
+            else:
+                timed, skipped = baselines.for_case(case, pattern)
+                result = _run_case(group, case, pattern, self.suite, timed, self.emit, hook)
+        finally:
+            pattern.close()  # across nodes: its node group and rails
+        record.runs.append(result)
+        if repetition == 0:
+            record.skipped = skipped
+        for line in _case_notes(result, case, skipped):
+            self.say(line)
 
 
 def _run_case(group: Group, case: BenchCase, pattern: Any, suite: Suite, timed: list[Any],
@@ -269,7 +338,8 @@ def _case_notes(result: RunResult, case: BenchCase, skipped: list[SkippedBaselin
     """Lines after a case's table: the baselines the table has no room for, what the
     latency time column means, and the baselines skipped."""
     lines = []
-    for baseline in result.extra_baselines:
+    # The driver's table shows the first baseline; a p2p case's were timed apart from it.
+    for baseline in result.baselines if case.op == P2P_OP else result.extra_baselines:
         lines.append(f"# also timed: {baseline.name} baseline, {baseline.label} "
                      f"({baseline.version})")
         lines.append(f"#{'size':>14} {'time':>9} {'busbw':>7} {'#wrong':>6} {'speedup':>7}")

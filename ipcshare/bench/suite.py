@@ -3,8 +3,9 @@ size sweep (or a list of such matrices), validated in one place into frozen case
 
 ```yaml
 name: host vs MPI          # optional title (default: the file's name)
-ops: [allgather, ring]     # also allreduce, reducescatter (the collectives layer's)
+ops: [allgather, ring]     # also allreduce, reducescatter (the collectives layer's), p2p
 reductions: [sum]          # -o of allreduce / reducescatter: sum | max | min (a case each)
+p2p_ops: [ring, allgather] # the patterns of the p2p op (a case each; default both)
 backends: [host]           # auto | host | cuda-ipc | cuda-vmm
 algorithms: [auto]         # per op and backend: ALGORITHMS; the others are left out
 timing: [nccl-tests, latency]  # and graph: nccl-tests timing of a CUDA graph (GPU);
@@ -21,7 +22,18 @@ repeat: 1                  # repetitions of the whole suite
 rotate_buffers: 4          # buffer sets cycled through at sizes up to 1 MiB per rank
 cases:                     # optional: several matrices, each overriding the keys above
   - {timing: [latency], max_bytes: 1M, iters: 200}
+  - {ops: [p2p], backends: [cuda-vmm], max_bytes: 256M}
 ```
+
+The ``p2p`` op sets P2P direct against IPC on the same sizes (docs/P2P.md, "In a bench
+suite"): per pattern of ``p2p_ops``, ``ipcshare p2p --no-ipc`` over the GPUs of the job's
+ranks (one process: kernels storing through peer pointers, ``p2p-kernel``, and
+``cuMemcpyPeerAsync``, ``p2p-copy``) beside the pattern on the case's backend and
+algorithm through IPC windows, one rank per GPU; the direct modes are the case's baselines.
+It pairs with GPU backends and ``auto`` (a suite naming host alone for it is refused), times
+nccl-tests style only, moves float32, and ignores ``baselines`` and ``reductions``. Where it
+cannot run (no GPU, one rank, ranks on several nodes or sharing GPUs, more than 8 ranks)
+the case is skipped, with the reason, in every output.
 """
 
 from __future__ import annotations
@@ -49,7 +61,8 @@ from ..runtime.errors import ConfigError
 
 __all__ = ["BenchCase", "Suite", "load_suite", "parse_suite", "ALGORITHMS", "BASELINE_NAMES",
            "BACKEND_CHOICES", "DEFAULT_ROTATE_BUFFERS", "SUITE_TIMINGS", "BENCH_OPS",
-           "REDUCTION_OPS", "GRAPH_OPS", "OP_TITLES", "OP_SIZES", "algorithms_of"]
+           "REDUCTION_OPS", "P2P_OP", "P2P_OPS", "GRAPH_OPS", "OP_TITLES", "OP_SIZES",
+           "algorithms_of"]
 
 BACKEND_CHOICES = ("auto", "host", "cuda-ipc", "cuda-vmm")
 # nccl: NCCL through nccl4py; torch: NCCL through torch.distributed; torch-symm: PyTorch
@@ -58,8 +71,14 @@ BASELINE_NAMES = ("mpi", "nccl", "torch", "torch-symm")
 _GPU = ("cuda-ipc", "cuda-vmm")
 # The ops of the collectives layer: each case names its reduction (-o) and datatype.
 REDUCTION_OPS = ("allreduce", "reducescatter")
+# P2P direct (one process over every rank's GPU) against IPC windows, per pattern of
+# P2P_OPS: the patterns ``ipcshare p2p`` runs (p2p.direct.OPS; a test holds them equal).
+P2P_OP = "p2p"
+P2P_OPS = ("ring", "allgather")
+# What P2P direct moves and checks (p2p.direct.ELEMENT_SIZE): the runs' default datatype.
+P2P_DATATYPE = PatternOptions.datatype
 # The ops a suite runs.
-BENCH_OPS = ("ring", "allgather", *REDUCTION_OPS)
+BENCH_OPS = ("ring", "allgather", *REDUCTION_OPS, P2P_OP)
 # How outputs name each op, and what its table's size counts (nccl-tests' conventions).
 OP_TITLES = {"ring": "ring", "allgather": "all-gather", "allreduce": "all-reduce",
              "reducescatter": "reduce-scatter"}
@@ -116,6 +135,7 @@ _MAX_ROTATE_BUFFERS = 64
 _LIST_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "ops": (BENCH_OPS, ("allgather",)),
     "reductions": (REDUCTIONS, ("sum",)),
+    "p2p_ops": (P2P_OPS, P2P_OPS),
     "backends": (BACKEND_CHOICES, ("auto",)),
     "algorithms": (tuple(ALGORITHMS), ("auto",)),
     "timing": (SUITE_TIMINGS, ("nccl-tests",)),
@@ -134,10 +154,12 @@ class BenchCase:
 
     op: str
     backend: str          # resolved: host, cuda-ipc or cuda-vmm
-    algorithm: str        # resolved: one of algorithms_of(op, backend)
+    algorithm: str        # resolved: one of algorithms_of(pattern_op, backend)
     timing: str           # nccl-tests, latency, graph or after-kernel
     baselines: tuple[str, ...]
     options: PatternOptions   # all-reduce / reduce-scatter: options.op is the reduction
+    # The p2p op's pattern (one of P2P_OPS); None for every other op.
+    p2p_op: str | None = None
 
     @property
     def reduction(self) -> str | None:
@@ -145,13 +167,26 @@ class BenchCase:
         return self.options.op if self.op in REDUCTION_OPS else None
 
     @property
-    def label(self) -> str:
-        """``'allgather host single-copy latency'``; reductions name their reduction and
-        datatype: ``'allreduce sum float32 host auto nccl-tests'``."""
-        what = self.op
+    def pattern_op(self) -> str:
+        """The op whose sizes, layout and bandwidth formula the rows follow (the p2p
+        case's pattern, else the op itself): the table and plot panel it goes in."""
+        return self.p2p_op or self.op
+
+    @property
+    def what(self) -> str:
+        """What is measured: ``'allgather'``, ``'allreduce sum float32'`` (reductions name
+        their reduction and datatype), ``'p2p ring'``."""
+        if self.p2p_op is not None:
+            return f"{self.op} {self.p2p_op}"
         if self.reduction is not None:
-            what += f" {self.reduction} {self.options.datatype}"
-        return f"{what} {self.backend} {self.algorithm} {self.timing}"
+            return f"{self.op} {self.reduction} {self.options.datatype}"
+        return self.op
+
+    @property
+    def label(self) -> str:
+        """``'allgather host single-copy latency'``, ``'allreduce sum float32 host auto
+        nccl-tests'``, ``'p2p ring cuda-vmm auto nccl-tests'``."""
+        return f"{self.what} {self.backend} {self.algorithm} {self.timing}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -265,15 +300,24 @@ def _expand(matrix: Mapping[str, Any], where: str, common: PatternOptions,
             raise ConfigError(f"{where}: the {op} op reduces {', '.join(REDUCE_DTYPES)}, not "
                               f"datatype {sweep.datatype}: give it a case of its own with "
                               "one of those")
+        if op == P2P_OP and sweep.datatype != P2P_DATATYPE:
+            raise ConfigError(f"{where}: the p2p op moves {P2P_DATATYPE} (as ipcshare p2p "
+                              f"does), not datatype {sweep.datatype}: give it a case of its "
+                              "own without datatype")
     backends = list(dict.fromkeys(resolve_backend(name) for name in lists["backends"]))
-    chosen = {backend: _algorithms_for(backend, lists["ops"], lists["algorithms"], where)
-              for backend in backends}
+    plain = tuple(op for op in lists["ops"] if op != P2P_OP)
+    p2p_ops = lists["p2p_ops"] if P2P_OP in lists["ops"] else ()
+    p2p_backends = _p2p_backends(lists["backends"], resolve_backend, where) if p2p_ops else ()
+    chosen = {}
+    for backend in backends:
+        patterns = tuple(dict.fromkeys((*plain, *(p2p_ops if backend in p2p_backends else ()))))
+        if patterns:
+            chosen[backend] = _algorithms_for(backend, patterns, lists["algorithms"], where)
     cases = []
     for op in lists["ops"]:
-        reductions = lists["reductions"] if op in REDUCTION_OPS else (sweep.op,)
-        for reduction in reductions:
-            for backend in backends:
-                for algorithm in chosen[backend][op]:
+        for reduction, p2p_op in _variants(op, lists, sweep):
+            for backend in p2p_backends if p2p_op else backends:
+                for algorithm in chosen[backend][p2p_op or op]:
                     if algorithm == "ll" and sweep.max_bytes > LL_MAX_BYTES:
                         raise ConfigError(
                             f"{where}: algorithm 'll' takes sizes up to "
@@ -283,13 +327,46 @@ def _expand(matrix: Mapping[str, Any], where: str, common: PatternOptions,
                     for timing in lists["timing"]:
                         _check_timing(timing, op, backend, where)
                         options = dataclasses.replace(sweep, backend=backend, op=reduction)
+                        # P2P direct is the p2p case's comparison: no other baseline.
                         cases.append(BenchCase(op, backend, algorithm, timing,
-                                               lists["baselines"], options))
+                                               () if p2p_op else lists["baselines"], options,
+                                               p2p_op=p2p_op))
     return cases
+
+
+def _variants(op: str, lists: Mapping[str, tuple[str, ...]],
+              sweep: PatternOptions) -> list[tuple[str, str | None]]:
+    """(reduction, p2p pattern) of each case of ``op``: a reduction op's per reduction,
+    the p2p op's per pattern of p2p_ops, one for the others."""
+    if op in REDUCTION_OPS:
+        return [(reduction, None) for reduction in lists["reductions"]]
+    if op == P2P_OP:
+        return [(sweep.op, pattern) for pattern in lists["p2p_ops"]]
+    return [(sweep.op, None)]
+
+
+def _p2p_backends(names: tuple[str, ...], resolve_backend: Callable[[str], str],
+                  where: str) -> tuple[str, ...]:
+    """The backends of the p2p op's IPC side: the named ones but host, resolved (``auto``
+    stays in: where it finds no GPU, the runner skips the case, saying why).
+
+    Raises:
+        ConfigError: host is the only backend named.
+    """
+    chosen = tuple(dict.fromkeys(resolve_backend(name) for name in names if name != "host"))
+    if not chosen:
+        raise ConfigError(f"{where}: the p2p op sets P2P direct against IPC windows between "
+                          "GPUs, and backend 'host' has no GPU memory: give the p2p case "
+                          "backends [cuda-vmm], [cuda-ipc] or [auto]")
+    return chosen
 
 
 def _check_timing(timing: str, op: str, backend: str, where: str) -> None:
     """Raises ConfigError where ``timing`` cannot time ``op`` on ``backend``."""
+    if op == P2P_OP and timing != "nccl-tests":
+        raise ConfigError(f"{where}: the p2p op times P2P direct and IPC back to back, as "
+                          f"nccl-tests does; it cannot time {timing!r}: give it a case of "
+                          "its own with timing [nccl-tests]")
     if timing == "graph" and (backend == "host" or op not in GRAPH_OPS):
         raise ConfigError(f"{where}: timing 'graph' captures GPU {', '.join(GRAPH_OPS)} in "
                           f"CUDA graphs; it cannot time {op} on {backend}")
@@ -314,7 +391,8 @@ def _names(value: Any, key: str, where: str) -> tuple[str, ...]:
         if not isinstance(item, str):
             raise ConfigError(f"{where}: {key}: expected names (strings), got {item!r}")
         if item not in allowed:
-            what = {"ops": "op", "reductions": "reduction", "backends": "backend",
+            what = {"ops": "op", "reductions": "reduction", "p2p_ops": "p2p op",
+                    "backends": "backend",
                     "algorithms": "algorithm",
                     "timing": "timing mode", "baselines": "baseline"}[key]
             raise ConfigError(f"{where}: unknown {what} {item!r}; choose one of: "

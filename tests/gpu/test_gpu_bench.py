@@ -46,3 +46,45 @@ def test_a_gpu_suite_of_reductions_and_ll_verifies_every_case(comm, gpus):
                        for s in doc["skipped_baselines"])
     if comm.rank == 0:
         print({doc["case"]: [row["time_us"] for row in doc["rows"]] for doc in docs})
+
+
+def test_a_p2p_case_sets_p2p_direct_against_ipc_and_every_row_verifies(comm, gpus):
+    if gpus < 2:
+        pytest.skip(f"needs 2 GPUs, {gpus} visible")
+    if comm.size < 2 or comm.size > gpus:
+        pytest.skip(f"the p2p case wants 2 or more ranks, one GPU each: {comm.size} ranks, "
+                    f"{gpus} GPU(s)")
+    suite = parse_suite({
+        "ops": ["p2p"], "backends": ["cuda-vmm"], "min_bytes": "4K", "max_bytes": "4M",
+        "step_factor": 32, "iters": 3, "warmup": 1, "checks": 2},
+        source="gpu-p2p.yaml", resolve_backend=lambda b: b)
+    world = World.from_comm()
+    try:
+        if world.node_count > 1:
+            pytest.skip("P2P direct is one node's GPUs: run this on one node")
+        lines: list[str] = []
+        result = run_suite(suite, world, emit=lines.append)
+    finally:
+        world.close()
+    docs = result.documents()
+    assert [doc["case"] for doc in docs] == ["p2p ring cuda-vmm auto nccl-tests",
+                                             "p2p allgather cuda-vmm auto nccl-tests"]
+    assert result.wrong_total == 0
+    for doc in docs:
+        assert doc["skipped"] is None and doc["wrong_total"] == 0, doc["skipped"]
+        assert doc["p2p"]["gpus"] == comm.size
+        # the reference nodes have NVLink between every pair: both direct modes run
+        assert doc["skipped_baselines"] == [], doc["skipped_baselines"]
+        assert [b["name"] for b in doc["baselines"]] == ["p2p-kernel", "p2p-copy"]
+        sizes = [row["size"] for row in doc["rows"]]
+        assert len(sizes) == 3
+        for rows in [doc["rows"]] + [b["rows"] for b in doc["baselines"]]:
+            assert [row["size"] for row in rows] == sizes
+            assert all(row["wrong"] == 0 and row["busbw"] > 0 for row in rows), rows
+    if comm.rank == 0:
+        assert any(line.startswith("# P2P direct half: python -m ipcshare p2p --no-ipc")
+                   for line in lines)
+        assert any("op: p2p ring" in line for line in lines)
+        print({doc["case"]: {b["name"]: [row["busbw"] for row in b["rows"]]
+                             for b in [{"name": "ipc", "rows": doc["rows"]}, *doc["baselines"]]}
+               for doc in docs})

@@ -8,6 +8,7 @@ import json
 import pytest
 
 import ipcshare
+from ipcshare.backends import gpu_count
 from ipcshare.bench.runner import run_suite
 from ipcshare.bench.suite import parse_suite
 from ipcshare.patterns import make_pattern
@@ -206,3 +207,52 @@ def test_a_host_suite_of_both_reductions_writes_json_report_and_plot(comm, world
 
         write_plot(result, facts, tmp_path / "bench.png")
         assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.skipif(gpu_count()[0] > 0, reason="a GPU is visible: tests/gpu/test_gpu_bench.py "
+                                                "runs the p2p case there")
+def test_without_a_gpu_p2p_cases_are_skipped_with_the_reason_in_json_and_markdown(
+        comm, world, tmp_path):
+    from ipcshare.bench.machine import machine_facts
+    from ipcshare.bench.report import render_markdown, summary_lines
+
+    suite = parse_suite({
+        "baselines": ["mpi"], "min_bytes": 64, "max_bytes": "4K", "step_factor": 64,
+        "iters": 3, "warmup": 1,
+        "cases": [{"ops": ["allgather"], "backends": ["host"]},
+                  # named GPU backend: skipped without opening its Group, which needs a GPU
+                  {"ops": ["p2p"], "backends": ["cuda-vmm"]},
+                  # auto: host here, so skipped inside the host backend's Group
+                  {"ops": ["p2p"], "p2p_ops": ["ring"], "backends": ["auto"]}]},
+        source="p2p.yaml", resolve_backend=lambda b: "host" if b == "auto" else b)
+    lines: list[str] = []
+    result = run_suite(suite, world, emit=lines.append)
+    docs = result.documents()
+    assert [(doc["case"], doc["skipped"] is None) for doc in docs] == [
+        ("allgather host single-copy nccl-tests", True),
+        ("p2p ring cuda-vmm auto nccl-tests", False),
+        ("p2p allgather cuda-vmm auto nccl-tests", False),
+        ("p2p ring host single-copy nccl-tests", False)]
+    assert result.wrong_total == 0 and docs[0]["rows"] and docs[0]["wrong_total"] == 0
+    for doc in docs[1:]:
+        assert doc["skipped"].startswith("no rank sees a GPU, and P2P direct against IPC "
+                                         "needs 2 or more, one rank each (")
+        assert (doc["op"], doc["rows"], doc["repeats"], doc["wrong_total"]) == ("p2p", [], 0, 0)
+        assert doc["world_size"] == comm.size and doc["baseline"] is None
+    assert [doc["p2p_op"] for doc in docs[1:]] == ["ring", "allgather", "ring"]
+    assert [record.case for record in result.below(1e12)] == [suite.cases[0]]
+    text = json.dumps([{k: v for k, v in doc.items() if k != "devices"} for doc in docs],
+                      sort_keys=True)
+    assert comm.allgather(text) == [text] * comm.size
+    facts = machine_facts(world)
+    if comm.rank == 0:
+        reason = docs[1]["skipped"]
+        assert sum(line.startswith("# skipped: no rank sees a GPU") for line in lines) == 3
+        assert (f"# case p2p allgather cuda-vmm auto nccl-tests skipped: {reason}"
+                in summary_lines(result))
+        markdown = render_markdown(result, facts)
+        assert "### p2p ring host single-copy nccl-tests" in markdown
+        assert markdown.count(f"Skipped: {reason}.") == 3
+        assert "**0** (OK)" in markdown
+    else:
+        assert lines == []

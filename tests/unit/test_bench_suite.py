@@ -70,7 +70,7 @@ def test_gpu_algorithms_resolve_per_backend():
 
 @pytest.mark.parametrize("data,message", [
     ({"ops": ["alltoall"]},
-     "unknown op 'alltoall'; choose one of: ring, allgather, allreduce, reducescatter"),
+     "unknown op 'alltoall'; choose one of: ring, allgather, allreduce, reducescatter, p2p"),
     ({"backends": ["warp-drive"]}, "unknown backend 'warp-drive'"),
     ({"algorithms": ["tree"]},
      "unknown algorithm 'tree'; choose one of: single-copy, auto, copy-engine, push, pull, "
@@ -189,9 +189,9 @@ def test_cpu_suite_is_named_for_cpu_machines():
 # -- fuzzing: whatever the mapping holds, the loader raises ConfigError or succeeds ---------
 
 _KEYS = ["name", "exchange", "handle", "repeat", "rotate_buffers", "min_bw", "cases", "ops",
-         "reductions", "backends", "algorithms", "timing", "baselines", "min_bytes",
+         "reductions", "p2p_ops", "backends", "algorithms", "timing", "baselines", "min_bytes",
          "max_bytes", "step_factor", "iters", "warmup", "checks", "datatype"]
-_WORDS = ["allgather", "ring", "allreduce", "reducescatter", "sum", "max", "min", "host",
+_WORDS = ["allgather", "ring", "allreduce", "reducescatter", "p2p", "sum", "max", "min", "host",
           "auto", "cuda-ipc", "cuda-vmm", "single-copy", "copy-engine", "one-shot", "two-shot",
           "ll", "nccl-tests", "latency", "graph", "mpi", "nccl", "none", "1K", "64K", "1M",
           "4M", "float32", "bfloat16", "uint8", "pidfd", "socket", "posix-fd", "fabric",
@@ -220,8 +220,12 @@ def test_fuzzed_mappings_raise_only_config_errors(data):
     for case in suite.cases:  # what got through is complete and consistent
         assert case.options.min_bytes <= case.options.max_bytes
         assert case.backend in ("host", "cuda-ipc", "cuda-vmm")
-        assert case.algorithm in algorithms_of(case.op, case.backend)
+        assert case.algorithm in algorithms_of(case.pattern_op, case.backend)
         assert (case.reduction is None) == (case.op not in ("allreduce", "reducescatter"))
+        assert (case.p2p_op is not None) == (case.op == "p2p")
+        if case.op == "p2p":
+            assert case.baselines == () and case.timing == "nccl-tests"
+            assert case.options.datatype == "float32"
 
 
 @settings(max_examples=150, deadline=None)
@@ -336,3 +340,92 @@ def test_reductions_are_graphed_and_sampled_by_graphs_on_gpus():
             ("nccl-tests", False), "after-kernel")
     host = parse({"ops": ["allreduce"], "backends": ["host"], "timing": ["latency"]})
     assert driver_timing(host.cases[0]) == ("latency", False)
+
+
+# -- the p2p op: P2P direct against IPC windows -----------------------------------------
+
+
+def test_p2p_expands_per_pattern_on_gpu_backends_without_baselines():
+    suite = parse({"ops": ["allgather", "p2p"], "backends": ["host", "cuda-vmm", "cuda-ipc"],
+                   "baselines": ["nccl"], "min_bytes": "4K", "max_bytes": "64M",
+                   "step_factor": 16, "iters": 9})
+    assert [case.label for case in suite.cases] == [
+        "allgather host single-copy nccl-tests", "allgather cuda-vmm auto nccl-tests",
+        "allgather cuda-ipc auto nccl-tests",
+        # host memory has no part in P2P direct: the p2p cases pair with the GPU backends
+        "p2p ring cuda-vmm auto nccl-tests", "p2p ring cuda-ipc auto nccl-tests",
+        "p2p allgather cuda-vmm auto nccl-tests", "p2p allgather cuda-ipc auto nccl-tests"]
+    ring = suite.cases[3]
+    assert (ring.op, ring.p2p_op, ring.pattern_op, ring.what) == ("p2p", "ring", "ring",
+                                                                  "p2p ring")
+    assert ring.baselines == () and ring.reduction is None
+    assert ring.options.sizes() == [4096, 65536, 1 << 20, 16 << 20]
+    assert ring.options.iters == 9 and ring.options.datatype == "float32"
+    assert suite.cases[0].baselines == ("nccl",) and suite.cases[0].p2p_op is None
+    # --baseline overrides every case's baselines, but P2P direct stays the p2p case's own
+    overridden = parse({"ops": ["p2p"], "backends": ["cuda-vmm"]},
+                       overrides={"baselines": "mpi"})
+    assert all(case.baselines == () for case in overridden.cases)
+
+
+def test_p2p_ops_choose_the_patterns_and_algorithms_the_ipc_side():
+    suite = parse({"ops": ["p2p"], "p2p_ops": "allgather", "backends": ["cuda-vmm"],
+                   "algorithms": ["copy-engine", "push"]})
+    assert [case.label for case in suite.cases] == [
+        "p2p allgather cuda-vmm copy-engine nccl-tests",
+        "p2p allgather cuda-vmm push nccl-tests"]
+    # an algorithm that does not run a pattern leaves that pairing out, as for other ops
+    kernels = parse({"ops": ["p2p"], "backends": ["cuda-vmm"], "algorithms": ["push"]})
+    assert [case.label for case in kernels.cases] == ["p2p allgather cuda-vmm push nccl-tests"]
+    # the ops and their cases: p2p_ops means nothing to other ops
+    mixed = parse({"ops": ["ring", "p2p"], "p2p_ops": ["ring"], "backends": ["cuda-ipc"]})
+    assert [case.label for case in mixed.cases] == ["ring cuda-ipc auto nccl-tests",
+                                                    "p2p ring cuda-ipc auto nccl-tests"]
+
+
+def test_p2p_with_auto_on_a_machine_without_gpus_is_kept_for_the_runner_to_skip():
+    suite = parse({"ops": ["allgather", "p2p"], "backends": ["auto"]})
+    assert [case.label for case in suite.cases] == [
+        "allgather host single-copy nccl-tests", "p2p ring host single-copy nccl-tests",
+        "p2p allgather host single-copy nccl-tests"]
+
+
+@pytest.mark.parametrize("data,message", [
+    ({"ops": ["p2p"], "backends": ["host"]},
+     r"s.yaml: the p2p op sets P2P direct against IPC windows between GPUs, and backend "
+     r"'host' has no GPU memory: give the p2p case backends \[cuda-vmm\], \[cuda-ipc\] or "
+     r"\[auto\]"),
+    ({"backends": ["host"], "cases": [{"ops": ["allgather"]}, {"ops": ["p2p"]}]},
+     r"s.yaml: cases\[1\]: the p2p op sets P2P direct against IPC windows between GPUs"),
+    ({"ops": ["p2p"], "p2p_ops": ["alltoall"]},
+     "unknown p2p op 'alltoall'; choose one of: ring, allgather"),
+    ({"ops": ["p2p"], "p2p_ops": []}, "p2p_ops: give at least one of: ring, allgather"),
+    ({"ops": ["p2p"], "p2p_ops": {"ring": 1}}, "p2p_ops: expected a list of names"),
+    ({"ops": ["p2p"], "p2p_op": ["ring"]}, r"unknown key 'p2p_op' \(did you mean 'p2p_ops'\?\)"),
+    ({"ops": ["p2p"], "backends": ["cuda-vmm"], "timing": ["nccl-tests", "latency"]},
+     "the p2p op times P2P direct and IPC back to back, as nccl-tests does; it cannot time "
+     "'latency': give it a case of its own with timing \\[nccl-tests\\]"),
+    ({"ops": ["p2p"], "backends": ["cuda-vmm"], "timing": ["graph"]}, "cannot time 'graph'"),
+    ({"ops": ["p2p"], "backends": ["cuda-vmm"], "timing": ["after-kernel"]},
+     "cannot time 'after-kernel'"),
+    ({"ops": ["allreduce", "p2p"], "backends": ["cuda-vmm"], "datatype": "bfloat16"},
+     "the p2p op moves float32 \\(as ipcshare p2p does\\), not datatype bfloat16: give it a "
+     "case of its own without datatype"),
+    ({"ops": ["p2p"], "backends": ["cuda-vmm"], "algorithms": ["one-shot"]},
+     "backend 'cuda-vmm' runs none of the algorithms one-shot for ring, allgather"),
+    ({"ops": ["p2p"], "backends": ["cuda-vmm"], "algorithms": ["ll"], "max_bytes": "4M"},
+     "algorithm 'll' takes sizes up to 2M"),
+])
+def test_bad_p2p_suites_are_clear_config_errors(data, message):
+    with pytest.raises(ConfigError, match=message):
+        parse(data)
+
+
+def test_the_p2p_constants_are_ipcshare_p2p_s():
+    pytest.importorskip("cuda.bindings")  # p2p.direct is GPU code
+    from ipcshare.bench.suite import P2P_DATATYPE, P2P_OPS
+    from ipcshare.p2p import direct
+    from ipcshare.runtime.config import PatternOptions
+
+    assert P2P_OPS == direct.OPS
+    assert PatternOptions(datatype=P2P_DATATYPE).element_size == direct.ELEMENT_SIZE
