@@ -163,7 +163,11 @@ def test_shipped_suites_are_valid(path):
         assert {case.timing for case in suite.cases} == {"nccl-tests", "latency"}
     else:
         assert set(suite.backends) == {"cuda-ipc", "cuda-vmm"}
-        assert all(case.baselines[0] == "nccl" for case in suite.cases)
+        assert all(case.baselines[0] == "nccl" for case in suite.cases if case.op != "p2p")
+        # One small p2p case: P2P direct against IPC, ring and all-gather.
+        p2p = [case for case in suite.cases if case.op == "p2p"]
+        assert [case.label for case in p2p] == ["p2p ring cuda-vmm auto nccl-tests",
+                                                "p2p allgather cuda-vmm auto nccl-tests"]
         assert any("mpi" in case.baselines for case in suite.cases)
         assert {case.timing for case in suite.cases} == {
             "nccl-tests", "graph", "latency", "after-kernel"}
