@@ -92,13 +92,13 @@ def skip_reason(case: BenchCase, world: World, no_gpu: str | None) -> str | None
 def group_skip_reason(group: Group) -> str | None:
     """Why p2p cases cannot run over ``group`` (alike on every rank), or None."""
     if group.shared_gpus:
-        shared = "; ".join(f"{uuid_text(uuid)} by ranks {format_ranks(ranks)}"
+        shared = "; ".join(f"{_uuid_text(uuid)} by ranks {format_ranks(ranks)}"
                            for uuid, ranks in group.shared_gpus.items())
         return f"ranks share GPUs ({shared}): P2P direct against IPC needs a GPU per rank"
     return None
 
 
-def uuid_text(uuid: bytes) -> str:
+def _uuid_text(uuid: bytes) -> str:
     """A raw GPU UUID as nvidia-smi and CUDA_VISIBLE_DEVICES spell it."""
     from ..runtime.cuda_driver import format_uuid
 
@@ -117,7 +117,7 @@ def run_p2p_case(group: Group, case: BenchCase, pattern: Pattern, *,
     """
     world = group.world
     say = emit if world.rank == 0 else (lambda _line: None)
-    uuids = group.collective("GPUs of the p2p case", uuid_text(group.backend.uuid))
+    uuids = group.collective("GPUs of the p2p case", _uuid_text(group.backend.uuid))
     outcome = _direct_half(group, case, uuids, say)
     if "error" in outcome:
         raise BackendError(f"the P2P direct half on {world.where(0)} failed: "
