@@ -58,12 +58,16 @@ def stream_handle(stream: Any) -> int:
 
 def stream_device(handle: int) -> int | None:
     """CUDA ordinal of the device ``handle`` belongs to (None for the default streams,
-    which follow the current context).
+    which follow the current context, and for a stream being captured).
 
     Raises:
         CudaError: the handle is not a live stream.
     """
     if handle in _DEFAULT_STREAM_HANDLES:
+        return None
+    if stream_capturing(handle):
+        # Asking a capturing stream for its device is refused, and the refusal would
+        # invalidate the user's capture: the device is not checked then.
         return None
     stream = driver.CUstream(handle)
     if hasattr(driver, "cuStreamGetDevice"):  # CUDA 12.8 and later

@@ -188,6 +188,28 @@ def test_calls_on_a_user_stream_and_in_a_cuda_graph_replay_with_new_data(setup):
     cm.synchronize()
 
 
+def test_a_first_call_on_a_user_stream_may_be_made_inside_a_capture(setup):
+    """No warm-up outside the graph: the call's first sight (agreement, binding, the
+    stream's engine) happens while the user's stream is capturing, which must neither
+    fail nor invalidate the capture (asking a capturing stream for its device would)."""
+    group, cm = setup
+    device = group.backend.device
+    count = 3 * 1024 + 7   # a shape no other test uses: first seen inside the capture
+    tensor = torch.zeros(count, dtype=torch.float32, device=f"cuda:{device}")
+    stream = torch.cuda.Stream(device=device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        cm.all_reduce(tensor, algo="one-shot", stream=stream)
+    for replay in range(5):
+        tensor.fill_(float(cm.rank + replay))
+        torch.cuda.synchronize()
+        graph.replay()
+        stream.synchronize()
+        want = float(cm.size * replay + cm.size * (cm.size - 1) // 2)
+        assert bool(torch.all(tensor == want)), replay
+    cm.synchronize(stream)
+
+
 @pytest.mark.parametrize("algo", ["ll", "one-shot", "two-shot"])
 def test_bound_calls_launch_again_on_new_data_and_in_graphs(setup, algo):
     group, cm = setup
