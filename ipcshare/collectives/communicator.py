@@ -26,7 +26,7 @@ from .reduction import check_reduction
 from .registry import Registration, Registry
 from .scratch import ALIGN, ScratchLayout
 
-__all__ = ["Communicator"]
+__all__ = ["Communicator", "agree_on_sizes"]
 
 
 def _check_bytes(value: Any, name: str, *, minimum: int) -> int:
@@ -41,6 +41,27 @@ def _fact(value: Any) -> str:
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         return str(int(value))
     return repr(value)
+
+
+def agree_on_sizes(group: Any, max_bytes: Any, heap_bytes: Any) -> tuple[int, int]:
+    """Collective over ``group``: the communicator's ``max_bytes`` and ``heap_bytes``
+    (default ``2 * max_bytes``), checked on every rank and compared across ranks.
+
+    Raises:
+        CollectiveError: a bad size on some rank, or ranks that pass different sizes (on
+            every rank, naming what each passed).
+    """
+    facts = group.collective("communicator setup", (_fact(max_bytes), _fact(heap_bytes)))
+    with group.step("communicator setup"):
+        max_bytes = _check_bytes(max_bytes, "max_bytes", minimum=1)
+        heap_bytes = (2 * max_bytes if heap_bytes is None else
+                      _check_bytes(heap_bytes, "heap_bytes", minimum=0))
+        if any(fact != facts[0] for fact in facts):
+            raise CollectiveError(
+                "ranks disagree on the communicator's sizes: " + describe_disagreement(
+                    facts, verb=("passes", "pass"), spell=lambda fact:
+                    f"max_bytes={fact[0]}, heap_bytes={fact[1]}"))
+    return max_bytes, heap_bytes
 
 
 def _spell_bytes(nbytes: int) -> str:
@@ -69,21 +90,10 @@ class Communicator:
         self._closed = False
         self.group = group
         world = group.world
-        facts = group.collective("communicator setup", (_fact(max_bytes), _fact(heap_bytes)))
-        with group.step("communicator setup"):
-            max_bytes = _check_bytes(max_bytes, "max_bytes", minimum=1)
-            heap_bytes = (2 * max_bytes if heap_bytes is None else
-                          _check_bytes(heap_bytes, "heap_bytes", minimum=0))
-            if any(fact != facts[0] for fact in facts):
-                raise CollectiveError(
-                    "ranks disagree on the communicator's sizes: " + describe_disagreement(
-                        facts, verb=("passes", "pass"), spell=lambda fact:
-                        f"max_bytes={fact[0]}, heap_bytes={fact[1]}"))
-            if world.node_count > 1:
-                raise Unsupported(
-                    f"Group.communicator over {world.node_count} nodes: collectives "
-                    "across nodes (IPC inside nodes, MPI between them) are not implemented "
-                    "yet; use a group of one node's ranks")
+        max_bytes, heap_bytes = agree_on_sizes(group, max_bytes, heap_bytes)
+        if world.node_count > 1:  # Group.communicator gives such groups a NodesCommunicator
+            raise Unsupported(f"Communicator over {world.node_count} nodes: make it with "
+                              "Group.communicator(), which spans nodes")
         self.max_bytes = max_bytes
         self.heap_bytes = heap_bytes
         self._layout = ScratchLayout(max_bytes, heap_bytes, world.size,

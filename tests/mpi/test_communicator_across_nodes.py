@@ -182,3 +182,19 @@ def test_kept_bindings_do_not_keep_the_users_arrays_alive(comm, communicator):
     del data
     gc.collect()
     assert gone() is None
+
+
+def test_sizes_are_agreed_by_the_whole_group_before_any_node_sets_up(comm, nodes):
+    import time
+
+    # The last rank (on the last node) asks for another size; every rank must raise at
+    # once, none left waiting in the rail setup for the node that refused.
+    asked = 8192 if comm.rank == comm.size - 1 else 4096
+    started = time.monotonic()
+    with ipcshare.Group(backend="host") as g:
+        with pytest.raises(CollectiveError, match="ranks disagree on the communicator's sizes"):
+            g.communicator(max_bytes=asked, inter="mpi")
+        with pytest.raises(CollectiveError, match="heap_bytes=-1: expected an int"):
+            g.communicator(max_bytes=4096, heap_bytes=-1 if comm.rank == 0 else 0,
+                           inter="mpi")
+    assert time.monotonic() - started < 10

@@ -11,7 +11,8 @@ from typing import Any
 
 from ...runtime.errors import CollectiveError, Unsupported
 from ..agreement import Signature, disagreement_error
-from ..communicator import Communicator, _Call
+from ..communicator import Communicator, _Call, agree_on_sizes
+from ..scratch import ALIGN
 from .choice import open_inter_engine
 from .hierarchy import (
     HostBytes,
@@ -51,17 +52,17 @@ class NodesCommunicator(Communicator):
         self._closed = True  # until everything below is open
         world = group.world
         self.group = group
+        # Agreed by the whole group first: a node whose ranks refused alone would leave
+        # the other nodes waiting for it in the rail setup.
+        max_bytes, user_heap = agree_on_sizes(group, max_bytes, heap_bytes)
         self.per_node = check_even_nodes(world.node_of_rank, "Group.communicator across nodes")
-        self._node_group = group.node_group()
         self._node: Communicator | None = None
         self._inter: Any = None
+        self._node_group = group.node_group()
         try:
-            user_heap = 2 * max_bytes if heap_bytes is None else heap_bytes
-            if isinstance(max_bytes, int) and isinstance(user_heap, int):
-                scratch = 2 * max_bytes + 4 * 4096  # two arrays of a call, aligned
-                node_heap = user_heap + scratch
-            else:
-                node_heap = user_heap  # the node communicator names what is wrong
+            # The node's heap holds the user's empty() arrays and a call's two scratch
+            # arrays (each aligned).
+            node_heap = user_heap + 2 * max_bytes + 4 * ALIGN
             self._node = Communicator(self._node_group, max_bytes, heap_bytes=node_heap)
             self._inter = open_inter_engine(inter, group)
         except BaseException:
