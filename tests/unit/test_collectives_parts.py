@@ -309,8 +309,8 @@ class _Group:
         return contextlib.nullcontext()
 
 
-def test_groups_over_nodes_say_what_is_missing():
-    with pytest.raises(Unsupported, match="over 2 nodes: collectives across nodes"):
+def test_a_communicator_made_directly_over_nodes_points_to_group_communicator():
+    with pytest.raises(Unsupported, match=r"over 2 nodes: make it with Group.communicator\(\)"):
         Communicator(_Group("host", nodes=2), 1 << 20)
     assert issubclass(Unsupported, NotImplementedError)
 
