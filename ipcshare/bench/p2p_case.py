@@ -31,7 +31,7 @@ from ..window import Group
 from .suite import BenchCase
 
 __all__ = ["P2pCaseRun", "DIRECT_DEADLINE_S", "no_gpu_reason", "skip_reason",
-           "group_skip_reason", "run_p2p_case"]
+           "group_skip_reason", "run_p2p_case", "direct_half_arguments"]
 
 # How long rank 0's child may take over the direct half of one case (every size, both
 # modes); the other ranks wait a minute longer before they give up on rank 0.
@@ -146,14 +146,23 @@ def run_p2p_case(group: Group, case: BenchCase, pattern: Pattern, *,
     return P2pCaseRun(result, missing, details)
 
 
-def _direct_half(group: Group, case: BenchCase, uuids: list[str],
-                 say: Callable[[str], None]) -> dict[str, Any]:
-    """Collective: rank 0 runs the child while the others wait; everyone gets
-    ``{"document", "command"}`` or ``{"error", "command"}``."""
+def direct_half_arguments(case: BenchCase) -> list[str]:
+    """The ``ipcshare`` arguments of a p2p case's direct half: its pattern and sweep, and
+    ``--peer-access off`` for a host-staged case."""
     options = case.options
     args = ["p2p", "--no-ipc", "--op", case.p2p_op, "-b", str(options.min_bytes),
             "-e", str(options.max_bytes), "-f", str(options.step_factor),
             "-n", str(options.iters), "-w", str(options.warmup), "-c", str(options.checks)]
+    if not case.p2p_peer_access:
+        args += ["--peer-access", "off"]
+    return args
+
+
+def _direct_half(group: Group, case: BenchCase, uuids: list[str],
+                 say: Callable[[str], None]) -> dict[str, Any]:
+    """Collective: rank 0 runs the child while the others wait; everyone gets
+    ``{"document", "command"}`` or ``{"error", "command"}``."""
+    args = direct_half_arguments(case)
     outcome = None
     if group.world.rank == 0:
         command = "python -m ipcshare " + shlex.join(args)

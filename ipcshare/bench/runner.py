@@ -108,7 +108,8 @@ class CaseResult:
             skipped_baselines=[skipped.to_dict() for skipped in self.skipped])
         if self.case.p2p_op is not None:
             # The driver's document names the pattern; the suite's op is p2p.
-            document.update(op=self.case.op, p2p_op=self.case.p2p_op, p2p=self.p2p)
+            document.update(op=self.case.op, p2p_op=self.case.p2p_op,
+                            p2p_peer_access=self.case.p2p_peer_access, p2p=self.p2p)
         return document
 
 

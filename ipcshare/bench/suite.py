@@ -6,6 +6,8 @@ name: host vs MPI          # optional title (default: the file's name)
 ops: [allgather, ring]     # also allreduce, reducescatter (the collectives layer's), p2p
 reductions: [sum]          # -o of allreduce / reducescatter: sum | max | min (a case each)
 p2p_ops: [ring, allgather] # the patterns of the p2p op (a case each; default both)
+p2p_peer_access: [enabled] # disabled too: the direct half without peer access, so its
+                           # copies go host-staged (a case each; default enabled)
 backends: [host]           # auto | host | cuda-ipc | cuda-vmm
 algorithms: [auto]         # per op and backend: ALGORITHMS; the others are left out
 timing: [nccl-tests, latency]  # and graph: nccl-tests timing of a CUDA graph (GPU);
@@ -136,6 +138,8 @@ _LIST_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "ops": (BENCH_OPS, ("allgather",)),
     "reductions": (REDUCTIONS, ("sum",)),
     "p2p_ops": (P2P_OPS, P2P_OPS),
+    # Not on / off: YAML reads those as booleans.
+    "p2p_peer_access": (("enabled", "disabled"), ("enabled",)),
     "backends": (BACKEND_CHOICES, ("auto",)),
     "algorithms": (tuple(ALGORITHMS), ("auto",)),
     "timing": (SUITE_TIMINGS, ("nccl-tests",)),
@@ -160,6 +164,9 @@ class BenchCase:
     options: PatternOptions   # all-reduce / reduce-scatter: options.op is the reduction
     # The p2p op's pattern (one of P2P_OPS); None for every other op.
     p2p_op: str | None = None
+    # The p2p op's direct half with peer access enabled (False: left off on purpose, so
+    # its peer copies are staged through host memory and its kernel mode cannot run).
+    p2p_peer_access: bool = True
 
     @property
     def reduction(self) -> str | None:
@@ -177,7 +184,7 @@ class BenchCase:
         """What is measured: ``'allgather'``, ``'allreduce sum float32'`` (reductions name
         their reduction and datatype), ``'p2p ring'``."""
         if self.p2p_op is not None:
-            return f"{self.op} {self.p2p_op}"
+            return f"{self.op} {self.p2p_op}" + ("" if self.p2p_peer_access else " host-staged")
         if self.reduction is not None:
             return f"{self.op} {self.reduction} {self.options.datatype}"
         return self.op
@@ -315,7 +322,7 @@ def _expand(matrix: Mapping[str, Any], where: str, common: PatternOptions,
             chosen[backend] = _algorithms_for(backend, patterns, lists["algorithms"], where)
     cases = []
     for op in lists["ops"]:
-        for reduction, p2p_op in _variants(op, lists, sweep):
+        for reduction, p2p_op, peer_access in _variants(op, lists, sweep):
             for backend in p2p_backends if p2p_op else backends:
                 for algorithm in chosen[backend][p2p_op or op]:
                     if algorithm == "ll" and sweep.max_bytes > LL_MAX_BYTES:
@@ -330,19 +337,21 @@ def _expand(matrix: Mapping[str, Any], where: str, common: PatternOptions,
                         # P2P direct is the p2p case's comparison: no other baseline.
                         cases.append(BenchCase(op, backend, algorithm, timing,
                                                () if p2p_op else lists["baselines"], options,
-                                               p2p_op=p2p_op))
+                                               p2p_op=p2p_op, p2p_peer_access=peer_access))
     return cases
 
 
 def _variants(op: str, lists: Mapping[str, tuple[str, ...]],
-              sweep: PatternOptions) -> list[tuple[str, str | None]]:
-    """(reduction, p2p pattern) of each case of ``op``: a reduction op's per reduction,
-    the p2p op's per pattern of p2p_ops, one for the others."""
+              sweep: PatternOptions) -> list[tuple[str, str | None, bool]]:
+    """(reduction, p2p pattern, peer access) of each case of ``op``: a reduction op's per
+    reduction, the p2p op's per pattern of p2p_ops and per p2p_peer_access, one for the
+    others."""
     if op in REDUCTION_OPS:
-        return [(reduction, None) for reduction in lists["reductions"]]
+        return [(reduction, None, True) for reduction in lists["reductions"]]
     if op == P2P_OP:
-        return [(sweep.op, pattern) for pattern in lists["p2p_ops"]]
-    return [(sweep.op, None)]
+        return [(sweep.op, pattern, access == "enabled") for pattern in lists["p2p_ops"]
+                for access in lists["p2p_peer_access"]]
+    return [(sweep.op, None, True)]
 
 
 def _p2p_backends(names: tuple[str, ...], resolve_backend: Callable[[str], str],
@@ -392,6 +401,7 @@ def _names(value: Any, key: str, where: str) -> tuple[str, ...]:
             raise ConfigError(f"{where}: {key}: expected names (strings), got {item!r}")
         if item not in allowed:
             what = {"ops": "op", "reductions": "reduction", "p2p_ops": "p2p op",
+                    "p2p_peer_access": "p2p peer access setting",
                     "backends": "backend",
                     "algorithms": "algorithm",
                     "timing": "timing mode", "baselines": "baseline"}[key]

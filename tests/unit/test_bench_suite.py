@@ -7,6 +7,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -164,10 +165,12 @@ def test_shipped_suites_are_valid(path):
     else:
         assert set(suite.backends) == {"cuda-ipc", "cuda-vmm"}
         assert all(case.baselines[0] == "nccl" for case in suite.cases if case.op != "p2p")
-        # One small p2p case: P2P direct against IPC, ring and all-gather.
+        # Small p2p cases: P2P direct against IPC, ring and all-gather; and the ring with
+        # peer access left off (host-staged copies).
         p2p = [case for case in suite.cases if case.op == "p2p"]
         assert [case.label for case in p2p] == ["p2p ring cuda-vmm auto nccl-tests",
-                                                "p2p allgather cuda-vmm auto nccl-tests"]
+                                                "p2p allgather cuda-vmm auto nccl-tests",
+                                                "p2p ring host-staged cuda-vmm auto nccl-tests"]
         assert any("mpi" in case.baselines for case in suite.cases)
         assert {case.timing for case in suite.cases} == {
             "nccl-tests", "graph", "latency", "after-kernel"}
@@ -433,3 +436,21 @@ def test_the_p2p_constants_are_ipcshare_p2p_s():
 
     assert P2P_OPS == direct.OPS
     assert PatternOptions(datatype=P2P_DATATYPE).element_size == direct.ELEMENT_SIZE
+
+
+def test_p2p_peer_access_disabled_adds_a_host_staged_case_per_pattern():
+    from ipcshare.bench.p2p_case import direct_half_arguments
+
+    suite = parse(yaml.safe_load(
+        "ops: [p2p]\np2p_ops: [ring]\np2p_peer_access: [enabled, disabled]\n"
+        "backends: [cuda-vmm]\nmin_bytes: 1K\nmax_bytes: 4K\n"))
+    assert [case.label for case in suite.cases] == [
+        "p2p ring cuda-vmm auto nccl-tests", "p2p ring host-staged cuda-vmm auto nccl-tests"]
+    enabled, disabled = (direct_half_arguments(case) for case in suite.cases)
+    assert "--peer-access" not in enabled
+    assert disabled[-2:] == ["--peer-access", "off"] and disabled[:5] == enabled[:5]
+    # YAML's own booleans are not settings of this key: the names are spelled out.
+    with pytest.raises(ConfigError, match="p2p_peer_access: expected names"):
+        parse(yaml.safe_load("ops: [p2p]\nbackends: [cuda-vmm]\np2p_peer_access: [off]\n"))
+    with pytest.raises(ConfigError, match="unknown p2p peer access setting 'sometimes'"):
+        parse({"ops": ["p2p"], "backends": ["cuda-vmm"], "p2p_peer_access": ["sometimes"]})
