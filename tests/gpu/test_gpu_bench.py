@@ -88,3 +88,31 @@ def test_a_p2p_case_sets_p2p_direct_against_ipc_and_every_row_verifies(comm, gpu
         print({doc["case"]: {b["name"]: [row["busbw"] for row in b["rows"]]
                              for b in [{"name": "ipc", "rows": doc["rows"]}, *doc["baselines"]]}
                for doc in docs})
+
+
+def test_a_host_staged_p2p_case_runs_copies_without_peer_access(comm, gpus):
+    if gpus < 2:
+        pytest.skip(f"needs 2 GPUs, {gpus} visible")
+    if comm.size < 2 or comm.size > gpus:
+        pytest.skip(f"the p2p case wants 2 or more ranks, one GPU each: {comm.size} ranks, "
+                    f"{gpus} GPU(s)")
+    suite = parse_suite({
+        "ops": ["p2p"], "p2p_ops": ["ring"], "p2p_peer_access": ["disabled"],
+        "backends": ["cuda-vmm"], "min_bytes": "64K", "max_bytes": "4M", "step_factor": 64,
+        "iters": 3, "warmup": 1, "checks": 2},
+        source="gpu-p2p-staged.yaml", resolve_backend=lambda b: b)
+    world = World.from_comm()
+    try:
+        if world.node_count > 1:
+            pytest.skip("P2P direct is one node's GPUs: run this on one node")
+        result = run_suite(suite, world, emit=lambda _line: None)
+    finally:
+        world.close()
+    (doc,) = result.documents()
+    assert doc["case"] == "p2p ring host-staged cuda-vmm auto nccl-tests"
+    assert doc["p2p_peer_access"] is False and doc["wrong_total"] == 0
+    # Copies ran (staged through host memory); the kernel mode cannot without access.
+    assert [b["name"] for b in doc["baselines"]] == ["p2p-copy"]
+    assert [s["name"] for s in doc["skipped_baselines"]] == ["p2p-kernel"]
+    assert "no peer access" in doc["skipped_baselines"][0]["reason"]
+    assert all(row["wrong"] == 0 for row in doc["baselines"][0]["rows"])
