@@ -65,3 +65,31 @@ def test_bad_flags_are_refused_on_every_rank(script, flag):
     errors = _errors(out, f"{script}.py")
     assert out.returncode == 2 and len(errors) == 2, out.stderr
     assert all(f"{flag} must be at least 1, got 0" in line for line in errors)
+
+
+_ACROSS = re.compile(r"(\d+) float32 per rank on (\d+) rank\(s\), (\d+) node\(s\) x (\d+) "
+                     r"rank\(s\)(, between nodes: (\w+))?: all_reduce, all_gather, "
+                     r"reduce_scatter verified; all_reduce [\d.]+ us per call \(host\)")
+
+
+@pytest.mark.parametrize("n,nodes", [(4, 2), (2, 2), (2, 1)])
+def test_the_across_nodes_example_verifies_on_virtual_nodes(n, nodes, monkeypatch,
+                                                           socket_dir):  # noqa: F811
+    monkeypatch.setenv("IPCSHARE_VIRTUAL_NODES", str(nodes))
+    out = run_example("across_nodes", "--backend", "host", "--count", "10001", "--iters", "3",
+                      n=n)
+    assert out.returncode == 0, out.stderr
+    match = _ACROSS.fullmatch(out.stdout.strip())
+    assert match, out.stdout
+    assert (int(match[2]), int(match[3]), int(match[4])) == (n, nodes, n // nodes)
+    assert match[6] == ("mpi" if nodes > 1 else None)
+
+
+def test_the_across_nodes_example_refuses_nccl_on_host_memory_in_one_line(
+        monkeypatch, socket_dir):  # noqa: F811
+    monkeypatch.setenv("IPCSHARE_VIRTUAL_NODES", "2")
+    out = run_example("across_nodes", "--backend", "host", "--inter", "nccl", n=2)
+    errors = _errors(out, "across_nodes.py")
+    assert out.returncode == 1 and len(errors) == 2, out.stderr
+    assert all("needs a GPU backend" in line for line in errors)
+    assert "Traceback" not in out.stderr and out.stdout == ""
