@@ -27,10 +27,13 @@ from ipcshare import IpcShareError
 from ipcshare.runtime.config import BACKENDS, INTER_ENGINES
 
 
-def _arrays(group, count: int):
-    """(make an array from a numpy array, read one back to numpy, wait for the device)."""
+def _arrays(group):
+    """(make an array from a numpy array, read one back to numpy, wait for the device, the
+    stream calls go on). On GPUs that stream is torch's current one: the calls are then
+    ordered after the copies that fill the tensors and before those that read them (by
+    default they would go on the communicator's own stream, unordered with torch's)."""
     if group.backend_name == "host":
-        return (lambda values: values.copy()), np.asarray, (lambda: None)
+        return (lambda values: values.copy()), np.asarray, (lambda: None), None
     try:
         import torch
     except ImportError as exc:
@@ -39,33 +42,35 @@ def _arrays(group, count: int):
     device = f"cuda:{group.backend.device}"
     torch.cuda.set_device(group.backend.device)
     return ((lambda values: torch.from_numpy(values).to(device)),
-            (lambda tensor: tensor.cpu().numpy()), torch.cuda.synchronize)
+            (lambda tensor: tensor.cpu().numpy()), torch.cuda.synchronize,
+            torch.cuda.current_stream())
 
 
 def run(group, count: int, iters: int, inter: str) -> tuple[bool, str]:
     """Every collective once, checked, then ``iters`` timed all-reduces."""
     me, n = group.rank, group.size
-    to_array, to_numpy, wait = _arrays(group, count)
+    to_array, to_numpy, wait, stream = _arrays(group)
     base = (np.arange(count) % 13).astype(np.float32)
     with group.communicator(max_bytes=n * count * 4, inter=inter) as comm:
         tensor = to_array(base + me)
-        comm.all_reduce(tensor)
+        comm.all_reduce(tensor, stream=stream)
         ok = bool(np.array_equal(to_numpy(tensor), base * n + n * (n - 1) // 2))
         gathered = to_array(np.zeros(n * count, np.float32))
-        comm.all_gather(gathered, to_array(np.full(count, me, np.float32)))
+        comm.all_gather(gathered, to_array(np.full(count, me, np.float32)), stream=stream)
         ok &= bool(np.array_equal(to_numpy(gathered),
                                   np.repeat(np.arange(n, dtype=np.float32), count)))
         block = to_array(np.zeros(count, np.float32))
-        comm.reduce_scatter(block, to_array(np.tile(base, n) + me), op="max")
+        comm.reduce_scatter(block, to_array(np.tile(base, n) + me), op="max", stream=stream)
         ok &= bool(np.array_equal(to_numpy(block), base + (n - 1)))
         timed = to_array(base)
         wait()
         group.barrier()
         started = time.perf_counter()
         for _ in range(iters):
-            comm.all_reduce(timed)
+            comm.all_reduce(timed, stream=stream)
         wait()
         elapsed_us = (time.perf_counter() - started) / iters * 1e6
+        comm.synchronize(stream)  # raises what a kernel recorded (a peer gone, a mismatch)
         engine = getattr(comm, "inter", None)
     world = group.world
     everywhere = all(group.collective("example checks", ok))
