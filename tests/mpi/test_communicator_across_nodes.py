@@ -198,3 +198,27 @@ def test_sizes_are_agreed_by_the_whole_group_before_any_node_sets_up(comm, nodes
             g.communicator(max_bytes=4096, heap_bytes=-1 if comm.rank == 0 else 0,
                            inter="mpi")
     assert time.monotonic() - started < 10
+
+
+def test_calls_on_ever_new_arrays_at_max_bytes_reuse_the_scratch(comm, communicator):
+    n = comm.size
+    count = MAX_BYTES // (4 * n)
+    for step in range(6):  # each call a new pair of arrays: a new kept binding
+        source = np.full(count, comm.rank + step, np.float32)
+        output = np.zeros(n * count, np.float32)
+        communicator.all_gather(output, source)
+        want = np.repeat(np.arange(n, dtype=np.float32) + step, count)
+        assert np.array_equal(output, want), step
+        data = np.full(MAX_BYTES // 4, 1.0, np.float32)
+        communicator.reduce_scatter(data[:MAX_BYTES // 4 // n], data[:MAX_BYTES // 4 // n * n]
+                                    .copy())
+
+
+def test_at_most_sixteen_calls_keep_their_scratch(comm, communicator):
+    kept = []
+    for step in range(20):
+        data = np.full(100 + step, float(step), np.float32)   # a new shape each time
+        communicator.all_reduce(data)
+        assert np.array_equal(data, np.full(100 + step, step * comm.size, np.float32))
+        kept.append(len(communicator._bound))
+    assert max(kept) == 16 and kept[-1] == 16

@@ -132,15 +132,35 @@ class NodesCommunicator(Communicator):
                     call.out.ptr, call.in_place, _stream_key(call.stream))
         run = self._bound.get(identity)
         if run is None:
-            run = self._bound[identity] = self._bind(call)
+            run = self._bound[identity] = self._bind_making_room(call)
             if len(self._bound) > _BOUND_KEPT:
                 # Its scratch returns to the heap: let work still queued on it finish.
-                self._bound.popitem(last=False)
-                self._node.synchronize()
+                oldest = next(iter(self._bound))
+                self._drain([oldest])
+                del self._bound[oldest]
         else:
             self._bound.move_to_end(identity)
         run()
         return call.result
+
+    def _bind_making_room(self, call: _Call) -> Callable[[], None]:
+        """``_bind``, and when the heap has no room left for the call's scratch, again
+        after dropping the kept bindings (their scratch returns to the heap once the work
+        queued on it has finished). Local: nothing here is collective."""
+        try:
+            return self._bind(call)
+        except CollectiveError:
+            if not self._bound:
+                raise
+        self._drain(list(self._bound))
+        self._bound.clear()
+        return self._bind(call)
+
+    def _drain(self, identities: list[tuple]) -> None:
+        """Wait for the work queued on the streams of these kept bindings (the last
+        field of each identity: a stream handle, or None for the communicator's own)."""
+        for stream in dict.fromkeys(identity[-1] for identity in identities):
+            self._node.synchronize(stream)
 
     def _agreed(self, call: _Call) -> Signature:
         """The call's signature, agreed on by every rank of the group the first time it
