@@ -454,11 +454,13 @@ class CudaEngine:
         be read within the probe's time."""
         size = _WORD if self.wide_signals else 4
 
+        owner = self._parent or self  # the lane is the stream owner's, views share it
+
         def read(lane: Any) -> tuple:
-            return driver.cuMemcpyDtoHAsync(self._probe_lane[1], address, size, lane)
+            return driver.cuMemcpyDtoHAsync(owner._probe_lane[1], address, size, lane)
         if self._probe(read) is None:
             return None
-        word = ctypes.c_uint64.from_address(self._probe_lane[1]).value
+        word = ctypes.c_uint64.from_address(owner._probe_lane[1]).value
         return int(word & self._mask)
 
     def _probe(self, enqueue: Callable[[Any], tuple]) -> bool | None:
@@ -470,10 +472,11 @@ class CudaEngine:
         (H100/H200, driver 580), whereas asynchronous work on another non-blocking stream
         runs. A probe that does not finish in time leaves the lane marked stuck and
         unused, so diagnosis can never block the caller."""
-        if self._probe_stuck:
+        owner = self._parent or self  # one lane per engine: views (on_stream) share it
+        if owner._probe_stuck:
             return None
         try:
-            if self._probe_lane is None:
+            if owner._probe_lane is None:
                 stream = check("cuStreamCreate", driver.cuStreamCreate(
                     int(driver.CUstream_flags.CU_STREAM_NON_BLOCKING)))
                 try:
@@ -481,8 +484,8 @@ class CudaEngine:
                 except BaseException:
                     driver.cuStreamDestroy(stream)
                     raise
-                self._probe_lane = (stream, int(word))
-            lane = self._probe_lane[0]
+                owner._probe_lane = (stream, int(word))
+            lane = owner._probe_lane[0]
             err, = enqueue(lane)
             if err:
                 return None
@@ -494,7 +497,7 @@ class CudaEngine:
                 if err != cuda_driver.NOT_READY:
                     return None
                 if time.monotonic() > deadline:
-                    self._probe_stuck = True
+                    owner._probe_stuck = True
                     return None
                 time.sleep(1e-4)
         except Exception:  # diagnosis only

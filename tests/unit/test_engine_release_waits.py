@@ -104,3 +104,20 @@ def test_a_probe_that_never_finishes_gives_up_in_bounded_time_and_is_not_retried
     engine.close()
     # A copy may still land in the pinned word: it is not freed under it.
     assert words.streams_destroyed == 1 and words.freed == []
+
+
+def test_a_view_on_another_stream_probes_through_its_owners_lane(monkeypatch):
+    import copy
+
+    words = _Words()
+    owner = _engine(monkeypatch, words, True)
+    owner._pending = {}
+    view = copy.copy(owner)
+    view._parent = owner
+    words.words[0x10008] = 3
+    assert view._peek_word(0x10008) == 3
+    assert owner._probe_lane is not None      # made once, owned by the stream's owner
+    view.close()                              # a view only forgets its stream
+    assert words.streams_destroyed == 0
+    owner.close()                             # the owner frees the lane it holds
+    assert words.streams_destroyed == 1 and len(words.freed) == 1
