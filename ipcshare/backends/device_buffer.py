@@ -224,6 +224,21 @@ class DeviceArray(DeviceBuffer):
         self.shape = tuple(int(d) for d in shape)
         self.dtype = dtype
 
+    @classmethod
+    def viewing(cls, buffer: DeviceBuffer, dtype: str, *,
+                device: int | None = None) -> DeviceArray:
+        """A 1-D array of ``dtype`` over all of ``buffer``'s bytes, keeping ``buffer``
+        alive; on ``device`` (default: the buffer's).
+
+        Raises:
+            BackendError: a dtype a device array cannot have.
+        """
+        if dtype not in _TYPED:
+            raise BackendError(f"a device array of {dtype}: the types are {', '.join(_TYPED)}")
+        itemsize = _TYPED[dtype][1] // 8
+        return cls(buffer.ptr, buffer.nbytes, buffer.device if device is None else device,
+                   buffer, (buffer.nbytes // itemsize,), dtype)
+
     @property
     def __cuda_array_interface__(self) -> dict:
         typestr = _TYPED[self.dtype][2]

@@ -11,8 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backends.device_buffer import DeviceArray
-from ..collectives.arrays import to_numpy_dtype
+from ..collectives.across_nodes.hierarchy import typed_view
 from ..collectives.reduction import REDUCE_DTYPES, REDUCE_OPS, float32_to_bfloat16
 from ..runtime.errors import ConfigError
 from ..window import Window
@@ -162,11 +161,7 @@ class CommunicatorCase(Pattern):
     def _typed(self, buffer: Any, memory: str) -> Any:
         """``buffer`` as an array of the case's dtype: numpy on host, a DeviceArray on
         GPUs (bfloat16 needs no ml_dtypes there)."""
-        if memory == "host":
-            return np.asarray(buffer).view(to_numpy_dtype(self.datatype))
-        itemsize = 2 if self.datatype in ("float16", "bfloat16") else 4
-        return DeviceArray(buffer.ptr, buffer.nbytes, buffer.device, buffer,
-                           (buffer.nbytes // itemsize,), self.datatype)
+        return typed_view(buffer, memory, self.datatype)
 
     def check(self, window: Window, plan: SizePlan, mode: str, iteration: int) -> int:
         if self._communicator is not None and self._communicator.memory != "host":

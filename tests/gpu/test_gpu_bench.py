@@ -48,12 +48,17 @@ def test_a_gpu_suite_of_reductions_and_ll_verifies_every_case(comm, gpus):
         print({doc["case"]: [row["time_us"] for row in doc["rows"]] for doc in docs})
 
 
-def test_a_p2p_case_sets_p2p_direct_against_ipc_and_every_row_verifies(comm, gpus):
+def _needs_a_gpu_per_rank(comm, gpus: int) -> None:
+    """Skip, saying why, unless 2 or more ranks run with one GPU each (a p2p case's need)."""
     if gpus < 2:
         pytest.skip(f"needs 2 GPUs, {gpus} visible")
     if comm.size < 2 or comm.size > gpus:
         pytest.skip(f"the p2p case wants 2 or more ranks, one GPU each: {comm.size} ranks, "
                     f"{gpus} GPU(s)")
+
+
+def test_a_p2p_case_sets_p2p_direct_against_ipc_and_every_row_verifies(comm, gpus):
+    _needs_a_gpu_per_rank(comm, gpus)
     suite = parse_suite({
         "ops": ["p2p"], "backends": ["cuda-vmm"], "min_bytes": "4K", "max_bytes": "4M",
         "step_factor": 32, "iters": 3, "warmup": 1, "checks": 2},
@@ -91,11 +96,7 @@ def test_a_p2p_case_sets_p2p_direct_against_ipc_and_every_row_verifies(comm, gpu
 
 
 def test_a_host_staged_p2p_case_runs_copies_without_peer_access(comm, gpus):
-    if gpus < 2:
-        pytest.skip(f"needs 2 GPUs, {gpus} visible")
-    if comm.size < 2 or comm.size > gpus:
-        pytest.skip(f"the p2p case wants 2 or more ranks, one GPU each: {comm.size} ranks, "
-                    f"{gpus} GPU(s)")
+    _needs_a_gpu_per_rank(comm, gpus)
     suite = parse_suite({
         "ops": ["p2p"], "p2p_ops": ["ring"], "p2p_peer_access": ["disabled"],
         "backends": ["cuda-vmm"], "min_bytes": "64K", "max_bytes": "4M", "step_factor": 64,

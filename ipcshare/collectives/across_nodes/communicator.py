@@ -21,6 +21,7 @@ from .hierarchy import (
     bind_all_reduce,
     bind_reduce_scatter,
     check_even_nodes,
+    typed_view,
 )
 
 __all__ = ["NodesCommunicator", "HIERARCHICAL"]
@@ -70,7 +71,7 @@ class NodesCommunicator(Communicator):
             raise
         self.max_bytes, self.heap_bytes = self._node.max_bytes, user_heap
         self._path = self._node._path  # memory, device, window: the checks read them
-        self._signatures: dict[tuple, Signature] = {}
+        self._agreed_signatures: dict[tuple, Signature] = {}
         self._bound: OrderedDict[tuple, Callable[[], None]] = OrderedDict()
         self._recent = None
         self._closed = False
@@ -177,14 +178,14 @@ class NodesCommunicator(Communicator):
                                   f"'{HIERARCHICAL}'")
         inp = call.inp
         key = (call.op, inp.count, inp.dtype, inp.itemsize, call.redop)
-        signature = self._signatures.get(key)
+        signature = self._agreed_signatures.get(key)
         if signature is None:
             signature = Signature(call.op, inp.count, inp.dtype, inp.itemsize, call.redop,
                                   HIERARCHICAL)
             seen = self.group.collective("collective call", signature.describe())
             if len(set(seen)) > 1:
                 raise disagreement_error(seen)
-            self._signatures[key] = signature
+            self._agreed_signatures[key] = signature
         return signature
 
     def _bind(self, call: _Call) -> Callable[[], None]:
@@ -221,7 +222,7 @@ class NodesCommunicator(Communicator):
         byte_call = call.op == "all_gather"
         dtype = "uint8" if byte_call else call.inp.dtype
         levels = Levels(node, self._inter, engine, call.stream,
-                        lambda buffer: _typed(buffer, memory, dtype), dtype, call.redop)
+                        lambda buffer: typed_view(buffer, memory, dtype), dtype, call.redop)
         inp, out = self._buffer(call.inp), self._buffer(call.out)
         if call.op == "all_gather":
             return bind_all_gather(levels, inp, out, nodes=world.node_count,
@@ -275,22 +276,6 @@ class NodesCommunicator(Communicator):
         return (f"NodesCommunicator({self.memory}, {self.group.world.node_count} nodes x "
                 f"{self.per_node}, inter {self._inter.name if self._inter else '-'}, "
                 f"max_bytes={self.max_bytes}, {state})")
-
-
-def _typed(buffer: Any, memory: str, dtype: str) -> Any:
-    """``buffer`` as an array of ``dtype`` a node call takes: numpy on host, a DeviceArray
-    on GPUs."""
-    import numpy as np
-
-    if memory == "host":
-        from ..arrays import to_numpy_dtype
-
-        return np.asarray(buffer).view(to_numpy_dtype(dtype))
-    from ...backends.device_buffer import DeviceArray
-
-    itemsize = 1 if dtype == "uint8" else 2 if dtype in ("float16", "bfloat16") else 4
-    return DeviceArray(buffer.ptr, buffer.nbytes, buffer.device, buffer,
-                       (buffer.nbytes // itemsize,), dtype)
 
 
 def _stream_key(stream: Any) -> Any:

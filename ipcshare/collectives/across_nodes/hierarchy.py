@@ -33,7 +33,7 @@ from ...runtime.errors import ConfigError
 
 __all__ = ["node_segments", "Levels", "rail_major_moves",
            "rank_order_moves", "check_even_nodes", "bind_all_gather", "bind_all_reduce",
-           "bind_reduce_scatter", "as_buffer"]
+           "bind_reduce_scatter", "as_buffer", "typed_view"]
 
 
 def node_segments(node_of_rank: list[int]) -> list[tuple[int, int]]:
@@ -227,6 +227,18 @@ def bind_reduce_scatter(levels: Levels, inputs: Any, output: Any, *, element: in
         node_step()
         rail_step()
     return hierarchical_reduce_scatter
+
+
+def typed_view(buffer: Any, memory: str, dtype: str) -> Any:
+    """``buffer`` as a 1-D array of ``dtype`` that a node call takes: a numpy view on host
+    memory, a DeviceArray on GPUs (bfloat16 needs no ml_dtypes there)."""
+    if memory == "host":
+        from ..arrays import to_numpy_dtype
+
+        return np.asarray(buffer).view(to_numpy_dtype(dtype))
+    from ...backends.device_buffer import DeviceArray
+
+    return DeviceArray.viewing(buffer, dtype)
 
 
 def as_buffer(array: Any) -> Any:

@@ -66,9 +66,7 @@ class NcclInterEngine(InterNodeEngine):
         """``buffer`` as a typed array nccl4py takes: torch's view where torch imports
         (it spells bfloat16; nccl4py asks torch first), else a DeviceArray (DLPack / CUDA
         array interface)."""
-        itemsize = 1 if dtype == "uint8" else 2 if dtype in ("float16", "bfloat16") else 4
-        array = DeviceArray(buffer.ptr, buffer.nbytes, self._device, buffer,
-                            (buffer.nbytes // itemsize,), dtype)
+        array = DeviceArray.viewing(buffer, dtype, device=self._device)
         try:
             import torch
         except ImportError:
