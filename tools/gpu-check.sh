@@ -27,10 +27,12 @@
 #           (records what legacy cudaIpc does there)
 #   latency the low-latency protocol (algo ll): its GPU tests at 2, G and G+1 ranks, and
 #           8 B - 4 MiB sweeps of ll, the other kernels and NCCL, in graphs and eager
-#   shared  G+1 and 2xG ranks on G GPUs (some share one): all-gather and ring at 1 MiB with
-#           auto, the copy engine under both shared-GPU barriers (host, stream), push and
-#           leader;
-#           the G-rank figure beside them; again under MPS when it can be started
+#   shared  G+1 and 2xG ranks on G GPUs (some share one; 2 ranks on a 1-GPU node): all-gather
+#           and ring at 1 MiB with auto, the copy engine under both shared-GPU barriers
+#           (host, stream), push and leader; the communicator's collectives at 8 KiB - 4 MiB
+#           with auto (stepped kernels) against its spinning kernels (one-shot, pull), eager
+#           and in graphs; the G-rank figure beside them (2 GPUs or more); again under MPS
+#           when it can be started
 #   nccl-tests  NVIDIA's nccl-tests (source carried in .nccl-tests/, ignored by git) built
 #           here with the node's nvcc against the nvidia-nccl-cu13 wheel's NCCL (sm_90
 #           CUBIN, MPI=0); all_gather_perf, all_reduce_perf, reduce_scatter_perf with
@@ -522,27 +524,44 @@ if wants namespaces; then
   step "ranks in separate PID namespaces (host, cuda-vmm, cuda-ipc)" 300 namespaces_tests
 fi
 
-shared_run() {  # shared_run N LABEL [ENV=VALUE...] -- IPCSHARE ARGS...: one 1 MiB sweep
-  local n=$1 label=$2 json rc
+shared_run() {  # shared_run N LABEL [ENV=VALUE...] -- OP [ARGS...]: a 1 MiB sweep (ARGS
+  local n=$1 label=$2 json rc op                # may name other sizes)
   shift 2
   local envs=()
   while [[ $1 != -- ]]; do envs+=("$1"); shift; done
+  shift
+  op=$1
   shift
   json="$OUT/shared-$label-n$n.json"
   local forward=(-x IPCSHARE_SHARED_GPU_BARRIER)
   [[ -n ${CUDA_MPS_PIPE_DIRECTORY:-} ]] && forward+=(-x CUDA_MPS_PIPE_DIRECTORY -x CUDA_MPS_LOG_DIRECTORY)
   env "${envs[@]}" "$MPIEXEC" -n "$n" --bind-to none "${forward[@]}" \
-    "$PY" -m ipcshare "$@" -b 1M -e 1M -n 50 -w 5 -c 1 --json "$json" | grep -Ev "^#  Rank"
+    "$PY" -m ipcshare "$op" -b 1M -e 1M -n 50 -w 5 -c 1 --json "$json" "$@" | grep -Ev "^#  Rank"
   rc=${PIPESTATUS[0]}
   append_result "$json" shared_case "$label"
   return $rc
 }
 shared_cases() {  # shared_cases SUFFIX: every case at G, G+1 and 2G ranks (SUFFIX: -mps)
-  local n s=$1
-  for n in "$G" $((G + 1)) $((2 * G)); do
+  local n s=$1 algo graph sweep=(-b 8K -e 4M -f 8)
+  for n in $(printf '%s\n' "$G" $((G + 1)) $((2 * G)) | sort -nu); do
+    [[ $n -lt 2 ]] && continue
     step "shared$s allgather auto n=$n" 120 shared_run "$n" "auto$s" -- allgather --algo auto
     step "shared$s allgather auto graph n=$n" 120 shared_run "$n" "auto-graph$s" -- allgather --algo auto --graph
     step "shared$s ring n=$n" 120 shared_run "$n" "ring$s" -- ring
+    # The communicator: auto (stepped kernels where GPUs are shared) against kernels that
+    # spin on their peers.
+    for graph in "" --graph; do
+      for algo in auto one-shot; do
+        step "shared$s allreduce $algo $graph n=$n" 180 shared_run "$n" "allreduce-$algo${graph:+-graph}$s" \
+          -- allreduce --algo $algo "${sweep[@]}" $graph
+      done
+      for algo in stepped pull; do
+        step "shared$s allgather $algo $graph n=$n" 180 shared_run "$n" "allgather-$algo${graph:+-graph}$s" \
+          -- allgather --algo $algo "${sweep[@]}" $graph
+      done
+      step "shared$s reducescatter auto $graph n=$n" 180 shared_run "$n" "reducescatter-auto${graph:+-graph}$s" \
+        -- reducescatter --algo auto "${sweep[@]}" $graph
+    done
     [[ $n -eq $G ]] && continue
     for barrier in host stream; do
       step "shared$s allgather copy-engine, $barrier barriers, n=$n" 120 shared_run "$n" \
@@ -553,7 +572,7 @@ shared_cases() {  # shared_cases SUFFIX: every case at G, G+1 and 2G ranks (SUFF
   done
 }
 export -f shared_run
-if [[ $G -ge 2 ]] && wants shared; then
+if wants shared; then
   export IPCSHARE_SHARED_GPU_BARRIER=host
   shared_cases ""
   # MPS runs the contexts of one GPU side by side: start a daemon of our own (pipe and log

@@ -6,7 +6,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 
-__all__ = ["Choice", "HOST_CHOICES", "CUDA_CHOICES", "choose"]
+__all__ = ["Choice", "HOST_CHOICES", "CUDA_CHOICES", "SHARED_GPU_CHOICE", "choose"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,11 +79,22 @@ CUDA_CHOICES: dict[str, dict[int, Choice]] = {
 }
 _TABLES = {"host": HOST_CHOICES, "cuda": CUDA_CHOICES}
 
+# Where some ranks of the group share a GPU, every other kernel spins on a peer that may
+# be waiting for its turn on that GPU; the stepped kernels never spin (gpu_stepped.py).
+# Measured on nvidia-h100-x1 (2 ranks on its one GPU): see docs/GPU.md, "Several ranks on
+# one GPU". Every rank runs it, those with a GPU of their own too, since the ranks of a
+# call must run the same algorithm.
+SHARED_GPU_CHOICE = "stepped"
 
-def choose(memory: str, op: str, nbytes: int, world_size: int) -> str:
+
+def choose(memory: str, op: str, nbytes: int, world_size: int, *,
+           shared_gpus: bool = False) -> str:
     """The algorithm ``auto`` runs for ``op`` over ``world_size`` ranks on ``memory``
-    when the call's largest array has ``nbytes``. The same on every rank for the same
-    arguments (it is part of the call's signature)."""
+    when the call's largest array has ``nbytes`` (and ``shared_gpus``: some ranks of the
+    group share a GPU). The same on every rank for the same arguments (it is part of the
+    call's signature)."""
+    if shared_gpus and memory == "cuda":
+        return SHARED_GPU_CHOICE
     table = _TABLES[memory][op]
     known = max(n for n in table if n <= max(world_size, 1))
     return table[known].pick(nbytes)

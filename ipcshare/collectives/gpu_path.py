@@ -1,7 +1,8 @@
 """How a call runs on GPU memory: one kernel of kernels/src/collectives.cu on the call's
 stream, which stages the input (unless it lies in the heap), publishes the call's header,
-meets the peers and does the collective. Nothing waits on the host, so calls are
-stream-ordered and a CUDA graph captures them.
+meets the peers and does the collective; or, for the stepped algorithms (ranks sharing a
+GPU), two kernels with barriers of stream memory operations after each. Nothing waits on
+the host, so calls are stream-ordered and a CUDA graph captures them.
 
 Agreement: the host cannot read the peers' headers without waiting for the stream, so
 the ranks compare a call's signature by ``group.collective`` the first time each rank
@@ -24,6 +25,8 @@ from ..backends.device_buffer import DeviceArray, DeviceBuffer
 from ..runtime.errors import CollectiveError
 from ..window.layout import (
     ERROR_SLOT,
+    FLAG_BARRIER_RANKS,
+    FLAG_BARRIER_SLOT_BASE,
     KERNEL_SLOT_BASE,
     LL_CLEANED_SLOT,
     LL_EPOCH_SLOT,
@@ -112,6 +115,7 @@ class GpuPath:
         self._launch_kernel = driver.cuLaunchKernel
         self._success = driver.CUresult.CUDA_SUCCESS
         self._engines: dict[int, Any] = {}       # stream handle -> engine on it
+        self._meetings: dict[int, tuple] = {}    # stream handle -> its two flag barriers
         self._bound: dict[tuple[Signature, int], _BoundCall] = {}
         self._agreed: set[Signature] = set()
         self._functions: dict[str, Any] = {}
@@ -226,16 +230,24 @@ class GpuPath:
         ctypes.memmove(ctypes.addressof(args), ctypes.addressof(bound.args),
                        ctypes.sizeof(args))
         zero_copy = self._place(args, signature, algorithm, input_ref, output_ref, in_place)
-        launches: list[tuple[str, int]] = []
-        algorithm.run(GpuCall(signature, self.size, lambda entry, blocks:
-                              launches.append((entry, blocks)), self.layout.ll_max_bytes))
+        recorded: list[Any] = []  # (entry, blocks) of a kernel, or the turn of a meeting
+        algorithm.run(GpuCall(signature, self.size,
+                              lambda entry, blocks: recorded.append((entry, blocks)),
+                              self.layout.ll_max_bytes, meet=recorded.append))
         params = (ctypes.c_void_p * 1)(ctypes.addressof(args))
         address, cu_stream, launch = ctypes.addressof(params), bound.stream, self._launch_kernel
-        kernels = [(self._function(entry), blocks) for entry, blocks in launches]
+        meetings = self._meetings_on(self.engine_for(stream)) \
+            if not all(isinstance(step, tuple) for step in recorded) else ()
+        steps = [(self._function(step[0]), step[1]) if isinstance(step, tuple)
+                 else meetings[step] for step in recorded]
         path, success = self, self._success
 
         def enqueue() -> None:
-            for function, blocks in kernels:
+            for step in steps:
+                if type(step) is not tuple:
+                    step()  # a meeting
+                    continue
+                function, blocks = step
                 err = launch(function, blocks, 1, 1, THREADS, 1, 1, 0, cu_stream, address, 0)[0]
                 if err is not success and int(err) != 0:
                     from ..runtime.cuda_driver import check
@@ -248,12 +260,35 @@ class GpuPath:
         return enqueue
 
     def _bound_for(self, signature: Signature, algorithm: Algorithm, stream: Any) -> _BoundCall:
-        cu_stream = self.engine_for(stream).stream
+        engine = self.engine_for(stream)
+        cu_stream = engine.stream
         key = (signature, int(cu_stream))
         bound = self._bound.get(key)
         if bound is None:
-            bound = self._bound[key] = self._bind(signature, algorithm, cu_stream)
+            bound = self._bound[key] = self._bind(signature, algorithm, engine)
         return bound
+
+    def _meetings_on(self, engine: Any) -> tuple:
+        """The two barriers of stream memory operations that stepped calls meet with on
+        ``engine``'s stream (flag sets 0 and 1 of the pad's FLAG_BARRIER words), made once
+        per stream. Fixed values only, so graphs replay them; see gpu_stepped.py."""
+        handle = int(engine.stream)
+        found = self._meetings.get(handle)
+        if found is None:
+            window, rank = self.window, self.rank
+            others = [r for r in range(self.size) if r != rank]
+
+            def what(slot: int) -> str:
+                peer = slot % FLAG_BARRIER_RANKS
+                return f"rank {rank} in a stepped collective call waiting for rank {peer}"
+            found = self._meetings[handle] = tuple(
+                engine.make_flag_barrier(
+                    window.signal_pad(rank), [window.signal_pad(r) for r in others],
+                    base + rank, [base + r for r in others],
+                    timeout=self.group.signal_timeout, what=what)
+                for base in (FLAG_BARRIER_SLOT_BASE,
+                             FLAG_BARRIER_SLOT_BASE + FLAG_BARRIER_RANKS))
+        return found
 
     def _place(self, args: Any, signature: Signature, algorithm: Algorithm,
                input_ref: ArrayRef, output_ref: ArrayRef, in_place: bool) -> bool:
@@ -284,7 +319,7 @@ class GpuPath:
             function = self._functions[entry] = self._kernels.function(entry)
         return function
 
-    def _bind(self, signature: Signature, algorithm: Algorithm, cu_stream: Any) -> _BoundCall:
+    def _bind(self, signature: Signature, algorithm: Algorithm, engine: Any) -> _BoundCall:
         if signature not in self._agreed:
             calls = self.group.collective("collective call", signature.describe())
             if any(call != calls[0] for call in calls):
@@ -293,6 +328,7 @@ class GpuPath:
         args = type(self._template)()
         ctypes.memmove(ctypes.addressof(args), ctypes.addressof(self._template),
                        ctypes.sizeof(args))
+        cu_stream = engine.stream
         args.count = signature.count if signature.op != "all_gather" else signature.nbytes
         args.digest = signature.digest
         bound = _BoundCall(args, cu_stream)
@@ -310,7 +346,8 @@ class GpuPath:
                 from ..runtime.cuda_driver import check
 
                 check("cuLaunchKernel", (err,))
-        bound.call = GpuCall(signature, self.size, launch_on_stream, ll_max_bytes)
+        bound.call = GpuCall(signature, self.size, launch_on_stream, ll_max_bytes,
+                             meet=lambda turn: self._meetings_on(engine)[turn]())
         return bound
 
     def synchronize(self, stream: Any = None) -> None:
@@ -337,6 +374,7 @@ class GpuPath:
         idempotent)."""
         self._bound.clear()
         self._engines.clear()
+        self._meetings.clear()
         self._rows.clear()
         table, self._table = self._table, None
         try:

@@ -51,10 +51,10 @@ def _make(name: str, algo: str, op: str, datatype: str):
             from .allgather_kernels import KernelAllGather
 
             return KernelAllGather(algo)
-        if algo == "ll":
-            from .allgather_ll import LowLatencyAllGather
+        if algo in ("ll", "stepped"):
+            from .allgather_library import LibraryAllGather
 
-            return LowLatencyAllGather()
+            return LibraryAllGather(algo)
         if algo == "leader":
             from .allgather_leader import LeaderAllGather
 

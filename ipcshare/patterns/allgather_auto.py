@@ -52,9 +52,9 @@ class AutoAllGather(AllGather):
 
                 self._algorithms[name] = LeaderAllGather()
             elif name == "ll":
-                from .allgather_ll import LowLatencyAllGather
+                from .allgather_library import LibraryAllGather
 
-                self._algorithms[name] = LowLatencyAllGather()
+                self._algorithms[name] = LibraryAllGather("ll")
             else:
                 from .allgather_kernels import KernelAllGather
 

@@ -21,7 +21,8 @@ def shared_gpus_advice(shared: dict[Any, list[int]]) -> str:
     who = "; ".join(f"{format_ranks(ranks)} on GPU {_short_uuid(uuid)}"
                     for uuid, ranks in shared.items())
     return (f"GPUs shared by several ranks ({who}): without MPS their contexts take turns in "
-            "time slices, so barriers meet on the host and auto uses the copy engine; give "
+            "time slices, so barriers meet on the host, auto uses the copy engine and "
+            "communicators run stepped kernels that never spin; give "
             "each rank its own GPU, or start MPS (nvidia-cuda-mps-control -d) to run them "
             "side by side")
 

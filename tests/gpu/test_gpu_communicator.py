@@ -21,8 +21,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
 _TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "int32": torch.int32}
 _BITS = {4: np.int32, 2: np.int16}
-ALGOS = {"all_reduce": ("one-shot", "two-shot", "ll", "auto"),
-         "reduce_scatter": ("one-shot", "ll", "auto"), "all_gather": ("pull", "ll", "auto")}
+ALGOS = {"all_reduce": ("one-shot", "two-shot", "ll", "stepped", "auto"),
+         "reduce_scatter": ("one-shot", "ll", "stepped", "auto"),
+         "all_gather": ("pull", "ll", "stepped", "auto")}
 
 
 def _to_device(values: np.ndarray, dtype: str, device: int) -> torch.Tensor:
@@ -135,7 +136,7 @@ def test_all_gather_moves_every_byte(setup, nbytes, algo):
     assert np.array_equal(out2.cpu().numpy(), np.concatenate(blocks))
 
 
-@pytest.mark.parametrize("algo", ["one-shot", "two-shot"])
+@pytest.mark.parametrize("algo", ["one-shot", "two-shot", "stepped"])
 def test_arrays_from_empty_are_read_in_place(setup, algo):
     group, cm = setup
     count = 100_003
@@ -146,15 +147,18 @@ def test_arrays_from_empty_are_read_in_place(setup, algo):
     before = cm.copies_in
     for _ in range(3):  # the user rewrites the input between calls
         array.copy_(torch.from_numpy(inputs[cm.rank]))
-        cm.all_reduce(array, algo=algo)  # in place: one-shot copies in, two-shot does not
+        # In place: one-shot and stepped read every input whole, so they copy in.
+        cm.all_reduce(array, algo=algo)
         cm.synchronize()
         assert mismatches("float32", "sum", array.cpu().numpy(), want) == 0
-    assert cm.copies_in - before == (3 if algo == "one-shot" else 0)
+    assert cm.copies_in - before == (0 if algo == "two-shot" else 3)
     out = torch.empty_like(array)
     array.copy_(torch.from_numpy(inputs[cm.rank]))
+    before = cm.copies_in
     cm.all_reduce(array, output=out, algo=algo)
     cm.synchronize()
     assert mismatches("float32", "sum", out.cpu().numpy(), want) == 0
+    assert cm.copies_in == before  # out of place: peers read the input where it lies
     bf = torch.from_dlpack(cm.empty(8, torch.bfloat16))
     assert bf.dtype == torch.bfloat16
 
@@ -167,24 +171,32 @@ def test_calls_on_a_user_stream_and_in_a_cuda_graph_replay_with_new_data(setup):
     tensor = torch.zeros(count, dtype=torch.float32, device=f"cuda:{device}")
     out = torch.zeros_like(tensor)
     gathered = torch.zeros(count * cm.size, dtype=torch.float32, device=f"cuda:{device}")
-    for algo in ("one-shot", "two-shot"):  # warm: bind each signature outside capture
+    thrice_out = torch.zeros_like(tensor)
+    for algo in ("one-shot", "two-shot", "stepped"):  # warm: bind outside capture
         cm.all_reduce(tensor, output=out, algo=algo)
     cm.all_gather(gathered, tensor)
+    cm.all_gather(gathered, tensor, algo="stepped")
     stream.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
         cm.all_reduce(tensor, output=out, algo="one-shot")
         cm.all_reduce(out, algo="two-shot")
         cm.all_gather(gathered, out)
+        # Stepped calls between kernel calls, and one after another (the flag sets must
+        # alternate whatever follows, on every replay).
+        cm.all_reduce(out, output=thrice_out, algo="stepped")
+        cm.all_gather(gathered, thrice_out, algo="stepped")
     for replay in range(50):
         inputs = [seeded_values("float32", count, replay, r) for r in range(cm.size)]
         once = reference("float32", "sum", inputs)
         twice = reference("float32", "sum", [once] * cm.size)
+        thrice = reference("float32", "sum", [twice] * cm.size)
         tensor.copy_(torch.from_numpy(inputs[cm.rank]))
         graph.replay()
         stream.synchronize()
         assert mismatches("float32", "sum", out.cpu().numpy(), twice) == 0, replay
-        assert np.array_equal(gathered.cpu().numpy(), np.tile(twice, cm.size)), replay
+        assert mismatches("float32", "sum", thrice_out.cpu().numpy(), thrice) == 0, replay
+        assert np.array_equal(gathered.cpu().numpy(), np.tile(thrice, cm.size)), replay
     cm.synchronize()
 
 
@@ -210,7 +222,7 @@ def test_a_first_call_on_a_user_stream_may_be_made_inside_a_capture(setup):
     cm.synchronize(stream)
 
 
-@pytest.mark.parametrize("algo", ["ll", "one-shot", "two-shot"])
+@pytest.mark.parametrize("algo", ["ll", "one-shot", "two-shot", "stepped"])
 def test_bound_calls_launch_again_on_new_data_and_in_graphs(setup, algo):
     group, cm = setup
     device = group.backend.device
@@ -221,7 +233,7 @@ def test_bound_calls_launch_again_on_new_data_and_in_graphs(setup, algo):
     gathered = torch.zeros(17 * cm.size, dtype=torch.int32, device=f"cuda:{device}")
     all_reduce = cm.bind("all_reduce", tensor, output=out, algo=algo, stream=cm.stream)
     all_gather = cm.bind("all_gather", gathered, block, stream=cm.stream,
-                         algo="ll" if algo == "ll" else "pull")
+                         algo=algo if algo in ("ll", "stepped") else "pull")
     calls_before = cm._path.calls
     for call in range(3):
         inputs = [seeded_values("float32", count, 70 + call, r) for r in range(cm.size)]

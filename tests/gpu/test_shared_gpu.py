@@ -49,3 +49,58 @@ def test_ranks_sharing_a_gpu_verify_with_host_barriers_and_the_leader(comm, back
             assert explicit.wrong_total == 0
         ring = run_pattern(g, make_pattern("ring"), options, emit=lambda _line: None)
         assert ring.wrong_total == 0
+
+
+@pytest.mark.parametrize("backend", ["cuda-ipc", "cuda-vmm"])
+def test_a_communicator_on_shared_gpus_runs_stepped_calls_eager_and_in_graphs(comm, backend):
+    """auto runs the stepped kernels (no kernel spins on a peer that waits for its turn on
+    the GPU), and every collective is right eager and over 200 graph replays with new
+    data, the flag sets alternating through calls of every kind."""
+    torch = pytest.importorskip("torch")
+    import numpy as np
+
+    from tests.reduction_reference import mismatches, reference, seeded_values
+
+    from .torch_communicator import torch_communicator
+
+    with torch_communicator(backend, 1 << 20) as (group, cm, stream):
+        if not group.shared_gpus:
+            pytest.skip("every rank has a GPU of its own (run more ranks than GPUs)")
+        device = f"cuda:{group.backend.device}"
+        count = 10_007 * cm.size
+        tensor = torch.zeros(count, dtype=torch.float32, device=device)
+        reduced = torch.zeros_like(tensor)
+        block = torch.zeros(count // cm.size, dtype=torch.float32, device=device)
+        gathered = torch.zeros(count, dtype=torch.float32, device=device)
+
+        def calls():  # on torch's current stream, so ordered with the tensors' copies
+            cm.all_reduce(tensor, output=reduced, stream=stream)
+            cm.reduce_scatter(block, tensor, stream=stream)
+            cm.all_gather(gathered, block, stream=stream)
+
+        def check(seed):
+            inputs = [seeded_values("float32", count, seed, r) for r in range(cm.size)]
+            want = reference("float32", "sum", inputs)
+            return inputs, want
+
+        inputs, want = check(0)
+        tensor.copy_(torch.from_numpy(inputs[cm.rank]))
+        calls()
+        cm.synchronize(stream)
+        assert mismatches("float32", "sum", reduced.cpu().numpy(), want) == 0
+        assert mismatches("float32", "sum", gathered.cpu().numpy(), want) == 0
+        chosen = {signature.op: signature.algo for signature, _ in cm._signatures.values()}
+        assert chosen == {"all_reduce": "stepped", "reduce_scatter": "stepped",
+                          "all_gather": "stepped"}
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            calls()
+        for replay in range(200):
+            inputs, want = check(replay + 1)
+            tensor.copy_(torch.from_numpy(inputs[cm.rank]))
+            graph.replay()
+            stream.synchronize()
+            assert mismatches("float32", "sum", reduced.cpu().numpy(), want) == 0, replay
+            assert np.array_equal(gathered.cpu().numpy().view(np.int32),
+                                  reduced.cpu().numpy().view(np.int32)), replay
+        cm.synchronize(stream)

@@ -261,6 +261,17 @@ def test_two_gpus_run_small_calls_by_the_low_latency_protocol():
         assert choose("cuda", op, 1024, 4) != "ll"  # not measured on 4 GPUs yet
 
 
+def test_ranks_sharing_a_gpu_run_the_stepped_kernels_at_every_size():
+    for op in OPS:
+        assert "stepped" in algorithm_names("cuda", op)
+        for size in (2, 3, 5):
+            for nbytes in (0, 1, 4096, 1 << 20, 1 << 30):
+                assert choose("cuda", op, nbytes, size, shared_gpus=True) == "stepped"
+                assert choose("cuda", op, nbytes, size) != "stepped"
+        # Host memory has no kernels to spin: sharing a GPU changes nothing there.
+        assert choose("host", op, 4096, 2, shared_gpus=True) == choose("host", op, 4096, 2)
+
+
 def test_signature_digests_are_the_same_in_every_process():
     signature = Signature("all_reduce", 1000, "float32", 4, "sum", "one-shot")
     # A fixed value: Python's hash() of a string changes from process to process.

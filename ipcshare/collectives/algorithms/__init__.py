@@ -20,12 +20,15 @@ _REGISTRY: dict[tuple[str, str], dict[str, str]] = {
                              "two-shot": "host_two_shot:HostTwoShotAllReduce"},
     ("host", "reduce_scatter"): {"one-shot": "host_one_shot:HostOneShotReduceScatter"},
     ("cuda", "all_gather"): {"pull": "gpu_pull_all_gather:GpuPullAllGather",
-                             "ll": "gpu_low_latency:GpuLowLatencyAllGather"},
+                             "ll": "gpu_low_latency:GpuLowLatencyAllGather",
+                             "stepped": "gpu_stepped:GpuSteppedAllGather"},
     ("cuda", "all_reduce"): {"one-shot": "gpu_one_shot:GpuOneShotAllReduce",
                              "two-shot": "gpu_two_shot:GpuTwoShotAllReduce",
-                             "ll": "gpu_low_latency:GpuLowLatencyAllReduce"},
+                             "ll": "gpu_low_latency:GpuLowLatencyAllReduce",
+                             "stepped": "gpu_stepped:GpuSteppedAllReduce"},
     ("cuda", "reduce_scatter"): {"one-shot": "gpu_one_shot:GpuOneShotReduceScatter",
-                                 "ll": "gpu_low_latency:GpuLowLatencyReduceScatter"},
+                                 "ll": "gpu_low_latency:GpuLowLatencyReduceScatter",
+                                 "stepped": "gpu_stepped:GpuSteppedReduceScatter"},
 }
 _INSTANCES: dict[tuple[str, str, str], Algorithm] = {}
 

@@ -1,7 +1,9 @@
-"""What a GPU algorithm is: one kernel of kernels/src/collectives.cu per call, enqueued
-on the call's stream with nothing else (so a CUDA graph captures it whole and replays it
-with whatever the input holds then). The path fills the kernel's arguments; an algorithm
-names the entry point, the grid, and whether its output may be a zero-copy input."""
+"""What a GPU algorithm is: kernels of kernels/src/collectives.cu enqueued on the call's
+stream (one per call, or, for the stepped algorithms, two with the stream's own flag
+barriers between them), with nothing on the host in between (so a CUDA graph captures
+a call whole and replays it with whatever the input holds then). The path fills the
+kernels' arguments; an algorithm names the entry points, the grids, the meetings, and
+whether its output may be a zero-copy input."""
 
 from __future__ import annotations
 
@@ -23,13 +25,16 @@ MAX_BLOCKS = 128
 @dataclasses.dataclass(eq=False, slots=True)
 class GpuCall:
     """One call as a GPU algorithm sees it: its signature, the world size,
-    ``launch(entry, blocks)`` enqueuing the kernel with the call's arguments, and the
-    largest input the window's low-latency buffers take."""
+    ``launch(entry, blocks)`` enqueuing a kernel with the call's arguments, the largest
+    input the window's low-latency buffers take, and ``meet(turn)`` enqueuing a barrier
+    with every peer made of stream memory operations on flag set ``turn`` (0 or 1; the
+    two sets must alternate on the stream, as gpu_stepped.py explains)."""
 
     signature: Signature
     size: int
     launch: Callable[[str, int], None]
     ll_max_bytes: int = 0
+    meet: Callable[[int], None] | None = None
 
 
 class GpuKernelAlgorithm(Algorithm):

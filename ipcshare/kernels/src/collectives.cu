@@ -9,7 +9,9 @@
 // no grid-wide barrier is needed. Staging areas and headers alternate with the parity of
 // the device-side epoch; a rank can be at most one call ahead of a peer (its next entry
 // barrier waits for the peer's next kernel, which starts after the peer's current one has
-// finished), so it never overwrites what a peer still reads.
+// finished), so it never overwrites what a peer still reads. Ranks that share a GPU run
+// the same collectives as stepped calls instead: two kernels with the stream's own barrier
+// between them, so no kernel spins (see "Stepped collectives" below).
 //
 // Reductions follow ipcshare/collectives/reduction.py bit for bit: float32 additions in
 // rank order with IEEE round-to-nearest (inline PTX add.rn.f32: no contraction into FMA
@@ -244,25 +246,24 @@ __device__ __forceinline__ void stage(const CollectiveArgs& a, const Call& call,
   ipcshare::block_copy(staging + first, a.input + first, last - first);
 }
 
-// Publish the header, meet the same block of every peer, and learn where every peer's
-// input lies and whether the ranks agree. Every thread of the block gets the same Call.
-__device__ __forceinline__ void meet(const CollectiveArgs& a, Call& call) {
+// Publish this call's header in our pad: its digest, where our input lies, its flags.
+__device__ __forceinline__ void publish_header(const CollectiveArgs& a, int parity) {
+  u64* h = header(a.pads[a.rank], a, parity);
+  h[kHeaderDigest] = a.digest;
+  h[kHeaderInput] = a.zero_copy ? a.input_offset : a.staging_offset[parity];
+  h[kHeaderFlags] = a.zero_copy == 2 ? (kFlagZeroCopy | kFlagRegistered)
+                    : a.zero_copy   ? kFlagZeroCopy : 0;
+  h[kHeaderRegistration] = a.zero_copy == 2 ? a.registration_row : 0;
+}
+
+// After the peers have published (`met`: false if a peer never came): read every rank's
+// header, learn where its input lies and whether the ranks agree. Every thread of the
+// block gets the same Call.
+__device__ __forceinline__ void read_headers(const CollectiveArgs& a, Call& call, bool met) {
   u64* own = a.pads[a.rank];
-  if (threadIdx.x == 0) {
-    u64* h = header(own, a, call.parity);
-    h[kHeaderDigest] = a.digest;
-    h[kHeaderInput] = a.zero_copy ? a.input_offset : a.staging_offset[call.parity];
-    h[kHeaderFlags] = a.zero_copy == 2 ? (kFlagZeroCopy | kFlagRegistered)
-                      : a.zero_copy   ? kFlagZeroCopy : 0;
-    h[kHeaderRegistration] = a.zero_copy == 2 ? a.registration_row : 0;
-  }
   __shared__ int failed, hold;
   __shared__ const char* bases[kMaxRanks];
   __shared__ unsigned long long offsets[kMaxRanks];
-  // block_barrier fences and syncs the block before any signal leaves: the staged bytes
-  // and the header are visible to a peer that has seen our signal.
-  const bool met = ipcshare::block_barrier(a.pads, a.rank, a.nranks, barrier_slots(a, 0),
-                                           call.epoch, a.timeout_ns);
   if (threadIdx.x == 0) {
     failed = met ? 0 : 1;
     hold = 0;
@@ -288,6 +289,16 @@ __device__ __forceinline__ void meet(const CollectiveArgs& a, Call& call) {
   call.failed = failed != 0;
   call.hold_inputs = hold != 0;
   for (int r = 0; r < a.nranks; ++r) call.sources[r] = bases[r] + offsets[r];
+}
+
+// Publish the header, meet the same block of every peer, and read every peer's header.
+__device__ __forceinline__ void meet(const CollectiveArgs& a, Call& call) {
+  if (threadIdx.x == 0) publish_header(a, call.parity);
+  // block_barrier fences and syncs the block before any signal leaves: the staged bytes
+  // and the header are visible to a peer that has seen our signal.
+  const bool met = ipcshare::block_barrier(a.pads, a.rank, a.nranks, barrier_slots(a, 0),
+                                           call.epoch, a.timeout_ns);
+  read_headers(a, call, met);
 }
 
 // Leave: when some input is its owner's own memory, wait until every peer's block has
@@ -337,36 +348,92 @@ __device__ __forceinline__ void reduce_range(char* dst, char* also, const char* 
   }
 }
 
+// The one-barrier collectives in three parts: the block's slice, what the block stages of
+// the input, and the block's work once every rank's input is visible. one_kernel runs
+// them as one kernel that meets the peers by spinning on flags; the stepped kernels below
+// run them on either side of a barrier made by the stream.
+
+// All-reduce, one-shot: every rank reduces every element from every input in rank order.
 template <class T, int OP>
-__device__ void all_reduce_one_shot(const CollectiveArgs& a) {
-  const unsigned long long size = sizeof(typename T::Bits);
-  const Slice s = block_slice(a.count, granule<T>());
+struct OneShotAllReduce {
+  static constexpr unsigned long long kSize = sizeof(typename T::Bits);
+  static __device__ __forceinline__ Slice slice(const CollectiveArgs& a) {
+    return block_slice(a.count, granule<T>());
+  }
+  static __device__ __forceinline__ void stage_slice(const CollectiveArgs& a, const Call& call,
+                                                     Slice s) {
+    stage(a, call, s.begin * kSize, s.end * kSize, a.count * kSize);
+  }
+  static __device__ __forceinline__ void work(const CollectiveArgs& a, const Call& call,
+                                              Slice s) {
+    reduce_range<T, OP>(a.output, nullptr, call.sources, a.nranks, s.begin, s.end);
+  }
+};
+
+// Reduce-scatter, one-shot: count is the input's elements; rank r's output is block r of
+// the reduction, count / nranks elements. Block b handles slice b of every rank's block.
+template <class T, int OP>
+struct OneShotReduceScatter {
+  static constexpr unsigned long long kSize = sizeof(typename T::Bits);
+  static __device__ __forceinline__ Slice slice(const CollectiveArgs& a) {
+    return block_slice(a.count / a.nranks, granule<T>());
+  }
+  static __device__ __forceinline__ void stage_slice(const CollectiveArgs& a, const Call& call,
+                                                     Slice s) {
+    const unsigned long long block = a.count / a.nranks;
+    for (int r = 0; r < a.nranks; ++r)
+      stage(a, call, (r * block + s.begin) * kSize, (r * block + s.end) * kSize,
+            a.count * kSize);
+  }
+  static __device__ __forceinline__ void work(const CollectiveArgs& a, const Call& call,
+                                              Slice s) {
+    const unsigned long long offset = a.rank * (a.count / a.nranks) * kSize;
+    const char* mine[kMaxRanks];
+    for (int r = 0; r < a.nranks; ++r) mine[r] = call.sources[r] + offset;
+    reduce_range<T, OP>(a.output, nullptr, mine, a.nranks, s.begin, s.end);
+  }
+};
+
+// All-gather, pull: rank r's input goes to block r of every output (any dtype: bytes).
+// count is the input's bytes.
+struct PullAllGather {
+  static __device__ __forceinline__ Slice slice(const CollectiveArgs& a) {
+    return block_slice(a.count, 16);
+  }
+  static __device__ __forceinline__ void stage_slice(const CollectiveArgs& a, const Call& call,
+                                                     Slice s) {
+    stage(a, call, s.begin, s.end, a.count);
+  }
+  static __device__ __forceinline__ void work(const CollectiveArgs& a, const Call& call,
+                                              Slice s) {
+    for (int step = 0; step < a.nranks; ++step) {
+      const int owner = (a.rank + step) % a.nranks;
+      char* dst = a.output + owner * a.count + s.begin;
+      if (owner == a.rank && dst == a.input + s.begin) continue;  // in place
+      ipcshare::block_copy(dst, call.sources[owner] + s.begin, s.end - s.begin);
+    }
+  }
+};
+
+template <class C>
+__device__ __forceinline__ void one_kernel(const CollectiveArgs& a) {
+  const Slice s = C::slice(a);
   Call call;
   begin_call(a, call);
-  stage(a, call, s.begin * size, s.end * size, a.count * size);
+  C::stage_slice(a, call, s);
   meet(a, call);
-  if (!call.failed) reduce_range<T, OP>(a.output, nullptr, call.sources, a.nranks, s.begin, s.end);
+  if (!call.failed) C::work(a, call, s);
   leave(a, call);
 }
 
-// Reduce-scatter: count is the input's elements; rank r's output is block r of the
-// reduction, count / nranks elements. Block b handles slice b of every rank's block.
+template <class T, int OP>
+__device__ void all_reduce_one_shot(const CollectiveArgs& a) {
+  one_kernel<OneShotAllReduce<T, OP> >(a);
+}
+
 template <class T, int OP>
 __device__ void reduce_scatter_one_shot(const CollectiveArgs& a) {
-  const unsigned long long size = sizeof(typename T::Bits);
-  const unsigned long long block = a.count / a.nranks;
-  const Slice s = block_slice(block, granule<T>());
-  Call call;
-  begin_call(a, call);
-  for (int r = 0; r < a.nranks; ++r)
-    stage(a, call, (r * block + s.begin) * size, (r * block + s.end) * size, a.count * size);
-  meet(a, call);
-  if (!call.failed) {
-    const char* mine[kMaxRanks];
-    for (int r = 0; r < a.nranks; ++r) mine[r] = call.sources[r] + a.rank * block * size;
-    reduce_range<T, OP>(a.output, nullptr, mine, a.nranks, s.begin, s.end);
-  }
-  leave(a, call);
+  one_kernel<OneShotReduceScatter<T, OP> >(a);
 }
 
 // Two-shot: chunk r (ceil(count / n) elements, rounded up to a granule; the last chunks
@@ -414,23 +481,45 @@ __device__ void all_reduce_two_shot(const CollectiveArgs& a) {
   leave(a, call);
 }
 
-// All-gather, pull: rank r's input goes to block r of every output (any dtype: bytes).
-// count is the input's bytes.
-__device__ void all_gather_pull(const CollectiveArgs& a) {
-  const Slice s = block_slice(a.count, 16);
+// ---------------------------------------------------------------------------------------
+// Stepped collectives, for ranks that share a GPU (collectives/algorithms/gpu_stepped.py).
+// Without MPS the contexts on one GPU take turns in time slices, so a kernel spinning on a
+// peer's flag holds the GPU that the peer needs to raise it: milliseconds per call. A
+// stepped call never spins. Its first kernel stages the input and publishes the header;
+// the stream then meets the peers with the flag barrier's stream memory operations (the
+// GPU's front end waits, and another context may run meanwhile); the second kernel reads
+// the headers and does the work; a second flag barrier, on the other set of words, ends
+// the call, so no rank returns while a peer may still read its input. Both kernels of a
+// call read the same device-side epoch (so the same parity); the second publishes it.
+
+template <class T>
+__device__ void stage_and_publish(const CollectiveArgs& a) {
+  const unsigned long long nbytes = a.count * sizeof(typename T::Bits);
+  const Slice s = block_slice(nbytes, 16);
   Call call;
   begin_call(a, call);
-  stage(a, call, s.begin, s.end, a.count);
-  meet(a, call);
-  if (!call.failed) {
-    for (int step = 0; step < a.nranks; ++step) {
-      const int owner = (a.rank + step) % a.nranks;
-      char* dst = a.output + owner * a.count + s.begin;
-      if (owner == a.rank && dst == a.input + s.begin) continue;  // in place
-      ipcshare::block_copy(dst, call.sources[owner] + s.begin, s.end - s.begin);
-    }
-  }
-  leave(a, call);
+  stage(a, call, s.begin, s.end, nbytes);
+  if (blockIdx.x == 0 && threadIdx.x == 0) publish_header(a, call.parity);
+}
+
+template <class C>
+__device__ __forceinline__ void after_meet(const CollectiveArgs& a) {
+  const Slice s = C::slice(a);
+  Call call;
+  begin_call(a, call);
+  read_headers(a, call, true);
+  if (!call.failed) C::work(a, call, s);
+  ipcshare::end_epoch(a.pads[a.rank], a.epoch_word, call.epoch);
+}
+
+template <class T, int OP>
+__device__ void all_reduce_stepped(const CollectiveArgs& a) {
+  after_meet<OneShotAllReduce<T, OP> >(a);
+}
+
+template <class T, int OP>
+__device__ void reduce_scatter_stepped(const CollectiveArgs& a) {
+  after_meet<OneShotReduceScatter<T, OP> >(a);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -679,6 +768,19 @@ IPCSHARE_ALL_TYPES(all_reduce_two_shot)
 IPCSHARE_ALL_TYPES(reduce_scatter_one_shot)
 IPCSHARE_ALL_TYPES(all_reduce_ll)
 IPCSHARE_ALL_TYPES(reduce_scatter_ll)
+IPCSHARE_ALL_TYPES(all_reduce_stepped)
+IPCSHARE_ALL_TYPES(reduce_scatter_stepped)
 
-extern "C" __global__ void all_gather_pull_bytes(CollectiveArgs a) { all_gather_pull(a); }
+extern "C" __global__ void all_gather_pull_bytes(CollectiveArgs a) { one_kernel<PullAllGather>(a); }
+extern "C" __global__ void all_gather_stepped_bytes(CollectiveArgs a) {
+  after_meet<PullAllGather>(a);
+}
+
+// The first kernel of a stepped call, by element size (count is in elements).
+struct Bytes { typedef unsigned char Bits; };
+extern "C" __global__ void stage_and_publish_bytes(CollectiveArgs a) { stage_and_publish<Bytes>(a); }
+extern "C" __global__ void stage_and_publish_float32(CollectiveArgs a) { stage_and_publish<F32>(a); }
+extern "C" __global__ void stage_and_publish_float16(CollectiveArgs a) { stage_and_publish<F16>(a); }
+extern "C" __global__ void stage_and_publish_bfloat16(CollectiveArgs a) { stage_and_publish<BF16>(a); }
+extern "C" __global__ void stage_and_publish_int32(CollectiveArgs a) { stage_and_publish<I32>(a); }
 extern "C" __global__ void all_gather_ll_bytes(CollectiveArgs a) { all_gather_ll(a); }

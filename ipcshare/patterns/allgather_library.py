@@ -1,6 +1,8 @@
-"""All-gather by the collectives layer's low-latency protocol (``Communicator.all_gather``
-with ``algo="ll"``): the driver's all-gather window, data and checks, with the bytes moved
-by one kernel that pushes lines carrying their own arrival flags (docs/COLLECTIVES.md)."""
+"""All-gather by one of the collectives layer's GPU algorithms (``Communicator.all_gather``
+with ``algo=``): the driver's all-gather window, data and checks, with the bytes moved by
+the library. ``--algo ll``: one kernel that pushes lines carrying their own arrival flags
+(docs/COLLECTIVES.md); ``--algo stepped``: two kernels with the stream's own barriers
+between them, none of them spinning (for ranks sharing a GPU; docs/GPU.md)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from .allgather import AllGather
 from .base import SizePlan
 from .collective_case import communicator_for
 
-__all__ = ["LowLatencyAllGather"]
+__all__ = ["LibraryAllGather"]
 
 
 def _bytes_array(buffer: Any) -> DeviceArray:
@@ -22,23 +24,24 @@ def _bytes_array(buffer: Any) -> DeviceArray:
                        "uint8")
 
 
-class LowLatencyAllGather(AllGather):
-    """``--algo ll``: GPU backends, one node, each rank's block within the LL buffers."""
+class LibraryAllGather(AllGather):
+    """``--algo ll`` (each rank's block within the LL buffers) or ``--algo stepped``: GPU
+    backends, one node."""
 
-    def __init__(self) -> None:
-        super().__init__("ll")
+    def __init__(self, algo: str) -> None:
+        super().__init__(algo)
         self._communicator: Any = None  # the window's group closes it
 
     def bind(self, window: Window, plan: SizePlan, mode: str) -> Callable[[], None]:
         if not window.backend.has_kernels:
-            raise ConfigError("--algo ll runs GPU kernels: it needs a GPU backend (cuda-ipc "
-                              "or cuda-vmm), not host")
+            raise ConfigError(f"--algo {self.algo} runs GPU kernels: it needs a GPU backend "
+                              "(cuda-ipc or cuda-vmm), not host")
         communicator = self._communicator = communicator_for(
             self._communicator, window, plan.block_bytes * window.world_size)
         source = _bytes_array(self._send_of(window, window.rank, plan, mode))
         output = _bytes_array(window.local.slice(self._recv_offset(plan),
                                                  plan.block_bytes * window.world_size))
-        return communicator.bind("all_gather", output, source, algo="ll",
+        return communicator.bind("all_gather", output, source, algo=self.algo,
                                  stream=window.engine.stream)
 
     def check(self, window: Window, plan: SizePlan, mode: str, iteration: int) -> int:
