@@ -31,8 +31,8 @@
 #           and ring at 1 MiB with auto, the copy engine under both shared-GPU barriers
 #           (host, stream), push and leader; the communicator's collectives at 8 KiB - 4 MiB
 #           with auto (stepped kernels) against its spinning kernels (one-shot, pull), eager
-#           and in graphs; the G-rank figure beside them (2 GPUs or more); again under MPS
-#           when it can be started
+#           and in graphs; the G-rank figure beside them (2 GPUs or more); first the
+#           shared-GPU tests at that many ranks; again under MPS when it can be started
 #   nccl-tests  NVIDIA's nccl-tests (source carried in .nccl-tests/, ignored by git) built
 #           here with the node's nvcc against the nvidia-nccl-cu13 wheel's NCCL (sm_90
 #           CUBIN, MPI=0); all_gather_perf, all_reduce_perf, reduce_scatter_perf with
@@ -545,6 +545,7 @@ shared_cases() {  # shared_cases SUFFIX: every case at G, G+1 and 2G ranks (SUFF
   local n s=$1 algo graph sweep=(-b 8K -e 4M -f 8)
   for n in $(printf '%s\n' "$G" $((G + 1)) $((2 * G)) | sort -nu); do
     [[ $n -lt 2 ]] && continue
+    step "shared$s tests n=$n" "$STEP_TIMEOUT_TESTS" shared_tests "$n"
     step "shared$s allgather auto n=$n" 120 shared_run "$n" "auto$s" -- allgather --algo auto
     step "shared$s allgather auto graph n=$n" 120 shared_run "$n" "auto-graph$s" -- allgather --algo auto --graph
     step "shared$s ring n=$n" 120 shared_run "$n" "ring$s" -- ring
@@ -571,7 +572,13 @@ shared_cases() {  # shared_cases SUFFIX: every case at G, G+1 and 2G ranks (SUFF
     step "shared$s allgather leader n=$n" 120 shared_run "$n" "leader$s" -- allgather --algo leader
   done
 }
-export -f shared_run
+shared_tests() {  # shared_tests N: the shared-GPU tests at N ranks on G GPUs
+  local forward=()
+  [[ -n ${CUDA_MPS_PIPE_DIRECTORY:-} ]] && forward+=(-x CUDA_MPS_PIPE_DIRECTORY -x CUDA_MPS_LOG_DIRECTORY)
+  "$MPIEXEC" -n "$1" --bind-to none "${forward[@]}" "$PY" -m pytest -q -rs --with-mpi -m gpu \
+    -p no:cacheprovider tests/gpu/test_shared_gpu.py
+}
+export -f shared_run shared_tests
 if wants shared; then
   export IPCSHARE_SHARED_GPU_BARRIER=host
   shared_cases ""

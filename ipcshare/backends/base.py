@@ -192,6 +192,8 @@ class Backend(abc.ABC):
     # The raw UUID of the GPU whose memory this backend shares (None on host memory):
     # what names a GPU alike whatever CUDA_VISIBLE_DEVICES each rank was given.
     uuid: bytes | None = None
+    # Whether the GPU is served by MPS, so that ranks sharing it run side by side.
+    under_mps: bool = False
 
     @abc.abstractmethod
     def allocate(self, nbytes: int) -> Allocation:

@@ -45,6 +45,7 @@ class DeviceBackend(Backend):
         self._context = cuda_driver.PrimaryContext(self.device)
         try:
             self.uuid = cuda_driver.device_uuid(self.device)
+            self.under_mps = cuda_driver.mps_client(self.device)
             self._label = (f"cuda:{self.device} {cuda_driver.device_name(self.device)} "
                            f"{cuda_driver.format_uuid(self.uuid)[:12]}")
             self._peer_ordinals: dict[bytes, int] | None = None

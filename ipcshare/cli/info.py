@@ -63,6 +63,9 @@ def rank_facts(world: World) -> dict:
             facts["devices"] = devices.describe_devices()
             facts["p2p"] = devices.p2p_matrix()
             facts["handles"] = devices.handle_support(facts["device"])
+            from ..runtime.cuda_driver import mps_client
+
+            facts["mps"] = mps_client(facts["device"])
         except Exception as exc:
             facts["device_error"] = str(exc)
     return facts
@@ -76,6 +79,13 @@ def shared_gpus_of(facts: list[dict]) -> dict[str, list[int]]:
             uuid = f["devices"][f["device"]]["uuid"]
             by_gpu.setdefault((f["node"], uuid), []).append(f["rank"])
     return {uuid: ranks for (_node, uuid), ranks in by_gpu.items() if len(ranks) > 1}
+
+
+def time_sliced_of(facts: list[dict], shared: dict[str, list[int]]) -> dict[str, list[int]]:
+    """Those of the ``shared`` GPUs that some rank on them uses outside MPS."""
+    mps = {f["rank"]: bool(f.get("mps")) for f in facts}
+    return {uuid: ranks for uuid, ranks in shared.items()
+            if not all(mps.get(rank, False) for rank in ranks)}
 
 
 def node_path_plans(facts: list[dict]) -> dict[int, PathPlan]:
@@ -220,9 +230,11 @@ def run_info(args: argparse.Namespace) -> int:
         print("note: ranks live in different PID namespaces: pidfd_getfd cannot reach peers, "
               "descriptors will go over unix sockets")
     shared = shared_gpus_of(facts)
+    time_sliced = time_sliced_of(facts, shared)
     document["shared_gpus"] = {uuid: ranks for uuid, ranks in shared.items()}
+    document["time_sliced_gpus"] = time_sliced
     if shared:
-        print("note: " + shared_gpus_advice(shared))
+        print("note: " + shared_gpus_advice(shared, time_sliced))
     for f in facts:
         if "no_gpu_reason" in f and f["rank"] == 0:
             print(f"GPU: none ({f['no_gpu_reason']}); the auto backend is host shared memory")

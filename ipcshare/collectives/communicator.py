@@ -104,8 +104,9 @@ class Communicator:
             from .gpu_path import GpuPath
 
             self._path = GpuPath(group, self._layout)
-        # Ranks sharing a GPU: auto runs the stepped kernels, which never spin.
-        self._shared_gpus = bool(group.shared_gpus) and group.backend.device_memory
+        # Ranks taking turns on a GPU (shared without MPS): auto runs the stepped kernels,
+        # which never spin.
+        self._shared_gpus = bool(group.time_sliced_gpus) and group.backend.device_memory
         self._heap = Heap(heap_bytes, ALIGN)
         self._registry = Registry(group, local_buffer=self._path.local_buffer, path=self._path)
         self._path.registry = self._registry

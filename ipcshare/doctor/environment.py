@@ -263,6 +263,8 @@ def _gpu_facts(local_rank: int, local_size: int) -> dict[str, Any]:
                         for pair in devices.p2p_matrix()]
         facts["bound"] = devices.bind_device(local_rank, local_size)
         facts["bound_uuid"] = uuid_of[facts["bound"]]
+        # Served by MPS: ranks sharing the GPU run side by side instead of taking turns.
+        facts["mps"] = cuda_driver.mps_client(facts["bound"])
         # NVLink domain across hosts (NVL72-class): the bound GPU's fabric registration.
         bus_id = _bound_bus_id(facts)
         facts["fabric"] = read_fabric_facts(bus_id) if bus_id else None

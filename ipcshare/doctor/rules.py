@@ -203,19 +203,29 @@ def ipc_namespaces_differ(node: Node) -> list[Finding]:
 
 
 def gpus_shared(node: Node) -> list[Finding]:
-    """Several ranks of the node bound to one GPU: without MPS they take turns on it."""
+    """Several ranks of the node bound to one GPU: without MPS they take turns on it (a
+    warning); under MPS they run side by side (a note)."""
     by_gpu: dict[str, list[int]] = {}
+    outside_mps: set[int] = set()
     for rank, facts in sorted(_ranks(node).items()):
-        uuid = (facts.get("gpu") or {}).get("bound_uuid")
+        gpu = facts.get("gpu") or {}
+        uuid = gpu.get("bound_uuid")
         if uuid:
             by_gpu.setdefault(uuid, []).append(rank)
+            if not gpu.get("mps"):
+                outside_mps.add(rank)
     shared = {uuid: ranks for uuid, ranks in by_gpu.items() if len(ranks) > 1}
     if not shared:
         return []
-    advice = shared_gpus_advice(shared)
+    time_sliced = {uuid: ranks for uuid, ranks in shared.items()
+                   if any(rank in outside_mps for rank in ranks)}
+    advice = shared_gpus_advice(shared, time_sliced)
+    evidence = "; ".join(f"{uuid}: ranks {ranks}" + ("" if uuid in time_sliced else " (MPS)")
+                         for uuid, ranks in shared.items())
+    if not time_sliced:
+        return [Finding("info", "gpu-path", advice, "nothing to do", evidence=evidence)]
     cause, _, fix = advice.partition("; give ")
-    return [Finding("warn", "gpu-path", cause, "give " + fix,
-                    evidence="; ".join(f"{uuid}: ranks {ranks}" for uuid, ranks in shared.items()))]
+    return [Finding("warn", "gpu-path", cause, "give " + fix, evidence=evidence)]
 
 
 def gpu_not_visible(node: Node) -> list[Finding]:

@@ -145,7 +145,7 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
     rank_lines.append(f"#  window setup: {setup_ms:.2f} ms for {window.total_bytes} bytes per rank "
                       "(slowest rank): " + ", ".join(f"{k} {v:.2f}" for k, v in steps.items()))
     if group.shared_gpus:
-        rank_lines.append(f"#  {shared_gpus_advice(group.shared_gpus)}")
+        rank_lines.append(f"#  {shared_gpus_advice(group.shared_gpus, group.time_sliced_gpus)}")
     for line in table.header(title, rank_lines):
         say(line)
 

@@ -197,6 +197,17 @@ def device_uuid(ordinal: int) -> bytes:
     return raw[:16].ljust(16, b"\0")
 
 
+def mps_client(ordinal: int) -> bool:
+    """Whether contexts on this device are MPS clients (an MPS daemon serves it, so the
+    contexts of several processes run side by side instead of taking turns). False where
+    the driver cannot say (the attribute is newer than CUDA 12.3)."""
+    attribute = getattr(driver.CUdevice_attribute, "CU_DEVICE_ATTRIBUTE_MPS_ENABLED", None)
+    if attribute is None:
+        return False
+    err, value = driver.cuDeviceGetAttribute(attribute, get_device(ordinal))
+    return int(err) == 0 and bool(value)
+
+
 def format_uuid(raw: bytes) -> str:
     """nvidia-smi spelling of a UUID: ``GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx``."""
     text = raw.hex()

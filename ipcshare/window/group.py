@@ -118,6 +118,11 @@ class Group:
         # GPU UUID -> the node's world ranks on it, for GPUs that more than one rank uses.
         # The same on every rank of the node: barriers and algorithms choose by it.
         self.shared_gpus: dict[str, list[int]] = {}
+        # Those of them that take turns in time slices (some rank on it is not an MPS
+        # client): where a wait on the GPU for a peer can last a time slice. Communicators
+        # choose by this one; windows and patterns treat every shared GPU alike, MPS or
+        # not (docs/GPU.md, "Several ranks on one GPU").
+        self.time_sliced_gpus: dict[str, list[int]] = {}
         self.exchange: Exchange | None = None
         self._windows: list[Window] = []
         self._closed = False
@@ -161,13 +166,18 @@ class Group:
             # Launch wrappers often give each rank its own CUDA_VISIBLE_DEVICES, so device
             # ordinals say nothing about sharing: count the ranks holding the same GPU UUID.
             uuid = self.backend.uuid
-            uuids = self.collective("device choice", uuid, comm=self.world.local_comm)
+            devices_of = self.collective("device choice", (uuid, self.backend.under_mps),
+                                         comm=self.world.local_comm)
+            uuids = [device for device, _mps in devices_of]
             if uuid is not None:
                 self.backend.ranks_per_device = uuids.count(uuid)
                 self.shared_gpus = {
                     device: [rank for rank, other in zip(self.world.local_ranks, uuids,
                                                          strict=True) if other == device]
                     for device in dict.fromkeys(uuids) if uuids.count(device) > 1}
+                self.time_sliced_gpus = {
+                    device: ranks for device, ranks in self.shared_gpus.items()
+                    if not all(mps for other, mps in devices_of if other == device)}
                 self.backend.engine().timeout = self.signal_timeout
                 self._plan_peer_paths(uuids, p2p_fallback, p2p_chunk)
             if self.backend.uses_fds and self.world.size > 1:  # collective, like a window's

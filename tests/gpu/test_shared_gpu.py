@@ -1,8 +1,9 @@
 """Several ranks on one GPU (run with more ranks than GPUs, or CUDA_VISIBLE_DEVICES=0):
-the group names the shared GPUs alike on every rank, barriers meet on the host, auto
-all-gathers with the leader kernel (one rank per GPU moves its GPU's blocks), and every
-pattern still verifies. Skips where every
-rank has a GPU of its own."""
+the group names the shared GPUs alike on every rank, and those that take turns (no MPS);
+barriers meet on the host and auto all-gathers with the leader kernel (one rank per GPU
+moves its GPU's blocks), and where GPUs take turns communicators run stepped kernels;
+every pattern and collective still verifies. Skips where every rank has a GPU of its
+own. Run it under MPS too (gpu-check's shared phase does)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,10 @@ def test_ranks_sharing_a_gpu_verify_with_host_barriers_and_the_leader(comm, back
         assert g.shared_gpus == expected
         assert comm.allgather(sorted(map(tuple, g.shared_gpus.values()))) == [
             sorted(map(tuple, expected.values()))] * comm.size
+        # Under MPS the ranks of a GPU run side by side: nothing takes turns.
+        under_mps = comm.allgather(g.backend.under_mps)
+        assert g.time_sliced_gpus == {uuid: ranks for uuid, ranks in expected.items()
+                                      if not all(under_mps[r] for r in ranks)}
         options = merge_options({"backend": backend, "iters": 3, "warmup": 1, "checks": 2,
                                  "min_bytes": 1, "max_bytes": 4 << 20, "step_factor": 9,
                                  "graph": graph})
@@ -39,7 +44,7 @@ def test_ranks_sharing_a_gpu_verify_with_host_barriers_and_the_leader(comm, back
         lines: list[str] = []
         result = run_pattern(g, auto, options, emit=lines.append)
         assert result.wrong_total == 0 and all(row.wrong == 0 for row in result.rows)
-        assert auto.last_choice == "leader"
+        assert auto.last_choice == "leader"  # MPS or not
         if comm.rank == 0:
             assert any("GPUs shared by several ranks" in line and "MPS" in line
                        for line in lines)
@@ -53,9 +58,10 @@ def test_ranks_sharing_a_gpu_verify_with_host_barriers_and_the_leader(comm, back
 
 @pytest.mark.parametrize("backend", ["cuda-ipc", "cuda-vmm"])
 def test_a_communicator_on_shared_gpus_runs_stepped_calls_eager_and_in_graphs(comm, backend):
-    """auto runs the stepped kernels (no kernel spins on a peer that waits for its turn on
-    the GPU), and every collective is right eager and over 200 graph replays with new
-    data, the flag sets alternating through calls of every kind."""
+    """Where the shared GPU takes turns (no MPS), auto runs the stepped kernels (no kernel
+    spins on a peer that waits for its turn on the GPU); under MPS the usual kernels.
+    Every collective is right eager and over 200 graph replays with new data, the flag
+    sets alternating through calls of every kind."""
     torch = pytest.importorskip("torch")
     import numpy as np
 
@@ -90,8 +96,11 @@ def test_a_communicator_on_shared_gpus_runs_stepped_calls_eager_and_in_graphs(co
         assert mismatches("float32", "sum", reduced.cpu().numpy(), want) == 0
         assert mismatches("float32", "sum", gathered.cpu().numpy(), want) == 0
         chosen = {signature.op: signature.algo for signature, _ in cm._signatures.values()}
-        assert chosen == {"all_reduce": "stepped", "reduce_scatter": "stepped",
-                          "all_gather": "stepped"}
+        assert set(chosen) == {"all_reduce", "reduce_scatter", "all_gather"}
+        if group.time_sliced_gpus:
+            assert set(chosen.values()) == {"stepped"}
+        else:
+            assert "stepped" not in chosen.values()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=stream):
             calls()

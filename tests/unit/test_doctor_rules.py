@@ -201,6 +201,30 @@ def test_peer_gpu_not_visible():
     assert all("CUDA_VISIBLE_DEVICES" in f.fix for f in findings)
 
 
+def _two_ranks_on_one_gpu(mps0, mps1):
+    def gpu_facts(mps):
+        return {"count": 1, "device_files": 1, "imex_channels": None, "bound": 0,
+                "bound_uuid": GPU0, "devices": [{"index": 0, "uuid": GPU0}], "mps": mps}
+
+    return node(ranks=[rank_facts(0, gpu=gpu_facts(mps0)), rank_facts(1, gpu=gpu_facts(mps1))])
+
+
+def test_ranks_sharing_a_gpu_without_mps_get_a_warning_with_the_mps_fix():
+    for mps0, mps1 in ((False, False), (True, False)):  # one rank outside MPS is enough
+        finding = only(rules.diagnose(_two_ranks_on_one_gpu(mps0, mps1)), "gpu-path")
+        assert finding.severity == "warn"
+        assert "ranks 0-1" in finding.cause and "take turns in time slices" in finding.cause
+        assert "nvidia-cuda-mps-control -d" in finding.fix
+        assert "(MPS)" not in finding.evidence
+
+
+def test_ranks_sharing_a_gpu_under_mps_are_only_noted():
+    finding = only(rules.diagnose(_two_ranks_on_one_gpu(True, True)), "gpu-path")
+    assert finding.severity == "info"
+    assert "side by side under MPS" in finding.cause and "ranks 0-1" in finding.cause
+    assert finding.evidence.endswith("(MPS)")
+
+
 def test_fabric_without_imex_is_information_not_failure():
     failure = {"step": "backend setup", "rank": 0, "error": "BackendUnavailable",
                "message": "backend setup failed on rank 0@node1: fabric handles refused: "

@@ -1,0 +1,39 @@
+"""Which shared GPUs take turns, and what the user is told: from every rank's facts as
+``ipcshare info`` gathers them (no GPU needed)."""
+
+from __future__ import annotations
+
+from ipcshare.cli.info import shared_gpus_of, time_sliced_of
+from ipcshare.topology.gpu_sharing import shared_gpus_advice
+
+GPU_A = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
+GPU_B = "GPU-bbbbbbbb-0000-0000-0000-000000000000"
+
+
+def _facts(rank: int, uuid: str, *, mps: bool, node: int = 0) -> dict:
+    index = 0 if uuid == GPU_A else 1
+    return {"rank": rank, "node": node, "device": index, "mps": mps,
+            "devices": [{"index": 0, "uuid": GPU_A}, {"index": 1, "uuid": GPU_B}]}
+
+
+def test_a_shared_gpu_takes_turns_unless_every_rank_on_it_is_an_mps_client():
+    facts = [_facts(0, GPU_A, mps=True), _facts(1, GPU_A, mps=False),
+             _facts(2, GPU_B, mps=True), _facts(3, GPU_B, mps=True)]
+    shared = shared_gpus_of(facts)
+    assert shared == {GPU_A: [0, 1], GPU_B: [2, 3]}
+    assert time_sliced_of(facts, shared) == {GPU_A: [0, 1]}
+    advice = shared_gpus_advice(shared, time_sliced_of(facts, shared))
+    assert "ranks 0-1 on GPU aaaaaaaa" in advice and "bbbbbbbb" not in advice
+    assert "take turns in time slices" in advice and "nvidia-cuda-mps-control -d" in advice
+
+
+def test_gpus_shared_under_mps_are_named_as_running_side_by_side():
+    facts = [_facts(0, GPU_A, mps=True), _facts(1, GPU_A, mps=True)]
+    shared = shared_gpus_of(facts)
+    advice = shared_gpus_advice(shared, time_sliced_of(facts, shared))
+    assert "ranks 0-1 on GPU aaaaaaaa" in advice and "side by side under MPS" in advice
+    assert "take turns" not in advice
+    # Facts from before the mps key existed: taking turns is the safe reading.
+    old = [{k: v for k, v in f.items() if k != "mps"} for f in facts]
+    assert time_sliced_of(old, shared) == shared
+    assert "take turns" in shared_gpus_advice(shared)
