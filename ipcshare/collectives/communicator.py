@@ -97,7 +97,7 @@ class Communicator:
         self.max_bytes = max_bytes
         self.heap_bytes = heap_bytes
         self._layout = ScratchLayout(max_bytes, heap_bytes, world.size,
-                                     low_latency=group.backend.device_memory)
+                                     gpu=group.backend.device_memory)
         if not group.backend.device_memory:
             self._path: Any = HostPath(group, self._layout)
         else:

@@ -211,7 +211,8 @@ class GpuPath:
                 alike (on every rank), or an algorithm that cannot run it.
         """
         bound = self._bound_for(signature, algorithm, stream)
-        if not self._place(bound.args, signature, algorithm, input_ref, output_ref, in_place):
+        placed = self._place(bound.args, signature, algorithm, input_ref, output_ref, in_place)
+        if not placed and algorithm.stages_input:
             self.copies_in += 1
         self.calls += 1
         algorithm.run(bound.call)
@@ -229,17 +230,20 @@ class GpuPath:
         args = type(self._template)()
         ctypes.memmove(ctypes.addressof(args), ctypes.addressof(bound.args),
                        ctypes.sizeof(args))
-        zero_copy = self._place(args, signature, algorithm, input_ref, output_ref, in_place)
-        recorded: list[Any] = []  # (entry, blocks) of a kernel, or the turn of a meeting
+        placed = self._place(args, signature, algorithm, input_ref, output_ref, in_place)
+        zero_copy = placed or not algorithm.stages_input
+        # (entry, blocks) of a kernel, the turn of a meeting, or a list of copies
+        recorded: list[Any] = []
         algorithm.run(GpuCall(signature, self.size,
                               lambda entry, blocks: recorded.append((entry, blocks)),
-                              self.layout.ll_max_bytes, meet=recorded.append))
+                              self.layout.ll_max_bytes, meet=recorded.append,
+                              copy=recorded.append, args=args))
         params = (ctypes.c_void_p * 1)(ctypes.addressof(args))
         address, cu_stream, launch = ctypes.addressof(params), bound.stream, self._launch_kernel
-        meetings = self._meetings_on(self.engine_for(stream)) \
-            if not all(isinstance(step, tuple) for step in recorded) else ()
+        engine = self.engine_for(stream)
         steps = [(self._function(step[0]), step[1]) if isinstance(step, tuple)
-                 else meetings[step] for step in recorded]
+                 else self._copier(engine, step) if isinstance(step, list)
+                 else self._meetings_on(engine)[step] for step in recorded]
         path, success = self, self._success
 
         def enqueue() -> None:
@@ -267,6 +271,13 @@ class GpuPath:
         if bound is None:
             bound = self._bound[key] = self._bind(signature, algorithm, engine)
         return bound
+
+    def _copier(self, engine: Any, jobs: list[tuple[int, int, int]]) -> Any:
+        """A callable enqueuing copy-engine copies ``(dst, src, nbytes)`` on ``engine``'s
+        stream (large copies to several peers at once on side lanes)."""
+        device = self.device
+        return engine.copier([(DeviceBuffer(dst, nbytes, device), DeviceBuffer(src, nbytes, device))
+                              for dst, src, nbytes in jobs])
 
     def _meetings_on(self, engine: Any) -> tuple:
         """The two barriers of stream memory operations that stepped calls meet with on
@@ -347,7 +358,8 @@ class GpuPath:
 
                 check("cuLaunchKernel", (err,))
         bound.call = GpuCall(signature, self.size, launch_on_stream, ll_max_bytes,
-                             meet=lambda turn: self._meetings_on(engine)[turn]())
+                             meet=lambda turn: self._meetings_on(engine)[turn](),
+                             copy=lambda jobs: self._copier(engine, jobs)(), args=bound.args)
         return bound
 
     def synchronize(self, stream: Any = None) -> None:

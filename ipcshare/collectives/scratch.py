@@ -34,8 +34,10 @@ class ScratchLayout:
 
     ``[heap][staging 0][staging 1][result 0][result 1][LL 0][LL 1]``
 
-    Staging ``p`` holds the copied-in input of calls of parity ``p``; result ``p`` holds
-    this rank's reduced chunk in a two-shot all-reduce (at most ceil(count / n) elements);
+    Staging ``p`` holds the copied-in input of calls of parity ``p`` (staging 0 is also
+    the copy-engine all-reduce's inbox: one chunk per source rank); result ``p`` holds this
+    rank's reduced chunk in a two-shot all-reduce (the copy-engine one gathers every
+    rank's chunk in result 0, so it is as large as an input);
     LL ``p`` holds one slot per source rank, where that rank's lines of low-latency calls
     of parity ``p`` land (a digest line, then the input, up to ``ll_max_bytes``).
     """
@@ -43,7 +45,8 @@ class ScratchLayout:
     max_bytes: int
     heap_bytes: int
     world_size: int
-    low_latency: bool = False  # whether the window holds LL buffers (GPU windows do)
+    # A GPU window: it holds LL buffers, and result areas as large as an input.
+    gpu: bool = False
 
     @property
     def heap_offset(self) -> int:
@@ -51,13 +54,17 @@ class ScratchLayout:
 
     @property
     def staging_bytes(self) -> int:
-        return _align(self.max_bytes)
+        # The inbox's n chunks, each rounded up to 16 bytes, may pass the input's end by
+        # 16 bytes per rank.
+        return _align(self.max_bytes + 16 * self.world_size)
 
     @property
     def result_bytes(self) -> int:
-        # ceil(count / n) elements, which the GPU kernels round up to 16 bytes, plus an
-        # element of up to 8 bytes that ceil() on elements can add to ceil() on bytes.
-        return _align(-(-self.max_bytes // self.world_size) + 32)
+        # Two-shot: ceil(count / n) elements, which the GPU kernels round up to 16 bytes,
+        # plus an element of up to 8 bytes that ceil() on elements can add to ceil() on
+        # bytes. Copy-engine (GPU windows): the whole reduced input.
+        chunk = _align(-(-self.max_bytes // self.world_size) + 32)
+        return max(chunk, _align(self.max_bytes)) if self.gpu else chunk
 
     def staging_offset(self, parity: int) -> int:
         return _align(self.heap_bytes) + parity * self.staging_bytes
@@ -68,11 +75,11 @@ class ScratchLayout:
     @property
     def ll_max_bytes(self) -> int:
         """The largest input a low-latency call may have with this window (0: none)."""
-        return min(self.max_bytes, LL_MAX_BYTES) if self.low_latency else 0
+        return min(self.max_bytes, LL_MAX_BYTES) if self.gpu else 0
 
     @property
     def ll_slot_bytes(self) -> int:
-        if not self.low_latency:
+        if not self.gpu:
             return 0
         lines = 1 + -(-self.ll_max_bytes // LL_LINE_PAYLOAD)
         return _align(lines * LL_LINE_BYTES)

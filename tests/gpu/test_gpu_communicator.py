@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
 _TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "int32": torch.int32}
 _BITS = {4: np.int32, 2: np.int16}
-ALGOS = {"all_reduce": ("one-shot", "two-shot", "ll", "stepped", "auto"),
+ALGOS = {"all_reduce": ("one-shot", "two-shot", "ll", "stepped", "copy-engine", "auto"),
          "reduce_scatter": ("one-shot", "ll", "stepped", "auto"),
          "all_gather": ("pull", "ll", "stepped", "auto")}
 
@@ -136,7 +136,7 @@ def test_all_gather_moves_every_byte(setup, nbytes, algo):
     assert np.array_equal(out2.cpu().numpy(), np.concatenate(blocks))
 
 
-@pytest.mark.parametrize("algo", ["one-shot", "two-shot", "stepped"])
+@pytest.mark.parametrize("algo", ["one-shot", "two-shot", "stepped", "copy-engine"])
 def test_arrays_from_empty_are_read_in_place(setup, algo):
     group, cm = setup
     count = 100_003
@@ -147,11 +147,12 @@ def test_arrays_from_empty_are_read_in_place(setup, algo):
     before = cm.copies_in
     for _ in range(3):  # the user rewrites the input between calls
         array.copy_(torch.from_numpy(inputs[cm.rank]))
-        # In place: one-shot and stepped read every input whole, so they copy in.
+        # In place: one-shot and stepped read every input whole, so they copy in;
+        # copy-engine never stages (no peer reads an input: it is pushed).
         cm.all_reduce(array, algo=algo)
         cm.synchronize()
         assert mismatches("float32", "sum", array.cpu().numpy(), want) == 0
-    assert cm.copies_in - before == (0 if algo == "two-shot" else 3)
+    assert cm.copies_in - before == (0 if algo in ("two-shot", "copy-engine") else 3)
     out = torch.empty_like(array)
     array.copy_(torch.from_numpy(inputs[cm.rank]))
     before = cm.copies_in
@@ -172,7 +173,7 @@ def test_calls_on_a_user_stream_and_in_a_cuda_graph_replay_with_new_data(setup):
     out = torch.zeros_like(tensor)
     gathered = torch.zeros(count * cm.size, dtype=torch.float32, device=f"cuda:{device}")
     thrice_out = torch.zeros_like(tensor)
-    for algo in ("one-shot", "two-shot", "stepped"):  # warm: bind outside capture
+    for algo in ("one-shot", "two-shot", "stepped", "copy-engine"):  # warm: bind first
         cm.all_reduce(tensor, output=out, algo=algo)
     cm.all_gather(gathered, tensor)
     cm.all_gather(gathered, tensor, algo="stepped")
@@ -185,18 +186,20 @@ def test_calls_on_a_user_stream_and_in_a_cuda_graph_replay_with_new_data(setup):
         # Stepped calls between kernel calls, and one after another (the flag sets must
         # alternate whatever follows, on every replay).
         cm.all_reduce(out, output=thrice_out, algo="stepped")
+        cm.all_reduce(thrice_out, algo="copy-engine")  # in place
         cm.all_gather(gathered, thrice_out, algo="stepped")
     for replay in range(50):
         inputs = [seeded_values("float32", count, replay, r) for r in range(cm.size)]
         once = reference("float32", "sum", inputs)
         twice = reference("float32", "sum", [once] * cm.size)
         thrice = reference("float32", "sum", [twice] * cm.size)
+        fourfold = reference("float32", "sum", [thrice] * cm.size)
         tensor.copy_(torch.from_numpy(inputs[cm.rank]))
         graph.replay()
         stream.synchronize()
         assert mismatches("float32", "sum", out.cpu().numpy(), twice) == 0, replay
-        assert mismatches("float32", "sum", thrice_out.cpu().numpy(), thrice) == 0, replay
-        assert np.array_equal(gathered.cpu().numpy(), np.tile(thrice, cm.size)), replay
+        assert mismatches("float32", "sum", thrice_out.cpu().numpy(), fourfold) == 0, replay
+        assert np.array_equal(gathered.cpu().numpy(), np.tile(fourfold, cm.size)), replay
     cm.synchronize()
 
 
@@ -222,7 +225,7 @@ def test_a_first_call_on_a_user_stream_may_be_made_inside_a_capture(setup):
     cm.synchronize(stream)
 
 
-@pytest.mark.parametrize("algo", ["ll", "one-shot", "two-shot", "stepped"])
+@pytest.mark.parametrize("algo", ["ll", "one-shot", "two-shot", "stepped", "copy-engine"])
 def test_bound_calls_launch_again_on_new_data_and_in_graphs(setup, algo):
     group, cm = setup
     device = group.backend.device

@@ -26,15 +26,20 @@ MAX_BLOCKS = 128
 class GpuCall:
     """One call as a GPU algorithm sees it: its signature, the world size,
     ``launch(entry, blocks)`` enqueuing a kernel with the call's arguments, the largest
-    input the window's low-latency buffers take, and ``meet(turn)`` enqueuing a barrier
+    input the window's low-latency buffers take, ``meet(turn)`` enqueuing a barrier
     with every peer made of stream memory operations on flag set ``turn`` (0 or 1; the
-    two sets must alternate on the stream, as gpu_stepped.py explains)."""
+    two sets must alternate on the stream, as gpu_stepped.py explains), and
+    ``copy([(dst, src, nbytes), ...])`` enqueuing copy-engine copies between device
+    addresses. ``args`` is the kernels' argument block as placed for this call (input,
+    output, every rank's window and the areas' offsets), for algorithms that copy."""
 
     signature: Signature
     size: int
     launch: Callable[[str, int], None]
     ll_max_bytes: int = 0
     meet: Callable[[int], None] | None = None
+    copy: Callable[[list[tuple[int, int, int]]], None] | None = None
+    args: Any = None
 
 
 class GpuKernelAlgorithm(Algorithm):
@@ -43,12 +48,15 @@ class GpuKernelAlgorithm(Algorithm):
     ``kernel`` is the entry point's prefix (``<kernel>_<dtype>_<op>``; all-gather names
     its one entry in full); ``aliasing_safe`` says whether an in-place output may be an
     input that peers read in place (else the path copies such an input in first);
-    ``bytes_per_block`` sets the grid from the bytes each block cuts its slice from.
+    ``bytes_per_block`` sets the grid from the bytes each block cuts its slice from;
+    ``stages_input`` says whether an input outside the heap and the registered arrays is
+    copied into the staging area (False where no peer ever reads the input: LL, copy-engine).
     """
 
     memory = "cuda"
     kernel: ClassVar[str] = ""
     aliasing_safe: ClassVar[bool] = False
+    stages_input: ClassVar[bool] = True
     bytes_per_block: ClassVar[int] = 16 << 10
 
     def entry(self, signature: Signature) -> str:

@@ -19,8 +19,10 @@ __all__ = ["GpuLowLatencyAllGather", "GpuLowLatencyAllReduce", "GpuLowLatencyRed
 
 
 class _LowLatency(GpuKernelAlgorithm):
-    # A rank reads only its own input and its own buffer: any output may be any input.
+    # A rank reads only its own input and its own buffer: any output may be any input, and
+    # nothing is staged.
     aliasing_safe = True
+    stages_input = False
     # Payload bytes per block: one line per thread keeps every line's wait in flight at
     # once, and blocks spread the pushes over SMs.
     bytes_per_block = 512 * LL_LINE_PAYLOAD

@@ -436,6 +436,14 @@ __device__ void reduce_scatter_one_shot(const CollectiveArgs& a) {
   one_kernel<OneShotReduceScatter<T, OP> >(a);
 }
 
+// Chunk r of two-shot all-reduces: ceil(count / n) elements rounded up to a granule (the
+// last chunks shorter or empty); gpu_copy_engine.py cuts the copies alike.
+template <class T>
+__device__ __forceinline__ unsigned long long two_shot_chunk(const CollectiveArgs& a) {
+  const unsigned long long g = granule<T>();
+  return ((a.count + a.nranks - 1) / a.nranks + g - 1) / g * g;
+}
+
 // Two-shot: chunk r (ceil(count / n) elements, rounded up to a granule; the last chunks
 // shorter or empty) is reduced by rank r into its output and its result area; after the
 // middle barrier every rank copies every other chunk from its owner's result area. Every
@@ -445,7 +453,7 @@ __device__ void reduce_scatter_one_shot(const CollectiveArgs& a) {
 template <class T, int OP>
 __device__ void all_reduce_two_shot(const CollectiveArgs& a) {
   const unsigned long long g = granule<T>(), size = sizeof(typename T::Bits);
-  const unsigned long long chunk = ((a.count + a.nranks - 1) / a.nranks + g - 1) / g * g;
+  const unsigned long long chunk = two_shot_chunk<T>(a);
   const Slice s = block_slice(chunk, g);
   Call call;
   begin_call(a, call);
@@ -520,6 +528,45 @@ __device__ void all_reduce_stepped(const CollectiveArgs& a) {
 template <class T, int OP>
 __device__ void reduce_scatter_stepped(const CollectiveArgs& a) {
   after_meet<OneShotReduceScatter<T, OP> >(a);
+}
+
+// ---------------------------------------------------------------------------------------
+// Copy-engine two-shot all-reduce (collectives/algorithms/gpu_copy_engine.py): the bytes
+// between GPUs move by copy engine, the reduction is local. The stream runs: publish_call;
+// copies of every peer's chunk of our input into slot `rank` of that peer's inbox (its
+// staging area of parity 0); a flag barrier; the kernel below, which reduces our chunk
+// from our input and the inbox into our output; copies of that chunk into every peer's
+// result area (parity 0, at the chunk's place); a flag barrier; local copies of the other
+// chunks from our result area into our output. The copies' addresses are fixed when they
+// are enqueued, so one set of buffers serves every call (a graph replays the same
+// addresses): the second barrier keeps the next call's copies out until every rank has
+// read both areas.
+
+// Publish the call's header (its digest, for the kernel after the barrier to compare).
+extern "C" __global__ void publish_call(CollectiveArgs a) {
+  Call call;
+  begin_call(a, call);
+  if (blockIdx.x == 0 && threadIdx.x == 0) publish_header(a, call.parity);
+}
+
+template <class T, int OP>
+__device__ void all_reduce_copy_engine(const CollectiveArgs& a) {
+  const unsigned long long size = sizeof(typename T::Bits), chunk = two_shot_chunk<T>(a);
+  const Slice s = block_slice(chunk, granule<T>());
+  Call call;
+  begin_call(a, call);
+  read_headers(a, call, true);
+  const unsigned long long first = a.rank * chunk + s.begin;
+  unsigned long long last = a.rank * chunk + s.end;
+  if (last > a.count) last = a.count;
+  if (!call.failed && first < last) {
+    const char* inbox = a.windows[a.rank] + a.staging_offset[0];
+    const char* sources[kMaxRanks];
+    for (int r = 0; r < a.nranks; ++r)
+      sources[r] = r == a.rank ? a.input + first * size : inbox + (r * chunk + s.begin) * size;
+    reduce_range<T, OP>(a.output + first * size, nullptr, sources, a.nranks, 0, last - first);
+  }
+  ipcshare::end_epoch(a.pads[a.rank], a.epoch_word, call.epoch);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -770,6 +817,7 @@ IPCSHARE_ALL_TYPES(all_reduce_ll)
 IPCSHARE_ALL_TYPES(reduce_scatter_ll)
 IPCSHARE_ALL_TYPES(all_reduce_stepped)
 IPCSHARE_ALL_TYPES(reduce_scatter_stepped)
+IPCSHARE_ALL_TYPES(all_reduce_copy_engine)
 
 extern "C" __global__ void all_gather_pull_bytes(CollectiveArgs a) { one_kernel<PullAllGather>(a); }
 extern "C" __global__ void all_gather_stepped_bytes(CollectiveArgs a) {

@@ -1,0 +1,99 @@
+"""GPU two-shot all-reduce whose bytes between GPUs move by copy engine: the copy engines
+write over NVLink at rates the SMs' loads do not reach (the all-gather's copy engine
+reached 322-384 GB/s on 2 H200s where the pull kernel read 240), and the reduction reads
+only local memory.
+
+On the call's stream, with nothing on the host in between (kernels/src/collectives.cu,
+"Copy-engine two-shot all-reduce", has the safety argument):
+
+1. ``publish_call``: the call's header, so the reduction can compare digests;
+2. copies of chunk q of our input into slot ``rank`` of rank q's inbox (its staging
+   area 0), for every peer q;
+3. a flag barrier (``meet(0)``);
+4. the kernel: our chunk, reduced in rank order from our input and the inbox, into our
+   output;
+5. copies of that chunk into every peer's result area 0, at the chunk's place;
+6. a flag barrier (``meet(1)``);
+7. local copies of the other chunks from our result area into our output.
+
+No peer reads our input or output, so any output may be the input (in place) and
+nothing is staged. Every step's cost is fixed per call (about ten stream operations), so
+it is meant for large calls; ``auto`` does not pick it until a run on several GPUs says
+from which size it wins (choice.py).
+"""
+
+from __future__ import annotations
+
+from ..agreement import Signature
+from .gpu_kernel import GpuCall, GpuKernelAlgorithm
+
+__all__ = ["GpuCopyEngineAllReduce", "chunk_elements", "chunk_spans"]
+
+
+def chunk_elements(count: int, itemsize: int, size: int) -> int:
+    """Elements of a full chunk: ceil(count / size) rounded up to 16 bytes (the kernels'
+    ``two_shot_chunk``)."""
+    granule = 16 // itemsize
+    per_rank = -(-count // size)
+    return -(-per_rank // granule) * granule
+
+
+def chunk_spans(count: int, itemsize: int, size: int) -> list[tuple[int, int]]:
+    """``(byte offset, bytes)`` of each rank's chunk of a ``count``-element input, the
+    last chunks shorter or empty."""
+    chunk = chunk_elements(count, itemsize, size)
+    spans = []
+    for rank in range(size):
+        first = min(rank * chunk, count)
+        last = min(first + chunk, count)
+        spans.append((first * itemsize, (last - first) * itemsize))
+    return spans
+
+
+class GpuCopyEngineAllReduce(GpuKernelAlgorithm):
+    name = "copy-engine"
+    op = "all_reduce"
+    kernel = "all_reduce_copy_engine"
+    aliasing_safe = True
+    stages_input = False
+    bytes_per_block = 8 << 10
+
+    def sliced_bytes(self, signature: Signature, size: int) -> int:
+        return -(-signature.nbytes // max(size, 1))
+
+    def run(self, call: GpuCall) -> None:
+        signature, args = call.signature, call.args
+        me, size = int(args.rank), call.size
+        spans = chunk_spans(signature.count, signature.itemsize, size)
+        own_offset, own_bytes = spans[me]
+        # Our slot in a peer's inbox: a full chunk per source rank.
+        inbox_slot = me * chunk_elements(signature.count, signature.itemsize, size) \
+            * signature.itemsize
+        call.launch("publish_call", 1)
+        call.copy([(args.windows[peer] + args.staging_offset[0] + inbox_slot,
+                    args.input + offset, nbytes)
+                   for peer, (offset, nbytes) in enumerate(spans) if peer != me and nbytes])
+        call.meet(0)
+        call.launch(self.entry(signature), self.blocks(signature, size))
+        if own_bytes:
+            call.copy([(args.windows[peer] + args.result_offset[0] + own_offset,
+                        args.output + own_offset, own_bytes)
+                       for peer in range(size) if peer != me])
+        call.meet(1)
+        result = args.windows[me] + args.result_offset[0]
+        call.copy(_merged([(args.output + offset, result + offset, nbytes)
+                           for peer, (offset, nbytes) in enumerate(spans)
+                           if peer != me and nbytes]))
+
+
+def _merged(jobs: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """Copies of adjacent runs merged into one (the chunks before ours, and after)."""
+    merged: list[tuple[int, int, int]] = []
+    for dst, src, nbytes in jobs:
+        if merged:
+            last_dst, last_src, last_bytes = merged[-1]
+            if last_dst + last_bytes == dst and last_src + last_bytes == src:
+                merged[-1] = (last_dst, last_src, last_bytes + nbytes)
+                continue
+        merged.append((dst, src, nbytes))
+    return merged
