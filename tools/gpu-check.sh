@@ -432,7 +432,7 @@ if [[ $G -ge 2 ]] && wants collectives; then
   # Each algorithm alone (COLLECTIVE_SWEEPS=0 skips these).
   [[ ${COLLECTIVE_SWEEPS:-1} == 0 ]] || for op in allreduce reducescatter; do
     algos="one-shot"
-    [[ $op == allreduce ]] && algos="one-shot two-shot auto"
+    [[ $op == allreduce ]] && algos="one-shot two-shot copy-engine auto"
     for algo in $algos; do
       step "$op $algo n=2" "$STEP_TIMEOUT_BENCH" collective_bench 2 "$op" "$algo"
       step "$op $algo n=2 graph" "$STEP_TIMEOUT_BENCH" collective_bench 2 "$op" "$algo" --graph

@@ -183,6 +183,9 @@ def test_shipped_suites_are_valid(path):
         assert {c.op for c in suite.cases if c.algorithm == "ll"} == {
             "allgather", "allreduce", "reducescatter"}
         assert all("torch-symm" in c.baselines for c in suite.cases if c.op == "allreduce")
+        # The copy-engine all-reduce, eager and in graphs, from 1 MiB.
+        assert {c.timing for c in suite.cases
+                if c.op == "allreduce" and c.algorithm == "copy-engine"} == {"nccl-tests", "graph"}
     # Every shipped suite, CPU and GPU, times both reductions beside a baseline.
     reductions = {(c.op, c.reduction) for c in suite.cases if c.reduction is not None}
     assert {("allreduce", "sum"), ("reducescatter", "sum")} <= reductions
