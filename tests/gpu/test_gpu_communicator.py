@@ -306,6 +306,30 @@ def test_ranks_that_disagree_raise_on_every_rank(setup, comm):
     assert same.cpu().tolist() == [float(comm.size)] * 64
 
 
+@pytest.mark.parametrize("algo", ["one-shot", "two-shot", "ll", "stepped", "copy-engine"])
+def test_known_calls_made_out_of_step_are_found_on_the_gpu(comm, algo):
+    """Both shapes agreed at first sight, then the ranks make different ones: the kernels
+    compare the headers' digests, skip the work, and synchronize() raises on every rank
+    (a communicator of its own: the error word stays set)."""
+    if comm.size < 2:
+        pytest.skip("needs 2 ranks")
+    with torch_communicator("cuda-vmm", 1 << 20) as (group, cm, stream):
+        device = f"cuda:{group.backend.device}"
+        shapes = [torch.ones(1000, device=device), torch.ones(1004, device=device)]
+        for tensor in shapes:  # every rank makes both calls, in the same order
+            cm.all_reduce(tensor, algo=algo, stream=stream)
+        cm.synchronize(stream)
+        assert shapes[1].cpu().tolist() == [float(comm.size)] * 1004
+        mine = shapes[comm.rank % 2]
+        before = mine.clone()
+        cm.all_reduce(mine, algo=algo, stream=stream)
+        with pytest.raises(CollectiveError, match="ranks disagree on a collective call "
+                                                  r"\(found on the GPU"):
+            cm.synchronize(stream)
+        if algo != "copy-engine":  # its copies run whatever the kernel found
+            assert torch.equal(mine, before)  # the work was skipped
+
+
 def test_misuse_raises_on_the_calling_rank(setup):
     group, cm = setup
     device = group.backend.device
