@@ -32,7 +32,8 @@
 #           (host, stream), push and leader; the communicator's collectives at 8 KiB - 4 MiB
 #           with auto (stepped kernels) against its spinning kernels (one-shot, pull), eager
 #           and in graphs; the G-rank figure beside them (2 GPUs or more); first the
-#           shared-GPU tests at that many ranks; again under MPS when it can be started
+#           shared-GPU tests at that many ranks; again under MPS when it can be started,
+#           with the communicator and LL tests at 3 and 4 ranks where GPUs are fewer
 #   nccl-tests  NVIDIA's nccl-tests (source carried in .nccl-tests/, ignored by git) built
 #           here with the node's nvcc against the nvidia-nccl-cu13 wheel's NCCL (sm_90
 #           CUBIN, MPI=0); all_gather_perf, all_reduce_perf, reduce_scatter_perf with
@@ -578,7 +579,12 @@ shared_tests() {  # shared_tests N: the shared-GPU tests at N ranks on G GPUs
   "$MPIEXEC" -n "$1" --bind-to none "${forward[@]}" "$PY" -m pytest -q -rs --with-mpi -m gpu \
     -p no:cacheprovider tests/gpu/test_shared_gpu.py
 }
-export -f shared_run shared_tests
+mps_collective_tests() {  # mps_collective_tests N: the collectives' GPU tests at N ranks
+  "$MPIEXEC" -n "$1" --bind-to none -x CUDA_MPS_PIPE_DIRECTORY -x CUDA_MPS_LOG_DIRECTORY \
+    "$PY" -m pytest -q -rs --with-mpi -m gpu -p no:cacheprovider \
+    tests/gpu/test_gpu_communicator.py tests/gpu/test_gpu_low_latency.py
+}
+export -f shared_run shared_tests mps_collective_tests
 if wants shared; then
   export IPCSHARE_SHARED_GPU_BARRIER=host
   shared_cases ""
@@ -591,6 +597,12 @@ if wants shared; then
   elif command -v nvidia-cuda-mps-control >/dev/null && nvidia-cuda-mps-control -d; then
     log "MPS daemon started"
     shared_cases -mps
+    # Under MPS the ranks on one GPU run side by side, so more ranks than GPUs exercise
+    # the collectives' 3- and 4-rank code on any node (correctness only, not speed).
+    for n in 3 4; do
+      [[ $n -le $G ]] && continue
+      step "shared-mps communicator and LL tests n=$n" "$STEP_TIMEOUT_TESTS" mps_collective_tests "$n"
+    done
     echo quit | nvidia-cuda-mps-control
     sleep 2
     log "MPS daemon stopped"

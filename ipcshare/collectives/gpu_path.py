@@ -34,7 +34,7 @@ from ..window.layout import (
 )
 from .agreement import Signature, disagreement_error
 from .algorithms import Algorithm
-from .algorithms.gpu_kernel import THREADS, GpuCall
+from .algorithms.gpu_kernel import MAX_BLOCKS, THREADS, GpuCall
 from .arrays import ArrayRef
 from .scratch import ScratchLayout
 
@@ -112,6 +112,13 @@ class GpuPath:
             window.close()
             raise
         self._template = template
+        # Ranks sharing a GPU run their kernels on it together, and a spinning block needs
+        # its peers' blocks resident: with k ranks on a GPU (the most of any GPU of the
+        # group, so every rank cuts grids alike) each kernel gets MAX_BLOCKS // k blocks.
+        # Found with 4 ranks on one H100 under MPS, where 4 x 128 blocks of LL all-reduce
+        # did not fit and waited out their timeouts.
+        sharing = max((len(ranks) for ranks in group.shared_gpus.values()), default=1)
+        self._max_blocks = max(1, MAX_BLOCKS // sharing)
         self._launch_kernel = driver.cuLaunchKernel
         self._success = driver.CUresult.CUDA_SUCCESS
         self._engines: dict[int, Any] = {}       # stream handle -> engine on it
@@ -237,7 +244,7 @@ class GpuPath:
         algorithm.run(GpuCall(signature, self.size,
                               lambda entry, blocks: recorded.append((entry, blocks)),
                               self.layout.ll_max_bytes, meet=recorded.append,
-                              copy=recorded.append, args=args))
+                              copy=recorded.append, args=args, max_blocks=self._max_blocks))
         params = (ctypes.c_void_p * 1)(ctypes.addressof(args))
         address, cu_stream, launch = ctypes.addressof(params), bound.stream, self._launch_kernel
         engine = self.engine_for(stream)
@@ -359,7 +366,8 @@ class GpuPath:
                 check("cuLaunchKernel", (err,))
         bound.call = GpuCall(signature, self.size, launch_on_stream, ll_max_bytes,
                              meet=lambda turn: self._meetings_on(engine)[turn](),
-                             copy=lambda jobs: self._copier(engine, jobs)(), args=bound.args)
+                             copy=lambda jobs: self._copier(engine, jobs)(), args=bound.args,
+                             max_blocks=self._max_blocks)
         return bound
 
     def synchronize(self, stream: Any = None) -> None:

@@ -74,7 +74,7 @@ class GpuCopyEngineAllReduce(GpuKernelAlgorithm):
                     args.input + offset, nbytes)
                    for peer, (offset, nbytes) in enumerate(spans) if peer != me and nbytes])
         call.meet(0)
-        call.launch(self.entry(signature), self.blocks(signature, size))
+        call.launch(self.entry(signature), self.blocks(signature, size, call.max_blocks))
         if own_bytes:
             call.copy([(args.windows[peer] + args.result_offset[0] + own_offset,
                         args.output + own_offset, own_bytes)

@@ -19,6 +19,8 @@ __all__ = ["GpuCall", "GpuKernelAlgorithm", "MAX_BLOCKS", "THREADS"]
 THREADS = 512
 # Every block of a kernel must be resident at once (a block waits for the same block of
 # its peers, never for a block of its own kernel): at most one per SM of an H100 / H200.
+# Where k ranks share a GPU, all their kernels must be resident together: the path gives
+# each call MAX_BLOCKS // k (GpuCall.max_blocks).
 MAX_BLOCKS = 128
 
 
@@ -40,6 +42,7 @@ class GpuCall:
     meet: Callable[[int], None] | None = None
     copy: Callable[[list[tuple[int, int, int]]], None] | None = None
     args: Any = None
+    max_blocks: int = MAX_BLOCKS
 
 
 class GpuKernelAlgorithm(Algorithm):
@@ -66,11 +69,11 @@ class GpuKernelAlgorithm(Algorithm):
         """The bytes the blocks cut into slices (the whole input by default)."""
         return signature.nbytes
 
-    def blocks(self, signature: Signature, size: int) -> int:
+    def blocks(self, signature: Signature, size: int, max_blocks: int = MAX_BLOCKS) -> int:
         """Thread blocks: one per ``bytes_per_block`` of the sliced range, 1 to
-        MAX_BLOCKS; the same on every rank for the same call."""
+        ``max_blocks``; the same on every rank for the same call."""
         sliced = self.sliced_bytes(signature, size)
-        return max(1, min(MAX_BLOCKS, -(-sliced // self.bytes_per_block)))
+        return max(1, min(max_blocks, -(-sliced // self.bytes_per_block)))
 
     def unsupported(self, call: Any) -> str | None:
         from ...kernels.launcher import MAX_KERNEL_RANKS
@@ -81,4 +84,5 @@ class GpuKernelAlgorithm(Algorithm):
         return None
 
     def run(self, call: GpuCall) -> None:
-        call.launch(self.entry(call.signature), self.blocks(call.signature, call.size))
+        call.launch(self.entry(call.signature),
+                    self.blocks(call.signature, call.size, call.max_blocks))

@@ -21,7 +21,7 @@ other. ``auto`` picks these where the group has ranks sharing a GPU (choice.py).
 from __future__ import annotations
 
 from ..agreement import Signature
-from .gpu_kernel import MAX_BLOCKS, GpuCall, GpuKernelAlgorithm
+from .gpu_kernel import GpuCall, GpuKernelAlgorithm
 from .gpu_one_shot import GpuOneShotAllReduce, GpuOneShotReduceScatter
 from .gpu_pull_all_gather import GpuPullAllGather
 
@@ -38,10 +38,11 @@ class _Stepped(GpuKernelAlgorithm):
 
     def run(self, call: GpuCall) -> None:
         signature = call.signature
-        stage_blocks = max(1, min(MAX_BLOCKS, -(-signature.nbytes // _STAGE_BYTES_PER_BLOCK)))
+        stage_blocks = max(1, min(call.max_blocks,
+                                   -(-signature.nbytes // _STAGE_BYTES_PER_BLOCK)))
         call.launch(self.stage_entry(signature), stage_blocks)
         call.meet(0)
-        call.launch(self.entry(signature), self.blocks(signature, call.size))
+        call.launch(self.entry(signature), self.blocks(signature, call.size, call.max_blocks))
         call.meet(1)
 
 
