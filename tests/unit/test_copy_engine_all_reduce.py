@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from ipcshare.collectives.agreement import Signature
 from ipcshare.collectives.algorithms import algorithm
 from ipcshare.collectives.algorithms.gpu_copy_engine import chunk_elements, chunk_spans
+from ipcshare.collectives.algorithms.gpu_kernel import GpuCall
 from ipcshare.collectives.scratch import ScratchLayout
 
 _DTYPES = {"float32": np.float32, "int32": np.int32, "float16": np.float16}
@@ -59,11 +60,11 @@ def _run(count: int, size: int, dtype: str, in_place: bool) -> None:
             rank=rank, input=ins[rank], output=outs[rank], windows=windows,
             staging_offset=[layout.staging_offset(p) for p in (0, 1)],
             result_offset=[layout.result_offset(p) for p in (0, 1)])
-        call = types.SimpleNamespace(
-            signature=signature, size=size, args=args,
-            launch=lambda entry, blocks, r=rank: steps[r].append(("kernel", entry)),
-            meet=lambda turn, r=rank: steps[r].append(("meet", turn)),
-            copy=lambda jobs, r=rank: steps[r].append(("copy", list(jobs))))
+        call = GpuCall(signature, size,
+                       launch=lambda entry, blocks, r=rank: steps[r].append(("kernel", entry)),
+                       meet=lambda turn, r=rank: steps[r].append(("meet", turn)),
+                       copy=lambda jobs, r=rank: steps[r].append(("copy", list(jobs))),
+                       args=args)
         algorithm("cuda", "all_reduce", "copy-engine").run(call)
     # Every rank launches the same kernels and meets the same barriers (copies are its own).
     shared = [[step for step in rank_steps if step[0] != "copy"] for rank_steps in steps]
