@@ -138,8 +138,9 @@ def test_torch_expandable_segments_are_shared_by_posix_fd(setup, expandable_segm
 
 
 # Calls on registered tensors: peers read them in place (no copy into the window).
-_REDUCE_ALGOS = {"all_reduce": ("one-shot", "two-shot", "auto"),
-                 "reduce_scatter": ("one-shot", "auto"), "all_gather": ("pull", "auto")}
+_REDUCE_ALGOS = {"all_reduce": ("one-shot", "two-shot", "stepped", "auto"),
+                 "reduce_scatter": ("one-shot", "stepped", "auto"),
+                 "all_gather": ("pull", "stepped", "auto")}
 
 
 def _run_call(comm, collective: str, source, algo: str, n: int):
