@@ -341,3 +341,42 @@ def test_cli_data_reduces_exactly_in_every_type(world_size, iteration):
         decoded = (bfloat16_to_float32(data.view(np.uint16)) if dtype == "bfloat16" else
                    data.view(NUMPY_DTYPES[dtype]).astype(np.float64))
         assert decoded.tolist() == total.tolist()
+
+
+def _recorded(algo_name: str, op: str, dtype: str, count: int, size: int, max_blocks: int):
+    from ipcshare.collectives.algorithms.gpu_kernel import GpuCall
+
+    itemsize = 1 if op == "all_gather" else np.dtype(NUMPY_DTYPES[dtype]).itemsize
+    signature = Signature(op, count, dtype, itemsize, None if op == "all_gather" else "sum",
+                          algo_name)
+    steps: list = []
+    call = GpuCall(signature, size, lambda entry, blocks: steps.append((entry, blocks)),
+                   meet=lambda turn: steps.append(("meet", turn)), max_blocks=max_blocks)
+    algorithm("cuda", op, algo_name).run(call)
+    return steps
+
+
+def test_a_stepped_call_is_stage_meet_work_meet_with_both_flag_sets():
+    steps = _recorded("stepped", "all_reduce", "bfloat16", 1 << 20, 2, 128)
+    assert [s[0] for s in steps] == ["stage_and_publish_bfloat16", "meet",
+                                     "all_reduce_stepped_bfloat16_sum", "meet"]
+    assert [s[1] for s in steps if s[0] == "meet"] == [0, 1]
+    gather = _recorded("stepped", "all_gather", "uint8", 4096, 3, 128)
+    assert [s[0] for s in gather] == ["stage_and_publish_bytes", "meet",
+                                      "all_gather_stepped_bytes", "meet"]
+
+
+@pytest.mark.parametrize("op,algo_name", [("all_reduce", "one-shot"), ("all_reduce", "two-shot"),
+                                          ("all_reduce", "ll"), ("all_reduce", "stepped"),
+                                          ("reduce_scatter", "one-shot"),
+                                          ("all_gather", "pull"), ("all_gather", "stepped")])
+def test_grids_stay_within_the_share_of_ranks_on_one_gpu(op, algo_name):
+    """With k ranks on a GPU every kernel gets at most 128 // k blocks, so all of their
+    spinning blocks fit on the GPU at once; small calls keep their smaller grids."""
+    dtype = "uint8" if op == "all_gather" else "float32"
+    for max_blocks in (128, 64, 32):
+        steps = _recorded(algo_name, op, dtype, 1 << 22, 4, max_blocks)
+        assert all(1 <= blocks <= max_blocks for entry, blocks in steps if entry != "meet")
+        assert max(blocks for entry, blocks in steps if entry != "meet") == max_blocks
+    small = _recorded(algo_name, op, dtype, 64, 4, 32)
+    assert all(blocks == 1 for entry, blocks in small if entry != "meet")
