@@ -240,7 +240,8 @@ def run_info(args: argparse.Namespace) -> int:
             print(f"GPU: none ({f['no_gpu_reason']}); the auto backend is host shared memory")
         if "devices" in f:
             print(f"rank {f['rank']}: device {f['device']} "
-                  + ", ".join(f"{k}={v}" for k, v in f["devices"][f["device"]].items()))
+                  + ", ".join(f"{k}={v}" for k, v in f["devices"][f["device"]].items())
+                  + (", MPS client" if f.get("mps") else ""))
             print(f"rank {f['rank']}: handle types: {f.get('handles')}")
         if "device_error" in f:
             print(f"rank {f['rank']}: device error: {f['device_error']}")
