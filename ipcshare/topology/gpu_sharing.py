@@ -8,11 +8,32 @@ milliseconds instead of microseconds (docs/GPU.md, "Several ranks on one GPU").
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from .world import format_ranks
 
-__all__ = ["shared_gpus_advice"]
+__all__ = ["GpuSharing", "gpu_sharing", "shared_gpus_advice"]
+
+
+class GpuSharing(NamedTuple):
+    """``shared``: ``{GPU uuid: the ranks on it}`` for GPUs several ranks use;
+    ``time_sliced``: those of them where some rank is not an MPS client, whose contexts
+    take turns."""
+
+    shared: dict[Any, list[int]]
+    time_sliced: dict[Any, list[int]]
+
+
+def gpu_sharing(ranks: list[int], devices: list[tuple[Any, bool]]) -> GpuSharing:
+    """Which GPUs the ``ranks`` of a node share, from each one's ``(GPU uuid, served by
+    MPS)`` in the same order (uuid None: no GPU). The same answer on every rank that
+    gathered the same list."""
+    uuids = [uuid for uuid, _mps in devices]
+    shared = {uuid: [rank for rank, other in zip(ranks, uuids, strict=True) if other == uuid]
+              for uuid in dict.fromkeys(uuids) if uuid is not None and uuids.count(uuid) > 1}
+    time_sliced = {uuid: on_it for uuid, on_it in shared.items()
+                   if not all(mps for other, mps in devices if other == uuid)}
+    return GpuSharing(shared, time_sliced)
 
 
 def shared_gpus_advice(shared: dict[Any, list[int]],

@@ -16,6 +16,7 @@ from ..liveness.pidfd_watch import PeerWatch
 from ..runtime import settings
 from ..runtime.config import BACKENDS, EXCHANGES, HANDLES
 from ..runtime.errors import BackendUnavailable, ConfigError, WindowError
+from ..topology.gpu_sharing import gpu_sharing
 from ..topology.peer_paths import (
     CHUNK_ENV,
     FALLBACK_ENV,
@@ -171,13 +172,8 @@ class Group:
             uuids = [device for device, _mps in devices_of]
             if uuid is not None:
                 self.backend.ranks_per_device = uuids.count(uuid)
-                self.shared_gpus = {
-                    device: [rank for rank, other in zip(self.world.local_ranks, uuids,
-                                                         strict=True) if other == device]
-                    for device in dict.fromkeys(uuids) if uuids.count(device) > 1}
-                self.time_sliced_gpus = {
-                    device: ranks for device, ranks in self.shared_gpus.items()
-                    if not all(mps for other, mps in devices_of if other == device)}
+                self.shared_gpus, self.time_sliced_gpus = gpu_sharing(self.world.local_ranks,
+                                                                      devices_of)
                 self.backend.engine().timeout = self.signal_timeout
                 self._plan_peer_paths(uuids, p2p_fallback, p2p_chunk)
             if self.backend.uses_fds and self.world.size > 1:  # collective, like a window's

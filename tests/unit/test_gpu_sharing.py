@@ -37,3 +37,15 @@ def test_gpus_shared_under_mps_are_named_as_running_side_by_side():
     old = [{k: v for k, v in f.items() if k != "mps"} for f in facts]
     assert time_sliced_of(old, shared) == shared
     assert "take turns" in shared_gpus_advice(shared)
+
+
+def test_group_setup_names_shared_and_time_sliced_gpus_from_every_rank_s_facts():
+    from ipcshare.topology.gpu_sharing import gpu_sharing
+
+    # Node ranks 4-7: 4 and 6 share GPU A outside MPS, 5 and 7 share GPU B under MPS.
+    shared, time_sliced = gpu_sharing([4, 5, 6, 7], [(b"A", False), (b"B", True),
+                                                     (b"A", True), (b"B", True)])
+    assert shared == {b"A": [4, 6], b"B": [5, 7]}
+    assert time_sliced == {b"A": [4, 6]}
+    assert gpu_sharing([0, 1], [(b"A", False), (b"B", False)]) == ({}, {})
+    assert gpu_sharing([0, 1], [(None, False), (None, False)]) == ({}, {})  # host memory
