@@ -11,7 +11,7 @@ from .. import __version__
 from ..collectives.across_nodes.engine import nccl4py_missing
 from ..liveness.consensus import collective_step
 from ..runtime import settings
-from ..topology.gpu_sharing import shared_gpus_advice
+from ..topology.gpu_sharing import GpuSharing, gpu_sharing, shared_gpus_advice
 from ..topology.peer_paths import FALLBACK_ENV, PathPlan, fallback_choice, plan_paths
 from ..topology.world import World, mpi_library_version
 
@@ -71,21 +71,30 @@ def rank_facts(world: World) -> dict:
     return facts
 
 
-def shared_gpus_of(facts: list[dict]) -> dict[str, list[int]]:
-    """``{GPU uuid: ranks}`` for the GPUs that several ranks of one node are bound to."""
-    by_gpu: dict[tuple[int, str], list[int]] = {}
+def _sharing(facts: list[dict]) -> GpuSharing:
+    """Every node's shared and time-sliced GPUs (``gpu_sharing`` node by node), merged."""
+    by_node: dict[int, list[tuple[int, tuple[str, bool]]]] = {}
     for f in facts:
         if "device" in f and "devices" in f:
             uuid = f["devices"][f["device"]]["uuid"]
-            by_gpu.setdefault((f["node"], uuid), []).append(f["rank"])
-    return {uuid: ranks for (_node, uuid), ranks in by_gpu.items() if len(ranks) > 1}
+            by_node.setdefault(f["node"], []).append((f["rank"], (uuid, bool(f.get("mps")))))
+    merged = GpuSharing({}, {})
+    for ranks in by_node.values():
+        node = gpu_sharing([rank for rank, _ in ranks], [device for _, device in ranks])
+        merged.shared.update(node.shared)
+        merged.time_sliced.update(node.time_sliced)
+    return merged
+
+
+def shared_gpus_of(facts: list[dict]) -> dict[str, list[int]]:
+    """``{GPU uuid: ranks}`` for the GPUs that several ranks of one node are bound to."""
+    return _sharing(facts).shared
 
 
 def time_sliced_of(facts: list[dict], shared: dict[str, list[int]]) -> dict[str, list[int]]:
     """Those of the ``shared`` GPUs that some rank on them uses outside MPS."""
-    mps = {f["rank"]: bool(f.get("mps")) for f in facts}
-    return {uuid: ranks for uuid, ranks in shared.items()
-            if not all(mps.get(rank, False) for rank in ranks)}
+    return {uuid: ranks for uuid, ranks in _sharing(facts).time_sliced.items()
+            if uuid in shared}
 
 
 def node_path_plans(facts: list[dict]) -> dict[int, PathPlan]:

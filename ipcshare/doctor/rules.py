@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..exchange.node_reach import PID_NAMESPACE_FIX
-from ..topology.gpu_sharing import shared_gpus_advice
+from ..topology.gpu_sharing import gpu_sharing, shared_gpus_advice
 from .plan import APP_WINDOWS, DESCRIPTOR_MARGIN, HOST_STAGED_MAX_GBPS, SMALL_DEV_SHM
 
 __all__ = ["Finding", "RULES", "diagnose", "descriptor_need", "suggested_nofile",
@@ -205,20 +205,13 @@ def ipc_namespaces_differ(node: Node) -> list[Finding]:
 def gpus_shared(node: Node) -> list[Finding]:
     """Several ranks of the node bound to one GPU: without MPS they take turns on it (a
     warning); under MPS they run side by side (a note)."""
-    by_gpu: dict[str, list[int]] = {}
-    outside_mps: set[int] = set()
-    for rank, facts in sorted(_ranks(node).items()):
-        gpu = facts.get("gpu") or {}
-        uuid = gpu.get("bound_uuid")
-        if uuid:
-            by_gpu.setdefault(uuid, []).append(rank)
-            if not gpu.get("mps"):
-                outside_mps.add(rank)
-    shared = {uuid: ranks for uuid, ranks in by_gpu.items() if len(ranks) > 1}
+    ranks = sorted(_ranks(node).items())
+    gpus = [facts.get("gpu") or {} for _rank, facts in ranks]
+    shared, time_sliced = gpu_sharing([rank for rank, _facts in ranks],
+                                      [(gpu.get("bound_uuid") or None, bool(gpu.get("mps")))
+                                       for gpu in gpus])
     if not shared:
         return []
-    time_sliced = {uuid: ranks for uuid, ranks in shared.items()
-                   if any(rank in outside_mps for rank in ranks)}
     advice = shared_gpus_advice(shared, time_sliced)
     evidence = "; ".join(f"{uuid}: ranks {ranks}" + ("" if uuid in time_sliced else " (MPS)")
                          for uuid, ranks in shared.items())
