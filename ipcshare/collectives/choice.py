@@ -94,8 +94,8 @@ def choose(memory: str, op: str, nbytes: int, world_size: int, *,
            shared_gpus: bool = False) -> str:
     """The algorithm ``auto`` runs for ``op`` over ``world_size`` ranks on ``memory``
     when the call's largest array has ``nbytes`` (and ``shared_gpus``: some ranks of the
-    group share a GPU). The same on every rank for the same arguments (it is part of the
-    call's signature)."""
+    group share a GPU whose contexts take turns, ``Group.time_sliced_gpus``). The same on
+    every rank for the same arguments (it is part of the call's signature)."""
     if shared_gpus and memory == "cuda":
         return SHARED_GPU_CHOICE
     table = _TABLES[memory][op]

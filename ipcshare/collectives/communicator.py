@@ -106,7 +106,7 @@ class Communicator:
             self._path = GpuPath(group, self._layout)
         # Ranks taking turns on a GPU (shared without MPS): auto runs the stepped kernels,
         # which never spin.
-        self._shared_gpus = bool(group.time_sliced_gpus) and group.backend.device_memory
+        self._time_sliced = bool(group.time_sliced_gpus) and group.backend.device_memory
         self._heap = Heap(heap_bytes, ALIGN)
         self._registry = Registry(group, local_buffer=self._path.local_buffer, path=self._path)
         self._path.registry = self._registry
@@ -450,7 +450,7 @@ class Communicator:
     def _signature(self, call: _Call) -> tuple[Signature, Any]:
         """The call's signature and algorithm (``auto`` resolved), built once per shape."""
         name = choose(self.memory, call.op, call.nbytes, self.size,
-                      shared_gpus=self._shared_gpus) if call.algo == "auto" else call.algo
+                      shared_gpus=self._time_sliced) if call.algo == "auto" else call.algo
         inp = call.inp
         key = (call.op, inp.count, inp.dtype, inp.itemsize, call.redop, name)
         known = self._signatures.get(key)

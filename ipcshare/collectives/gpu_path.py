@@ -1,7 +1,7 @@
 """How a call runs on GPU memory: one kernel of kernels/src/collectives.cu on the call's
 stream, which stages the input (unless it lies in the heap), publishes the call's header,
-meets the peers and does the collective; or, for the stepped algorithms (ranks sharing a
-GPU), two kernels with barriers of stream memory operations after each. Nothing waits on
+meets the peers and does the collective; or, for the stepped and copy-engine algorithms,
+kernels and copies with barriers of stream memory operations between them. Nothing waits on
 the host, so calls are stream-ordered and a CUDA graph captures them.
 
 Agreement: the host cannot read the peers' headers without waiting for the stream, so
@@ -218,8 +218,7 @@ class GpuPath:
                 alike (on every rank), or an algorithm that cannot run it.
         """
         bound = self._bound_for(signature, algorithm, stream)
-        placed = self._place(bound.args, signature, algorithm, input_ref, output_ref, in_place)
-        if not placed and algorithm.stages_input:
+        if not self._place(bound.args, signature, algorithm, input_ref, output_ref, in_place):
             self.copies_in += 1
         self.calls += 1
         algorithm.run(bound.call)
@@ -237,8 +236,7 @@ class GpuPath:
         args = type(self._template)()
         ctypes.memmove(ctypes.addressof(args), ctypes.addressof(bound.args),
                        ctypes.sizeof(args))
-        placed = self._place(args, signature, algorithm, input_ref, output_ref, in_place)
-        zero_copy = placed or not algorithm.stages_input
+        zero_copy = self._place(args, signature, algorithm, input_ref, output_ref, in_place)
         # (entry, blocks) of a kernel, the turn of a meeting, or a list of copies
         recorded: list[Any] = []
         algorithm.run(GpuCall(signature, self.size,
@@ -256,7 +254,7 @@ class GpuPath:
         def enqueue() -> None:
             for step in steps:
                 if type(step) is not tuple:
-                    step()  # a meeting
+                    step()  # a meeting, or copies
                     continue
                 function, blocks = step
                 err = launch(function, blocks, 1, 1, THREADS, 1, 1, 0, cu_stream, address, 0)[0]
@@ -283,13 +281,14 @@ class GpuPath:
         """A callable enqueuing copy-engine copies ``(dst, src, nbytes)`` on ``engine``'s
         stream (large copies to several peers at once on side lanes)."""
         device = self.device
-        return engine.copier([(DeviceBuffer(dst, nbytes, device), DeviceBuffer(src, nbytes, device))
-                              for dst, src, nbytes in jobs])
+        return engine.copier([(DeviceBuffer(dst, nbytes, device),
+                               DeviceBuffer(src, nbytes, device)) for dst, src, nbytes in jobs])
 
     def _meetings_on(self, engine: Any) -> tuple:
-        """The two barriers of stream memory operations that stepped calls meet with on
-        ``engine``'s stream (flag sets 0 and 1 of the pad's FLAG_BARRIER words), made once
-        per stream. Fixed values only, so graphs replay them; see gpu_stepped.py."""
+        """The two barriers of stream memory operations that stepped and copy-engine
+        calls meet with on ``engine``'s stream (flag sets 0 and 1 of the pad's
+        FLAG_BARRIER words), made once per stream. Fixed values only, so graphs replay
+        them; see docs/MEMORY-ORDERING.md."""
         handle = int(engine.stream)
         found = self._meetings.get(handle)
         if found is None:
@@ -298,7 +297,8 @@ class GpuPath:
 
             def what(slot: int) -> str:
                 peer = slot % FLAG_BARRIER_RANKS
-                return f"rank {rank} in a stepped collective call waiting for rank {peer}"
+                return (f"rank {rank} in a collective call's stream barrier waiting for "
+                        f"rank {peer}")
             found = self._meetings[handle] = tuple(
                 engine.make_flag_barrier(
                     window.signal_pad(rank), [window.signal_pad(r) for r in others],
@@ -310,9 +310,10 @@ class GpuPath:
 
     def _place(self, args: Any, signature: Signature, algorithm: Algorithm,
                input_ref: ArrayRef, output_ref: ArrayRef, in_place: bool) -> bool:
-        """Point ``args`` at the call's arrays; return whether peers read the input in
-        place (zero-copy: it lies in the heap or in a registered array, and in place only
-        where the algorithm allows it), else the kernel stages it."""
+        """Point ``args`` at the call's arrays; return whether the call makes no copy of
+        the input: peers read it in place (it lies in the heap or in a registered array,
+        and in place only where the algorithm allows it), or the algorithm never stages
+        (``stages_input``); else the kernel stages it."""
         nbytes = signature.nbytes
         offset = input_ref.ptr - self._local_ptr
         may_alias = not in_place or algorithm.aliasing_safe
@@ -329,7 +330,7 @@ class GpuPath:
         args.input_offset = offset if mode != _STAGED else 0
         args.registration_row = row or 0
         args.registrations = self._table.ptr if mode == _REGISTERED else None
-        return mode != _STAGED
+        return mode != _STAGED or not algorithm.stages_input
 
     def _function(self, entry: str) -> Any:
         function = self._functions.get(entry)

@@ -205,9 +205,9 @@ def ipc_namespaces_differ(node: Node) -> list[Finding]:
 def gpus_shared(node: Node) -> list[Finding]:
     """Several ranks of the node bound to one GPU: without MPS they take turns on it (a
     warning); under MPS they run side by side (a note)."""
-    ranks = sorted(_ranks(node).items())
-    gpus = [facts.get("gpu") or {} for _rank, facts in ranks]
-    shared, time_sliced = gpu_sharing([rank for rank, _facts in ranks],
+    by_rank = sorted(_ranks(node).items())
+    gpus = [facts.get("gpu") or {} for _rank, facts in by_rank]
+    shared, time_sliced = gpu_sharing([rank for rank, _facts in by_rank],
                                       [(gpu.get("bound_uuid") or None, bool(gpu.get("mps")))
                                        for gpu in gpus])
     if not shared:
