@@ -24,8 +24,8 @@ from which size it wins (choice.py).
 
 from __future__ import annotations
 
-from ..agreement import Signature
-from .gpu_kernel import GpuCall, GpuKernelAlgorithm
+from .gpu_kernel import GpuCall
+from .gpu_two_shot import GpuTwoShotAllReduce
 
 __all__ = ["GpuCopyEngineAllReduce", "chunk_elements", "chunk_spans"]
 
@@ -50,16 +50,12 @@ def chunk_spans(count: int, itemsize: int, size: int) -> list[tuple[int, int]]:
     return spans
 
 
-class GpuCopyEngineAllReduce(GpuKernelAlgorithm):
-    name = "copy-engine"
-    op = "all_reduce"
-    kernel = "all_reduce_copy_engine"
-    aliasing_safe = True
-    stages_input = False
-    bytes_per_block = 8 << 10
+class GpuCopyEngineAllReduce(GpuTwoShotAllReduce):
+    """The two-shot's chunks and slices, its bytes between GPUs moved by copy engine."""
 
-    def sliced_bytes(self, signature: Signature, size: int) -> int:
-        return -(-signature.nbytes // max(size, 1))
+    name = "copy-engine"
+    kernel = "all_reduce_copy_engine"
+    stages_input = False
 
     def run(self, call: GpuCall) -> None:
         signature, args = call.signature, call.args
