@@ -40,6 +40,9 @@ _WAIT_GEQ = int(driver.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ)
 # Default write flags put a memory barrier before the store: data written earlier on
 # the stream is visible to whoever sees the new value (release).
 _WRITE_RELEASE = int(driver.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT)
+# Operations per cuStreamBatchMemOp call (the driver's limit is 256).
+_BATCH_OPS = 256
+_NOT_SUPPORTED = driver.CUresult.CUDA_ERROR_NOT_SUPPORTED
 _Label = str | Callable[[], str]  # a name, or a function making one on a timeout
 # Bindings for CUDA 12.0-12.x may know only the _V1 spelling of this attribute.
 _WIDE_OPS_ATTRIBUTE = next(
@@ -310,27 +313,85 @@ class CudaEngine:
         its next barrier on the same words only after passing the barrier in between,
         which needs our store there, which our stream makes after clearing: so a clear
         never erases a store of the next round."""
-        outgoing = [_word_address(pad, my_slot) for pad in peer_pads]
-        incoming = [(_word_address(own_pad, slot), (lambda s=slot: what(s)))
-                    for slot in peer_slots]
-        write, wait, stream = self._write, self._wait, self._live_stream()
-        write_name, wait_name, pending = self._write_name, self._wait_name, self._pending
+        return self.make_party_flag_barrier([(own_pad, peer_pads, my_slot, peer_slots, what)],
+                                            timeout=timeout)
 
-        def barrier() -> None:
-            for address in outgoing:
-                err, = write(stream, address, 1, _WRITE_RELEASE)
-                if err:
-                    raise cuda_error(write_name, err)
-            for address, label in incoming:
-                err, = wait(stream, address, 1, _WAIT_GEQ)
-                if err:
-                    raise cuda_error(wait_name, err)
-                pending[address] = (1, timeout, label)
-            for address, _label in incoming:
-                err, = write(stream, address, 0, _WRITE_RELEASE)
-                if err:
-                    raise cuda_error(write_name, err)
-        return barrier
+    def make_party_flag_barrier(self, parties: list[tuple], *,
+                                timeout: float) -> Callable[[], None]:
+        """``make_flag_barrier`` for several parties at once, each ``(own_pad, peer_pads,
+        my_slot, peer_slots, what)`` (``what(slot)`` names a wait of that party on a
+        timeout): the stores of every party, then every party's waits and clears. One
+        stream meets the barrier for several ranks this way (the leader of a time-sliced
+        GPU for its guests, collectives/time_sliced.py), where one party's waits would
+        otherwise come before the stores of another that it waits for. One stream
+        operation (make_signal_batch)."""
+        steps: list[tuple] = [("write", pad, my_slot, 1)
+                              for _own, peer_pads, my_slot, _slots, _what in parties
+                              for pad in peer_pads]
+        for own_pad, _pads, _slot, peer_slots, what in parties:
+            steps += [("wait", own_pad, slot, 1, lambda s=slot, name=what: name(s))
+                      for slot in peer_slots]
+        steps += [("write", own_pad, slot, 0) for own_pad, _pads, _slot, peer_slots, _what
+                  in parties for slot in peer_slots]
+        return self.make_signal_batch(steps, timeout=timeout)
+
+    def make_signal_batch(self, steps: list[tuple], *, timeout: float) -> Callable[[], None]:
+        """A callable enqueuing ``steps`` in order as one stream operation
+        (``cuStreamBatchMemOp``; each separate operation costs the GPU's front end about
+        1.5 µs on an H100, tools/timeslice_probe.py): ``("write", pad, slot, value)`` a
+        release store, ``("wait", pad, slot, value, what)`` a wait until the word is >=
+        ``value`` (``what``: a name, or a function making one, for ``synchronize``'s
+        timeout message). Fixed values only, so a CUDA graph replays it. Where the driver
+        refuses batches, the same operations go one by one.
+
+        Raises:
+            ValueError: a slot outside its pad.
+        """
+        kinds = driver.CUstreamBatchMemOpType
+        write_kind, wait_kind = ((kinds.CU_STREAM_MEM_OP_WRITE_VALUE_64,
+                                  kinds.CU_STREAM_MEM_OP_WAIT_VALUE_64) if self.wide_signals
+                                 else (kinds.CU_STREAM_MEM_OP_WRITE_VALUE_32,
+                                       kinds.CU_STREAM_MEM_OP_WAIT_VALUE_32))
+        ops, waits, singles = [], [], []
+        for step in steps:
+            address, value = _word_address(step[1], step[2]), step[3] & self._mask
+            op = driver.CUstreamBatchMemOpParams()
+            part = op.writeValue if step[0] == "write" else op.waitValue
+            part.operation = write_kind if step[0] == "write" else wait_kind
+            part.address = address
+            if self.wide_signals:
+                part.value64 = value
+            else:
+                part.value = value
+            part.flags = _WRITE_RELEASE if step[0] == "write" else _WAIT_GEQ
+            ops.append(op)
+            if step[0] == "wait":
+                waits.append((address, (value, timeout, step[4])))
+            singles.append((step[0] == "write", address, value))
+        batches = [ops[i:i + _BATCH_OPS] for i in range(0, len(ops), _BATCH_OPS)]
+        stream, pending, batch = self._live_stream(), self._pending, driver.cuStreamBatchMemOp
+        write, wait = self._write, self._wait
+        refused = [False]
+
+        def enqueue() -> None:
+            if not refused[0]:
+                for chunk in batches:
+                    err, = batch(stream, len(chunk), chunk, 0)
+                    if err == _NOT_SUPPORTED and chunk is batches[0]:
+                        refused[0] = True
+                        break
+                    if err:
+                        raise cuda_error("cuStreamBatchMemOp", err)
+            if refused[0]:
+                for is_write, address, value in singles:
+                    err, = (write(stream, address, value, _WRITE_RELEASE) if is_write
+                            else wait(stream, address, value, _WAIT_GEQ))
+                    if err:
+                        raise cuda_error(self._write_name if is_write else self._wait_name,
+                                         err)
+            pending.update(waits)
+        enqueue.keep = batches  # the parameter structs live as long as the callable
+        return enqueue
 
     def make_barrier(self, own_pad: DeviceBuffer, peer_pads: list[DeviceBuffer], my_slot: int,
                      peer_slots: list[int], *, timeout: float, what: Callable[[int], str],

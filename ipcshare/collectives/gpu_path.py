@@ -52,6 +52,10 @@ REGISTRATION_ROWS = 64
 _STAGED, _IN_HEAP, _REGISTERED = 0, 1, 2
 
 
+def _run_now(step: Any) -> None:
+    step()
+
+
 class _BoundCall:
     """A signature bound to a stream: its argument block (input, output and placement
     change per call, the rest is fixed), the kernel parameters pointing at it, and the
@@ -119,6 +123,11 @@ class GpuPath:
         # did not fit and waited out their timeouts.
         sharing = max((len(ranks) for ranks in group.shared_gpus.values()), default=1)
         self._max_blocks = max(1, MAX_BLOCKS // sharing)
+        # On a time-sliced GPU, stepped calls run in one context: the lowest rank there
+        # runs them for the others (collectives/time_sliced.py).
+        from .time_sliced import TimeSlicedRole
+
+        self._time_sliced = TimeSlicedRole.of(self)
         self._launch_kernel = driver.cuLaunchKernel
         self._success = driver.CUresult.CUDA_SUCCESS
         self._engines: dict[int, Any] = {}       # stream handle -> engine on it
@@ -195,6 +204,27 @@ class GpuPath:
         not run after this, as the arrays themselves may then be freed)."""
         self._rows.pop(registration.index, None)
 
+    def registered_row(self, ptr: int, nbytes: int) -> tuple[int, int] | None:
+        """(row of the registrations table, offset in the array) of ``nbytes`` at ``ptr``
+        of this rank's registered arrays, or None (not registered, or it has no row)."""
+        if not self._rows or self.registry is None:
+            return None
+        registration = self.registry.find(ptr, nbytes)
+        row = None if registration is None else self._rows.get(registration.index)
+        return None if row is None else (row, ptr - registration.ptr)
+
+    @property
+    def registrations_table_ptr(self) -> int:
+        return self._table.ptr
+
+    @property
+    def launch_kernel(self) -> Any:
+        return self._launch_kernel
+
+    def kernel_function(self, entry: str) -> Any:
+        """The ``CUfunction`` of collectives.cu's ``entry`` (looked up once)."""
+        return self._function(entry)
+
     # -- calls -------------------------------------------------------------------------
     def engine_for(self, stream: Any) -> Any:
         """The window's engine on ``stream`` (None: the window's own), cached by handle."""
@@ -218,8 +248,14 @@ class GpuPath:
                 alike (on every rank), or an algorithm that cannot run it.
         """
         bound = self._bound_for(signature, algorithm, stream)
-        if not self._place(bound.args, signature, algorithm, input_ref, output_ref, in_place):
-            self.copies_in += 1
+        steps = bound.call.time_sliced
+        if steps is not None and steps.guest:
+            copies = self._describe_guest_call(steps, signature, algorithm, input_ref,
+                                               output_ref, in_place)
+        else:
+            copies = not self._place(bound.args, signature, algorithm, input_ref, output_ref,
+                                     in_place)
+        self.copies_in += copies
         self.calls += 1
         algorithm.run(bound.call)
 
@@ -236,17 +272,26 @@ class GpuPath:
         args = type(self._template)()
         ctypes.memmove(ctypes.addressof(args), ctypes.addressof(bound.args),
                        ctypes.sizeof(args))
-        zero_copy = self._place(args, signature, algorithm, input_ref, output_ref, in_place)
-        # (entry, blocks) of a kernel, the turn of a meeting, or a list of copies
+        # (entry, blocks) of a kernel, the turn of a meeting, a list of copies, or a step
+        # of a time-sliced GPU's call (a callable)
         recorded: list[Any] = []
-        algorithm.run(GpuCall(signature, self.size,
-                              lambda entry, blocks: recorded.append((entry, blocks)),
+        engine = self.engine_for(stream)
+        record_kernel = lambda entry, blocks: recorded.append((entry, blocks))  # noqa: E731
+        time_sliced = self._time_sliced_steps(algorithm, engine, args, record_kernel,
+                                              recorded.append)
+        if time_sliced is not None and time_sliced.guest:
+            zero_copy = not self._describe_guest_call(time_sliced, signature, algorithm,
+                                                      input_ref, output_ref, in_place)
+        else:
+            zero_copy = self._place(args, signature, algorithm, input_ref, output_ref, in_place)
+        algorithm.run(GpuCall(signature, self.size, record_kernel,
                               self.layout.ll_max_bytes, meet=recorded.append,
-                              copy=recorded.append, args=args, max_blocks=self._max_blocks))
+                              copy=recorded.append, args=args, max_blocks=self._max_blocks,
+                              time_sliced=time_sliced))
         params = (ctypes.c_void_p * 1)(ctypes.addressof(args))
         address, cu_stream, launch = ctypes.addressof(params), bound.stream, self._launch_kernel
-        engine = self.engine_for(stream)
-        steps = [(self._function(step[0]), step[1]) if isinstance(step, tuple)
+        steps = [step if callable(step)
+                 else (self._function(step[0]), step[1]) if isinstance(step, tuple)
                  else self._copier(engine, step) if isinstance(step, list)
                  else self._meetings_on(engine)[step] for step in recorded]
         path, success = self, self._success
@@ -265,8 +310,30 @@ class GpuPath:
             path.calls += 1
             if not zero_copy:
                 path.copies_in += 1
-        enqueue.keep = (args, params)  # both must outlive every launch
+        enqueue.keep = (args, params, time_sliced)  # all must outlive every launch
         return enqueue
+
+    def _time_sliced_steps(self, algorithm: Algorithm, engine: Any, args: Any,
+                           launch_own: Any, sink: Any) -> Any:
+        """This rank's steps of ``algorithm``'s calls on a time-sliced GPU (None where its
+        calls run as usual): a guest's hand-over, or the leader's steps for its guests."""
+        role = self._time_sliced
+        if role is None or not getattr(algorithm, "leader_runs_time_sliced", False):
+            return None
+        if role.guest:
+            return role.guest_steps(engine, sink)
+        return role.leader_steps(engine, args, launch_own, sink)
+
+    def _describe_guest_call(self, steps: Any, signature: Signature, algorithm: Algorithm,
+                             input_ref: ArrayRef, output_ref: ArrayRef, in_place: bool) -> bool:
+        """Set a guest's steps for this call's arrays; return whether its input is copied
+        (by the guest, or staged by the leader)."""
+        placement = self._time_sliced.place(signature, algorithm, input_ref, output_ref,
+                                            in_place)
+        steps.placement, steps.digest = placement, signature.digest
+        steps.input = (input_ref.ptr, signature.nbytes)
+        steps.output = (output_ref.ptr, output_ref.nbytes)
+        return placement.copies_input
 
     def _bound_for(self, signature: Signature, algorithm: Algorithm, stream: Any) -> _BoundCall:
         engine = self.engine_for(stream)
@@ -368,7 +435,9 @@ class GpuPath:
         bound.call = GpuCall(signature, self.size, launch_on_stream, ll_max_bytes,
                              meet=lambda turn: self._meetings_on(engine)[turn](),
                              copy=lambda jobs: self._copier(engine, jobs)(), args=bound.args,
-                             max_blocks=self._max_blocks)
+                             max_blocks=self._max_blocks,
+                             time_sliced=self._time_sliced_steps(
+                                 algorithm, engine, bound.args, launch_on_stream, _run_now))
         return bound
 
     def synchronize(self, stream: Any = None) -> None:

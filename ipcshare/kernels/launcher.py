@@ -72,6 +72,7 @@ class CollectiveArgs(ctypes.Structure):
         ("ll_clean_every", ctypes.c_ulonglong),
         ("registrations", ctypes.c_void_p),
         ("registration_row", ctypes.c_ulonglong),
+        ("guest", ctypes.c_void_p),
     ]
 
 

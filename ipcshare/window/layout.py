@@ -16,7 +16,10 @@ __all__ = [
     "RING_KERNEL_EPOCH_SLOT", "DEVICE_BARRIER_EPOCH_SLOT", "LL_EPOCH_SLOT",
     "RING_SIGNAL_SLOT", "HEADER_WORDS", "HEADER_DIGEST", "HEADER_INPUT", "HEADER_FLAGS",
     "HEADER_REGISTRATION", "FLAG_ZERO_COPY", "FLAG_REGISTERED", "LL_CLEANED_SLOT",
-    "STAGING_SLOTS", "INBOX_HEADER_BYTES", "INBOX_BARRIER_WORD_BASE",
+    "GUEST_CALL_SLOT", "GUEST_CALL_WORDS", "GUEST_DIGEST", "GUEST_INPUT", "GUEST_OUTPUT",
+    "GUEST_ROW_SHIFT", "GUEST_OFFSET_SHIFT", "GUEST_REGISTERED", "GUEST_LEADER_STAGES",
+    "GUEST_READY_SLOT", "GUEST_DONE_SLOT", "STAGING_SLOTS", "INBOX_HEADER_BYTES",
+    "INBOX_BARRIER_WORD_BASE",
     "INBOX_READY_WORD_BASE", "INBOX_FREE_WORD_BASE", "slot_bytes_for", "slot_stride",
     "relay_staging_bytes", "inbox_bytes",
 ]
@@ -85,6 +88,22 @@ HEADER_REGISTRATION = 3
 # Two own-pad words (one per parity) where the LL kernels record the call at which they
 # last re-flagged that parity's buffer: after the two call headers.
 LL_CLEANED_SLOT = USER_SLOT_BASE + 2 * HEADER_WORDS
+# Stepped calls on a time-sliced GPU (collectives/time_sliced.py): a guest rank's stream
+# writes its call's digest and where its input and output lie into GUEST_CALL_WORDS
+# own-pad words from GUEST_CALL_SLOT (kGuest* in collectives.cu), then sets
+# GUEST_READY_SLOT; the leader of its GPU runs the call's kernels for it and sets
+# GUEST_DONE_SLOT. A place is one word: offset << GUEST_OFFSET_SHIFT | registration row <<
+# GUEST_ROW_SHIFT | flags.
+GUEST_CALL_SLOT = LL_CLEANED_SLOT + 2
+GUEST_CALL_WORDS = 3
+GUEST_DIGEST, GUEST_INPUT, GUEST_OUTPUT = 0, 1, 2
+GUEST_ROW_SHIFT, GUEST_OFFSET_SHIFT = 2, 8
+# Flags of a place: in a registered array (else in the guest's window, at the offset);
+# for an input, the leader stages it before peers read it.
+GUEST_REGISTERED = 1
+GUEST_LEADER_STAGES = 2
+GUEST_READY_SLOT = GUEST_CALL_SLOT + GUEST_CALL_WORDS
+GUEST_DONE_SLOT = GUEST_READY_SLOT + 1
 
 # -- staged copies (pairs without peer access) ---------------------------------------
 STAGING_SLOTS = 2

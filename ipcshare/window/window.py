@@ -392,8 +392,15 @@ class Window:
         try:
             self.engine.synchronize()
         except SignalTimeout:
-            own = self._pads.get(self.world.rank)
-            if self.engine.has_streams and own is not None and self.engine.release_waits(own):
+            # Our waits lie in our own pad, and, for the rank that runs the stepped calls
+            # of a time-sliced GPU, in the pads of the ranks sharing it
+            # (collectives/time_sliced.py).
+            me = self.world.rank
+            pads = [self._pads.get(me)] + [self._pads.get(rank)
+                                           for ranks in self.shared_gpus.values()
+                                           if me in ranks for rank in ranks if rank != me]
+            if self.engine.has_streams and sum(self.engine.release_waits(pad)
+                                               for pad in pads if pad is not None):
                 try:
                     self.engine.synchronize()
                 except SignalTimeout:

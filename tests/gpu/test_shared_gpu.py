@@ -113,3 +113,76 @@ def test_a_communicator_on_shared_gpus_runs_stepped_calls_eager_and_in_graphs(co
             assert np.array_equal(gathered.cpu().numpy().view(np.int32),
                                   reduced.cpu().numpy().view(np.int32)), replay
         cm.synchronize(stream)
+
+
+@pytest.mark.parametrize("backend", ["cuda-ipc", "cuda-vmm"])
+def test_the_leader_of_a_time_sliced_gpu_runs_its_guests_stepped_calls(comm, backend):
+    """On a GPU that takes turns, the lowest rank there runs the stepped calls of the
+    others (collectives/time_sliced.py): it reads and writes their arrays from empty()
+    and their registered arrays in place, while their own tensors are copied in and out
+    by the guests themselves. Every placement gives the right bits, eager and bound, with
+    every op; a call whose ranks disagree still fails on every rank."""
+    torch = pytest.importorskip("torch")
+    import numpy as np
+
+    from ipcshare.runtime.errors import CollectiveError
+    from tests.reduction_reference import mismatches, reference, seeded_values
+
+    from .torch_communicator import torch_communicator
+
+    with torch_communicator(backend, 1 << 20) as (group, cm, stream):
+        if not group.time_sliced_gpus:
+            pytest.skip("no GPU takes turns here (each rank has its own, or MPS serves it)")
+        role = cm._path._time_sliced
+        ranks = next((r for r in group.time_sliced_gpus.values() if cm.rank in r), None)
+        if ranks is None:
+            assert role is None  # a GPU of its own: its calls run as usual
+        else:
+            assert role.leader == min(ranks) and role.guest == (cm.rank != min(ranks))
+        device = f"cuda:{group.backend.device}"
+        count = 4099 * cm.size
+        inputs = [seeded_values("float32", count, 7, r) for r in range(cm.size)]
+        want = reference("float32", "sum", inputs)
+        mine = torch.from_numpy(inputs[cm.rank]).to(device)
+        heap = torch.from_dlpack(cm.empty((count,), "float32"))
+        heap_out = torch.from_dlpack(cm.empty((count,), "float32"))
+        user = torch.empty(count, dtype=torch.float32, device=device)
+        user_out = torch.empty_like(user)
+        kept, kept_out = torch.empty_like(user), torch.empty_like(user)
+        cm.register(kept)
+        cm.register(kept_out)
+        placements = {"heap": (heap, heap_out, 0), "user": (user, user_out, 1),
+                      "heap in, user out": (heap, user_out, 0),
+                      "registered": (kept, kept_out, 0)}
+        for name, (source, output, copies) in placements.items():
+            source.copy_(mine)
+            output.zero_()
+            before = cm.copies_in
+            cm.all_reduce(source, output=output, algo="stepped", stream=stream)
+            cm.synchronize(stream)
+            assert mismatches("float32", "sum", output.cpu().numpy(), want) == 0, name
+            assert cm.copies_in - before == copies, name
+            # In place, the input is staged first (by the leader where it reaches it).
+            cm.all_reduce(source, algo="stepped", stream=stream)
+            cm.synchronize(stream)
+            assert mismatches("float32", "sum", source.cpu().numpy(), want) == 0, name
+        # reduce-scatter and all-gather, bound once, into arrays of every kind.
+        block = torch.from_dlpack(cm.empty((count // cm.size,), "float32"))
+        gathered = torch.zeros(count, dtype=torch.float32, device=device)
+        heap.copy_(mine)
+        scatter = cm.bind("reduce_scatter", block, heap, algo="stepped", stream=stream)
+        gather = cm.bind("all_gather", gathered, block, algo="stepped", stream=stream)
+        for _ in range(3):
+            gathered.zero_()
+            scatter()
+            gather()
+            cm.synchronize(stream)
+            assert np.array_equal(gathered.cpu().numpy().view(np.int32),
+                                  np.asarray(want, np.float32).view(np.int32))
+        # A call whose shape differs on one rank raises everywhere, proxied or not.
+        odd = heap[:count - 1 - (cm.rank == cm.size - 1)]
+        with pytest.raises(CollectiveError, match="disagree"):
+            cm.all_reduce(odd, algo="stepped", stream=stream)
+            cm.synchronize(stream)
+        cm.unregister(kept_out)
+        cm.unregister(kept)

@@ -49,6 +49,13 @@ def test_collective_call_header_matches_the_layout():
     assert source["kFlagZeroCopy"] == layout.FLAG_ZERO_COPY
     assert source["kHeaderRegistration"] == layout.HEADER_REGISTRATION
     assert source["kFlagRegistered"] == layout.FLAG_REGISTERED
+    guest_words = {"kGuestDigest": layout.GUEST_DIGEST, "kGuestInput": layout.GUEST_INPUT,
+                   "kGuestOutput": layout.GUEST_OUTPUT,
+                   "kGuestRowShift": layout.GUEST_ROW_SHIFT,
+                   "kGuestOffsetShift": layout.GUEST_OFFSET_SHIFT,
+                   "kGuestRegistered": layout.GUEST_REGISTERED,
+                   "kGuestLeaderStages": layout.GUEST_LEADER_STAGES}
+    assert {name: source[name] for name in guest_words} == guest_words
 
 
 def test_pad_regions_do_not_overlap():

@@ -32,8 +32,9 @@ class GpuCall:
     with every peer made of stream memory operations on flag set ``turn`` (0 or 1; the
     two sets must alternate on the stream, as gpu_stepped.py explains), and
     ``copy([(dst, src, nbytes), ...])`` enqueuing copy-engine copies between device
-    addresses. ``args`` is the kernels' argument block as placed for this call (input,
-    output, every rank's window and the areas' offsets), for algorithms that copy."""
+    addresses, and ``time_sliced`` (see there). ``args`` is the kernels' argument block as
+    placed for this call (input, output, every rank's window and the areas' offsets), for
+    algorithms that copy."""
 
     signature: Signature
     size: int
@@ -43,6 +44,10 @@ class GpuCall:
     copy: Callable[[list[tuple[int, int, int]]], None] | None = None
     args: Any = None
     max_blocks: int = MAX_BLOCKS
+    # Stepped calls on a time-sliced GPU (collectives/time_sliced.py): a guest's steps
+    # (``guest`` True: ``hand_over()``) or the leader's (``take_guests``, ``launch``,
+    # ``meet`` and ``release_guests`` for itself and its guests); None elsewhere.
+    time_sliced: Any = None
 
 
 class GpuKernelAlgorithm(Algorithm):
@@ -60,6 +65,10 @@ class GpuKernelAlgorithm(Algorithm):
     kernel: ClassVar[str] = ""
     aliasing_safe: ClassVar[bool] = False
     stages_input: ClassVar[bool] = True
+    # Whether, on a time-sliced GPU, the leader runs the calls of the other ranks there
+    # (only algorithms whose kernels never spin and whose steps run through GpuCall's
+    # time_sliced: the stepped ones).
+    leader_runs_time_sliced: ClassVar[bool] = False
     bytes_per_block: ClassVar[int] = 16 << 10
 
     def entry(self, signature: Signature) -> str:

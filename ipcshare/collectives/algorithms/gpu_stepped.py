@@ -32,18 +32,30 @@ _STAGE_BYTES_PER_BLOCK = 16 << 10
 
 
 class _Stepped(GpuKernelAlgorithm):
+    leader_runs_time_sliced = True
+
     def stage_entry(self, signature: Signature) -> str:
         kind = "bytes" if signature.op == "all_gather" else signature.dtype
         return f"stage_and_publish_{kind}"
 
     def run(self, call: GpuCall) -> None:
+        shared = call.time_sliced
+        if shared is not None and shared.guest:
+            shared.hand_over()  # the leader of our GPU runs the steps below for us
+            return
         signature = call.signature
         stage_blocks = max(1, min(call.max_blocks,
                                    -(-signature.nbytes // _STAGE_BYTES_PER_BLOCK)))
-        call.launch(self.stage_entry(signature), stage_blocks)
-        call.meet(0)
-        call.launch(self.entry(signature), self.blocks(signature, call.size, call.max_blocks))
-        call.meet(1)
+        launch, meet = (call.launch, call.meet) if shared is None else (shared.launch,
+                                                                        shared.meet)
+        if shared is not None:
+            shared.take_guests()
+        launch(self.stage_entry(signature), stage_blocks)
+        meet(0)
+        launch(self.entry(signature), self.blocks(signature, call.size, call.max_blocks))
+        meet(1)
+        if shared is not None:
+            shared.release_guests()
 
 
 # Each is its unstepped twin (same slices, same aliasing rules) with other entry points.

@@ -36,6 +36,16 @@ constexpr u64 kFlagZeroCopy = 1;
 // its offset there and kHeaderRegistration the row of the registrations table (the same
 // row on every rank: rows are handed out in the collective order of register calls).
 constexpr u64 kFlagRegistered = 2;
+// A guest's call as its stream describes it (GUEST_* in window/layout.py): the words of
+// CollectiveArgs::guest; a place is offset << kGuestOffsetShift | row << kGuestRowShift |
+// flags.
+constexpr int kGuestDigest = 0;
+constexpr int kGuestInput = 1;
+constexpr int kGuestOutput = 2;
+constexpr int kGuestRowShift = 2;
+constexpr int kGuestOffsetShift = 8;
+constexpr u64 kGuestRegistered = 1;
+constexpr u64 kGuestLeaderStages = 2;
 // Error-word code of a call whose ranks disagree (peer field all ones; see gpu_path.py).
 constexpr u64 kDisagreement = 0xFFFFull << 48;
 
@@ -71,6 +81,10 @@ struct CollectiveArgs {
   // registration in row k is mapped here (kMaxRanks addresses a row).
   const u64* registrations;
   unsigned long long registration_row;
+  // Stepped calls on a time-sliced GPU: non-null when the leader of the GPU runs this
+  // kernel for `rank`, a guest; the guest's own pad words (kGuest*) say where its input
+  // and output lie (resolve_guest).
+  const u64* guest;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -500,8 +514,49 @@ __device__ void all_reduce_two_shot(const CollectiveArgs& a) {
 // the call, so no rank returns while a peer may still read its input. Both kernels of a
 // call read the same device-side epoch (so the same parity); the second publishes it.
 
+// The row of the registrations table in a guest's place word.
+__device__ __forceinline__ u64 guest_row(u64 place) {
+  return (place >> kGuestRowShift) & ((1ull << (kGuestOffsetShift - kGuestRowShift)) - 1);
+}
+
+// The guest's memory at `place`, as mapped here.
+__device__ __forceinline__ char* guest_place(const CollectiveArgs& a, u64 place) {
+  char* base = (place & kGuestRegistered)
+      ? reinterpret_cast<char*>(a.registrations[guest_row(place) * kMaxRanks + a.rank])
+      : a.windows[a.rank];
+  return base + (place >> kGuestOffsetShift);
+}
+
+// A stepped kernel run by the leader of a time-sliced GPU for a guest rank
+// (collectives/time_sliced.py): take the call's digest, input and output from the words
+// the guest's stream wrote before it handed the call over, translated into the leader's
+// mappings (the guest's window, or a registered array's row). A guest whose call differs
+// keeps its own digest and nothing is staged or written: every rank finds the
+// disagreement in the headers, as for calls made by the ranks themselves.
+__device__ __forceinline__ void resolve_guest(CollectiveArgs& a) {
+  if (a.guest == nullptr) return;
+  const volatile u64* d = a.guest;
+  const u64 digest = d[kGuestDigest], input = d[kGuestInput], output = d[kGuestOutput];
+  if (digest != a.digest) {
+    a.digest = digest;
+    a.zero_copy = 1;
+    a.input_offset = 0;
+    return;
+  }
+  a.input = guest_place(a, input);
+  if (input & kGuestLeaderStages) {
+    a.zero_copy = 0;
+  } else {
+    a.zero_copy = (input & kGuestRegistered) ? 2 : 1;
+    a.input_offset = input >> kGuestOffsetShift;
+    a.registration_row = guest_row(input);
+  }
+  a.output = guest_place(a, output);
+}
+
 template <class T>
-__device__ void stage_and_publish(const CollectiveArgs& a) {
+__device__ void stage_and_publish(CollectiveArgs a) {
+  resolve_guest(a);
   const unsigned long long nbytes = a.count * sizeof(typename T::Bits);
   const Slice s = block_slice(nbytes, 16);
   Call call;
@@ -511,7 +566,8 @@ __device__ void stage_and_publish(const CollectiveArgs& a) {
 }
 
 template <class C>
-__device__ __forceinline__ void after_meet(const CollectiveArgs& a) {
+__device__ __forceinline__ void after_meet(CollectiveArgs a) {
+  resolve_guest(a);
   const Slice s = C::slice(a);
   Call call;
   begin_call(a, call);

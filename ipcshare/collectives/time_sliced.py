@@ -1,0 +1,312 @@
+"""Stepped calls on a time-sliced GPU: one context does the GPU work of every rank on it.
+
+Without MPS the contexts of one GPU take turns in time slices. Measured with
+``tools/timeslice_probe.py`` on nvidia-h100-x1 (2026-11-24, docs/GPU.md): when a second
+context runs a kernel or a copy in every round, each hand-over of the GPU costs about
+145 µs; a context that only waits and writes with stream memory operations costs nothing
+(14.5 µs a round against 14.0 for one context alone). So the stepped collectives run
+each rank's kernels and barriers in the context of the lowest rank on its GPU (the
+leader); the other ranks there (its guests) only describe their call and hand it over:
+
+- a guest's stream: copy the input into staging area 0 if the leader cannot read it where
+  it is, write where the input and output lie into its pad (``GUEST_CALL_SLOT``), set
+  ``GUEST_READY_SLOT``, wait for ``GUEST_DONE_SLOT`` and clear it, and copy the output
+  out of result area 0 if the leader could not write it in place;
+- the leader's stream: wait for every guest's READY and clear it, the staging kernel for
+  itself and for each guest, the first flag barrier for all of them, the work kernel for
+  all, the second flag barrier for all, then set every guest's DONE.
+
+The leader reaches a guest's input and output where it has them mapped: the guest's
+window (arrays from ``Communicator.empty``, or the staging and result areas) and
+registered arrays (``Communicator.register``). Anything else costs the guest a copy, and
+so a hand-over of the GPU. The words are fixed per call, so graphs of either side replay
+correctly. Ordering: a guest describes its next call only after DONE, which the leader
+sets after the second barrier (every rank is done with this call's inputs and outputs);
+the leader clears READY before it sets DONE, and a guest clears DONE before it sets
+READY again, so neither word is ever cleared over a newer store.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from ..window.layout import (
+    FLAG_BARRIER_RANKS,
+    FLAG_BARRIER_SLOT_BASE,
+    GUEST_CALL_SLOT,
+    GUEST_DIGEST,
+    GUEST_DONE_SLOT,
+    GUEST_INPUT,
+    GUEST_LEADER_STAGES,
+    GUEST_OFFSET_SHIFT,
+    GUEST_OUTPUT,
+    GUEST_READY_SLOT,
+    GUEST_REGISTERED,
+    GUEST_ROW_SHIFT,
+)
+
+__all__ = ["GuestPlacement", "TimeSlicedRole", "gpu_leaders", "pack_place", "place_guest_call"]
+
+Sink = Callable[[Callable[[], None]], None]  # runs a step now, or records it (bind)
+
+
+def gpu_leaders(time_sliced: dict[Any, list[int]]) -> dict[int, int]:
+    """Every rank on a time-sliced GPU, mapped to the lowest rank on that GPU."""
+    return {rank: min(ranks) for ranks in time_sliced.values() for rank in ranks}
+
+
+@dataclasses.dataclass(frozen=True)
+class GuestPlacement:
+    """Where a guest's call lies for its leader (the words it writes: flags, offset and
+    registration row of the input and of the output), and which copies the guest makes
+    itself: the input into staging area 0 (``copy_in``), the output out of result area 0
+    (``copy_out``)."""
+
+    input_flags: int
+    input_offset: int
+    input_row: int
+    output_flags: int
+    output_offset: int
+    output_row: int
+    copy_in: bool
+    copy_out: bool
+
+    @property
+    def copies_input(self) -> bool:
+        """Whether the call copies the input (the guest itself, or the leader staging it)."""
+        return self.copy_in or bool(self.input_flags & GUEST_LEADER_STAGES)
+
+    def words(self, digest: int) -> dict[int, int]:
+        """The call's words by ``GUEST_*`` index: the digest and the two places."""
+        return {GUEST_DIGEST: digest,
+                GUEST_INPUT: pack_place(self.input_flags, self.input_offset, self.input_row),
+                GUEST_OUTPUT: pack_place(self.output_flags, self.output_offset,
+                                         self.output_row)}
+
+
+def pack_place(flags: int, offset: int, row: int) -> int:
+    """One word for a place (what collectives.cu's guest_place reads back).
+
+    Raises:
+        ValueError: a row or offset the word cannot hold.
+    """
+    if not 0 <= row < 1 << (GUEST_OFFSET_SHIFT - GUEST_ROW_SHIFT):
+        raise ValueError(f"registration row {row} does not fit a place word")
+    if not 0 <= offset < 1 << (64 - GUEST_OFFSET_SHIFT):
+        raise ValueError(f"offset {offset} does not fit a place word")
+    return offset << GUEST_OFFSET_SHIFT | row << GUEST_ROW_SHIFT | flags
+
+
+Location = tuple[int, int, int]  # (GUEST_REGISTERED or 0, offset, registration row)
+
+
+def place_guest_call(input_at: Location | None, output_at: Location | None, *,
+                     may_alias: bool, staging_offset: int,
+                     result_offset: int) -> GuestPlacement:
+    """The placement of a guest's call whose input and output the leader can reach at
+    ``input_at`` / ``output_at`` (None: it cannot, the array is the user's own memory).
+    ``may_alias``: peers may read the input where it lies (else, in place, the leader
+    stages it first). ``staging_offset`` / ``result_offset``: of areas 0 in the window."""
+    if input_at is None:
+        input_flags, input_offset, input_row, copy_in = 0, staging_offset, 0, True
+    else:
+        input_flags, input_offset, input_row = input_at
+        copy_in = False
+        if not may_alias:
+            input_flags |= GUEST_LEADER_STAGES
+    if output_at is None:
+        output_flags, output_offset, output_row, copy_out = 0, result_offset, 0, True
+    else:
+        (output_flags, output_offset, output_row), copy_out = output_at, False
+    return GuestPlacement(input_flags, input_offset, input_row, output_flags, output_offset,
+                          output_row, copy_in, copy_out)
+
+
+class TimeSlicedRole:
+    """This rank's part in stepped calls when its GPU is time-sliced: the leader, or a
+    guest of ``leader``. ``of(path)`` is None for a rank with a GPU of its own, under
+    MPS, or where 64-bit stream memory operations are missing (the call's words are)."""
+
+    def __init__(self, path: Any, leader: int, guests: list[int]) -> None:
+        self.path = path
+        self.leader = leader
+        self.guests = guests
+        self.guest = path.rank != leader
+
+    @classmethod
+    def of(cls, path: Any) -> TimeSlicedRole | None:
+        group = path.group
+        if group.world.node_count != 1 or not path.window.engine.wide_signals:
+            return None
+        leaders = gpu_leaders(group.time_sliced_gpus)
+        leader = leaders.get(path.rank)
+        if leader is None:
+            return None
+        guests = sorted(rank for rank, lead in leaders.items()
+                        if lead == leader and rank != leader)
+        return cls(path, leader, guests)
+
+    # -- the guest's side --------------------------------------------------------------
+    def locate(self, ptr: int, nbytes: int) -> Location | None:
+        """Where the leader reaches ``nbytes`` of this rank's memory at ``ptr``: in its
+        window, or in a registered array with a row of the registrations table."""
+        path = self.path
+        if nbytes <= 0:
+            return None
+        offset = ptr - path.window.local.ptr
+        if path.layout.in_heap(offset, nbytes):
+            return (0, offset, 0)
+        row = path.registered_row(ptr, nbytes)
+        return None if row is None else (GUEST_REGISTERED, row[1], row[0])
+
+    def place(self, signature: Any, algorithm: Any, input_ref: Any, output_ref: Any,
+              in_place: bool) -> GuestPlacement:
+        layout = self.path.layout
+        return place_guest_call(
+            self.locate(input_ref.ptr, signature.nbytes),
+            self.locate(output_ref.ptr, output_ref.nbytes),
+            may_alias=not in_place or algorithm.aliasing_safe,
+            staging_offset=layout.staging_offset(0), result_offset=layout.result_offset(0))
+
+    def guest_steps(self, engine: Any, sink: Sink) -> GuestSteps:
+        return GuestSteps(self, engine, sink)
+
+    # -- the leader's side -------------------------------------------------------------
+    def leader_steps(self, engine: Any, args: Any, launch_own: Callable[[str, int], None],
+                     sink: Sink) -> LeaderSteps:
+        return LeaderSteps(self, engine, args, launch_own, sink)
+
+
+class GuestSteps:
+    """A guest's call: described, handed to the leader, taken back. Set ``placement``,
+    ``digest``, ``input`` and ``output`` (``(ptr, bytes)``) before each ``hand_over``."""
+
+    guest = True
+
+    def __init__(self, role: TimeSlicedRole, engine: Any, sink: Sink) -> None:
+        path = role.path
+        self._engine, self._sink, self._window, self._device = (engine, sink, path.window,
+                                                                path.device)
+        self._pad = path.window.signal_pad(path.rank)
+        self._timeout = path.group.signal_timeout
+        self._what = (f"rank {path.rank} waiting for rank {role.leader}, which runs its "
+                      "collective calls on the GPU they share, to finish one")
+        # One batch of stream memory operations per distinct call: eager calls on the
+        # same arrays reuse theirs.
+        self._batches: dict[tuple, Callable[[], None]] = {}
+        self.placement: GuestPlacement | None = None
+        self.digest = 0
+        self.input: tuple[int, int] = (0, 0)
+        self.output: tuple[int, int] = (0, 0)
+
+    def _hand_over_batch(self, words: dict[int, int]) -> Callable[[], None]:
+        """Describe the call, set READY, wait for DONE and clear it: one stream operation."""
+        key = tuple(sorted(words.items()))
+        found = self._batches.get(key)
+        if found is None:
+            pad = self._pad
+            steps = [("write", pad, GUEST_CALL_SLOT + index, word)
+                     for index, word in sorted(words.items())]
+            steps += [("write", pad, GUEST_READY_SLOT, 1),
+                      ("wait", pad, GUEST_DONE_SLOT, 1, self._what),
+                      ("write", pad, GUEST_DONE_SLOT, 0)]
+            if len(self._batches) >= 64:
+                self._batches.clear()
+            found = self._batches[key] = self._engine.make_signal_batch(
+                steps, timeout=self._timeout)
+        return found
+
+    def hand_over(self) -> None:
+        from ..backends.device_buffer import DeviceBuffer
+
+        placement, window, engine, sink = self.placement, self._window, self._engine, self._sink
+        device = self._device
+        if placement.copy_in and self.input[1]:
+            ptr, nbytes = self.input
+            sink(engine.copier([(window.local.slice(placement.input_offset, nbytes),
+                                 DeviceBuffer(ptr, nbytes, device))]))
+        sink(self._hand_over_batch(placement.words(self.digest)))
+        if placement.copy_out and self.output[1]:
+            ptr, nbytes = self.output
+            sink(engine.copier([(DeviceBuffer(ptr, nbytes, device),
+                                 window.local.slice(placement.output_offset, nbytes))]))
+
+
+class LeaderSteps:
+    """The leader's call steps for itself and its guests, made once per signature and
+    stream: each guest's argument block (its rank, and where its call's words lie), the
+    launches, the flag barriers for every party, and the READY / DONE words."""
+
+    guest = False
+
+    def __init__(self, role: TimeSlicedRole, engine: Any, args: Any,
+                 launch_own: Callable[[str, int], None], sink: Sink) -> None:
+        path = role.path
+        window, me, size = path.window, path.rank, path.size
+        timeout = path.group.signal_timeout
+        self._path, self._launch_own, self._sink = path, launch_own, sink
+        self._stream = engine.stream
+        self._blocks: list[tuple[Any, Any, int]] = []  # (args, params, address) per guest
+        for guest in role.guests:
+            block = type(args)()
+            ctypes.memmove(ctypes.addressof(block), ctypes.addressof(args), ctypes.sizeof(args))
+            block.rank = guest
+            block.guest = window.signal_pad(guest).ptr + GUEST_CALL_SLOT * 8
+            block.registrations = path.registrations_table_ptr
+            block.input = block.output = None
+            block.zero_copy = 0
+            params = (ctypes.c_void_p * 1)(ctypes.addressof(block))
+            self._blocks.append((block, params, ctypes.addressof(params)))
+        pads = {guest: window.signal_pad(guest) for guest in role.guests}
+        self._take = engine.make_signal_batch(
+            [step for guest in role.guests for step in (
+                ("wait", pads[guest], GUEST_READY_SLOT, 1,
+                 f"rank {me} waiting for rank {guest}, which shares its GPU, to hand over "
+                 "its collective call"),
+                ("write", pads[guest], GUEST_READY_SLOT, 0))], timeout=timeout)
+        self._release = engine.make_signal_batch(
+            [("write", pads[guest], GUEST_DONE_SLOT, 1) for guest in role.guests],
+            timeout=timeout)
+        # The ranks of this GPU meet in this stream's order: the barriers are only with
+        # the ranks of other GPUs, for every party of this one (none: no barrier at all).
+        parties = [me, *role.guests]
+        others = [r for r in range(size) if r not in parties]
+
+        def what_for(party: int) -> Callable[[int], str]:
+            who = f"rank {me}" if party == me else f"rank {me} (for rank {party})"
+            return lambda slot: (f"{who} in a collective call's stream barrier waiting for "
+                                 f"rank {slot % FLAG_BARRIER_RANKS}")
+        self._meetings = tuple(
+            engine.make_party_flag_barrier(
+                [(window.signal_pad(party), [window.signal_pad(r) for r in others],
+                  base + party, [base + r for r in others], what_for(party))
+                 for party in parties], timeout=timeout) if others else None
+            for base in (FLAG_BARRIER_SLOT_BASE, FLAG_BARRIER_SLOT_BASE + FLAG_BARRIER_RANKS))
+
+    def take_guests(self) -> None:
+        self._sink(self._take)
+
+    def launch(self, entry: str, blocks: int) -> None:
+        """The kernel ``entry`` for this rank, then for every guest."""
+        from ..runtime.cuda_driver import check
+        from .algorithms.gpu_kernel import THREADS
+
+        self._launch_own(entry, blocks)
+        function, stream = self._path.kernel_function(entry), self._stream
+        launch = self._path.launch_kernel
+        for _block, _params, address in self._blocks:
+            def run(at: int = address) -> None:
+                err = launch(function, blocks, 1, 1, THREADS, 1, 1, 0, stream, at, 0)[0]
+                if int(err) != 0:
+                    check("cuLaunchKernel", (err,))
+            self._sink(run)
+
+    def meet(self, turn: int) -> None:
+        if self._meetings[turn] is not None:
+            self._sink(self._meetings[turn])
+
+    def release_guests(self) -> None:
+        self._sink(self._release)

@@ -1,0 +1,86 @@
+"""What the placement of a call's arrays costs: a bound ``all_reduce`` (out of place) on
+arrays from ``Communicator.empty`` (the heap), on registered arrays
+(``Communicator.register``) and on plain torch tensors (copied in by the library), eager
+back-to-back and replayed in a CUDA graph, µs per call (rank 0's wall clock).
+
+Made for ranks that share a GPU without MPS, where the lowest rank on the GPU runs the
+others' stepped calls and a guest's own tensors cost it a copy, so a hand-over of the GPU
+(collectives/time_sliced.py); it runs on GPUs of their own too. Run under mpiexec, e.g.
+``mpiexec -n 2 python tools/placement_probe.py [--algo stepped] [--elements N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+import ipcshare
+
+
+def per_call(group, stream, run, calls: int) -> float:
+    """Microseconds per call of ``calls`` back-to-back ``run()``, after a warm-up."""
+    for _ in range(20):
+        run()
+    stream.synchronize()
+    group.barrier()
+    start = time.perf_counter()
+    for _ in range(calls):
+        run()
+    stream.synchronize()
+    elapsed = time.perf_counter() - start
+    group.barrier()
+    return elapsed / calls * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--algo", default="stepped")
+    parser.add_argument("--elements", type=int, nargs="+", default=[2048, 262144])
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--backend", default="cuda-vmm")
+    args = parser.parse_args()
+    with ipcshare.Group(backend=args.backend) as group:
+        device = group.backend.device
+        torch.cuda.set_device(device)
+        stream = torch.cuda.Stream(device=device)
+        largest = max(args.elements) * 4
+        lines = [f"ranks {group.world.size}, time-sliced GPUs {group.time_sliced_gpus or 'none'}, "
+                 f"algo {args.algo}, float32 all_reduce out of place, us per call"]
+        with group.communicator(max_bytes=largest, heap_bytes=2 * largest) as cm, \
+                torch.cuda.stream(stream):
+            for count in args.elements:
+                heap_in = torch.from_dlpack(cm.empty((count,), "float32")).fill_(1)
+                heap_out = torch.from_dlpack(cm.empty((count,), "float32"))
+                kept = torch.ones(count, device=f"cuda:{device}")
+                kept_out = torch.empty_like(kept)
+                cm.register(kept)
+                cm.register(kept_out)
+                user = torch.ones(count, device=f"cuda:{device}")
+                user_out = torch.empty_like(user)
+                for name, (source, output) in (("heap", (heap_in, heap_out)),
+                                               ("registered", (kept, kept_out)),
+                                               ("tensors", (user, user_out))):
+                    bound = cm.bind("all_reduce", source, output=output, algo=args.algo,
+                                    stream=stream)
+                    eager = per_call(group, stream, bound, args.calls)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, stream=stream):
+                        for _ in range(10):
+                            bound()
+                    graphed = per_call(group, stream, graph.replay, args.calls // 10) / 10
+                    cm.synchronize(stream)
+                    assert torch.equal(output, torch.full_like(output, group.world.size))
+                    lines.append(f"  {count * 4:>9} B  {name:<10} eager {eager:8.1f}  "
+                                 f"graph {graphed:8.1f}")
+                    del graph
+                cm.unregister(kept_out)
+                cm.unregister(kept)
+                del heap_in, heap_out
+        if group.rank == 0:
+            print("\n".join(lines), flush=True)
+
+
+if __name__ == "__main__":
+    main()
