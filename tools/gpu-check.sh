@@ -31,7 +31,9 @@
 #           and ring at 1 MiB with auto, the copy engine under both shared-GPU barriers
 #           (host, stream), push and leader; the communicator's collectives at 8 KiB - 4 MiB
 #           with auto (stepped kernels) against its spinning kernels (one-shot, pull), eager
-#           and in graphs; the G-rank figure beside them (2 GPUs or more); first the
+#           and in graphs; the communicator by where its arrays lie (tools/placement_probe.py)
+#           and the cost of handing GPU 0 between contexts (tools/timeslice_probe.py); the
+#           G-rank figure beside them (2 GPUs or more); first the
 #           shared-GPU tests at that many ranks; again under MPS when it can be started,
 #           with the communicator and LL tests at 3 and 4 ranks where GPUs are fewer
 #   nccl-tests  NVIDIA's nccl-tests (source carried in .nccl-tests/, ignored by git) built
@@ -565,6 +567,9 @@ shared_cases() {  # shared_cases SUFFIX: every case at G, G+1 and 2G ranks (SUFF
         -- reducescatter --algo auto "${sweep[@]}" $graph
     done
     [[ $n -eq $G ]] && continue
+    # The communicator's calls by where their arrays lie (heap, registered, plain
+    # tensors): on a time-sliced GPU the leader runs its guests' calls.
+    step "shared$s placement probe n=$n" 180 placement_probe "$n"
     for barrier in host stream; do
       step "shared$s allgather copy-engine, $barrier barriers, n=$n" 120 shared_run "$n" \
         "ce-$barrier$s" IPCSHARE_SHARED_GPU_BARRIER=$barrier -- allgather --algo copy-engine
@@ -579,14 +584,27 @@ shared_tests() {  # shared_tests N: the shared-GPU tests at N ranks on G GPUs
   "$MPIEXEC" -n "$1" --bind-to none "${forward[@]}" "$PY" -m pytest -q -rs --with-mpi -m gpu \
     -p no:cacheprovider tests/gpu/test_shared_gpu.py
 }
+placement_probe() {  # placement_probe N: tools/placement_probe.py at N ranks
+  local forward=()
+  [[ -n ${CUDA_MPS_PIPE_DIRECTORY:-} ]] && forward+=(-x CUDA_MPS_PIPE_DIRECTORY -x CUDA_MPS_LOG_DIRECTORY)
+  "$MPIEXEC" -n "$1" --bind-to none "${forward[@]}" "$PY" tools/placement_probe.py
+}
+timeslice_probes() {  # what a hand-over of GPU 0 costs, by the work of the other contexts
+  local n
+  for n in 2 3; do
+    CUDA_VISIBLE_DEVICES=0 "$MPIEXEC" -n "$n" --bind-to none -x CUDA_VISIBLE_DEVICES \
+      "$PY" tools/timeslice_probe.py --rounds 500 || return 1
+  done
+}
 mps_collective_tests() {  # mps_collective_tests N: the collectives' GPU tests at N ranks
   "$MPIEXEC" -n "$1" --bind-to none -x CUDA_MPS_PIPE_DIRECTORY -x CUDA_MPS_LOG_DIRECTORY \
     "$PY" -m pytest -q -rs --with-mpi -m gpu -p no:cacheprovider \
     tests/gpu/test_gpu_communicator.py tests/gpu/test_gpu_low_latency.py
 }
-export -f shared_run shared_tests mps_collective_tests
+export -f shared_run shared_tests mps_collective_tests placement_probe timeslice_probes
 if wants shared; then
   export IPCSHARE_SHARED_GPU_BARRIER=host
+  step "time-slice probe, 2 and 3 ranks on GPU 0" 120 timeslice_probes
   shared_cases ""
   # MPS runs the contexts of one GPU side by side: start a daemon of our own (pipe and log
   # directories under /tmp), measure, and stop it again.
