@@ -453,6 +453,14 @@ if [[ $G -ge 2 ]] && wants collectives; then
         allgather auto $mode --baseline "$baseline"
     done
   done
+  # Registered arrays (-R 1, as nccl-tests' -R): inputs read in place, no copy in, against
+  # NCCL's best path in the same launch.
+  for mode in --graph ""; do
+    for op in allreduce reducescatter; do
+      step "$op auto -R 1 n=2 vs nccl $mode" "$STEP_TIMEOUT_BENCH" collective_bench 2 \
+        "$op" auto -R 1 $mode --baseline nccl
+    done
+  done
 elif wants collectives; then
   log "collectives: needs 2 GPUs; skipped"
 fi
@@ -565,6 +573,9 @@ shared_cases() {  # shared_cases SUFFIX: every case at G, G+1 and 2G ranks (SUFF
       done
       step "shared$s reducescatter auto $graph n=$n" 180 shared_run "$n" "reducescatter-auto${graph:+-graph}$s" \
         -- reducescatter --algo auto "${sweep[@]}" $graph
+      # Registered arrays: on a time-sliced GPU the leader reaches its guests' in place.
+      step "shared$s allreduce auto -R 1 $graph n=$n" 180 shared_run "$n" "allreduce-auto-R1${graph:+-graph}$s" \
+        -- allreduce --algo auto -R 1 "${sweep[@]}" $graph
     done
     [[ $n -eq $G ]] && continue
     # The communicator's calls by where their arrays lie (heap, registered, plain

@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, text in (("ring", "each rank writes into the next rank's window, n-1 steps"),
                        ("allgather", "every rank gathers every rank's block, single copy")):
         _add_pattern_flags(commands.add_parser(name, help=text))
-        commands.choices[name].set_defaults(op=None)
+        commands.choices[name].set_defaults(op=None, register=None)
     for name, text in (("allreduce", "every rank's array reduced into every rank's (library "
                                      "Communicator.all_reduce)"),
                        ("reducescatter", "every rank gets its block of the reduction (library "
@@ -96,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
         _add_pattern_flags(command)
         command.add_argument("-o", "--op", dest="op", choices=("sum", "max", "min"),
                              help="reduction (default sum)")
+        command.add_argument("-R", "--register", dest="register", type=int, choices=(0, 1),
+                             help="1: register the arrays with the communicator "
+                                  "(Communicator.register), so calls read them in place "
+                                  "instead of copying them in (default 0)")
     from .bench import add_bench_flags
 
     add_bench_flags(commands.add_parser(

@@ -15,7 +15,7 @@ __all__ = ["run_pattern_command", "resolve_options", "check_same_run"]
 
 _OPTION_KEYS = ("backend", "exchange", "handle", "min_bytes", "max_bytes", "step_factor",
                 "iters", "warmup", "checks", "datatype", "baseline", "graph", "after_kernel",
-                "json", "min_bw", "algo", "inter", "op", "timing")
+                "json", "min_bw", "algo", "inter", "op", "timing", "register")
 
 
 def resolve_options(args: argparse.Namespace) -> PatternOptions:
@@ -50,6 +50,7 @@ def _run_facts(args: argparse.Namespace, options: PatternOptions) -> list[tuple[
         ("the algorithm", options.algo, f"--algo {options.algo}"),
         ("the engine between nodes", options.inter, f"--inter {options.inter}"),
         ("the reduction", options.op, f"-o {options.op}"),
+        ("the registration", options.register, f"-R {options.register}"),
         ("the baseline", options.baseline, f"--baseline {options.baseline}"),
         ("graph mode", options.graph, switch("--graph", options.graph)),
         ("the timing", options.timing, f"--timing {options.timing}"),
@@ -93,7 +94,8 @@ def run_pattern_command(args: argparse.Namespace) -> int:
         with collective_step(world, "reading options"):
             options = resolve_options(args)
             pattern = make_pattern(args.command, options.algo, op=options.op,
-                                   datatype=options.datatype, inter=options.inter)
+                                   datatype=options.datatype, inter=options.inter,
+                                   register=options.register)
         # Before any window: a rank sweeping other sizes would otherwise be named only by
         # the window size its sizes make.
         facts = world.comm.allgather(_run_facts(args, options))

@@ -8,7 +8,7 @@ PATTERNS = ("ring", "allgather", "allreduce", "reducescatter")
 
 
 def make_pattern(name: str, algo: str = "auto", *, op: str = "sum",
-                 datatype: str = "float32", inter: str = "auto"):
+                 datatype: str = "float32", inter: str = "auto", register: int = 0):
     """A fresh pattern object for ``name`` (``ring`` or ``allgather``) and ``algo``:
     ``copy-engine`` (engine copies: memcpy on host, the copy engine on GPUs),
     ``hierarchical`` (all-gather: IPC inside nodes, MPI between nodes), one of the
@@ -17,7 +17,9 @@ def make_pattern(name: str, algo: str = "auto", *, op: str = "sum",
     ``leader`` (one kernel per GPU, for ranks that share GPUs), or
     ``auto``: for all-gather on one node's GPUs the measured choice by size and world
     size (patterns.choice), hierarchical across nodes, engine copies otherwise.
-    ``inter`` names what crosses nodes (config.INTER_ENGINES: auto, nccl, mpi)."""
+    ``inter`` names what crosses nodes (config.INTER_ENGINES: auto, nccl, mpi).
+    ``register`` (allreduce and reducescatter): 1 registers the case's arrays with its
+    communicator, so calls read them in place."""
     from ..runtime.config import INTER_ENGINES
     from ..runtime.errors import ConfigError
 
@@ -26,6 +28,11 @@ def make_pattern(name: str, algo: str = "auto", *, op: str = "sum",
                           f"{', '.join(INTER_ENGINES)}")
     pattern = _make(name, algo, op, datatype)
     pattern.inter = inter
+    if register:
+        if name not in ("allreduce", "reducescatter"):
+            raise ConfigError(f"register applies to the allreduce and reducescatter ops "
+                              f"(their communicator's arrays), not to {name}")
+        pattern.register = True
     return pattern
 
 

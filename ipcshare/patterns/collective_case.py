@@ -70,6 +70,10 @@ class CommunicatorCase(Pattern):
         self.datatype = datatype
         self._communicator: Any = None
         self._node_group: Any = None  # the node's ranks, when the job spans nodes
+        # -R 1: the driver's window is registered with each communicator made (held until
+        # that communicator closes), so calls read their arrays in place.
+        self.register = False
+        self._registered_with: Any = None
 
     # -- what subclasses say -----------------------------------------------------------
     @abc.abstractmethod
@@ -146,11 +150,20 @@ class CommunicatorCase(Pattern):
 
     def bind(self, window: Window, plan: SizePlan, mode: str) -> Callable[[], None]:
         if window.world.node_count > 1:
+            if self.register:
+                raise ConfigError("-R 1 registers arrays with a communicator of one node; "
+                                  f"this job spans {window.world.node_count} nodes: use -R 0")
             from .hierarchical_reduction import bind_hierarchical_reduction
 
             return bind_hierarchical_reduction(self, window, plan, mode)
         communicator = self._communicator = communicator_for(self._communicator, window,
                                                              plan.size)
+        if self.register and self._registered_with is not communicator:
+            # The whole window (its regions and views share it): every array of every
+            # size and mode lies in it.
+            base = getattr(window, "window", None) or window
+            communicator.register(self._typed(base.local, communicator.memory))
+            self._registered_with = communicator
         inputs = self._typed(window.local.slice(0, plan.size), communicator.memory)
         output = self._typed(self._output(window, plan, mode), communicator.memory)
         # On GPUs the collective runs on the window's stream, after the driver's uploads.

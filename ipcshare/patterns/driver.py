@@ -139,6 +139,8 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
         title += f"  timing: {GRAPH_LABEL} ({options.iters} operations per graph)"
     if after_kernel:
         title += "  before each: an empty kernel"
+    if getattr(pattern, "register", False):
+        title += "  arrays: registered with the communicator (-R 1)"
     if rotate > 1:
         title += (f"  buffers: {rotate} in rotation up to "
                   f"{format_size(ROTATION_MAX_BLOCK_BYTES)} per rank")
@@ -236,7 +238,8 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
         world_size=n, nodes=world.node_count,
         timing=timing_label(timing, graph), devices=list(devices),
         rows=rows, baseline=results[0] if results else None, extra_baselines=results[1:],
-        after_kernel=after_kernel, inter=pattern.inter_engine_name)
+        after_kernel=after_kernel, inter=pattern.inter_engine_name,
+        registered=bool(getattr(pattern, "register", False)))
     if result.inter is not None:
         say(f"# between nodes: {result.inter} ({INTER_LABELS[result.inter]})")
     for line in table.footer(result):

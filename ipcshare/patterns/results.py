@@ -126,6 +126,8 @@ class RunResult:
     after_kernel: bool = False
     # What crossed nodes in a job spanning nodes (``nccl`` or ``mpi``); None on one node.
     inter: str | None = None
+    # The reduction's arrays were registered with its communicator (-R 1).
+    registered: bool = False
     # Further baselines timed in the same run (``bench`` with several); not in to_dict.
     extra_baselines: list[BaselineResult] = dataclasses.field(default_factory=list)
 
@@ -159,4 +161,6 @@ class RunResult:
             document["after_kernel"] = True
         if self.inter is not None:  # jobs spanning nodes: the engine between them
             document["inter"] = self.inter
+        if self.registered:
+            document["registered"] = True
         return document

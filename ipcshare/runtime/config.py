@@ -107,6 +107,9 @@ class PatternOptions:
     algo: str = "auto"
     inter: str = "auto"
     op: str = "sum"
+    # Reductions (allreduce, reducescatter): 1 registers the case's arrays with the
+    # communicator (Communicator.register), so calls read them in place (nccl-tests -R).
+    register: int = 0
     graph: bool = False
     after_kernel: bool = False
     # nccl-tests: averaged back-to-back runs; latency: samples of one operation each,
@@ -137,6 +140,9 @@ class PatternOptions:
             value = getattr(self, name)
             if value < low:
                 raise ConfigError(f"{name} must be >= {low}, got {value}")
+        if self.register not in (0, 1):
+            raise ConfigError(f"register must be 0 (arrays copied in by the library) or 1 "
+                              f"(registered with the communicator), got {self.register}")
         if self.min_bw is not None and (math.isnan(self.min_bw) or self.min_bw < 0):
             raise ConfigError(f"min_bw must be a non-negative number of GB/s, got {self.min_bw}")
 
@@ -165,7 +171,7 @@ _FIELD_TYPES = {
     "backend": str, "exchange": str, "handle": str, "datatype": str, "baseline": str,
     "min_bytes": "size", "max_bytes": "size", "step_factor": int, "iters": int,
     "warmup": int, "checks": int, "graph": bool, "after_kernel": bool, "algo": str,
-    "inter": str, "json": str, "min_bw": float, "op": str, "timing": str,
+    "inter": str, "json": str, "min_bw": float, "op": str, "timing": str, "register": int,
 }
 
 

@@ -85,3 +85,21 @@ def test_an_unknown_reduction_is_a_usage_error():
     out = run(["allreduce", "-o", "prod"])
     assert out.returncode == 2 and "invalid choice: 'prod'" in out.stderr
     assert out.stderr.count("\n") == 1
+
+
+@needs_mpiexec
+def test_registered_arrays_verify_and_say_so(tmp_path, socket_dir):
+    out = run(["allreduce", "-R", "1", "-b", "4K", "-e", "64K", "-f", "4", "-n", "2", "-w", "1",
+               "-c", "2", "--json", str(tmp_path / "r.json")], n=2)
+    assert out.returncode == 0, out.stderr
+    assert "arrays: registered with the communicator (-R 1)" in out.stdout
+    assert "# Out of bounds values : 0 OK" in out.stdout
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["registered"] is True and doc["wrong_total"] == 0
+
+
+def test_registration_is_for_reductions_and_takes_0_or_1():
+    out = run(["allreduce", "-R", "2"])
+    assert out.returncode == 2 and "invalid choice: 2" in out.stderr
+    out = run(["allgather", "-R", "1"])
+    assert out.returncode == 2 and "unrecognized arguments: -R 1" in out.stderr

@@ -45,6 +45,7 @@ def test_defaults_and_layers_later_wins():
     ({"min_bytes": "2M", "max_bytes": "1M"}, "smaller than min_bytes"),
     ({"datatype": "complex256"}, "unknown datatype"),
     ({"min_bw": -1}, "min_bw must be a non-negative"),
+    ({"register": 2}, r"register must be 0 \(arrays copied in by the library\) or 1"),
 ])
 def test_bad_options(layer, message):
     with pytest.raises(ConfigError, match=message):
@@ -97,3 +98,14 @@ def test_timing_modes_of_the_cli_are_the_drivers():
     with pytest.raises(ConfigError, match="unknown timing 'fast'; choose one of: nccl-tests, "
                                           "latency"):
         merge_options({}, {"timing": "fast"})
+
+
+def test_only_the_reductions_register_their_arrays():
+    from ipcshare.patterns import make_pattern
+
+    assert make_pattern("allreduce", register=1).register
+    assert make_pattern("reducescatter", register=1).register
+    assert not make_pattern("allreduce").register
+    with pytest.raises(ConfigError, match="register applies to the allreduce and "
+                                          "reducescatter ops .* not to allgather"):
+        make_pattern("allgather", register=1)
