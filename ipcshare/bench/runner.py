@@ -291,7 +291,8 @@ class _SuiteRun:
         record = self.records[case]
         hook = _progress_hook(self.progress, self.position, self.total, case)
         pattern = make_pattern(case.pattern_op, _DRIVER_ALGO.get(case.algorithm, case.algorithm),
-                               op=case.options.op, datatype=case.options.datatype)
+                               op=case.options.op, datatype=case.options.datatype,
+                               register=case.options.register)
         try:
             if case.op == P2P_OP:
                 if self.progress is not None:

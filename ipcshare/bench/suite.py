@@ -5,6 +5,8 @@ size sweep (or a list of such matrices), validated in one place into frozen case
 name: host vs MPI          # optional title (default: the file's name)
 ops: [allgather, ring]     # also allreduce, reducescatter (the collectives layer's), p2p
 reductions: [sum]          # -o of allreduce / reducescatter: sum | max | min (a case each)
+arrays: [copied]           # allreduce / reducescatter: copied (by the library) | registered
+                           # (with the communicator, read in place: -R 1); a case each
 p2p_ops: [ring, allgather] # the patterns of the p2p op (a case each; default both)
 p2p_peer_access: [enabled] # disabled too: the direct half without peer access, so its
                            # copies go host-staged (a case each; default enabled)
@@ -137,6 +139,7 @@ _MAX_ROTATE_BUFFERS = 64
 _LIST_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "ops": (BENCH_OPS, ("allgather",)),
     "reductions": (REDUCTIONS, ("sum",)),
+    "arrays": (("copied", "registered"), ("copied",)),
     "p2p_ops": (P2P_OPS, P2P_OPS),
     # Not on / off: YAML reads those as booleans.
     "p2p_peer_access": (("enabled", "disabled"), ("enabled",)),
@@ -186,7 +189,8 @@ class BenchCase:
         if self.p2p_op is not None:
             return f"{self.op} {self.p2p_op}" + ("" if self.p2p_peer_access else " host-staged")
         if self.reduction is not None:
-            return f"{self.op} {self.reduction} {self.options.datatype}"
+            return (f"{self.op} {self.reduction} {self.options.datatype}"
+                    + (" registered" if self.options.register else ""))
         return self.op
 
     @property
@@ -322,7 +326,7 @@ def _expand(matrix: Mapping[str, Any], where: str, common: PatternOptions,
             chosen[backend] = _algorithms_for(backend, patterns, lists["algorithms"], where)
     cases = []
     for op in lists["ops"]:
-        for reduction, p2p_op, peer_access in _variants(op, lists, sweep):
+        for reduction, p2p_op, peer_access, registered in _variants(op, lists, sweep):
             for backend in p2p_backends if p2p_op else backends:
                 for algorithm in chosen[backend][p2p_op or op]:
                     if algorithm == "ll" and sweep.max_bytes > LL_MAX_BYTES:
@@ -333,7 +337,8 @@ def _expand(matrix: Mapping[str, Any], where: str, common: PatternOptions,
                             f"max_bytes <= {format_size(LL_MAX_BYTES)}")
                     for timing in lists["timing"]:
                         _check_timing(timing, op, backend, where)
-                        options = dataclasses.replace(sweep, backend=backend, op=reduction)
+                        options = dataclasses.replace(sweep, backend=backend, op=reduction,
+                                                      register=int(registered))
                         # P2P direct is the p2p case's comparison: no other baseline.
                         cases.append(BenchCase(op, backend, algorithm, timing,
                                                () if p2p_op else lists["baselines"], options,
@@ -342,16 +347,17 @@ def _expand(matrix: Mapping[str, Any], where: str, common: PatternOptions,
 
 
 def _variants(op: str, lists: Mapping[str, tuple[str, ...]],
-              sweep: PatternOptions) -> list[tuple[str, str | None, bool]]:
-    """(reduction, p2p pattern, peer access) of each case of ``op``: a reduction op's per
-    reduction, the p2p op's per pattern of p2p_ops and per p2p_peer_access, one for the
-    others."""
+              sweep: PatternOptions) -> list[tuple[str, str | None, bool, bool]]:
+    """(reduction, p2p pattern, peer access, arrays registered) of each case of ``op``: a
+    reduction op's per reduction and array placement, the p2p op's per pattern of p2p_ops
+    and per p2p_peer_access, one for the others."""
     if op in REDUCTION_OPS:
-        return [(reduction, None, True) for reduction in lists["reductions"]]
+        return [(reduction, None, True, arrays == "registered")
+                for reduction in lists["reductions"] for arrays in lists["arrays"]]
     if op == P2P_OP:
-        return [(sweep.op, pattern, access == "enabled") for pattern in lists["p2p_ops"]
+        return [(sweep.op, pattern, access == "enabled", False) for pattern in lists["p2p_ops"]
                 for access in lists["p2p_peer_access"]]
-    return [(sweep.op, None, True)]
+    return [(sweep.op, None, True, False)]
 
 
 def _p2p_backends(names: tuple[str, ...], resolve_backend: Callable[[str], str],
@@ -400,7 +406,8 @@ def _names(value: Any, key: str, where: str) -> tuple[str, ...]:
         if not isinstance(item, str):
             raise ConfigError(f"{where}: {key}: expected names (strings), got {item!r}")
         if item not in allowed:
-            what = {"ops": "op", "reductions": "reduction", "p2p_ops": "p2p op",
+            what = {"ops": "op", "reductions": "reduction", "arrays": "array placement",
+                    "p2p_ops": "p2p op",
                     "p2p_peer_access": "p2p peer access setting",
                     "backends": "backend",
                     "algorithms": "algorithm",

@@ -209,6 +209,26 @@ def test_a_host_suite_of_both_reductions_writes_json_report_and_plot(comm, world
         assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_registered_arrays_are_a_case_of_their_own(comm, world, tmp_path):
+    from ipcshare.bench.machine import machine_facts
+    from ipcshare.bench.report import write_markdown
+
+    suite = parse_suite({
+        "ops": ["allreduce"], "backends": ["host"], "baselines": ["none"],
+        "arrays": ["copied", "registered"], "min_bytes": "1K", "max_bytes": "16K",
+        "step_factor": 4, "iters": 2, "warmup": 1, "checks": 2},
+        source="registered.yaml", resolve_backend=lambda b: b)
+    result = run_suite(suite, world, emit=lambda _line: None)
+    assert result.wrong_total == 0
+    docs = result.documents()
+    assert [doc.get("registered", False) for doc in docs] == [False, True]
+    facts = machine_facts(world)  # collective
+    if comm.rank == 0:
+        write_markdown(result, facts, tmp_path / "bench.md")
+        assert ("### allreduce sum float32 registered host"
+                in (tmp_path / "bench.md").read_text())
+
+
 @pytest.mark.skipif(gpu_count()[0] > 0, reason="a GPU is visible: tests/gpu/test_gpu_bench.py "
                                                 "runs the p2p case there")
 def test_without_a_gpu_p2p_cases_are_skipped_with_the_reason_in_json_and_markdown(

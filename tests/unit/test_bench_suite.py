@@ -457,3 +457,20 @@ def test_p2p_peer_access_disabled_adds_a_host_staged_case_per_pattern():
         parse(yaml.safe_load("ops: [p2p]\nbackends: [cuda-vmm]\np2p_peer_access: [off]\n"))
     with pytest.raises(ConfigError, match="unknown p2p peer access setting 'sometimes'"):
         parse({"ops": ["p2p"], "backends": ["cuda-vmm"], "p2p_peer_access": ["sometimes"]})
+
+
+def test_arrays_registered_add_a_case_per_reduction_case_only():
+    suite = parse({"ops": ["allreduce", "reducescatter", "allgather"], "backends": ["host"],
+                   "reductions": ["sum", "max"], "arrays": ["copied", "registered"]})
+    reductions = [c for c in suite.cases if c.reduction is not None]
+    assert len(reductions) == 2 * 2 * 2
+    assert {c.options.register for c in reductions} == {0, 1}
+    assert {c.what for c in reductions if c.options.register} == {
+        "allreduce sum float32 registered", "allreduce max float32 registered",
+        "reducescatter sum float32 registered", "reducescatter max float32 registered"}
+    gathers = [c for c in suite.cases if c.op == "allgather"]
+    assert len(gathers) == 1 and gathers[0].options.register == 0
+    assert all(c.options.register == 0 for c in parse({"ops": ["allreduce"]}).cases)
+    with pytest.raises(ConfigError, match="unknown array placement 'pinned'; choose one of: "
+                                          "copied, registered"):
+        parse({"ops": ["allreduce"], "arrays": ["pinned"]})
