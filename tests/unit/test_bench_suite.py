@@ -186,6 +186,10 @@ def test_shipped_suites_are_valid(path):
         # The copy-engine all-reduce, eager and in graphs, from 1 MiB.
         assert {c.timing for c in suite.cases
                 if c.op == "allreduce" and c.algorithm == "copy-engine"} == {"nccl-tests", "graph"}
+        # Registered arrays (-R 1) for both reductions, eager and in graphs.
+        assert {(c.op, c.timing) for c in suite.cases if c.options.register} == {
+            (op, timing) for op in ("allreduce", "reducescatter")
+            for timing in ("nccl-tests", "graph")}
     # Every shipped suite, CPU and GPU, times both reductions beside a baseline.
     reductions = {(c.op, c.reduction) for c in suite.cases if c.reduction is not None}
     assert {("allreduce", "sum"), ("reducescatter", "sum")} <= reductions
