@@ -100,6 +100,9 @@ class CudaEngine:
         # while our stream is blocked (made on first use; see _probe).
         self._probe_lane: tuple[Any, int] | None = None
         self._probe_stuck = False
+        # The last synchronize gave up on a wait (SignalTimeout): a window closing after
+        # that meets the unmet waits at once instead of waiting out the timeout again.
+        self.timed_out = False
         # The engine this one is a view of (on_stream), or None for the owner of the stream.
         self._parent: CudaEngine | None = None
         self._fork = check("cuEventCreate", driver.cuEventCreate(
@@ -435,7 +438,12 @@ class CudaEngine:
         stream = self._stream
         if stream is None:
             return  # closed: nothing can be pending
-        self._poll(lambda: driver.cuStreamQuery(stream), "cuStreamQuery")
+        try:
+            self._poll(lambda: driver.cuStreamQuery(stream), "cuStreamQuery")
+        except SignalTimeout:
+            self.timed_out = True
+            raise
+        self.timed_out = False
         self._pending.clear()
         self._keep.clear()
 

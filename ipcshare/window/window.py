@@ -387,22 +387,27 @@ class Window:
     def _drain_stream(self) -> None:
         """Wait for this window's stream. When it is stuck on a wait for a peer's signal
         that never came (the SignalTimeout it raises is the caller's to see), first meet
-        our own pad's unmet waits from the host, so the stream drains and the memory freed
-        after this is not under a blocked stream (cuMemFree would wait for it forever)."""
+        our unmet waits from the host, so the stream drains and the memory freed after this
+        is not under a blocked stream (cuMemFree would wait for it forever). Our waits lie
+        in our own pad, and, for the rank that runs the stepped calls of a time-sliced GPU,
+        in the pads of the ranks sharing it (collectives/time_sliced.py). After a timeout
+        that ``synchronize`` already raised, the waits are met at once: the error has been
+        seen, and the peers wait for this rank in the closing barrier meanwhile."""
+        engine = self.engine
+        me = self.world.rank
+        pads = [self._pads.get(me)] + [self._pads.get(rank)
+                                       for ranks in self.shared_gpus.values()
+                                       if me in ranks for rank in ranks if rank != me]
+        pads = [pad for pad in pads if pad is not None]
+        if engine.has_streams and getattr(engine, "timed_out", False):
+            for pad in pads:
+                engine.release_waits(pad)
         try:
-            self.engine.synchronize()
+            engine.synchronize()
         except SignalTimeout:
-            # Our waits lie in our own pad, and, for the rank that runs the stepped calls
-            # of a time-sliced GPU, in the pads of the ranks sharing it
-            # (collectives/time_sliced.py).
-            me = self.world.rank
-            pads = [self._pads.get(me)] + [self._pads.get(rank)
-                                           for ranks in self.shared_gpus.values()
-                                           if me in ranks for rank in ranks if rank != me]
-            if self.engine.has_streams and sum(self.engine.release_waits(pad)
-                                               for pad in pads if pad is not None):
+            if engine.has_streams and sum(engine.release_waits(pad) for pad in pads):
                 try:
-                    self.engine.synchronize()
+                    engine.synchronize()
                 except SignalTimeout:
                     pass  # something else holds the stream: the first error says enough
             raise

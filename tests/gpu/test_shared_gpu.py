@@ -186,3 +186,44 @@ def test_the_leader_of_a_time_sliced_gpu_runs_its_guests_stepped_calls(comm, bac
             cm.synchronize(stream)
         cm.unregister(kept_out)
         cm.unregister(kept)
+
+
+@pytest.mark.parametrize("silent", ["guest", "leader"])
+def test_a_silent_rank_of_a_time_sliced_gpu_is_named_and_nothing_hangs(comm, silent):
+    """A guest that never hands its call over is named by its leader's timeout, a leader
+    that never runs by its guests'; every rank gives up within the timeout and the group
+    closes (the leader's waits in its guests' pads are met from the host on close)."""
+    torch = pytest.importorskip("torch")
+    from ipcshare.runtime.errors import SignalTimeout
+
+    with ipcshare.Group(backend="cuda-vmm", timeout=2.0) as group:
+        shared = sorted(next((ranks for ranks in group.time_sliced_gpus.values()), []))
+        if len(shared) < 2:
+            pytest.skip("no GPU takes turns here (each rank has its own, or MPS serves it)")
+        leader, guest = shared[0], shared[1]
+        quiet = guest if silent == "guest" else leader
+        device = group.backend.device
+        torch.cuda.set_device(device)
+        with group.communicator(max_bytes=1 << 16) as cm:
+            array = torch.from_dlpack(cm.empty((1024,), "float32")).fill_(1)
+            cm.all_reduce(array, algo="stepped")  # agreed and bound by every rank
+            cm.synchronize()
+            comm.Barrier()
+            outcome = "ok"
+            if group.rank != quiet:
+                cm.all_reduce(array, algo="stepped")
+                try:
+                    cm.synchronize()
+                except SignalTimeout as exc:
+                    outcome = str(exc)
+            comm.Barrier()
+            if group.rank == quiet:
+                assert outcome == "ok"
+            elif silent == "guest" and group.rank == leader:
+                assert (f"rank {leader} waiting for rank {guest}, which shares its GPU, to "
+                        "hand over its collective call") in outcome, outcome
+            elif silent == "leader" and group.rank in shared:
+                assert (f"waiting for rank {leader}, which runs its collective calls on the "
+                        "GPU they share") in outcome, outcome
+            else:
+                assert outcome != "ok"  # waited for a rank that never came, and said so
