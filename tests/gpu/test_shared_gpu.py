@@ -188,11 +188,13 @@ def test_the_leader_of_a_time_sliced_gpu_runs_its_guests_stepped_calls(comm, bac
         cm.unregister(kept)
 
 
+@pytest.mark.parametrize("algo", ["stepped", "copy-engine"])
 @pytest.mark.parametrize("silent", ["guest", "leader"])
-def test_a_silent_rank_of_a_time_sliced_gpu_is_named_and_nothing_hangs(comm, silent):
+def test_a_silent_rank_of_a_time_sliced_gpu_is_named_and_nothing_hangs(comm, silent, algo):
     """A guest that never hands its call over is named by its leader's timeout, a leader
-    that never runs by its guests'; every rank gives up within the timeout and the group
-    closes (the leader's waits in its guests' pads are met from the host on close)."""
+    that never runs by its guests' (stepped); a rank that never meets the stream barriers
+    of a copy-engine call, by the others'. Every rank gives up within the timeout and the
+    group closes (the waits left unmet are met from the host on close)."""
     torch = pytest.importorskip("torch")
     from ipcshare.runtime.errors import SignalTimeout
 
@@ -206,12 +208,12 @@ def test_a_silent_rank_of_a_time_sliced_gpu_is_named_and_nothing_hangs(comm, sil
         torch.cuda.set_device(device)
         with group.communicator(max_bytes=1 << 16) as cm:
             array = torch.from_dlpack(cm.empty((1024,), "float32")).fill_(1)
-            cm.all_reduce(array, algo="stepped")  # agreed and bound by every rank
+            cm.all_reduce(array, algo=algo)  # agreed and bound by every rank
             cm.synchronize()
             comm.Barrier()
             outcome = "ok"
             if group.rank != quiet:
-                cm.all_reduce(array, algo="stepped")
+                cm.all_reduce(array, algo=algo)
                 try:
                     cm.synchronize()
                 except SignalTimeout as exc:
@@ -219,6 +221,8 @@ def test_a_silent_rank_of_a_time_sliced_gpu_is_named_and_nothing_hangs(comm, sil
             comm.Barrier()
             if group.rank == quiet:
                 assert outcome == "ok"
+            elif algo == "copy-engine":
+                assert f"stream barrier waiting for rank {quiet}" in outcome, outcome
             elif silent == "guest" and group.rank == leader:
                 assert (f"rank {leader} waiting for rank {guest}, which shares its GPU, to "
                         "hand over its collective call") in outcome, outcome
