@@ -3,18 +3,20 @@
 Without MPS the contexts of one GPU take turns in time slices. Measured with
 ``tools/timeslice_probe.py`` on nvidia-h100-x1 (2026-11-24, docs/GPU.md): when a second
 context runs a kernel or a copy in every round, each hand-over of the GPU costs about
-145 µs; a context that only waits and writes with stream memory operations costs nothing
-(14.5 µs a round against 14.0 for one context alone). So the stepped collectives run
-each rank's kernels and barriers in the context of the lowest rank on its GPU (the
-leader); the other ranks there (its guests) only describe their call and hand it over:
+140 µs; a context that only waits and writes with stream memory operations costs almost
+nothing. So the stepped collectives run each rank's kernels and barriers in the context
+of the lowest rank on its GPU (the leader); the other ranks there (its guests) only
+describe their call and hand it over:
 
 - a guest's stream: copy the input into staging area 0 if the leader cannot read it where
-  it is, write where the input and output lie into its pad (``GUEST_CALL_SLOT``), set
-  ``GUEST_READY_SLOT``, wait for ``GUEST_DONE_SLOT`` and clear it, and copy the output
+  it is; then, as one batch of stream memory operations, write the call's digest and
+  where its input and output lie into its pad (``GUEST_CALL_SLOT``), set
+  ``GUEST_READY_SLOT``, wait for ``GUEST_DONE_SLOT`` and clear it; then copy the output
   out of result area 0 if the leader could not write it in place;
 - the leader's stream: wait for every guest's READY and clear it, the staging kernel for
   itself and for each guest, the first flag barrier for all of them, the work kernel for
-  all, the second flag barrier for all, then set every guest's DONE.
+  all, the second flag barrier for all, then set every guest's DONE. The barriers meet
+  only the ranks of other GPUs: the ranks of this one are in order on this stream.
 
 The leader reaches a guest's input and output where it has them mapped: the guest's
 window (arrays from ``Communicator.empty``, or the staging and result areas) and
