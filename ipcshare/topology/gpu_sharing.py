@@ -52,8 +52,9 @@ def shared_gpus_advice(shared: dict[Any, list[int]],
     who = "; ".join(f"{format_ranks(ranks)} on GPU {_short_uuid(uuid)}"
                     for uuid, ranks in time_sliced.items())
     return (f"GPUs shared by several ranks ({who}): without MPS their contexts take turns in "
-            "time slices, so barriers meet on the host, auto uses the copy engine and "
-            "communicators run stepped kernels that never spin; give "
+            "time slices, so barriers meet on the host, auto all-gathers with one rank per "
+            "GPU and communicators run stepped kernels, the lowest rank of each such GPU "
+            "for all its ranks (fastest on arrays from comm.empty() or registered); give "
             "each rank its own GPU, or start MPS (nvidia-cuda-mps-control -d) to run them "
             "side by side")
 
