@@ -34,3 +34,14 @@ def test_inter_nccl_without_gpu_is_one_line_on_every_rank(socket_dir):  # noqa: 
     assert len(errors) == 2, out.stderr
     assert all("--inter nccl" in e and "needs a GPU backend" in e for e in errors), out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_registered_arrays_across_nodes_are_one_line_on_every_rank(socket_dir):  # noqa: F811
+    out = run_on_virtual_nodes(2, ["allreduce", "--backend", "host", "-R", "1", "-b", "1K",
+                                   "-e", "1K"], n=2)
+    assert out.returncode == 1
+    errors = [line for line in out.stderr.splitlines() if line.startswith("ipcshare: error:")]
+    assert len(errors) == 2, out.stderr
+    assert all("-R 1 registers arrays with a communicator of one node; this job spans 2 "
+               "nodes: use -R 0" in e for e in errors), out.stderr
+    assert "Traceback" not in out.stderr
