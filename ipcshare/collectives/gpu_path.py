@@ -217,13 +217,19 @@ class GpuPath:
     def registrations_table_ptr(self) -> int:
         return self._table.ptr
 
-    @property
-    def launch_kernel(self) -> Any:
-        return self._launch_kernel
+    def launch(self, entry: str, blocks: int, stream: Any, address: int) -> None:
+        """Launch collectives.cu's ``entry`` on ``stream`` with ``blocks`` blocks and the
+        kernel parameters at ``address`` (an argument block's).
 
-    def kernel_function(self, entry: str) -> Any:
-        """The ``CUfunction`` of collectives.cu's ``entry`` (looked up once)."""
-        return self._function(entry)
+        Raises:
+            CudaError: the launch failed.
+        """
+        err = self._launch_kernel(self._function(entry), blocks, 1, 1, THREADS, 1, 1, 0,
+                                  stream, address, 0)[0]
+        if int(err) != 0:
+            from ..runtime.cuda_driver import check
+
+            check("cuLaunchKernel", (err,))
 
     # -- calls -------------------------------------------------------------------------
     def engine_for(self, stream: Any) -> Any:
@@ -292,7 +298,7 @@ class GpuPath:
         address, cu_stream, launch = ctypes.addressof(params), bound.stream, self._launch_kernel
         steps = [step if callable(step)
                  else (self._function(step[0]), step[1]) if isinstance(step, tuple)
-                 else self._copier(engine, step) if isinstance(step, list)
+                 else self.copier(engine, step) if isinstance(step, list)
                  else self._meetings_on(engine)[step] for step in recorded]
         path, success = self, self._success
 
@@ -344,7 +350,7 @@ class GpuPath:
             bound = self._bound[key] = self._bind(signature, algorithm, engine)
         return bound
 
-    def _copier(self, engine: Any, jobs: list[tuple[int, int, int]]) -> Any:
+    def copier(self, engine: Any, jobs: list[tuple[int, int, int]]) -> Any:
         """A callable enqueuing copy-engine copies ``(dst, src, nbytes)`` on ``engine``'s
         stream (large copies to several peers at once on side lanes)."""
         device = self.device
@@ -386,11 +392,10 @@ class GpuPath:
         may_alias = not in_place or algorithm.aliasing_safe
         mode = _IN_HEAP if may_alias and self.layout.in_heap(offset, nbytes) else _STAGED
         row = None
-        if mode == _STAGED and may_alias and self._rows and nbytes:
-            registration = self.registry.find(input_ref.ptr, nbytes)
-            row = None if registration is None else self._rows.get(registration.index)
-            if row is not None:
-                mode, offset = _REGISTERED, input_ref.ptr - registration.ptr
+        if mode == _STAGED and may_alias and nbytes:
+            found = self.registered_row(input_ref.ptr, nbytes)
+            if found is not None:
+                mode, (row, offset) = _REGISTERED, found
         args.input = input_ref.ptr
         args.output = output_ref.ptr
         args.zero_copy = mode
@@ -423,18 +428,13 @@ class GpuPath:
         if why is not None:
             raise CollectiveError(f"algo={algorithm.name!r} cannot run {signature.describe()}: "
                                   f"{why}")
-        launch, address = self._launch_kernel, bound.address
+        address = bound.address
 
         def launch_on_stream(entry: str, blocks: int) -> None:
-            err = launch(self._function(entry), blocks, 1, 1, THREADS, 1, 1, 0, cu_stream,
-                         address, 0)[0]
-            if int(err) != 0:
-                from ..runtime.cuda_driver import check
-
-                check("cuLaunchKernel", (err,))
+            self.launch(entry, blocks, cu_stream, address)
         bound.call = GpuCall(signature, self.size, launch_on_stream, ll_max_bytes,
                              meet=lambda turn: self._meetings_on(engine)[turn](),
-                             copy=lambda jobs: self._copier(engine, jobs)(), args=bound.args,
+                             copy=lambda jobs: self.copier(engine, jobs)(), args=bound.args,
                              max_blocks=self._max_blocks,
                              time_sliced=self._time_sliced_steps(
                                  algorithm, engine, bound.args, launch_on_stream, _run_now))

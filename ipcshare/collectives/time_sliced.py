@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -190,8 +191,7 @@ class GuestSteps:
 
     def __init__(self, role: TimeSlicedRole, engine: Any, sink: Sink) -> None:
         path = role.path
-        self._engine, self._sink, self._window, self._device = (engine, sink, path.window,
-                                                                path.device)
+        self._path, self._engine, self._sink = path, engine, sink
         self._pad = path.window.signal_pad(path.rank)
         self._timeout = path.group.signal_timeout
         self._what = (f"rank {path.rank} waiting for rank {role.leader}, which runs its "
@@ -222,19 +222,16 @@ class GuestSteps:
         return found
 
     def hand_over(self) -> None:
-        from ..backends.device_buffer import DeviceBuffer
-
-        placement, window, engine, sink = self.placement, self._window, self._engine, self._sink
-        device = self._device
+        placement, sink, base = self.placement, self._sink, self._path.window.local.ptr
         if placement.copy_in and self.input[1]:
             ptr, nbytes = self.input
-            sink(engine.copier([(window.local.slice(placement.input_offset, nbytes),
-                                 DeviceBuffer(ptr, nbytes, device))]))
+            sink(self._path.copier(self._engine,
+                                   [(base + placement.input_offset, ptr, nbytes)]))
         sink(self._hand_over_batch(placement.words(self.digest)))
         if placement.copy_out and self.output[1]:
             ptr, nbytes = self.output
-            sink(engine.copier([(DeviceBuffer(ptr, nbytes, device),
-                                 window.local.slice(placement.output_offset, nbytes))]))
+            sink(self._path.copier(self._engine,
+                                   [(ptr, base + placement.output_offset, nbytes)]))
 
 
 class LeaderSteps:
@@ -293,18 +290,10 @@ class LeaderSteps:
 
     def launch(self, entry: str, blocks: int) -> None:
         """The kernel ``entry`` for this rank, then for every guest."""
-        from ..runtime.cuda_driver import check
-        from .algorithms.gpu_kernel import THREADS
-
         self._launch_own(entry, blocks)
-        function, stream = self._path.kernel_function(entry), self._stream
-        launch = self._path.launch_kernel
         for _block, _params, address in self._blocks:
-            def run(at: int = address) -> None:
-                err = launch(function, blocks, 1, 1, THREADS, 1, 1, 0, stream, at, 0)[0]
-                if int(err) != 0:
-                    check("cuLaunchKernel", (err,))
-            self._sink(run)
+            self._sink(functools.partial(self._path.launch, entry, blocks, self._stream,
+                                         address))
 
     def meet(self, turn: int) -> None:
         if self._meetings[turn] is not None:
