@@ -557,6 +557,11 @@ shared_cases() {  # shared_cases SUFFIX: every case at G, G+1 and 2G ranks (SUFF
   for n in $(printf '%s\n' "$G" $((G + 1)) $((2 * G)) | sort -nu); do
     [[ $n -lt 2 ]] && continue
     step "shared$s tests n=$n" "$STEP_TIMEOUT_TESTS" shared_tests "$n"
+    # torch's expandable segments: the guests' tensors are cuMem memory, handed to the
+    # leader by descriptor (pidfd_getfd) instead of a legacy IPC handle.
+    [[ -z $s ]] && step "shared tests, expandable segments, n=$n" "$STEP_TIMEOUT_TESTS" \
+      shared_tests "$n" PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+      -k "handed_to_its_leader or leader_of_a_time_sliced"
     step "shared$s allgather auto n=$n" 120 shared_run "$n" "auto$s" -- allgather --algo auto
     step "shared$s allgather auto graph n=$n" 120 shared_run "$n" "auto-graph$s" -- allgather --algo auto --graph
     step "shared$s ring n=$n" 120 shared_run "$n" "ring$s" -- ring
@@ -589,11 +594,13 @@ shared_cases() {  # shared_cases SUFFIX: every case at G, G+1 and 2G ranks (SUFF
     step "shared$s allgather leader n=$n" 120 shared_run "$n" "leader$s" -- allgather --algo leader
   done
 }
-shared_tests() {  # shared_tests N: the shared-GPU tests at N ranks on G GPUs
-  local forward=()
+shared_tests() {  # shared_tests N [VAR=VALUE] [PYTEST ARGS]: the shared-GPU tests at N ranks
+  local n=$1 forward=() envs=()
+  shift
   [[ -n ${CUDA_MPS_PIPE_DIRECTORY:-} ]] && forward+=(-x CUDA_MPS_PIPE_DIRECTORY -x CUDA_MPS_LOG_DIRECTORY)
-  "$MPIEXEC" -n "$1" --bind-to none "${forward[@]}" "$PY" -m pytest -q -rs --with-mpi -m gpu \
-    -p no:cacheprovider tests/gpu/test_shared_gpu.py
+  while [[ ${1:-} == *=* ]]; do envs+=("$1"); forward+=(-x "${1%%=*}"); shift; done
+  env "${envs[@]}" "$MPIEXEC" -n "$n" --bind-to none "${forward[@]}" "$PY" -m pytest -q -rs \
+    --with-mpi -m gpu -p no:cacheprovider tests/gpu/test_shared_gpu.py "$@"
 }
 placement_probe() {  # placement_probe N: tools/placement_probe.py at N ranks
   local forward=()

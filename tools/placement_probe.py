@@ -1,11 +1,13 @@
 """What the placement of a call's arrays costs: a bound ``all_reduce`` (out of place) on
 arrays from ``Communicator.empty`` (the heap), on registered arrays
-(``Communicator.register``) and on plain torch tensors (copied in by the library), eager
-back-to-back and replayed in a CUDA graph, µs per call (rank 0's wall clock).
+(``Communicator.register``) and on plain torch tensors (bound at their first call, bound
+after four calls, and unbound calls), eager back-to-back and replayed in a CUDA graph, µs
+per call (rank 0's wall clock).
 
 Made for ranks that share a GPU without MPS, where the lowest rank on the GPU runs the
-others' stepped calls and a guest's own tensors cost it a copy, so a hand-over of the GPU
-(collectives/time_sliced.py); it runs on GPUs of their own too. Run under mpiexec, e.g.
+others' stepped calls, and a guest's own tensors cost it a copy (so a hand-over of the GPU)
+until its leader has mapped them (collectives/guest_imports.py); it runs on GPUs of their
+own too. Run under mpiexec, e.g.
 ``mpiexec -n 2 python tools/placement_probe.py [--algo stepped] [--elements N]``.
 """
 
@@ -59,11 +61,28 @@ def main() -> None:
                 cm.register(kept_out)
                 user = torch.ones(count, device=f"cuda:{device}")
                 user_out = torch.empty_like(user)
-                for name, (source, output) in (("heap", (heap_in, heap_out)),
-                                               ("registered", (kept, kept_out)),
-                                               ("tensors", (user, user_out))):
-                    bound = cm.bind("all_reduce", source, output=output, algo=args.algo,
-                                    stream=stream)
+                fresh = torch.ones(count, device=f"cuda:{device}")
+                fresh_out = torch.empty_like(fresh)
+
+                def bind(source, output, warm_up=0):
+                    # A guest's own tensors are handed to its leader over its first calls
+                    # (collectives/guest_imports.py); a call bound before that copies.
+                    for _ in range(warm_up):
+                        cm.all_reduce(source, output=output, algo=args.algo, stream=stream)
+                        cm.synchronize(stream)
+                        group.barrier()
+                    return cm.bind("all_reduce", source, output=output, algo=args.algo,
+                                   stream=stream)
+
+                def unbound(source=user, output=user_out):
+                    cm.all_reduce(source, output=output, algo=args.algo, stream=stream)
+
+                cases = (("heap", heap_out, bind(heap_in, heap_out)),
+                         ("registered", kept_out, bind(kept, kept_out)),
+                         ("tensors, bound first", fresh_out, bind(fresh, fresh_out)),
+                         ("tensors, bound after 4", user_out, bind(user, user_out, 4)),
+                         ("tensors, unbound", user_out, unbound))
+                for name, output, bound in cases:
                     eager = per_call(group, stream, bound, args.calls)
                     graph = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(graph, stream=stream):
@@ -72,9 +91,10 @@ def main() -> None:
                     graphed = per_call(group, stream, graph.replay, args.calls // 10) / 10
                     cm.synchronize(stream)
                     assert torch.equal(output, torch.full_like(output, group.world.size))
-                    lines.append(f"  {count * 4:>9} B  {name:<10} eager {eager:8.1f}  "
+                    lines.append(f"  {count * 4:>9} B  {name:<22} eager {eager:8.1f}  "
                                  f"graph {graphed:8.1f}")
                     del graph
+                del cases, bound, output  # they hold arrays of the heap
                 cm.unregister(kept_out)
                 cm.unregister(kept)
                 del heap_in, heap_out

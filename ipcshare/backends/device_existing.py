@@ -17,7 +17,8 @@ from ..runtime.owned_fd import OwnedFd
 from .base import Exported
 from .device_buffer import DeviceAllocation
 
-__all__ = ["export_device_range", "open_device_range", "VMM_RANGE_HEADER"]
+__all__ = ["allocation_buffer_id", "allocation_range", "export_device_range",
+           "open_device_range", "VMM_RANGE_HEADER"]
 
 # The payload's first byte says how the allocation travels.
 _LEGACY = b"L"
@@ -28,6 +29,7 @@ VMM_RANGE_HEADER = struct.Struct("!4sHQ16sIQ")
 _MAGIC = b"IPCX"
 _VERSION = 1
 _ATTR = driver.CUpointer_attribute
+_BUFFER_ID = ctypes.c_int(int(_ATTR.CU_POINTER_ATTRIBUTE_BUFFER_ID))
 
 
 def _attribute(name: str, ptr: int) -> tuple[Any, Any]:
@@ -70,6 +72,27 @@ def _check_device_memory(backend: Any, ptr: int) -> None:
         raise BackendError(f"the array at 0x{ptr:x} lives on cuda:{ordinal}, but this "
                            f"rank's group uses cuda:{backend.device}: pass an array of "
                            f"cuda:{backend.device}")
+
+
+def allocation_buffer_id(ptr: int) -> int | None:
+    """The driver's id of the allocation holding ``ptr`` (unique for the process's life,
+    so memory freed and allocated again at the same address has another), or None where
+    ``ptr`` is no CUDA memory. Asked of libcuda directly: bound calls of a time-sliced
+    GPU's guests ask it every call, and this costs a fraction of the binding's call."""
+    value = ctypes.c_uint64(0)
+    status = _libcuda().cuPointerGetAttribute(ctypes.byref(value), _BUFFER_ID,
+                                              ctypes.c_uint64(ptr))
+    return int(value.value) if status == 0 else None
+
+
+def allocation_range(ptr: int) -> tuple[int, int]:
+    """(base, bytes) of the allocation holding ``ptr``.
+
+    Raises:
+        CudaError: ``ptr`` is no CUDA memory.
+    """
+    base, size = check("cuMemGetAddressRange", driver.cuMemGetAddressRange(ptr))
+    return int(base), int(size)
 
 
 def export_device_range(backend: Any, ptr: int, nbytes: int) -> tuple[Exported, int]:

@@ -18,6 +18,7 @@ parity and the barrier epochs all follow from that order.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 from typing import Any
 
@@ -27,6 +28,7 @@ from ..window.layout import (
     ERROR_SLOT,
     FLAG_BARRIER_RANKS,
     FLAG_BARRIER_SLOT_BASE,
+    GUEST_IMPORTED,
     KERNEL_SLOT_BASE,
     LL_CLEANED_SLOT,
     LL_EPOCH_SLOT,
@@ -54,6 +56,16 @@ _STAGED, _IN_HEAP, _REGISTERED = 0, 1, 2
 
 def _run_now(step: Any) -> None:
     step()
+
+
+def _not_capturing(stream: Any) -> Any:
+    """A question for later: is ``stream`` (a CUstream) not being captured now? (Asked
+    only where the answer matters: mapping memory is not allowed during a capture.)"""
+    def ask() -> bool:
+        from ..backends.cuda_streams import stream_capturing
+
+        return not stream_capturing(int(stream))
+    return ask
 
 
 class _BoundCall:
@@ -112,6 +124,11 @@ class GpuPath:
             # Where every rank's registered arrays are mapped here (see registered()).
             self._table = group.backend.allocate_private(
                 REGISTRATION_ROWS * MAX_KERNEL_RANKS * 8)
+            # Where a GPU takes turns, guests hand their allocations to its leader
+            # (collectives/guest_imports.py); collective, so made on every rank.
+            from .guest_imports import ImportChannel
+
+            self._import_channel = ImportChannel.open(group)
         except BaseException:
             window.close()
             raise
@@ -127,7 +144,7 @@ class GpuPath:
         # runs them for the others (collectives/time_sliced.py).
         from .time_sliced import TimeSlicedRole
 
-        self._time_sliced = TimeSlicedRole.of(self)
+        self._time_sliced = TimeSlicedRole.of(self, self._import_channel)
         self._launch_kernel = driver.cuLaunchKernel
         self._success = driver.CUresult.CUDA_SUCCESS
         self._engines: dict[int, Any] = {}       # stream handle -> engine on it
@@ -136,6 +153,8 @@ class GpuPath:
         self._agreed: set[Signature] = set()
         self._functions: dict[str, Any] = {}
         self.copies_in = 0
+        # Copies a guest of a time-sliced GPU made itself (each hands the GPU over).
+        self.guest_copies = 0
         self.calls = 0
         # Communicator.register's arrays (set by the communicator), and the device table
         # of where every rank's array of each live registration is mapped here.
@@ -256,9 +275,13 @@ class GpuPath:
         bound = self._bound_for(signature, algorithm, stream)
         steps = bound.call.time_sliced
         if steps is not None and steps.guest:
-            copies = self._describe_guest_call(steps, signature, algorithm, input_ref,
-                                               output_ref, in_place)
+            placement = self._describe_guest_call(steps, signature, algorithm, input_ref,
+                                                  output_ref, in_place, bound.stream)
+            copies = placement.copies_input
+            self.guest_copies += placement.copy_in + placement.copy_out
         else:
+            if steps is not None:
+                self._time_sliced.serve(_not_capturing(bound.stream))
             copies = not self._place(bound.args, signature, algorithm, input_ref, output_ref,
                                      in_place)
         self.copies_in += copies
@@ -271,9 +294,53 @@ class GpuPath:
         and does nothing else (``Communicator.bind``): an argument block of its own,
         filled now, and the entry point and grid the algorithm picks, resolved now.
 
+        On a time-sliced GPU the leader's call first maps what its guests handed over
+        (guest_imports.py: one probe for messages when there is none), and a guest's call
+        whose arrays wait for its leader's mapping binds itself again once the reply is
+        in (until then it copies them, as before).
+
         Raises:
             CollectiveError: as ``run``, at the first sight of the signature.
         """
+        enqueue, provisional, checks = self._bind_once(
+            signature, algorithm, input_ref, output_ref, in_place=in_place, stream=stream)
+        role = self._time_sliced
+        if (role is None or role.imports is None
+                or not getattr(algorithm, "leader_runs_time_sliced", False)):
+            return enqueue
+        may_map = _not_capturing(self._bound_for(signature, algorithm, stream).stream)
+        if not role.guest:
+            serve = role.serve
+
+            def leader_enqueue() -> None:
+                serve(may_map)
+                enqueue()
+            leader_enqueue.keep = enqueue
+            return leader_enqueue
+        if not provisional and not checks:
+            return enqueue
+        imports = role.imports
+        state = [enqueue, provisional, checks]
+
+        def guest_enqueue() -> None:
+            # Bound again where an array's allocation was freed and another took its
+            # address (the leader's mapping would be the old memory), and, outside any
+            # capture, once the replies for the allocations it copies are in.
+            launch, waiting, arrays = state
+            if (any(imports.buffer_id(ptr) != identity for ptr, identity in arrays)
+                    or waiting and imports.settled() and may_map()):
+                state[:] = self._bind_once(signature, algorithm, input_ref, output_ref,
+                                           in_place=in_place, stream=stream)
+                launch = state[0]
+            launch()
+        guest_enqueue.keep = state
+        return guest_enqueue
+
+    def _bind_once(self, signature: Signature, algorithm: Algorithm, input_ref: ArrayRef,
+                   output_ref: ArrayRef, *, in_place: bool, stream: Any) -> tuple[Any, bool]:
+        """``bind_call``'s enqueue; whether it copies a guest's array only because the
+        leader's mapping of it has not been confirmed yet (provisional); and (pointer,
+        buffer id) of each guest array it names by the leader's mapping."""
         bound = self._bound_for(signature, algorithm, stream)
         args = type(self._template)()
         ctypes.memmove(ctypes.addressof(args), ctypes.addressof(bound.args),
@@ -285,10 +352,20 @@ class GpuPath:
         record_kernel = lambda entry, blocks: recorded.append((entry, blocks))  # noqa: E731
         time_sliced = self._time_sliced_steps(algorithm, engine, args, record_kernel,
                                               recorded.append)
+        guest_copies, provisional, checks = 0, False, []
         if time_sliced is not None and time_sliced.guest:
-            zero_copy = not self._describe_guest_call(time_sliced, signature, algorithm,
-                                                      input_ref, output_ref, in_place)
+            placement = self._describe_guest_call(time_sliced, signature, algorithm,
+                                                  input_ref, output_ref, in_place, bound.stream)
+            zero_copy = not placement.copies_input
+            guest_copies = placement.copy_in + placement.copy_out
+            imports = self._time_sliced.imports
+            provisional = bool(guest_copies) and imports is not None and not imports.settled()
+            checks = [(ref.ptr, imports.buffer_id(ref.ptr)) for ref, flags in (
+                (input_ref, placement.input_flags), (output_ref, placement.output_flags))
+                if flags & GUEST_IMPORTED]
         else:
+            if time_sliced is not None:
+                self._time_sliced.serve(_not_capturing(bound.stream))
             zero_copy = self._place(args, signature, algorithm, input_ref, output_ref, in_place)
         algorithm.run(GpuCall(signature, self.size, record_kernel,
                               self.layout.ll_max_bytes, meet=recorded.append,
@@ -314,10 +391,11 @@ class GpuPath:
 
                     check("cuLaunchKernel", (err,))
             path.calls += 1
+            path.guest_copies += guest_copies
             if not zero_copy:
                 path.copies_in += 1
         enqueue.keep = (args, params, time_sliced)  # all must outlive every launch
-        return enqueue
+        return enqueue, provisional, checks
 
     def _time_sliced_steps(self, algorithm: Algorithm, engine: Any, args: Any,
                            launch_own: Any, sink: Any) -> Any:
@@ -331,15 +409,16 @@ class GpuPath:
         return role.leader_steps(engine, args, launch_own, sink)
 
     def _describe_guest_call(self, steps: Any, signature: Signature, algorithm: Algorithm,
-                             input_ref: ArrayRef, output_ref: ArrayRef, in_place: bool) -> bool:
-        """Set a guest's steps for this call's arrays; return whether its input is copied
-        (by the guest, or staged by the leader)."""
+                             input_ref: ArrayRef, output_ref: ArrayRef, in_place: bool,
+                             stream: Any) -> Any:
+        """Set a guest's steps for this call's arrays on ``stream`` and return their
+        placement (which copies the guest makes, and whether the input is copied)."""
         placement = self._time_sliced.place(signature, algorithm, input_ref, output_ref,
-                                            in_place)
+                                            in_place, _not_capturing(stream))
         steps.placement, steps.digest = placement, signature.digest
         steps.input = (input_ref.ptr, signature.nbytes)
         steps.output = (output_ref.ptr, output_ref.nbytes)
-        return placement.copies_input
+        return placement
 
     def _bound_for(self, signature: Signature, algorithm: Algorithm, stream: Any) -> _BoundCall:
         engine = self.engine_for(stream)
@@ -460,15 +539,21 @@ class GpuPath:
         self.window.raise_kernel_error("a collective kernel")
 
     def close(self) -> None:
-        """Close the window and free the registrations table (collective over the node;
-        idempotent)."""
+        """Close the window, then unmap the guests' allocations and free the
+        registrations table (collective over the node; idempotent)."""
         self._bound.clear()
         self._engines.clear()
         self._meetings.clear()
         self._rows.clear()
         table, self._table = self._table, None
-        try:
-            self.window.close()
-        finally:
+        channel, self._import_channel = self._import_channel, None
+        # Run last first, each even when one before it raised: the window's closing
+        # barrier, then the guests' mappings, the table, the messages' communicator.
+        with contextlib.ExitStack() as later:
+            if channel is not None:
+                later.callback(channel.close)
             if table is not None:
-                table.close()
+                later.callback(table.close)
+            if self._time_sliced is not None:
+                later.callback(self._time_sliced.close)
+            self.window.close()

@@ -19,13 +19,16 @@ describe their call and hand it over:
   only the ranks of other GPUs: the ranks of this one are in order on this stream.
 
 The leader reaches a guest's input and output where it has them mapped: the guest's
-window (arrays from ``Communicator.empty``, or the staging and result areas) and
-registered arrays (``Communicator.register``). Anything else costs the guest a copy, and
-so a hand-over of the GPU. The words are fixed per call, so graphs of either side replay
-correctly. Ordering: a guest describes its next call only after DONE, which the leader
-sets after the second barrier (every rank is done with this call's inputs and outputs);
-the leader clears READY before it sets DONE, and a guest clears DONE before it sets
-READY again, so neither word is ever cleared over a newer store.
+window (arrays from ``Communicator.empty``, or the staging and result areas), registered
+arrays (``Communicator.register``), and the guest's other allocations once handed over
+(collectives/guest_imports.py: from about the third call on the same memory). Until then
+a call costs the guest a copy, and so a hand-over of the GPU. The words are fixed per
+call, so graphs of either side replay correctly.
+
+Ordering: a guest describes its next call only after DONE, which the leader sets after
+the second barrier (every rank is done with this call's inputs and outputs); the leader
+clears READY before it sets DONE, and a guest clears DONE before it sets READY again, so
+neither word is ever cleared over a newer store.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from ..window.layout import (
     GUEST_CALL_SLOT,
     GUEST_DIGEST,
     GUEST_DONE_SLOT,
+    GUEST_IMPORTED,
     GUEST_INPUT,
     GUEST_LEADER_STAGES,
     GUEST_OFFSET_SHIFT,
@@ -103,7 +107,8 @@ def pack_place(flags: int, offset: int, row: int) -> int:
     return offset << GUEST_OFFSET_SHIFT | row << GUEST_ROW_SHIFT | flags
 
 
-Location = tuple[int, int, int]  # (GUEST_REGISTERED or 0, offset, registration row)
+# (flags: GUEST_REGISTERED, GUEST_IMPORTED or 0; offset or the leader's address; row)
+Location = tuple[int, int, int]
 
 
 def place_guest_call(input_at: Location | None, output_at: Location | None, *,
@@ -112,13 +117,14 @@ def place_guest_call(input_at: Location | None, output_at: Location | None, *,
     """The placement of a guest's call whose input and output the leader can reach at
     ``input_at`` / ``output_at`` (None: it cannot, the array is the user's own memory).
     ``may_alias``: peers may read the input where it lies (else, in place, the leader
-    stages it first). ``staging_offset`` / ``result_offset``: of areas 0 in the window."""
+    stages it first; an imported input it always stages, as only the leader maps it).
+    ``staging_offset`` / ``result_offset``: of areas 0 in the window."""
     if input_at is None:
         input_flags, input_offset, input_row, copy_in = 0, staging_offset, 0, True
     else:
         input_flags, input_offset, input_row = input_at
         copy_in = False
-        if not may_alias:
+        if not may_alias or input_flags & GUEST_IMPORTED:
             input_flags |= GUEST_LEADER_STAGES
     if output_at is None:
         output_flags, output_offset, output_row, copy_out = 0, result_offset, 0, True
@@ -130,17 +136,20 @@ def place_guest_call(input_at: Location | None, output_at: Location | None, *,
 
 class TimeSlicedRole:
     """This rank's part in stepped calls when its GPU is time-sliced: the leader, or a
-    guest of ``leader``. ``of(path)`` is None for a rank with a GPU of its own, under
-    MPS, or where 64-bit stream memory operations are missing (the call's words are)."""
+    guest of ``leader``. ``of(path, channel)`` is None for a rank with a GPU of its own,
+    under MPS, or where 64-bit stream memory operations are missing (the call's words
+    are). ``imports``: the guest's allocations its leader maps, or for the leader those
+    of its guests (guest_imports.py; None without a channel)."""
 
-    def __init__(self, path: Any, leader: int, guests: list[int]) -> None:
+    def __init__(self, path: Any, leader: int, guests: list[int], imports: Any = None) -> None:
         self.path = path
         self.leader = leader
         self.guests = guests
         self.guest = path.rank != leader
+        self.imports = imports
 
     @classmethod
-    def of(cls, path: Any) -> TimeSlicedRole | None:
+    def of(cls, path: Any, channel: Any = None) -> TimeSlicedRole | None:
         group = path.group
         if group.world.node_count != 1 or not path.window.engine.wide_signals:
             return None
@@ -150,12 +159,17 @@ class TimeSlicedRole:
             return None
         guests = sorted(rank for rank, lead in leaders.items()
                         if lead == leader and rank != leader)
-        return cls(path, leader, guests)
+        imports = None
+        if channel is not None:
+            imports = (_guest_imports(path, channel, leader) if path.rank != leader
+                       else _leader_imports(path, channel))
+        return cls(path, leader, guests, imports)
 
     # -- the guest's side --------------------------------------------------------------
-    def locate(self, ptr: int, nbytes: int) -> Location | None:
+    def locate(self, ptr: int, nbytes: int, may_post: Callable[[], bool]) -> Location | None:
         """Where the leader reaches ``nbytes`` of this rank's memory at ``ptr``: in its
-        window, or in a registered array with a row of the registrations table."""
+        window, in a registered array with a row of the registrations table, or in an
+        allocation the leader imported (``may_post()``: a new one may be handed over)."""
         path = self.path
         if nbytes <= 0:
             return None
@@ -163,14 +177,19 @@ class TimeSlicedRole:
         if path.layout.in_heap(offset, nbytes):
             return (0, offset, 0)
         row = path.registered_row(ptr, nbytes)
-        return None if row is None else (GUEST_REGISTERED, row[1], row[0])
+        if row is not None:
+            return (GUEST_REGISTERED, row[1], row[0])
+        if self.imports is None:
+            return None
+        address = self.imports.address(ptr, nbytes, may_post=may_post)
+        return None if address is None else (GUEST_IMPORTED, address, 0)
 
     def place(self, signature: Any, algorithm: Any, input_ref: Any, output_ref: Any,
-              in_place: bool) -> GuestPlacement:
+              in_place: bool, may_post: Callable[[], bool]) -> GuestPlacement:
         layout = self.path.layout
         return place_guest_call(
-            self.locate(input_ref.ptr, signature.nbytes),
-            self.locate(output_ref.ptr, output_ref.nbytes),
+            self.locate(input_ref.ptr, signature.nbytes, may_post),
+            self.locate(output_ref.ptr, output_ref.nbytes, may_post),
             may_alias=not in_place or algorithm.aliasing_safe,
             staging_offset=layout.staging_offset(0), result_offset=layout.result_offset(0))
 
@@ -181,6 +200,50 @@ class TimeSlicedRole:
     def leader_steps(self, engine: Any, args: Any, launch_own: Callable[[str, int], None],
                      sink: Sink) -> LeaderSteps:
         return LeaderSteps(self, engine, args, launch_own, sink)
+
+    def serve(self, may_map: Callable[[], bool]) -> None:
+        """The leader, at one of its calls: map what its guests handed over since."""
+        if self.imports is not None and not self.guest:
+            self.imports.serve(may_map)
+
+    def close(self) -> None:
+        """Drop (guest) or unmap (leader) the imports; after the window is closed, so no
+        kernel of the node still reads them (idempotent)."""
+        imports, self.imports = self.imports, None
+        if imports is not None:
+            imports.close()
+
+
+def _guest_imports(path: Any, channel: Any, leader: int) -> Any:
+    from ..backends.device_existing import allocation_buffer_id, allocation_range
+    from .guest_imports import GuestImports
+
+    backend = path.group.backend
+
+    def export(base: int, size: int) -> tuple[bytes, Any]:
+        exported, _offset = backend.share_existing(base, size)
+        return exported.payload, exported.fd
+
+    return GuestImports(channel, leader, buffer_id=allocation_buffer_id,
+                        address_range=allocation_range, export=export)
+
+
+def _leader_imports(path: Any, channel: Any) -> Any:
+    from ..exchange.pidfd import fetch_fd
+    from .guest_imports import LeaderImports
+
+    group = path.group
+    exchange, pids = group.exchange, group.world.pids
+
+    def take_fd(guest: int, number: int) -> Any:
+        # A pid means the guest's process only where the ranks share a PID namespace.
+        separated = exchange.pid_namespace_layout()
+        if exchange.fd_path == "socket" or separated:
+            raise ValueError("its cuMem descriptor would need a socket hand-over per "
+                             f"allocation ({separated or 'descriptors travel by socket here'})")
+        return fetch_fd(pids[guest], number)
+
+    return LeaderImports(channel, open_allocation=group.backend.open_existing, fetch_fd=take_fd)
 
 
 class GuestSteps:

@@ -18,6 +18,7 @@ __all__ = [
     "HEADER_REGISTRATION", "FLAG_ZERO_COPY", "FLAG_REGISTERED", "LL_CLEANED_SLOT",
     "GUEST_CALL_SLOT", "GUEST_CALL_WORDS", "GUEST_DIGEST", "GUEST_INPUT", "GUEST_OUTPUT",
     "GUEST_ROW_SHIFT", "GUEST_OFFSET_SHIFT", "GUEST_REGISTERED", "GUEST_LEADER_STAGES",
+    "GUEST_IMPORTED",
     "GUEST_READY_SLOT", "GUEST_DONE_SLOT", "STAGING_SLOTS", "INBOX_HEADER_BYTES",
     "INBOX_BARRIER_WORD_BASE",
     "INBOX_READY_WORD_BASE", "INBOX_FREE_WORD_BASE", "slot_bytes_for", "slot_stride",
@@ -93,15 +94,18 @@ LL_CLEANED_SLOT = USER_SLOT_BASE + 2 * HEADER_WORDS
 # own-pad words from GUEST_CALL_SLOT (kGuest* in collectives.cu), then sets
 # GUEST_READY_SLOT; the leader of its GPU runs the call's kernels for it and sets
 # GUEST_DONE_SLOT. A place is one word: offset << GUEST_OFFSET_SHIFT | registration row <<
-# GUEST_ROW_SHIFT | flags.
+# GUEST_ROW_SHIFT | flags (for an imported array, the leader's address in the offset field).
 GUEST_CALL_SLOT = LL_CLEANED_SLOT + 2
 GUEST_CALL_WORDS = 3
 GUEST_DIGEST, GUEST_INPUT, GUEST_OUTPUT = 0, 1, 2
-GUEST_ROW_SHIFT, GUEST_OFFSET_SHIFT = 2, 8
+GUEST_ROW_SHIFT, GUEST_OFFSET_SHIFT = 3, 9
 # Flags of a place: in a registered array (else in the guest's window, at the offset);
-# for an input, the leader stages it before peers read it.
+# for an input, the leader stages it before peers read it; in an allocation of the guest
+# that its leader imported (collectives/guest_imports.py): the offset field is the
+# leader's address of it, and an input there is always staged (only the leader maps it).
 GUEST_REGISTERED = 1
 GUEST_LEADER_STAGES = 2
+GUEST_IMPORTED = 4
 GUEST_READY_SLOT = GUEST_CALL_SLOT + GUEST_CALL_WORDS
 GUEST_DONE_SLOT = GUEST_READY_SLOT + 1
 

@@ -188,6 +188,138 @@ def test_the_leader_of_a_time_sliced_gpu_runs_its_guests_stepped_calls(comm, bac
         cm.unregister(kept)
 
 
+@pytest.mark.parametrize("backend", ["cuda-ipc", "cuda-vmm"])
+def test_a_guests_own_tensors_are_handed_to_its_leader_and_then_cost_it_no_copy(comm, backend):
+    """A guest's plain torch tensors (the caching allocator's memory) are mapped by its
+    leader after a few calls (collectives/guest_imports.py); from then on the guest
+    copies nothing: eager, bound and in a graph captured afterwards, in and out of
+    place, with every op. Memory freed and allocated again at the same address is
+    handed over anew, never taken for the old allocation. Run it with torch's
+    expandable segments too (cuMem memory, passed by pidfd_getfd): gpu-check does."""
+    torch = pytest.importorskip("torch")
+    import numpy as np
+
+    from tests.reduction_reference import mismatches, reference, seeded_values
+
+    from .torch_communicator import torch_communicator
+
+    with torch_communicator(backend, 1 << 20) as (group, cm, stream):
+        if not group.time_sliced_gpus:
+            pytest.skip("no GPU takes turns here (each rank has its own, or MPS serves it)")
+        path = cm._path
+        role = path._time_sliced
+        device = f"cuda:{group.backend.device}"
+        count = 4099 * cm.size
+
+        def data(seed):
+            inputs = [seeded_values("float32", count, seed, r) for r in range(cm.size)]
+            return torch.from_numpy(inputs[cm.rank]).to(device), reference("float32", "sum",
+                                                                           inputs)
+
+        def guest_copies(call) -> list[int]:
+            """Every rank's own copies in ``call`` (each a hand-over of the GPU)."""
+            before = path.guest_copies
+            call()
+            cm.synchronize(stream)
+            return comm.allgather(path.guest_copies - before)
+
+        def all_reduce_into(source, output, seed):
+            mine, want = data(seed)
+            source.copy_(mine)
+            output.zero_()
+            copies = guest_copies(lambda: cm.all_reduce(source, output=output, algo="stepped",
+                                                        stream=stream))
+            assert mismatches("float32", "sum", output.cpu().numpy(), want) == 0, seed
+            return copies
+
+        user = torch.empty(count, dtype=torch.float32, device=device)
+        user_out = torch.empty_like(user)
+        first = all_reduce_into(user, user_out, 0)
+        is_guest = comm.allgather(role is not None and role.guest)
+        guests = [r for r in range(cm.size) if is_guest[r]]
+        assert all(first[r] == 2 for r in guests)  # in and out, until the leader replies
+        for attempt in range(1, 40):
+            copies = all_reduce_into(user, user_out, attempt)
+            if not any(copies):
+                break
+        assert not any(copies), f"guests still copy after {attempt} calls: {copies}"
+        assert attempt <= 4, attempt  # posted, mapped at the leader's next call, replied
+        if role is not None and not role.guest and guests:
+            assert role.imports.mapped >= 1
+        # In place, reduce-scatter and all-gather into tensors, bound: no copies.
+        mine, want = data(50)
+        user.copy_(mine)
+        assert not any(guest_copies(lambda: cm.all_reduce(user, algo="stepped",
+                                                          stream=stream)))
+        assert mismatches("float32", "sum", user.cpu().numpy(), want) == 0
+        block = torch.empty(count // cm.size, dtype=torch.float32, device=device)
+        gathered = torch.zeros(count, dtype=torch.float32, device=device)
+        user.copy_(mine)
+        for _ in range(4):  # the new tensors may lie in another segment: handed over too
+            guest_copies(lambda: (cm.reduce_scatter(block, user, algo="stepped", stream=stream),
+                                  cm.all_gather(gathered, block, algo="stepped",
+                                                stream=stream)))
+        scatter = cm.bind("reduce_scatter", block, user, algo="stepped", stream=stream)
+        gather = cm.bind("all_gather", gathered, block, algo="stepped", stream=stream)
+        gathered.zero_()
+        assert not any(guest_copies(lambda: (scatter(), gather())))
+        assert np.array_equal(gathered.cpu().numpy().view(np.int32),
+                              np.asarray(want, np.float32).view(np.int32))
+        # A graph captured now replays with new data and copies nothing.
+        graph = torch.cuda.CUDAGraph()
+        before = path.guest_copies
+        with torch.cuda.graph(graph, stream=stream):
+            cm.all_reduce(user, output=user_out, algo="stepped", stream=stream)
+        assert path.guest_copies == before
+        for replay in range(20):
+            mine, want = data(100 + replay)
+            user.copy_(mine)
+            graph.replay()
+            stream.synchronize()
+            assert mismatches("float32", "sum", user_out.cpu().numpy(), want) == 0, replay
+        del graph
+        # Freed and allocated again at the same address (cuMemFree then cuMemAlloc of the
+        # same size: the driver gives the address back): a new allocation, handed over
+        # anew, never the old mapping; through the call cache too, whose key (pointer,
+        # length) is the same for both.
+        from cuda.bindings import driver as cu
+
+        from ipcshare.backends.device_buffer import DeviceArray
+
+        nbytes = 8 << 20
+
+        def raw_tensor():
+            err, ptr = cu.cuMemAlloc(nbytes)
+            assert err == cu.CUresult.CUDA_SUCCESS, err
+            array = DeviceArray(int(ptr), nbytes, group.backend.device, owner=None,
+                                shape=(nbytes // 4,), dtype="float32")
+            return int(ptr), torch.from_dlpack(array)
+
+        old, big = raw_tensor()
+        for attempt in range(6):
+            all_reduce_into(big[:count], user_out, 200 + attempt)
+        copies = guest_copies(lambda: cm.all_reduce(big[:count], output=user_out,
+                                                    algo="stepped", stream=stream))
+        assert not any(copies), copies  # mapped by the leader by now
+        stream.synchronize()
+        big = None  # the view goes before the memory
+        assert cu.cuMemFree(old)[0] == cu.CUresult.CUDA_SUCCESS
+        new, big = raw_tensor()
+        reused = comm.allgather(new == old)
+        for attempt in range(6):
+            all_reduce_into(big[:count], user_out, 300 + attempt)  # right every time
+            all_reduce_into(user_out, big[count:2 * count], 400 + attempt)
+        assert not any(guest_copies(lambda: cm.all_reduce(big[:count], output=user_out,
+                                                          algo="stepped", stream=stream)))
+        if role is not None and role.guest:
+            assert reused[comm.rank], "the driver gave the freed memory a new address: " \
+                "the test of a reused address did not happen"
+        stream.synchronize()
+        big = None
+        cu.cuMemFree(new)
+        cm.synchronize(stream)
+
+
 @pytest.mark.parametrize("algo", ["stepped", "copy-engine"])
 @pytest.mark.parametrize("silent", ["guest", "leader"])
 def test_a_silent_rank_of_a_time_sliced_gpu_is_named_and_nothing_hangs(comm, silent, algo):

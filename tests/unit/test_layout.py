@@ -54,7 +54,8 @@ def test_collective_call_header_matches_the_layout():
                    "kGuestRowShift": layout.GUEST_ROW_SHIFT,
                    "kGuestOffsetShift": layout.GUEST_OFFSET_SHIFT,
                    "kGuestRegistered": layout.GUEST_REGISTERED,
-                   "kGuestLeaderStages": layout.GUEST_LEADER_STAGES}
+                   "kGuestLeaderStages": layout.GUEST_LEADER_STAGES,
+                   "kGuestImported": layout.GUEST_IMPORTED}
     assert {name: source[name] for name in guest_words} == guest_words
 
 

@@ -76,17 +76,21 @@ def _unpack(place: int) -> tuple[int, int, int]:
 
 
 @pytest.mark.parametrize("flags", [0, layout.GUEST_REGISTERED, layout.GUEST_LEADER_STAGES,
-                                   layout.GUEST_REGISTERED | layout.GUEST_LEADER_STAGES])
+                                   layout.GUEST_REGISTERED | layout.GUEST_LEADER_STAGES,
+                                   layout.GUEST_IMPORTED | layout.GUEST_LEADER_STAGES])
 def test_a_place_word_holds_flags_row_and_offset_apart(flags):
     from ipcshare.collectives.gpu_path import REGISTRATION_ROWS
 
-    for offset in (0, 1, 4096, (1 << 40) + 17, (1 << 56) - 1):
+    widest = 1 << (64 - layout.GUEST_OFFSET_SHIFT)
+    # An imported place holds the leader's address: 57-bit virtual addresses fit.
+    assert widest >= 1 << 55
+    for offset in (0, 1, 4096, (1 << 40) + 17, (1 << 47) + 0x7F00_0000, widest - 1):
         for row in (0, 1, REGISTRATION_ROWS - 1):
             assert _unpack(pack_place(flags, offset, row)) == (flags, offset, row)
     with pytest.raises(ValueError, match="row 64"):
         pack_place(flags, 0, REGISTRATION_ROWS)
     with pytest.raises(ValueError, match="offset"):
-        pack_place(flags, 1 << 56, 0)
+        pack_place(flags, widest, 0)
 
 
 class _Steps:

@@ -42,10 +42,11 @@ constexpr u64 kFlagRegistered = 2;
 constexpr int kGuestDigest = 0;
 constexpr int kGuestInput = 1;
 constexpr int kGuestOutput = 2;
-constexpr int kGuestRowShift = 2;
-constexpr int kGuestOffsetShift = 8;
+constexpr int kGuestRowShift = 3;
+constexpr int kGuestOffsetShift = 9;
 constexpr u64 kGuestRegistered = 1;
 constexpr u64 kGuestLeaderStages = 2;
+constexpr u64 kGuestImported = 4;
 // Error-word code of a call whose ranks disagree (peer field all ones; see gpu_path.py).
 constexpr u64 kDisagreement = 0xFFFFull << 48;
 
@@ -519,8 +520,10 @@ __device__ __forceinline__ u64 guest_row(u64 place) {
   return (place >> kGuestRowShift) & ((1ull << (kGuestOffsetShift - kGuestRowShift)) - 1);
 }
 
-// The guest's memory at `place`, as mapped here.
+// The guest's memory at `place`, as mapped here: an allocation of its own that we imported
+// (the word holds our address of it), a registered array's row, or its window.
 __device__ __forceinline__ char* guest_place(const CollectiveArgs& a, u64 place) {
+  if (place & kGuestImported) return reinterpret_cast<char*>(place >> kGuestOffsetShift);
   char* base = (place & kGuestRegistered)
       ? reinterpret_cast<char*>(a.registrations[guest_row(place) * kMaxRanks + a.rank])
       : a.windows[a.rank];
