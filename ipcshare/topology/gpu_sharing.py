@@ -54,7 +54,7 @@ def shared_gpus_advice(shared: dict[Any, list[int]],
     return (f"GPUs shared by several ranks ({who}): without MPS their contexts take turns in "
             "time slices, so barriers meet on the host, auto all-gathers with one rank per "
             "GPU and communicators run stepped kernels, the lowest rank of each such GPU "
-            "for all its ranks (fastest on arrays from comm.empty() or registered); give "
+            "for all its ranks (their own tensors mapped after a few calls); give "
             "each rank its own GPU, or start MPS (nvidia-cuda-mps-control -d) to run them "
             "side by side")
 
