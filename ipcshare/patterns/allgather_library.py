@@ -25,6 +25,7 @@ def _bytes_array(buffer: Any) -> DeviceArray:
 
 
 class LibraryAllGather(AllGather):
+    warm_before_capture = True
     """``--algo ll`` (each rank's block within the LL buffers) or ``--algo stepped``: GPU
     backends, one node."""
 

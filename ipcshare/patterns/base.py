@@ -39,6 +39,11 @@ class Pattern(abc.ABC):
     # engine opens at the first bind that crosses nodes and serves every later one.
     inter: str = "auto"
     _inter_engine: Any = None
+    # Whether graph mode runs the bound operations eagerly before capturing them: a
+    # library call's first calls on a time-sliced GPU differ from its later ones (a guest
+    # copies its arrays until its leader has mapped them, collectives/guest_imports.py),
+    # and a capture keeps what it sees.
+    warm_before_capture: bool = False
 
     @property
     def inter_engine_name(self) -> str | None:

@@ -56,6 +56,7 @@ class CommunicatorCase(Pattern):
 
     modes = ("out-of-place", "in-place")
     collective = ""
+    warm_before_capture = True
 
     def __init__(self, algo: str = "auto", *, op: str = "sum",
                  datatype: str = "float32") -> None:

@@ -40,6 +40,22 @@ from .timing import (
 __all__ = ["run_pattern", "check_graph_mode", "check_after_kernel"]
 
 
+# Eager rounds before a capture, each ended by a barrier: a guest of a time-sliced GPU
+# posts its arrays' allocations in the first, its leader maps them in the second, the
+# guest's calls name them from the third (collectives/guest_imports.py).
+WARM_ROUNDS_BEFORE_CAPTURE = 3
+
+
+def _warm_before_capture(engine: Any, window: Any, operations: list) -> None:
+    """Run every operation eagerly a few rounds (their outputs are prepared afresh
+    before every check), so what is captured is what later calls do."""
+    for _round in range(WARM_ROUNDS_BEFORE_CAPTURE):
+        for operation in operations:
+            operation()
+        engine.synchronize()
+        window.barrier()
+
+
 def check_graph_mode(backend: Backend, op: str, baseline: Any,
                      extra_baselines: Sequence[Any]) -> None:
     """Refuse graph mode where it cannot run.
@@ -177,6 +193,8 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
                     operations = [_after(before_each, operation) for operation in operations]
                 if graph:
                     bound_operations = operations
+                    if pattern.warm_before_capture:
+                        _warm_before_capture(engine, window, bound_operations)
                     operations = []
                     for operation in bound_operations:
                         graphs.append(engine.capture(operation))
