@@ -300,3 +300,58 @@ def test_many_arrays_of_few_allocations_post_each_allocation_once(capacity):
                 guest.address(base + offset, 1024, may_post=_always)
         lead.serve(_always)
     assert len(guest._channel.posted) == capacity and lead.mapped == capacity
+
+
+class _FakeMpi:
+    ANY_SOURCE = -1
+    finalized = False
+
+    class Status:
+        def Get_source(self) -> int:
+            return 1
+
+    @classmethod
+    def Is_finalized(cls) -> bool:
+        return cls.finalized
+
+
+class _DeadPeerComm:
+    """A duplicate communicator whose probe fails as MPI does once a peer died."""
+
+    def __init__(self) -> None:
+        self.freed = 0
+
+    def Dup(self) -> _DeadPeerComm:
+        return self
+
+    def Iprobe(self, **_kwargs) -> bool:
+        raise RuntimeError("MPI_ERR_PROC_FAILED: process failure")
+
+    def Free(self) -> None:
+        self.freed += 1
+
+
+def test_closing_the_channel_survives_a_dead_peer_and_frees_once(monkeypatch):
+    from ipcshare.collectives import guest_imports
+    from ipcshare.topology import world
+
+    monkeypatch.setattr(world, "mpi", lambda: _FakeMpi)
+    comm = _DeadPeerComm()
+    channel = guest_imports.ImportChannel(comm)
+    channel.close()  # the failing probe is logged, not raised
+    channel.close()
+    assert comm.freed == 0  # the probe failed before Free; the second close does nothing
+    comm = _DeadPeerComm()
+    comm.Iprobe = lambda **_kwargs: False
+    channel = guest_imports.ImportChannel(comm)
+    channel.close()
+    channel.close()
+    assert comm.freed == 1
+    _FakeMpi.finalized = True
+    try:
+        comm = _DeadPeerComm()
+        channel = guest_imports.ImportChannel(comm)
+        channel.close()  # after MPI_Finalize nothing may be called
+        assert comm.freed == 0
+    finally:
+        _FakeMpi.finalized = False
