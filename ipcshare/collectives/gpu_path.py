@@ -337,7 +337,8 @@ class GpuPath:
         return guest_enqueue
 
     def _bind_once(self, signature: Signature, algorithm: Algorithm, input_ref: ArrayRef,
-                   output_ref: ArrayRef, *, in_place: bool, stream: Any) -> tuple[Any, bool]:
+                   output_ref: ArrayRef, *, in_place: bool,
+                   stream: Any) -> tuple[Any, bool, list[tuple[int, int | None]]]:
         """``bind_call``'s enqueue; whether it copies a guest's array only because the
         leader's mapping of it has not been confirmed yet (provisional); and (pointer,
         buffer id) of each guest array it names by the leader's mapping."""
@@ -363,9 +364,7 @@ class GpuPath:
             checks = [(ref.ptr, imports.buffer_id(ref.ptr)) for ref, flags in (
                 (input_ref, placement.input_flags), (output_ref, placement.output_flags))
                 if flags & GUEST_IMPORTED]
-        else:
-            if time_sliced is not None:
-                self._time_sliced.serve(_not_capturing(bound.stream))
+        else:  # a leader maps its guests' allocations in bind_call's wrapper, every launch
             zero_copy = self._place(args, signature, algorithm, input_ref, output_ref, in_place)
         algorithm.run(GpuCall(signature, self.size, record_kernel,
                               self.layout.ll_max_bytes, meet=recorded.append,

@@ -226,11 +226,7 @@ class GuestImports:
     def _release_gone(self) -> None:
         """Unmap allocations that no longer exist (their base names another buffer)."""
         for entry in list(self._by_id.values()):
-            try:
-                alive = self._buffer_id(entry.base) == entry.buffer_id
-            except Exception:
-                alive = False
-            if not alive:
+            if self._buffer_id(entry.base) != entry.buffer_id:
                 self._release(entry)
 
     def _release(self, entry: _Allocation) -> None:
