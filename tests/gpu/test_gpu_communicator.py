@@ -21,8 +21,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
 _TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "int32": torch.int32}
 _BITS = {4: np.int32, 2: np.int16}
-ALGOS = {"all_reduce": ("one-shot", "two-shot", "ll", "stepped", "copy-engine", "auto"),
-         "reduce_scatter": ("one-shot", "ll", "stepped", "auto"),
+ALGOS = {"all_reduce": ("one-shot", "two-shot", "ll", "stepped", "copy-engine", "push", "auto"),
+         "reduce_scatter": ("one-shot", "ll", "stepped", "push", "auto"),
          "all_gather": ("pull", "ll", "stepped", "auto")}
 
 
@@ -136,7 +136,7 @@ def test_all_gather_moves_every_byte(setup, nbytes, algo):
     assert np.array_equal(out2.cpu().numpy(), np.concatenate(blocks))
 
 
-@pytest.mark.parametrize("algo", ["one-shot", "two-shot", "stepped", "copy-engine"])
+@pytest.mark.parametrize("algo", ["one-shot", "two-shot", "stepped", "copy-engine", "push"])
 def test_arrays_from_empty_are_read_in_place(setup, algo):
     group, cm = setup
     count = 100_003
@@ -148,11 +148,11 @@ def test_arrays_from_empty_are_read_in_place(setup, algo):
     for _ in range(3):  # the user rewrites the input between calls
         array.copy_(torch.from_numpy(inputs[cm.rank]))
         # In place: one-shot and stepped read every input whole, so they copy in;
-        # copy-engine never stages (no peer reads an input: it is pushed).
+        # copy-engine and push never stage (no peer reads an input: it is pushed).
         cm.all_reduce(array, algo=algo)
         cm.synchronize()
         assert mismatches("float32", "sum", array.cpu().numpy(), want) == 0
-    assert cm.copies_in - before == (0 if algo in ("two-shot", "copy-engine") else 3)
+    assert cm.copies_in - before == (0 if algo in ("two-shot", "copy-engine", "push") else 3)
     out = torch.empty_like(array)
     array.copy_(torch.from_numpy(inputs[cm.rank]))
     before = cm.copies_in
@@ -173,7 +173,7 @@ def test_calls_on_a_user_stream_and_in_a_cuda_graph_replay_with_new_data(setup):
     out = torch.zeros_like(tensor)
     gathered = torch.zeros(count * cm.size, dtype=torch.float32, device=f"cuda:{device}")
     thrice_out = torch.zeros_like(tensor)
-    for algo in ("one-shot", "two-shot", "stepped", "copy-engine"):  # warm: bind first
+    for algo in ("one-shot", "two-shot", "stepped", "copy-engine", "push"):  # warm: bind first
         cm.all_reduce(tensor, output=out, algo=algo)
     cm.all_gather(gathered, tensor)
     cm.all_gather(gathered, tensor, algo="stepped")
@@ -187,6 +187,7 @@ def test_calls_on_a_user_stream_and_in_a_cuda_graph_replay_with_new_data(setup):
         # alternate whatever follows, on every replay).
         cm.all_reduce(out, output=thrice_out, algo="stepped")
         cm.all_reduce(thrice_out, algo="copy-engine")  # in place
+        cm.all_reduce(thrice_out, algo="push")  # in place, after a fixed-place algorithm
         cm.all_gather(gathered, thrice_out, algo="stepped")
     for replay in range(50):
         inputs = [seeded_values("float32", count, replay, r) for r in range(cm.size)]
@@ -194,12 +195,13 @@ def test_calls_on_a_user_stream_and_in_a_cuda_graph_replay_with_new_data(setup):
         twice = reference("float32", "sum", [once] * cm.size)
         thrice = reference("float32", "sum", [twice] * cm.size)
         fourfold = reference("float32", "sum", [thrice] * cm.size)
+        fivefold = reference("float32", "sum", [fourfold] * cm.size)
         tensor.copy_(torch.from_numpy(inputs[cm.rank]))
         graph.replay()
         stream.synchronize()
         assert mismatches("float32", "sum", out.cpu().numpy(), twice) == 0, replay
-        assert mismatches("float32", "sum", thrice_out.cpu().numpy(), fourfold) == 0, replay
-        assert np.array_equal(gathered.cpu().numpy(), np.tile(fourfold, cm.size)), replay
+        assert mismatches("float32", "sum", thrice_out.cpu().numpy(), fivefold) == 0, replay
+        assert np.array_equal(gathered.cpu().numpy(), np.tile(fivefold, cm.size)), replay
     cm.synchronize()
 
 
@@ -225,7 +227,7 @@ def test_a_first_call_on_a_user_stream_may_be_made_inside_a_capture(setup):
     cm.synchronize(stream)
 
 
-@pytest.mark.parametrize("algo", ["ll", "one-shot", "two-shot", "stepped", "copy-engine"])
+@pytest.mark.parametrize("algo", ["ll", "one-shot", "two-shot", "stepped", "copy-engine", "push"])
 def test_bound_calls_launch_again_on_new_data_and_in_graphs(setup, algo):
     group, cm = setup
     device = group.backend.device
@@ -306,7 +308,7 @@ def test_ranks_that_disagree_raise_on_every_rank(setup, comm):
     assert same.cpu().tolist() == [float(comm.size)] * 64
 
 
-@pytest.mark.parametrize("algo", ["one-shot", "two-shot", "ll", "stepped", "copy-engine"])
+@pytest.mark.parametrize("algo", ["one-shot", "two-shot", "ll", "stepped", "copy-engine", "push"])
 def test_known_calls_made_out_of_step_are_found_on_the_gpu(comm, algo):
     """Both shapes agreed at first sight, then the ranks make different ones: the kernels
     compare the headers' digests, skip the work, and synchronize() raises on every rank
@@ -328,6 +330,44 @@ def test_known_calls_made_out_of_step_are_found_on_the_gpu(comm, algo):
             cm.synchronize(stream)
         if algo != "copy-engine":  # its copies run whatever the kernel found
             assert torch.equal(mine, before)  # the work was skipped
+
+
+# Every algorithm of the barrier family, in an order that puts each after each other one.
+_FAMILY = ("push", "one-shot", "push", "two-shot", "push", "copy-engine", "one-shot",
+           "two-shot", "copy-engine", "push", "push")
+
+
+@pytest.mark.parametrize("backend", ["cuda-vmm", "cuda-ipc"])
+def test_algorithms_that_follow_one_another_meet_only_their_own_call(comm, backend):
+    """Calls of several algorithms in turn on one communicator, large enough that every
+    push block signals several tiles (more than 32 KiB of its chunk each): the push
+    kernels' step signals are larger than any earlier call's, and the next call of any
+    algorithm must still wait for its own. Had a later call's wait been met by an earlier
+    call's signal, it would read inputs not yet written and give wrong sums."""
+    with torch_communicator(backend, 24 << 20) as (group, cm, stream):
+        device = f"cuda:{group.backend.device}"
+        count = (5 << 20) + 3  # 20 MiB of float32: chunks of 10 MiB or less, 80+ KiB a block
+        tensor = torch.zeros(count, dtype=torch.float32, device=device)
+        out = torch.zeros_like(tensor)
+        scattered = torch.zeros(count // cm.size, dtype=torch.float32, device=device)
+        for round_, algo in enumerate(_FAMILY):
+            inputs = _inputs("float32", count, 500 + round_, cm.size, specials=False)
+            want = reference("float32", "sum", inputs)
+            tensor.copy_(torch.from_numpy(inputs[cm.rank]))
+            cm.all_reduce(tensor, output=out, algo=algo, stream=stream)
+            if algo in ALGOS["reduce_scatter"]:
+                block = count // cm.size
+                rs_inputs = [values[:block * cm.size] for values in inputs]
+                rs_want = reference("float32", "sum", rs_inputs)[cm.rank * block:
+                                                                   (cm.rank + 1) * block]
+                cm.reduce_scatter(scattered, tensor[:block * cm.size], algo=algo, stream=stream)
+            cm.all_reduce(tensor, algo=algo, stream=stream)  # in place
+            cm.synchronize(stream)
+            assert mismatches("float32", "sum", out.cpu().numpy(), want) == 0, (round_, algo)
+            assert mismatches("float32", "sum", tensor.cpu().numpy(), want) == 0, (round_, algo)
+            if algo in ALGOS["reduce_scatter"]:
+                assert mismatches("float32", "sum", scattered.cpu().numpy(), rs_want) == 0, \
+                    (round_, algo)
 
 
 def test_misuse_raises_on_the_calling_rank(setup):

@@ -26,10 +26,12 @@ _REGISTRY: dict[tuple[str, str], dict[str, str]] = {
                              "two-shot": "gpu_two_shot:GpuTwoShotAllReduce",
                              "ll": "gpu_low_latency:GpuLowLatencyAllReduce",
                              "stepped": "gpu_stepped:GpuSteppedAllReduce",
-                             "copy-engine": "gpu_copy_engine:GpuCopyEngineAllReduce"},
+                             "copy-engine": "gpu_copy_engine:GpuCopyEngineAllReduce",
+                             "push": "gpu_push:GpuPushAllReduce"},
     ("cuda", "reduce_scatter"): {"one-shot": "gpu_one_shot:GpuOneShotReduceScatter",
                                  "ll": "gpu_low_latency:GpuLowLatencyReduceScatter",
-                                 "stepped": "gpu_stepped:GpuSteppedReduceScatter"},
+                                 "stepped": "gpu_stepped:GpuSteppedReduceScatter",
+                                 "push": "gpu_push:GpuPushReduceScatter"},
 }
 _INSTANCES: dict[tuple[str, str, str], Algorithm] = {}
 

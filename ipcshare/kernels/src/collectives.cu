@@ -1,9 +1,11 @@
-// The collectives of ipcshare.collectives on GPU memory: all-gather (pull), all-reduce
-// (one-shot, two-shot) and reduce-scatter (one-shot) over a communicator's window.
+// The collectives of ipcshare.collectives on GPU memory: all-gather (pull, ll), all-reduce
+// (one-shot, two-shot, push, ll, copy-engine, stepped) and reduce-scatter (one-shot, push,
+// ll, stepped) over a communicator's window. The push and ll kernels have sections of
+// their own below; what follows describes the others.
 //
 // One kernel per call, nothing else on the stream: every thread block copies its slice of
 // the user's input into this rank's staging area, publishes the call's header in its pad,
-// meets the same block of every peer (block_barrier), then reads and reduces its slice
+// meets the same block of every peer (call_barrier), then reads and reduces its slice
 // from every rank. Slices are the same on every rank (the grid and the cut depend on the
 // call's signature only), so a block's barrier covers exactly the bytes it then reads and
 // no grid-wide barrier is needed. Staging areas and headers alternate with the parity of
@@ -239,14 +241,35 @@ __device__ __forceinline__ u64* header(u64* pad, const CollectiveArgs& a, int pa
   return pad + a.header_base + parity * 4;
 }
 
-// Pad words of this block's barriers: entry (0), middle of two-shot (1), exit (2).
+// Pad words of this block's barriers: entry (0), middle of two-shot (1), exit (2); the
+// push kernels signal their tiles on words 0 and 1.
 __device__ __forceinline__ int barrier_slots(const CollectiveArgs& a, int phase) {
   return a.slot_base + (blockIdx.x * 3 + phase) * kMaxRanks;
+}
+
+// What a block signals on those words: (epoch << kStepBits) + step. The kernels that meet
+// their peers once per call signal step 0; the push kernels signal step t + 1 when tile t
+// is done. Every algorithm of the family writes the same words, and these values only
+// grow from call to call whichever algorithm made them, so a wait (>=) is never met by a
+// signal of an earlier call.
+constexpr int kStepBits = 20;
+__device__ __forceinline__ u64 barrier_value(u64 epoch, u64 step) {
+  return (epoch << kStepBits) + step;
+}
+
+// The block barrier of this call on `phase`'s words (a timeout records the call's epoch).
+__device__ __forceinline__ bool call_barrier(const CollectiveArgs& a, u64 epoch, int phase) {
+  const int slots = barrier_slots(a, phase);
+  const u64 value = barrier_value(epoch, 0);
+  ipcshare::block_signal(a.pads, a.rank, a.nranks, slots, value);
+  return ipcshare::block_wait(a.pads, a.rank, a.nranks, slots, value, a.timeout_ns, epoch);
 }
 
 __device__ __forceinline__ void begin_call(const CollectiveArgs& a, Call& call) {
   call.epoch = ipcshare::begin_epoch(a.pads[a.rank], a.epoch_word);
   call.parity = (int)(call.epoch & 1);
+  call.failed = false;
+  call.hold_inputs = false;
 }
 
 // Copy input bytes [first, last) (clipped to `total`) into this call's staging area,
@@ -309,37 +332,36 @@ __device__ __forceinline__ void read_headers(const CollectiveArgs& a, Call& call
 // Publish the header, meet the same block of every peer, and read every peer's header.
 __device__ __forceinline__ void meet(const CollectiveArgs& a, Call& call) {
   if (threadIdx.x == 0) publish_header(a, call.parity);
-  // block_barrier fences and syncs the block before any signal leaves: the staged bytes
+  // block_signal fences and syncs the block before any signal leaves: the staged bytes
   // and the header are visible to a peer that has seen our signal.
-  const bool met = ipcshare::block_barrier(a.pads, a.rank, a.nranks, barrier_slots(a, 0),
-                                           call.epoch, a.timeout_ns);
+  const bool met = call_barrier(a, call.epoch, 0);
   read_headers(a, call, met);
 }
 
 // Leave: when some input is its owner's own memory, wait until every peer's block has
 // read what it needs from ours (the user may overwrite it once the call is done).
 __device__ __forceinline__ void leave(const CollectiveArgs& a, const Call& call) {
-  if (!call.failed && call.hold_inputs)
-    ipcshare::block_barrier(a.pads, a.rank, a.nranks, barrier_slots(a, 2), call.epoch,
-                            a.timeout_ns);
+  if (!call.failed && call.hold_inputs) call_barrier(a, call.epoch, 2);
   ipcshare::end_epoch(a.pads[a.rank], a.epoch_word, call.epoch);
 }
 
 // ---------------------------------------------------------------------------------------
 // The collectives.
 
-// Reduce elements [begin, end) of every source into dst[begin, end), and into
-// also[begin, end) unless it is null. Each element is read from every source before it is
-// written, so dst may be one of them. 16-byte vectors where every pointer allows it (begin
-// is a multiple of a granule): one vector from every rank in flight at once per thread.
+// Reduce elements [begin, end) of every source into each of the `nouts` outputs (a peer's
+// memory too), at [begin, end). Each element is read from every source before it is
+// written, so an output may be one of them. 16-byte vectors where every pointer allows it
+// (begin is a multiple of a granule): one vector from every rank in flight at once per
+// thread.
 template <class T, int OP>
-__device__ __forceinline__ void reduce_range(char* dst, char* also, const char* const* sources,
-                                             int nranks, unsigned long long begin,
-                                             unsigned long long end) {
+__device__ __forceinline__ void reduce_range(char* const* outs, int nouts,
+                                             const char* const* sources, int nranks,
+                                             unsigned long long begin, unsigned long long end) {
   typedef typename T::Bits Bits;
   constexpr int kLanes = 16 / sizeof(Bits);
   union Vector { uint4 v; Bits lane[kLanes]; };
-  unsigned long long aligned = (unsigned long long)dst | (unsigned long long)also;
+  unsigned long long aligned = 0;
+  for (int o = 0; o < nouts; ++o) aligned |= (unsigned long long)outs[o];
   for (int r = 0; r < nranks; ++r) aligned |= (unsigned long long)sources[r];
   if ((aligned & 15ull) == 0 && begin % kLanes == 0) {
     const unsigned long long vectors = (end - begin) / kLanes, first = begin / kLanes;
@@ -350,16 +372,14 @@ __device__ __forceinline__ void reduce_range(char* dst, char* also, const char* 
 #pragma unroll
       for (int j = 0; j < kLanes; ++j)
         out.lane[j] = reduce_ranks<T, OP>([&](int r) { return in[r].lane[j]; }, nranks);
-      reinterpret_cast<uint4*>(dst)[v] = out.v;
-      if (also != nullptr) reinterpret_cast<uint4*>(also)[v] = out.v;
+      for (int o = 0; o < nouts; ++o) reinterpret_cast<uint4*>(outs[o])[v] = out.v;
     }
     begin += vectors * kLanes;
   }
   for (unsigned long long i = begin + threadIdx.x; i < end; i += blockDim.x) {
     const Bits value = reduce_ranks<T, OP>(
         [&](int r) { return reinterpret_cast<const Bits*>(sources[r])[i]; }, nranks);
-    reinterpret_cast<Bits*>(dst)[i] = value;
-    if (also != nullptr) reinterpret_cast<Bits*>(also)[i] = value;
+    for (int o = 0; o < nouts; ++o) reinterpret_cast<Bits*>(outs[o])[i] = value;
   }
 }
 
@@ -381,7 +401,8 @@ struct OneShotAllReduce {
   }
   static __device__ __forceinline__ void work(const CollectiveArgs& a, const Call& call,
                                               Slice s) {
-    reduce_range<T, OP>(a.output, nullptr, call.sources, a.nranks, s.begin, s.end);
+    char* outs[1] = {a.output};
+    reduce_range<T, OP>(outs, 1, call.sources, a.nranks, s.begin, s.end);
   }
 };
 
@@ -405,7 +426,8 @@ struct OneShotReduceScatter {
     const unsigned long long offset = a.rank * (a.count / a.nranks) * kSize;
     const char* mine[kMaxRanks];
     for (int r = 0; r < a.nranks; ++r) mine[r] = call.sources[r] + offset;
-    reduce_range<T, OP>(a.output, nullptr, mine, a.nranks, s.begin, s.end);
+    char* outs[1] = {a.output};
+    reduce_range<T, OP>(outs, 1, mine, a.nranks, s.begin, s.end);
   }
 };
 
@@ -483,10 +505,10 @@ __device__ void all_reduce_two_shot(const CollectiveArgs& a) {
       const char* sources[kMaxRanks];
       for (int r = 0; r < a.nranks; ++r) sources[r] = call.sources[r] + first * size;
       char* result = a.windows[a.rank] + a.result_offset[call.parity] + s.begin * size;
-      reduce_range<T, OP>(a.output + first * size, result, sources, a.nranks, 0, last - first);
+      char* outs[2] = {a.output + first * size, result};
+      reduce_range<T, OP>(outs, 2, sources, a.nranks, 0, last - first);
     }
-    call.failed = !ipcshare::block_barrier(a.pads, a.rank, a.nranks, barrier_slots(a, 1),
-                                           call.epoch, a.timeout_ns);
+    call.failed = !call_barrier(a, call.epoch, 1);
   }
   if (!call.failed) {
     for (int step = 1; step < a.nranks; ++step) {
@@ -623,7 +645,193 @@ __device__ void all_reduce_copy_engine(const CollectiveArgs& a) {
     const char* sources[kMaxRanks];
     for (int r = 0; r < a.nranks; ++r)
       sources[r] = r == a.rank ? a.input + first * size : inbox + (r * chunk + s.begin) * size;
-    reduce_range<T, OP>(a.output + first * size, nullptr, sources, a.nranks, 0, last - first);
+    char* outs[1] = {a.output + first * size};
+    reduce_range<T, OP>(outs, 1, sources, a.nranks, 0, last - first);
+  }
+  ipcshare::end_epoch(a.pads[a.rank], a.epoch_word, call.epoch);
+}
+
+// ---------------------------------------------------------------------------------------
+// Push collectives (collectives/algorithms/gpu_push.py). Every byte between GPUs is a store
+// into a peer's window, never a load from one: NVLink carries the SMs' stores faster than
+// their remote loads come back. A block cuts its slice into tiles and signals each tile
+// on its own (step t + 1 for tile t, barrier_value), and stores tile t + 1 before it waits
+// for tile t, so its stores stay in flight while it waits and reduces.
+//
+// All-reduce (two-shot): rank q owns chunk q (two_shot_chunk). Every rank stores tile t
+// of chunk q of its input into its slot of rank q's inbox (q's staging area of the call's
+// parity) and signals on the block's words 0; rank q reduces tile t of its chunk from its
+// own input and the inbox in rank order, into its output and into every peer's result
+// area (parity), and signals on words 1; every rank then copies tile t of the other chunks
+// from its result area into its output. Reduce-scatter is the first half: rank q's output
+// is the reduction of block q.
+//
+// Safety. No peer reads our input or output, so the call needs no exit barrier, and in
+// place is safe (a tile of our input is stored out by the same block before it writes
+// that tile of the output). A rank writes a peer's areas of parity p in call k; the peer
+// read them last in call k - 2. Our call k - 1 heard the peer's call k - 1 in every block
+// (whatever the algorithm: every one of the family meets or hears every peer before it
+// ends), and the peer's call k - 1 began after its call k - 2 had ended on its stream, so
+// those areas are free when call k begins. The result area of a peer is written only
+// after its signal of this call's tile, so the same holds for areas of any fixed place
+// (the copy-engine all-reduce's). Every block signals and waits for tile 0 even where its
+// slice is empty: that is where it compares the peers' digests, so ranks making different
+// calls all stop there.
+
+// Bytes per tile: 32 KiB, a few 16-byte vectors per thread of a 512-thread block.
+constexpr unsigned long long kPushTileBytes = 32ull << 10;
+
+// The tiles of a block's slice [s.begin, s.end) of elements: at least one (possibly empty),
+// each of `per` elements (a multiple of the granule, so vector loads stay aligned), and
+// never so many that a step leaves kStepBits.
+struct Tiles {
+  unsigned long long begin, end, per, count;
+  __device__ __forceinline__ Tiles(Slice s, unsigned long long granule,
+                                   unsigned long long itemsize) {
+    begin = s.begin;
+    end = s.end;
+    per = kPushTileBytes / itemsize;
+    const unsigned long long most = (1ull << kStepBits) - 2;
+    const unsigned long long n = end - begin;
+    if ((n + per - 1) / per > most) per = ((n + most - 1) / most + granule - 1) / granule * granule;
+    count = n == 0 ? 1 : (n + per - 1) / per;
+  }
+  // Tile t as [first, last) elements, relative to the chunk (or block).
+  __device__ __forceinline__ Slice tile(unsigned long long t) const {
+    unsigned long long first = begin + t * per, last = first + per;
+    if (first > end) first = end;
+    if (last > end) last = end;
+    return Slice{first, last};
+  }
+};
+
+// Wait for tile t's signals on `phase`'s words. At tile 0 it also reads the headers (the
+// peers published theirs before their first signal) and compares digests.
+__device__ __forceinline__ void push_wait(const CollectiveArgs& a, Call& call, int phase,
+                                          unsigned long long t) {
+  const bool met = ipcshare::block_wait(a.pads, a.rank, a.nranks, barrier_slots(a, phase),
+                                        barrier_value(call.epoch, t + 1), a.timeout_ns,
+                                        call.epoch);
+  if (phase == 0 && t == 0) read_headers(a, call, met);
+  else call.failed = call.failed || !met;
+}
+
+__device__ __forceinline__ void push_signal(const CollectiveArgs& a, const Call& call, int phase,
+                                            unsigned long long t) {
+  ipcshare::block_signal(a.pads, a.rank, a.nranks, barrier_slots(a, phase),
+                         barrier_value(call.epoch, t + 1));
+}
+
+// Store tile `tile` of run q of our input (runs of `run` elements, the last ones clipped
+// to `count`) into our slot of rank q's inbox, whose slots are `slot_stride` elements apart.
+template <class T>
+__device__ __forceinline__ void push_to_inbox(const CollectiveArgs& a, const Call& call, int q,
+                                              unsigned long long run,
+                                              unsigned long long slot_stride, Slice tile,
+                                              unsigned long long count) {
+  const unsigned long long size = sizeof(typename T::Bits);
+  const unsigned long long first = q * run + tile.begin;
+  unsigned long long last = q * run + tile.end;
+  if (last > count) last = count;
+  if (first >= last) return;
+  char* inbox = a.windows[q] + a.staging_offset[call.parity];
+  ipcshare::block_copy(inbox + (a.rank * slot_stride + tile.begin) * size,
+                       a.input + first * size, (last - first) * size);
+}
+
+template <class T, int OP>
+__device__ void all_reduce_push(const CollectiveArgs& a) {
+  const unsigned long long size = sizeof(typename T::Bits), g = granule<T>();
+  const unsigned long long chunk = two_shot_chunk<T>(a);
+  const Tiles tiles(block_slice(chunk, g), g, size);
+  Call call;
+  begin_call(a, call);
+  if (threadIdx.x == 0) publish_header(a, call.parity);
+  const char* inbox = a.windows[a.rank] + a.staging_offset[call.parity];
+  const char* results = a.windows[a.rank] + a.result_offset[call.parity];
+  for (unsigned long long step = 0; step < tiles.count + 2 && !call.failed; ++step) {
+    if (step < tiles.count) {
+      const Slice tile = tiles.tile(step);
+      for (int i = 1; i < a.nranks; ++i)
+        push_to_inbox<T>(a, call, (a.rank + i) % a.nranks, chunk, chunk, tile, a.count);
+      push_signal(a, call, 0, step);
+    }
+    if (step >= 1 && step <= tiles.count) {
+      const unsigned long long t = step - 1;
+      push_wait(a, call, 0, t);
+      if (call.failed) break;
+      const Slice tile = tiles.tile(t);
+      const unsigned long long first = a.rank * chunk + tile.begin;
+      unsigned long long last = a.rank * chunk + tile.end;
+      if (last > a.count) last = a.count;
+      if (first < last) {
+        const char* sources[kMaxRanks];
+        char* outs[kMaxRanks];
+        int nouts = 0;
+        outs[nouts++] = a.output + first * size;
+        for (int r = 0; r < a.nranks; ++r) {
+          sources[r] = r == a.rank ? a.input + first * size
+                                   : inbox + (r * chunk + tile.begin) * size;
+          if (r != a.rank) outs[nouts++] = a.windows[r] + a.result_offset[call.parity] + first * size;
+        }
+        reduce_range<T, OP>(outs, nouts, sources, a.nranks, 0, last - first);
+      }
+      push_signal(a, call, 1, t);
+    }
+    if (step >= 2) {
+      const unsigned long long t = step - 2;
+      push_wait(a, call, 1, t);
+      if (call.failed) break;
+      const Slice tile = tiles.tile(t);
+      for (int i = 1; i < a.nranks; ++i) {
+        const int owner = (a.rank + i) % a.nranks;
+        const unsigned long long first = owner * chunk + tile.begin;
+        unsigned long long last = owner * chunk + tile.end;
+        if (last > a.count) last = a.count;
+        if (first < last)
+          ipcshare::block_copy(a.output + first * size, results + first * size,
+                               (last - first) * size);
+      }
+    }
+  }
+  ipcshare::end_epoch(a.pads[a.rank], a.epoch_word, call.epoch);
+}
+
+// Reduce-scatter: count is the input's elements; rank q's output is the reduction of
+// block q (count / n elements). Inbox slots are a block rounded up to a granule apart, so
+// every slot starts 16-byte aligned.
+template <class T, int OP>
+__device__ void reduce_scatter_push(const CollectiveArgs& a) {
+  const unsigned long long size = sizeof(typename T::Bits), g = granule<T>();
+  const unsigned long long block = a.count / a.nranks;
+  const unsigned long long stride = (block + g - 1) / g * g;
+  const Tiles tiles(block_slice(block, g), g, size);
+  Call call;
+  begin_call(a, call);
+  if (threadIdx.x == 0) publish_header(a, call.parity);
+  const char* inbox = a.windows[a.rank] + a.staging_offset[call.parity];
+  for (unsigned long long step = 0; step < tiles.count + 1 && !call.failed; ++step) {
+    if (step < tiles.count) {
+      const Slice tile = tiles.tile(step);
+      for (int i = 1; i < a.nranks; ++i)
+        push_to_inbox<T>(a, call, (a.rank + i) % a.nranks, block, stride, tile,
+                         block * a.nranks);
+      push_signal(a, call, 0, step);
+    }
+    if (step >= 1) {
+      const unsigned long long t = step - 1;
+      push_wait(a, call, 0, t);
+      if (call.failed) break;
+      const Slice tile = tiles.tile(t);
+      if (tile.begin < tile.end) {
+        const char* sources[kMaxRanks];
+        for (int r = 0; r < a.nranks; ++r)
+          sources[r] = r == a.rank ? a.input + (a.rank * block + tile.begin) * size
+                                   : inbox + (r * stride + tile.begin) * size;
+        char* outs[1] = {a.output + tile.begin * size};
+        reduce_range<T, OP>(outs, 1, sources, a.nranks, 0, tile.end - tile.begin);
+      }
+    }
   }
   ipcshare::end_epoch(a.pads[a.rank], a.epoch_word, call.epoch);
 }
@@ -877,6 +1085,8 @@ IPCSHARE_ALL_TYPES(reduce_scatter_ll)
 IPCSHARE_ALL_TYPES(all_reduce_stepped)
 IPCSHARE_ALL_TYPES(reduce_scatter_stepped)
 IPCSHARE_ALL_TYPES(all_reduce_copy_engine)
+IPCSHARE_ALL_TYPES(all_reduce_push)
+IPCSHARE_ALL_TYPES(reduce_scatter_push)
 
 extern "C" __global__ void all_gather_pull_bytes(CollectiveArgs a) { one_kernel<PullAllGather>(a); }
 extern "C" __global__ void all_gather_stepped_bytes(CollectiveArgs a) {

@@ -57,27 +57,44 @@ __device__ __forceinline__ void record_timeout(u64* own_pad, int peer, u64 epoch
   atomicCAS(own_pad + kErrorWord, 0ull, ((u64)(peer + 1) << 48) | (epoch & 0xFFFFFFFFFFFFull));
 }
 
-// A barrier of one thread block with the same block of every peer: thread t < nranks
-// signals peer t, then waits for peer t. `slot_base` selects the words this barrier owns
-// (one word per source rank); `epoch` must grow by one per use. All threads return the
-// same verdict.
-__device__ __forceinline__ bool block_barrier(u64* const* pads, int rank, int nranks,
-                                              int slot_base, u64 epoch, u64 timeout_ns) {
-  __shared__ int failed;
-  if (threadIdx.x == 0) failed = 0;
-  // Every thread's earlier writes must be visible system-wide before any signal leaves.
+// One thread block signalling the same block of every peer: every thread's earlier writes
+// (into the peers' memory too) are made visible system-wide, then thread t < nranks stores
+// `value` into word `slot_base + rank` of peer t's pad. Call it from every thread.
+__device__ __forceinline__ void block_signal(u64* const* pads, int rank, int nranks,
+                                             int slot_base, u64 value) {
   __threadfence_system();
   __syncthreads();
   const int t = threadIdx.x;
-  if (t < nranks && t != rank) put_signal(pads[t] + slot_base + rank, epoch);
-  if (t < nranks && t != rank) {
-    if (!wait_signal(pads[rank] + slot_base + t, epoch, timeout_ns)) {
-      record_timeout(pads[rank], t, epoch);
-      failed = 1;
-    }
+  if (t < nranks && t != rank) put_signal(pads[t] + slot_base + rank, value);
+}
+
+// One thread block waiting until every peer's word `slot_base + peer` of our pad has
+// reached `value` (thread t waits for peer t), recording the first peer that never came
+// with `epoch` (the operation the host names in its error). Call it from every thread; all
+// of them return the same verdict, and after it they may read whatever the peers wrote
+// before signalling.
+__device__ __forceinline__ bool block_wait(u64* const* pads, int rank, int nranks,
+                                           int slot_base, u64 value, u64 timeout_ns,
+                                           u64 epoch) {
+  __shared__ int failed;
+  if (threadIdx.x == 0) failed = 0;
+  __syncthreads();
+  const int t = threadIdx.x;
+  if (t < nranks && t != rank && !wait_signal(pads[rank] + slot_base + t, value, timeout_ns)) {
+    record_timeout(pads[rank], t, epoch);
+    failed = 1;
   }
   __syncthreads();
   return failed == 0;
+}
+
+// A barrier of one thread block with the same block of every peer: signal every peer,
+// then wait for every peer. `slot_base` selects the words this barrier owns (one word per
+// source rank); `epoch` must grow by one per use. All threads return the same verdict.
+__device__ __forceinline__ bool block_barrier(u64* const* pads, int rank, int nranks,
+                                              int slot_base, u64 epoch, u64 timeout_ns) {
+  block_signal(pads, rank, nranks, slot_base, epoch);
+  return block_wait(pads, rank, nranks, slot_base, epoch, timeout_ns, epoch);
 }
 
 // Device-side epochs. An operation family keeps the number of operations it has completed

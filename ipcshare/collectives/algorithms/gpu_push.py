@@ -1,0 +1,52 @@
+"""GPU push all-reduce and reduce-scatter: every byte between GPUs is a store of the SMs
+into a peer's window, never a remote load (the fanned-out push all-gather stored 316-352
+GB/s over NVLink on 2 H200s where the pull kernel's loads came back at about 240), and
+each block signals its slice tile by tile, so its stores of the next tile stay in flight
+while it waits for and reduces the current one (kernels/src/collectives.cu, "Push
+collectives", has the layout and the safety argument).
+
+All-reduce is a two-shot: rank q reduces chunk q from every rank's pushed chunk and
+stores the result into every peer's result area, from which each rank copies it into
+its output. Reduce-scatter is its first half. Each rank moves (n - 1) / n of the input
+out and in, as two-shot does, with no barrier between phases and nothing staged: the
+algorithm for the bandwidth-bound sizes, where ``auto`` takes it once runs on several
+GPUs have said from which size it wins (choice.py)."""
+
+from __future__ import annotations
+
+from ..agreement import Signature
+from .gpu_kernel import GpuKernelAlgorithm
+
+__all__ = ["GpuPushAllReduce", "GpuPushReduceScatter"]
+
+
+class _Push(GpuKernelAlgorithm):
+    # No peer reads our input or output (peers store into our inbox and result area), so
+    # any output may be the input and nothing is staged.
+    aliasing_safe = True
+    stages_input = False
+    # A block's share of a chunk; it signals it in tiles of 32 KiB (kPushTileBytes).
+    bytes_per_block = 8 << 10
+
+
+class GpuPushAllReduce(_Push):
+    """Two-shot all-reduce by stores: chunk q is reduced in rank order by rank q alone,
+    so every rank gets the one-shot's bits."""
+
+    name = "push"
+    op = "all_reduce"
+    kernel = "all_reduce_push"
+
+    def sliced_bytes(self, signature: Signature, size: int) -> int:
+        return -(-signature.nbytes // max(size, 1))
+
+
+class GpuPushReduceScatter(_Push):
+    """Rank q's output is block q reduced in rank order from every rank's pushed block."""
+
+    name = "push"
+    op = "reduce_scatter"
+    kernel = "reduce_scatter_push"
+
+    def sliced_bytes(self, signature: Signature, size: int) -> int:
+        return signature.nbytes // max(size, 1)
