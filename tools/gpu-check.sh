@@ -25,6 +25,13 @@
 #   namespaces  every rank in a PID namespace of its own (unshare -p, as one container per
 #           rank): tests/cli/test_pid_namespaces_cli.py on the host and both GPU backends
 #           (records what legacy cudaIpc does there)
+#   collectives  the communicator's GPU tests (and the baselines') at 2 ranks; each
+#           all-reduce / reduce-scatter algorithm 8 B - 64 MiB, eager and in graphs; auto
+#           against NCCL through nccl4py in the same launch (copied and -R 1 arrays); the
+#           push kernels from 1 MiB to COLLECTIVE_PUSH_MAX (256M) against NCCL, -R 0 and -R 1
+#   p2p     `ipcshare p2p` (one process over every GPU: peer pointers and cuMemcpyPeerAsync
+#           against IPC windows) 8 B - P2P_MAX (256M), its GPU tests, host-staged copies with
+#           peer access off, and doctor --quick with every rank under launch/bind-gpu.sh
 #   latency the low-latency protocol (algo ll): its GPU tests at 2, G and G+1 ranks, and
 #           8 B - 4 MiB sweeps of ll, the other kernels and NCCL, in graphs and eager
 #   shared  G+1 and 2xG ranks on G GPUs (some share one; 2 ranks on a 1-GPU node): all-gather
@@ -434,8 +441,8 @@ if [[ $G -ge 2 ]] && wants collectives; then
     tests/gpu/test_torch_symm_baseline.py
   # Each algorithm alone (COLLECTIVE_SWEEPS=0 skips these).
   [[ ${COLLECTIVE_SWEEPS:-1} == 0 ]] || for op in allreduce reducescatter; do
-    algos="one-shot"
-    [[ $op == allreduce ]] && algos="one-shot two-shot copy-engine auto"
+    algos="one-shot push"
+    [[ $op == allreduce ]] && algos="one-shot two-shot copy-engine push auto"
     for algo in $algos; do
       step "$op $algo n=2" "$STEP_TIMEOUT_BENCH" collective_bench 2 "$op" "$algo"
       step "$op $algo n=2 graph" "$STEP_TIMEOUT_BENCH" collective_bench 2 "$op" "$algo" --graph
@@ -459,6 +466,16 @@ if [[ $G -ge 2 ]] && wants collectives; then
     for op in allreduce reducescatter; do
       step "$op auto -R 1 n=2 vs nccl $mode" "$STEP_TIMEOUT_BENCH" collective_bench 2 \
         "$op" auto -R 1 $mode --baseline nccl
+    done
+  done
+  # The push kernels from 1 MiB, copied and registered, against NCCL in the same launch:
+  # the bandwidth rows of auto's table (issue: 1.2x NCCL's busbw at 1-64 MiB).
+  for mode in --graph ""; do
+    for op in allreduce reducescatter; do
+      for arrays in "-R 0" "-R 1"; do
+        step "$op push $arrays n=2 vs nccl $mode" "$STEP_TIMEOUT_BENCH" collective_bench 2 \
+          "$op" push $arrays $mode --baseline nccl -b 1M -e "${COLLECTIVE_PUSH_MAX:-256M}"
+      done
     done
   done
 elif wants collectives; then

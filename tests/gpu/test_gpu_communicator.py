@@ -370,6 +370,31 @@ def test_algorithms_that_follow_one_another_meet_only_their_own_call(comm, backe
                     (round_, algo)
 
 
+@pytest.mark.parametrize("before", ["one-shot", "push"])
+def test_a_copy_engine_call_waits_for_peers_still_reading_their_staging_area(comm, before):
+    """The copy-engine all-reduce copies into its peers' staging area 0 before any barrier.
+    A call of parity 0 just before it (a one-shot's staged input, a push call's inbox) may
+    still be read there by a slower peer, so the call must first wait until every peer has
+    finished its previous call. In each round of four calls the second has parity 0 (a
+    fresh communicator counts calls from 1) and the third is a copy-engine call."""
+    with torch_communicator("cuda-vmm", 12 << 20) as (group, cm, stream):
+        device = f"cuda:{group.backend.device}"
+        count = (2 << 20) + 5  # 8 MiB of float32
+        tensor = torch.zeros(count, dtype=torch.float32, device=device)
+        outs = [torch.zeros_like(tensor) for _ in range(4)]
+        for round_ in range(12):
+            inputs = _inputs("float32", count, 900 + round_, cm.size, specials=False)
+            want = reference("float32", "sum", inputs)
+            tensor.copy_(torch.from_numpy(inputs[cm.rank]))
+            for out, algo in zip(outs, (before, before, "copy-engine", "copy-engine"),
+                                 strict=True):
+                cm.all_reduce(tensor, output=out, algo=algo, stream=stream)
+            cm.synchronize(stream)
+            for place, out in enumerate(outs):
+                assert mismatches("float32", "sum", out.cpu().numpy(), want) == 0, \
+                    (round_, place)
+
+
 def test_misuse_raises_on_the_calling_rank(setup):
     group, cm = setup
     device = group.backend.device

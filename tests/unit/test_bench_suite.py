@@ -186,6 +186,12 @@ def test_shipped_suites_are_valid(path):
         # The copy-engine all-reduce, eager and in graphs, from 1 MiB.
         assert {c.timing for c in suite.cases
                 if c.op == "allreduce" and c.algorithm == "copy-engine"} == {"nccl-tests", "graph"}
+        # The push kernels for both reductions, eager and in graphs, on copied and on
+        # registered arrays.
+        assert {(c.op, c.timing, c.options.register) for c in suite.cases
+                if c.algorithm == "push" and c.reduction is not None} == {
+            (op, timing, register) for op in ("allreduce", "reducescatter")
+            for timing in ("nccl-tests", "graph") for register in (False, True)}
         # Registered arrays (-R 1) for both reductions, eager and in graphs.
         assert {(c.op, c.timing) for c in suite.cases if c.options.register} == {
             (op, timing) for op in ("allreduce", "reducescatter")

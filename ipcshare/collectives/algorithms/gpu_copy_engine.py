@@ -6,7 +6,9 @@ only local memory.
 On the call's stream, with nothing on the host in between (kernels/src/collectives.cu,
 "Copy-engine two-shot all-reduce", has the safety argument):
 
-1. ``publish_call``: the call's header, so the reduction can compare digests;
+1. ``publish_call``: the call's header, so the reduction can compare digests, once every
+   peer has finished its previous call (the copies of step 2 have no barrier before them,
+   and a peer's previous call of another algorithm may still read its staging area 0);
 2. copies of chunk q of our input into slot ``rank`` of rank q's inbox (its staging
    area 0), for every peer q;
 3. a flag barrier (``meet(0)``);

@@ -621,13 +621,23 @@ __device__ void reduce_scatter_stepped(const CollectiveArgs& a) {
 // chunks from our result area into our output. The copies' addresses are fixed when they
 // are enqueued, so one set of buffers serves every call (a graph replays the same
 // addresses): the second barrier keeps the next call's copies out until every rank has
-// read both areas.
+// read both areas. The first copies have no barrier before them, and the areas they
+// write are staging area 0, which a peer's previous call may still read if it was
+// another algorithm's call of parity 0 (a one-shot's staged input, a push call's inbox):
+// publish_call therefore waits until every peer has finished its previous call.
 
-// Publish the call's header (its digest, for the kernel after the barrier to compare).
+// Publish the call's header (its digest, for the kernel after the barrier to compare),
+// once every peer's epoch word (the calls it has finished, which end_epoch publishes)
+// has reached our previous call.
 extern "C" __global__ void publish_call(CollectiveArgs a) {
   Call call;
   begin_call(a, call);
-  if (blockIdx.x == 0 && threadIdx.x == 0) publish_header(a, call.parity);
+  if (blockIdx.x != 0) return;
+  if (threadIdx.x == 0) publish_header(a, call.parity);
+  const int t = threadIdx.x;
+  if (t < a.nranks && t != a.rank &&
+      !ipcshare::wait_signal(a.pads[t] + a.epoch_word, call.epoch - 1, a.timeout_ns))
+    ipcshare::record_timeout(a.pads[a.rank], t, call.epoch);
 }
 
 template <class T, int OP>
