@@ -73,6 +73,7 @@ class CollectiveArgs(ctypes.Structure):
         ("registrations", ctypes.c_void_p),
         ("registration_row", ctypes.c_ulonglong),
         ("guest", ctypes.c_void_p),
+        ("push_tile_bytes", ctypes.c_ulonglong),
     ]
 
 

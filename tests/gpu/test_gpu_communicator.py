@@ -338,12 +338,16 @@ _FAMILY = ("push", "one-shot", "push", "two-shot", "push", "copy-engine", "one-s
 
 
 @pytest.mark.parametrize("backend", ["cuda-vmm", "cuda-ipc"])
-def test_algorithms_that_follow_one_another_meet_only_their_own_call(comm, backend):
-    """Calls of several algorithms in turn on one communicator, large enough that every
-    push block signals several tiles (more than 32 KiB of its chunk each): the push
-    kernels' step signals are larger than any earlier call's, and the next call of any
-    algorithm must still wait for its own. Had a later call's wait been met by an earlier
-    call's signal, it would read inputs not yet written and give wrong sums."""
+def test_algorithms_that_follow_one_another_meet_only_their_own_call(comm, backend,
+                                                                      monkeypatch):
+    """Calls of several algorithms in turn on one communicator, with push tiles of 16 KiB
+    so that every push block signals several of them: the push kernels' step signals are
+    larger than any earlier call's, and the next call of any algorithm must still wait for
+    its own. Had a later call's wait been met by an earlier call's signal, it would read
+    inputs not yet written and give wrong sums."""
+    from ipcshare.collectives.algorithms import gpu_push
+
+    monkeypatch.setattr(gpu_push._Push, "tile_bytes", 16 << 10)  # the same on every rank
     with torch_communicator(backend, 24 << 20) as (group, cm, stream):
         device = f"cuda:{group.backend.device}"
         count = (5 << 20) + 3  # 20 MiB of float32: chunks of 10 MiB or less, 80+ KiB a block

@@ -88,6 +88,9 @@ struct CollectiveArgs {
   // kernel for `rank`, a guest; the guest's own pad words (kGuest*) say where its input
   // and output lie (resolve_guest).
   const u64* guest;
+  // The push kernels' tile (bytes; 0: kPushTileBytes), the same on every rank
+  // (gpu_push.py sets it).
+  unsigned long long push_tile_bytes;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -665,8 +668,9 @@ __device__ void all_reduce_copy_engine(const CollectiveArgs& a) {
 // Push collectives (collectives/algorithms/gpu_push.py). Every byte between GPUs is a store
 // into a peer's window, never a load from one: NVLink carries the SMs' stores faster than
 // their remote loads come back. A block cuts its slice into tiles and signals each tile
-// on its own (step t + 1 for tile t, barrier_value), and stores tile t + 1 before it waits
-// for tile t, so its stores stay in flight while it waits and reduces.
+// on its own (step t + 1 for tile t, barrier_value). It stores tile t + 1 before it waits
+// for tile t, and signals only after reducing tile t, so the fence before the signal finds
+// the stores mostly landed (push_signal).
 //
 // All-reduce (two-shot): rank q owns chunk q (two_shot_chunk). Every rank stores tile t
 // of chunk q of its input into its slot of rank q's inbox (q's staging area of the call's
@@ -688,8 +692,8 @@ __device__ void all_reduce_copy_engine(const CollectiveArgs& a) {
 // slice is empty: that is where it compares the peers' digests, so ranks making different
 // calls all stop there.
 
-// Bytes per tile: 32 KiB, a few 16-byte vectors per thread of a 512-thread block.
-constexpr unsigned long long kPushTileBytes = 32ull << 10;
+// Bytes per tile where the arguments do not say (gpu_push.py has the measured default).
+constexpr unsigned long long kPushTileBytes = 512ull << 10;
 
 // The tiles of a block's slice [s.begin, s.end) of elements: at least one (possibly empty),
 // each of `per` elements (a multiple of the granule, so vector loads stay aligned), and
@@ -697,10 +701,11 @@ constexpr unsigned long long kPushTileBytes = 32ull << 10;
 struct Tiles {
   unsigned long long begin, end, per, count;
   __device__ __forceinline__ Tiles(Slice s, unsigned long long granule,
-                                   unsigned long long itemsize) {
+                                   unsigned long long itemsize, unsigned long long tile_bytes) {
     begin = s.begin;
     end = s.end;
-    per = kPushTileBytes / itemsize;
+    per = (tile_bytes != 0 ? tile_bytes : kPushTileBytes) / itemsize / granule * granule;
+    if (per == 0) per = granule;
     const unsigned long long most = (1ull << kStepBits) - 2;
     const unsigned long long n = end - begin;
     if ((n + per - 1) / per > most) per = ((n + most - 1) / most + granule - 1) / granule * granule;
@@ -726,10 +731,24 @@ __device__ __forceinline__ void push_wait(const CollectiveArgs& a, Call& call, i
   else call.failed = call.failed || !met;
 }
 
-__device__ __forceinline__ void push_signal(const CollectiveArgs& a, const Call& call, int phase,
-                                            unsigned long long t) {
-  ipcshare::block_signal(a.pads, a.rank, a.nranks, barrier_slots(a, phase),
-                         barrier_value(call.epoch, t + 1));
+// Tell every peer how many tiles this block has stored into it (`pushed`, on words 0) and
+// reduced for it (`reduced`, on words 1); 0 leaves a word as it is. One fence covers both,
+// and it comes after the block's reduction work, so the stores it waits for have had that
+// long to land (a fence right after the stores waited for every one of them: tiles of
+// 8 KiB took 2.5 times as long as tiles of 32 KiB on one H100).
+__device__ __forceinline__ void push_signal(const CollectiveArgs& a, const Call& call,
+                                            unsigned long long pushed,
+                                            unsigned long long reduced) {
+  __syncthreads();
+  const int t = threadIdx.x;
+  if (t >= a.nranks || t == a.rank) return;
+  __threadfence_system();
+  if (pushed != 0)
+    ipcshare::put_signal(a.pads[t] + barrier_slots(a, 0) + a.rank,
+                         barrier_value(call.epoch, pushed));
+  if (reduced != 0)
+    ipcshare::put_signal(a.pads[t] + barrier_slots(a, 1) + a.rank,
+                         barrier_value(call.epoch, reduced));
 }
 
 // Store tile `tile` of run q of our input (runs of `run` elements, the last ones clipped
@@ -745,26 +764,30 @@ __device__ __forceinline__ void push_to_inbox(const CollectiveArgs& a, const Cal
   if (last > count) last = count;
   if (first >= last) return;
   char* inbox = a.windows[q] + a.staging_offset[call.parity];
-  ipcshare::block_copy(inbox + (a.rank * slot_stride + tile.begin) * size,
-                       a.input + first * size, (last - first) * size);
+  ipcshare::block_copy_wide(inbox + (a.rank * slot_stride + tile.begin) * size,
+                            a.input + first * size, (last - first) * size);
 }
 
 template <class T, int OP>
 __device__ void all_reduce_push(const CollectiveArgs& a) {
   const unsigned long long size = sizeof(typename T::Bits), g = granule<T>();
   const unsigned long long chunk = two_shot_chunk<T>(a);
-  const Tiles tiles(block_slice(chunk, g), g, size);
+  const Tiles tiles(block_slice(chunk, g), g, size, a.push_tile_bytes);
   Call call;
   begin_call(a, call);
   if (threadIdx.x == 0) publish_header(a, call.parity);
   const char* inbox = a.windows[a.rank] + a.staging_offset[call.parity];
   const char* results = a.windows[a.rank] + a.result_offset[call.parity];
+  // Step j: store tile j; wait for the peers' tile j - 1, reduce it and store the result;
+  // signal both; wait for the peers' results of tile j - 2 and copy them. Each wait is
+  // for a signal a peer sends at the end of its step j - 1.
   for (unsigned long long step = 0; step < tiles.count + 2 && !call.failed; ++step) {
+    unsigned long long pushed = 0, reduced = 0;
     if (step < tiles.count) {
       const Slice tile = tiles.tile(step);
       for (int i = 1; i < a.nranks; ++i)
         push_to_inbox<T>(a, call, (a.rank + i) % a.nranks, chunk, chunk, tile, a.count);
-      push_signal(a, call, 0, step);
+      pushed = step + 1;
     }
     if (step >= 1 && step <= tiles.count) {
       const unsigned long long t = step - 1;
@@ -786,8 +809,9 @@ __device__ void all_reduce_push(const CollectiveArgs& a) {
         }
         reduce_range<T, OP>(outs, nouts, sources, a.nranks, 0, last - first);
       }
-      push_signal(a, call, 1, t);
+      reduced = t + 1;
     }
+    if (pushed != 0 || reduced != 0) push_signal(a, call, pushed, reduced);
     if (step >= 2) {
       const unsigned long long t = step - 2;
       push_wait(a, call, 1, t);
@@ -815,18 +839,21 @@ __device__ void reduce_scatter_push(const CollectiveArgs& a) {
   const unsigned long long size = sizeof(typename T::Bits), g = granule<T>();
   const unsigned long long block = a.count / a.nranks;
   const unsigned long long stride = (block + g - 1) / g * g;
-  const Tiles tiles(block_slice(block, g), g, size);
+  const Tiles tiles(block_slice(block, g), g, size, a.push_tile_bytes);
   Call call;
   begin_call(a, call);
   if (threadIdx.x == 0) publish_header(a, call.parity);
   const char* inbox = a.windows[a.rank] + a.staging_offset[call.parity];
+  // Step j: store tile j of every peer's block; wait for the peers' tile j - 1 and reduce
+  // it; signal tile j.
   for (unsigned long long step = 0; step < tiles.count + 1 && !call.failed; ++step) {
+    unsigned long long pushed = 0;
     if (step < tiles.count) {
       const Slice tile = tiles.tile(step);
       for (int i = 1; i < a.nranks; ++i)
         push_to_inbox<T>(a, call, (a.rank + i) % a.nranks, block, stride, tile,
                          block * a.nranks);
-      push_signal(a, call, 0, step);
+      pushed = step + 1;
     }
     if (step >= 1) {
       const unsigned long long t = step - 1;
@@ -842,6 +869,7 @@ __device__ void reduce_scatter_push(const CollectiveArgs& a) {
         reduce_range<T, OP>(outs, 1, sources, a.nranks, 0, tile.end - tile.begin);
       }
     }
+    if (pushed != 0) push_signal(a, call, pushed, 0);
   }
   ipcshare::end_epoch(a.pads[a.rank], a.epoch_word, call.epoch);
 }
