@@ -138,8 +138,9 @@ class Window:
                     timeout=signal_timeout)
                 lap("fallback setup")
             undo.pop_all()
-        self._local_buffer = local.buffer(0, nbytes)
         self._buffers = {r: a.buffer(0, nbytes) for r, a in self._allocations.items()}
+        # One object for this rank's bytes: DESIGN promises ``w.peer(g.rank) is w.local``.
+        self._local_buffer = self._buffers[world.rank]
         self._pads = {r: a.buffer(self.pad_offset, SIGNAL_PAD_BYTES)
                       for r, a in self._allocations.items()}
         self._barriers = WindowBarriers(self, pads=self._pads, watch=rendezvous.watch)

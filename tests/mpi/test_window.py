@@ -44,6 +44,7 @@ def test_peer_views_are_zero_copy_and_cover_every_rank(comm):
         view = np.asarray(w.peer(g.rank))
         view[:] = g.rank + 1
         assert w.peer(g.rank).ptr == w.local.ptr == w.buffer_ptrs[g.rank]
+        assert w.peer(g.rank) is w.local  # the same object, as DESIGN's API promises
         assert np.asarray(w.local)[0] == g.rank + 1  # same memory, not a copy
         assert len(w.buffer_ptrs) == len(w.signal_pad_ptrs) == g.size
         w.barrier()
