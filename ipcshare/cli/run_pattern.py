@@ -124,10 +124,11 @@ def run_pattern_command(args: argparse.Namespace) -> int:
             finally:
                 if baseline is not None and hasattr(baseline, "close"):
                     baseline.close()
-        if options.json:
-            with collective_step(group.world, f"writing {options.json}"):
-                if group.rank == 0:
-                    _write_json(options.json, result.to_dict())
+        # Every rank joins, --json or not: only rank 0's decides (it alone writes), and a
+        # rank skipping the step would leave the others waiting in it.
+        with collective_step(group.world, "writing the JSON"):
+            if group.rank == 0 and options.json:
+                _write_json(options.json, result.to_dict())
     if result.wrong_total:
         sys.stderr.write(f"ipcshare: error: {result.wrong_total} wrong elements\n")
         return EXIT_WRONG

@@ -224,6 +224,20 @@ def test_sizes_spelled_differently_run_together(socket_dir):
     assert out.returncode == 0, out.stderr
 
 
+@needs_mpiexec
+@pytest.mark.parametrize("json_on", [0, 1])
+def test_json_asked_for_by_one_rank_only(tmp_path, socket_dir, json_on):
+    # Only rank 0 writes: its --json decides, and the other ranks' is not a reason for
+    # either side to wait for the other in the writing step (it used to hang).
+    target = tmp_path / "out.json"
+    sweep = ["allgather", "-b", "4K", "-e", "4K", "-n", "2"]
+    with_json = (1, [*sweep, "--json", str(target)])
+    out = run_mpmd(*((with_json, (1, sweep)) if json_on == 0 else ((1, sweep), with_json)),
+                   timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert target.exists() == (json_on == 0)
+
+
 def test_usage_errors_are_one_line():
     out = subprocess.run(IPCSHARE + ["ring", "--iters", "x"], capture_output=True, text=True,
                          timeout=60)
