@@ -225,6 +225,33 @@ def test_sizes_spelled_differently_run_together(socket_dir):
 
 
 @needs_mpiexec
+def test_a_usage_error_on_one_rank_stops_every_rank(socket_dir):
+    # The rank with the bad line used to exit before MPI started, leaving rank 0 waiting
+    # in its first collective for ever.
+    out = run_mpmd((1, ["allreduce", "-b", "1K", "-e", "1K", "-o", "max"]),
+                   (1, ["allreduce", "-b", "1K", "-e", "1K", "-o", "avg"]), timeout=60)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.splitlines()
+    assert len(lines) == 2 and "Traceback" not in out.stderr, out.stderr
+    invalid = "argument -o/--op: invalid choice: 'avg'"
+    assert any(line.startswith(f"ipcshare allreduce: error: {invalid}")
+               for line in lines), out.stderr  # rank 1's own
+    assert any(line.startswith("ipcshare: error: the command line of rank 1@") and invalid
+               in line and line.endswith("(see ipcshare allreduce --help)")
+               for line in lines), out.stderr  # rank 0's, naming rank 1
+    assert list(socket_dir.iterdir()) == []
+
+
+@needs_mpiexec
+def test_ranks_asking_for_different_commands_are_named(socket_dir):
+    out = run_mpmd((1, ["info"]), (2, ["allgather", "-b", "4K", "-e", "4K"]), timeout=60)
+    errors = [line for line in out.stderr.splitlines() if line.startswith("ipcshare: error:")]
+    assert out.returncode == 1 and len(errors) == 3, out.stderr
+    assert all(line == "ipcshare: error: ranks disagree on the command: rank 0 asks for "
+               "info, ranks 1-2 for allgather" for line in errors), out.stderr
+
+
+@needs_mpiexec
 @pytest.mark.parametrize("json_on", [0, 1])
 def test_json_asked_for_by_one_rank_only(tmp_path, socket_dir, json_on):
     # Only rank 0 writes: its --json decides, and the other ranks' is not a reason for
