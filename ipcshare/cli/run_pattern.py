@@ -82,6 +82,7 @@ def check_same_run(facts: list[list[tuple[str, object, str]]]) -> None:
 
 
 def run_pattern_command(args: argparse.Namespace) -> int:
+    from ..doctor.report import check_writable
     from ..liveness.exit_policy import peer_exit_grace
     from ..patterns import make_pattern
     from ..patterns.baselines import make_baseline
@@ -96,6 +97,8 @@ def run_pattern_command(args: argparse.Namespace) -> int:
             pattern = make_pattern(args.command, options.algo, op=options.op,
                                    datatype=options.datatype, inter=options.inter,
                                    register=options.register)
+            if world.rank == 0:  # it alone writes: refuse now what would fail after the run
+                check_writable(options.json)
         # Before any window: a rank sweeping other sizes would otherwise be named only by
         # the window size its sizes make.
         facts = world.comm.allgather(_run_facts(args, options))

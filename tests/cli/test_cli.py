@@ -164,6 +164,21 @@ def test_bad_input_fails_cleanly_on_every_rank(args, message, socket_dir):
 
 
 @needs_mpiexec
+@pytest.mark.parametrize("target", ["folder", "missing/out.json"])
+def test_an_unwritable_json_is_refused_before_the_run(tmp_path, socket_dir, target):
+    # It used to be found only after the whole sweep had run (and been thrown away).
+    (tmp_path / "folder").mkdir()
+    out = run(["allgather", "-b", "4K", "-e", "4K", "--json", str(tmp_path / target)], n=2,
+              timeout=90)
+    errors = [line for line in out.stderr.splitlines() if line.startswith("ipcshare: error:")]
+    assert out.returncode == 1 and len(errors) == 2, out.stderr
+    assert all(line.startswith("ipcshare: error: reading options failed on rank 0@")
+               and f"cannot write {str(tmp_path / target)!r}" in line
+               for line in errors), out.stderr
+    assert "Out of bounds" not in out.stdout and "Traceback" not in out.stderr
+
+
+@needs_mpiexec
 @pytest.mark.parametrize("text,message", [
     ("- 1\n- 2\n", "must be a mapping"),
     ("backend: host\nwarp: 9\n", "unknown option 'warp'"),
