@@ -303,6 +303,9 @@ class Window:
             WindowError: a host window (host memory has no streams).
         """
         self._check_open()
+        if not self.engine.has_streams:  # also for stream=None, as the docstring says
+            raise WindowError(f"a {self.backend.name} window has no CUDA streams to bind "
+                              "a view to: call the window's own methods")
         engine = self._engine_on(stream)
         if graph_safe and self.shared_gpus:
             barrier = self._barriers.graph_flag_barrier(engine)

@@ -180,6 +180,9 @@ def test_host_windows_refuse_streams_and_device_barriers(comm):
             w.put_signal(g.rank, USER_SLOT_BASE, 1, stream=1)
         with pytest.raises(WindowError, match="device_barrier runs a kernel"):
             w.device_barrier()
+        for stream in (None, 1):  # on_stream's default stream too (it was an AttributeError)
+            with pytest.raises(WindowError, match="host window has no CUDA streams"):
+                w.on_stream(stream)
         w.barrier()  # the plain barrier still works after the refusals
         w.close()
 
