@@ -179,6 +179,26 @@ def test_an_unwritable_json_is_refused_before_the_run(tmp_path, socket_dir, targ
 
 
 @needs_mpiexec
+@pytest.mark.parametrize(("args", "message"), [
+    # An unwritable --json was an internal error and an MPI abort, on rank 0 only.
+    (["--json", "{tmp}"], "reading options failed on rank 0@.*: cannot write '{tmp}': it is "
+                          "a directory$"),
+    (["--json", "{tmp}/missing/info.json"], "cannot write '{tmp}/missing/info.json': no "
+                                            "directory"),
+    # An unknown --inter was taken for auto without a word.
+    (["--inter", "rail"], "unknown inter 'rail'; choose one of: auto, nccl, mpi"),
+])
+def test_bad_info_input_fails_cleanly_on_every_rank(tmp_path, socket_dir, args, message):
+    import re
+
+    out = run(["info", *(arg.format(tmp=tmp_path) for arg in args)], n=2, timeout=90)
+    errors = [line for line in out.stderr.splitlines() if line.startswith("ipcshare: error:")]
+    assert out.returncode == 1 and len(errors) == 2, out.stderr
+    assert all(re.search(message.format(tmp=tmp_path), line) for line in errors), out.stderr
+    assert "Traceback" not in out.stderr and "internal error" not in out.stderr
+
+
+@needs_mpiexec
 @pytest.mark.parametrize("text,message", [
     ("- 1\n- 2\n", "must be a mapping"),
     ("backend: host\nwarp: 9\n", "unknown option 'warp'"),
