@@ -29,7 +29,8 @@ def add_bench_flags(parser: argparse.ArgumentParser) -> None:
     add("--min-bw", dest="min_bw", type=float, metavar="GBPS",
         help="exit with status 4 when any case's average busbw is below GBPS")
     add("--baseline", metavar="NAMES",
-        help="none, or mpi and/or nccl, comma-separated (overrides the suite's baselines)")
+        help="none, or some of mpi, nccl, torch, torch-symm, comma-separated (overrides "
+             "the suite's baselines)")
     add("--no-progress", dest="progress", action="store_false",
         help="no progress line on stderr (it appears on runs longer than 2 s)")
 

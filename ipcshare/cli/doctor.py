@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 
-__all__ = ["run_doctor_command", "add_doctor_flags"]
+__all__ = ["run_doctor_command", "add_doctor_flags", "check_same_plan"]
 
 
 def add_doctor_flags(parser: argparse.ArgumentParser) -> None:
@@ -39,6 +39,11 @@ def run_doctor_command(args: argparse.Namespace) -> int:
     try:
         with collective_step(world, "reading the doctor's settings"):
             plan = DoctorPlan.make(quick=bool(args.quick))
+        # Before any window: ranks on different plans would otherwise fail the first
+        # check with a window size mismatch that no rule explains.
+        plans = world.comm.allgather(plan)
+        with collective_step(world, "comparing the doctor's settings"):
+            check_same_plan(plans)
     finally:
         world.close()
     try:
@@ -50,3 +55,29 @@ def run_doctor_command(args: argparse.Namespace) -> int:
         sys.stderr.flush()
         os._exit(EXIT_ERROR)
     return EXIT_OK if outcome.passed else EXIT_ERROR
+
+
+def check_same_plan(plans: list) -> None:
+    """Raise unless every rank's ``DoctorPlan`` (by rank) is the same, naming what each
+    rank asked for: ``rank 0 asks for --quick, rank 1 for no --quick``.
+
+    Raises:
+        ConfigError: the ranks would run checks of different sizes (and wait for each
+            other in different calls).
+    """
+    from ..runtime import settings
+    from ..runtime.errors import ConfigError
+    from ..topology.world import describe_disagreement
+
+    if all(plan == plans[0] for plan in plans):
+        return
+    timeouts_differ = any(plan.timeout_s != plans[0].timeout_s for plan in plans)
+
+    def asked(plan) -> str:
+        words = ["--quick" if plan.quick else "no --quick"]
+        if timeouts_differ:
+            words.append(f"{settings.DOCTOR_TIMEOUT}={plan.timeout_s:g}")
+        return " ".join(words)
+
+    raise ConfigError("ranks disagree on the doctor's run: " + describe_disagreement(
+        [asked(plan) for plan in plans], verb=("asks for", "ask for"), then="for"))

@@ -194,10 +194,20 @@ def inter_choice(requested: str, facts: list[dict]) -> dict:
 
 
 def run_info(args: argparse.Namespace) -> int:
+    from ..doctor.report import check_writable
+    from ..runtime.config import INTER_ENGINES
+    from ..runtime.errors import ConfigError
+
     world = World.from_comm()
     try:
         with collective_step(world, f"reading {FALLBACK_ENV}"):
             fallback_choice(settings.raw(FALLBACK_ENV))
+        with collective_step(world, "reading options"):
+            if args.inter not in INTER_ENGINES:
+                raise ConfigError(f"unknown inter {args.inter!r}; choose one of: "
+                                  f"{', '.join(INTER_ENGINES)}")
+            if world.rank == 0:  # it alone writes: refuse now, while every rank can say so
+                check_writable(args.json)
         facts = world.comm.gather(rank_facts(world), root=0)
     finally:
         world.close()
@@ -231,7 +241,7 @@ def run_info(args: argparse.Namespace) -> int:
             cells = [f"relay:{relays[f'{r}-{c}']}" if cell == "relay" else cell
                      for c, cell in enumerate(row)]
             print(f"{r:>6}" + "".join(f"{cell:>12}" for cell in cells))
-    document["inter"] = inter = inter_choice(getattr(args, "inter", "auto"), facts)
+    document["inter"] = inter = inter_choice(args.inter, facts)
     if world.node_count > 1:
         print(f"between nodes: {inter['engine'] or 'none'} ({inter['why']})")
     namespaces = {f["pid_namespace"] for f in facts}
@@ -260,7 +270,10 @@ def run_info(args: argparse.Namespace) -> int:
         for row in p2p:
             print("  " + str(row))
     if args.json:
-        with open(args.json, "w") as out:
-            json.dump(document, out, indent=1, default=str)
-            out.write("\n")
+        try:
+            with open(args.json, "w") as out:
+                json.dump(document, out, indent=1, default=str)
+                out.write("\n")
+        except OSError as exc:
+            raise ConfigError(f"cannot write {args.json!r}: {exc.strerror or exc}") from None
     return 0

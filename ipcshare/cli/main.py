@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from .. import __version__
 from ..runtime import settings
 from .exit_codes import EXIT_ERROR, EXIT_OK, EXIT_SLOW, EXIT_USAGE, EXIT_WRONG
+from .same_command import CommandLineError
 
 __all__ = ["main", "build_parser", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_WRONG",
            "EXIT_SLOW"]
@@ -17,13 +18,11 @@ __all__ = ["main", "build_parser", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line, not usage text plus an error."""
+    """argparse, but a usage error is one line, not usage text plus an error, and is
+    raised (main() prints it once the other ranks know, so none waits for this one)."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        # An argument may hold a newline (found by fuzzing): the error stays one line.
-        message = message.replace("\r", "\\r").replace("\n", "\\n")
-        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-        raise SystemExit(EXIT_USAGE)
+        raise CommandLineError(self.prog, message)
 
 
 INTER_HELP = ("auto | nccl | mpi: what carries the hierarchical collectives between nodes "
@@ -118,13 +117,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ipcshare`` command; returns the exit status."""
-    args = build_parser().parse_args(argv)
-    if args.command is None:
-        build_parser().print_help()
-        return EXIT_USAGE
     from ..runtime.errors import IpcShareError, PeerDied
+    from ..topology.world import launcher_world_size
 
     try:
+        args, usage_error = build_parser().parse_args(argv), None
+    except CommandLineError as exc:
+        args, usage_error = None, exc
+    try:
+        # p2p is one process that starts its own jobs: under a launcher it refuses by
+        # itself, without MPI.
+        if launcher_world_size() is not None and (args is None or args.command != "p2p"):
+            # Every command starts with a collective of its own: a rank stopped by its
+            # command line, or running another command, would leave the others waiting
+            # in theirs for ever. So all ranks first learn how every rank's line went.
+            from .same_command import agree_on_command
+
+            agree_on_command(None if args is None else args.command, usage_error)
+        elif usage_error is not None:
+            raise usage_error
+        if args.command is None:
+            build_parser().print_help()
+            return EXIT_USAGE
         if args.command == "info":
             from .info import run_info
 
@@ -154,6 +168,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         sys.stderr.write(f"ipcshare: error: {exc}\n")
         leave_after_peer_death(EXIT_ERROR, linger=peer_exit_grace() + 0.5)
+    except CommandLineError as exc:
+        sys.stderr.write(exc.line + "\n")
+        return EXIT_USAGE
     except IpcShareError as exc:
         # Raised collectively: every rank gets here with the same story, nobody waits.
         sys.stderr.write(f"ipcshare: error: {exc}\n")

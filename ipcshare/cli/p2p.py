@@ -6,14 +6,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 
 __all__ = ["add_p2p_flags", "run_p2p_command"]
-
-# Launchers' world-size variables: p2p is one process and must not be started by one.
-_LAUNCHER_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE")
-
 
 def add_p2p_flags(parser: argparse.ArgumentParser) -> None:
     """The p2p flags, on its subparser."""
@@ -56,13 +51,14 @@ def run_p2p_command(args: argparse.Namespace) -> int:
     from ..p2p.runner import P2pOptions, run_p2p
     from ..runtime.config import PatternOptions, parse_size
     from ..runtime.errors import BackendUnavailable, ConfigError
+    from ..topology.world import launcher_world_size
     from .exit_codes import EXIT_ERROR, EXIT_OK, EXIT_WRONG
 
-    for name in _LAUNCHER_SIZE_VARS:
-        if os.environ.get(name, "1") not in ("", "1"):
-            raise ConfigError("p2p runs as one process over every GPU and starts the IPC half "
-                              f"itself: run it without mpiexec / srun ({name}="
-                              f"{os.environ[name]})")
+    launched = launcher_world_size()
+    if launched is not None:
+        name, ranks = launched
+        raise ConfigError("p2p runs as one process over every GPU and starts the IPC half "
+                          f"itself: run it without mpiexec / srun ({name}={ranks})")
     sweep = PatternOptions(min_bytes=parse_size(args.min_bytes, what="-b"),
                            max_bytes=parse_size(args.max_bytes, what="-e"),
                            step_factor=args.step_factor, iters=args.iters,

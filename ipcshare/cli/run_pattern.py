@@ -82,6 +82,7 @@ def check_same_run(facts: list[list[tuple[str, object, str]]]) -> None:
 
 
 def run_pattern_command(args: argparse.Namespace) -> int:
+    from ..doctor.report import check_writable
     from ..liveness.exit_policy import peer_exit_grace
     from ..patterns import make_pattern
     from ..patterns.baselines import make_baseline
@@ -96,6 +97,8 @@ def run_pattern_command(args: argparse.Namespace) -> int:
             pattern = make_pattern(args.command, options.algo, op=options.op,
                                    datatype=options.datatype, inter=options.inter,
                                    register=options.register)
+            if world.rank == 0:  # it alone writes: refuse now what would fail after the run
+                check_writable(options.json)
         # Before any window: a rank sweeping other sizes would otherwise be named only by
         # the window size its sizes make.
         facts = world.comm.allgather(_run_facts(args, options))
@@ -124,10 +127,11 @@ def run_pattern_command(args: argparse.Namespace) -> int:
             finally:
                 if baseline is not None and hasattr(baseline, "close"):
                     baseline.close()
-        if options.json:
-            with collective_step(group.world, f"writing {options.json}"):
-                if group.rank == 0:
-                    _write_json(options.json, result.to_dict())
+        # Every rank joins, --json or not: only rank 0's decides (it alone writes), and a
+        # rank skipping the step would leave the others waiting in it.
+        with collective_step(group.world, "writing the JSON"):
+            if group.rank == 0 and options.json:
+                _write_json(options.json, result.to_dict())
     if result.wrong_total:
         sys.stderr.write(f"ipcshare: error: {result.wrong_total} wrong elements\n")
         return EXIT_WRONG

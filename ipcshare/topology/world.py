@@ -17,9 +17,23 @@ from ..runtime.errors import ConfigError
 from ..runtime.logs import configure_logging
 
 __all__ = ["World", "mpi", "mpi_library_version", "virtual_node_blocks", "VIRTUAL_NODES_ENV",
-           "format_ranks", "parse_ranks", "describe_disagreement"]
+           "format_ranks", "parse_ranks", "describe_disagreement", "launcher_world_size"]
 
 VIRTUAL_NODES_ENV = settings.VIRTUAL_NODES
+
+# What MPI launchers set for every process they start: Open MPI, MPICH's Hydra, PMIx.
+_LAUNCHER_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE")
+
+
+def launcher_world_size() -> tuple[str, int] | None:
+    """``(variable, ranks)`` when a launcher (mpiexec, srun with PMI or PMIx) started this
+    process as one of several ranks, read from its environment without starting MPI;
+    None for a process of its own or the only rank of a job."""
+    for name in _LAUNCHER_SIZE_VARS:
+        text = os.environ.get(name, "").strip()
+        if text.isdigit() and int(text) > 1:
+            return name, int(text)
+    return None
 
 
 def mpi() -> Any:

@@ -138,8 +138,9 @@ class Window:
                     timeout=signal_timeout)
                 lap("fallback setup")
             undo.pop_all()
-        self._local_buffer = local.buffer(0, nbytes)
         self._buffers = {r: a.buffer(0, nbytes) for r, a in self._allocations.items()}
+        # One object for this rank's bytes: DESIGN promises ``w.peer(g.rank) is w.local``.
+        self._local_buffer = self._buffers[world.rank]
         self._pads = {r: a.buffer(self.pad_offset, SIGNAL_PAD_BYTES)
                       for r, a in self._allocations.items()}
         self._barriers = WindowBarriers(self, pads=self._pads, watch=rendezvous.watch)
@@ -302,6 +303,9 @@ class Window:
             WindowError: a host window (host memory has no streams).
         """
         self._check_open()
+        if not self.engine.has_streams:  # also for stream=None, as the docstring says
+            raise WindowError(f"a {self.backend.name} window has no CUDA streams to bind "
+                              "a view to: call the window's own methods")
         engine = self._engine_on(stream)
         if graph_safe and self.shared_gpus:
             barrier = self._barriers.graph_flag_barrier(engine)

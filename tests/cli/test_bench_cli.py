@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from ipcshare.bench.suite import BASELINE_NAMES
+
 from .test_cli import IPCSHARE, MPIEXEC, needs_mpiexec, run, shm_entries, socket_dir  # noqa: F401
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -33,12 +35,18 @@ def _errors(out: subprocess.CompletedProcess) -> list[str]:
 
 
 def test_bench_help_runs_without_mpi():
+    # Wide enough that argparse wraps no help text (it breaks lines at hyphens).
     out = subprocess.run(IPCSHARE + ["bench", "--help"], capture_output=True, text=True,
-                         timeout=60)
+                         timeout=60, env={**os.environ, "COLUMNS": "400"})
     assert out.returncode == 0
     for flag in ("--config", "--json", "--plot", "--markdown", "--repeat", "--min-bw",
                  "--baseline", "--no-progress"):
         assert flag in out.stdout
+    # --baseline's text names every baseline a suite accepts (it once named two of four).
+    (baseline_help,) = [line for line in out.stdout.splitlines()
+                        if line.strip().startswith("--baseline NAMES")]
+    for name in BASELINE_NAMES:
+        assert re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", baseline_help), name
 
 
 @needs_mpiexec

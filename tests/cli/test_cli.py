@@ -164,6 +164,41 @@ def test_bad_input_fails_cleanly_on_every_rank(args, message, socket_dir):
 
 
 @needs_mpiexec
+@pytest.mark.parametrize("target", ["folder", "missing/out.json"])
+def test_an_unwritable_json_is_refused_before_the_run(tmp_path, socket_dir, target):
+    # It used to be found only after the whole sweep had run (and been thrown away).
+    (tmp_path / "folder").mkdir()
+    out = run(["allgather", "-b", "4K", "-e", "4K", "--json", str(tmp_path / target)], n=2,
+              timeout=90)
+    errors = [line for line in out.stderr.splitlines() if line.startswith("ipcshare: error:")]
+    assert out.returncode == 1 and len(errors) == 2, out.stderr
+    assert all(line.startswith("ipcshare: error: reading options failed on rank 0@")
+               and f"cannot write {str(tmp_path / target)!r}" in line
+               for line in errors), out.stderr
+    assert "Out of bounds" not in out.stdout and "Traceback" not in out.stderr
+
+
+@needs_mpiexec
+@pytest.mark.parametrize(("args", "message"), [
+    # An unwritable --json was an internal error and an MPI abort, on rank 0 only.
+    (["--json", "{tmp}"], "reading options failed on rank 0@.*: cannot write '{tmp}': it is "
+                          "a directory$"),
+    (["--json", "{tmp}/missing/info.json"], "cannot write '{tmp}/missing/info.json': no "
+                                            "directory"),
+    # An unknown --inter was taken for auto without a word.
+    (["--inter", "rail"], "unknown inter 'rail'; choose one of: auto, nccl, mpi"),
+])
+def test_bad_info_input_fails_cleanly_on_every_rank(tmp_path, socket_dir, args, message):
+    import re
+
+    out = run(["info", *(arg.format(tmp=tmp_path) for arg in args)], n=2, timeout=90)
+    errors = [line for line in out.stderr.splitlines() if line.startswith("ipcshare: error:")]
+    assert out.returncode == 1 and len(errors) == 2, out.stderr
+    assert all(re.search(message.format(tmp=tmp_path), line) for line in errors), out.stderr
+    assert "Traceback" not in out.stderr and "internal error" not in out.stderr
+
+
+@needs_mpiexec
 @pytest.mark.parametrize("text,message", [
     ("- 1\n- 2\n", "must be a mapping"),
     ("backend: host\nwarp: 9\n", "unknown option 'warp'"),
@@ -222,6 +257,47 @@ def test_sizes_spelled_differently_run_together(socket_dir):
     out = run_mpmd((1, ["ring", "-b", "4K", "-e", "4K", "-n", "2"]),
                    (1, ["ring", "-b", "4096", "-e", "4K", "-n", "2"]))
     assert out.returncode == 0, out.stderr
+
+
+@needs_mpiexec
+def test_a_usage_error_on_one_rank_stops_every_rank(socket_dir):
+    # The rank with the bad line used to exit before MPI started, leaving rank 0 waiting
+    # in its first collective for ever.
+    out = run_mpmd((1, ["allreduce", "-b", "1K", "-e", "1K", "-o", "max"]),
+                   (1, ["allreduce", "-b", "1K", "-e", "1K", "-o", "avg"]), timeout=60)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.splitlines()
+    assert len(lines) == 2 and "Traceback" not in out.stderr, out.stderr
+    invalid = "argument -o/--op: invalid choice: 'avg'"
+    assert any(line.startswith(f"ipcshare allreduce: error: {invalid}")
+               for line in lines), out.stderr  # rank 1's own
+    assert any(line.startswith("ipcshare: error: the command line of rank 1@") and invalid
+               in line and line.endswith("(see ipcshare allreduce --help)")
+               for line in lines), out.stderr  # rank 0's, naming rank 1
+    assert list(socket_dir.iterdir()) == []
+
+
+@needs_mpiexec
+def test_ranks_asking_for_different_commands_are_named(socket_dir):
+    out = run_mpmd((1, ["info"]), (2, ["allgather", "-b", "4K", "-e", "4K"]), timeout=60)
+    errors = [line for line in out.stderr.splitlines() if line.startswith("ipcshare: error:")]
+    assert out.returncode == 1 and len(errors) == 3, out.stderr
+    assert all(line == "ipcshare: error: ranks disagree on the command: rank 0 asks for "
+               "info, ranks 1-2 for allgather" for line in errors), out.stderr
+
+
+@needs_mpiexec
+@pytest.mark.parametrize("json_on", [0, 1])
+def test_json_asked_for_by_one_rank_only(tmp_path, socket_dir, json_on):
+    # Only rank 0 writes: its --json decides, and the other ranks' is not a reason for
+    # either side to wait for the other in the writing step (it used to hang).
+    target = tmp_path / "out.json"
+    sweep = ["allgather", "-b", "4K", "-e", "4K", "-n", "2"]
+    with_json = (1, [*sweep, "--json", str(target)])
+    out = run_mpmd(*((with_json, (1, sweep)) if json_on == 0 else ((1, sweep), with_json)),
+                   timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert target.exists() == (json_on == 0)
 
 
 def test_usage_errors_are_one_line():

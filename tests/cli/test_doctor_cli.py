@@ -217,3 +217,16 @@ def test_doctor_is_in_the_help():
     out = subprocess.run([sys.executable, "-m", "ipcshare", "--help"], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0 and "doctor" in out.stdout
+
+
+@needs_mpiexec
+def test_ranks_asking_for_different_plans_are_named_before_any_check(tmp_path):
+    # It used to run, and fail the first check on a window size mismatch no rule explains.
+    cmd = [MPIEXEC, "-n", "1", *DOCTOR, "--quick", ":", "-n", "1", *DOCTOR]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    errors = [line for line in out.stderr.splitlines() if line.startswith("ipcshare: error:")]
+    assert out.returncode == 1 and len(errors) == 2, out.stderr + out.stdout
+    assert all(line.endswith("ranks disagree on the doctor's run: rank 0 asks for --quick, "
+                             "rank 1 for no --quick (reported by ranks 0-1)")
+               for line in errors), out.stderr
+    assert "host-shm" not in out.stdout and "Traceback" not in out.stderr

@@ -44,6 +44,7 @@ def test_peer_views_are_zero_copy_and_cover_every_rank(comm):
         view = np.asarray(w.peer(g.rank))
         view[:] = g.rank + 1
         assert w.peer(g.rank).ptr == w.local.ptr == w.buffer_ptrs[g.rank]
+        assert w.peer(g.rank) is w.local  # the same object, as DESIGN's API promises
         assert np.asarray(w.local)[0] == g.rank + 1  # same memory, not a copy
         assert len(w.buffer_ptrs) == len(w.signal_pad_ptrs) == g.size
         w.barrier()
@@ -179,6 +180,9 @@ def test_host_windows_refuse_streams_and_device_barriers(comm):
             w.put_signal(g.rank, USER_SLOT_BASE, 1, stream=1)
         with pytest.raises(WindowError, match="device_barrier runs a kernel"):
             w.device_barrier()
+        for stream in (None, 1):  # on_stream's default stream too (it was an AttributeError)
+            with pytest.raises(WindowError, match="host window has no CUDA streams"):
+                w.on_stream(stream)
         w.barrier()  # the plain barrier still works after the refusals
         w.close()
 
