@@ -55,9 +55,11 @@ def test_reductions_verify_and_report_nccl_tests_figures(tmp_path, socket_dir, c
 @pytest.mark.parametrize(("args", "message"), [
     (["reducescatter", "-d", "float64"],
      "the reducescatter op reduces float32, float16, bfloat16, int32, not -d float64"),
-    (["allreduce", "--algo", "push"],
-     "the allreduce op has no 'push' algorithm; choose one of: auto, hierarchical, one-shot, "
-     "two-shot"),
+    (["allreduce", "--algo", "pull"],
+     "the allreduce op has no 'pull' algorithm; choose one of: auto, hierarchical, one-shot, "
+     "two-shot, ll, stepped, copy-engine, push"),
+    (["reducescatter", "--algo", "push"],
+     "--algo push runs GPU kernels: it needs a GPU backend (cuda-ipc or cuda-vmm), not host"),
     (["reducescatter", "--algo", "two-shot"],
      "the reducescatter op has no 'two-shot' algorithm; choose one of: auto, hierarchical, "
      "one-shot"),
