@@ -8,8 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import ipcshare
 from ipcshare.collectives.scratch import LL_MAX_BYTES
-from ipcshare.runtime.errors import CollectiveError
+from ipcshare.runtime.errors import CollectiveError, SignalTimeout
 from tests.reduction_reference import NUMPY_DTYPES, mismatches, reference, seeded_values
 
 from .torch_communicator import torch_communicator
@@ -397,6 +398,45 @@ def test_a_copy_engine_call_waits_for_peers_still_reading_their_staging_area(com
             for place, out in enumerate(outs):
                 assert mismatches("float32", "sum", out.cpu().numpy(), want) == 0, \
                     (round_, place)
+
+
+@pytest.mark.parametrize(("op", "algo"), [("all_reduce", "push"), ("reduce_scatter", "push"),
+                                          ("all_reduce", "two-shot")])
+def test_a_silent_peer_of_a_kernel_call_is_named_by_the_timeout(comm, op, algo):
+    """Rank 0 never makes a call the others make: their blocks give up waiting at the
+    first tile (push) or barrier (two-shot), synchronize() names rank 0 on every other
+    rank, and every rank closes."""
+    if comm.size < 2:
+        pytest.skip("needs 2 or more ranks")
+    with ipcshare.Group(backend="cuda-vmm", timeout=2.0) as group:
+        device = group.backend.device
+        torch.cuda.set_device(device)
+        with group.communicator(max_bytes=1 << 20) as cm:
+            tensor = torch.ones(4096 * cm.size, device=f"cuda:{device}")
+            out = torch.zeros(4096 if op == "reduce_scatter" else 4096 * cm.size,
+                              device=f"cuda:{device}")
+            call = getattr(cm, op)
+
+            def make_call():
+                if op == "reduce_scatter":
+                    call(out, tensor, algo=algo)
+                else:
+                    call(tensor, output=out, algo=algo)
+            make_call()  # agreed and bound by every rank
+            cm.synchronize()
+            comm.Barrier()
+            outcome = "ok"
+            if group.rank != 0:
+                make_call()
+                try:
+                    cm.synchronize()
+                except SignalTimeout as exc:
+                    outcome = str(exc)
+            comm.Barrier()
+            if group.rank == 0:
+                assert outcome == "ok"
+            else:
+                assert "gave up waiting for rank 0@" in outcome, outcome
 
 
 def test_misuse_raises_on_the_calling_rank(setup):
