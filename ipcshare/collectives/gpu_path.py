@@ -479,8 +479,24 @@ class GpuPath:
         args.zero_copy = mode
         args.input_offset = offset if mode != _STAGED else 0
         args.registration_row = row or 0
-        args.registrations = self._table.ptr if mode == _REGISTERED else None
+        args.registrations = self._table.ptr
+        self._place_output(args, output_ref)
         return mode != _STAGED or not algorithm.stages_input
+
+    def _place_output(self, args: Any, output_ref: ArrayRef) -> None:
+        """Say in ``args`` whether peers can reach the output (in the heap, or in a
+        registered array), so the push all-reduce stores results there itself."""
+        offset = output_ref.ptr - self._local_ptr
+        mode, row = _STAGED, 0
+        if self.layout.in_heap(offset, output_ref.nbytes):
+            mode = _IN_HEAP
+        elif output_ref.nbytes:
+            found = self.registered_row(output_ref.ptr, output_ref.nbytes)
+            if found is not None:
+                mode, (row, offset) = _REGISTERED, found
+        args.output_mapped = mode
+        args.output_offset = offset if mode != _STAGED else 0
+        args.output_registration_row = row
 
     def _function(self, entry: str) -> Any:
         function = self._functions.get(entry)

@@ -74,6 +74,9 @@ class CollectiveArgs(ctypes.Structure):
         ("registration_row", ctypes.c_ulonglong),
         ("guest", ctypes.c_void_p),
         ("push_tile_bytes", ctypes.c_ulonglong),
+        ("output_mapped", ctypes.c_int),
+        ("output_offset", ctypes.c_ulonglong),
+        ("output_registration_row", ctypes.c_ulonglong),
     ]
 
 

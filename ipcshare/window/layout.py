@@ -15,7 +15,8 @@ __all__ = [
     "DEVICE_BARRIER_SLOT_BASE", "EPOCH_SLOT_BASE", "ONE_SHOT_EPOCH_SLOT",
     "RING_KERNEL_EPOCH_SLOT", "DEVICE_BARRIER_EPOCH_SLOT", "LL_EPOCH_SLOT",
     "RING_SIGNAL_SLOT", "HEADER_WORDS", "HEADER_DIGEST", "HEADER_INPUT", "HEADER_FLAGS",
-    "HEADER_REGISTRATION", "FLAG_ZERO_COPY", "FLAG_REGISTERED", "LL_CLEANED_SLOT",
+    "HEADER_REGISTRATION", "HEADER_OUTPUT", "HEADER_OUTPUT_FLAGS",
+    "HEADER_OUTPUT_REGISTRATION", "FLAG_ZERO_COPY", "FLAG_REGISTERED", "LL_CLEANED_SLOT",
     "GUEST_CALL_SLOT", "GUEST_CALL_WORDS", "GUEST_DIGEST", "GUEST_INPUT", "GUEST_OUTPUT",
     "GUEST_ROW_SHIFT", "GUEST_OFFSET_SHIFT", "GUEST_REGISTERED", "GUEST_LEADER_STAGES",
     "GUEST_IMPORTED",
@@ -70,10 +71,11 @@ LL_EPOCH_SLOT = EPOCH_SLOT_BASE + 6
 # each block it wrote.
 RING_SIGNAL_SLOT = USER_SLOT_BASE
 # A collective call publishes a header in its own pad: the digest of its signature, the
-# offset of its input in its window, and flags (kHeader* in kernels/src/collectives.cu).
-# Two headers, used by calls in turn (parity), so a rank one call ahead never overwrites
-# the header a slow peer is about to read.
-HEADER_WORDS = 4
+# offset of its input in its window, and flags (kHeader* in kernels/src/collectives.cu);
+# the push kernels add where their output lies, when peers can store into it. Two
+# headers, used by calls in turn (parity), so a rank one call ahead never overwrites the
+# header a slow peer is about to read.
+HEADER_WORDS = 7
 HEADER_DIGEST = 0
 HEADER_INPUT = 1
 HEADER_FLAGS = 2
@@ -86,6 +88,12 @@ FLAG_ZERO_COPY = 1
 # every rank.
 FLAG_REGISTERED = 2
 HEADER_REGISTRATION = 3
+# The output, as the input's three words describe the input: its offset, its flags
+# (FLAG_ZERO_COPY: in the window's heap; with FLAG_REGISTERED: in a registered array; 0:
+# peers cannot reach it) and its registration's row.
+HEADER_OUTPUT = 4
+HEADER_OUTPUT_FLAGS = 5
+HEADER_OUTPUT_REGISTRATION = 6
 # Two own-pad words (one per parity) where the LL kernels record the call at which they
 # last re-flagged that parity's buffer: after the two call headers.
 LL_CLEANED_SLOT = USER_SLOT_BASE + 2 * HEADER_WORDS

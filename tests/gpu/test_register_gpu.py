@@ -138,8 +138,8 @@ def test_torch_expandable_segments_are_shared_by_posix_fd(setup, expandable_segm
 
 
 # Calls on registered tensors: peers read them in place (no copy into the window).
-_REDUCE_ALGOS = {"all_reduce": ("one-shot", "two-shot", "stepped", "auto"),
-                 "reduce_scatter": ("one-shot", "stepped", "auto"),
+_REDUCE_ALGOS = {"all_reduce": ("one-shot", "two-shot", "stepped", "push", "auto"),
+                 "reduce_scatter": ("one-shot", "stepped", "push", "auto"),
                  "all_gather": ("pull", "stepped", "auto")}
 
 
@@ -189,13 +189,54 @@ def test_calls_read_registered_tensors_in_place_at_any_offset(setup, collective,
         right = bool(torch.equal(out, _expected(collective, count, me, n, device)))
     finally:
         comm.unregister(holder)
-    # Unregistered: the same call copies the input in again, with the same result.
+    # Unregistered: the same call copies the input in again (push never copies: peers
+    # read nothing of ours), with the same result.
     before = comm.copies_in
     again = _run_call(comm, collective, source, algo, n)
     comm.synchronize()
-    copied = comm.copies_in == before + 1
+    copied = comm.copies_in == before + (algo != "push")
     assert (right, zero_copy, bool(torch.equal(again, out)), copied) == (True,) * 4
     assert comm.registered == 0
+
+
+@pytest.mark.parametrize("where", ["heap", "registered", "rank 0 only", "in place"])
+def test_push_all_reduce_stores_into_outputs_the_peers_can_reach(setup, where):
+    """Where a rank's output lies in its heap or in a registered array, its peers store
+    their reduced chunks into it directly (the header says where) and it copies nothing;
+    elsewhere they go through its result area. Outputs at a different offset on each
+    rank, one rank reachable and the other not, and in place on a registered tensor
+    (peers store into the input's chunks after this rank has pushed them out); three
+    calls with new data each."""
+    g, comm = setup
+    me, n = g.rank, g.size
+    device = f"cuda:{g.backend.device}"
+    count = 4096 * n + 4 * n + 3  # chunks that do not end on 16-byte vectors
+    holder = torch.zeros(count + 64 * (me + 1), dtype=torch.float32, device=device)
+    reachable = holder[64 * (me + 1):]
+    if where != "heap":
+        comm.register(holder)
+    try:
+        if where == "heap":
+            out = torch.from_dlpack(comm.empty((count,), "float32"))
+        elif where == "rank 0 only" and me != 0:
+            out = torch.zeros(count, dtype=torch.float32, device=device)
+        else:
+            out = reachable
+        for call in range(3):
+            inputs = [torch.arange(count, dtype=torch.float32) % (13 + call) + r * 1000
+                      for r in range(n)]
+            want = sum(inputs[1:], inputs[0]).to(device)
+            if where == "in place":
+                out.copy_(inputs[me].to(device))
+                comm.all_reduce(out, algo="push")
+            else:
+                source = inputs[me].to(device)
+                comm.all_reduce(source, output=out, algo="push")
+            comm.synchronize()
+            assert torch.equal(out, want), (where, call)
+    finally:
+        if where != "heap":
+            comm.unregister(holder)
 
 
 def test_graph_replays_of_a_call_on_registered_tensors_see_new_data(setup):

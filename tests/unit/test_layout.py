@@ -48,6 +48,10 @@ def test_collective_call_header_matches_the_layout():
     assert source["kHeaderFlags"] == layout.HEADER_FLAGS
     assert source["kFlagZeroCopy"] == layout.FLAG_ZERO_COPY
     assert source["kHeaderRegistration"] == layout.HEADER_REGISTRATION
+    assert source["kHeaderOutput"] == layout.HEADER_OUTPUT
+    assert source["kHeaderOutputFlags"] == layout.HEADER_OUTPUT_FLAGS
+    assert source["kHeaderOutputRegistration"] == layout.HEADER_OUTPUT_REGISTRATION
+    assert source["kHeaderWords"] == layout.HEADER_WORDS
     assert source["kFlagRegistered"] == layout.FLAG_REGISTERED
     guest_words = {"kGuestDigest": layout.GUEST_DIGEST, "kGuestInput": layout.GUEST_INPUT,
                    "kGuestOutput": layout.GUEST_OUTPUT,
@@ -87,7 +91,7 @@ def test_pad_regions_do_not_overlap():
 def test_user_words_of_the_collectives_stay_in_the_user_region():
     last = max(layout.USER_SLOT_BASE + 2 * layout.HEADER_WORDS, layout.LL_CLEANED_SLOT + 2)
     assert last <= layout.ERROR_SLOT
-    assert layout.HEADER_REGISTRATION < layout.HEADER_WORDS
+    assert layout.HEADER_REGISTRATION < layout.HEADER_OUTPUT_REGISTRATION < layout.HEADER_WORDS
 
 
 @pytest.mark.parametrize("nbytes", [0, 1, 4095, 4096, 3 << 20])

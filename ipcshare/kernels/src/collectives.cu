@@ -33,6 +33,13 @@ constexpr int kHeaderDigest = 0;
 constexpr int kHeaderInput = 1;
 constexpr int kHeaderFlags = 2;
 constexpr int kHeaderRegistration = 3;
+// Where the output lies, for the push kernels (their peers store results into it): its
+// offset, flags (kFlagZeroCopy: our heap; with kFlagRegistered: a registered array; 0: out
+// of the peers' reach) and registration row.
+constexpr int kHeaderOutput = 4;
+constexpr int kHeaderOutputFlags = 5;
+constexpr int kHeaderOutputRegistration = 6;
+constexpr int kHeaderWords = 7;
 constexpr u64 kFlagZeroCopy = 1;
 // The input lies in an array the user registered (Communicator.register): kHeaderInput is
 // its offset there and kHeaderRegistration the row of the registrations table (the same
@@ -91,6 +98,11 @@ struct CollectiveArgs {
   // The push kernels' tile (bytes; 0: kPushTileBytes), the same on every rank
   // (gpu_push.py sets it).
   unsigned long long push_tile_bytes;
+  // Where the output lies, when peers can reach it (the kHeaderOutput* words): 0 not, 1 in
+  // our heap at output_offset, 2 in the registered array of row output_registration_row.
+  int output_mapped;
+  unsigned long long output_offset;
+  unsigned long long output_registration_row;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -241,7 +253,7 @@ struct Call {
 
 // Header words of calls of `parity` in a pad.
 __device__ __forceinline__ u64* header(u64* pad, const CollectiveArgs& a, int parity) {
-  return pad + a.header_base + parity * 4;
+  return pad + a.header_base + parity * kHeaderWords;
 }
 
 // Pad words of this block's barriers: entry (0), middle of two-shot (1), exit (2); the
@@ -682,7 +694,11 @@ __device__ void all_reduce_copy_engine(const CollectiveArgs& a) {
 //
 // Safety. No peer reads our input or output, so the call needs no exit barrier, and in
 // place is safe (a tile of our input is stored out by the same block before it writes
-// that tile of the output). A rank writes a peer's areas of parity p in call k; the peer
+// that tile of the output). Where our header says a peer can reach our output (our heap,
+// or a registered array), peer q stores its reduced chunk q there itself and we copy
+// nothing: it stores tile t only after our signal of tile t in this call, so our stream
+// has reached this call, and in place we have stored that tile of our input out by then;
+// our own reduction reads only our chunk of the input, which no peer writes. A rank writes a peer's areas of parity p in call k; the peer
 // read them last in call k - 2. Our call k - 1 heard the peer's call k - 1 in every block
 // (whatever the algorithm: every one of the family meets or hears every peer before it
 // ends), and the peer's call k - 1 began after its call k - 2 had ended on its stream, so
@@ -768,6 +784,37 @@ __device__ __forceinline__ void push_to_inbox(const CollectiveArgs& a, const Cal
                             a.input + first * size, (last - first) * size);
 }
 
+// Publish where our output lies (the kHeaderOutput* words of this call's header).
+__device__ __forceinline__ void publish_output(const CollectiveArgs& a, int parity) {
+  u64* h = header(a.pads[a.rank], a, parity);
+  h[kHeaderOutput] = a.output_offset;
+  h[kHeaderOutputFlags] = a.output_mapped == 2 ? (kFlagZeroCopy | kFlagRegistered)
+                          : a.output_mapped   ? kFlagZeroCopy : 0;
+  h[kHeaderOutputRegistration] = a.output_registration_row;
+}
+
+// After the first wait (the peers' headers are published): where to store our reduced
+// chunk for each peer, as a pointer to element 0 of its output when the peer's output is
+// within our reach (its heap or a registered array), else to its result area. Every
+// thread of the block gets the same places.
+__device__ __forceinline__ void result_places(const CollectiveArgs& a, const Call& call,
+                                              char** places) {
+  if (threadIdx.x < a.nranks) {
+    const int r = threadIdx.x;
+    const u64* h = header(a.pads[r], a, call.parity);
+    const u64 flags = h[kHeaderOutputFlags];
+    char* base = a.windows[r] + a.result_offset[call.parity];
+    if (flags & kFlagZeroCopy) {
+      base = (flags & kFlagRegistered)
+          ? reinterpret_cast<char*>(a.registrations[h[kHeaderOutputRegistration] * kMaxRanks + r])
+          : a.windows[r];
+      base += h[kHeaderOutput];
+    }
+    places[r] = base;
+  }
+  __syncthreads();
+}
+
 template <class T, int OP>
 __device__ void all_reduce_push(const CollectiveArgs& a) {
   const unsigned long long size = sizeof(typename T::Bits), g = granule<T>();
@@ -775,12 +822,17 @@ __device__ void all_reduce_push(const CollectiveArgs& a) {
   const Tiles tiles(block_slice(chunk, g), g, size, a.push_tile_bytes);
   Call call;
   begin_call(a, call);
-  if (threadIdx.x == 0) publish_header(a, call.parity);
+  if (threadIdx.x == 0) {
+    publish_header(a, call.parity);
+    publish_output(a, call.parity);
+  }
   const char* inbox = a.windows[a.rank] + a.staging_offset[call.parity];
   const char* results = a.windows[a.rank] + a.result_offset[call.parity];
+  __shared__ char* places[kMaxRanks];
   // Step j: store tile j; wait for the peers' tile j - 1, reduce it and store the result;
-  // signal both; wait for the peers' results of tile j - 2 and copy them. Each wait is
-  // for a signal a peer sends at the end of its step j - 1.
+  // signal both; wait for the peers' results of tile j - 2 and copy them (unless they
+  // stored them into our output itself). Each wait is for a signal a peer sends at the end
+  // of its step j - 1.
   for (unsigned long long step = 0; step < tiles.count + 2 && !call.failed; ++step) {
     unsigned long long pushed = 0, reduced = 0;
     if (step < tiles.count) {
@@ -793,6 +845,7 @@ __device__ void all_reduce_push(const CollectiveArgs& a) {
       const unsigned long long t = step - 1;
       push_wait(a, call, 0, t);
       if (call.failed) break;
+      if (t == 0) result_places(a, call, places);
       const Slice tile = tiles.tile(t);
       const unsigned long long first = a.rank * chunk + tile.begin;
       unsigned long long last = a.rank * chunk + tile.end;
@@ -805,7 +858,7 @@ __device__ void all_reduce_push(const CollectiveArgs& a) {
         for (int r = 0; r < a.nranks; ++r) {
           sources[r] = r == a.rank ? a.input + first * size
                                    : inbox + (r * chunk + tile.begin) * size;
-          if (r != a.rank) outs[nouts++] = a.windows[r] + a.result_offset[call.parity] + first * size;
+          if (r != a.rank) outs[nouts++] = places[r] + first * size;
         }
         reduce_range<T, OP>(outs, nouts, sources, a.nranks, 0, last - first);
       }
@@ -816,6 +869,7 @@ __device__ void all_reduce_push(const CollectiveArgs& a) {
       const unsigned long long t = step - 2;
       push_wait(a, call, 1, t);
       if (call.failed) break;
+      if (a.output_mapped != 0) continue;  // the peers stored their chunks in place
       const Slice tile = tiles.tile(t);
       for (int i = 1; i < a.nranks; ++i) {
         const int owner = (a.rank + i) % a.nranks;
