@@ -698,8 +698,9 @@ __device__ void all_reduce_copy_engine(const CollectiveArgs& a) {
 // or a registered array), peer q stores its reduced chunk q there itself and we copy
 // nothing: it stores tile t only after our signal of tile t in this call, so our stream
 // has reached this call, and in place we have stored that tile of our input out by then;
-// our own reduction reads only our chunk of the input, which no peer writes. A rank writes a peer's areas of parity p in call k; the peer
-// read them last in call k - 2. Our call k - 1 heard the peer's call k - 1 in every block
+// our own reduction reads only our chunk of the input, which no peer writes.
+// A rank writes a peer's areas of parity p in call k; the peer read them last in call
+// k - 2. Our call k - 1 heard the peer's call k - 1 in every block
 // (whatever the algorithm: every one of the family meets or hears every peer before it
 // ends), and the peer's call k - 1 began after its call k - 2 had ended on its stream, so
 // those areas are free when call k begins. The result area of a peer is written only
