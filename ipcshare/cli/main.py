@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from .. import __version__
 from ..runtime import settings
 from .exit_codes import EXIT_ERROR, EXIT_OK, EXIT_SLOW, EXIT_USAGE, EXIT_WRONG
-from .same_command import CommandLineError
+from .option_origins import flag_names
+from .same_command import PATTERN_COMMANDS, CommandLineError
 
 __all__ = ["main", "build_parser", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_WRONG",
            "EXIT_SLOW"]
@@ -112,6 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_p2p_flags(commands.add_parser(
         "p2p", help="one process over every GPU: peer access, ring and all-gather by peer "
                     "pointers and cuMemcpyPeerAsync, against IPC windows"))
+    for name in (*PATTERN_COMMANDS, "p2p"):
+        # Errors about a value name the flag the user typed (cli.option_origins).
+        command = commands.choices[name]
+        command.set_defaults(option_flags=flag_names(command))
     return parser
 
 

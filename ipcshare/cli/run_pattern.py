@@ -7,9 +7,10 @@ import json
 import sys
 
 from ..liveness.consensus import collective_step
-from ..runtime.config import PatternOptions, format_size, load_yaml_config, merge_options
-from ..runtime.errors import ConfigError
+from ..runtime.config import PatternOptions, format_size, merge_options
+from ..runtime.errors import ConfigError, OptionError
 from ..topology.world import World, describe_disagreement
+from .option_origins import OptionOrigins
 
 __all__ = ["run_pattern_command", "resolve_options", "check_same_run"]
 
@@ -18,11 +19,23 @@ _OPTION_KEYS = ("backend", "exchange", "handle", "min_bytes", "max_bytes", "step
                 "json", "min_bw", "algo", "inter", "op", "timing", "register")
 
 
-def resolve_options(args: argparse.Namespace) -> PatternOptions:
-    """Defaults, then the YAML config, then the flags given on the command line."""
-    from_file = load_yaml_config(args.config) if args.config else {}
-    from_flags = {key: getattr(args, key) for key in _OPTION_KEYS}
-    return merge_options(from_file, from_flags)
+def resolve_options(args: argparse.Namespace,
+                    origins: OptionOrigins | None = None) -> PatternOptions:
+    """Defaults, then the YAML config, then the flags given on the command line
+    (``origins``: those of ``args``, read here when not given).
+
+    Raises:
+        ConfigError: a bad config file or value, naming the option as the user gave it
+            (the flag typed, or the config's key and file).
+    """
+    origins = origins or OptionOrigins.of(args, _OPTION_KEYS)
+    with origins.naming_options():
+        try:
+            return merge_options(origins.from_file, origins.from_flags)
+        except OptionError:
+            raise
+        except ConfigError as exc:  # the flags' keys are known: an unknown one is the file's
+            raise ConfigError(f"config file {origins.config_path!r}: {exc}") from None
 
 
 def _run_facts(args: argparse.Namespace, options: PatternOptions) -> list[tuple[str, object, str]]:
