@@ -8,7 +8,7 @@ import sys
 
 from ..liveness.consensus import collective_step
 from ..runtime.config import PatternOptions, format_size, merge_options
-from ..runtime.errors import ConfigError, OptionError
+from ..runtime.errors import ConfigError, OptionError, WindowTooLarge
 from ..topology.world import World, describe_disagreement
 from .option_origins import OptionOrigins
 
@@ -106,7 +106,8 @@ def run_pattern_command(args: argparse.Namespace) -> int:
     world = World.from_comm()
     try:
         with collective_step(world, "reading options"):
-            options = resolve_options(args)
+            origins = OptionOrigins.of(args, _OPTION_KEYS)
+            options = resolve_options(args, origins)
             pattern = make_pattern(args.command, options.algo, op=options.op,
                                    datatype=options.datatype, inter=options.inter,
                                    register=options.register)
@@ -134,6 +135,10 @@ def run_pattern_command(args: argparse.Namespace) -> int:
                                  graph=bool(options.graph),
                                  after_kernel=bool(options.after_kernel),
                                  timing=options.timing)
+        except WindowTooLarge as exc:  # raised on every rank alike
+            # The largest size of the sweep sizes the window: say where the user set it.
+            largest = origins.name("max_bytes", format_size(options.max_bytes))
+            raise ConfigError(f"{largest} is too large here: {exc}") from None
         finally:
             try:
                 pattern.close()  # what crossing nodes opened (NCCL communicators, node groups)

@@ -24,6 +24,7 @@ __all__ = [
     "as_typed",
     "parse_size",
     "format_size",
+    "human_bytes",
     "load_yaml_config",
     "merge_options",
 ]
@@ -95,6 +96,18 @@ def parse_size(text: str | int, *, what: str = "size") -> int:
     if value <= 0:
         raise OptionError("{0}: must be at least 1 byte; use a size such as 64K or 1M", shown)
     return value
+
+
+def human_bytes(nbytes: int | None) -> str:
+    """``1.5G``-style approximate size (binary units), ``-`` for None."""
+    if nbytes is None:
+        return "-"
+    value = float(nbytes)
+    for unit in ("B", "K", "M", "G", "T", "P"):
+        if value < 1024 or unit == "P":
+            return f"{value:.0f}{unit}" if unit == "B" or value >= 100 else f"{value:.1f}{unit}"
+        value /= 1024
+    return f"{nbytes}B"
 
 
 def format_size(nbytes: int) -> str:

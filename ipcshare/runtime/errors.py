@@ -20,6 +20,7 @@ __all__ = [
     "CudaError",
     "PeerUnreachable",
     "WindowError",
+    "WindowTooLarge",
     "SignalTimeout",
     "PeerDied",
     "VerificationError",
@@ -158,6 +159,11 @@ class WindowError(IpcShareError):
     """A collective window operation was misused (size mismatch, closed window...)."""
 
 
+class WindowTooLarge(WindowError):
+    """A window needs more memory than the node has for it (the message says how much
+    each side is); callers that chose its size from an option say which to lower."""
+
+
 class SignalTimeout(IpcShareError, TimeoutError):
     """A peer never raised the signal that this rank waited for."""
 
@@ -186,7 +192,7 @@ class VerificationError(IpcShareError):
 
 _BY_NAME = {cls.__name__: cls for cls in (
     IpcShareError, ConfigError, OptionError, ExchangeError, ExchangeTimeout, BackendError,
-    BackendUnavailable, CudaError, PeerUnreachable, WindowError, SignalTimeout,
+    BackendUnavailable, CudaError, PeerUnreachable, WindowError, WindowTooLarge, SignalTimeout,
     VerificationError, KernelCompileError, PeerDied, CollectiveError, Unsupported)}
 
 

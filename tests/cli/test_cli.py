@@ -123,7 +123,10 @@ BAD_INPUTS = [
     (["ring", "-b", "1K", "-e", "4K", "-f", "1"],
      "-f/--stepfactor 1: must be >= 2 to sweep sizes from -b/--minbytes 1K to -e/--maxbytes 4K"),
     (["ring", "-n", "0"], "-n/--iters 0: must be >= 1 \\(reported"),
-    (["allgather", "-b", "1T", "-e", "1T"], "more than the .* bytes available"),
+    # The window a sweep needs is sized by its largest size: say which flag that is.
+    (["allgather", "-b", "1T", "-e", "1T"], "-e/--maxbytes 1T is too large here: allocate "
+     "failed on rank 0@.*: a window of 1.5T on each of the node's 2 ranks needs 3.0T in all, "
+     "more than the [0-9.]+[KMG] available: choose a smaller size"),
     (["ring", "--config", "/nonexistent/run.yaml"], "does not exist"),
     pytest.param(["allgather", "--baseline", "nccl"],
                  "nccl baseline setup failed on rank 0@.*: --baseline nccl calls NCCL through "

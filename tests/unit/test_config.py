@@ -6,7 +6,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ipcshare.runtime.config import format_size, load_yaml_config, merge_options, parse_size
+from ipcshare.runtime.config import (
+    format_size,
+    human_bytes,
+    load_yaml_config,
+    merge_options,
+    parse_size,
+)
 from ipcshare.runtime.errors import ConfigError, OptionError
 
 
@@ -26,6 +32,15 @@ def test_bad_sizes_are_refused_with_a_hint(text):
 @given(st.integers(min_value=1, max_value=1 << 45))
 def test_format_size_round_trips(n):
     assert parse_size(format_size(n)) == n
+
+
+def test_human_sizes():
+    assert human_bytes(None) == "-"
+    assert human_bytes(512) == "512B"
+    assert human_bytes(3 << 29) == "1.5G"
+    assert human_bytes(200 << 20) == "200M"
+    # What format_size spelled 4294967496K: no exact suffix, so it said every kilobyte.
+    assert human_bytes((4 << 40) + (200 << 10)) == "4.0T"
 
 
 def test_defaults_and_layers_later_wins():
