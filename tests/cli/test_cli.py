@@ -123,6 +123,8 @@ BAD_INPUTS = [
     (["ring", "-b", "1K", "-e", "4K", "-f", "1"],
      "-f/--stepfactor 1: must be >= 2 to sweep sizes from -b/--minbytes 1K to -e/--maxbytes 4K"),
     (["ring", "-n", "0"], "-n/--iters 0: must be >= 1 \\(reported"),
+    # A negative size reaches the size rule (argparse took -4K for a flag).
+    (["ring", "-b", "-4K"], "-b/--minbytes -4K: must be at least 1 byte"),
     # The window a sweep needs is sized by its largest size: say which flag that is.
     (["allgather", "-b", "1T", "-e", "1T"], "-e/--maxbytes 1T is too large here: allocate "
      "failed on rank 0@.*: a window of 1.5T on each of the node's 2 ranks needs 3.0T in all, "
@@ -317,6 +319,15 @@ def test_json_asked_for_by_one_rank_only(tmp_path, socket_dir, json_on):
                    timeout=60)
     assert out.returncode == 0, out.stderr
     assert target.exists() == (json_on == 0)
+
+
+@needs_mpiexec
+def test_a_flag_the_command_lacks_points_at_the_commands_help(socket_dir):
+    # It pointed at `ipcshare --help`, which does not list the command's flags.
+    out = run(["ring", "-o", "max"], n=2, timeout=60)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.splitlines() == ["ipcshare ring: error: unrecognized arguments: -o max "
+                                       "(see ipcshare ring --help)"] * 2, out.stderr
 
 
 def test_usage_errors_are_one_line():

@@ -7,6 +7,7 @@ import pytest
 
 from ipcshare.cli.main import build_parser
 from ipcshare.cli.run_pattern import resolve_options
+from ipcshare.cli.same_command import CommandLineError
 from ipcshare.runtime.errors import ConfigError
 
 
@@ -43,6 +44,9 @@ def refusal(argv: list[str]) -> str:
     (["ring", "--timing", "p99"], "--timing p99: unknown timing"),
     (["ring", "--min-bw", "-2"], "--min-bw -2.0: must be a non-negative number of GB/s"),
     (["ring", "-b", "two words"], "-b/--minbytes 'two words' is not a size"),
+    # argparse took a negative size for a flag ("expected one argument").
+    (["ring", "-b", "-4K"], "-b/--minbytes -4K: must be at least 1 byte"),
+    (["allgather", "--maxbytes", "-1M"], "-e/--maxbytes -1M: must be at least 1 byte"),
 ])
 def test_a_flag_is_named_as_typed(argv, message):
     assert refusal(argv).startswith(message)
@@ -78,3 +82,15 @@ def test_every_option_flag_is_known_by_its_field():
     from ipcshare.cli.run_pattern import _OPTION_KEYS
 
     assert set(_OPTION_KEYS) - set(args.option_flags) == set()
+
+
+def test_an_option_a_command_lacks_is_refused_by_the_command():
+    # argparse's own error points at `ipcshare --help`, which lists commands, not flags.
+    with pytest.raises(CommandLineError) as caught:
+        build_parser().parse_args(["ring", "-o", "max"])
+    assert caught.value.line == ("ipcshare ring: error: unrecognized arguments: -o max "
+                                 "(see ipcshare ring --help)")
+    with pytest.raises(CommandLineError) as caught:
+        build_parser().parse_args(["--warp"])
+    assert caught.value.line.endswith("(see ipcshare --help)")
+
