@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from ..backends import check_handle
 from ..liveness.consensus import collective_step
 from ..runtime.config import PatternOptions, format_size, merge_options
 from ..runtime.errors import ConfigError, OptionError, WindowTooLarge
@@ -108,6 +109,8 @@ def run_pattern_command(args: argparse.Namespace) -> int:
         with collective_step(world, "reading options"):
             origins = OptionOrigins.of(args, _OPTION_KEYS)
             options = resolve_options(args, origins)
+            with origins.naming_options():  # the Group would refuse it naming no flag
+                check_handle(options.backend, options.handle)
             pattern = make_pattern(args.command, options.algo, op=options.op,
                                    datatype=options.datatype, inter=options.inter,
                                    register=options.register)

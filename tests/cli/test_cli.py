@@ -150,6 +150,13 @@ BAD_INPUTS = [
     pytest.param(["allgather", "--backend", "cuda-ipc"], "backend 'cuda-ipc' needs a GPU, but ",
                  marks=without_gpu),
     (["ring", "--handle", "carrier-pigeon"], "--handle carrier-pigeon: unknown handle"),
+    # It used to be ignored: the host backend shares memfd descriptors, whatever was asked.
+    (["ring", "--handle", "fabric", "--backend", "host"], "reading options failed on rank "
+     "0@.*: --handle fabric: fabric handles export cuMem allocations of GPU memory: they "
+     "need a GPU backend, cuda-vmm, and the backend is host \\(reported by ranks 0-1\\)$"),
+    pytest.param(["allgather", "--handle", "fabric"], "--handle fabric: .* they need a GPU "
+                 "backend, cuda-vmm, and the backend is host \\(auto's choice here\\)",
+                 marks=without_gpu),
     (["allgather", "--algo", "warp"], "--algo warp: unknown algo"),
     (["ring", "--algo", "push"], "the ring op has no 'push' algorithm"),
     pytest.param(["allgather", "--algo", "pull"], "--algo pull runs GPU kernels",

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from ipcshare.backends import check_handle
 from ipcshare.cli.main import build_parser
+from ipcshare.cli.option_origins import OptionOrigins
 from ipcshare.cli.run_pattern import resolve_options
 from ipcshare.cli.same_command import CommandLineError
 from ipcshare.runtime.errors import ConfigError
@@ -94,3 +96,14 @@ def test_an_option_a_command_lacks_is_refused_by_the_command():
         build_parser().parse_args(["--warp"])
     assert caught.value.line.endswith("(see ipcshare --help)")
 
+
+def test_a_fabric_handle_needs_the_cuda_vmm_backend():
+    with pytest.raises(ConfigError) as caught:
+        with OptionOrigins.of(build_parser().parse_args(
+                ["ring", "--handle", "fabric", "--backend", "host"]),
+                ("handle", "backend")).naming_options():
+            check_handle("host", "fabric")
+    assert str(caught.value) == ("--handle fabric: fabric handles export cuMem allocations "
+                                 "of GPU memory: they need a GPU backend, cuda-vmm, and the "
+                                 "backend is host")
+    check_handle("host", "posix-fd")  # every backend's default
