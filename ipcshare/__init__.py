@@ -17,12 +17,14 @@ from .runtime.errors import (
     ExchangeTimeout,
     IpcShareError,
     KernelCompileError,
+    OptionError,
     PeerDied,
     PeerUnreachable,
     SignalTimeout,
     Unsupported,
     VerificationError,
     WindowError,
+    WindowTooLarge,
 )
 
 __version__ = "0.1.0"
@@ -31,10 +33,10 @@ __version__ = "0.1.0"
 # ground floor (runtime/errors.py), which imports only the standard library, so naming them
 # here stays cheap.
 __all__ = ["Group", "Window", "Communicator", "__version__", "errors",
-           "IpcShareError", "ConfigError", "ExchangeError", "ExchangeTimeout", "BackendError",
-           "BackendUnavailable", "CudaError", "PeerUnreachable", "WindowError", "SignalTimeout",
-           "PeerDied", "VerificationError", "KernelCompileError", "CollectiveError",
-           "Unsupported"]
+           "IpcShareError", "ConfigError", "OptionError", "ExchangeError", "ExchangeTimeout",
+           "BackendError", "BackendUnavailable", "CudaError", "PeerUnreachable", "WindowError",
+           "WindowTooLarge", "SignalTimeout", "PeerDied", "VerificationError",
+           "KernelCompileError", "CollectiveError", "Unsupported"]
 
 
 def __getattr__(name: str):

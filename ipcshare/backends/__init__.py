@@ -6,11 +6,11 @@ are imported only when asked for, so a machine without CUDA never loads them.
 
 from __future__ import annotations
 
-from ..runtime.config import BACKENDS
-from ..runtime.errors import BackendUnavailable, ConfigError
+from ..runtime.config import BACKENDS, as_typed
+from ..runtime.errors import BackendUnavailable, ConfigError, OptionError
 from .base import Allocation, Backend, Buffer, Engine, Exported
 
-__all__ = ["open_backend", "gpu_count", "resolve_backend_name", "BACKEND_NAMES",
+__all__ = ["open_backend", "gpu_count", "resolve_backend_name", "check_handle", "BACKEND_NAMES",
            "Allocation", "Backend", "Buffer", "Engine", "Exported"]
 
 # The backends by name, without ``auto``: config.BACKENDS is the one list (options are
@@ -38,14 +38,33 @@ def resolve_backend_name(name: str) -> str:
     return "cuda-vmm" if count > 0 else "host"
 
 
+def check_handle(backend: str, handle: str) -> None:
+    """Raise unless backend ``backend`` (``auto``: as it resolves here) exports its memory
+    by ``handle`` handles: only cuda-vmm has a choice, and the others would ignore it.
+
+    Raises:
+        OptionError: a fabric handle asked of another backend than cuda-vmm.
+    """
+    if handle == "posix-fd":  # every backend's default: a descriptor, or its own handle
+        return
+    chosen = resolve_backend_name(backend)
+    if chosen != "cuda-vmm":
+        here = chosen if chosen == backend else f"{chosen} (auto's choice here)"
+        raise OptionError(f"{{0}}: {handle} handles export cuMem allocations of GPU memory: "
+                          f"they need a GPU backend, cuda-vmm, and the backend is {here}",
+                          ("handle", as_typed(handle)))
+
+
 def open_backend(name: str, *, local_rank: int = 0, local_size: int = 1,
                  handle: str = "posix-fd") -> Backend:
     """Create the backend called ``name`` (``auto`` must be resolved by the caller).
 
     Raises:
         ConfigError: unknown name.
+        OptionError: a ``handle`` the backend does not export by (``check_handle``).
         BackendUnavailable: the backend cannot run here (e.g. no GPU), with the reason.
     """
+    check_handle(name, handle)
     if name == "host":
         from .host import HostBackend
 

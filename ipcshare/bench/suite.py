@@ -59,7 +59,6 @@ from ..runtime.config import (
     format_size,
     load_yaml_config,
     merge_options,
-    parse_size,
 )
 from ..runtime.errors import ConfigError
 
@@ -457,15 +456,7 @@ def _sweep_options(matrix: Mapping[str, Any], where: str,
     """Sizes, iterations and datatype through PatternOptions, the one validator."""
     try:
         given = {key: matrix[key] for key in _SWEEP_KEYS if matrix.get(key) is not None}
-        sizes = {key: parse_size(given[key], what=key)
-                 for key in ("min_bytes", "max_bytes") if key in given}
-        low = sizes.get("min_bytes", PatternOptions.min_bytes)
-        high = sizes.get("max_bytes", PatternOptions.max_bytes)
-        if high < low:
-            raise ConfigError(f"max_bytes ({format_size(high)}) is smaller than min_bytes "
-                              f"({format_size(low)}): make max_bytes >= min_bytes")
-        return merge_options({**given, **sizes, "exchange": common.exchange,
-                              "handle": common.handle})
+        return merge_options({**given, "exchange": common.exchange, "handle": common.handle})
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
 

@@ -4,13 +4,16 @@ non-zero exit status that says what went wrong."""
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from .. import __version__
 from ..runtime import settings
 from .exit_codes import EXIT_ERROR, EXIT_OK, EXIT_SLOW, EXIT_USAGE, EXIT_WRONG
-from .same_command import CommandLineError
+from .option_origins import flag_names
+from .same_command import PATTERN_COMMANDS, CommandLineError
 
 __all__ = ["main", "build_parser", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_WRONG",
            "EXIT_SLOW"]
@@ -21,8 +24,26 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line, not usage text plus an error, and is
     raised (main() prints it once the other ranks know, so none waits for this one)."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # A dash and a digit is a value, as Python 3.13's argparse reads it: older ones
+        # took `-b -4K` for a flag, and said "expected one argument" instead of the size
+        # rule's "must be at least 1 byte".
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
+
     def error(self, message: str) -> None:  # type: ignore[override]
         raise CommandLineError(self.prog, message)
+
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            # argparse refuses them at the top, pointing at `ipcshare --help`: the help
+            # that lists what the command takes is the command's.
+            command = getattr(parsed, "command", None)
+            prog = f"{self.prog} {command}" if command else self.prog
+            raise CommandLineError(prog, f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
 
 
 INTER_HELP = ("auto | nccl | mpi: what carries the hierarchical collectives between nodes "
@@ -112,6 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_p2p_flags(commands.add_parser(
         "p2p", help="one process over every GPU: peer access, ring and all-gather by peer "
                     "pointers and cuMemcpyPeerAsync, against IPC windows"))
+    for name in (*PATTERN_COMMANDS, "p2p"):
+        # Errors about a value name the flag the user typed (cli.option_origins).
+        command = commands.choices[name]
+        command.set_defaults(option_flags=flag_names(command))
     return parser
 
 

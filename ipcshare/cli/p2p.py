@@ -53,16 +53,19 @@ def run_p2p_command(args: argparse.Namespace) -> int:
     from ..runtime.errors import BackendUnavailable, ConfigError
     from ..topology.world import launcher_world_size
     from .exit_codes import EXIT_ERROR, EXIT_OK, EXIT_WRONG
+    from .option_origins import OptionOrigins
 
     launched = launcher_world_size()
     if launched is not None:
         name, ranks = launched
         raise ConfigError("p2p runs as one process over every GPU and starts the IPC half "
                           f"itself: run it without mpiexec / srun ({name}={ranks})")
-    sweep = PatternOptions(min_bytes=parse_size(args.min_bytes, what="-b"),
-                           max_bytes=parse_size(args.max_bytes, what="-e"),
-                           step_factor=args.step_factor, iters=args.iters,
-                           warmup=args.warmup, checks=args.checks)
+    sweep_fields = ("min_bytes", "max_bytes", "step_factor", "iters", "warmup", "checks")
+    with OptionOrigins.of(args, sweep_fields).naming_options():
+        sweep = PatternOptions(min_bytes=parse_size(args.min_bytes, what="min_bytes"),
+                               max_bytes=parse_size(args.max_bytes, what="max_bytes"),
+                               step_factor=args.step_factor, iters=args.iters,
+                               warmup=args.warmup, checks=args.checks)
     check_writable(args.json)
     mpiexec = None
     if args.ipc:

@@ -6,10 +6,12 @@ import argparse
 import json
 import sys
 
+from ..backends import check_handle
 from ..liveness.consensus import collective_step
-from ..runtime.config import PatternOptions, format_size, load_yaml_config, merge_options
-from ..runtime.errors import ConfigError
+from ..runtime.config import PatternOptions, format_size, merge_options
+from ..runtime.errors import ConfigError, OptionError, WindowTooLarge
 from ..topology.world import World, describe_disagreement
+from .option_origins import OptionOrigins
 
 __all__ = ["run_pattern_command", "resolve_options", "check_same_run"]
 
@@ -18,11 +20,23 @@ _OPTION_KEYS = ("backend", "exchange", "handle", "min_bytes", "max_bytes", "step
                 "json", "min_bw", "algo", "inter", "op", "timing", "register")
 
 
-def resolve_options(args: argparse.Namespace) -> PatternOptions:
-    """Defaults, then the YAML config, then the flags given on the command line."""
-    from_file = load_yaml_config(args.config) if args.config else {}
-    from_flags = {key: getattr(args, key) for key in _OPTION_KEYS}
-    return merge_options(from_file, from_flags)
+def resolve_options(args: argparse.Namespace,
+                    origins: OptionOrigins | None = None) -> PatternOptions:
+    """Defaults, then the YAML config, then the flags given on the command line
+    (``origins``: those of ``args``, read here when not given).
+
+    Raises:
+        ConfigError: a bad config file or value, naming the option as the user gave it
+            (the flag typed, or the config's key and file).
+    """
+    origins = origins or OptionOrigins.of(args, _OPTION_KEYS)
+    with origins.naming_options():
+        try:
+            return merge_options(origins.from_file, origins.from_flags)
+        except OptionError:
+            raise
+        except ConfigError as exc:  # the flags' keys are known: an unknown one is the file's
+            raise ConfigError(f"config file {origins.config_path!r}: {exc}") from None
 
 
 def _run_facts(args: argparse.Namespace, options: PatternOptions) -> list[tuple[str, object, str]]:
@@ -93,7 +107,10 @@ def run_pattern_command(args: argparse.Namespace) -> int:
     world = World.from_comm()
     try:
         with collective_step(world, "reading options"):
-            options = resolve_options(args)
+            origins = OptionOrigins.of(args, _OPTION_KEYS)
+            options = resolve_options(args, origins)
+            with origins.naming_options():  # the Group would refuse it naming no flag
+                check_handle(options.backend, options.handle)
             pattern = make_pattern(args.command, options.algo, op=options.op,
                                    datatype=options.datatype, inter=options.inter,
                                    register=options.register)
@@ -121,6 +138,10 @@ def run_pattern_command(args: argparse.Namespace) -> int:
                                  graph=bool(options.graph),
                                  after_kernel=bool(options.after_kernel),
                                  timing=options.timing)
+        except WindowTooLarge as exc:  # raised on every rank alike
+            # The largest size of the sweep sizes the window: say where the user set it.
+            largest = origins.name("max_bytes", format_size(options.max_bytes))
+            raise ConfigError(f"{largest} is too large here: {exc}") from None
         finally:
             try:
                 pattern.close()  # what crossing nodes opened (NCCL communicators, node groups)

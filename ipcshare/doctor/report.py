@@ -9,26 +9,13 @@ import sys
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from ..runtime.config import format_size
+from ..runtime.config import format_size, human_bytes
 from ..runtime.errors import ConfigError
 
-__all__ = ["render_node", "render_header", "write_outputs", "check_writable", "Progress",
-           "human_bytes"]
+__all__ = ["render_node", "render_header", "write_outputs", "check_writable", "Progress"]
 
 _MARK = {True: "PASS", False: "FAIL"}
 _GRID_LIMIT = 12  # more ranks per node than this: bandwidth as a list, not a grid
-
-
-def human_bytes(nbytes: int | None) -> str:
-    """``1.5G``-style approximate size (binary units), ``-`` for None."""
-    if nbytes is None:
-        return "-"
-    value = float(nbytes)
-    for unit in ("B", "K", "M", "G", "T", "P"):
-        if value < 1024 or unit == "P":
-            return f"{value:.0f}{unit}" if unit == "B" or value >= 100 else f"{value:.1f}{unit}"
-        value /= 1024
-    return f"{nbytes}B"
 
 
 def _namespace_id(text: str | None) -> str:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from .errors import ConfigError, OptionError
 
 __all__ = [
     "BACKENDS",
@@ -20,8 +21,10 @@ __all__ = [
     "DATATYPES",
     "INTER_ENGINES",
     "PatternOptions",
+    "as_typed",
     "parse_size",
     "format_size",
+    "human_bytes",
     "load_yaml_config",
     "merge_options",
 ]
@@ -55,6 +58,19 @@ DATATYPES = {
     "int64": ("i8", 8), "float64": ("f8", 8), "double": ("f8", 8),
 }
 
+def as_typed(value: Any) -> str:
+    """``value`` as a user would type it in a shell or a YAML file: ``4K``, ``-1``,
+    ``'two words'``, ``''``; always one line."""
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, str):
+        text = shlex.quote(value)
+    else:
+        text = str(value)
+    # A value may hold a line break (found by fuzzing): the error stays one line.
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
 _SIZE_RE = re.compile(r"^\s*([-+]?\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
 _SUFFIX = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -63,22 +79,35 @@ def parse_size(text: str | int, *, what: str = "size") -> int:
     """Bytes from ``"64"``, ``"4K"``, ``"1M"``, ``"2G"`` (binary suffixes) or an int.
 
     Raises:
-        ConfigError: zero, negative, fractional or non-numeric input.
+        OptionError: zero, negative, fractional or non-numeric input, naming ``what``
+            and the text as given.
     """
+    shown = (what, as_typed(text))
     if isinstance(text, bool):
-        raise ConfigError(f"{what}: expected a size such as 1M, got {text!r}")
+        raise OptionError("{0}: expected a size such as 1M", shown)
     if isinstance(text, int):
         value = text
     else:
         match = _SIZE_RE.match(str(text))
         if not match:
-            raise ConfigError(
-                f"{what}: {text!r} is not a size; use a positive integer with an optional "
-                "K, M or G suffix (binary), e.g. 64K or 1M")
+            raise OptionError("{0} is not a size; use a positive integer with an optional "
+                              "K, M or G suffix (binary), e.g. 64K or 1M", shown)
         value = int(match.group(1)) * _SUFFIX[match.group(2).lower()]
     if value <= 0:
-        raise ConfigError(f"{what}: must be at least 1 byte, got {text!r}")
+        raise OptionError("{0}: must be at least 1 byte; use a size such as 64K or 1M", shown)
     return value
+
+
+def human_bytes(nbytes: int | None) -> str:
+    """``1.5G``-style approximate size (binary units), ``-`` for None."""
+    if nbytes is None:
+        return "-"
+    value = float(nbytes)
+    for unit in ("B", "K", "M", "G", "T", "P"):
+        if value < 1024 or unit == "P":
+            return f"{value:.0f}{unit}" if unit == "B" or value >= 100 else f"{value:.1f}{unit}"
+        value /= 1024
+    return f"{nbytes}B"
 
 
 def format_size(nbytes: int) -> str:
@@ -131,20 +160,25 @@ class PatternOptions:
         for name in ("min_bytes", "max_bytes"):
             parse_size(getattr(self, name), what=name)
         if self.max_bytes < self.min_bytes:
-            raise ConfigError(
-                f"max_bytes ({format_size(self.max_bytes)}) is smaller than "
-                f"min_bytes ({format_size(self.min_bytes)}): use -e >= -b")
+            raise OptionError("{0} is smaller than {1}: the largest size must be at least "
+                              "the smallest", ("max_bytes", format_size(self.max_bytes)),
+                              ("min_bytes", format_size(self.min_bytes)))
         if self.step_factor < 2 and self.max_bytes != self.min_bytes:
-            raise ConfigError(f"step_factor must be >= 2 to sweep sizes, got {self.step_factor}")
+            raise OptionError("{0}: must be >= 2 to sweep sizes from {1} to {2}",
+                              ("step_factor", str(self.step_factor)),
+                              ("min_bytes", format_size(self.min_bytes)),
+                              ("max_bytes", format_size(self.max_bytes)))
         for name, low in (("iters", 1), ("warmup", 0), ("checks", 0)):
             value = getattr(self, name)
             if value < low:
-                raise ConfigError(f"{name} must be >= {low}, got {value}")
+                raise OptionError(f"{{0}}: must be >= {low}", (name, str(value)))
         if self.register not in (0, 1):
-            raise ConfigError(f"register must be 0 (arrays copied in by the library) or 1 "
-                              f"(registered with the communicator), got {self.register}")
+            raise OptionError("{0}: must be 0 (arrays copied in by the library) or 1 "
+                              "(registered with the communicator)",
+                              ("register", as_typed(self.register)))
         if self.min_bw is not None and (math.isnan(self.min_bw) or self.min_bw < 0):
-            raise ConfigError(f"min_bw must be a non-negative number of GB/s, got {self.min_bw}")
+            raise OptionError("{0}: must be a non-negative number of GB/s",
+                              ("min_bw", f"{self.min_bw:g}"))
 
     @property
     def element_size(self) -> int:
@@ -164,7 +198,8 @@ class PatternOptions:
 
 def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
-        raise ConfigError(f"unknown {name} {value!r}; choose one of: {', '.join(allowed)}")
+        raise OptionError(f"{{0}}: unknown {name}; choose one of: {', '.join(allowed)}",
+                          (name, as_typed(value)))
 
 
 _FIELD_TYPES = {
@@ -181,7 +216,9 @@ def merge_options(*layers: Mapping[str, Any]) -> PatternOptions:
     This is the one place where user dicts (YAML, CLI) become typed options.
 
     Raises:
-        ConfigError: unknown key, wrong type or invalid value.
+        OptionError: a value of the wrong type or an invalid value (a ConfigError
+            naming the option: ``render`` names it as the user did).
+        ConfigError: unknown key.
     """
     merged: dict[str, Any] = {}
     for layer in layers:
@@ -200,20 +237,21 @@ def _coerce(key: str, value: Any) -> Any:
     kind = _FIELD_TYPES[key]
     if kind == "size":
         return parse_size(value, what=key)
+    shown = (key, as_typed(value))
     if kind is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{key}: expected true or false, got {value!r}")
+            raise OptionError("{0}: expected true or false", shown)
         return value
     if kind is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+            raise OptionError("{0}: expected an integer", shown)
         return value
     if kind is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key}: expected a number, got {value!r}")
+            raise OptionError("{0}: expected a number", shown)
         return float(value)
     if not isinstance(value, str):
-        raise ConfigError(f"{key}: expected a string, got {value!r}")
+        raise OptionError("{0}: expected a string", shown)
     return value
 
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import errno as errno_codes
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 __all__ = [
     "IpcShareError",
     "ConfigError",
+    "OptionError",
     "ExchangeError",
     "ExchangeTimeout",
     "BackendError",
@@ -19,6 +20,7 @@ __all__ = [
     "CudaError",
     "PeerUnreachable",
     "WindowError",
+    "WindowTooLarge",
     "SignalTimeout",
     "PeerDied",
     "VerificationError",
@@ -77,6 +79,32 @@ class ConfigError(IpcShareError, ValueError):
     """Bad option, flag, size or YAML config."""
 
 
+class OptionError(ConfigError):
+    """A run option's value is refused, said without committing to how the user named it.
+
+    ``template`` is the message with ``{0}``, ``{1}``... where each of ``options`` is named
+    with its value; ``options`` are ``(field, value)`` pairs, the field a PatternOptions
+    field and the value as this layer saw it, spelled for people (``1M``, not 1048576).
+    ``str()`` names them as option keys (``min_bytes 0: must be at least 1 byte``), as a
+    YAML file or a library caller writes them; ``render`` lets whoever knows where each
+    value came from name it their way (a command line's ``-b/--minbytes 0``).
+
+    Raised again on every rank by fail-together agreement, it is the rendered message
+    alone (no ``options``).
+    """
+
+    def __init__(self, template: str, *options: tuple[str, str]) -> None:
+        self.template = template
+        self.options = options
+        super().__init__(self.render(lambda field, shown: f"{field} {shown}"))
+
+    def render(self, name: Callable[[str, str], str]) -> str:
+        """The message with each option named by ``name(field, value)``."""
+        if not self.options:
+            return self.template
+        return self.template.format(*(name(field, shown) for field, shown in self.options))
+
+
 class ExchangeError(IpcShareError):
     """A handle or descriptor could not travel between ranks."""
 
@@ -131,6 +159,11 @@ class WindowError(IpcShareError):
     """A collective window operation was misused (size mismatch, closed window...)."""
 
 
+class WindowTooLarge(WindowError):
+    """A window needs more memory than the node has for it (the message says how much
+    each side is); callers that chose its size from an option say which to lower."""
+
+
 class SignalTimeout(IpcShareError, TimeoutError):
     """A peer never raised the signal that this rank waited for."""
 
@@ -158,8 +191,8 @@ class VerificationError(IpcShareError):
 
 
 _BY_NAME = {cls.__name__: cls for cls in (
-    IpcShareError, ConfigError, ExchangeError, ExchangeTimeout, BackendError,
-    BackendUnavailable, CudaError, PeerUnreachable, WindowError, SignalTimeout,
+    IpcShareError, ConfigError, OptionError, ExchangeError, ExchangeTimeout, BackendError,
+    BackendUnavailable, CudaError, PeerUnreachable, WindowError, WindowTooLarge, SignalTimeout,
     VerificationError, KernelCompileError, PeerDied, CollectiveError, Unsupported)}
 
 

@@ -246,6 +246,7 @@ class Group:
 
         Raises:
             WindowError: ranks disagree on the size, or the group is closed.
+            WindowTooLarge: the node lacks the memory for it (raised on all).
             BackendError / ExchangeError: a step failed on some rank (raised on all).
         """
         if self._closed:

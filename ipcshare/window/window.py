@@ -12,8 +12,8 @@ from typing import Any
 from ..backends import Allocation, Backend, Buffer
 from ..exchange import Exchange, OwnedFd
 from ..liveness.consensus import Rendezvous
-from ..runtime.config import format_size
-from ..runtime.errors import SignalTimeout, WindowError
+from ..runtime.config import format_size, human_bytes
+from ..runtime.errors import SignalTimeout, WindowError, WindowTooLarge
 from ..topology.peer_paths import PathPlan
 from ..topology.world import World, describe_disagreement
 from .barriers import WindowBarriers
@@ -90,10 +90,12 @@ class Window:
                 capacity = backend.capacity_bytes()
                 needed = self.total_bytes * world.host_size
                 if capacity is not None and needed > capacity:
-                    raise WindowError(
-                        f"a window of {format_size(nbytes)} bytes on each of the node's "
-                        f"{world.host_size} ranks needs {format_size(needed)} bytes, more than "
-                        f"the {format_size(capacity)} bytes available: choose a smaller size")
+                    ranks = (f" on each of the node's {world.host_size} ranks needs "
+                             f"{human_bytes(needed)} in all" if world.host_size > 1
+                             else f" needs {human_bytes(needed)}")
+                    raise WindowTooLarge(
+                        f"a window of {human_bytes(nbytes)}{ranks}, more than the "
+                        f"{human_bytes(capacity)} available: choose a smaller size")
                 local = backend.allocate(self.total_bytes)
                 undo.callback(local.close)
                 self._allocations[world.rank] = local

@@ -132,13 +132,14 @@ BAD_SUITES = [
     ("ops: [ring]\nalgorithms: [butterfly]\n", "unknown algorithm 'butterfly'"),
     ("ops: [ring]\nbackends: [host]\nalgorithms: [copy-engine]\n",
      "backend 'host' runs none of the algorithms copy-engine"),
-    ("ops: [ring]\nmin_bytes: 1M\nmax_bytes: 1K\n", "smaller than min_bytes"),
+    ("ops: [ring]\nmin_bytes: 1M\nmax_bytes: 1K\n",
+     "bad.yaml: max_bytes 1K is smaller than min_bytes 1M"),
     ("ops: [ring]\ntiming: [graph]\n", "timing 'graph' captures GPU allgather, allreduce, "
      "reducescatter in CUDA graphs; it cannot time ring"),
     ("ops: [allreduce]\nreductions: [sum, prod]\n",
      "unknown reduction 'prod'; choose one of: sum, max, min"),
     ("ops: [allgather]\ntiming: [warp]\n", "unknown timing mode 'warp'"),
-    ("ops: ring\niters: many\n", "iters: expected an integer"),
+    ("ops: ring\niters: many\n", "bad.yaml: iters many: expected an integer"),
     ("- ring\n", "must be a mapping"),
 ]
 

@@ -110,13 +110,25 @@ def test_yaml_config_with_flag_override(tmp_path, socket_dir):
 
 
 BAD_INPUTS = [
-    (["ring", "--backend", "warp-drive"], "unknown backend 'warp-drive'"),
-    (["ring", "--exchange", "telepathy"], "unknown exchange 'telepathy'"),
-    (["ring", "-b", "0"], "min_bytes: must be at least 1 byte"),
-    (["ring", "-b", "-5"], "min_bytes: must be at least 1 byte"),
-    (["ring", "-b", "lots"], "is not a size"),
-    (["ring", "-b", "1M", "-e", "1K"], "smaller than min_bytes"),
-    (["allgather", "-b", "1T", "-e", "1T"], "more than the .* bytes available"),
+    # A value is named by the flag the user typed, with the value as typed (every flag:
+    # tests/unit/test_option_origins.py).
+    (["ring", "--backend", "warp-drive"], "--backend warp-drive: unknown backend; choose one"),
+    (["ring", "--exchange", "telepathy"], "--exchange telepathy: unknown exchange"),
+    (["ring", "-b", "0"], "-b/--minbytes 0: must be at least 1 byte"),
+    (["ring", "-b", "-5"], "-b/--minbytes -5: must be at least 1 byte"),
+    (["ring", "-b", "lots"], "-b/--minbytes lots is not a size"),
+    (["ring", "-b", "1M", "-e", "1K"], "-e/--maxbytes 1K is smaller than -b/--minbytes 1M: the "
+                                       "largest size must be at least the smallest"),
+    (["ring", "-b", "4M"], "-e/--maxbytes 1M \\(the default\\) is smaller than -b/--minbytes 4M"),
+    (["ring", "-b", "1K", "-e", "4K", "-f", "1"],
+     "-f/--stepfactor 1: must be >= 2 to sweep sizes from -b/--minbytes 1K to -e/--maxbytes 4K"),
+    (["ring", "-n", "0"], "-n/--iters 0: must be >= 1 \\(reported"),
+    # A negative size reaches the size rule (argparse took -4K for a flag).
+    (["ring", "-b", "-4K"], "-b/--minbytes -4K: must be at least 1 byte"),
+    # The window a sweep needs is sized by its largest size: say which flag that is.
+    (["allgather", "-b", "1T", "-e", "1T"], "-e/--maxbytes 1T is too large here: allocate "
+     "failed on rank 0@.*: a window of 1.5T on each of the node's 2 ranks needs 3.0T in all, "
+     "more than the [0-9.]+[KMG] available: choose a smaller size"),
     (["ring", "--config", "/nonexistent/run.yaml"], "does not exist"),
     pytest.param(["allgather", "--baseline", "nccl"],
                  "nccl baseline setup failed on rank 0@.*: --baseline nccl calls NCCL through "
@@ -128,7 +140,7 @@ BAD_INPUTS = [
     (["allgather", "--baseline", "torch-symm"],
      "--baseline torch-symm times all-reduce only .* not allgather; use --baseline nccl or "
      "torch"),
-    (["ring", "--baseline", "pytorch"], "unknown baseline 'pytorch'"),
+    (["ring", "--baseline", "pytorch"], "--baseline pytorch: unknown baseline"),
     (["allgather", "--graph"], "--graph captures CUDA graphs: it needs a GPU backend"),
     (["ring", "--graph", "--backend", "host"], "--graph captures CUDA graphs"),
     (["allgather", "--after-kernel", "--backend", "host"],
@@ -137,8 +149,15 @@ BAD_INPUTS = [
                  marks=without_gpu),
     pytest.param(["allgather", "--backend", "cuda-ipc"], "backend 'cuda-ipc' needs a GPU, but ",
                  marks=without_gpu),
-    (["ring", "--handle", "carrier-pigeon"], "unknown handle 'carrier-pigeon'"),
-    (["allgather", "--algo", "warp"], "unknown algo 'warp'"),
+    (["ring", "--handle", "carrier-pigeon"], "--handle carrier-pigeon: unknown handle"),
+    # It used to be ignored: the host backend shares memfd descriptors, whatever was asked.
+    (["ring", "--handle", "fabric", "--backend", "host"], "reading options failed on rank "
+     "0@.*: --handle fabric: fabric handles export cuMem allocations of GPU memory: they "
+     "need a GPU backend, cuda-vmm, and the backend is host \\(reported by ranks 0-1\\)$"),
+    pytest.param(["allgather", "--handle", "fabric"], "--handle fabric: .* they need a GPU "
+                 "backend, cuda-vmm, and the backend is host \\(auto's choice here\\)",
+                 marks=without_gpu),
+    (["allgather", "--algo", "warp"], "--algo warp: unknown algo"),
     (["ring", "--algo", "push"], "the ring op has no 'push' algorithm"),
     pytest.param(["allgather", "--algo", "pull"], "--algo pull runs GPU kernels",
                  marks=without_gpu),
@@ -199,17 +218,26 @@ def test_bad_info_input_fails_cleanly_on_every_rank(tmp_path, socket_dir, args, 
 
 
 @needs_mpiexec
-@pytest.mark.parametrize("text,message", [
-    ("- 1\n- 2\n", "must be a mapping"),
-    ("backend: host\nwarp: 9\n", "unknown option 'warp'"),
-    ("iters: many\n", "iters: expected an integer"),
+@pytest.mark.parametrize("text,flags,message", [
+    ("- 1\n- 2\n", [], "must be a mapping"),
+    ("backend: host\nwarp: 9\n", [], "config file '{path}': unknown option 'warp'"),
+    # A value from the file is named by its key and the file, not by a flag.
+    ("iters: many\n", [], "iters: many in '{path}': expected an integer"),
+    ("min_bytes: 0\n", [], "min_bytes: 0 in '{path}': must be at least 1 byte"),
+    ("max-bytes: 1K\nmin_bytes: 4K\n", [],
+     "max-bytes: 1K in '{path}' is smaller than min_bytes: 4K in '{path}'"),
+    ("min_bytes: 4K\n", ["-e", "2K"],
+     "-e/--maxbytes 2K is smaller than min_bytes: 4K in '{path}'"),
+    ("step_factor: 1\n", ["-b", "1K", "-e", "2K"], "step_factor: 1 in '{path}': must be >= 2"),
 ])
-def test_bad_yaml_fails_cleanly(tmp_path, socket_dir, text, message):
+def test_bad_yaml_fails_cleanly(tmp_path, socket_dir, text, flags, message):
     config = tmp_path / "bad.yaml"
     config.write_text(text)
-    out = run(["allgather", "--config", str(config)], n=2, timeout=90)
+    out = run(["allgather", "--config", str(config), *flags], n=2, timeout=90)
     errors = [line for line in out.stderr.splitlines() if line.startswith("ipcshare: error:")]
-    assert out.returncode != 0 and len(errors) == 2 and all(message in e for e in errors)
+    message = message.format(path=config)
+    assert out.returncode != 0 and len(errors) == 2 and all(message in e for e in errors), \
+        out.stderr
     assert "Traceback" not in out.stderr
 
 
@@ -298,6 +326,15 @@ def test_json_asked_for_by_one_rank_only(tmp_path, socket_dir, json_on):
                    timeout=60)
     assert out.returncode == 0, out.stderr
     assert target.exists() == (json_on == 0)
+
+
+@needs_mpiexec
+def test_a_flag_the_command_lacks_points_at_the_commands_help(socket_dir):
+    # It pointed at `ipcshare --help`, which does not list the command's flags.
+    out = run(["ring", "-o", "max"], n=2, timeout=60)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.splitlines() == ["ipcshare ring: error: unrecognized arguments: -o max "
+                                       "(see ipcshare ring --help)"] * 2, out.stderr
 
 
 def test_usage_errors_are_one_line():

@@ -43,8 +43,8 @@ def test_started_by_a_launcher_p2p_refuses_before_touching_a_gpu():
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["-b", "0"], "-b: must be at least 1 byte"),
-    (["-n", "0"], "iters must be >= 1"),
+    (["-b", "0"], "-b/--minbytes 0: must be at least 1 byte"),
+    (["-n", "0"], "-n/--iters 0: must be >= 1"),
     (["--json", "/nonexistent-dir/p2p.json", "--no-ipc"], "cannot write"),
 ])
 def test_bad_options_are_one_line(args, message):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import ipcshare
-from ipcshare.runtime.errors import ConfigError, SignalTimeout, WindowError
+from ipcshare.runtime.errors import ConfigError, SignalTimeout, WindowError, WindowTooLarge
 from ipcshare.window import USER_SLOT_BASE
 
 from ..resources import mapping_count, open_fd_count
@@ -117,8 +117,14 @@ def test_bad_names_raise_on_every_rank(comm):
 def test_window_larger_than_memory_fails_cleanly(comm):
     before = open_fd_count()
     with ipcshare.Group(backend="host") as g:
-        with pytest.raises(WindowError, match="more than the .* bytes available"):
+        with pytest.raises(WindowTooLarge) as caught:
             g.window(1 << 50)
+        # Sizes people read (1.0P, 22.6G), not every kilobyte of them (1099511627776K).
+        n = g.world.host_size
+        needs = f"on each of the node's {n} ranks needs {n}.0P in all" if n > 1 else "needs 1.0P"
+        assert re.search(rf"allocate failed on rank 0@.*: a window of 1\.0P {needs}, more than "
+                         r"the [0-9.]+[BKMGT] available: choose a smaller size",
+                         str(caught.value)), caught.value
     assert open_fd_count() == before
 
 

@@ -6,8 +6,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ipcshare.runtime.config import format_size, load_yaml_config, merge_options, parse_size
-from ipcshare.runtime.errors import ConfigError
+from ipcshare.runtime.config import (
+    format_size,
+    human_bytes,
+    load_yaml_config,
+    merge_options,
+    parse_size,
+)
+from ipcshare.runtime.errors import ConfigError, OptionError
 
 
 @pytest.mark.parametrize("text,value", [("1", 1), ("64", 64), ("4K", 4096), ("1M", 1 << 20),
@@ -28,6 +34,15 @@ def test_format_size_round_trips(n):
     assert parse_size(format_size(n)) == n
 
 
+def test_human_sizes():
+    assert human_bytes(None) == "-"
+    assert human_bytes(512) == "512B"
+    assert human_bytes(3 << 29) == "1.5G"
+    assert human_bytes(200 << 20) == "200M"
+    # What format_size spelled 4294967496K: no exact suffix, so it said every kilobyte.
+    assert human_bytes((4 << 40) + (200 << 10)) == "4.0T"
+
+
 def test_defaults_and_layers_later_wins():
     opts = merge_options({"min_bytes": "1K", "max_bytes": "4K", "iters": 3},
                          {"iters": 7, "backend": None})
@@ -36,20 +51,45 @@ def test_defaults_and_layers_later_wins():
 
 
 @pytest.mark.parametrize("layer,message", [
-    ({"backend": "gpu9000"}, "unknown backend 'gpu9000'"),
-    ({"exchange": "fax"}, "unknown exchange 'fax'"),
+    ({"backend": "gpu9000"}, "^backend gpu9000: unknown backend; choose one of: auto, host"),
+    ({"exchange": "fax"}, "^exchange fax: unknown exchange"),
     ({"bogus": 1}, "unknown option 'bogus'"),
-    ({"iters": "ten"}, "iters: expected an integer"),
-    ({"iters": 0}, "iters must be >= 1"),
-    ({"graph": "yes"}, "graph: expected true or false"),
-    ({"min_bytes": "2M", "max_bytes": "1M"}, "smaller than min_bytes"),
+    ({"iters": "ten"}, "^iters ten: expected an integer$"),
+    ({"iters": 0}, "^iters 0: must be >= 1$"),
+    ({"graph": "yes"}, "^graph yes: expected true or false$"),
+    ({"min_bytes": "2M", "max_bytes": "1M"}, "^max_bytes 1M is smaller than min_bytes 2M: the "
+                                             "largest size must be at least the smallest$"),
+    ({"min_bytes": "0"}, "^min_bytes 0: must be at least 1 byte"),
+    ({"max_bytes": "two words"}, "^max_bytes 'two words' is not a size"),
+    ({"step_factor": 1, "max_bytes": "4M"}, "^step_factor 1: must be >= 2 to sweep sizes from "
+                                            "min_bytes 1M to max_bytes 4M$"),
     ({"datatype": "complex256"}, "unknown datatype"),
-    ({"min_bw": -1}, "min_bw must be a non-negative"),
-    ({"register": 2}, r"register must be 0 \(arrays copied in by the library\) or 1"),
+    ({"min_bw": -1}, "^min_bw -1: must be a non-negative"),
+    ({"register": 2}, r"^register 2: must be 0 \(arrays copied in by the library\) or 1"),
 ])
-def test_bad_options(layer, message):
+def test_bad_options_name_the_key_and_the_value(layer, message):
     with pytest.raises(ConfigError, match=message):
         merge_options(layer)
+
+
+@pytest.mark.parametrize("layer", [
+    {"backend": "gpu9000"}, {"min_bytes": "0"}, {"iters": 0}, {"warmup": -1}, {"checks": -1},
+    {"step_factor": 1, "max_bytes": "4M"}, {"min_bw": float("nan")}, {"register": 2},
+    {"timing": "fast"}, {"iters": "ten"},
+])
+def test_every_refused_value_says_which_option_it_is(layer):
+    # The command line names the flag the user typed from these (cli.option_origins).
+    with pytest.raises(OptionError) as caught:
+        merge_options(layer)
+    assert caught.value.options[0][0] == next(iter(layer))
+    assert caught.value.render(lambda field, shown: f"<{field}={shown}>").startswith(
+        f"<{next(iter(layer))}=")
+
+
+def test_a_value_with_a_line_break_stays_one_line():
+    with pytest.raises(OptionError) as caught:
+        merge_options({"backend": "host\nsecond line"})
+    assert "\n" not in str(caught.value)
 
 
 def test_yaml_config_loads_a_mapping(tmp_path):
@@ -95,8 +135,8 @@ def test_timing_modes_of_the_cli_are_the_drivers():
 
     assert TIMINGS == TIMING_MODES
     assert merge_options({}, {"timing": "latency"}).timing == "latency"
-    with pytest.raises(ConfigError, match="unknown timing 'fast'; choose one of: nccl-tests, "
-                                          "latency"):
+    with pytest.raises(ConfigError, match="timing fast: unknown timing; choose one of: "
+                                          "nccl-tests, latency"):
         merge_options({}, {"timing": "fast"})
 
 

@@ -277,13 +277,6 @@ def test_outputs_are_written_as_json_and_yaml(tmp_path):
     report.check_writable(str(out_json))
 
 
-def test_human_sizes():
-    assert report.human_bytes(None) == "-"
-    assert report.human_bytes(512) == "512B"
-    assert report.human_bytes(3 << 29) == "1.5G"
-    assert report.human_bytes(200 << 20) == "200M"
-
-
 def test_the_watchdog_ends_a_stuck_process_with_one_line():
     script = ("import time\n"
               "from ipcshare.doctor.liveness import Watchdog\n"

@@ -149,3 +149,14 @@ def test_our_own_memory_sent_back_is_rejected(backend):
         backend.import_peer(exported.payload, exported.fd, 4096)
     exported.close()
     local.close()
+
+
+def test_a_fabric_handle_is_refused_not_ignored():
+    from ipcshare.backends import open_backend
+    from ipcshare.runtime.errors import OptionError
+
+    # The host backend shares memfd descriptors: it used to ignore the handle asked for.
+    with pytest.raises(OptionError, match="^handle fabric: fabric handles export cuMem "
+                                          "allocations of GPU memory: they need a GPU backend, "
+                                          "cuda-vmm, and the backend is host$"):
+        open_backend("host", handle="fabric")

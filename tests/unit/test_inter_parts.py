@@ -18,7 +18,8 @@ from ipcshare.runtime.errors import ConfigError
 def test_inter_option_from_yaml_and_flags():
     assert merge_options({}).inter == "auto"
     assert merge_options({"inter": "mpi"}, {"inter": "nccl"}).inter == "nccl"
-    with pytest.raises(ConfigError, match="unknown inter 'ib'; choose one of: auto, nccl, mpi"):
+    with pytest.raises(ConfigError,
+                       match="inter ib: unknown inter; choose one of: auto, nccl, mpi"):
         merge_options({"inter": "ib"})
     args = build_parser().parse_args(["allreduce", "--inter", "nccl"])
     assert args.inter == "nccl"
