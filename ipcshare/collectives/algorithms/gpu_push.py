@@ -8,10 +8,10 @@ collectives", has the layout and the safety argument).
 All-reduce is a two-shot: rank q reduces chunk q from every rank's pushed chunk and
 stores the result into every peer's output where the peer's header says it can reach it
 (the peer's heap, or a registered array), else into the peer's result area, from which
-the peer copies it into its output. Reduce-scatter is its first half. Each rank moves (n - 1) / n of the input
-out and in, as two-shot does, with no barrier between phases and nothing staged: the
-algorithm for the bandwidth-bound sizes, where ``auto`` takes it once runs on several
-GPUs have said from which size it wins (choice.py)."""
+the peer copies it into its output. Reduce-scatter is its first half. Each rank moves
+(n - 1) / n of the input out and in, as two-shot does, with no barrier between phases and
+nothing staged: the algorithm for the bandwidth-bound sizes, where ``auto`` takes it once
+runs on several GPUs have said from which size it wins (choice.py)."""
 
 from __future__ import annotations
 
