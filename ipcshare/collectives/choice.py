@@ -66,8 +66,8 @@ HOST_CHOICES: dict[str, dict[int, Choice]] = {
 # With 3 or more ranks
 # each rank pushes its input to every peer: not measured yet (no 4-GPU node was lent), so
 # those rows keep the measured kernels until a run says where ll stops winning.
-# The copy-engine all-reduce (gpu_copy_engine.py) and the push all-reduce and
-# reduce-scatter (gpu_push.py) have only run with ranks sharing one H100, where no speed
+# The copy-engine all-reduce (gpu_copy_engine.py) and the push all-reduce, reduce-scatter
+# and all-gather (gpu_push.py) have only run with ranks sharing one H100, where no speed
 # can be read; they join these rows once the bench suites of nvidia-h200-x2 / -x4 (and
 # tools/gpu-check.sh collectives, against NCCL in the same launch) say from which size
 # they beat one-shot and two-shot.

@@ -28,7 +28,8 @@ _REDUCING_COLLECTIVES = ("all_reduce_one_shot", "all_reduce_two_shot", "reduce_s
 KERNEL_SOURCES = {
     "allgather.cu": ("allgather_push", "allgather_pull", "allgather_ring", "allgather_scatter"),
     # collectives/gpu_path.py names them <collective>_<dtype>_<op>.
-    "collectives.cu": ("all_gather_pull_bytes", "all_gather_ll_bytes", "all_gather_stepped_bytes",
+    "collectives.cu": ("all_gather_pull_bytes", "all_gather_push_bytes", "all_gather_ll_bytes",
+                       "all_gather_stepped_bytes",
                        "publish_call",
                        *(f"stage_and_publish_{kind}"
                          for kind in ("bytes", "float32", "float16", "bfloat16", "int32")), *(

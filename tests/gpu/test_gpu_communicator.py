@@ -24,7 +24,7 @@ _TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 _BITS = {4: np.int32, 2: np.int16}
 ALGOS = {"all_reduce": ("one-shot", "two-shot", "ll", "stepped", "copy-engine", "push", "auto"),
          "reduce_scatter": ("one-shot", "ll", "stepped", "push", "auto"),
-         "all_gather": ("pull", "ll", "stepped", "auto")}
+         "all_gather": ("pull", "ll", "stepped", "push", "auto")}
 
 
 def _to_device(values: np.ndarray, dtype: str, device: int) -> torch.Tensor:
@@ -355,6 +355,7 @@ def test_algorithms_that_follow_one_another_meet_only_their_own_call(comm, backe
         tensor = torch.zeros(count, dtype=torch.float32, device=device)
         out = torch.zeros_like(tensor)
         scattered = torch.zeros(count // cm.size, dtype=torch.float32, device=device)
+        gathered = torch.zeros(count // cm.size * cm.size, dtype=torch.float32, device=device)
         for round_, algo in enumerate(_FAMILY):
             inputs = _inputs("float32", count, 500 + round_, cm.size, specials=False)
             want = reference("float32", "sum", inputs)
@@ -366,8 +367,14 @@ def test_algorithms_that_follow_one_another_meet_only_their_own_call(comm, backe
                 rs_want = reference("float32", "sum", rs_inputs)[cm.rank * block:
                                                                    (cm.rank + 1) * block]
                 cm.reduce_scatter(scattered, tensor[:block * cm.size], algo=algo, stream=stream)
+            if algo in ALGOS["all_gather"]:
+                cm.all_gather(gathered, tensor[:count // cm.size], algo=algo, stream=stream)
             cm.all_reduce(tensor, algo=algo, stream=stream)  # in place
             cm.synchronize(stream)
+            if algo in ALGOS["all_gather"]:
+                part = count // cm.size
+                assert np.array_equal(gathered.cpu().numpy(), np.concatenate(
+                    [values[:part] for values in inputs])), (round_, algo)
             assert mismatches("float32", "sum", out.cpu().numpy(), want) == 0, (round_, algo)
             assert mismatches("float32", "sum", tensor.cpu().numpy(), want) == 0, (round_, algo)
             if algo in ALGOS["reduce_scatter"]:
@@ -401,7 +408,7 @@ def test_a_copy_engine_call_waits_for_peers_still_reading_their_staging_area(com
 
 
 @pytest.mark.parametrize(("op", "algo"), [("all_reduce", "push"), ("reduce_scatter", "push"),
-                                          ("all_reduce", "two-shot")])
+                                          ("all_gather", "push"), ("all_reduce", "two-shot")])
 def test_a_silent_peer_of_a_kernel_call_is_named_by_the_timeout(comm, op, algo):
     """Rank 0 never makes a call the others make: their blocks give up waiting at the
     first tile (push) or barrier (two-shot), synchronize() names rank 0 on every other
@@ -415,10 +422,12 @@ def test_a_silent_peer_of_a_kernel_call_is_named_by_the_timeout(comm, op, algo):
             tensor = torch.ones(4096 * cm.size, device=f"cuda:{device}")
             out = torch.zeros(4096 if op == "reduce_scatter" else 4096 * cm.size,
                               device=f"cuda:{device}")
+            if op == "all_gather":
+                tensor, out = tensor[:4096], torch.zeros(4096 * cm.size, device=f"cuda:{device}")
             call = getattr(cm, op)
 
             def make_call():
-                if op == "reduce_scatter":
+                if op in ("reduce_scatter", "all_gather"):
                     call(out, tensor, algo=algo)
                 else:
                     call(tensor, output=out, algo=algo)

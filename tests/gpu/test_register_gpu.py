@@ -140,7 +140,7 @@ def test_torch_expandable_segments_are_shared_by_posix_fd(setup, expandable_segm
 # Calls on registered tensors: peers read them in place (no copy into the window).
 _REDUCE_ALGOS = {"all_reduce": ("one-shot", "two-shot", "stepped", "push", "auto"),
                  "reduce_scatter": ("one-shot", "stepped", "push", "auto"),
-                 "all_gather": ("pull", "stepped", "auto")}
+                 "all_gather": ("pull", "stepped", "push", "auto")}
 
 
 def _run_call(comm, collective: str, source, algo: str, n: int):
@@ -199,18 +199,23 @@ def test_calls_read_registered_tensors_in_place_at_any_offset(setup, collective,
     assert comm.registered == 0
 
 
+@pytest.mark.parametrize("op", ["all_reduce", "all_gather"])
 @pytest.mark.parametrize("where", ["heap", "registered", "rank 0 only", "in place"])
-def test_push_all_reduce_stores_into_outputs_the_peers_can_reach(setup, where):
+def test_push_stores_into_outputs_the_peers_can_reach(setup, where, op):
     """Where a rank's output lies in its heap or in a registered array, its peers store
-    their reduced chunks into it directly (the header says where) and it copies nothing;
-    elsewhere they go through its result area. Outputs at a different offset on each
-    rank, one rank reachable and the other not, and in place on a registered tensor
+    their reduced chunks (all-gather: their blocks) into it directly (the header says
+    where) and it copies nothing; elsewhere they go through its result area (inbox).
+    Outputs at a different offset on each rank, one rank reachable and the other not, and
+    in place on a registered tensor
     (peers store into the input's chunks after this rank has pushed them out); three
     calls with new data each."""
     g, comm = setup
     me, n = g.rank, g.size
     device = f"cuda:{g.backend.device}"
     count = 4096 * n + 4 * n + 3  # chunks that do not end on 16-byte vectors
+    part = count // n  # all-gather: each rank's block of the output
+    if op == "all_gather":
+        count = part * n
     holder = torch.zeros(count + 64 * (me + 1), dtype=torch.float32, device=device)
     reachable = holder[64 * (me + 1):]
     if where != "heap":
@@ -225,13 +230,21 @@ def test_push_all_reduce_stores_into_outputs_the_peers_can_reach(setup, where):
         for call in range(3):
             inputs = [torch.arange(count, dtype=torch.float32) % (13 + call) + r * 1000
                       for r in range(n)]
-            want = sum(inputs[1:], inputs[0]).to(device)
-            if where == "in place":
-                out.copy_(inputs[me].to(device))
-                comm.all_reduce(out, algo="push")
+            if op == "all_gather":
+                want = torch.cat([values[:part] for values in inputs]).to(device)
+                if where == "in place":
+                    out[me * part:(me + 1) * part].copy_(inputs[me][:part].to(device))
+                    comm.all_gather(out, out[me * part:(me + 1) * part], algo="push")
+                else:
+                    comm.all_gather(out, inputs[me][:part].to(device), algo="push")
             else:
-                source = inputs[me].to(device)
-                comm.all_reduce(source, output=out, algo="push")
+                want = sum(inputs[1:], inputs[0]).to(device)
+                if where == "in place":
+                    out.copy_(inputs[me].to(device))
+                    comm.all_reduce(out, algo="push")
+                else:
+                    source = inputs[me].to(device)
+                    comm.all_reduce(source, output=out, algo="push")
             comm.synchronize()
             assert torch.equal(out, want), (where, call)
     finally:

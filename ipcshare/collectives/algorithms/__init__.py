@@ -20,6 +20,7 @@ _REGISTRY: dict[tuple[str, str], dict[str, str]] = {
                              "two-shot": "host_two_shot:HostTwoShotAllReduce"},
     ("host", "reduce_scatter"): {"one-shot": "host_one_shot:HostOneShotReduceScatter"},
     ("cuda", "all_gather"): {"pull": "gpu_pull_all_gather:GpuPullAllGather",
+                             "push": "gpu_push:GpuPushAllGather",
                              "ll": "gpu_low_latency:GpuLowLatencyAllGather",
                              "stepped": "gpu_stepped:GpuSteppedAllGather"},
     ("cuda", "all_reduce"): {"one-shot": "gpu_one_shot:GpuOneShotAllReduce",

@@ -1,4 +1,4 @@
-"""GPU push all-reduce and reduce-scatter: every byte between GPUs is a store of the SMs
+"""GPU push all-reduce, reduce-scatter and all-gather: every byte between GPUs is a store of the SMs
 into a peer's window, never a remote load (the fanned-out push all-gather stored 316-352
 GB/s over NVLink on 2 H200s where the pull kernel's loads came back at about 240), and
 each block signals its slice tile by tile, so its stores of the next tile stay in flight
@@ -11,7 +11,9 @@ stores the result into every peer's output where the peer's header says it can r
 the peer copies it into its output. Reduce-scatter is its first half. Each rank moves
 (n - 1) / n of the input out and in, as two-shot does, with no barrier between phases and
 nothing staged: the algorithm for the bandwidth-bound sizes, where ``auto`` takes it once
-runs on several GPUs have said from which size it wins (choice.py)."""
+runs on several GPUs have said from which size it wins (choice.py). All-gather stores
+each tile of the input, loaded once, into every peer's output where reachable, else into
+its inbox, after one meeting at the start (the first store needs the peer's place)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from typing import ClassVar
 from ..agreement import Signature
 from .gpu_kernel import GpuCall, GpuKernelAlgorithm
 
-__all__ = ["GpuPushAllReduce", "GpuPushReduceScatter"]
+__all__ = ["GpuPushAllGather", "GpuPushAllReduce", "GpuPushReduceScatter"]
 
 
 class _Push(GpuKernelAlgorithm):
@@ -64,3 +66,16 @@ class GpuPushReduceScatter(_Push):
 
     def sliced_bytes(self, signature: Signature, size: int) -> int:
         return signature.nbytes // max(size, 1)
+
+
+class GpuPushAllGather(_Push):
+    """Any dtype (bytes move); in place, peers store only into the blocks that are not
+    this rank's input."""
+
+    name = "push"
+    op = "all_gather"
+    kernel = "all_gather_push_bytes"
+    bytes_per_block = 16 << 10
+
+    def entry(self, signature: Signature) -> str:
+        return self.kernel

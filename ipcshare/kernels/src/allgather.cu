@@ -66,31 +66,13 @@ __device__ __forceinline__ void fanout_slice(char* const* dsts, int ndst, const 
     for (int p = 0; p < ndst; ++p) copy_slice(dsts[p], src, bytes);
     return;
   }
-  constexpr int kUnroll = 4;
-  const uint4* s = reinterpret_cast<const uint4*>(src);
-  const unsigned long long stride = (unsigned long long)blockDim.x * kUnroll;
-  for (unsigned long long base = first + threadIdx.x; base < last; base += stride) {
-    uint4 v[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const unsigned long long i = base + (unsigned long long)u * blockDim.x;
-      if (i < last) v[u] = s[i];
-    }
-    for (int p = 0; p < ndst; ++p) {
-      uint4* d = reinterpret_cast<uint4*>(dsts[p]);
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const unsigned long long i = base + (unsigned long long)u * blockDim.x;
-        if (i < last) d[i] = v[u];
-      }
-    }
-  }
-  // The tail that is not a whole vector: the last block, bytes.
-  const unsigned long long tail = vectors_total * 16;
-  if (blockIdx.x == gridDim.x - 1) {
-    for (unsigned long long i = tail + threadIdx.x; i < bytes; i += blockDim.x)
-      for (int p = 0; p < ndst; ++p) dsts[p][i] = src[i];
-  }
+  // This block's whole vectors; the last block also takes the bytes after the last one.
+  const unsigned long long begin = (first < vectors_total ? first : vectors_total) * 16;
+  const unsigned long long end = blockIdx.x == gridDim.x - 1 ? bytes : last * 16;
+  if (begin >= end) return;
+  char* mine[ipcshare::kMaxRanks];
+  for (int p = 0; p < ndst; ++p) mine[p] = dsts[p] + begin;
+  ipcshare::block_fanout(mine, ndst, src + begin, end - begin);
 }
 
 __device__ __forceinline__ void push(const AllGatherArgs& a, u64 epoch) {

@@ -781,8 +781,8 @@ __device__ __forceinline__ void push_to_inbox(const CollectiveArgs& a, const Cal
   if (last > count) last = count;
   if (first >= last) return;
   char* inbox = a.windows[q] + a.staging_offset[call.parity];
-  ipcshare::block_copy_wide(inbox + (a.rank * slot_stride + tile.begin) * size,
-                            a.input + first * size, (last - first) * size);
+  char* slot = inbox + (a.rank * slot_stride + tile.begin) * size;
+  ipcshare::block_fanout(&slot, 1, a.input + first * size, (last - first) * size);
 }
 
 // Publish where our output lies (the kHeaderOutput* words of this call's header).
@@ -794,17 +794,19 @@ __device__ __forceinline__ void publish_output(const CollectiveArgs& a, int pari
   h[kHeaderOutputRegistration] = a.output_registration_row;
 }
 
-// After the first wait (the peers' headers are published): where to store our reduced
-// chunk for each peer, as a pointer to element 0 of its output when the peer's output is
-// within our reach (its heap or a registered array), else to its result area. Every
-// thread of the block gets the same places.
+// After the first wait (the peers' headers are published): where to store into each
+// peer, as a pointer to byte 0 of its output when the peer's output is within our reach
+// (its heap or a registered array), else to byte 0 of its area at `fallback_offset` of its
+// window (the all-reduce's result area, the all-gather's inbox). Every thread of the
+// block gets the same places.
 __device__ __forceinline__ void result_places(const CollectiveArgs& a, const Call& call,
+                                              unsigned long long fallback_offset,
                                               char** places) {
   if (threadIdx.x < a.nranks) {
     const int r = threadIdx.x;
     const u64* h = header(a.pads[r], a, call.parity);
     const u64 flags = h[kHeaderOutputFlags];
-    char* base = a.windows[r] + a.result_offset[call.parity];
+    char* base = a.windows[r] + fallback_offset;
     if (flags & kFlagZeroCopy) {
       base = (flags & kFlagRegistered)
           ? reinterpret_cast<char*>(a.registrations[h[kHeaderOutputRegistration] * kMaxRanks + r])
@@ -846,7 +848,7 @@ __device__ void all_reduce_push(const CollectiveArgs& a) {
       const unsigned long long t = step - 1;
       push_wait(a, call, 0, t);
       if (call.failed) break;
-      if (t == 0) result_places(a, call, places);
+      if (t == 0) result_places(a, call, a.result_offset[call.parity], places);
       const Slice tile = tiles.tile(t);
       const unsigned long long first = a.rank * chunk + tile.begin;
       unsigned long long last = a.rank * chunk + tile.end;
@@ -922,6 +924,63 @@ __device__ void reduce_scatter_push(const CollectiveArgs& a) {
                                    : inbox + (r * stride + tile.begin) * size;
         char* outs[1] = {a.output + tile.begin * size};
         reduce_range<T, OP>(outs, 1, sources, a.nranks, 0, tile.end - tile.begin);
+      }
+    }
+    if (pushed != 0) push_signal(a, call, pushed, 0);
+  }
+  ipcshare::end_epoch(a.pads[a.rank], a.epoch_word, call.epoch);
+}
+
+// All-gather (bytes; count is the input's): rank r's input goes to block r of every
+// output. A peer's output place is needed before the first store, so the blocks first
+// meet once on their words 1 (each publishes its header, then learns the peers'); then
+// tile j of the input goes, loaded once, to every peer's output where reachable, else to
+// slot r of its inbox (staging area of the parity, slots `count` bytes apart), and to our
+// own block unless in place; a rank whose output is out of reach copies each peer's tile
+// from its inbox once that peer has signalled it.
+__device__ void all_gather_push(const CollectiveArgs& a) {
+  const unsigned long long nbytes = a.count;
+  const Tiles tiles(block_slice(nbytes, 16), 16, 1, a.push_tile_bytes);
+  Call call;
+  begin_call(a, call);
+  if (threadIdx.x == 0) {
+    publish_header(a, call.parity);
+    publish_output(a, call.parity);
+  }
+  const int entered = barrier_slots(a, 1);
+  ipcshare::block_signal(a.pads, a.rank, a.nranks, entered, barrier_value(call.epoch, 1));
+  read_headers(a, call, ipcshare::block_wait(a.pads, a.rank, a.nranks, entered,
+                                             barrier_value(call.epoch, 1), a.timeout_ns,
+                                             call.epoch));
+  __shared__ char* places[kMaxRanks];
+  if (!call.failed) result_places(a, call, a.staging_offset[call.parity], places);
+  char* own_block = a.output + a.rank * nbytes;
+  const char* inbox = a.windows[a.rank] + a.staging_offset[call.parity];
+  // Step j: store tile j everywhere; wait for the peers' tile j - 1 and copy it from the
+  // inbox if they could not reach our output; signal tile j.
+  for (unsigned long long step = 0; step < tiles.count + 1 && !call.failed; ++step) {
+    unsigned long long pushed = 0;
+    if (step < tiles.count) {
+      const Slice tile = tiles.tile(step);
+      char* dsts[kMaxRanks];
+      int ndst = 0;
+      for (int i = 1; i < a.nranks; ++i)
+        dsts[ndst++] = places[(a.rank + i) % a.nranks] + a.rank * nbytes + tile.begin;
+      if (own_block != a.input) dsts[ndst++] = own_block + tile.begin;
+      ipcshare::block_fanout(dsts, ndst, a.input + tile.begin, tile.end - tile.begin);
+      pushed = step + 1;
+    }
+    if (step >= 1) {
+      const unsigned long long t = step - 1;
+      push_wait(a, call, 0, t);
+      if (call.failed) break;
+      if (a.output_mapped == 0) {
+        const Slice tile = tiles.tile(t);
+        for (int i = 1; i < a.nranks; ++i) {
+          const int source = (a.rank + i) % a.nranks;
+          ipcshare::block_copy(a.output + source * nbytes + tile.begin,
+                               inbox + source * nbytes + tile.begin, tile.end - tile.begin);
+        }
       }
     }
     if (pushed != 0) push_signal(a, call, pushed, 0);
@@ -1182,6 +1241,7 @@ IPCSHARE_ALL_TYPES(all_reduce_push)
 IPCSHARE_ALL_TYPES(reduce_scatter_push)
 
 extern "C" __global__ void all_gather_pull_bytes(CollectiveArgs a) { one_kernel<PullAllGather>(a); }
+extern "C" __global__ void all_gather_push_bytes(CollectiveArgs a) { all_gather_push(a); }
 extern "C" __global__ void all_gather_stepped_bytes(CollectiveArgs a) {
   after_meet<PullAllGather>(a);
 }

@@ -17,20 +17,23 @@ __device__ __forceinline__ void block_copy(char* dst, const char* src, unsigned 
   for (unsigned long long i = done + threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
 }
 
-// block_copy with four 16-byte loads in flight per thread before their stores, for copies
-// into a peer's memory: a thread that waited for each load before its store would keep
-// too few bytes on the link (the all-gather push kernel's fan-out loads ahead the same way).
-__device__ __forceinline__ void block_copy_wide(char* dst, const char* src,
-                                                unsigned long long n) {
-  if (((((unsigned long long)dst) | ((unsigned long long)src)) & 15ull) != 0) {
-    block_copy(dst, src, n);
+// Copy bytes [0, n) from src to each of the `ndst` destinations with the threads of the
+// calling block, loading each 16-byte vector once and storing it to every destination, so
+// the stores to all of them are on the links together. Four loads are in flight per thread
+// before their stores: a thread that waited for each load before its store would keep too
+// few bytes on a link to a peer.
+__device__ __forceinline__ void block_fanout(char* const* dsts, int ndst, const char* src,
+                                             unsigned long long n) {
+  unsigned long long aligned = (unsigned long long)src;
+  for (int d = 0; d < ndst; ++d) aligned |= (unsigned long long)dsts[d];
+  if ((aligned & 15ull) != 0) {
+    for (int d = 0; d < ndst; ++d) block_copy(dsts[d], src, n);
     return;
   }
   constexpr int kUnroll = 4;
   const unsigned long long vectors = n / 16;
   const unsigned long long stride = (unsigned long long)blockDim.x * kUnroll;
   const uint4* s = reinterpret_cast<const uint4*>(src);
-  uint4* d = reinterpret_cast<uint4*>(dst);
   for (unsigned long long base = threadIdx.x; base < vectors; base += stride) {
     uint4 v[kUnroll];
 #pragma unroll
@@ -38,13 +41,17 @@ __device__ __forceinline__ void block_copy_wide(char* dst, const char* src,
       const unsigned long long i = base + (unsigned long long)u * blockDim.x;
       if (i < vectors) v[u] = s[i];
     }
+    for (int d = 0; d < ndst; ++d) {
+      uint4* out = reinterpret_cast<uint4*>(dsts[d]);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const unsigned long long i = base + (unsigned long long)u * blockDim.x;
-      if (i < vectors) d[i] = v[u];
+      for (int u = 0; u < kUnroll; ++u) {
+        const unsigned long long i = base + (unsigned long long)u * blockDim.x;
+        if (i < vectors) out[i] = v[u];
+      }
     }
   }
-  for (unsigned long long i = vectors * 16 + threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+  for (unsigned long long i = vectors * 16 + threadIdx.x; i < n; i += blockDim.x)
+    for (int d = 0; d < ndst; ++d) dsts[d][i] = src[i];
 }
 
 }  // namespace ipcshare
