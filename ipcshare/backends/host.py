@@ -54,6 +54,11 @@ class HostBuffer(Buffer):
         """A writable memoryview of the bytes (buffer protocol)."""
         return self._view
 
+    def __buffer__(self, flags: int) -> memoryview:
+        # The buffer protocol for Python classes (PEP 688, Python 3.12+): memoryview(buf),
+        # bytes(buf), file.write(buf). Python 3.11 ignores it; use buf.memoryview() there.
+        return self._view
+
     def numpy(self, dtype: str | np.dtype = "u1") -> np.ndarray:
         """A zero-copy numpy view with ``dtype`` elements."""
         return np.asarray(self).view(dtype)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import struct
+import sys
 
 import numpy as np
 import pytest
@@ -48,6 +49,17 @@ def test_views_are_zero_copy_and_keep_memory_alive(backend):
     local.close()          # the numpy view still holds the mapping: no crash on access
     assert view[0] == 7
     del view
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12),
+                    reason="the buffer protocol of Python classes (__buffer__) needs 3.12")
+def test_a_host_buffer_speaks_the_buffer_protocol(backend):
+    local = backend.allocate(4096)
+    view = memoryview(local.buffer(8, 8))
+    view[:] = b"ipcshare"
+    assert bytes(local.buffer(8, 8)) == b"ipcshare" and not view.readonly
+    view.release()
+    local.close()
 
 
 def test_close_releases_descriptors_and_mappings(backend, importer):
