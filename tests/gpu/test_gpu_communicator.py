@@ -10,9 +10,10 @@ import pytest
 
 import ipcshare
 from ipcshare.collectives.scratch import LL_MAX_BYTES
-from ipcshare.runtime.errors import CollectiveError, SignalTimeout
+from ipcshare.runtime.errors import CollectiveError
 from tests.reduction_reference import NUMPY_DTYPES, mismatches, reference, seeded_values
 
+from .silent_peer import assert_rank_zero_is_named_when_silent
 from .torch_communicator import torch_communicator
 
 torch = pytest.importorskip("torch")
@@ -419,33 +420,18 @@ def test_a_silent_peer_of_a_kernel_call_is_named_by_the_timeout(comm, op, algo):
         device = group.backend.device
         torch.cuda.set_device(device)
         with group.communicator(max_bytes=1 << 20) as cm:
-            tensor = torch.ones(4096 * cm.size, device=f"cuda:{device}")
-            out = torch.zeros(4096 if op == "reduce_scatter" else 4096 * cm.size,
-                              device=f"cuda:{device}")
-            if op == "all_gather":
-                tensor, out = tensor[:4096], torch.zeros(4096 * cm.size, device=f"cuda:{device}")
-            call = getattr(cm, op)
+            block = torch.ones(4096, device=f"cuda:{device}")
+            whole = torch.ones(4096 * cm.size, device=f"cuda:{device}")
+            out = torch.zeros_like(whole)
+            if op == "all_reduce":
+                def make_call():
+                    cm.all_reduce(whole, output=out, algo=algo)
+            else:  # a block is the output of reduce-scatter and the input of all-gather
+                output, source = (out[:4096], whole) if op == "reduce_scatter" else (out, block)
 
-            def make_call():
-                if op in ("reduce_scatter", "all_gather"):
-                    call(out, tensor, algo=algo)
-                else:
-                    call(tensor, output=out, algo=algo)
-            make_call()  # agreed and bound by every rank
-            cm.synchronize()
-            comm.Barrier()
-            outcome = "ok"
-            if group.rank != 0:
-                make_call()
-                try:
-                    cm.synchronize()
-                except SignalTimeout as exc:
-                    outcome = str(exc)
-            comm.Barrier()
-            if group.rank == 0:
-                assert outcome == "ok"
-            else:
-                assert "gave up waiting for rank 0@" in outcome, outcome
+                def make_call():
+                    getattr(cm, op)(output, source, algo=algo)
+            assert_rank_zero_is_named_when_silent(comm, group.rank, cm, make_call)
 
 
 def test_misuse_raises_on_the_calling_rank(setup):

@@ -12,9 +12,9 @@ import pytest
 import ipcshare
 from ipcshare.collectives import gpu_path
 from ipcshare.collectives.scratch import LL_MAX_BYTES
-from ipcshare.runtime.errors import SignalTimeout
 from tests.reduction_reference import NUMPY_DTYPES, mismatches, reference, seeded_values
 
+from .silent_peer import assert_rank_zero_is_named_when_silent
 from .torch_communicator import torch_communicator
 
 torch = pytest.importorskip("torch")
@@ -197,18 +197,5 @@ def test_a_silent_peer_is_named_by_the_timeout(comm):
         torch.cuda.set_device(device)
         with group.communicator(max_bytes=1 << 16) as cm:
             tensor = torch.ones(1024, device=f"cuda:{device}")
-            cm.all_reduce(tensor, algo="ll")  # agreed and bound by every rank
-            cm.synchronize()
-            comm.Barrier()
-            outcome = "ok"
-            if group.rank != 0:  # rank 0 stays silent: the others must give up on it
-                cm.all_reduce(tensor, algo="ll")
-                try:
-                    cm.synchronize()
-                except SignalTimeout as exc:
-                    outcome = str(exc)
-            comm.Barrier()
-            if group.rank == 0:
-                assert outcome == "ok"
-            else:
-                assert "gave up waiting for rank 0@" in outcome, outcome
+            assert_rank_zero_is_named_when_silent(
+                comm, group.rank, cm, lambda: cm.all_reduce(tensor, algo="ll"))
