@@ -459,44 +459,40 @@ class GpuPath:
                              FLAG_BARRIER_SLOT_BASE + FLAG_BARRIER_RANKS))
         return found
 
+    def _reach(self, ptr: int, nbytes: int, may_alias: bool = True) -> tuple[int, int, int]:
+        """How peers reach the ``nbytes`` at ``ptr``: ``(mode, registration row,
+        offset)``, the mode ``_IN_HEAP`` (offset into the heap), ``_REGISTERED`` (offset
+        into that registered array) or ``_STAGED`` (not at all; row and offset 0)."""
+        offset = ptr - self._local_ptr
+        if not may_alias:
+            return _STAGED, 0, 0
+        if self.layout.in_heap(offset, nbytes):
+            return _IN_HEAP, 0, offset
+        if nbytes:
+            found = self.registered_row(ptr, nbytes)
+            if found is not None:
+                row, offset = found
+                return _REGISTERED, row, offset
+        return _STAGED, 0, 0
+
     def _place(self, args: Any, signature: Signature, algorithm: Algorithm,
                input_ref: ArrayRef, output_ref: ArrayRef, in_place: bool) -> bool:
         """Point ``args`` at the call's arrays; return whether the call makes no copy of
         the input: peers read it in place (it lies in the heap or in a registered array,
         and in place only where the algorithm allows it), or the algorithm never stages
-        (``stages_input``); else the kernel stages it."""
-        nbytes = signature.nbytes
-        offset = input_ref.ptr - self._local_ptr
+        (``stages_input``); else the kernel stages it. Also say whether peers can reach
+        the output, so the push collectives store results there themselves."""
         may_alias = not in_place or algorithm.aliasing_safe
-        mode = _IN_HEAP if may_alias and self.layout.in_heap(offset, nbytes) else _STAGED
-        row = None
-        if mode == _STAGED and may_alias and nbytes:
-            found = self.registered_row(input_ref.ptr, nbytes)
-            if found is not None:
-                mode, (row, offset) = _REGISTERED, found
+        mode, row, offset = self._reach(input_ref.ptr, signature.nbytes, may_alias)
         args.input = input_ref.ptr
         args.output = output_ref.ptr
         args.zero_copy = mode
-        args.input_offset = offset if mode != _STAGED else 0
-        args.registration_row = row or 0
+        args.input_offset = offset
+        args.registration_row = row
         args.registrations = self._table.ptr
-        self._place_output(args, output_ref)
+        (args.output_mapped, args.output_registration_row,
+         args.output_offset) = self._reach(output_ref.ptr, output_ref.nbytes)
         return mode != _STAGED or not algorithm.stages_input
-
-    def _place_output(self, args: Any, output_ref: ArrayRef) -> None:
-        """Say in ``args`` whether peers can reach the output (in the heap, or in a
-        registered array), so the push all-reduce stores results there itself."""
-        offset = output_ref.ptr - self._local_ptr
-        mode, row = _STAGED, 0
-        if self.layout.in_heap(offset, output_ref.nbytes):
-            mode = _IN_HEAP
-        elif output_ref.nbytes:
-            found = self.registered_row(output_ref.ptr, output_ref.nbytes)
-            if found is not None:
-                mode, (row, offset) = _REGISTERED, found
-        args.output_mapped = mode
-        args.output_offset = offset if mode != _STAGED else 0
-        args.output_registration_row = row
 
     def _function(self, entry: str) -> Any:
         function = self._functions.get(entry)

@@ -9,6 +9,8 @@ import pytest
 
 import ipcshare
 from ipcshare.backends.device_buffer import DeviceArray
+from ipcshare.collectives.algorithms import algorithm
+from ipcshare.collectives.choice import choose
 from ipcshare.runtime.errors import BackendError
 
 pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
@@ -157,6 +159,16 @@ def _run_call(comm, collective: str, source, algo: str, n: int):
     return out
 
 
+def _copies_input(comm, g, collective: str, algo: str, largest_nbytes: int) -> bool:
+    """Whether ``algo`` (``auto`` resolved as the communicator resolves it, by the call's
+    largest array) copies an unregistered input in: the one-shot family stages it; ll
+    and push never do, since no peer reads it."""
+    if algo == "auto":
+        algo = choose(comm.memory, collective, largest_nbytes, g.size,
+                      shared_gpus=bool(g.time_sliced_gpus))
+    return algorithm(comm.memory, collective, algo).stages_input
+
+
 def _expected(collective: str, count: int, me: int, n: int, device):
     """What every rank's input ``arange(count) % 11 + rank`` gives: exact in float32."""
     base = torch.arange(count, device=device, dtype=torch.float32) % 11
@@ -189,12 +201,13 @@ def test_calls_read_registered_tensors_in_place_at_any_offset(setup, collective,
         right = bool(torch.equal(out, _expected(collective, count, me, n, device)))
     finally:
         comm.unregister(holder)
-    # Unregistered: the same call copies the input in again (push never copies: peers
-    # read nothing of ours), with the same result.
+    # Unregistered: the same call copies the input in again where its algorithm stages
+    # inputs, with the same result.
     before = comm.copies_in
     again = _run_call(comm, collective, source, algo, n)
     comm.synchronize()
-    copied = comm.copies_in == before + (algo != "push")
+    largest = max(source.numel(), out.numel()) * source.element_size()
+    copied = comm.copies_in == before + _copies_input(comm, g, collective, algo, largest)
     assert (right, zero_copy, bool(torch.equal(again, out)), copied) == (True,) * 4
     assert comm.registered == 0
 

@@ -738,13 +738,14 @@ struct Tiles {
 };
 
 // Wait for tile t's signals on `phase`'s words. At tile 0 it also reads the headers (the
-// peers published theirs before their first signal) and compares digests.
+// peers published theirs before their first signal) and compares digests, unless the
+// block has done so already (`headers_read`: the all-gather's entry meeting).
 __device__ __forceinline__ void push_wait(const CollectiveArgs& a, Call& call, int phase,
-                                          unsigned long long t) {
+                                          unsigned long long t, bool headers_read = false) {
   const bool met = ipcshare::block_wait(a.pads, a.rank, a.nranks, barrier_slots(a, phase),
                                         barrier_value(call.epoch, t + 1), a.timeout_ns,
                                         call.epoch);
-  if (phase == 0 && t == 0) read_headers(a, call, met);
+  if (phase == 0 && t == 0 && !headers_read) read_headers(a, call, met);
   else call.failed = call.failed || !met;
 }
 
@@ -972,7 +973,7 @@ __device__ void all_gather_push(const CollectiveArgs& a) {
     }
     if (step >= 1) {
       const unsigned long long t = step - 1;
-      push_wait(a, call, 0, t);
+      push_wait(a, call, 0, t, /*headers_read=*/true);
       if (call.failed) break;
       if (a.output_mapped == 0) {
         const Slice tile = tiles.tile(t);
