@@ -55,7 +55,9 @@
 #           (--baseline nccl); results.jsonl rows carry "inter_case" (op-engine-2xL)
 #
 # Writes under ${OUT:-out}: gpu-check.log (everything), results.jsonl (one result document
-# per line), info.json (ipcshare info), summary.txt. Keeps going after a failure and exits
+# per line), info.json (ipcshare info), summary.txt, and after collective sweeps
+# auto-rows.md (tools/auto_rows.py: each algorithm per size beside NCCL's best, and the
+# rows they propose for auto's table). Keeps going after a failure and exits
 # non-zero at the end if any step failed. Each step runs under `timeout`.
 #
 # Knobs: SHARED_MPS=0 (shared phase without its MPS half), BENCH_MAX (largest size, default 1G), BENCH_ITERS (default 20), BENCH_BASELINE
@@ -748,6 +750,12 @@ if [[ $G -ge 2 ]] && wants inter; then
   done
 elif wants inter; then
   log "inter: needs 2 GPUs (two virtual nodes of one GPU each at least); skipped"
+fi
+
+# Every collective sweep of this run (collectives, latency phases) side by side per size,
+# NCCL's best beside them, and auto's proposed rows (tools/auto_rows.py).
+if grep -q '"collective_case"' "$RESULTS" 2>/dev/null; then
+  step "auto rows from the sweeps" 60 bash -c '"$0" tools/auto_rows.py "$1/results.jsonl" --out "$1/auto-rows.md"' "$PY" "$OUT"
 fi
 
 log ""
