@@ -34,8 +34,9 @@ class AutoAllGather(AllGather):
         # Ranks sharing a GPU take turns on it in time slices (without MPS): a kernel that
         # spins on a peer's flag holds the GPU while that peer cannot run, and copies
         # issued by both contexts at once keep preempting each other. One rank per GPU
-        # moves the bytes, between barriers met on the host (docs/GPU.md).
-        if window.shared_gpus:
+        # moves the bytes, between barriers met on the host (docs/GPU.md). Under MPS the
+        # ranks of a GPU run side by side, and the usual kernels are faster.
+        if window.time_sliced_gpus:
             return "leader"
         # A graph-safe view (Window.on_stream(..., graph_safe=True)) is what gets captured.
         return choose_allgather(plan.size, window.world_size,

@@ -161,7 +161,8 @@ SHARED_GPU_BARRIERS = ("host", "stream")
 
 
 def shared_gpu_barrier() -> str:
-    """How barriers meet when ranks share a GPU, from ``IPCSHARE_SHARED_GPU_BARRIER``:
+    """How barriers meet when ranks share a GPU whose contexts take turns in time slices
+    (not every one an MPS client), from ``IPCSHARE_SHARED_GPU_BARRIER``:
     ``host`` (default: wait for the stream, then meet on the host) or ``stream`` (stream
     memory operations, as on GPUs of their own; kept to measure the difference).
 

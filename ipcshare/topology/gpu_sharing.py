@@ -47,8 +47,8 @@ def shared_gpus_advice(shared: dict[Any, list[int]],
         who = "; ".join(f"{format_ranks(ranks)} on GPU {_short_uuid(uuid)}"
                         for uuid, ranks in shared.items())
         return (f"GPUs shared by several ranks ({who}) run them side by side under MPS: "
-                "communicators use their usual kernels, while barriers still meet on the "
-                "host and auto all-gathers with one rank per GPU")
+                "barriers, all-gathers and communicators use their usual kernels, as on "
+                "GPUs of their own (the ranks share the GPU's bandwidth)")
     who = "; ".join(f"{format_ranks(ranks)} on GPU {_short_uuid(uuid)}"
                     for uuid, ranks in time_sliced.items())
     return (f"GPUs shared by several ranks ({who}): without MPS their contexts take turns in "

@@ -36,7 +36,7 @@ class BarrierParts(Protocol):
     engine: Any
     paths: PathPlan
     staged: Any  # the staged copies, None where every peer of the node is mapped
-    shared_gpus: dict[str, list[int]]
+    time_sliced_gpus: dict[str, list[int]]  # GPUs whose contexts take turns
     signal_timeout: float
 
 
@@ -172,7 +172,7 @@ class WindowBarriers:
         world = self.window.world
         if not _ORDERED_HOST_STORES and not self.window.backend.device_memory:
             return world.local_comm.Barrier
-        if self.window.shared_gpus and shared_gpu_barrier() == "host":
+        if self.window.time_sliced_gpus and shared_gpu_barrier() == "host":
             return self._make_host_synchronised_barrier(engine)
         others = self.window.paths.direct_peers(world.rank)
 

@@ -255,7 +255,8 @@ class Group:
         window = Window(nbytes, world=self.world, backend=self.backend,
                         exchange=self.exchange, rendezvous=self.rendezvous, paths=self.paths,
                         fallbacks_anywhere=self.fallbacks_anywhere,
-                        shared_gpus=self.shared_gpus, signal_timeout=self.signal_timeout,
+                        shared_gpus=self.shared_gpus, time_sliced_gpus=self.time_sliced_gpus,
+                        signal_timeout=self.signal_timeout,
                         on_close=self._forget, group=self)
         self._windows.append(window)
         return window

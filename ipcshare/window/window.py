@@ -44,7 +44,8 @@ class Window:
 
     def __init__(self, nbytes: int, *, world: World, backend: Backend, exchange: Exchange,
                  rendezvous: Rendezvous, paths: PathPlan, fallbacks_anywhere: bool,
-                 shared_gpus: dict[str, list[int]], signal_timeout: float,
+                 shared_gpus: dict[str, list[int]],
+                 time_sliced_gpus: dict[str, list[int]], signal_timeout: float,
                  on_close: Callable[[Window], None] | None = None,
                  group: Any = None) -> None:
         # The group this window belongs to, for callers that want the rest of it (its
@@ -56,8 +57,13 @@ class Window:
         # How each pair of the node reaches the other: pairs without peer access copy
         # through relays and host memory (staged_copy).
         self.paths = paths
-        # GPU UUID -> the node's world ranks on it, for GPUs that several ranks use.
+        # GPU UUID -> the node's world ranks on it, for GPUs that several ranks use, and
+        # those of them whose contexts take turns in time slices (not all MPS clients).
+        # Only the latter need barriers met on the host and patterns that keep one
+        # context's work on a GPU at a time; under MPS the contexts run side by side
+        # and the usual kernels serve (docs/GPU.md, "Several ranks on one GPU").
         self.shared_gpus = shared_gpus
+        self.time_sliced_gpus = time_sliced_gpus
         self.signal_timeout = signal_timeout
         # Whether some node of the job has a pair without peer access (then every rank
         # joins the pinned-inbox exchange of each window: a job-wide collective).
@@ -309,7 +315,7 @@ class Window:
             raise WindowError(f"a {self.backend.name} window has no CUDA streams to bind "
                               "a view to: call the window's own methods")
         engine = self._engine_on(stream)
-        if graph_safe and self.shared_gpus:
+        if graph_safe and self.time_sliced_gpus:
             barrier = self._barriers.graph_flag_barrier(engine)
         elif graph_safe:
             self._barriers.load_device_barrier(engine)
@@ -402,7 +408,7 @@ class Window:
         engine = self.engine
         me = self.world.rank
         pads = [self._pads.get(me)] + [self._pads.get(rank)
-                                       for ranks in self.shared_gpus.values()
+                                       for ranks in self.time_sliced_gpus.values()
                                        if me in ranks for rank in ranks if rank != me]
         pads = [pad for pad in pads if pad is not None]
         if engine.has_streams and getattr(engine, "timed_out", False):
