@@ -43,7 +43,7 @@ HOST_CHOICES: dict[str, dict[int, Choice]] = {
 }
 
 
-# GPU memory (kernels of kernels/src/collectives.cu). All-gather and reduce-scatter have
+# GPU memory (kernels of kernels/src/collectives/). All-gather and reduce-scatter have
 # one algorithm each. All-reduce: one-shot reads n times the bytes two-shot reads but
 # meets its peers once instead of twice. Measured on nvidia-h200-x2 (2026-11-23, commit
 # 3c30cab, `ipcshare allreduce --algo one-shot|two-shot -b 8 -e 32M -f 4 [--graph]`):

@@ -42,7 +42,7 @@ from .scratch import ScratchLayout
 
 __all__ = ["GpuPath"]
 
-# The error word's peer field when a kernel found the ranks' digests differ (collectives.cu).
+# The error word's peer field when a kernel found the ranks' digests differ (call.cuh).
 _DISAGREEMENT = 0xFFFF
 # Calls of one parity after which an LL kernel re-flags that parity's whole buffer
 # (kernels/include/ipcshare/ll.cuh): far below 2**32, so no flag ever comes round again.

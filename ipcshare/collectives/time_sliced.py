@@ -95,7 +95,7 @@ class GuestPlacement:
 
 
 def pack_place(flags: int, offset: int, row: int) -> int:
-    """One word for a place (what collectives.cu's guest_place reads back).
+    """One word for a place (what guest_place in kernels/src/collectives/stepped.cuh reads back).
 
     Raises:
         ValueError: a row or offset the word cannot hold.

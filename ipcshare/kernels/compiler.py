@@ -89,7 +89,7 @@ def _source_text(source: str | os.PathLike, code: str | None) -> tuple[str, str]
         return str(source), code
     path = Path(source)
     if not path.is_absolute():
-        path = _package_dir() / "src" / path
+        path = _source_dir() / path
     try:
         return path.name, path.read_text()
     except OSError as exc:
@@ -97,11 +97,20 @@ def _source_text(source: str | os.PathLike, code: str | None) -> tuple[str, str]
             from None
 
 
+def _source_dir() -> Path:
+    """The folder of the shipped kernel sources, also an include path: a source's parts
+    (``#include "collectives/push.cuh"``) live beside it."""
+    return _package_dir() / "src"
+
+
 def _headers_digest() -> str:
+    """A digest of every header a kernel may include (public and the sources' parts), so
+    a cached CUBIN is never reused after any of them changed."""
     digest = hashlib.sha256()
-    for header in sorted(include_dir().rglob("*.cuh")):
-        digest.update(header.name.encode())
-        digest.update(header.read_bytes())
+    for root in (include_dir(), _source_dir()):
+        for header in sorted(root.rglob("*.cuh")):
+            digest.update(str(header.relative_to(root)).encode())
+            digest.update(header.read_bytes())
     return digest.hexdigest()
 
 
@@ -119,7 +128,8 @@ def compile_kernel_source(source: str | os.PathLike, *, arch: str = "sm_90",
     name, text = _source_text(source, code)
     major, minor = nvrtc_version()
     all_options = (f"--gpu-architecture={arch}", *_OPTIONS,
-                   f"--include-path={include_dir()}", *options)
+                   f"--include-path={include_dir()}", f"--include-path={_source_dir()}",
+                   *options)
     key = hashlib.sha256("\0".join((text, _headers_digest(), *all_options)).encode())
     key = key.hexdigest()[:20]
     cached = cache_dir() / f"{Path(name).stem}-{key}-{arch}-nvrtc{major}.{minor}.cubin"

@@ -46,7 +46,7 @@ class ScatterArgs(ctypes.Structure):
 
 
 class CollectiveArgs(ctypes.Structure):
-    """``CollectiveArgs`` of kernels/src/collectives.cu."""
+    """``CollectiveArgs`` of kernels/src/collectives/args.cuh."""
 
     _fields_ = [
         ("windows", ctypes.c_void_p * MAX_KERNEL_RANKS),

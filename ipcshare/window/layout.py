@@ -71,7 +71,7 @@ LL_EPOCH_SLOT = EPOCH_SLOT_BASE + 6
 # each block it wrote.
 RING_SIGNAL_SLOT = USER_SLOT_BASE
 # A collective call publishes a header in its own pad: the digest of its signature, the
-# offset of its input in its window, and flags (kHeader* in kernels/src/collectives.cu);
+# offset of its input in its window, and flags (kHeader* in kernels/src/collectives/args.cuh);
 # the push kernels add where their output lies, when peers can store into it. Two
 # headers, used by calls in turn (parity), so a rank one call ahead never overwrites the
 # header a slow peer is about to read.
@@ -99,7 +99,7 @@ HEADER_OUTPUT_REGISTRATION = 6
 LL_CLEANED_SLOT = USER_SLOT_BASE + 2 * HEADER_WORDS
 # Stepped calls on a time-sliced GPU (collectives/time_sliced.py): a guest rank's stream
 # writes its call's digest and where its input and output lie into GUEST_CALL_WORDS
-# own-pad words from GUEST_CALL_SLOT (kGuest* in collectives.cu), then sets
+# own-pad words from GUEST_CALL_SLOT (kGuest* in kernels/src/collectives/args.cuh), then sets
 # GUEST_READY_SLOT; the leader of its GPU runs the call's kernels for it and sets
 # GUEST_DONE_SLOT. A place is one word: offset << GUEST_OFFSET_SHIFT | registration row <<
 # GUEST_ROW_SHIFT | flags (for an imported array, the leader's address in the offset field).

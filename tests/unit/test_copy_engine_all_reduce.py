@@ -1,7 +1,8 @@
 """The copy-engine all-reduce's plan of copies, run on a model of every rank's memory (no
 GPU): the copies each rank enqueues land where the reduction kernel reads (the inbox slot
-of every source rank, kernels/src/collectives.cu ``all_reduce_copy_engine``), stay inside
-the window's areas, and leave every rank's output equal to the reference sum."""
+of every source rank, ``all_reduce_copy_engine`` in kernels/src/collectives/
+copy_engine.cuh), stay inside the window's areas, and leave every rank's output equal to
+the reference sum."""
 
 from __future__ import annotations
 

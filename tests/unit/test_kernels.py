@@ -95,6 +95,15 @@ def test_the_collective_kernels_argument_block_matches_its_ctypes_mirror():
     assert _is_cubin(compile_kernel_source("collectives_layout.cu", code=code, use_cache=False))
 
 
+@pytest.mark.parametrize("part", sorted(p.name for p in (
+    Path(ipcshare.kernels.__file__).parent / "src" / "collectives").glob("*.cuh")))
+def test_each_part_of_the_collective_kernels_compiles_on_its_own(part):
+    # collectives.cu is put together from one file per algorithm; each must include what
+    # it uses, so that a part can be read, changed and reused alone.
+    code = f'#include "collectives/{part}"\n'
+    assert _is_cubin(compile_kernel_source(f"part-{part}.cu", code=code, use_cache=False))
+
+
 def test_user_kernels_can_use_the_low_latency_lines():
     code = """
     #include <ipcshare/ll.cuh>

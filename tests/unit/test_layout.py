@@ -42,7 +42,7 @@ def test_signal_header_matches_the_layout():
 
 
 def test_collective_call_header_matches_the_layout():
-    source = _constants("src/collectives.cu")
+    source = _constants("src/collectives/args.cuh")
     assert source["kHeaderDigest"] == layout.HEADER_DIGEST
     assert source["kHeaderInput"] == layout.HEADER_INPUT
     assert source["kHeaderFlags"] == layout.HEADER_FLAGS

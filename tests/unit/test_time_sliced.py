@@ -69,7 +69,7 @@ def test_the_guest_words_lie_in_the_user_region_apart_from_the_headers():
 
 
 def _unpack(place: int) -> tuple[int, int, int]:
-    """What collectives.cu's guest_place and guest_row read from a place word."""
+    """What stepped.cuh's guest_place and guest_row read from a place word."""
     row_bits = layout.GUEST_OFFSET_SHIFT - layout.GUEST_ROW_SHIFT
     return (place & ((1 << layout.GUEST_ROW_SHIFT) - 1), place >> layout.GUEST_OFFSET_SHIFT,
             (place >> layout.GUEST_ROW_SHIFT) & ((1 << row_bits) - 1))

@@ -3,8 +3,8 @@ write over NVLink at rates the SMs' loads do not reach (the all-gather's copy en
 reached 322-384 GB/s on 2 H200s where the pull kernel read 240), and the reduction reads
 only local memory.
 
-On the call's stream, with nothing on the host in between (kernels/src/collectives.cu,
-"Copy-engine two-shot all-reduce", has the safety argument):
+On the call's stream, with nothing on the host in between (kernels/src/collectives/
+copy_engine.cuh has the safety argument):
 
 1. ``publish_call``: the call's header, so the reduction can compare digests, once every
    peer has finished its previous call (the copies of step 2 have no barrier before them,

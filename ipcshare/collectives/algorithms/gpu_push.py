@@ -2,8 +2,8 @@
 into a peer's window, never a remote load (the fanned-out push all-gather stored 316-352
 GB/s over NVLink on 2 H200s where the pull kernel's loads came back at about 240), and
 each block signals its slice tile by tile, so its stores of the next tile stay in flight
-while it waits for and reduces the current one (kernels/src/collectives.cu, "Push
-collectives", has the layout and the safety argument).
+while it waits for and reduces the current one (kernels/src/collectives/push.cuh has the
+layout and the safety argument).
 
 All-reduce is a two-shot: rank q reduces chunk q from every rank's pushed chunk and
 stores the result into every peer's output where the peer's header says it can reach it

@@ -1,0 +1,149 @@
+// One call of a collective kernel: the block's slice, staging the input, publishing and
+// reading the call's headers, and the block barriers (values (epoch << 20) + step) that
+// every algorithm of the family meets its peers with.
+#pragma once
+
+#include <ipcshare/copy.cuh>
+#include <ipcshare/signal.cuh>
+
+#include "collectives/args.cuh"
+
+// Elements per 16 bytes: slices start at multiples of it, so vector loads stay aligned.
+template <class T>
+__device__ __forceinline__ unsigned long long granule() { return 16 / sizeof(typename T::Bits); }
+
+// Block b's slice of [0, n): equal runs of whole granules, the last ones shorter or empty.
+struct Slice { unsigned long long begin, end; };
+__device__ __forceinline__ Slice block_slice(unsigned long long n, unsigned long long g) {
+  const unsigned long long granules = (n + g - 1) / g;
+  const unsigned long long per = (granules + gridDim.x - 1) / gridDim.x * g;
+  unsigned long long begin = per * blockIdx.x, end = begin + per;
+  if (begin > n) begin = n;
+  if (end > n) end = n;
+  return Slice{begin, end};
+}
+
+struct Call {
+  const char* sources[kMaxRanks];  // every rank's input, as this block reads it
+  bool hold_inputs;                // some rank reads its input in place: end with a barrier
+  bool failed;
+  u64 epoch;
+  int parity;
+};
+
+// Header words of calls of `parity` in a pad.
+__device__ __forceinline__ u64* header(u64* pad, const CollectiveArgs& a, int parity) {
+  return pad + a.header_base + parity * kHeaderWords;
+}
+
+// Pad words of this block's barriers: entry (0), middle of two-shot (1), exit (2); the
+// push kernels signal their tiles on words 0 and 1.
+__device__ __forceinline__ int barrier_slots(const CollectiveArgs& a, int phase) {
+  return a.slot_base + (blockIdx.x * 3 + phase) * kMaxRanks;
+}
+
+// What a block signals on those words: (epoch << kStepBits) + step. The kernels that meet
+// their peers once per call signal step 0; the push kernels signal step t + 1 when tile t
+// is done. Every algorithm of the family writes the same words, and these values only
+// grow from call to call whichever algorithm made them, so a wait (>=) is never met by a
+// signal of an earlier call.
+constexpr int kStepBits = 20;
+__device__ __forceinline__ u64 barrier_value(u64 epoch, u64 step) {
+  return (epoch << kStepBits) + step;
+}
+
+// The block barrier of this call on `phase`'s words (a timeout records the call's epoch).
+__device__ __forceinline__ bool call_barrier(const CollectiveArgs& a, u64 epoch, int phase) {
+  const int slots = barrier_slots(a, phase);
+  const u64 value = barrier_value(epoch, 0);
+  ipcshare::block_signal(a.pads, a.rank, a.nranks, slots, value);
+  return ipcshare::block_wait(a.pads, a.rank, a.nranks, slots, value, a.timeout_ns, epoch);
+}
+
+__device__ __forceinline__ void begin_call(const CollectiveArgs& a, Call& call) {
+  call.epoch = ipcshare::begin_epoch(a.pads[a.rank], a.epoch_word);
+  call.parity = (int)(call.epoch & 1);
+  call.failed = false;
+  call.hold_inputs = false;
+}
+
+// Copy input bytes [first, last) (clipped to `total`) into this call's staging area,
+// unless the input is read in place.
+__device__ __forceinline__ void stage(const CollectiveArgs& a, const Call& call,
+                                      unsigned long long first, unsigned long long last,
+                                      unsigned long long total) {
+  if (a.zero_copy) return;
+  if (last > total) last = total;
+  if (first >= last) return;
+  char* staging = a.windows[a.rank] + a.staging_offset[call.parity];
+  ipcshare::block_copy(staging + first, a.input + first, last - first);
+}
+
+// Publish this call's header in our pad: its digest, where our input lies, its flags.
+__device__ __forceinline__ void publish_header(const CollectiveArgs& a, int parity) {
+  u64* h = header(a.pads[a.rank], a, parity);
+  h[kHeaderDigest] = a.digest;
+  h[kHeaderInput] = a.zero_copy ? a.input_offset : a.staging_offset[parity];
+  h[kHeaderFlags] = a.zero_copy == 2 ? (kFlagZeroCopy | kFlagRegistered)
+                    : a.zero_copy   ? kFlagZeroCopy : 0;
+  h[kHeaderRegistration] = a.zero_copy == 2 ? a.registration_row : 0;
+}
+
+// After the peers have published (`met`: false if a peer never came): read every rank's
+// header, learn where its input lies and whether the ranks agree. Every thread of the
+// block gets the same Call.
+__device__ __forceinline__ void read_headers(const CollectiveArgs& a, Call& call, bool met) {
+  u64* own = a.pads[a.rank];
+  __shared__ int failed, hold;
+  __shared__ const char* bases[kMaxRanks];
+  __shared__ unsigned long long offsets[kMaxRanks];
+  if (threadIdx.x == 0) {
+    failed = met ? 0 : 1;
+    hold = 0;
+  }
+  __syncthreads();
+  if (met && threadIdx.x < a.nranks) {
+    const u64* h = header(a.pads[threadIdx.x], a, call.parity);
+    const u64 digest = ipcshare::load_acquire(h + kHeaderDigest);
+    const u64 flags = h[kHeaderFlags];
+    offsets[threadIdx.x] = h[kHeaderInput];
+    bases[threadIdx.x] = (flags & kFlagRegistered)
+        ? reinterpret_cast<const char*>(
+              a.registrations[h[kHeaderRegistration] * kMaxRanks + threadIdx.x])
+        : a.windows[threadIdx.x];
+    if (flags & kFlagZeroCopy) atomicOr(&hold, 1);
+    if (digest != a.digest) {
+      atomicCAS(own + ipcshare::kErrorWord, 0ull,
+                kDisagreement | (call.epoch & 0xFFFFFFFFFFFFull));
+      atomicOr(&failed, 1);
+    }
+  }
+  __syncthreads();
+  call.failed = failed != 0;
+  call.hold_inputs = hold != 0;
+  for (int r = 0; r < a.nranks; ++r) call.sources[r] = bases[r] + offsets[r];
+}
+
+// Publish the header, meet the same block of every peer, and read every peer's header.
+__device__ __forceinline__ void meet(const CollectiveArgs& a, Call& call) {
+  if (threadIdx.x == 0) publish_header(a, call.parity);
+  // block_signal fences and syncs the block before any signal leaves: the staged bytes
+  // and the header are visible to a peer that has seen our signal.
+  const bool met = call_barrier(a, call.epoch, 0);
+  read_headers(a, call, met);
+}
+
+// Leave: when some input is its owner's own memory, wait until every peer's block has
+// read what it needs from ours (the user may overwrite it once the call is done).
+__device__ __forceinline__ void leave(const CollectiveArgs& a, const Call& call) {
+  if (!call.failed && call.hold_inputs) call_barrier(a, call.epoch, 2);
+  ipcshare::end_epoch(a.pads[a.rank], a.epoch_word, call.epoch);
+}
+
+// Chunk r of two-shot all-reduces: ceil(count / n) elements rounded up to a granule (the
+// last chunks shorter or empty); gpu_copy_engine.py cuts the copies alike.
+template <class T>
+__device__ __forceinline__ unsigned long long two_shot_chunk(const CollectiveArgs& a) {
+  const unsigned long long g = granule<T>();
+  return ((a.count + a.nranks - 1) / a.nranks + g - 1) / g * g;
+}

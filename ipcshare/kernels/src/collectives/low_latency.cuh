@@ -1,0 +1,225 @@
+// Low-latency (LL) one-shot collectives: every rank pushes its input, line by line with the
+// call's flag beside the data (ll.cuh), into its own slot of every peer's LL buffer, then
+// waits on its own buffer for every peer's lines. One kernel, no barrier, no fence: each
+// line says itself whether it has arrived. Line 0 of a slot carries the sender's digest of
+// the call, data start at line 1. A rank reads only its own input and its own buffer, so
+// an input or output that is the user's memory (or the same array, in place) is safe, and
+// nothing waits before returning: the buffer a sender writes next is the other parity's.
+#pragma once
+
+#include <ipcshare/ll.cuh>
+
+#include "collectives/call.cuh"
+#include "collectives/reduce.cuh"
+
+struct LLCall {
+  u64 epoch;
+  unsigned flag;
+  int parity;
+  bool failed;
+};
+
+__device__ __forceinline__ char* ll_slot(const CollectiveArgs& a, int owner, int parity,
+                                         int source) {
+  return a.windows[owner] + a.ll_offset[parity] + (unsigned long long)source * a.ll_slot_bytes;
+}
+
+__device__ __forceinline__ LLCall ll_begin(const CollectiveArgs& a) {
+  LLCall call;
+  call.epoch = ipcshare::begin_epoch(a.pads[a.rank], a.ll_epoch_word);
+  call.flag = (unsigned)call.epoch;
+  call.parity = (int)(call.epoch & 1);
+  call.failed = false;
+  // The digest goes out first, with the first thread's data.
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    for (int step = 1; step < a.nranks; ++step) {
+      const int peer = (a.rank + step) % a.nranks;
+      ipcshare::ll_store(ll_slot(a, peer, call.parity, a.rank), a.digest, call.flag);
+    }
+  }
+  return call;
+}
+
+// Push payload line j (0-based, after the digest line) to `peer`.
+__device__ __forceinline__ void ll_push_to(const CollectiveArgs& a, const LLCall& call,
+                                           int peer, unsigned long long j, u64 data) {
+  ipcshare::ll_store(ll_slot(a, peer, call.parity, a.rank) + (j + 1) * ipcshare::kLineBytes,
+                     data, call.flag);
+}
+
+// Push payload line j to every peer.
+__device__ __forceinline__ void ll_push(const CollectiveArgs& a, const LLCall& call,
+                                        unsigned long long j, u64 data) {
+  for (int step = 1; step < a.nranks; ++step)
+    ll_push_to(a, call, (a.rank + step) % a.nranks, j, data);
+}
+
+// Threads t < nranks of every block wait for rank t's digest line and compare it with
+// ours: a rank that makes another call is found here, before anyone waits for lines it
+// may never send. Every thread of the block gets the verdict.
+__device__ __forceinline__ void ll_check_digests(const CollectiveArgs& a, LLCall& call) {
+  __shared__ int failed;
+  if (threadIdx.x == 0) failed = 0;
+  __syncthreads();
+  const int t = threadIdx.x;
+  if (t < a.nranks && t != a.rank) {
+    u64 digest;
+    if (!ipcshare::ll_wait(ll_slot(a, a.rank, call.parity, t), call.flag, digest,
+                           a.timeout_ns)) {
+      ipcshare::record_timeout(a.pads[a.rank], t, call.epoch);
+      atomicOr(&failed, 1);
+    } else if (digest != a.digest) {
+      atomicCAS(a.pads[a.rank] + ipcshare::kErrorWord, 0ull,
+                kDisagreement | (call.epoch & 0xFFFFFFFFFFFFull));
+      atomicOr(&failed, 1);
+    }
+  }
+  __syncthreads();
+  call.failed = failed != 0;
+}
+
+// Wait for payload line j from `source` in our own buffer.
+__device__ __forceinline__ bool ll_receive(const CollectiveArgs& a, const LLCall& call,
+                                           int source, unsigned long long j, u64& data) {
+  const char* line = ll_slot(a, a.rank, call.parity, source) + (j + 1) * ipcshare::kLineBytes;
+  if (ipcshare::ll_wait(line, call.flag, data, a.timeout_ns)) return true;
+  ipcshare::record_timeout(a.pads[a.rank], source, call.epoch);
+  return false;
+}
+
+// Finish: the last block out publishes the LL call count and, every ll_clean_every calls
+// of a parity, first re-flags that parity's whole buffer with this call's flag (every
+// block has read what it needed from it, and no sender writes it before our next call
+// has begun), so no line ever keeps a flag old enough to come round again.
+__device__ __forceinline__ void ll_end(const CollectiveArgs& a, const LLCall& call) {
+  u64* own = a.pads[a.rank];
+  __shared__ bool last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    u64* done = own + a.ll_epoch_word + 1;
+    last = gridDim.x == 1 || atomicAdd(done, 1ull) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  volatile u64* cleaned = own + a.ll_cleaned_word + call.parity;
+  if (a.ll_clean_every != 0 && call.epoch - *cleaned >= a.ll_clean_every) {
+    __threadfence();  // the other blocks' reads are over (they counted themselves done)
+    const unsigned long long lines = a.nranks * a.ll_slot_bytes / ipcshare::kLineBytes;
+    char* buffer = ll_slot(a, a.rank, call.parity, 0);
+    for (unsigned long long i = threadIdx.x; i < lines; i += blockDim.x)
+      ipcshare::ll_store(buffer + i * ipcshare::kLineBytes, 0, call.flag);
+    __syncthreads();
+    if (threadIdx.x == 0) *cleaned = call.epoch;
+  }
+  if (threadIdx.x == 0) {
+    *reinterpret_cast<volatile u64*>(own + a.ll_epoch_word + 1) = 0;
+    *reinterpret_cast<volatile u64*>(own + a.ll_epoch_word) = call.epoch;
+    __threadfence();
+  }
+}
+
+// Reduce this thread's lines (first, first + stride, ...) of an `nbytes` run: its own from
+// `own` (its input), every peer's from its slot in our buffer, in rank order, into the
+// output.
+template <class T, int OP>
+__device__ __forceinline__ void ll_reduce_lines(const CollectiveArgs& a, LLCall& call,
+                                                const char* own, unsigned long long nbytes,
+                                                unsigned long long first,
+                                                unsigned long long stride) {
+  typedef typename T::Bits Bits;
+  constexpr int kLanes = ipcshare::kLinePayload / sizeof(Bits);
+  union Line { u64 v; Bits lane[kLanes]; };
+  const unsigned long long lines = (nbytes + ipcshare::kLinePayload - 1) / ipcshare::kLinePayload;
+  const bool own_aligned = ((unsigned long long)own & 7ull) == 0;
+  const bool out_aligned = ((unsigned long long)a.output & 7ull) == 0;
+  for (unsigned long long j = first; j < lines && !call.failed; j += stride) {
+    Line in[kMaxRanks];
+    for (int r = 0; r < a.nranks; ++r) {
+      if (r == a.rank) {
+        in[r].v = ipcshare::load_payload(own, j, nbytes, own_aligned);
+      } else if (!ll_receive(a, call, r, j, in[r].v)) {
+        call.failed = true;
+        break;
+      }
+    }
+    if (call.failed) break;
+    Line out;
+#pragma unroll
+    for (int k = 0; k < kLanes; ++k)
+      out.lane[k] = reduce_ranks<T, OP>([&](int r) { return in[r].lane[k]; }, a.nranks);
+    ipcshare::store_payload(a.output, j, nbytes, out_aligned, out.v);
+  }
+}
+
+// One-shot all-reduce: every rank reduces every rank's lines in rank order (its own from
+// its input), so every rank computes the same bits.
+template <class T, int OP>
+__device__ void all_reduce_ll(const CollectiveArgs& a) {
+  const unsigned long long nbytes = a.count * sizeof(typename T::Bits);
+  const unsigned long long lines = (nbytes + ipcshare::kLinePayload - 1) / ipcshare::kLinePayload;
+  const bool in_aligned = ((unsigned long long)a.input & 7ull) == 0;
+  const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+  const unsigned long long first = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+  LLCall call = ll_begin(a);
+  for (unsigned long long j = first; j < lines; j += stride)
+    ll_push(a, call, j, ipcshare::load_payload(a.input, j, nbytes, in_aligned));
+  ll_check_digests(a, call);
+  ll_reduce_lines<T, OP>(a, call, a.input, nbytes, first, stride);
+  ll_end(a, call);
+}
+
+// Reduce-scatter: count is the input's elements; rank p gets block p of the reduction.
+// Each rank pushes block p of its input to rank p only, and reduces its own block from
+// every rank's lines in rank order (its own from its input).
+template <class T, int OP>
+__device__ void reduce_scatter_ll(const CollectiveArgs& a) {
+  const unsigned long long nbytes = a.count / a.nranks * sizeof(typename T::Bits);  // a block
+  const unsigned long long lines = (nbytes + ipcshare::kLinePayload - 1) / ipcshare::kLinePayload;
+  const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+  const unsigned long long first = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+  const char* own_block = a.input + a.rank * nbytes;
+  LLCall call = ll_begin(a);
+  for (int step = 1; step < a.nranks; ++step) {
+    const int peer = (a.rank + step) % a.nranks;
+    const char* block = a.input + peer * nbytes;
+    const bool aligned = ((unsigned long long)block & 7ull) == 0;
+    for (unsigned long long j = first; j < lines; j += stride)
+      ll_push_to(a, call, peer, j, ipcshare::load_payload(block, j, nbytes, aligned));
+  }
+  ll_check_digests(a, call);
+  ll_reduce_lines<T, OP>(a, call, own_block, nbytes, first, stride);
+  ll_end(a, call);
+}
+
+// All-gather (bytes): rank r's input goes to block r of every output.
+__device__ void all_gather_ll(const CollectiveArgs& a) {
+  const unsigned long long nbytes = a.count;
+  const unsigned long long lines = (nbytes + ipcshare::kLinePayload - 1) / ipcshare::kLinePayload;
+  const bool in_aligned = ((unsigned long long)a.input & 7ull) == 0;
+  const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+  const unsigned long long first = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+  char* own_block = a.output + a.rank * nbytes;
+  const bool in_place = own_block == a.input;
+  const bool own_aligned = ((unsigned long long)own_block & 7ull) == 0;
+  LLCall call = ll_begin(a);
+  for (unsigned long long j = first; j < lines; j += stride) {
+    const u64 data = ipcshare::load_payload(a.input, j, nbytes, in_aligned);
+    ll_push(a, call, j, data);
+    if (!in_place) ipcshare::store_payload(own_block, j, nbytes, own_aligned, data);
+  }
+  ll_check_digests(a, call);
+  for (int step = 1; step < a.nranks && !call.failed; ++step) {
+    const int source = (a.rank + step) % a.nranks;
+    char* block = a.output + source * nbytes;
+    const bool aligned = ((unsigned long long)block & 7ull) == 0;
+    for (unsigned long long j = first; j < lines; j += stride) {
+      u64 data;
+      if (!ll_receive(a, call, source, j, data)) {
+        call.failed = true;
+        break;
+      }
+      ipcshare::store_payload(block, j, nbytes, aligned, data);
+    }
+  }
+  ll_end(a, call);
+}
