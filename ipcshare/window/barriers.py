@@ -1,6 +1,6 @@
 """The barriers of a window: host and node barriers through the signal pads (or MPI where
 host stores are not ordered), stream-ordered ones on any stream, the device barrier
-kernel, and the graph-safe flag barriers of ranks sharing a GPU."""
+kernel, and the graph-safe flag barriers of ranks sharing a GPU that takes turns."""
 
 from __future__ import annotations
 
@@ -117,9 +117,10 @@ class WindowBarriers:
         self.pads = {}
 
     def graph_flag_barrier(self, engine: Any) -> Callable[[], None]:
-        """The graph-safe barrier where ranks share a GPU: fixed-value stream memory
-        operations in two alternating sets of pad words (a replay repeats the same
-        operations). The device barrier kernel would spin on a peer's flag while holding a
+        """The graph-safe barrier where ranks share a GPU that takes turns between their
+        contexts (``time_sliced_gpus``; under MPS the device barrier serves): fixed-value
+        stream memory operations in two alternating sets of pad words (a replay repeats
+        the same operations). The device barrier kernel would spin on a peer's flag while holding a
         time-shared GPU that the peer needs: 4.5 ms per all-gather on 2 H200s shared by 3
         ranks (docs/GPU.md, "Several ranks on one GPU").
 
@@ -201,10 +202,11 @@ class WindowBarriers:
         return barrier
 
     def _make_host_synchronised_barrier(self, engine: Any) -> Callable[[], None]:
-        """The node barrier when ranks share a GPU: wait for our stream, then meet on the
-        host. Without MPS the contexts of one GPU take turns in time slices, and a stream
-        that waits on a peer's flag holds its turn while the peer, on the same GPU, cannot
-        run to write it (docs/GPU.md, "Several ranks on one GPU"). The host blocks."""
+        """The node barrier when ranks share a GPU that takes turns: wait for our stream,
+        then meet on the host. Without MPS the contexts of one GPU take turns in time
+        slices, and a stream that waits on a peer's flag holds its turn while the peer, on
+        the same GPU, cannot run to write it (docs/GPU.md, "Several ranks on one GPU").
+        The host blocks."""
         world, watch, timeout = self.window.world, self.watch, self.window.signal_timeout
 
         def barrier() -> None:
