@@ -60,9 +60,11 @@
 # rows they propose for auto's table). Keeps going after a failure and exits
 # non-zero at the end if any step failed. Each step runs under `timeout`.
 #
-# Knobs: SHARED_MPS=0 (shared phase without its MPS half), BENCH_MAX (largest size, default 1G), BENCH_ITERS (default 20), BENCH_BASELINE
-# (nccl, mpi or none; default nccl), STEP_TIMEOUT_TESTS (seconds per pytest run, default
-# 240), STEP_TIMEOUT_BENCH (per sweep, default 150), PYTHON, MPIEXEC.
+# Knobs: COLLECTIVE_TESTS=0 and COLLECTIVE_SWEEPS=0 (collectives phase without its tests,
+# or without its per-algorithm sweeps), SHARED_MPS=0 (shared phase without its MPS half),
+# BENCH_MAX (largest size, default 1G), BENCH_ITERS (default 20), BENCH_BASELINE (nccl,
+# mpi or none; default nccl), STEP_TIMEOUT_TESTS (seconds per pytest run, default 240),
+# STEP_TIMEOUT_BENCH (per sweep, default 150), PYTHON, MPIEXEC.
 set -u
 
 phases=("${@:-all}")
@@ -432,15 +434,18 @@ collective_bench() {  # collective_bench N OP ALGO [extra flags...]: one sweep, 
 }
 export -f collective_tests collective_bench
 if [[ $G -ge 2 ]] && wants collectives; then
-  step "Communicator GPU tests n=2" "$STEP_TIMEOUT_TESTS" collective_tests 2 \
-    tests/gpu/test_gpu_communicator.py
-  step "register GPU tests n=2" "$STEP_TIMEOUT_TESTS" collective_tests 2 \
-    tests/gpu/test_register_gpu.py
-  # Baselines: torch-symm in a process of its own (symmetric memory keeps per-group state).
-  step "baseline GPU tests n=2" "$STEP_TIMEOUT_TESTS" collective_tests 2 \
-    tests/gpu/test_gpu_baselines.py tests/gpu/test_after_kernel.py
-  step "torch-symm baseline GPU tests n=2" "$STEP_TIMEOUT_TESTS" collective_tests 2 \
-    tests/gpu/test_torch_symm_baseline.py
+  # The tests first (COLLECTIVE_TESTS=0 skips them, for a call that only measures).
+  if [[ ${COLLECTIVE_TESTS:-1} != 0 ]]; then
+    step "Communicator GPU tests n=2" "$STEP_TIMEOUT_TESTS" collective_tests 2 \
+      tests/gpu/test_gpu_communicator.py
+    step "register GPU tests n=2" "$STEP_TIMEOUT_TESTS" collective_tests 2 \
+      tests/gpu/test_register_gpu.py
+    # Baselines: torch-symm in a process of its own (symmetric memory keeps per-group state).
+    step "baseline GPU tests n=2" "$STEP_TIMEOUT_TESTS" collective_tests 2 \
+      tests/gpu/test_gpu_baselines.py tests/gpu/test_after_kernel.py
+    step "torch-symm baseline GPU tests n=2" "$STEP_TIMEOUT_TESTS" collective_tests 2 \
+      tests/gpu/test_torch_symm_baseline.py
+  fi
   # Each algorithm alone (COLLECTIVE_SWEEPS=0 skips these).
   [[ ${COLLECTIVE_SWEEPS:-1} == 0 ]] || for op in allreduce reducescatter; do
     algos="one-shot push"
