@@ -49,10 +49,11 @@ class Key:
 
 @dataclasses.dataclass
 class Table:
-    """Per size: the best time of each algorithm (µs), and NCCL's best with its label."""
+    """Per size: the best time of each algorithm (µs), and NCCL's best with its label and
+    its path (``plain`` or ``symmetric`` buffers, where the baseline says)."""
 
     ours: dict[int, dict[str, float]] = dataclasses.field(default_factory=dict)
-    nccl: dict[int, tuple[float, str]] = dataclasses.field(default_factory=dict)
+    nccl: dict[int, tuple[float, str, str]] = dataclasses.field(default_factory=dict)
 
     def algorithms(self) -> list[str]:
         names = sorted({algo for times in self.ours.values() for algo in times})
@@ -95,7 +96,7 @@ def load(paths: list[Path]) -> dict[Key, Table]:
                 for row in baseline["rows"]:
                     found = table.nccl.get(row["size"])
                     if found is None or row["time_us"] < found[0]:
-                        table.nccl[row["size"]] = (row["time_us"], label)
+                        table.nccl[row["size"]] = (row["time_us"], label, row.get("path", ""))
     return tables
 
 
@@ -162,13 +163,14 @@ def report(tables: dict[Key, Table], target: float, tolerance: float) -> list[st
             nccl = table.nccl.get(size)
             if nccl is not None and pick:
                 ratio = nccl[0] / times[pick]
-                cells += [f"{nccl[0]:.1f}", f"{ratio:.2f}" + (" *" if ratio < target else "")]
+                path = f" ({nccl[2]})" if nccl[2] else ""
+                cells += [f"{nccl[0]:.1f}{path}", f"{ratio:.2f}" + (" *" if ratio < target else "")]
                 if ratio < target:
                     short.append(size_text(size))
             else:
                 cells += ["", ""]
             lines.append("| " + " | ".join(cells) + " |")
-        labels = sorted({label for _, label in table.nccl.values()})
+        labels = sorted({label for _, label, _ in table.nccl.values()})
         lines.append("")
         if labels:
             lines.append(f"NCCL: {'; '.join(labels)}.")

@@ -32,7 +32,8 @@ def sweep(case: str, times: dict[int, float], *, timing: str = "graph", register
                   "wrong": 0} for s, t in times.items()],
         "baseline": None if nccl is None else {
             "name": "nccl", "label": "NCCL (nccl4py)", "version": "2.28",
-            "rows": [{"size": s, "time_us": t, "algbw": 0, "busbw": 0, "wrong": 0}
+            "rows": [{"size": s, "time_us": t, "algbw": 0, "busbw": 0, "wrong": 0,
+                      "path": "symmetric" if s >= 16 * MiB else "plain"}
                      for s, t in nccl.items()]},
         "wrong_total": wrong, "collective_case": case,
     }
@@ -76,6 +77,8 @@ def test_the_proposed_row_switches_where_the_winner_changes(tmp_path):
     text = "\n".join(auto_rows.report(tables, 1.2, 0.03))
     # NCCL over ours: 13/10 = 1.30, 25/19 = 1.32, 50/40 = 1.25, 200/150 = 1.33: all met.
     assert "1.30" in text and "1.25" in text and "Short of" not in text
+    # NCCL's cell names the path that was faster at that size.
+    assert "| 13.0 (plain) | 1.30 |" in text and "| 50.0 (symmetric) | 1.25 |" in text
     # auto is shown last, as what the current table runs, never as a candidate.
     assert "| size | one-shot µs | push µs | auto µs | chosen | NCCL µs | NCCL / ours |" in text
 
@@ -105,7 +108,7 @@ def test_several_sweeps_of_one_algorithm_keep_the_fastest_and_nccls_best(tmp_pat
                  sweep("allreduce-push --graph", {MiB: 11.0}, nccl={MiB: 8.0}))
     table = auto_rows.load([path])[auto_rows.Key("allreduce", 2, "graph", False)]
     assert table.ours[MiB] == {"push": 11.0}
-    assert table.nccl[MiB] == (8.0, "NCCL (nccl4py)")
+    assert table.nccl[MiB] == (8.0, "NCCL (nccl4py)", "plain")
 
 
 def test_the_command_line_refuses_what_it_cannot_read(tmp_path, capsys):
