@@ -62,6 +62,7 @@
 #
 # Knobs: COLLECTIVE_TESTS=0 and COLLECTIVE_SWEEPS=0 (collectives phase without its tests,
 # or without its per-algorithm sweeps), SHARED_MPS=0 (shared phase without its MPS half),
+# SHARED_QUICK=1 (shared phase: only the 1 MiB all-gather and ring at G and G + 1 ranks),
 # BENCH_MAX (largest size, default 1G), BENCH_ITERS (default 20), BENCH_BASELINE (nccl,
 # mpi or none; default nccl), STEP_TIMEOUT_TESTS (seconds per pytest run, default 240),
 # STEP_TIMEOUT_BENCH (per sweep, default 150), PYTHON, MPIEXEC.
@@ -580,15 +581,20 @@ shared_cases() {  # shared_cases SUFFIX: every case at G, G+1 and 2G ranks (SUFF
   local n s=$1 algo graph sweep=(-b 8K -e 4M -f 8)
   for n in $(printf '%s\n' "$G" $((G + 1)) $((2 * G)) | sort -nu); do
     [[ $n -lt 2 ]] && continue
-    step "shared$s tests n=$n" "$STEP_TIMEOUT_TESTS" shared_tests "$n"
+    [[ ${SHARED_QUICK:-0} == 1 ]] || step "shared$s tests n=$n" "$STEP_TIMEOUT_TESTS" shared_tests "$n"
     # torch's expandable segments: the guests' tensors are cuMem memory, handed to the
     # leader by descriptor (pidfd_getfd) instead of a legacy IPC handle.
-    [[ -z $s ]] && step "shared tests, expandable segments, n=$n" "$STEP_TIMEOUT_TESTS" \
+    [[ -z $s && ${SHARED_QUICK:-0} != 1 ]] && step "shared tests, expandable segments, n=$n" "$STEP_TIMEOUT_TESTS" \
       shared_tests "$n" PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
       -k "handed_to_its_leader or leader_of_a_time_sliced"
     step "shared$s allgather auto n=$n" 120 shared_run "$n" "auto$s" -- allgather --algo auto
     step "shared$s allgather auto graph n=$n" 120 shared_run "$n" "auto-graph$s" -- allgather --algo auto --graph
     step "shared$s ring n=$n" 120 shared_run "$n" "ring$s" -- ring
+    # SHARED_QUICK=1: only these 1 MiB cases at G and G + 1 ranks (the issue's target).
+    if [[ ${SHARED_QUICK:-0} == 1 ]]; then
+      [[ $n -gt $G ]] && break
+      continue
+    fi
     # The communicator: auto (stepped kernels where GPUs are shared) against kernels that
     # spin on their peers.
     for graph in "" --graph; do
@@ -646,7 +652,7 @@ mps_collective_tests() {  # mps_collective_tests N: the collectives' GPU tests a
 export -f shared_run shared_tests mps_collective_tests placement_probe timeslice_probes
 if wants shared; then
   export IPCSHARE_SHARED_GPU_BARRIER=host
-  step "time-slice probe, 2 and 3 ranks on GPU 0" 120 timeslice_probes
+  [[ ${SHARED_QUICK:-0} == 1 ]] || step "time-slice probe, 2 and 3 ranks on GPU 0" 120 timeslice_probes
   shared_cases ""
   # MPS runs the contexts of one GPU side by side: start a daemon of our own (pipe and log
   # directories under /tmp), measure, and stop it again.
@@ -660,7 +666,7 @@ if wants shared; then
     # Under MPS the ranks on one GPU run side by side, so more ranks than GPUs exercise
     # the collectives' 3- and 4-rank code on any node (correctness only, not speed).
     for n in 3 4; do
-      [[ $n -le $G ]] && continue
+      [[ $n -le $G || ${SHARED_QUICK:-0} == 1 ]] && continue
       step "shared-mps communicator and LL tests n=$n" "$STEP_TIMEOUT_TESTS" mps_collective_tests "$n"
     done
     echo quit | nvidia-cuda-mps-control
@@ -670,6 +676,20 @@ if wants shared; then
     log "MPS could not be started here; shared-GPU figures without MPS only"
   fi
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  # The issue's target in one table: 1 MiB all-gather (auto) and ring with G + 1 ranks on G
+  # GPUs against G ranks, eager and in graphs, without and with MPS (target: <= 3x).
+  step "shared: G + 1 against G ranks" 30 "$PY" - "$RESULTS" "$G" <<'PYEOF'
+import json, sys
+docs = [json.loads(line) for line in open(sys.argv[1]) if '"shared_case"' in line]
+g = int(sys.argv[2])
+time_of = {(d["shared_case"], d["world_size"]): d["rows"][0]["time_us"] for d in docs if d["rows"]}
+print(f"{'case':<16} {g} ranks (us)  {g + 1} ranks (us)  ratio (target <= 3)")
+for case in ("auto", "auto-graph", "ring", "auto-mps", "auto-graph-mps", "ring-mps"):
+    alone, shared = time_of.get((case, g)), time_of.get((case, g + 1))
+    if alone and shared:
+        print(f"{case:<16} {alone:>12.2f}  {shared:>15.2f}  {shared / alone:>6.2f}"
+              f"{'' if shared <= 3 * alone else '  over'}")
+PYEOF
 fi
 
 # nccl-tests: the NCCL reference measured by NVIDIA's own harness (GPU-NODES.md says how
