@@ -45,8 +45,10 @@ def wait_request(request: Any, *, watch: PeerWatch | None, timeout: float, what:
         while not request.Test():
             polls += 1
             if polls % _POLLS_PER_CHECK:
-                # Ranks may outnumber cores: let the one we wait for run. Costs nothing
-                # when every rank has its own core.
+                # Ranks may outnumber cores: let the one we wait for run. It pays even
+                # where they do not: on one H100 node (16 cores, Open MPI) a watched
+                # barrier of 2 ranks took 1.8 us with the yield and 8.4 without it, of 5
+                # ranks 5.6 and 13.9 (2026-11-24).
                 os.sched_yield()
                 continue
             if watch is not None:
