@@ -152,6 +152,49 @@ class WindowBarriers:
             turn[0] ^= 1
         return barrier
 
+    def graph_party_barrier(self, engine: Any, parties: list[int]) -> Callable[[], None]:
+        """``graph_flag_barrier`` met by one stream for several ranks of the node
+        (``parties``, world ranks): the lowest rank of a GPU that takes turns stores the
+        flags of every rank on it and waits for those of all other ranks, so the others
+        on that GPU put no barrier on theirs (each such switch of contexts costs the GPU
+        several microseconds). A rank whose barrier another rank meets calls this with no
+        parties: it enqueues nothing and keeps the window's alternation of flag sets, so
+        graph_flag_barrier and this one mix on the window. Every rank of the node must
+        call it, with the parties of its GPU's lowest rank or none.
+
+        Raises:
+            WindowError: more than FLAG_BARRIER_RANKS ranks on the node, or a pair of the
+                node without peer access.
+        """
+        world = self.window.world
+        if world.local_size > FLAG_BARRIER_RANKS:
+            raise WindowError(f"graph-safe barriers of ranks sharing a GPU span at most "
+                              f"{FLAG_BARRIER_RANKS} ranks of a node; this node has "
+                              f"{world.local_size}")
+        self.refuse_without_direct_peers("a graph-safe barrier")
+        others = [r for r in world.local_ranks if r not in parties]
+
+        def what_for(party: int) -> Callable[[int], str]:
+            who = world.where() if party == world.rank else f"{world.where()} (for rank {party})"
+            return lambda slot: (f"{who} in a graph barrier waiting for "
+                                 f"{world.where(world.local_ranks[slot % FLAG_BARRIER_RANKS])}")
+        barriers: list[Callable[[], None] | None] = []
+        for turn in range(2):
+            base = FLAG_BARRIER_SLOT_BASE + turn * FLAG_BARRIER_RANKS
+            barriers.append(engine.make_party_flag_barrier(
+                [(self.pads[party], [self.pads[r] for r in others],
+                  base + world.local_index(party), [base + world.local_index(r) for r in others],
+                  what_for(party)) for party in parties],
+                timeout=self.window.signal_timeout) if parties and others else None)
+        turn = self._flag_barrier_turn
+
+        def barrier() -> None:
+            met = barriers[turn[0]]
+            if met is not None:
+                met()
+            turn[0] ^= 1
+        return barrier
+
     def _make_device_barrier(self, engine: Any) -> Callable[[], None]:
         from ..kernels.launcher import MAX_KERNEL_RANKS, BarrierArgs
 

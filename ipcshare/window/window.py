@@ -299,6 +299,23 @@ class Window:
         self._check_open()
         self._barriers.device_barrier(self._engine_on(stream))
 
+    def graph_party_barrier(self, stream: Any, parties: list[int]) -> Callable[[], None]:
+        """A graph-safe barrier on ``stream`` that this rank meets for every rank of
+        ``parties`` (world ranks of its GPU, itself first; empty where another rank meets
+        for it): for patterns on GPUs whose contexts take turns, where only one rank per
+        GPU should put work on it (barriers.py, ``graph_party_barrier``). Every rank of
+        the node makes the same number of calls of the barrier it gets.
+
+        Raises:
+            WindowError: a host window, more ranks than the flag sets hold, or a pair
+                without peer access.
+        """
+        self._check_open()
+        if not self.engine.has_streams:
+            raise WindowError(f"a {self.backend.name} window has no CUDA streams for a "
+                              "graph-safe barrier")
+        return self._barriers.graph_party_barrier(self._engine_on(stream), parties)
+
     def on_stream(self, stream: Any, *, graph_safe: bool = False) -> StreamWindow:
         """This window with its GPU work enqueued on ``stream``: a cuda.core Stream (or
         anything with ``__cuda_stream__``), a ``torch.cuda.Stream``, a cupy stream, a

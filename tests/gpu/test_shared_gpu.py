@@ -395,3 +395,48 @@ def test_a_silent_rank_of_a_time_sliced_gpu_is_named_and_nothing_hangs(comm, sil
                         "GPU they share") in outcome, outcome
             else:
                 assert outcome != "ok"  # waited for a rank that never came, and said so
+
+
+@pytest.mark.parametrize("silent", ["guest", "leader"])
+def test_the_leader_all_gathers_graph_names_a_silent_rank_of_its_gpu(comm, silent):
+    """In a CUDA graph on a GPU that takes turns, the leader all-gather's guests only hand
+    their calls over and their leader meets the barriers for them. A guest that never
+    launches its graph is named by its leader's timeout, a leader that never launches
+    its own by its guests' (and the ranks of other GPUs give up waiting too); every rank
+    closes its window."""
+    from ipcshare.patterns.allgather_leader import LeaderAllGather, gpu_leaders
+    from ipcshare.runtime.errors import SignalTimeout
+
+    with ipcshare.Group(backend="cuda-vmm", timeout=2.0) as group:
+        shared = sorted(next((ranks for ranks in group.time_sliced_gpus.values()), []))
+        if len(shared) < 2:
+            pytest.skip("no GPU takes turns here (each rank has its own, or MPS serves it)")
+        leader, guest = shared[0], shared[1]
+        quiet = guest if silent == "guest" else leader
+        pattern = LeaderAllGather()
+        window = group.window(1 << 20)
+        view = window.on_stream(window.engine.stream, graph_safe=True)
+        plan = pattern.plan(64 << 10, group.size, 1)
+        assert gpu_leaders(window)[guest] == leader
+        graph = window.engine.capture(pattern.bind(view, plan, "out-of-place"))
+        comm.Barrier()
+        outcome = "ok"
+        if group.rank != quiet:
+            graph.launch()
+            try:
+                window.synchronize()
+            except SignalTimeout as exc:
+                outcome = str(exc)
+        comm.Barrier()
+        window.close()  # meets the waits left unmet, so the stream drains
+        graph.close()
+    if group.rank == quiet:
+        assert outcome == "ok"
+    elif silent == "guest" and group.rank == leader:
+        assert (f"rank {leader} waiting for rank {guest}, which shares its GPU, to reach "
+                "the all-gather") in outcome, outcome
+    elif silent == "leader" and group.rank in shared:
+        assert (f"waiting for rank {leader}, which runs its all-gather on the GPU they "
+                "share, to finish it") in outcome, outcome
+    else:
+        assert outcome != "ok"  # waited in a graph barrier for a rank that never came
