@@ -189,6 +189,8 @@ def test_host_windows_refuse_streams_and_device_barriers(comm):
         for stream in (None, 1):  # on_stream's default stream too (it was an AttributeError)
             with pytest.raises(WindowError, match="host window has no CUDA streams"):
                 w.on_stream(stream)
+            with pytest.raises(WindowError, match="host window has no CUDA streams"):
+                w.graph_party_barrier(stream, [g.rank])
         w.barrier()  # the plain barrier still works after the refusals
         w.close()
 
