@@ -60,8 +60,9 @@
 # rows they propose for auto's table). Keeps going after a failure and exits
 # non-zero at the end if any step failed. Each step runs under `timeout`.
 #
-# Knobs: COLLECTIVE_TESTS=0 and COLLECTIVE_SWEEPS=0 (collectives phase without its tests,
-# or without its per-algorithm sweeps), SHARED_MPS=0 (shared phase without its MPS half),
+# Knobs: COLLECTIVE_TESTS=0, COLLECTIVE_SWEEPS=0 and COLLECTIVE_VS_NCCL=0 (collectives
+# phase without its tests, its per-algorithm sweeps, or its sweeps against NCCL),
+# COLLECTIVE_RANKS (ranks of its sweeps, default 2: 3 or 4 on the 4-GPU node), SHARED_MPS=0 (shared phase without its MPS half),
 # SHARED_QUICK=1 (shared phase: only the 1 MiB all-gather and ring at G and G + 1 ranks),
 # BENCH_MAX (largest size, default 1G), BENCH_ITERS (default 20), BENCH_BASELINE (nccl,
 # mpi or none; default nccl), STEP_TIMEOUT_TESTS (seconds per pytest run, default 240),
@@ -435,6 +436,8 @@ collective_bench() {  # collective_bench N OP ALGO [extra flags...]: one sweep, 
 }
 export -f collective_tests collective_bench
 if [[ $G -ge 2 ]] && wants collectives; then
+  CN=${COLLECTIVE_RANKS:-2}  # ranks of the sweeps (the tests run at 2); at most G
+  (( CN > G )) && CN=$G
   # The tests first (COLLECTIVE_TESTS=0 skips them, for a call that only measures).
   if [[ ${COLLECTIVE_TESTS:-1} != 0 ]]; then
     step "Communicator GPU tests n=2" "$STEP_TIMEOUT_TESTS" collective_tests 2 \
@@ -452,36 +455,37 @@ if [[ $G -ge 2 ]] && wants collectives; then
     algos="one-shot push"
     [[ $op == allreduce ]] && algos="one-shot two-shot copy-engine push auto"
     for algo in $algos; do
-      step "$op $algo n=2" "$STEP_TIMEOUT_BENCH" collective_bench 2 "$op" "$algo"
-      step "$op $algo n=2 graph" "$STEP_TIMEOUT_BENCH" collective_bench 2 "$op" "$algo" --graph
+      step "$op $algo n=$CN" "$STEP_TIMEOUT_BENCH" collective_bench "$CN" "$op" "$algo"
+      step "$op $algo n=$CN graph" "$STEP_TIMEOUT_BENCH" collective_bench "$CN" "$op" "$algo" --graph
     done
   done
-  # Against each baseline in the same launch, in graphs and eager (COLLECTIVE_BASELINES).
-  for baseline in ${COLLECTIVE_BASELINES:-nccl}; do
+  # Against each baseline in the same launch, in graphs and eager (COLLECTIVE_BASELINES;
+  # COLLECTIVE_VS_NCCL=0 leaves out these, -R 1 and the push sweeps below).
+  [[ ${COLLECTIVE_VS_NCCL:-1} == 0 ]] || for baseline in ${COLLECTIVE_BASELINES:-nccl}; do
     for mode in --graph ""; do
-      step "allreduce auto n=2 vs $baseline $mode" "$STEP_TIMEOUT_BENCH" collective_bench 2 \
+      step "allreduce auto n=$CN vs $baseline $mode" "$STEP_TIMEOUT_BENCH" collective_bench "$CN" \
         allreduce auto $mode --baseline "$baseline"
       [[ $baseline == torch-symm ]] && continue
-      step "reducescatter auto n=2 vs $baseline $mode" "$STEP_TIMEOUT_BENCH" collective_bench 2 \
+      step "reducescatter auto n=$CN vs $baseline $mode" "$STEP_TIMEOUT_BENCH" collective_bench "$CN" \
         reducescatter auto $mode --baseline "$baseline"
-      step "allgather auto n=2 vs $baseline $mode" "$STEP_TIMEOUT_BENCH" collective_bench 2 \
+      step "allgather auto n=$CN vs $baseline $mode" "$STEP_TIMEOUT_BENCH" collective_bench "$CN" \
         allgather auto $mode --baseline "$baseline"
     done
   done
   # Registered arrays (-R 1, as nccl-tests' -R): inputs read in place, no copy in, against
   # NCCL's best path in the same launch.
-  for mode in --graph ""; do
+  [[ ${COLLECTIVE_VS_NCCL:-1} == 0 ]] || for mode in --graph ""; do
     for op in allreduce reducescatter; do
-      step "$op auto -R 1 n=2 vs nccl $mode" "$STEP_TIMEOUT_BENCH" collective_bench 2 \
+      step "$op auto -R 1 n=$CN vs nccl $mode" "$STEP_TIMEOUT_BENCH" collective_bench "$CN" \
         "$op" auto -R 1 $mode --baseline nccl
     done
   done
   # The push kernels from 1 MiB, copied and registered, against NCCL in the same launch:
   # the bandwidth rows of auto's table (issue: 1.2x NCCL's busbw at 1-64 MiB).
-  for mode in --graph ""; do
+  [[ ${COLLECTIVE_VS_NCCL:-1} == 0 ]] || for mode in --graph ""; do
     for op in allreduce reducescatter; do
       for arrays in "-R 0" "-R 1"; do
-        step "$op push $arrays n=2 vs nccl $mode" "$STEP_TIMEOUT_BENCH" collective_bench 2 \
+        step "$op push $arrays n=$CN vs nccl $mode" "$STEP_TIMEOUT_BENCH" collective_bench "$CN" \
           "$op" push $arrays $mode --baseline nccl -b 1M -e "${COLLECTIVE_PUSH_MAX:-256M}"
       done
     done
