@@ -116,6 +116,16 @@ class WindowBarriers:
         self._node_barrier = None
         self.pads = {}
 
+    def _refuse_graph_flag_barrier(self) -> None:
+        """Raise WindowError where the graph flag sets cannot serve the node: more ranks
+        than a set has words, or a pair without peer access."""
+        world = self.window.world
+        if world.local_size > FLAG_BARRIER_RANKS:
+            raise WindowError(f"graph-safe barriers of ranks sharing a GPU span at most "
+                              f"{FLAG_BARRIER_RANKS} ranks of a node; this node has "
+                              f"{world.local_size}")
+        self.refuse_without_direct_peers("a graph-safe barrier")
+
     def graph_flag_barrier(self, engine: Any) -> Callable[[], None]:
         """The graph-safe barrier where ranks share a GPU that takes turns between their
         contexts (``time_sliced_gpus``; under MPS the device barrier serves): fixed-value
@@ -128,11 +138,7 @@ class WindowBarriers:
             WindowError: more than FLAG_BARRIER_RANKS ranks on the node.
         """
         world = self.window.world
-        if world.local_size > FLAG_BARRIER_RANKS:
-            raise WindowError(f"graph-safe barriers of ranks sharing a GPU span at most "
-                              f"{FLAG_BARRIER_RANKS} ranks of a node; this node has "
-                              f"{world.local_size}")
-        self.refuse_without_direct_peers("a graph-safe barrier")
+        self._refuse_graph_flag_barrier()
         others = self.window.paths.direct_peers(world.rank)
 
         def what(slot: int) -> str:
@@ -167,11 +173,7 @@ class WindowBarriers:
                 node without peer access.
         """
         world = self.window.world
-        if world.local_size > FLAG_BARRIER_RANKS:
-            raise WindowError(f"graph-safe barriers of ranks sharing a GPU span at most "
-                              f"{FLAG_BARRIER_RANKS} ranks of a node; this node has "
-                              f"{world.local_size}")
-        self.refuse_without_direct_peers("a graph-safe barrier")
+        self._refuse_graph_flag_barrier()
         others = [r for r in world.local_ranks if r not in parties]
 
         def what_for(party: int) -> Callable[[int], str]:

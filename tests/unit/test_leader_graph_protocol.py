@@ -8,36 +8,14 @@ reached call k, and no rank's call k ends before every scatter of call k has run
 
 from __future__ import annotations
 
-import random
 from types import SimpleNamespace
 
 import pytest
 
-from ipcshare.backends.cuda_engine import CudaEngine
 from ipcshare.patterns.allgather_leader import LeaderAllGather
 from ipcshare.window.barriers import WindowBarriers
 
-
-class Pad:
-    def __init__(self, owner: int) -> None:
-        self.owner = owner
-
-
-class StreamRecorder:
-    """What one rank's code enqueues: batches of (write | wait) steps, kernels, markers."""
-
-    def __init__(self) -> None:
-        self.items: list[tuple] = []
-        self.stream = 0
-
-    def make_signal_batch(self, steps: list[tuple], *, timeout: float):
-        for step in steps:
-            assert step[0] in ("write", "wait") and isinstance(step[1], Pad)
-        frozen = [(kind, pad.owner, slot, value) for kind, pad, slot, value, *_ in steps]
-        return lambda: self.items.append(("batch", frozen))
-
-    # The real composition of a party barrier's steps, on this recorder.
-    make_party_flag_barrier = CudaEngine.make_party_flag_barrier
+from .stream_model import Pad, StreamRecorder, run_streams
 
 
 def node(ranks: int, leader: list[int], calls: int) -> dict[int, list[tuple]]:
@@ -71,54 +49,25 @@ def node(ranks: int, leader: list[int], calls: int) -> dict[int, list[tuple]]:
 
 
 def run(streams: dict[int, list[tuple]], leader: list[int], seed: int) -> None:
-    """Execute the streams against one memory of pad words, in a random order of ready
-    streams; assert the protocol's promises at every scatter and every call's end."""
-    rng = random.Random(seed)
-    memory: dict[tuple[int, int], int] = {}
-    position = {rank: 0 for rank in streams}
-    step_in_batch = {rank: 0 for rank in streams}
+    """Execute the streams in the order ``seed`` draws; assert the protocol's promises at
+    every scatter and every call's end."""
     reached = {rank: -1 for rank in streams}   # the latest call each stream has begun
     scatters: dict[int, int] = {}              # leader -> calls whose scatter has run
     leaders = sorted(set(leader))
 
-    def advance(rank: int) -> None:
-        item = streams[rank][position[rank]]
+    def on_item(rank: int, item: tuple) -> None:
         if item[0] == "begin":
             reached[rank] = item[1]
         elif item[0] == "end":
             call = item[1]
             for lead in leaders:  # every block of call k landed before call k ends
                 assert scatters.get(lead, 0) > call, (rank, call, lead)
-        elif item[0] == "scatter":
+        else:  # a scatter kernel
             call = scatters.get(rank, 0)
             for other in streams:  # every rank reached call k: input ready, output free
                 assert reached[other] >= call, (rank, call, other)
             scatters[rank] = call + 1
-        else:  # a batch, one step at a time (a wait only when can_advance says it is met)
-            steps = item[1]
-            kind, owner, slot, value = steps[step_in_batch[rank]]
-            if kind == "write":
-                memory[(owner, slot)] = value
-            step_in_batch[rank] += 1
-            if step_in_batch[rank] < len(steps):
-                return
-            step_in_batch[rank] = 0
-        position[rank] += 1
-
-    def can_advance(rank: int) -> bool:
-        items = streams[rank]
-        if position[rank] == len(items):
-            return False
-        item = items[position[rank]]
-        if item[0] != "batch":
-            return True
-        kind, owner, slot, value = item[1][step_in_batch[rank]]
-        return kind == "write" or memory.get((owner, slot), 0) >= value
-
-    while any(position[rank] < len(streams[rank]) for rank in streams):
-        ready = [rank for rank in streams if can_advance(rank)]
-        assert ready, f"every stream waits: {position}"
-        advance(rng.choice(ready))
+    run_streams(streams, seed, on_item)
 
 
 @pytest.mark.parametrize("leader", [

@@ -11,12 +11,10 @@ its input."""
 
 from __future__ import annotations
 
-import random
 from types import SimpleNamespace
 
 import pytest
 
-from ipcshare.backends.cuda_engine import CudaEngine
 from ipcshare.collectives.agreement import Signature
 from ipcshare.collectives.algorithms.gpu_kernel import GpuCall
 from ipcshare.collectives.algorithms.gpu_stepped import GpuSteppedAllReduce
@@ -24,26 +22,7 @@ from ipcshare.collectives.time_sliced import GuestSteps, LeaderSteps, TimeSliced
 from ipcshare.kernels.launcher import CollectiveArgs
 from ipcshare.window.layout import FLAG_BARRIER_RANKS, FLAG_BARRIER_SLOT_BASE
 
-
-class Pad:
-    def __init__(self, owner: int) -> None:
-        self.owner = owner
-        self.ptr = 0x1000 * (owner + 1)
-
-
-class StreamRecorder:
-    """One rank's stream: batches of (write | wait) steps, kernels, markers."""
-
-    def __init__(self) -> None:
-        self.items: list[tuple] = []
-        self.stream = 0
-
-    def make_signal_batch(self, steps: list[tuple], *, timeout: float):
-        frozen = [(kind, pad.owner, slot, value) for kind, pad, slot, value, *_ in steps]
-        return lambda: self.items.append(("batch", frozen))
-
-    make_party_flag_barrier = CudaEngine.make_party_flag_barrier
-    make_flag_barrier = CudaEngine.make_flag_barrier
+from .stream_model import Pad, StreamRecorder, run_streams
 
 
 def _kind(entry: str) -> str:
@@ -109,32 +88,19 @@ def node(leader: list[int], calls: int) -> dict[int, list[tuple]]:
 
 
 def run(streams: dict[int, list[tuple]], seed: int) -> None:
-    rng = random.Random(seed)
-    memory: dict[tuple[int, int], int] = {}
-    position = {rank: 0 for rank in streams}
-    step_in_batch = {rank: 0 for rank in streams}
+    """Execute the streams in the order ``seed`` draws; assert the protocol's promises at
+    every kernel and every call's end."""
     reached = {rank: -1 for rank in streams}
     staged = {rank: 0 for rank in streams}   # staging kernels run, by party
     worked = {rank: 0 for rank in streams}   # work kernels run, by party
 
-    def can_advance(rank: int) -> bool:
-        items = streams[rank]
-        if position[rank] == len(items):
-            return False
-        item = items[position[rank]]
-        if item[0] != "batch":
-            return True
-        kind, owner, slot, value = item[1][step_in_batch[rank]]
-        return kind == "write" or memory.get((owner, slot), 0) >= value
-
-    def advance(rank: int) -> None:
-        item = streams[rank][position[rank]]
+    def on_item(rank: int, item: tuple) -> None:
         if item[0] == "begin":
             reached[rank] = item[1]
         elif item[0] == "end":
             for party in streams:  # nobody still reads this rank's input of call k
                 assert worked[party] > item[1], (rank, item[1], party)
-        elif item[0] == "kernel":
+        else:  # a kernel
             _, kind, party = item
             if kind == "stage":
                 call = staged[party]
@@ -145,20 +111,7 @@ def run(streams: dict[int, list[tuple]], seed: int) -> None:
                 for other in streams:  # every input of call k staged, every header out
                     assert staged[other] > call, (rank, party, call, other)
                 worked[party] = call + 1
-        else:
-            kind, owner, slot, value = item[1][step_in_batch[rank]]
-            if kind == "write":
-                memory[(owner, slot)] = value
-            step_in_batch[rank] += 1
-            if step_in_batch[rank] < len(item[1]):
-                return
-            step_in_batch[rank] = 0
-        position[rank] += 1
-
-    while any(position[rank] < len(streams[rank]) for rank in streams):
-        ready = [rank for rank in streams if can_advance(rank)]
-        assert ready, f"every stream waits: {position}"
-        advance(rng.choice(ready))
+    run_streams(streams, seed, on_item)
 
 
 @pytest.mark.parametrize("leader", [
