@@ -236,15 +236,17 @@ class GpuPath:
     def registrations_table_ptr(self) -> int:
         return self._table.ptr
 
-    def launch(self, entry: str, blocks: int, stream: Any, address: int) -> None:
+    def launch(self, entry: str, blocks: int, stream: Any, address: int,
+               parties: int = 1) -> None:
         """Launch collectives.cu's ``entry`` on ``stream`` with ``blocks`` blocks and the
-        kernel parameters at ``address`` (an argument block's).
+        kernel parameters at ``address`` (an argument block's); ``parties`` rows of them
+        where a time-sliced GPU's leader runs a stepped kernel for its guests too.
 
         Raises:
             CudaError: the launch failed.
         """
-        err = self._launch_kernel(self._function(entry), blocks, 1, 1, THREADS, 1, 1, 0,
-                                  stream, address, 0)[0]
+        err = self._launch_kernel(self._function(entry), blocks, parties, 1, THREADS, 1, 1,
+                                  0, stream, address, 0)[0]
         if int(err) != 0:
             from ..runtime.cuda_driver import check
 
@@ -346,11 +348,13 @@ class GpuPath:
         args = type(self._template)()
         ctypes.memmove(ctypes.addressof(args), ctypes.addressof(bound.args),
                        ctypes.sizeof(args))
-        # (entry, blocks) of a kernel, the turn of a meeting, a list of copies, or a step
-        # of a time-sliced GPU's call (a callable)
+        # (entry, blocks, parties) of a kernel, the turn of a meeting, a list of copies,
+        # or a step of a time-sliced GPU's call (a callable)
         recorded: list[Any] = []
         engine = self.engine_for(stream)
-        record_kernel = lambda entry, blocks: recorded.append((entry, blocks))  # noqa: E731
+
+        def record_kernel(entry: str, blocks: int, parties: int = 1) -> None:
+            recorded.append((entry, blocks, parties))
         time_sliced = self._time_sliced_steps(algorithm, engine, args, record_kernel,
                                               recorded.append)
         guest_copies, provisional, checks = 0, False, []
@@ -373,7 +377,7 @@ class GpuPath:
         params = (ctypes.c_void_p * 1)(ctypes.addressof(args))
         address, cu_stream, launch = ctypes.addressof(params), bound.stream, self._launch_kernel
         steps = [step if callable(step)
-                 else (self._function(step[0]), step[1]) if isinstance(step, tuple)
+                 else (self._function(step[0]), *step[1:]) if isinstance(step, tuple)
                  else self.copier(engine, step) if isinstance(step, list)
                  else self._meetings_on(engine)[step] for step in recorded]
         path, success = self, self._success
@@ -383,8 +387,9 @@ class GpuPath:
                 if type(step) is not tuple:
                     step()  # a meeting, or copies
                     continue
-                function, blocks = step
-                err = launch(function, blocks, 1, 1, THREADS, 1, 1, 0, cu_stream, address, 0)[0]
+                function, blocks, parties = step
+                err = launch(function, blocks, parties, 1, THREADS, 1, 1, 0, cu_stream,
+                             address, 0)[0]
                 if err is not success and int(err) != 0:
                     from ..runtime.cuda_driver import check
 
@@ -520,8 +525,8 @@ class GpuPath:
                                   f"{why}")
         address = bound.address
 
-        def launch_on_stream(entry: str, blocks: int) -> None:
-            self.launch(entry, blocks, cu_stream, address)
+        def launch_on_stream(entry: str, blocks: int, parties: int = 1) -> None:
+            self.launch(entry, blocks, cu_stream, address, parties)
         bound.call = GpuCall(signature, self.size, launch_on_stream, ll_max_bytes,
                              meet=lambda turn: self._meetings_on(engine)[turn](),
                              copy=lambda jobs: self.copier(engine, jobs)(), args=bound.args,

@@ -33,9 +33,7 @@ neither word is ever cleared over a newer store.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -299,29 +297,20 @@ class GuestSteps:
 
 class LeaderSteps:
     """The leader's call steps for itself and its guests, made once per signature and
-    stream: each guest's argument block (its rank, and where its call's words lie), the
-    launches, the flag barriers for every party, and the READY / DONE words."""
+    stream: one launch of each kernel for every party (a row of blocks per guest, which
+    the kernel finds by ``guest_mask``: as_party in kernels/src/collectives/stepped.cuh),
+    the flag barriers for every party, and the READY / DONE words."""
 
     guest = False
 
     def __init__(self, role: TimeSlicedRole, engine: Any, args: Any,
-                 launch_own: Callable[[str, int], None], sink: Sink) -> None:
+                 launch_own: Callable[..., None], sink: Sink) -> None:
         path = role.path
         window, me, size = path.window, path.rank, path.size
         timeout = path.group.signal_timeout
-        self._path, self._launch_own, self._sink = path, launch_own, sink
-        self._stream = engine.stream
-        self._blocks: list[tuple[Any, Any, int]] = []  # (args, params, address) per guest
-        for guest in role.guests:
-            block = type(args)()
-            ctypes.memmove(ctypes.addressof(block), ctypes.addressof(args), ctypes.sizeof(args))
-            block.rank = guest
-            block.guest = window.signal_pad(guest).ptr + GUEST_CALL_SLOT * 8
-            block.registrations = path.registrations_table_ptr
-            block.input = block.output = None
-            block.zero_copy = 0
-            params = (ctypes.c_void_p * 1)(ctypes.addressof(block))
-            self._blocks.append((block, params, ctypes.addressof(params)))
+        self._launch_own, self._sink = launch_own, sink
+        args.guest_mask = sum(1 << guest for guest in role.guests)
+        self._parties = 1 + len(role.guests)
         pads = {guest: window.signal_pad(guest) for guest in role.guests}
         self._take = engine.make_signal_batch(
             [step for guest in role.guests for step in (
@@ -352,11 +341,8 @@ class LeaderSteps:
         self._sink(self._take)
 
     def launch(self, entry: str, blocks: int) -> None:
-        """The kernel ``entry`` for this rank, then for every guest."""
-        self._launch_own(entry, blocks)
-        for _block, _params, address in self._blocks:
-            self._sink(functools.partial(self._path.launch, entry, blocks, self._stream,
-                                         address))
+        """The kernel ``entry`` for this rank and every guest, in one launch."""
+        self._launch_own(entry, blocks, self._parties)
 
     def meet(self, turn: int) -> None:
         if self._meetings[turn] is not None:

@@ -77,6 +77,7 @@ class CollectiveArgs(ctypes.Structure):
         ("output_mapped", ctypes.c_int),
         ("output_offset", ctypes.c_ulonglong),
         ("output_registration_row", ctypes.c_ulonglong),
+        ("guest_mask", ctypes.c_ulonglong),
     ]
 
 

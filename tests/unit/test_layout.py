@@ -59,7 +59,8 @@ def test_collective_call_header_matches_the_layout():
                    "kGuestOffsetShift": layout.GUEST_OFFSET_SHIFT,
                    "kGuestRegistered": layout.GUEST_REGISTERED,
                    "kGuestLeaderStages": layout.GUEST_LEADER_STAGES,
-                   "kGuestImported": layout.GUEST_IMPORTED}
+                   "kGuestImported": layout.GUEST_IMPORTED,
+                   "kGuestCallSlot": layout.GUEST_CALL_SLOT}
     assert {name: source[name] for name in guest_words} == guest_words
 
 

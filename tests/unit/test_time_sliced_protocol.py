@@ -41,24 +41,20 @@ def node(leader: list[int], calls: int) -> dict[int, list[tuple]]:
         engine = StreamRecorder()
         window = SimpleNamespace(signal_pad=lambda rank: pads[rank],
                                  local=SimpleNamespace(ptr=0))
-        guests_of: dict[int, int] = {}   # a guest's argument block address -> the guest
-
-        def launch_for(entry, blocks, stream, address, e=engine, g=guests_of):
-            e.items.append(("kernel", _kind(entry), g[address]))
         path = SimpleNamespace(window=window, rank=me, size=size,
                                group=SimpleNamespace(signal_timeout=1.0),
-                               registrations_table_ptr=0, launch=launch_for,
                                copier=lambda engine, jobs: (lambda: None))
+        guests = [rank for rank in range(size) if leader[rank] == leader[me]
+                  and rank != leader[me]]
 
-        def launch_own(entry, blocks, e=engine, me=me):
-            e.items.append(("kernel", _kind(entry), me))
+        def launch_own(entry, blocks, parties=1, e=engine, me=me, guests=guests):
+            # One launch runs the kernel for this rank and, row by row, its guests.
+            e.items.append(("kernel", _kind(entry), (me, *guests[:parties - 1])))
 
         def run_now(step):
             step()
         steps = None
         if leader[me] in time_sliced:
-            guests = [rank for rank in range(size) if leader[rank] == leader[me]
-                      and rank != leader[me]]
             role = TimeSlicedRole(path, leader[me], guests)
             if role.guest:
                 steps = GuestSteps(role, engine, run_now)
@@ -67,10 +63,9 @@ def node(leader: list[int], calls: int) -> dict[int, list[tuple]]:
                     words=lambda digest: {0: digest, 1: 0, 2: 0})
                 steps.digest = signature.digest
             else:
-                steps = LeaderSteps(role, engine, CollectiveArgs(), launch_own, run_now)
-                for guest, (_block, _params, address) in zip(guests, steps._blocks,
-                                                              strict=True):
-                    guests_of[address] = guest
+                args = CollectiveArgs()
+                steps = LeaderSteps(role, engine, args, launch_own, run_now)
+                assert args.guest_mask == sum(1 << guest for guest in guests)
         others = [r for r in range(size) if r != me]
         meetings = [engine.make_flag_barrier(
             pads[me], [pads[r] for r in others], base + me, [base + r for r in others],
@@ -100,17 +95,18 @@ def run(streams: dict[int, list[tuple]], seed: int) -> None:
         elif item[0] == "end":
             for party in streams:  # nobody still reads this rank's input of call k
                 assert worked[party] > item[1], (rank, item[1], party)
-        else:  # a kernel
-            _, kind, party = item
-            if kind == "stage":
-                call = staged[party]
-                assert reached[party] >= call, (rank, party, call)   # the guest handed over
-                staged[party] = call + 1
-            else:
-                call = worked[party]
-                for other in streams:  # every input of call k staged, every header out
-                    assert staged[other] > call, (rank, party, call, other)
-                worked[party] = call + 1
+        else:  # a kernel, run for this rank and, row by row, its guests
+            _, kind, parties = item
+            for party in parties:
+                if kind == "stage":
+                    call = staged[party]
+                    assert reached[party] >= call, (rank, party, call)  # handed over
+                    staged[party] = call + 1
+                else:
+                    call = worked[party]
+                    for other in streams:  # every input of call k staged, headers out
+                        assert staged[other] > call, (rank, party, call, other)
+                    worked[party] = call + 1
     run_streams(streams, seed, on_item)
 
 
@@ -123,11 +119,12 @@ def run(streams: dict[int, list[tuple]], seed: int) -> None:
 ])
 def test_stepped_calls_on_time_sliced_gpus_never_hang_and_stay_ordered(leader):
     streams = node(leader, calls=5)
-    kernels = {rank: sum(item[0] == "kernel" for item in items)
+    kernels = {rank: [item[2] for item in items if item[0] == "kernel"]
                for rank, items in streams.items()}
-    for rank, lead in enumerate(leader):  # leaders run every kernel of their GPU
-        expected = 2 * 5 * leader.count(lead) if rank == lead else 0
-        assert kernels[rank] == expected, (rank, kernels)
+    for rank, lead in enumerate(leader):
+        # A leader launches each kernel once for every rank of its GPU; guests launch none.
+        parties = tuple(r for r in range(len(leader)) if leader[r] == lead)
+        assert kernels[rank] == ([parties] * 10 if rank == lead else []), (rank, kernels)
     for seed in range(40):
         run(streams, seed)
 

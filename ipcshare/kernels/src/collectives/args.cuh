@@ -38,6 +38,8 @@ constexpr int kGuestOffsetShift = 9;
 constexpr u64 kGuestRegistered = 1;
 constexpr u64 kGuestLeaderStages = 2;
 constexpr u64 kGuestImported = 4;
+// The first of a guest's call words in its pad (GUEST_CALL_SLOT in window/layout.py).
+constexpr int kGuestCallSlot = 272;
 // Error-word code of a call whose ranks disagree (peer field all ones; see gpu_path.py).
 constexpr u64 kDisagreement = 0xFFFFull << 48;
 
@@ -85,4 +87,8 @@ struct CollectiveArgs {
   int output_mapped;
   unsigned long long output_offset;
   unsigned long long output_registration_row;
+  // Stepped kernels launched by the leader of a time-sliced GPU: bit r set for each guest
+  // rank r it runs them for in the same launch, one row of blocks (blockIdx.y) per guest
+  // after its own (as_party in stepped.cuh).
+  unsigned long long guest_mask;
 };

@@ -54,8 +54,32 @@ __device__ __forceinline__ void resolve_guest(CollectiveArgs& a) {
   a.output = guest_place(a, output);
 }
 
+// The leader of a time-sliced GPU launches each stepped kernel once for itself and its
+// guests: row 0 of blocks (blockIdx.y) works for the leader, row j for the j-th guest in
+// guest_mask, with the arguments a guest's call had before it was placed (nothing of the
+// leader's own arrays), then resolve_guest reads the guest's words. One launch instead of
+// one per party (each costs the host a cuLaunchKernel and the stream a kernel boundary).
+__device__ __forceinline__ void as_party(CollectiveArgs& a) {
+  if (blockIdx.y == 0) return;
+  u64 mask = a.guest_mask;
+  for (unsigned j = 1; j < blockIdx.y; ++j) mask &= mask - 1;  // drop the guests before
+  const int rank = __ffsll(static_cast<long long>(mask)) - 1;
+  a.rank = rank;
+  a.guest = a.pads[rank] + kGuestCallSlot;
+  a.input = nullptr;
+  a.output = nullptr;
+  a.zero_copy = 0;
+  a.input_offset = 0;
+  a.registration_row = 0;
+  a.output_mapped = 0;
+  a.output_offset = 0;
+  a.output_registration_row = 0;
+  a.guest_mask = 0;
+}
+
 template <class T>
 __device__ void stage_and_publish(CollectiveArgs a) {
+  as_party(a);
   resolve_guest(a);
   const unsigned long long nbytes = a.count * sizeof(typename T::Bits);
   const Slice s = block_slice(nbytes, 16);
@@ -67,6 +91,7 @@ __device__ void stage_and_publish(CollectiveArgs a) {
 
 template <class C>
 __device__ __forceinline__ void after_meet(CollectiveArgs a) {
+  as_party(a);
   resolve_guest(a);
   const Slice s = C::slice(a);
   Call call;
