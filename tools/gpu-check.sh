@@ -2,7 +2,7 @@
 # The one script run on a GPU node: facts, the GPU test suite at 2 (and 4) ranks and with
 # two ranks sharing one GPU, then ring / all-gather sweeps on both GPU backends against NCCL.
 #
-#   tools/gpu-check.sh [all|tests|bench|suite|sweep|doctor|faults|fallback|namespaces|shared|
+#   tools/gpu-check.sh [all|tests|bench|suite|sweep|csweep|doctor|faults|fallback|namespaces|shared|
 #                       collectives|p2p|inter]...                              (default all)
 #
 #   tests   the GPU pytest suite at 2, 4 and 2xG ranks, and 2 ranks sharing one GPU;
@@ -14,6 +14,11 @@
 #   sweep   correctness at the world sizes the suite and tests do not cover (3 and 2xG
 #           ranks): every all-gather algorithm, 1 byte to 387 MiB in odd sizes (factor 9)
 #           and 1 GiB, eager and in CUDA graphs; plus window setup time of both backends
+#   csweep  the collectives through the public API (tools/collective_sweep.py): every
+#           algorithm, dtype and reduction, 1 element to CSWEEP_MAX (default 1G) in odd
+#           sizes, out of place, in place and replayed in graphs with new data, at 2, 3 and
+#           4 ranks and 2xG (CSWEEP_RANKS; ranks beyond the GPUs share them under MPS:
+#           correctness only); then G + 1 ranks on G GPUs without MPS (auto and stepped)
 #   faults  the dead-peer tests (tests/faults, tests/gpu/test_gpu_faults.py) under MPICH's
 #           gforker launcher from wheels brought in .whl/ (mpich, mpi4py), and a soak of
 #           both GPU backends (tools/soak.py: window cycles and ring iterations, counts flat)
@@ -64,6 +69,9 @@
 # phase without its tests, its per-algorithm sweeps, or its sweeps against NCCL),
 # COLLECTIVE_RANKS (ranks of its sweeps, default 2: 3 or 4 on the 4-GPU node), SHARED_MPS=0 (shared phase without its MPS half),
 # SHARED_QUICK=1 (shared phase: only the 1 MiB all-gather and ring at G and G + 1 ranks),
+# CSWEEP_RANKS (world sizes of the csweep phase), CSWEEP_MAX (its largest array, default
+# 1G), CSWEEP_SLICED=0 (csweep without its time-sliced run), CSWEEP_SLICED_MAX (its largest
+# array, default 1G), STEP_TIMEOUT_CSWEEP (seconds per sweep, default 400),
 # BENCH_MAX (largest size, default 1G), BENCH_ITERS (default 20), BENCH_BASELINE (nccl,
 # mpi or none; default nccl), STEP_TIMEOUT_TESTS (seconds per pytest run, default 240),
 # STEP_TIMEOUT_BENCH (per sweep, default 150), PYTHON, MPIEXEC.
@@ -71,8 +79,8 @@ set -u
 
 phases=("${@:-all}")
 for phase in "${phases[@]}"; do
-  case "$phase" in all|tests|bench|suite|sweep|doctor|faults|fallback|namespaces|shared|collectives|p2p|latency|nccl-tests|inter) ;;
-    *) echo "usage: $0 [all|tests|bench|suite|sweep|doctor|faults|fallback|namespaces|shared|collectives|p2p|latency|nccl-tests|inter]..." >&2
+  case "$phase" in all|tests|bench|suite|sweep|csweep|doctor|faults|fallback|namespaces|shared|collectives|p2p|latency|nccl-tests|inter) ;;
+    *) echo "usage: $0 [all|tests|bench|suite|sweep|csweep|doctor|faults|fallback|namespaces|shared|collectives|p2p|latency|nccl-tests|inter]..." >&2
        exit 2 ;; esac
 done
 wants() {  # wants PHASE: whether PHASE was asked for (all = tests and bench)
@@ -103,6 +111,7 @@ BENCH_ITERS=${BENCH_ITERS:-20}
 BENCH_BASELINE=${BENCH_BASELINE:-nccl}
 STEP_TIMEOUT_TESTS=${STEP_TIMEOUT_TESTS:-240}
 STEP_TIMEOUT_BENCH=${STEP_TIMEOUT_BENCH:-150}
+STEP_TIMEOUT_CSWEEP=${STEP_TIMEOUT_CSWEEP:-400}
 PY=${PYTHON:-python3}
 MPIEXEC=${MPIEXEC:-mpiexec}
 
@@ -316,6 +325,48 @@ if [[ $G -ge 2 ]] && wants sweep; then
     step "sweep allgather auto n=$n 1B-1G in graphs" 240 sweep "$n" auto --graph
     step "sweep allgather push n=$n 1B-1G in graphs" 240 sweep "$n" push --graph
   done
+fi
+
+csweep_run() {  # csweep_run N LABEL [SWEEP ARGS...]: tools/collective_sweep.py at N ranks
+  local n=$1 label=$2 forward=()
+  shift 2
+  [[ -n ${CUDA_MPS_PIPE_DIRECTORY:-} ]] && forward+=(-x CUDA_MPS_PIPE_DIRECTORY -x CUDA_MPS_LOG_DIRECTORY)
+  "$MPIEXEC" -n "$n" --bind-to none "${forward[@]}" "$PY" tools/collective_sweep.py \
+    --max-bytes "${CSWEEP_MAX:-1G}" --json "$OUT/csweep-$label-n$n.json" "$@"
+}
+export -f csweep_run
+if [[ $G -ge 1 ]] && wants csweep; then
+  # World sizes (CSWEEP_RANKS, default 2 3 4 and 2xG): those up to G on GPUs of their own,
+  # the larger ones under MPS, where ranks on one GPU run side by side (so any node runs
+  # the 3- and 4-rank code; correctness only).
+  own=() beyond=()
+  for n in $(printf '%s\n' ${CSWEEP_RANKS:-2 3 4 $((2 * G))} | sort -nu); do
+    (( n <= G )) && own+=("$n") || beyond+=("$n")
+  done
+  for n in "${own[@]}"; do
+    step "csweep n=$n" "$STEP_TIMEOUT_CSWEEP" csweep_run "$n" own
+  done
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/ipcshare-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/ipcshare-mps-log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  if (( ${#beyond[@]} == 0 )); then
+    :
+  elif command -v nvidia-cuda-mps-control >/dev/null && nvidia-cuda-mps-control -d; then
+    log "MPS daemon started"
+    for n in "${beyond[@]}"; do
+      step "csweep n=$n under MPS" "$STEP_TIMEOUT_CSWEEP" csweep_run "$n" mps
+    done
+    echo quit | nvidia-cuda-mps-control
+    sleep 2
+    log "MPS daemon stopped"
+  else
+    log "csweep: MPS could not be started here; ${beyond[*]} ranks skipped"
+  fi
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  # GPUs that take turns (G + 1 ranks, no MPS): the stepped kernels, and auto, which runs
+  # them there (CSWEEP_SLICED=0 leaves this out; the later --max-bytes wins).
+  [[ ${CSWEEP_SLICED:-1} == 0 ]] || step "csweep n=$((G + 1)) time-sliced" \
+    "$STEP_TIMEOUT_CSWEEP" csweep_run $((G + 1)) time-sliced --algos stepped,auto \
+    --max-bytes "${CSWEEP_SLICED_MAX:-1G}"
 fi
 
 doctor_run() {  # doctor_run N [--quick]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 from typing import Any
 
 from ..backends.device_buffer import DeviceArray, DeviceBuffer
@@ -56,6 +57,11 @@ _STAGED, _IN_HEAP, _REGISTERED = 0, 1, 2
 
 def _run_now(step: Any) -> None:
     step()
+
+
+def _where_only(ref: ArrayRef) -> ArrayRef:
+    """``ref`` without the array it describes: where its bytes lie and what they hold."""
+    return dataclasses.replace(ref, source=None, host=None)
 
 
 def _not_capturing(stream: Any) -> Any:
@@ -323,6 +329,10 @@ class GpuPath:
             return enqueue
         imports = role.imports
         state = [enqueue, provisional, checks]
+        # Binding again needs only where the arrays lie. Hold no more: a call remembered
+        # by the call cache (call_cache.py) must not keep the user's arrays alive (a bound
+        # call keeps its own, in BoundCollective).
+        input_ref, output_ref = _where_only(input_ref), _where_only(output_ref)
 
         def guest_enqueue() -> None:
             # Bound again where an array's allocation was freed and another took its

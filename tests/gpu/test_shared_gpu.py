@@ -326,6 +326,36 @@ def test_a_guests_own_tensors_are_handed_to_its_leader_and_then_cost_it_no_copy(
 
 
 @pytest.mark.parametrize("backend", ["cuda-ipc", "cuda-vmm"])
+def test_remembered_calls_keep_none_of_the_callers_tensors_alive(comm, backend):
+    """The call cache remembers each call by what identifies its tensors, never the
+    tensors: those the caller drops are freed. A guest's remembered calls used to hold
+    theirs (to bind again once its leader mapped them), up to 64 calls' worth: a sweep of
+    1 GiB calls ran a guest out of memory with 25 GiB of dropped tensors still alive."""
+    torch = pytest.importorskip("torch")
+    import gc
+    import weakref
+
+    from .torch_communicator import torch_communicator
+
+    with torch_communicator(backend, 1 << 20) as (group, cm, stream):
+        if not group.time_sliced_gpus:
+            pytest.skip("no GPU takes turns here (each rank has its own, or MPS serves it)")
+        device = f"cuda:{group.backend.device}"
+        dropped = []
+        for value in range(1, 5):
+            tensor = torch.full((4099,), float(value), device=device)
+            out = torch.empty_like(tensor)
+            cm.all_reduce(tensor, output=out, stream=stream)  # auto: stepped here
+            cm.synchronize(stream)
+            assert bool((out == value * cm.size).all()), value
+            dropped += [weakref.ref(tensor), weakref.ref(out)]
+            del tensor, out
+        gc.collect()
+        alive = comm.allgather(sum(ref() is not None for ref in dropped))
+        assert alive == [0] * cm.size, f"dropped tensors still alive, by rank: {alive}"
+
+
+@pytest.mark.parametrize("backend", ["cuda-ipc", "cuda-vmm"])
 @pytest.mark.parametrize("op", ["allreduce", "reducescatter"])
 def test_the_clis_graphs_capture_a_guests_calls_after_its_leader_mapped_them(comm, op,
                                                                              backend):
