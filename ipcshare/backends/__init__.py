@@ -73,7 +73,8 @@ def open_backend(name: str, *, local_rank: int = 0, local_size: int = 1,
         count, reason = gpu_count()
         if count == 0:
             raise BackendUnavailable(
-                f"backend {name!r} needs a GPU, but {reason}; use --backend host or auto")
+                f"backend {name!r} needs a GPU, but {reason}; use backend='host' or "
+                "backend='auto'")
         if name == "cuda-ipc":
             from .cuda_ipc import CudaIpcBackend
 

@@ -12,7 +12,7 @@ __all__ = ["SIZE_BANDS", "size_band", "BandRatio", "band_ratios"]
 
 _SMALL_MAX = 64 << 10     # <= 64 KiB: latency-bound
 _LARGE_MIN = 16 << 20     # >= 16 MiB: bandwidth-bound
-SIZE_BANDS = ("<= 64K", "64K - 16M", ">= 16M")
+SIZE_BANDS = ("<= 64K", "> 64K, < 16M", ">= 16M")  # none overlaps another
 
 
 def size_band(size: int) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 from .. import __version__
 from ..runtime import settings
 from .exit_codes import EXIT_ERROR, EXIT_OK, EXIT_SLOW, EXIT_USAGE, EXIT_WRONG
-from .option_origins import flag_names
+from .option_origins import as_flags, flag_names
 from .same_command import PATTERN_COMMANDS, CommandLineError
 
 __all__ = ["main", "build_parser", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_WRONG",
@@ -145,20 +145,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ..runtime.errors import IpcShareError, PeerDied
     from ..topology.world import launcher_world_size
 
+    asked_for, done = None, 0  # --help or --version: argparse printed it, would leave
     try:
         args, usage_error = build_parser().parse_args(argv), None
     except CommandLineError as exc:
         args, usage_error = None, exc
+    except SystemExit as exc:
+        if launcher_world_size() is None:
+            raise
+        line = list(sys.argv[1:] if argv is None else argv)
+        asked_for = "--version" if "--version" in line else "--help"
+        args, usage_error, done = None, None, exc.code
     try:
         # p2p is one process that starts its own jobs: under a launcher it refuses by
         # itself, without MPI.
         if launcher_world_size() is not None and (args is None or args.command != "p2p"):
             # Every command starts with a collective of its own: a rank stopped by its
-            # command line, or running another command, would leave the others waiting
-            # in theirs for ever. So all ranks first learn how every rank's line went.
+            # command line (or done after printing its help), or running another
+            # command, would leave the others waiting in theirs for ever. So all ranks
+            # first learn how every rank's line went.
             from .same_command import agree_on_command
 
-            agree_on_command(None if args is None else args.command, usage_error)
+            agree_on_command(asked_for if args is None else args.command, usage_error)
+            if asked_for is not None:  # every rank asked for it: each printed it
+                return int(done or 0)
         elif usage_error is not None:
             raise usage_error
         if args.command is None:
@@ -185,20 +195,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_pattern_command(args)
     except PeerDied as exc:
         # Every survivor found out by itself and cleaned up on the way here.
-        from ..liveness.exit_policy import leave_after_peer_death, peer_exit_grace
+        from ..liveness.exit_policy import (
+            DEFAULT_EXIT_GRACE_S,
+            leave_after_peer_death,
+            peer_exit_grace,
+        )
 
         if settings.debug():
             import traceback
 
             traceback.print_exc()
         sys.stderr.write(f"ipcshare: error: {exc}\n")
-        leave_after_peer_death(EXIT_ERROR, linger=peer_exit_grace() + 0.5)
+        try:
+            grace = peer_exit_grace()
+        except IpcShareError:  # a bad value was reported already, where it was read
+            grace = DEFAULT_EXIT_GRACE_S
+        leave_after_peer_death(EXIT_ERROR, linger=grace + 0.5)
     except CommandLineError as exc:
         sys.stderr.write(exc.line + "\n")
         return EXIT_USAGE
     except IpcShareError as exc:
         # Raised collectively: every rank gets here with the same story, nobody waits.
-        sys.stderr.write(f"ipcshare: error: {exc}\n")
+        text = str(exc)
+        if args is not None and args.command in (*PATTERN_COMMANDS, "p2p", "info"):
+            text = as_flags(text)  # the library's words, in the flags the user typed
+        sys.stderr.write(f"ipcshare: error: {text}\n")
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130

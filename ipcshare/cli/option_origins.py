@@ -12,13 +12,24 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ..runtime.config import as_typed, load_yaml_config
 from ..runtime.errors import OptionError
 
-__all__ = ["OptionOrigins", "flag_names"]
+__all__ = ["OptionOrigins", "flag_names", "as_flags"]
+
+# Library messages name a call's arguments as Python spells them (``backend='host'``); a
+# command line's user typed flags.
+_ARGUMENT = re.compile(r"\b(backend|exchange|handle|algo|inter)='([^']*)'")
+
+
+def as_flags(message: str) -> str:
+    """``message`` with each argument the command line takes as a flag named as that flag:
+    ``use backend='host'`` -> ``use --backend host``."""
+    return _ARGUMENT.sub(lambda m: f"--{m.group(1)} {m.group(2)}", message)
 
 
 def flag_names(parser: argparse.ArgumentParser) -> dict[str, str]:

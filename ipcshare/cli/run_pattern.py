@@ -116,6 +116,8 @@ def run_pattern_command(args: argparse.Namespace) -> int:
                                    register=options.register)
             if world.rank == 0:  # it alone writes: refuse now what would fail after the run
                 check_writable(options.json)
+            # Read here, where a bad value fails every rank together.
+            grace = peer_exit_grace()
         # Before any window: a rank sweeping other sizes would otherwise be named only by
         # the window size its sizes make.
         facts = world.comm.allgather(_run_facts(args, options))
@@ -126,11 +128,13 @@ def run_pattern_command(args: argparse.Namespace) -> int:
     with Group(options.backend, options.exchange, handle=options.handle) as group:
         # A rank stuck in a blocking MPI collective (the driver's timing reductions) when
         # a peer dies cannot notice it: the watch ends it after this grace.
-        group.watch.exit_if_stuck(grace=peer_exit_grace())
+        group.watch.exit_if_stuck(grace=grace)
         with collective_step(group.world, "choosing the algorithm"):
             if options.algo in ("push", "pull", "ring", "ll") and not group.backend.has_kernels:
                 raise ConfigError(f"--algo {options.algo} runs GPU kernels: it needs a GPU "
                                   "backend (cuda-ipc or cuda-vmm), not host")
+            if args.command in ("allreduce", "reducescatter"):
+                _check_reduction_algo(args.command, options.algo, group)
         baseline = make_baseline(options.baseline, group, pattern)
         try:
             result = run_pattern(group, pattern, options, baseline=baseline,
@@ -161,6 +165,21 @@ def run_pattern_command(args: argparse.Namespace) -> int:
                          f"--min-bw {options.min_bw:g}\n")
         return EXIT_SLOW
     return EXIT_OK
+
+
+def _check_reduction_algo(command: str, algo: str, group) -> None:
+    """Refuse, before the table starts, an algorithm that the collective has on other
+    memory than the group's (the library would refuse it at the first call), naming those
+    it has here."""
+    from ..collectives.algorithms import algorithm_names
+
+    memory = "cuda" if group.backend.has_kernels else "host"
+    collective = "all_reduce" if command == "allreduce" else "reduce_scatter"
+    here = ("auto", "hierarchical", *algorithm_names(memory, collective))
+    if algo not in here:
+        where = "GPU" if memory == "cuda" else "host"
+        raise ConfigError(f"--algo {algo} does not run {command} on {where} memory (backend "
+                          f"{group.backend_name}); choose one of: {', '.join(here)}")
 
 
 def _write_json(path: str, document: dict) -> None:

@@ -64,7 +64,8 @@ class ArrayRef:
     def spell(self) -> str:
         """``a float32 array of shape (2, 3) in cuda memory`` (for messages)."""
         where = "" if self.device == "cpu" else f" in {self.device} memory"
-        return f"a {self.dtype} array of shape {self.shape}{where}"
+        article = "an" if self.dtype[:1] in ("i", "u") else "a"  # int32, uint8: vowels
+        return f"{article} {self.dtype} array of shape {self.shape}{where}"
 
 
 def c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...] | None, itemsize: int) -> bool:
@@ -92,6 +93,12 @@ def describe_array(obj: Any, name: str) -> ArrayRef:
     """
     if isinstance(obj, np.ndarray):
         return _from_numpy(obj, obj)
+    if isinstance(obj, np.generic):
+        # numpy would view it through a temporary copy: a result written there is lost.
+        raise CollectiveError(
+            f"{name} is a numpy scalar ({type(obj).__name__}), not an array: a result "
+            f"cannot be written into it; pass an array, e.g. numpy.array([value], "
+            f"dtype=numpy.{type(obj).__name__})")
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(obj, torch.Tensor) and obj.is_cuda:
         return _from_torch(obj)
@@ -280,6 +287,9 @@ def to_numpy_dtype(dtype: Any) -> np.dtype:
         CollectiveError: not a dtype.
         Unsupported: bfloat16 without the ml_dtypes package.
     """
+    if dtype is None:  # numpy would read it as float64
+        raise CollectiveError("dtype=None: name the element type (e.g. 'float32', "
+                              "'bfloat16', numpy.int32)")
     if isinstance(dtype, str) and dtype == "bfloat16":
         try:
             import ml_dtypes
@@ -288,7 +298,12 @@ def to_numpy_dtype(dtype: Any) -> np.dtype:
                               "from the ml_dtypes package: pip install ml_dtypes") from None
         return np.dtype(ml_dtypes.bfloat16)
     try:
-        return np.dtype(dtype)
+        numpy_dtype = np.dtype(dtype)
     except TypeError:
         raise CollectiveError(f"dtype={dtype!r} is not a dtype (e.g. 'float32', "
                               "'bfloat16', numpy.int32)") from None
+    if numpy_dtype.hasobject:
+        raise CollectiveError(f"dtype={dtype!r} holds Python objects, whose bytes are "
+                              "pointers into this process: choose a numeric dtype "
+                              "(e.g. 'float32')")
+    return numpy_dtype

@@ -31,7 +31,8 @@ __all__ = ["Communicator", "agree_on_sizes"]
 
 def _check_bytes(value: Any, name: str, *, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise CollectiveError(f"{name}={value!r}: expected an int of at least {minimum} bytes")
+        unit = "byte" if minimum == 1 else "bytes"
+        raise CollectiveError(f"{name}={value!r}: expected an int of at least {minimum} {unit}")
     return int(value)
 
 

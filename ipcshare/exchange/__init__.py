@@ -29,7 +29,7 @@ from .node_reach import (
 )
 from .pidfd import fetch_fd
 from .pidfd_refusal import PidfdRefusal
-from .socket_dir import make_socket_dir, remove_socket_dir
+from .socket_dir import check_socket_dir_setting, make_socket_dir, remove_socket_dir
 from .unix_socket import SocketEndpoint
 
 __all__ = ["Exchange", "OwnedFd", "DEFAULT_TIMEOUT_S"]
@@ -288,6 +288,9 @@ class Exchange:
         token = self.token
         secret = self._job_secret()
         identities = self._node_identities()
+        with collective_step(world, "checking the socket directory", watch=self.watch,
+                             timeout=self.timeout):
+            check_socket_dir_setting()
         directory = make_socket_dir(token) if world.local_rank == 0 else None
         self._socket_dir = directory  # owned by local rank 0 from here on, even on failure
         try:

@@ -23,6 +23,7 @@ import time
 
 from ..liveness.pidfd_watch import process_start_time
 from ..runtime import settings
+from ..runtime.errors import ConfigError
 from ..runtime.logs import get_logger
 
 __all__ = ["CLAIM_NAME", "STALE_DIR_AGE_S", "SUN_PATH_MAX", "make_socket_dir",
@@ -50,6 +51,31 @@ def socket_dir_base_candidates() -> list[str]:
     """Where the socket directory may go, in order: $IPCSHARE_SOCKET_DIR, the temp dir, /tmp."""
     return [base for base in (settings.socket_dir(), tempfile.gettempdir(),
                               "/tmp") if base]
+
+
+def check_socket_dir_setting() -> None:
+    """Refuse an ``IPCSHARE_SOCKET_DIR`` that cannot hold the job's socket directory (it
+    used to be passed over in silence for the temp dir, which a container setup that
+    relies on a shared mount then failed on much later, or not at all).
+
+    Raises:
+        ConfigError: set, but not a directory, not writable, or too long a path.
+    """
+    base = settings.socket_dir()
+    if base is None:
+        return
+    fix = "or unset it"
+    if not os.path.isdir(base):
+        raise ConfigError(f"{settings.SOCKET_DIR}={base!r} is not a directory here: create "
+                          f"it (one directory mounted in every container of a node), {fix}")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise ConfigError(f"{settings.SOCKET_DIR}={base!r} is not writable by this user: "
+                          f"give the job's user write access, {fix}")
+    probe = os.path.join(base, "ipcshare-0123456789abcdef-xxxxxxxx", "r99999.sock")
+    if not socket_path_fits(probe):
+        raise ConfigError(f"{settings.SOCKET_DIR}={base!r} is too long for a socket path "
+                          f"({len(os.fsencode(probe))} bytes with the job's socket names, at "
+                          f"most {SUN_PATH_MAX}): choose a shorter directory, {fix}")
 
 
 def make_socket_dir(token: str) -> str | None:

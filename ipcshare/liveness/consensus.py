@@ -41,8 +41,9 @@ def agree(world: World, step: str, error: BaseException | None, *, comm=None,
     status = None
     if error is not None:
         # The facts travel beside the text: other ranks cannot read this rank's causes.
+        # The last field: it is a step's agreed error already (a step inside this one).
         status = (type(error).__name__, str(error) or type(error).__name__,
-                  error_facts(error))
+                  error_facts(error), getattr(error, "failure", None) is not None)
     if watch is None:
         statuses = comm.allgather((world.rank, status))
     else:
@@ -51,7 +52,12 @@ def agree(world: World, step: str, error: BaseException | None, *, comm=None,
     failures = [(rank, s) for rank, s in statuses if s is not None]
     if not failures:
         return
-    rank, (name, message, facts) = failures[0]
+    if error is not None and len(failures) == len(statuses) and all(
+            s[3] for _rank, s in failures):
+        # Every rank raised the agreed error of a step inside this one, which names the
+        # failing rank and cause already: wrapping it again would say it twice.
+        raise error
+    rank, (name, message, facts, _agreed) = failures[0]
     failed = [r for r, _status in failures]
     cls = error_class(name)  # an OSError on one rank becomes IpcShareError everywhere
     exc = cls(f"{step} failed on {world.where(rank)}: {message}{failure_suffix(failed)}")

@@ -141,7 +141,7 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
     table = Table(pattern.modes, options.datatype, baseline.label if baseline else None,
                   path_column=baseline.path_column if baseline else False,
                   host_column=timing == "nccl-tests" and not graph,
-                  p95_column=timing == "latency")
+                  p95_column=timing == "latency", checked=options.checks > 0)
     devices = world.comm.gather(group.backend.describe_device(), root=0) or []
     exchange = group.exchange_name
     rank_lines = [f"#  Rank {r:>3} Pid {world.pids[r]:>7} on {world.hostnames[r]:>12} "
@@ -257,7 +257,7 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
         timing=timing_label(timing, graph), devices=list(devices),
         rows=rows, baseline=results[0] if results else None, extra_baselines=results[1:],
         after_kernel=after_kernel, inter=pattern.inter_engine_name,
-        registered=bool(getattr(pattern, "register", False)))
+        registered=bool(getattr(pattern, "register", False)), checked=options.checks > 0)
     if result.inter is not None:
         say(f"# between nodes: {result.inter} ({INTER_LABELS[result.inter]})")
     for line in table.footer(result):

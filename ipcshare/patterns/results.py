@@ -63,8 +63,11 @@ class Measurement:
             low, high = data.get(f"{name}_min"), data.get(f"{name}_max")
             return None if low is None or high is None else (low, high)
 
+        # An unchecked run (-c 0) reports "wrong": null: none were counted.
+        wrong = data["wrong"]
         return cls(time_us=data["time_us"], algbw=data["algbw"], busbw=data["busbw"],
-                   wrong=data["wrong"], p5_us=data.get("p5_us"), p95_us=data.get("p95_us"),
+                   wrong=0 if wrong is None else wrong, p5_us=data.get("p5_us"),
+                   p95_us=data.get("p95_us"),
                    time_us_range=bounds("time_us"), busbw_range=bounds("busbw"),
                    path=data.get("path"), host_us=data.get("host_us"))
 
@@ -128,6 +131,8 @@ class RunResult:
     inter: str | None = None
     # The reduction's arrays were registered with its communicator (-R 1).
     registered: bool = False
+    # Results were verified (-c > 0); otherwise the document says "wrong": null.
+    checked: bool = True
     # Further baselines timed in the same run (``bench`` with several); not in to_dict.
     extra_baselines: list[BaselineResult] = dataclasses.field(default_factory=list)
 
@@ -163,4 +168,11 @@ class RunResult:
             document["inter"] = self.inter
         if self.registered:
             document["registered"] = True
+        if not self.checked:  # nothing verified: no count of wrong elements to report
+            document["checked"] = False
+            document["wrong_total"] = None
+            for row in (*document["rows"], *(document["baseline"] or {}).get("rows", ())):
+                for measured in (row, row.get("in_place") or {}):
+                    if "wrong" in measured:
+                        measured["wrong"] = None
         return document

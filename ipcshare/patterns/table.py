@@ -9,10 +9,11 @@ __all__ = ["Table"]
 _CELL = "{:>9} {:>7} {:>7} {:>6}"
 
 
-def _cells(m: Measurement | None) -> str:
+def _cells(m: Measurement | None, checked: bool) -> str:
     if m is None:
         return _CELL.format("n/a", "", "", "")
-    return _CELL.format(_fmt_time(m.time_us), f"{m.algbw:.2f}", f"{m.busbw:.2f}", m.wrong)
+    return _CELL.format(_fmt_time(m.time_us), f"{m.algbw:.2f}", f"{m.busbw:.2f}",
+                        m.wrong if checked else "N/A")
 
 
 def _spell_p95(m: Measurement) -> str:
@@ -28,18 +29,20 @@ class Table:
 
     def __init__(self, modes: tuple[str, ...], datatype: str, baseline: str | None, *,
                  path_column: bool = False, host_column: bool = False,
-                 p95_column: bool = False) -> None:
+                 p95_column: bool = False, checked: bool = True) -> None:
         """``baseline`` is the baseline's label (None: no baseline columns);
         ``path_column`` adds the path its figure came from; ``host_column`` the host's
         time per call of the first mode (eager timing); ``p95_column`` the 95th
         percentile of the first mode's samples and of the baseline's (latency timing,
-        where ``time`` is the median)."""
+        where ``time`` is the median); ``checked`` False (``-c 0``) shows ``N/A`` where
+        wrong elements would be counted, as nccl-tests does."""
         self.modes = modes
         self.datatype = datatype
         self.baseline = baseline
         self.path_column = bool(baseline) and path_column
         self.host_column = host_column
         self.p95_column = p95_column
+        self.checked = checked
 
     def header(self, title: str, rank_lines: list[str]) -> list[str]:
         lines = [f"# {title}", "#", *rank_lines, "#"]
@@ -70,7 +73,7 @@ class Table:
         return lines
 
     def row(self, row: Row, baseline_row: Row | None) -> str:
-        cells = "".join(_cells(row.modes.get(mode)) + "  " for mode in self.modes)
+        cells = "".join(_cells(row.modes.get(mode), self.checked) + "  " for mode in self.modes)
         if self.host_column:
             host = row.primary.host_us
             cells += f"{'' if host is None else f'{host:.2f}':>7}  "
@@ -83,7 +86,8 @@ class Table:
             else:
                 b = baseline_row.primary
                 speedup = b.time_us / row.primary.time_us if row.primary.time_us > 0 else 0.0
-                text += f"{_fmt_time(b.time_us):>9} {b.busbw:>7.2f} {b.wrong:>6} {speedup:>7.2f}"
+                wrong = b.wrong if self.checked else "N/A"
+                text += f"{_fmt_time(b.time_us):>9} {b.busbw:>7.2f} {wrong:>6} {speedup:>7.2f}"
                 if self.path_column:
                     text += f" {b.path or '':>9}"
                 if self.p95_column:
@@ -93,7 +97,9 @@ class Table:
     @staticmethod
     def footer(result: RunResult) -> list[str]:
         status = "OK" if result.wrong_total == 0 else "FAILED"
-        lines = [f"# Out of bounds values : {result.wrong_total} {status}",
+        verdict = f"{result.wrong_total} {status}" if result.checked else \
+            "N/A (not checked: -c 0)"
+        lines = [f"# Out of bounds values : {verdict}",
                  f"# Avg bus bandwidth    : {result.avg_busbw:.3f}"]
         if result.baseline is not None and result.baseline.rows:
             pairs = zip(result.rows, result.baseline.rows, strict=True)

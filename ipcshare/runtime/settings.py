@@ -74,7 +74,9 @@ SETTINGS = (
             "after a peer died, before its guard ends it"),
     Setting(DOCTOR_TIMEOUT, "60", "seconds a rank may be late at a doctor checkpoint"),
     Setting(SOCKET_DIR, "the temp dir", "where the job's private socket directory goes "
-            "(one directory mounted in every container of a node)"),
+            "(one directory mounted in every container of a node); set, it must be a "
+            "writable directory whose socket paths fit 107 bytes, or the socket exchange "
+            "fails on every rank naming why"),
     Setting(KERNEL_CACHE, "~/.cache/ipcshare/kernels", "where compiled kernels (CUBIN) are "
             "kept"),
     Setting(DOCTOR_TEST_DIE_RANK, "unset", "tests only: the rank that dies during doctor"),

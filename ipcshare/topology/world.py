@@ -100,6 +100,12 @@ class World:
         """
         MPI = mpi()
         comm = MPI.COMM_WORLD if comm is None else comm
+        if not isinstance(comm, MPI.Intracomm):
+            # A misuse on this rank: refused here, before any collective.
+            raise ConfigError(f"comm={comm!r} ({type(comm).__name__}) is not an MPI "
+                              "communicator: pass an mpi4py.MPI.Intracomm (e.g. "
+                              "MPI.COMM_WORLD or one made by its Split), or nothing for "
+                              "the whole job")
         rank, size = comm.Get_rank(), comm.Get_size()
         # Logs name the job's rank, also for groups over a sub-communicator.
         configure_logging(MPI.COMM_WORLD.Get_rank())
@@ -191,7 +197,10 @@ def virtual_node_blocks(size: int, nodes: int) -> list[int]:
     Raises:
         ConfigError: ``nodes`` is not between 1 and ``size``.
     """
-    if not 1 <= nodes <= size:
+    if nodes < 1:
+        raise ConfigError(f"{VIRTUAL_NODES_ENV}={nodes}: the job needs at least 1 virtual "
+                          "node (unset it for the real nodes)")
+    if nodes > size:
         raise ConfigError(f"{VIRTUAL_NODES_ENV}={nodes} asks for more virtual nodes than the "
                           f"{size} rank(s) of the job: each node needs at least one rank")
     base, extra = divmod(size, nodes)

@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -303,6 +304,80 @@ def test_a_usage_error_on_one_rank_stops_every_rank(socket_dir):
                in line and line.endswith("(see ipcshare allreduce --help)")
                for line in lines), out.stderr  # rank 0's, naming rank 1
     assert list(socket_dir.iterdir()) == []
+
+
+@needs_mpiexec
+@pytest.mark.parametrize(("line", "asked"), [(["allgather", "--help"], "--help"),
+                                              (["--version"], "--version")])
+def test_help_asked_on_one_rank_only_stops_every_rank(socket_dir, line, asked):
+    # The rank printing its help used to leave the job before MPI started, and the others
+    # spun in their first collective for ever.
+    out = run_mpmd((1, ["allgather", "-b", "4K", "-e", "4K"]), (1, line), timeout=60)
+    errors = [line for line in out.stderr.splitlines() if line.startswith("ipcshare: error:")]
+    assert out.returncode == 1 and len(errors) == 2, out.stderr
+    assert all(line == "ipcshare: error: ranks disagree on the command: rank 0 asks for "
+               f"allgather, rank 1 for {asked}" for line in errors), out.stderr
+    assert ("usage: ipcshare allgather" in out.stdout) == (asked == "--help")
+    assert list(socket_dir.iterdir()) == []
+
+
+@needs_mpiexec
+def test_help_asked_on_every_rank_is_printed_and_exits_zero(socket_dir):
+    out = run_mpmd((2, ["allgather", "--help"]), timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("usage: ipcshare allgather") == 2 and not out.stderr
+
+
+@needs_mpiexec
+def test_a_bad_exit_grace_on_one_rank_stops_every_rank(socket_dir):
+    # Read after the ranks' first agreement, a bad value used to stop only its own rank,
+    # and the other spun until the job was killed.
+    cmd = [MPIEXEC, "-n", "1", *IPCSHARE, "allgather", "-b", "4K", "-e", "4K", ":",
+           "-n", "1", "-env", "IPCSHARE_PEER_EXIT_GRACE", "soon", *IPCSHARE, "allgather",
+           "-b", "4K", "-e", "4K"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    errors = [line for line in out.stderr.splitlines() if line.startswith("ipcshare: error:")]
+    assert out.returncode == 1 and len(errors) == 2 and "Traceback" not in out.stderr, \
+        out.stderr
+    assert any("IPCSHARE_PEER_EXIT_GRACE='soon'" in line for line in errors), out.stderr
+    assert any("rank 1" in line for line in errors), out.stderr
+    assert list(socket_dir.iterdir()) == []
+
+
+@needs_mpiexec
+def test_checks_turned_off_are_reported_as_not_checked_not_as_zero_wrong(tmp_path,
+                                                                         socket_dir):
+    # -c 0 used to print "#wrong 0" and "Out of bounds values : 0 OK" and write "wrong": 0,
+    # as if every element had been verified.
+    out = run(["allgather", "-b", "1K", "-e", "4K", "-n", "2", "-w", "1", "-c", "0",
+               "--baseline", "mpi", "--json", str(tmp_path / "r.json")], n=2)
+    assert out.returncode == 0, out.stderr
+    assert "# Out of bounds values : N/A (not checked: -c 0)" in out.stdout
+    rows = [line for line in out.stdout.splitlines() if line and not line.startswith("#")]
+    assert len(rows) == 3 and all(line.split().count("N/A") == 3 for line in rows), rows
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["checked"] is False and doc["wrong_total"] is None
+    assert all(row["wrong"] is None and row["in_place"]["wrong"] is None
+               for row in doc["rows"] + doc["baseline"]["rows"])
+    checked = run(["allgather", "-b", "1K", "-e", "1K", "-n", "2", "-w", "1",
+                   "--json", str(tmp_path / "c.json")], n=2)
+    assert checked.returncode == 0, checked.stderr
+    doc = json.loads((tmp_path / "c.json").read_text())
+    assert "checked" not in doc and doc["wrong_total"] == 0  # the design's keys, unchanged
+
+
+@needs_mpiexec
+def test_a_socket_dir_that_is_not_a_directory_fails_every_rank_at_once(tmp_path, monkeypatch):
+    missing = tmp_path / "not-mounted"
+    monkeypatch.setenv("IPCSHARE_SOCKET_DIR", str(missing))
+    out = run(["allgather", "-b", "1K", "-e", "1K", "--exchange", "socket"], n=2, timeout=60)
+    errors = [line for line in out.stderr.splitlines() if line.startswith("ipcshare: error:")]
+    assert out.returncode == 1 and len(errors) == 2 and "Traceback" not in out.stderr
+    assert all(line == "ipcshare: error: checking the socket directory failed on rank 0@"
+               f"{socket.gethostname()}: IPCSHARE_SOCKET_DIR='{missing}' is not a directory "
+               "here: create it (one directory mounted in every container of a node), or "
+               "unset it (reported by ranks 0-1)" for line in errors), out.stderr
+    assert not missing.exists()
 
 
 @needs_mpiexec

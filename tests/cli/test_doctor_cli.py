@@ -27,9 +27,9 @@ without_gpu = pytest.mark.skipif(gpu_count()[0] > 0, reason="a GPU is present he
 
 
 @pytest.fixture(autouse=True)
-def private_sockets(tmp_path, monkeypatch):
-    path = tmp_path / "sockets"
-    path.mkdir()
+def private_sockets(socket_base, monkeypatch):
+    # Short enough for socket paths (tmp_path is not, and is refused as the socket dir).
+    path = socket_base
     monkeypatch.setenv("IPCSHARE_SOCKET_DIR", str(path))
     monkeypatch.setenv("IPCSHARE_DOCTOR_TIMEOUT", "10")
     yield path

@@ -95,7 +95,7 @@ def test_uneven_nodes_are_refused_on_every_rank(comm, monkeypatch):
 
 
 def test_inter_nccl_on_host_memory_is_refused_on_every_rank(comm, even_nodes):
-    with pytest.raises(ConfigError, match=r"--inter nccl .* needs a GPU backend"):
+    with pytest.raises(ConfigError, match=r"inter='nccl' .* needs a GPU backend"):
         _run("allreduce", inter="nccl")
 
 

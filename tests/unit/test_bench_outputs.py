@@ -61,7 +61,7 @@ def _result(backend="host", baselines=("mpi",), repeat=1, ops=("allgather", "rin
 def test_summary_lines_give_a_ratio_per_band_and_the_notes():
     lines = summary_lines(_result(baselines=("mpi", "nccl")))
     text = "\n".join(lines)
-    assert "<= 64K" in text and "64K - 16M" in text and ">= 16M" in text
+    assert "<= 64K" in text and "> 64K, < 16M" in text and ">= 16M" in text
     allgather = next(line for line in lines if "allgather host single-copy nccl-tests" in line)
     assert "mpi" in allgather and "0.50" in allgather  # ours / mpi = 1 / 2 everywhere
     assert "nccl baseline skipped in 4 case(s): NCCL runs on GPU memory only" in text

@@ -67,6 +67,29 @@ def test_numpy_arrays_are_described_where_they_lie():
     assert describe_array(raw, "x").ptr == np.frombuffer(raw, np.uint8).ctypes.data
 
 
+@pytest.mark.parametrize("scalar", [np.float32(3.0), np.int32(7), np.float16(1.5)])
+def test_numpy_scalars_are_refused_since_no_result_could_reach_them(scalar):
+    # numpy views a scalar through a temporary copy: an all-reduce "in place" on one
+    # used to return the unreduced value on every rank, without an error.
+    name = type(scalar).__name__
+    with pytest.raises(CollectiveError, match=rf"^tensor is a numpy scalar \({name}\), not an "
+                       rf"array: .*numpy.array\(\[value\], dtype=numpy.{name}\)"):
+        describe_array(scalar, "tensor")
+
+
+@pytest.mark.parametrize(("dtype", "says"), [
+    (None, "dtype=None: name the element type"),
+    (object, "holds Python objects"),
+    ("not-a-type", "is not a dtype"),
+])
+def test_dtypes_that_name_no_numeric_element_are_refused(dtype, says):
+    # None used to give float64 in silence, and object numpy's own TypeError.
+    from ipcshare.collectives.arrays import to_numpy_dtype
+
+    with pytest.raises(CollectiveError, match=says):
+        to_numpy_dtype(dtype)
+
+
 def test_what_is_not_an_array_is_named():
     with pytest.raises(CollectiveError, match="^tensor is a list, not an array"):
         describe_array([1, 2], "tensor")

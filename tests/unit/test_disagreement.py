@@ -82,7 +82,8 @@ def _world(rank: int, size: int) -> World:
 
 
 def test_agree_names_every_rank_that_failed_not_a_count():
-    failed = ("BackendError", "cuMemMap -> CUDA_ERROR_X", ErrorFacts(cuda_error="CUDA_ERROR_X"))
+    failed = ("BackendError", "cuMemMap -> CUDA_ERROR_X", ErrorFacts(cuda_error="CUDA_ERROR_X"),
+              False)
     comm = _Gathered([None, failed, None, failed, failed])
     with pytest.raises(BackendError) as caught:
         agree(_world(0, 5), "import", None, comm=comm)
@@ -92,18 +93,34 @@ def test_agree_names_every_rank_that_failed_not_a_count():
 
 
 def test_agree_on_one_failing_rank_has_no_suffix():
-    comm = _Gathered([None, ("WindowError", "bad", ErrorFacts())])
+    comm = _Gathered([None, ("WindowError", "bad", ErrorFacts(), False)])
     with pytest.raises(WindowError, match=r"^step failed on rank 1@h: bad$"):
         agree(_world(0, 2), "step", None, comm=comm)
 
 
 def test_agree_carries_the_failure_as_typed_facts():
-    failed = ("BackendError", "cuMemMap -> CUDA_ERROR_X", ErrorFacts(cuda_error="CUDA_ERROR_X"))
+    failed = ("BackendError", "cuMemMap -> CUDA_ERROR_X", ErrorFacts(cuda_error="CUDA_ERROR_X"),
+              False)
     comm = _Gathered([None, failed, None, failed])
     with pytest.raises(BackendError) as caught:
         agree(_world(0, 4), "import", None, comm=comm)
     assert caught.value.failure == CollectiveFailure(
         step="import", rank=1, host="h", ranks=(1, 3), facts=ErrorFacts(cuda_error="CUDA_ERROR_X"))
+
+
+def test_an_agreed_error_of_an_inner_step_is_not_wrapped_twice():
+    inner = ConfigError("checking the socket directory failed on rank 0@h: no such "
+                        "directory (reported by ranks 0-1)")
+    inner.failure = CollectiveFailure(step="checking the socket directory", rank=0, host="h",
+                                      ranks=(0, 1), facts=ErrorFacts())
+    agreed = ("ConfigError", str(inner), ErrorFacts(), True)
+    with pytest.raises(ConfigError) as caught:
+        agree(_world(1, 2), "descriptor exchange", inner, comm=_Gathered([agreed, agreed]))
+    assert caught.value is inner  # every rank raised it: the message stays as it was
+    # Where some rank failed otherwise, the outer step names the first as usual.
+    other = ("BackendError", "bad", ErrorFacts(), False)
+    with pytest.raises(BackendError, match=r"^descriptor exchange failed on rank 0@h: bad "):
+        agree(_world(1, 2), "descriptor exchange", inner, comm=_Gathered([other, agreed]))
 
 
 def test_the_failing_rank_sends_the_facts_of_its_own_error():

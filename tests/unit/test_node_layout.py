@@ -19,10 +19,15 @@ def test_virtual_nodes_are_consecutive_blocks_larger_first(size, nodes, expected
     assert virtual_node_blocks(size, nodes) == expected
 
 
-@pytest.mark.parametrize("nodes", [0, 5])
-def test_virtual_node_count_outside_one_to_size_is_refused(nodes):
-    with pytest.raises(ConfigError, match="IPCSHARE_VIRTUAL_NODES"):
+@pytest.mark.parametrize(("nodes", "says"), [
+    (0, "IPCSHARE_VIRTUAL_NODES=0: the job needs at least 1 virtual node"),
+    (-1, "IPCSHARE_VIRTUAL_NODES=-1: the job needs at least 1 virtual node"),
+    (5, "IPCSHARE_VIRTUAL_NODES=5 asks for more virtual nodes than the 4 rank(s)"),
+])
+def test_virtual_node_count_outside_one_to_size_is_refused(nodes, says):
+    with pytest.raises(ConfigError) as refused:
         virtual_node_blocks(4, nodes)
+    assert str(refused.value).startswith(says), refused.value
 
 
 def test_node_segments_follow_the_rank_order():
@@ -80,3 +85,11 @@ def test_pair_paths_relay_through_a_third_gpu_and_follow_the_forced_fallback():
         fact["p2p_fallback"] = "sideways"
     with pytest.raises(ConfigError, match="IPCSHARE_P2P_FALLBACK='sideways'"):
         pair_paths(facts)
+
+
+def test_a_group_over_something_that_is_no_communicator_is_refused_by_name():
+    # It used to fail with AttributeError: 'int' object has no attribute 'Get_rank'.
+    from ipcshare.topology.world import World
+
+    with pytest.raises(ConfigError, match=r"^comm=42 \(int\) is not an MPI communicator: pass"):
+        World.from_comm(42)

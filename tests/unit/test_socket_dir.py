@@ -18,6 +18,7 @@ import pytest
 
 from ipcshare.exchange.socket_dir import (
     CLAIM_NAME,
+    check_socket_dir_setting,
     make_socket_dir,
     remove_socket_dir,
     remove_stale_socket_dirs,
@@ -226,3 +227,24 @@ def test_the_guard_removes_only_the_jobs_socket_directory(tmp_path, monkeypatch)
         for process in (peer, own):
             process.kill()
             process.wait()
+
+
+def test_a_socket_dir_setting_that_cannot_hold_the_job_s_directory_is_refused(tmp_path,
+                                                                              monkeypatch):
+    # It used to be passed over in silence for the temp dir.
+    from ipcshare.runtime.errors import ConfigError
+
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    long = tmp_path / ("d" * 80)
+    long.mkdir()
+    for value, says in ((tmp_path / "missing", "is not a directory here: create it"),
+                        (afile, "is not a directory here"),
+                        (long, "is too long for a socket path")):
+        monkeypatch.setenv("IPCSHARE_SOCKET_DIR", str(value))
+        with pytest.raises(ConfigError, match=rf"^IPCSHARE_SOCKET_DIR='{value}' {says}"):
+            check_socket_dir_setting()
+    monkeypatch.setenv("IPCSHARE_SOCKET_DIR", str(tmp_path))
+    check_socket_dir_setting()  # a directory of ours: fine
+    monkeypatch.delenv("IPCSHARE_SOCKET_DIR")
+    check_socket_dir_setting()  # unset: the temp dir

@@ -74,18 +74,18 @@ def open_inter_engine(requested: str, group: Any) -> InterNodeEngine:
     # auto would mix engines and the rails would never meet.
     names = group.collective("engine between nodes", name)
     if len(set(names)) > 1:  # every rank sees the same names and raises alike
-        raise ConfigError(f"--inter {requested} resolves to different engines: "
+        raise ConfigError(f"inter={requested!r} resolves to different engines: "
                           f"{describe_disagreement(names, verb=('gets', 'get'))} (nccl4py is "
                           "not importable everywhere); install nccl4py on every node, or use "
-                          "--inter mpi")
+                          "inter='mpi'")
     if name == "nccl":
         # Every rank gathers the same places, so every rank decides (and raises) alike.
         clash = rail_gpu_clash(group.collective("GPUs of the rails", (
             world.local_rank, socket.gethostname(), group.backend.uuid)))
         if clash is not None and requested == "nccl":
-            raise ConfigError(f"--inter nccl cannot run here: {clash}, and NCCL needs one "
-                              "GPU per rank of a communicator; use --inter mpi or auto, or "
-                              "give each rank its own GPU")
+            raise ConfigError(f"inter='nccl' cannot run here: {clash}, and NCCL needs one "
+                              "GPU per rank of a communicator; use inter='mpi' or "
+                              "inter='auto', or give each rank its own GPU")
         if clash is not None:
             name = "mpi"
     if name == "nccl":

@@ -65,10 +65,11 @@ def check_nccl_possible(backend_name: str, missing: str | None) -> None:
             (``missing`` says why).
     """
     if backend_name == "host":
-        raise ConfigError("--inter nccl moves device memory between nodes through NCCL: it "
+        raise ConfigError("inter='nccl' moves device memory between nodes through NCCL: it "
                           "needs a GPU backend (cuda-ipc or cuda-vmm), but this run uses the "
-                          "host backend (no GPU, or --backend host); use --inter mpi or auto")
+                          "host backend (no GPU, or backend='host'); use inter='mpi' or "
+                          "inter='auto'")
     if missing is not None:
-        raise ConfigError(f"--inter nccl needs nccl4py (NVIDIA's NCCL binding, module nccl), "
+        raise ConfigError(f"inter='nccl' needs nccl4py (NVIDIA's NCCL binding, module nccl), "
                           f"which is not importable here ({missing}); install nccl4py, or "
-                          "use --inter mpi or auto")
+                          "use inter='mpi' or inter='auto'")
