@@ -146,8 +146,12 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
     exchange = group.exchange_name
     rank_lines = [f"#  Rank {r:>3} Pid {world.pids[r]:>7} on {world.hostnames[r]:>12} "
                   f"device {dev}" for r, dev in enumerate(devices)]
+    shown = exchange
+    if options.exchange not in ("auto", exchange):
+        # Asked for MPI, but the backend's handles are descriptors, which MPI cannot carry.
+        shown = f"{exchange} (asked: {options.exchange}; descriptors travel by {exchange})"
     title = (f"ipcshare {__version__}  op: {pattern.name}  backend: {group.backend_name}  "
-             f"exchange: {exchange}  ranks: {n}  nodes: {world.node_count}  "
+             f"exchange: {shown}  ranks: {n}  nodes: {world.node_count}  "
              f"iters: {options.iters}  warmup: {options.warmup}  checks: {options.checks}")
     if timing == "latency":
         title += f"  timing: {GRAPH_LATENCY_LABEL if graph else LATENCY_LABEL}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import sys
 
 from . import settings
 
@@ -17,6 +18,10 @@ def get_logger(name: str | None = None) -> logging.Logger:
     return logging.getLogger(_LOGGER_NAME if not name else f"{_LOGGER_NAME}.{name}")
 
 
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_WARNED: set[str] = set()
+
+
 def configure_logging(rank: int, *, level: str | None = None) -> None:
     """Send ipcshare logs to stderr as ``[ipcshare rank 1@host] LEVEL message``.
 
@@ -24,8 +29,17 @@ def configure_logging(rank: int, *, level: str | None = None) -> None:
     again only updates the rank and level, so it is safe in tests that open many groups.
     """
     logger = logging.getLogger(_LOGGER_NAME)
-    wanted = (level or settings.log_level() or "WARNING").upper()
-    logger.setLevel(getattr(logging, wanted, logging.WARNING))
+    given = level or settings.log_level() or "WARNING"
+    wanted = given.upper()
+    if wanted not in _LEVELS:
+        # Warned, not raised: ranks configure logging before their first collective, so
+        # a rank raising alone here would leave the others waiting in it.
+        if given not in _WARNED:
+            _WARNED.add(given)
+            sys.stderr.write(f"ipcshare: warning: {settings.LOG}={given!r} is not a log "
+                             f"level ({', '.join(_LEVELS)}): using WARNING\n")
+        wanted = "WARNING"
+    logger.setLevel(getattr(logging, wanted))
     prefix = f"[ipcshare rank {rank}@{socket.gethostname()}]"
     formatter = logging.Formatter(f"{prefix} %(levelname)s %(message)s")
     for handler in logger.handlers:

@@ -381,6 +381,15 @@ def test_a_socket_dir_that_is_not_a_directory_fails_every_rank_at_once(tmp_path,
 
 
 @needs_mpiexec
+def test_an_exchange_the_backend_cannot_use_is_named_beside_the_one_used(socket_dir):
+    # Host memory travels as descriptors, which MPI cannot carry: the header said
+    # "exchange: socket" with no word on why the asked-for mpi did not run.
+    out = run(["allgather", "-b", "1K", "-e", "1K", "-n", "1", "--exchange", "mpi"], n=2)
+    assert out.returncode == 0, out.stderr
+    assert "exchange: socket (asked: mpi; descriptors travel by socket)" in out.stdout
+
+
+@needs_mpiexec
 def test_ranks_asking_for_different_commands_are_named(socket_dir):
     out = run_mpmd((1, ["info"]), (2, ["allgather", "-b", "4K", "-e", "4K"]), timeout=60)
     errors = [line for line in out.stderr.splitlines() if line.startswith("ipcshare: error:")]

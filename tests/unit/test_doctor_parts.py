@@ -262,6 +262,19 @@ def test_a_document_from_two_nodes_one_failing():
     assert cluster.summarize_cluster(document)["passed"] == ["n1|boot-n1|-|-"]
 
 
+def test_growth_within_the_allowance_says_so_beside_the_figure():
+    # "mappings +9" beside PASS read as a leak: the line now names the allowance.
+    results = [rank_result(0), rank_result(1)]
+    results[1]["leak"]["grown"]["mappings"] = 9
+    document = verdict.build_document(results, version="9.9", quick=True, mpi_library="MPI x",
+                                      elapsed_s=1.0)
+    (key, node), = document["nodes"].items()
+    assert node["pass"]
+    text = "\n".join(report.render_node(key, node))
+    assert ("fds +0, ipcshare_mappings +0, mappings +9 (up to +64 allowed: other "
+            "libraries' own)") in text, text
+
+
 def test_outputs_are_written_as_json_and_yaml(tmp_path):
     document = verdict.build_document([rank_result(0), rank_result(1)], version="9.9",
                                       quick=False, mpi_library="MPI x", elapsed_s=2.0)

@@ -122,3 +122,25 @@ def test_the_signal_timeout_the_table_documents_is_the_one_groups_use(monkeypatc
     monkeypatch.delenv(settings.SIGNAL_TIMEOUT, raising=False)
     (row,) = [s for s in settings.SETTINGS if s.name == settings.SIGNAL_TIMEOUT]
     assert float(row.default) == group._signal_timeout() == 30.0
+
+
+def test_a_log_level_that_is_none_is_warned_about_once_and_warning_is_used(monkeypatch,
+                                                                           capsys):
+    # It was ignored in silence. Warned, not raised: logging is set up before the ranks'
+    # first collective, where a rank raising alone would leave the others waiting.
+    import logging
+
+    from ipcshare.runtime.logs import configure_logging
+
+    monkeypatch.setenv("IPCSHARE_LOG", "verbose")
+    configure_logging(0)
+    configure_logging(0)
+    err = capsys.readouterr().err
+    assert err.count("ipcshare: warning: IPCSHARE_LOG='verbose' is not a log level "
+                     "(DEBUG, INFO, WARNING, ERROR, CRITICAL): using WARNING") == 1, err
+    assert logging.getLogger("ipcshare").level == logging.WARNING
+    monkeypatch.setenv("IPCSHARE_LOG", "info")
+    configure_logging(0)
+    assert logging.getLogger("ipcshare").level == logging.INFO
+    monkeypatch.delenv("IPCSHARE_LOG")
+    configure_logging(0)
