@@ -81,8 +81,9 @@ def load(paths: list[Path]) -> dict[Key, Table]:
             except json.JSONDecodeError as error:
                 raise SystemExit(f"{path}:{number}: not JSON ({error.msg})") from None
             case = document.get("collective_case")
-            if case is None or document.get("wrong_total", 0):
-                continue   # not a collective sweep, or one that was wrong: never chosen
+            if (case is None or document.get("wrong_total", 0)
+                    or document.get("checked") is False):
+                continue   # not a collective sweep, or one wrong or unchecked: never chosen
             op, algo = case_algorithm(case)
             key = Key(op, document["world_size"], document["timing"],
                       bool(document.get("registered", False)))

@@ -15,7 +15,8 @@ failed call)::
         [--dtypes float32,...] [--reductions sum,max,min] [--replays 3] [--json FILE]
 
 An algorithm that refuses a size (the low-latency one above its buffers) is listed with
-its reason and skipped at larger sizes; a refusal is not a pass.
+its reason and skipped at larger sizes. Refusing the smallest size, or a call that fails
+when waited for (a disagreement or a timeout its kernel recorded), fails the sweep.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import numpy as np
 import ipcshare
 from ipcshare.collectives.algorithms import algorithm_names
 from ipcshare.runtime.config import format_size, parse_size
-from ipcshare.runtime.errors import CollectiveError
+from ipcshare.runtime.errors import CollectiveError, IpcShareError
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather")
 # Out of place on the caller's arrays (copied in), in place, out of place on arrays from
@@ -148,6 +149,10 @@ class _Torch:
         self.torch.cuda.empty_cache()
 
 
+class _CallFailed(Exception):
+    """A call that was made and failed (found when waiting for it)."""
+
+
 class Sweep:
     """The cases of one world size, run in the same order on every rank."""
 
@@ -167,12 +172,22 @@ class Sweep:
                     continue
                 record["wrong"] += self._mode(op, algo, dtype, reduction, count, mode)
                 record["calls"] += self.replays if mode == "graph" else 1
-        except CollectiveError as exc:  # raised alike on every rank (same sizes everywhere)
+        except _CallFailed as exc:  # a call that ran and failed: never a pass
+            record["failed"] = str(exc)
+        except CollectiveError as exc:  # refused before it ran, alike on every rank
             record["refused"] = str(exc)
         if count * _ITEMSIZE[dtype] >= 64 << 20:
             self.arrays.release()
         self.cases.append(record)
         return record
+
+    def _finish(self) -> None:
+        """Wait for this rank's calls and raise what their kernels recorded."""
+        self.arrays.synchronize()
+        try:
+            self.comm.synchronize(self.arrays.stream)
+        except IpcShareError as exc:
+            raise _CallFailed(str(exc)) from exc
 
     def _case_data(self, op: str, dtype: str, reduction: str | None, count: int,
                    seed: int) -> tuple[Any, Any]:
@@ -232,12 +247,12 @@ class Sweep:
         if mode != "graph":
             fill(mine)
             call()
-            a.synchronize()
+            self._finish()
             return a.wrong(result, want)
         torch = a.torch
         fill(mine)
         call()  # the first call of this shape is collective and checks agreement: not captured
-        a.synchronize()
+        self._finish()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=a.stream):
             call()
@@ -246,7 +261,7 @@ class Sweep:
             mine, want = self._case_data(op, dtype, reduction, count, seed + 1 + replay)
             fill(mine)
             graph.replay()
-            a.synchronize()
+            self._finish()
             wrong += a.wrong(result, want)
         del graph
         return wrong
@@ -265,6 +280,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replays", type=int, default=3)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
+    if args.algos:  # a misspelt name would otherwise sweep nothing and pass
+        known = {"auto"}.union(*(algorithm_names(memory, op) for memory in ("host", "cuda")
+                                 for op in args.ops.split(",")))
+        unknown = sorted(set(args.algos.split(",")) - known)
+        if unknown:
+            parser.error(f"--algos: unknown {', '.join(unknown)}; the ops asked for have "
+                         f"{', '.join(sorted(known))}")
     with ipcshare.Group(backend=args.backend) as group:
         gpu = group.backend_name != "host"
         largest = parse_size(args.max_bytes or ("1G" if gpu else "1M"))
@@ -281,16 +303,17 @@ def main(argv: list[str] | None = None) -> int:
                         continue
                     _sweep_algorithm(sweep, op, algo, args, largest, started)
         wrong = group.world.comm.allreduce(sum(c["wrong"] for c in sweep.cases))
-        failed = sum(1 for c in sweep.cases if "refused" in c and c["count"] == 1)
+        failed = group.world.comm.allreduce(sum(1 for c in sweep.cases if "failed" in c))
         if group.rank == 0:
             calls = sum(c["calls"] for c in sweep.cases)
             print(f"# collective_sweep: {group.size} ranks, {group.backend_name}, "
                   f"{len(sweep.cases)} cases, {calls} calls per rank, {wrong} wrong, "
+                  f"{failed} failed, "
                   f"{time.perf_counter() - started:.0f} s", flush=True)
             if args.json:
                 with open(args.json, "w") as out:
                     json.dump({"world_size": group.size, "backend": group.backend_name,
-                               "max_bytes": largest, "wrong_total": wrong,
+                               "max_bytes": largest, "wrong_total": wrong, "failed": failed,
                                "cases": sweep.cases}, out, indent=1)
     return 1 if wrong or failed else 0
 
@@ -302,15 +325,23 @@ def _sweep_algorithm(sweep: Sweep, op: str, algo: str, args: Any, largest: int,
     reductions = (None,) if op == "all_gather" else tuple(args.reductions.split(","))
     cases = wrong = 0
     refused: list[str] = []
+    failed: list[str] = []
     top = 0
     for dtype in dtypes:
         multiple = sweep.size if op != "all_reduce" else 1
         for reduction in reductions:
-            for count in element_counts(largest // _ITEMSIZE[dtype], args.factor, multiple):
+            counts = element_counts(largest // _ITEMSIZE[dtype], args.factor, multiple)
+            for count in counts:
                 record = sweep.run(op, algo, dtype, reduction, count)
-                if "refused" in record:
-                    refused.append(f"{dtype} {reduction or ''} {count} elements: "
-                                   f"{record['refused']}")
+                where = f"{dtype} {reduction or ''} {count} elements"
+                if "refused" in record and count == counts[0]:
+                    # Refusing the smallest call is no size limit: the algorithm fails.
+                    record["failed"] = record.pop("refused")
+                if "failed" in record:
+                    failed.append(f"{where}: {record['failed']}")
+                    break
+                if "refused" in record:  # a size limit (ll's buffers): larger ones too
+                    refused.append(f"{where}: {record['refused']}")
                     break
                 cases += 1
                 wrong += record["wrong"]
@@ -321,6 +352,8 @@ def _sweep_algorithm(sweep: Sweep, op: str, algo: str, args: Any, largest: int,
                 f"{wrong} wrong  [{time.perf_counter() - started:.0f} s]")
         if refused:
             line += f"; refused {len(refused)}x, first: {refused[0]}"
+        if failed:
+            line += f"; FAILED {len(failed)}x, first: {failed[0]}"
         print(line, flush=True)
 
 

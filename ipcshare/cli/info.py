@@ -14,6 +14,7 @@ from ..runtime import settings
 from ..topology.gpu_sharing import GpuSharing, gpu_sharing, shared_gpus_advice
 from ..topology.peer_paths import FALLBACK_ENV, PathPlan, fallback_choice, plan_paths
 from ..topology.world import World, mpi_library_version
+from .option_origins import as_flags
 
 __all__ = ["run_info", "rank_facts", "pair_paths", "node_path_plans", "PAIR_PATHS"]
 
@@ -184,8 +185,9 @@ def inter_choice(requested: str, facts: list[dict]) -> dict:
     try:
         check_nccl_possible(backend, reason)
     except ConfigError as exc:
-        if requested == "nccl":
-            return {"requested": requested, "engine": None, "why": str(exc)}
+        if requested == "nccl":  # info's one flag among the library's arguments
+            return {"requested": requested, "engine": None,
+                    "why": as_flags(str(exc), {"inter": "--inter"})}
         why = ("no GPU backend on every rank" if backend == "host"
                else f"nccl4py not importable on every rank ({reason})")
         return {"requested": requested, "engine": "mpi",

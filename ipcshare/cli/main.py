@@ -208,7 +208,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"ipcshare: error: {exc}\n")
         try:
             grace = peer_exit_grace()
-        except IpcShareError:  # a bad value was reported already, where it was read
+        except IpcShareError:
+            # The pattern commands refused a bad value at their start; the others read it
+            # only here, on the way out after a death: the default then, not a traceback.
             grace = DEFAULT_EXIT_GRACE_S
         leave_after_peer_death(EXIT_ERROR, linger=grace + 0.5)
     except CommandLineError as exc:
@@ -216,9 +218,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except IpcShareError as exc:
         # Raised collectively: every rank gets here with the same story, nobody waits.
-        text = str(exc)
-        if args is not None and args.command in (*PATTERN_COMMANDS, "p2p", "info"):
-            text = as_flags(text)  # the library's words, in the flags the user typed
+        # The library's words, in the flags of the command the user typed.
+        text = as_flags(str(exc), getattr(args, "option_flags", {}))
         sys.stderr.write(f"ipcshare: error: {text}\n")
         return EXIT_ERROR
     except KeyboardInterrupt:

@@ -22,14 +22,21 @@ from ..runtime.errors import OptionError
 __all__ = ["OptionOrigins", "flag_names", "as_flags"]
 
 # Library messages name a call's arguments as Python spells them (``backend='host'``); a
-# command line's user typed flags.
-_ARGUMENT = re.compile(r"\b(backend|exchange|handle|algo|inter)='([^']*)'")
+# command line's user typed flags. Not after a dot or a word: ``self.exchange='mpi'``
+# is code, not an argument.
+_ARGUMENT = re.compile(r"(?<![\w.])(backend|exchange|handle|algo|inter)='([^']*)'")
 
 
-def as_flags(message: str) -> str:
-    """``message`` with each argument the command line takes as a flag named as that flag:
-    ``use backend='host'`` -> ``use --backend host``."""
-    return _ARGUMENT.sub(lambda m: f"--{m.group(1)} {m.group(2)}", message)
+def as_flags(message: str, flags: Mapping[str, str]) -> str:
+    """``message`` with each argument that is one of ``flags`` (destination -> flags, as
+    ``flag_names`` gives them) named as its long flag: ``use backend='host'`` -> ``use
+    --backend host``. Arguments the command has no flag for stay as they are."""
+    def flag(match: re.Match) -> str:
+        name, value = match.groups()
+        if name not in flags:
+            return match.group(0)
+        return f"{flags[name].split('/')[-1]} {value}"
+    return _ARGUMENT.sub(flag, message)
 
 
 def flag_names(parser: argparse.ArgumentParser) -> dict[str, str]:

@@ -64,7 +64,7 @@ class ArrayRef:
     def spell(self) -> str:
         """``a float32 array of shape (2, 3) in cuda memory`` (for messages)."""
         where = "" if self.device == "cpu" else f" in {self.device} memory"
-        article = "an" if self.dtype[:1] in ("i", "u") else "a"  # int32, uint8: vowels
+        article = "an" if self.dtype.startswith("int") else "a"  # an int32, a uint8
         return f"{article} {self.dtype} array of shape {self.shape}{where}"
 
 

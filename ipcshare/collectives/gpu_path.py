@@ -414,7 +414,9 @@ class GpuPath:
     def _time_sliced_steps(self, algorithm: Algorithm, engine: Any, args: Any,
                            launch_own: Any, sink: Any) -> Any:
         """This rank's steps of ``algorithm``'s calls on a time-sliced GPU (None where its
-        calls run as usual): a guest's hand-over, or the leader's steps for its guests."""
+        calls run as usual): a guest's hand-over, or the leader's steps for its guests.
+        The leader's steps write ``args.guest_mask``: ``args`` must be the block its
+        kernels are launched with (one row of blocks per party in the mask)."""
         role = self._time_sliced
         if role is None or not getattr(algorithm, "leader_runs_time_sliced", False):
             return None

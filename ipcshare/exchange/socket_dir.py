@@ -53,6 +53,12 @@ def socket_dir_base_candidates() -> list[str]:
                               "/tmp") if base]
 
 
+def _longest_socket_path(base: str, token: str) -> str:
+    """The longest socket path a job's directory under ``base`` holds (the directory's
+    8 random characters, a socket name of a 5-digit local rank)."""
+    return os.path.join(base, f"ipcshare-{token}-xxxxxxxx", "r99999.sock")
+
+
 def check_socket_dir_setting() -> None:
     """Refuse an ``IPCSHARE_SOCKET_DIR`` that cannot hold the job's socket directory (it
     used to be passed over in silence for the temp dir, which a container setup that
@@ -71,7 +77,7 @@ def check_socket_dir_setting() -> None:
     if not os.access(base, os.W_OK | os.X_OK):
         raise ConfigError(f"{settings.SOCKET_DIR}={base!r} is not writable by this user: "
                           f"give the job's user write access, {fix}")
-    probe = os.path.join(base, "ipcshare-0123456789abcdef-xxxxxxxx", "r99999.sock")
+    probe = _longest_socket_path(base, "0" * 16)
     if not socket_path_fits(probe):
         raise ConfigError(f"{settings.SOCKET_DIR}={base!r} is too long for a socket path "
                           f"({len(os.fsencode(probe))} bytes with the job's socket names, at "
@@ -88,7 +94,7 @@ def make_socket_dir(token: str) -> str | None:
     if not re.fullmatch(r"[0-9a-f]{16}", token):
         raise ValueError(f"token must be 16 hex digits, got {token!r}")
     for base in socket_dir_base_candidates():
-        probe = os.path.join(base, f"ipcshare-{token}-xxxxxxxx", "r99999.sock")
+        probe = _longest_socket_path(base, token)
         if not socket_path_fits(probe) or not os.path.isdir(base):
             continue
         remove_stale_socket_dirs(base)

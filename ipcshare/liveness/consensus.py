@@ -52,10 +52,12 @@ def agree(world: World, step: str, error: BaseException | None, *, comm=None,
     failures = [(rank, s) for rank, s in statuses if s is not None]
     if not failures:
         return
-    if error is not None and len(failures) == len(statuses) and all(
-            s[3] for _rank, s in failures):
-        # Every rank raised the agreed error of a step inside this one, which names the
-        # failing rank and cause already: wrapping it again would say it twice.
+    if (error is not None and len(failures) == len(statuses)
+            and all(s[3] for _rank, s in failures)
+            and len({(s[0], s[1]) for _rank, s in failures}) == 1):
+        # Every rank raised the same agreed error of a step inside this one, which names
+        # the failing rank and cause already: wrapping it again would say it twice. (Steps
+        # over a node's ranks agree per node: different errors are wrapped as usual.)
         raise error
     rank, (name, message, facts, _agreed) = failures[0]
     failed = [r for r, _status in failures]

@@ -128,8 +128,8 @@ def _print_table(op: str, count: int, rows: list[Row], options: P2pOptions, pair
     else:
         lines.append(f"#  ipc: one process per GPU ({' '.join(ipc.command[:3])} ... "
                      f"--backend cuda-vmm); window setup {ipc.setup_ms} ms (slowest rank)")
-    table = Table(TABLE_MODES, "float", None)
     sweep = options.sweep
+    table = Table(TABLE_MODES, "float", None, checked=sweep.checks > 0)
     title = (f"ipcshare {__version__}  op: p2p {op}  GPUs: {count}  iters: {sweep.iters}  "
              f"warmup: {sweep.warmup}  checks: {sweep.checks}  timing: host wall clock, "
              "back-to-back")
@@ -138,7 +138,9 @@ def _print_table(op: str, count: int, rows: list[Row], options: P2pOptions, pair
     for row in rows:
         emit(table.row(row, None))
     wrong = sum(row.wrong for row in rows)
-    emit(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
+    verdict = f"{wrong} {'OK' if wrong == 0 else 'FAILED'}" if sweep.checks > 0 else \
+        "N/A (not checked: -c 0)"
+    emit(f"# Out of bounds values : {verdict}")
     for mode in TABLE_MODES:
         values = [row.modes[mode].busbw for row in rows if mode in row.modes]
         if values:

@@ -147,9 +147,12 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
     rank_lines = [f"#  Rank {r:>3} Pid {world.pids[r]:>7} on {world.hostnames[r]:>12} "
                   f"device {dev}" for r, dev in enumerate(devices)]
     shown = exchange
-    if options.exchange not in ("auto", exchange):
-        # Asked for MPI, but the backend's handles are descriptors, which MPI cannot carry.
-        shown = f"{exchange} (asked: {options.exchange}; descriptors travel by {exchange})"
+    if options.exchange == "mpi" and group.backend.uses_fds:
+        # The backend's handles are descriptors, which MPI cannot carry.
+        shown = f"{exchange} (asked: mpi; descriptors travel by {exchange})"
+    elif options.exchange not in ("auto", exchange) and not group.backend.uses_fds:
+        # Handles that are bytes travel by MPI whatever carries descriptors.
+        shown = f"{exchange} (asked: {options.exchange}; this backend's handles are bytes)"
     title = (f"ipcshare {__version__}  op: {pattern.name}  backend: {group.backend_name}  "
              f"exchange: {shown}  ranks: {n}  nodes: {world.node_count}  "
              f"iters: {options.iters}  warmup: {options.warmup}  checks: {options.checks}")

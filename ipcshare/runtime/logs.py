@@ -36,7 +36,8 @@ def configure_logging(rank: int, *, level: str | None = None) -> None:
         # a rank raising alone here would leave the others waiting in it.
         if given not in _WARNED:
             _WARNED.add(given)
-            sys.stderr.write(f"ipcshare: warning: {settings.LOG}={given!r} is not a log "
+            source = "level" if level else settings.LOG
+            sys.stderr.write(f"ipcshare: warning: {source}={given!r} is not a log "
                              f"level ({', '.join(_LEVELS)}): using WARNING\n")
         wanted = "WARNING"
     logger.setLevel(getattr(logging, wanted))

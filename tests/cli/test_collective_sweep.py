@@ -88,3 +88,28 @@ def test_one_wrong_element_fails_the_sweep(monkeypatch, socket_base, capsys):
     # 16 elements at most (counts 1, 9, 15, 16): the last three are wrong by one element
     # in each of the three modes.
     assert "all_reduce      one-shot        4 cases up to     64, 9 wrong" in out, out
+
+
+def test_an_algorithm_refusing_even_the_smallest_call_fails_the_sweep(monkeypatch,
+                                                                      socket_base, capsys):
+    monkeypatch.setenv("IPCSHARE_SOCKET_DIR", str(socket_base))
+    from ipcshare.collectives.communicator import Communicator
+    from ipcshare.runtime.errors import CollectiveError
+
+    def refuse(self, output, input, **kwargs):
+        raise CollectiveError("refused for the test")
+
+    monkeypatch.setattr(Communicator, "reduce_scatter", refuse)
+    status = _tool().main(["--backend", "host", "--ops", "reduce_scatter", "--algos",
+                           "one-shot", "--dtypes", "int32", "--reductions", "sum",
+                           "--max-bytes", "64"])
+    out = capsys.readouterr().out
+    assert status == 1, out
+    assert "FAILED 1x, first: int32 sum 1 elements: refused for the test" in out, out
+
+
+def test_a_misspelt_algorithm_is_refused_rather_than_swept_as_nothing(capsys):
+    with pytest.raises(SystemExit) as stopped:
+        _tool().main(["--backend", "host", "--algos", "one_shot"])
+    assert stopped.value.code == 2
+    assert "--algos: unknown one_shot" in capsys.readouterr().err

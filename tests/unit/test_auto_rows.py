@@ -102,6 +102,14 @@ def test_a_sweep_with_wrong_results_is_never_chosen(tmp_path):
     assert table.ours == {MiB: {"pull": 10.0}}
 
 
+def test_a_sweep_that_was_not_checked_is_never_chosen(tmp_path):
+    unchecked = {**json.loads(sweep("allgather-push", {MiB: 5.0})), "checked": False,
+                 "wrong_total": None}
+    path = write(tmp_path, sweep("allgather-pull", {MiB: 10.0}), json.dumps(unchecked))
+    table = auto_rows.load([path])[auto_rows.Key("allgather", 2, "graph", False)]
+    assert table.ours == {MiB: {"pull": 10.0}}
+
+
 def test_several_sweeps_of_one_algorithm_keep_the_fastest_and_nccls_best(tmp_path):
     path = write(tmp_path,
                  sweep("allreduce-push -R 0 --graph", {MiB: 12.0}, nccl={MiB: 9.0}),

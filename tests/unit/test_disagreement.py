@@ -121,6 +121,11 @@ def test_an_agreed_error_of_an_inner_step_is_not_wrapped_twice():
     other = ("BackendError", "bad", ErrorFacts(), False)
     with pytest.raises(BackendError, match=r"^descriptor exchange failed on rank 0@h: bad "):
         agree(_world(1, 2), "descriptor exchange", inner, comm=_Gathered([other, agreed]))
+    # So also where the ranks' agreed errors differ (steps agreed per node).
+    elsewhere = ("ConfigError", "node step failed on rank 0@h: other cause", ErrorFacts(),
+                 True)
+    with pytest.raises(ConfigError, match=r"^descriptor exchange failed on rank 0@h: node "):
+        agree(_world(1, 2), "descriptor exchange", inner, comm=_Gathered([elsewhere, agreed]))
 
 
 def test_the_failing_rank_sends_the_facts_of_its_own_error():

@@ -107,3 +107,20 @@ def test_a_fabric_handle_needs_the_cuda_vmm_backend():
                                  "of GPU memory: they need a GPU backend, cuda-vmm, and the "
                                  "backend is host")
     check_handle("host", "posix-fd")  # every backend's default
+
+
+def test_library_arguments_in_a_message_are_named_as_the_command_s_flags():
+    from ipcshare.cli.main import build_parser
+    from ipcshare.cli.option_origins import as_flags
+
+    flags = build_parser().parse_args(["allreduce"]).option_flags
+    message = ("backend 'cuda-ipc' needs a GPU; use backend='host' or backend='auto'; "
+               "algo='ll' cannot run this; use inter='mpi'")
+    assert as_flags(message, flags) == (
+        "backend 'cuda-ipc' needs a GPU; use --backend host or --backend auto; "
+        "--algo ll cannot run this; use --inter mpi")
+    # Code, and arguments the command has no flag for, stay as they are.
+    assert as_flags("self.exchange='mpi' and dtype='x'", flags) == \
+        "self.exchange='mpi' and dtype='x'"
+    assert as_flags("use backend='host' or inter='mpi'", {"inter": "--inter"}) == \
+        "use backend='host' or --inter mpi"
