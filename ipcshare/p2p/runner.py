@@ -137,10 +137,7 @@ def _print_table(op: str, count: int, rows: list[Row], options: P2pOptions, pair
         emit(line)
     for row in rows:
         emit(table.row(row, None))
-    wrong = sum(row.wrong for row in rows)
-    verdict = f"{wrong} {'OK' if wrong == 0 else 'FAILED'}" if sweep.checks > 0 else \
-        "N/A (not checked: -c 0)"
-    emit(f"# Out of bounds values : {verdict}")
+    emit(Table.verdict(sum(row.wrong for row in rows), sweep.checks > 0))
     for mode in TABLE_MODES:
         values = [row.modes[mode].busbw for row in rows if mode in row.modes]
         if values:

@@ -95,11 +95,15 @@ class Table:
         return text.rstrip()
 
     @staticmethod
+    def verdict(wrong: int, checked: bool) -> str:
+        """The footer's first line: the wrong elements and OK / FAILED, or N/A."""
+        if not checked:
+            return "# Out of bounds values : N/A (not checked: -c 0)"
+        return f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}"
+
+    @staticmethod
     def footer(result: RunResult) -> list[str]:
-        status = "OK" if result.wrong_total == 0 else "FAILED"
-        verdict = f"{result.wrong_total} {status}" if result.checked else \
-            "N/A (not checked: -c 0)"
-        lines = [f"# Out of bounds values : {verdict}",
+        lines = [Table.verdict(result.wrong_total, result.checked),
                  f"# Avg bus bandwidth    : {result.avg_busbw:.3f}"]
         if result.baseline is not None and result.baseline.rows:
             pairs = zip(result.rows, result.baseline.rows, strict=True)
