@@ -84,6 +84,8 @@ def load(paths: list[Path]) -> dict[Key, Table]:
             if (case is None or document.get("wrong_total", 0)
                     or document.get("checked") is False):
                 continue   # not a collective sweep, or one wrong or unchecked: never chosen
+            if document.get("statistic", "mean") != "mean":
+                continue   # latency samples (a launch and a sync each): not back-to-back
             op, algo = case_algorithm(case)
             key = Key(op, document["world_size"], document["timing"],
                       bool(document.get("registered", False)))

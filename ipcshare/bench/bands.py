@@ -1,5 +1,6 @@
-"""The closing summary: our time over each baseline's, per size band (small sizes are
-latency-bound, large ones bandwidth-bound, and the middle is where the two meet)."""
+"""The closing summary: each baseline's time over ours (the speedup, read as the table's
+speedup column is), per size band (small sizes are latency-bound, large ones
+bandwidth-bound, and the middle is where the two meet)."""
 
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ def size_band(size: int) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class BandRatio:
-    """Our time over a baseline's in one size band: the geometric mean over the band's
-    sizes (below 1: we are faster), its smallest and largest value, and the count."""
+    """A baseline's time over ours in one size band: the geometric mean over the band's
+    sizes (above 1: we are faster), its smallest and largest value, and the count."""
 
     band: str
     baseline: str
@@ -38,14 +39,14 @@ class BandRatio:
 
 
 def band_ratios(result: RunResult) -> list[BandRatio]:
-    """Per baseline of ``result``, per band with sizes, our primary time over the
-    baseline's (rows with a zero time are left out), bands in size order."""
+    """Per baseline of ``result``, per band with sizes, the baseline's primary time over
+    ours (rows with a zero time are left out), bands in size order."""
     ratios = []
     for baseline in result.baselines:
         by_band: dict[str, list[float]] = {band: [] for band in SIZE_BANDS}
         for ours, theirs in zip(result.rows, baseline.rows, strict=True):
             if ours.primary.time_us > 0 and theirs.primary.time_us > 0:
-                by_band[size_band(ours.size)].append(ours.primary.time_us / theirs.primary.time_us)
+                by_band[size_band(ours.size)].append(theirs.primary.time_us / ours.primary.time_us)
         for band, values in by_band.items():
             if values:
                 mean = math.exp(sum(math.log(value) for value in values) / len(values))

@@ -15,7 +15,8 @@ from ..runtime.errors import ConfigError
 from .runner import BenchResult
 from .suite import OP_SIZES, OP_TITLES
 
-__all__ = ["Ceiling", "ceilings", "require_matplotlib", "write_plot", "NVLINK4_GBPS"]
+__all__ = ["Ceiling", "ceilings", "PLOT_FORMATS", "plot_format", "require_matplotlib", "write_plot",
+           "NVLINK4_GBPS"]
 
 # NVLink 4 (H100 / H200, 18 links): line rate per direction, GB/s.
 NVLINK4_GBPS = 450.0
@@ -68,6 +69,26 @@ def _best_busbw(cases: list[Any]) -> float:
     return max((row.primary.busbw for c in cases for row in c.result.rows), default=0.0)
 
 
+# The figure formats --plot writes, by the file name's ending: an image a Markdown
+# report can show (png, svg) or a page to print (pdf).
+PLOT_FORMATS = ("png", "svg", "pdf")
+
+
+def plot_format(path: str | Path) -> str:
+    """The format ``path`` asks for by its ending.
+
+    Raises:
+        ConfigError: the name ends in no format of :data:`PLOT_FORMATS` (a PNG written
+            under another name would be a file nothing opens for what it claims).
+    """
+    suffix = Path(path).suffix.lower().lstrip(".")
+    if suffix not in PLOT_FORMATS:
+        endings = ", ".join(f".{name}" for name in PLOT_FORMATS)
+        raise ConfigError(f"--plot {str(path)!r}: name the figure with an ending that says "
+                          f"its format: {endings} (e.g. --plot bench.png)")
+    return suffix
+
+
 def require_matplotlib() -> None:
     """Raises ConfigError, with the install hint, when matplotlib is missing."""
     try:
@@ -78,11 +99,14 @@ def require_matplotlib() -> None:
 
 
 def write_plot(result: BenchResult, facts: dict[str, Any], path: str | Path) -> None:
-    """Draw the two panels into ``path`` (PNG) with matplotlib's Agg canvas.
+    """Draw the two panels into ``path`` with matplotlib's Agg canvas, in the format its
+    ending names (:func:`plot_format`).
 
     Raises:
-        ConfigError: matplotlib is missing, or ``path`` cannot be written.
+        ConfigError: matplotlib is missing, the ending names no format, or ``path``
+            cannot be written.
     """
+    file_format = plot_format(path)
     require_matplotlib()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -161,7 +185,7 @@ def write_plot(result: BenchResult, facts: dict[str, Any], path: str | Path) -> 
     figure.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=8.5,
                   frameon=False)
     try:
-        figure.savefig(path, format="png")
+        figure.savefig(path, format=file_format)
     except OSError as exc:
         raise ConfigError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
 

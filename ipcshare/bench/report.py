@@ -55,7 +55,7 @@ def _skipped_notes(result: BenchResult) -> list[str]:
 
 # Said wherever ratios are shown and a p2p case is among them.
 _P2P_RATIOS = ("p2p cases: ours is IPC, the baselines are P2P direct (p2p-kernel, p2p-copy), "
-               "so a ratio above 1 is what IPC costs against P2P direct")
+               "so a speedup below 1 is what IPC costs against P2P direct")
 
 
 def _has_p2p(result: BenchResult) -> bool:
@@ -63,10 +63,10 @@ def _has_p2p(result: BenchResult) -> bool:
 
 
 def summary_lines(result: BenchResult) -> list[str]:
-    """The closing summary: per case and baseline, our time over the baseline's in each
-    size band; average busbw; skipped baselines; totals."""
-    lines = ["#", "# Summary: our time / baseline time per size band (geometric mean over the "
-             "band's sizes, [min-max]); below 1 = ours is faster"]
+    """The closing summary: per case and baseline, the baseline's time over ours (the
+    speedup) in each size band; average busbw; skipped baselines; totals."""
+    lines = ["#", "# Summary: speedup = baseline time / our time per size band (geometric mean "
+             "over the band's sizes, [min-max]); above 1 = ours is faster"]
     width = max((len(record.case.label) for record in result.cases), default=4)
     header = (f"#  {'case':<{width}}  {'avg busbw':>9}  {'baseline':<8}"
               + "".join(f"  {band:>19}" for band in SIZE_BANDS))
@@ -119,8 +119,9 @@ def render_markdown(result: BenchResult, facts: dict[str, Any], *,
     out += ["", "## Method", ""]
     out += _method(result)
     out += ["", "## Summary", "",
-            "Our time over the baseline's, per size band: geometric mean over the band's sizes "
-            "with [min-max]; below 1 means ipcshare is faster. Primary variant only "
+            "Speedup: the baseline's time over ours, per size band: geometric mean over the "
+            "band's sizes with [min-max]; above 1 means ipcshare is faster (as in the tables' "
+            "speedup column). Primary variant only "
             "(all-gather, all-reduce, reduce-scatter: out-of-place)."
             + (f" For {_P2P_RATIOS}." if _has_p2p(result) else ""), ""]
     out.append("| case | avg busbw (GB/s) | baseline | " + " | ".join(SIZE_BANDS) + " |")
@@ -140,7 +141,10 @@ def render_markdown(result: BenchResult, facts: dict[str, Any], *,
         out += ["", "Ceilings drawn on the busbw panel: "
                 + "; ".join(bound.label for bound in bounds) + "."]
     if plot_link:
-        out += ["", "## Plot", "", f"![busbw and time per operation against size]({plot_link})"]
+        # A PDF is no image a Markdown viewer shows inline: link to it instead.
+        shown = "" if plot_link.lower().endswith(".pdf") else "!"
+        out += ["", "## Plot", "",
+                f"{shown}[busbw and time per operation against size]({plot_link})"]
     for op in _ops(result):
         out += ["", f"## Cases: {OP_TITLES[op]}", "", f"size = {OP_SIZES[op]}."]
         for record in result.cases:
@@ -239,7 +243,6 @@ def _case_section(record: CaseResult) -> list[str]:
     modes = list(run.rows[0].modes) if run.rows else []
     spread = _has(run, "p5_us")
     ranged = _has(run, "time_us_range")
-    ours = "ipc" if case.p2p_op else "ours"
     head = ["size (B)"]
     for mode in modes:
         name = "" if mode in ("", case.pattern_op) else f" {mode}"
@@ -252,7 +255,7 @@ def _case_section(record: CaseResult) -> list[str]:
             head.append(f"time{name} min-max (µs)")
     for baseline in run.baselines:
         head += [f"{baseline.name} time (µs)", f"{baseline.name} busbw (GB/s)",
-                 f"{ours} / {baseline.name}"]
+                 f"speedup vs {baseline.name}"]
     head.append("#wrong")
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "---|" * len(head))
@@ -269,8 +272,9 @@ def _case_section(record: CaseResult) -> list[str]:
         for baseline in run.baselines:
             theirs = baseline.rows[index]
             other = theirs.primary
-            ratio = row.primary.time_us / other.time_us if other.time_us > 0 else float("nan")
-            cells += [_us(other.time_us), f"{other.busbw:.2f}", f"{ratio:.2f}"]
+            speedup = (other.time_us / row.primary.time_us if row.primary.time_us > 0
+                       else float("nan"))
+            cells += [_us(other.time_us), f"{other.busbw:.2f}", f"{speedup:.2f}"]
             wrong += theirs.wrong
         cells.append(str(wrong))
         lines.append("| " + " | ".join(cells) + " |")

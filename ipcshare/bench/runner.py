@@ -93,7 +93,6 @@ class CaseResult:
         """DESIGN.md's document of one run, plus what identifies the case."""
         result = self.result
         document = result.to_dict()
-        document["timing"] = timing_label(self.case.timing, self.case)
         options = self.case.options
         if self.case.reduction is not None:
             document["reduction"] = self.case.reduction
@@ -280,9 +279,12 @@ class _SuiteRun:
         record = self.records[case]
         if record.skip_reason is None:
             record.skip_reason = reason
+            timing, graphed = driver_timing(case)
             record.runs.append(RunResult(__version__, case.op, case.backend,
                                          self.suite.exchange, self.world.size,
-                                         self.world.node_count, case.timing, [], [], None))
+                                         self.world.node_count, "graph" if graphed else "eager",
+                                         [], [], None, after_kernel=case.timing == "after-kernel",
+                                         statistic="median" if timing == "latency" else "mean"))
         self.say(f"# skipped: {reason}")
         self.say("#")
 

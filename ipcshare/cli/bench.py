@@ -22,7 +22,8 @@ def add_bench_flags(parser: argparse.ArgumentParser) -> None:
     add("--config", required=True, metavar="FILE.yaml",
         help="the suite: ops, backends, algorithms, timing modes, sizes, baselines")
     add("--json", metavar="FILE", help="write a JSON list of case documents (rank 0)")
-    add("--plot", metavar="FILE.png", help="draw busbw and time against size (needs matplotlib)")
+    add("--plot", metavar="FILE.png", help="draw busbw and time against size: .png, .svg or "
+        ".pdf (needs matplotlib)")
     add("--markdown", metavar="FILE.md", help="write a report: machine, summary, plot, tables")
     add("--repeat", type=int, metavar="K", help="run the whole suite K times; report medians "
         "and min/max (overrides the suite's repeat)")
@@ -128,11 +129,12 @@ def check_same_suite(facts: list[tuple[str, tuple]]) -> None:
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
-    """Refuse before a long run what would fail after it: no matplotlib for --plot, an
-    output whose folder is missing or not writable."""
+    """Refuse before a long run what would fail after it: no matplotlib for --plot, or a
+    figure name that says no format; an output whose folder is missing or not writable."""
     if args.plot:
-        from ..bench.plot import require_matplotlib
+        from ..bench.plot import plot_format, require_matplotlib
 
+        plot_format(args.plot)
         require_matplotlib()
     for flag in ("json", "plot", "markdown"):
         path = getattr(args, flag)

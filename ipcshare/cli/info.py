@@ -13,7 +13,7 @@ from ..liveness.consensus import collective_step
 from ..runtime import settings
 from ..topology.gpu_sharing import GpuSharing, gpu_sharing, shared_gpus_advice
 from ..topology.peer_paths import FALLBACK_ENV, PathPlan, fallback_choice, plan_paths
-from ..topology.world import World, mpi_library_version
+from ..topology.world import World, mpi_library_name
 from .option_origins import as_flags
 
 __all__ = ["run_info", "rank_facts", "pair_paths", "node_path_plans", "PAIR_PATHS"]
@@ -220,7 +220,7 @@ def run_info(args: argparse.Namespace) -> int:
     relays = {f"{a}-{b}": plan.path(a, b).relay for plan in plans.values()
               for a in plan.ranks for b in plan.ranks if plan.kind(a, b) == "relay"}
     document = {"ipcshare": __version__, "python": platform.python_version(),
-                "mpi": " ".join(mpi_library_version().split()[:3]),
+                "mpi": mpi_library_name(),
                 "world_size": world.size, "nodes": world.node_count,
                 "virtual_nodes": world.virtual_nodes, "ranks": facts, "paths": paths,
                 "relays": relays}

@@ -4,6 +4,7 @@ non-zero exit status that says what went wrong."""
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -11,7 +12,7 @@ from typing import Any
 
 from .. import __version__
 from ..runtime import settings
-from .exit_codes import EXIT_ERROR, EXIT_OK, EXIT_SLOW, EXIT_USAGE, EXIT_WRONG
+from .exit_codes import EXIT_ERROR, EXIT_OK, EXIT_READER_GONE, EXIT_SLOW, EXIT_USAGE, EXIT_WRONG
 from .option_origins import as_flags, flag_names
 from .same_command import PATTERN_COMMANDS, CommandLineError
 
@@ -224,9 +225,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # Whoever read our output left (``ipcshare info | head -1``): stop quietly, as a
+        # shell tool killed by SIGPIPE does; the with-blocks on the way here closed what
+        # the command opened. Not an internal error.
+        _leave_without_a_reader()
+        return EXIT_READER_GONE
     except Exception as exc:
         _abort_job(exc)
         return EXIT_ERROR
+
+
+def _leave_without_a_reader() -> None:
+    """stdout's pipe is closed: point stdout at /dev/null, so that the interpreter's last
+    flush does not fail again, and end the job if other ranks could be waiting for us."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+    if "mpi4py.MPI" in sys.modules:
+        from mpi4py import MPI
+
+        if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
+            MPI.COMM_WORLD.Abort(EXIT_READER_GONE)
 
 
 def _abort_job(exc: BaseException) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from .. import __version__
 from ..liveness.consensus import collective_step
-from ..topology.world import World, mpi_library_version
+from ..topology.world import World, mpi_library_name
 from .environment import collect_rank_facts
 from .liveness import Checkpoints, PeerLost, Watchdog, maybe_die_for_test
 from .paths import GPU_PATHS, HOST_PATHS, PATHS_BY_NAME, PathSpec
@@ -288,8 +288,7 @@ def _judge(results: list[dict[str, Any]], plan: DoctorPlan, started: float,
 
 def _mpi_library() -> str:
     try:
-        words = mpi_library_version().split()
-        return " ".join(word for word in words[:3] if word != "Version:")
+        return mpi_library_name()
     except Exception:
         return "MPI"
 

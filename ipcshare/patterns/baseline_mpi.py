@@ -9,7 +9,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..runtime.errors import ConfigError
-from ..topology.world import World, mpi, mpi_library_version
+from ..topology.world import World, mpi, mpi_library_name
 from .base import SizePlan
 from .rotation import warmup_iterations
 from .seeding import count_wrong, poison, seeded_bytes
@@ -35,7 +35,7 @@ class MpiBaseline:
                               "mpi_baseline(world, pattern) picks the baseline of each op")
         self.world = world
         self.op = op
-        self.version = mpi_library_version()
+        self.version = mpi_library_name()
         self.version = " ".join(self.version.split())
 
     def measure(self, plan: SizePlan, mode: str, *, iters: int, warmup: int, checks: int,

@@ -34,7 +34,6 @@ from .timing import (
     TIMING_MODES,
     slowest_rank_samples,
     summarize_samples,
-    timing_label,
 )
 
 __all__ = ["run_pattern", "check_graph_mode", "check_after_kernel"]
@@ -261,10 +260,11 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
     result = RunResult(
         version=__version__, op=pattern.name, backend=group.backend_name, exchange=exchange,
         world_size=n, nodes=world.node_count,
-        timing=timing_label(timing, graph), devices=list(devices),
+        timing=GRAPH_LABEL if graph else "eager", devices=list(devices),
         rows=rows, baseline=results[0] if results else None, extra_baselines=results[1:],
         after_kernel=after_kernel, inter=pattern.inter_engine_name,
-        registered=bool(getattr(pattern, "register", False)), checked=options.checks > 0)
+        registered=bool(getattr(pattern, "register", False)), checked=options.checks > 0,
+        statistic="median" if timing == "latency" else "mean")
     if result.inter is not None:
         say(f"# between nodes: {result.inter} ({INTER_LABELS[result.inter]})")
     for line in table.footer(result):

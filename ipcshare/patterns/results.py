@@ -121,6 +121,7 @@ class RunResult:
     exchange: str
     world_size: int
     nodes: int
+    # How operations were launched: "eager" or "graph" (CUDA-graph replays).
     timing: str
     devices: list[str]
     rows: list[Row]
@@ -133,6 +134,10 @@ class RunResult:
     registered: bool = False
     # Results were verified (-c > 0); otherwise the document says "wrong": null.
     checked: bool = True
+    # What time_us is over the timed operations: "mean" (nccl-tests: back-to-back
+    # operations, one timer) or "median" (--timing latency: one sample per operation,
+    # with p5_us / p95_us beside it).
+    statistic: str = "mean"
     # Further baselines timed in the same run (``bench`` with several); not in to_dict.
     extra_baselines: list[BaselineResult] = dataclasses.field(default_factory=list)
 
@@ -164,6 +169,8 @@ class RunResult:
         }
         if self.after_kernel:   # only then: the design's document keeps its exact keys
             document["after_kernel"] = True
+        if self.statistic != "mean":
+            document["statistic"] = self.statistic
         if self.inter is not None:  # jobs spanning nodes: the engine between them
             document["inter"] = self.inter
         if self.registered:

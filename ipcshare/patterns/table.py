@@ -46,39 +46,42 @@ class Table:
 
     def header(self, title: str, rank_lines: list[str]) -> list[str]:
         lines = [f"# {title}", "#", *rank_lines, "#"]
-        groups = "".join(f"{mode or 'result':>34} " for mode in self.modes)
-        if self.host_column:
-            groups += " " * 9
-        if self.p95_column:
-            groups += " " * 9
-        extra = f"{self.baseline + ' baseline':>33}" if self.baseline else ""
-        lines.append(f"#{'':>38}{groups}{extra}".rstrip())
-        cols = "".join(f"{'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6}  " for _ in self.modes)
-        units = "".join(f"{'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6}  " for _ in self.modes)
+        # host and p95 describe the first mode only, so they sit inside its block.
+        extras = [name for name, shown in (("host", self.host_column), ("p95", self.p95_column))
+                  if shown]
+        groups = cols = units = ""
+        for index, mode in enumerate(self.modes):
+            # each label ends over its block's last column
+            width = 32 + (9 * len(extras) if index == 0 else 0)
+            groups += f"{mode or 'result':>{width}}  "
+            cols += f"{'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6}  "
+            units += f"{'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6}  "
+            if index == 0:
+                cols += "".join(f"{name:>7}  " for name in extras)
+                units += "".join(f"{'(us)':>7}  " for _ in extras)
+        extra = f"{self.baseline + ' baseline':>32}" if self.baseline else ""
+        lines.append(f"#{'':>39}{groups}{extra}".rstrip())
         bcols = f"{'time':>9} {'busbw':>7} {'#wrong':>6} {'speedup':>7}" if self.baseline else ""
         bunits = f"{'(us)':>9} {'(GB/s)':>7} {'':>6} {'(x)':>7}" if self.baseline else ""
         if self.path_column:
             bcols += f" {'path':>9}"
             bunits += f" {'(fastest)':>9}"
-        if self.host_column:
-            cols += f"{'host':>7}  "
-            units += f"{'(us)':>7}  "
-        if self.p95_column:
-            cols += f"{'p95':>7}  "
-            units += f"{'(us)':>7}  "
-            bcols += f" {'p95':>7}" if self.baseline else ""
-            bunits += f" {'(us)':>7}" if self.baseline else ""
+        if self.p95_column and self.baseline:
+            bcols += f" {'p95':>7}"
+            bunits += f" {'(us)':>7}"
         lines.append(f"#{'size':>14} {'count':>13} {'type':>8}  {cols}{bcols}".rstrip())
         lines.append(f"#{'(B)':>14} {'(elements)':>13} {'':>8}  {units}{bunits}".rstrip())
         return lines
 
     def row(self, row: Row, baseline_row: Row | None) -> str:
-        cells = "".join(_cells(row.modes.get(mode), self.checked) + "  " for mode in self.modes)
-        if self.host_column:
-            host = row.primary.host_us
-            cells += f"{'' if host is None else f'{host:.2f}':>7}  "
-        if self.p95_column:
-            cells += f"{_spell_p95(row.primary):>7}  "
+        cells = ""
+        for index, mode in enumerate(self.modes):
+            cells += _cells(row.modes.get(mode), self.checked) + "  "
+            if index == 0 and self.host_column:
+                host = row.primary.host_us
+                cells += f"{'' if host is None else f'{host:.2f}':>7}  "
+            if index == 0 and self.p95_column:
+                cells += f"{_spell_p95(row.primary):>7}  "
         text = f" {row.size:>14} {row.count:>13} {self.datatype:>8}  {cells}"
         if self.baseline:
             if baseline_row is None:

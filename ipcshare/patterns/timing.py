@@ -19,14 +19,15 @@ __all__ = ["TIMING_MODES", "LATENCY_LABEL", "GRAPH_LABEL", "GRAPH_LATENCY_LABEL"
 # "nccl-tests": barrier, n back-to-back operations, one host timer, averaged over ranks.
 # "latency": n samples of one operation each, the slowest rank per sample.
 TIMING_MODES = ("nccl-tests", "latency")
-# What the result's "timing" field says: eager launches, or CUDA-graph replays.
+# How the table's title and the bench report name a run's timing in words (the JSON
+# document says "timing": "eager" | "graph" and, for latency, "statistic": "median").
 LATENCY_LABEL = "latency (eager samples)"
 GRAPH_LABEL = "graph"
 GRAPH_LATENCY_LABEL = "latency (graph replay samples)"
 
 
 def timing_label(timing: str, graph: bool) -> str:
-    """The result's ``timing`` field for a timing mode, eager or in CUDA graphs."""
+    """A timing mode, eager or in CUDA graphs, in the words the reports use."""
     if timing == "latency":
         return GRAPH_LATENCY_LABEL if graph else LATENCY_LABEL
     return GRAPH_LABEL if graph else "eager"

@@ -16,8 +16,9 @@ from ..runtime import settings
 from ..runtime.errors import ConfigError
 from ..runtime.logs import configure_logging
 
-__all__ = ["World", "mpi", "mpi_library_version", "virtual_node_blocks", "VIRTUAL_NODES_ENV",
-           "format_ranks", "parse_ranks", "describe_disagreement", "launcher_world_size"]
+__all__ = ["World", "mpi", "mpi_library_version", "mpi_library_name", "virtual_node_blocks",
+           "VIRTUAL_NODES_ENV", "format_ranks", "parse_ranks", "describe_disagreement",
+           "launcher_world_size"]
 
 VIRTUAL_NODES_ENV = settings.VIRTUAL_NODES
 
@@ -49,6 +50,17 @@ def mpi_library_version() -> str:
     text = mpi().Get_library_version().replace("\x00", "")
     lines = text.splitlines()
     return " ".join(lines[0].split()) if lines else ""
+
+
+def mpi_library_name() -> str:
+    """The MPI library and its version in a few words, as every output names it:
+    ``MPICH 5.0.2``, ``Open MPI 4.1.6``. Reports that show the machine keep the whole
+    first line (:func:`mpi_library_version`)."""
+    first_clause = mpi_library_version().split(",")[0]  # Open MPI: "..., package: ..."
+    words = [word for word in first_clause.split() if word != "Version:"]
+    if words and len(words[-1]) > 1 and words[-1][0] == "v" and words[-1][1].isdigit():
+        words[-1] = words[-1][1:]   # Open MPI writes v4.1.6
+    return " ".join(words) or "MPI"
 
 
 @dataclasses.dataclass

@@ -59,7 +59,7 @@ def test_the_cpu_suite_writes_json_plot_and_report(tmp_path, socket_dir):  # noq
                "--markdown", str(files["md"])], n=2, timeout=240)
     assert out.returncode == 0, out.stderr
     assert "# Out of bounds values : 0 OK" in out.stdout
-    assert "# Summary: our time / baseline time per size band" in out.stdout
+    assert "# Summary: speedup = baseline time / our time per size band" in out.stdout
     assert "wrong elements: 0 OK" in out.stdout
     # Runs past 2 s show a progress line on rank 0's stderr, rewritten with \r (which
     # text mode reads as a line end).
@@ -69,7 +69,9 @@ def test_the_cpu_suite_writes_json_plot_and_report(tmp_path, socket_dir):  # noq
                             for part in progress)
     docs = json.loads(files["json"].read_text())
     assert isinstance(docs, list) and len(docs) == 6
-    assert {doc["timing"] for doc in docs} == {"nccl-tests", "latency (eager samples)"}
+    # how operations were launched, and the statistic where it is not the mean
+    assert {doc["timing"] for doc in docs} == {"eager"}
+    assert [doc.get("statistic") for doc in docs] == [None, "median"] * 2 + [None, None]
     for doc in docs:
         assert doc["world_size"] == 2 and doc["wrong_total"] == 0 and doc["backend"] == "host"
         assert doc["baseline"]["name"] == "mpi"
@@ -192,6 +194,19 @@ def test_plot_without_matplotlib_names_the_extra(tmp_path, socket_dir):  # noqa:
     assert out.returncode == 1 and len(errors) == 2, out.stderr
     assert all("pip install 'ipcshare[plot]'" in line for line in errors)
     assert not (tmp_path / "x.png").exists()
+
+
+@needs_mpiexec
+def test_a_plot_name_that_says_no_format_is_refused_before_the_run(tmp_path,
+                                                                  socket_dir):  # noqa: F811
+    # Before, `--plot bench.txt` ran the whole suite and wrote PNG bytes under that name.
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY)
+    out = run(["bench", "--config", str(config), "--plot", str(tmp_path / "bench.txt")], n=2)
+    errors = _errors(out)
+    assert out.returncode == 1 and len(errors) == 2, out.stderr
+    assert all(".png, .svg, .pdf" in line and "bench.txt" in line for line in errors)
+    assert "[case" not in out.stdout and not (tmp_path / "bench.txt").exists()
 
 
 @needs_mpiexec

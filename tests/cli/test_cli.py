@@ -71,6 +71,22 @@ def test_typed_errors_are_public_names_and_stay_light():
     assert probe.stdout.split() == ["True", "True", "False", "False"], probe.stderr
 
 
+def test_a_reader_that_leaves_stops_the_run_quietly(socket_dir):
+    # `ipcshare allgather ... | head -3`: the pipe closes under a long run. Before, that
+    # was "internal error ... BrokenPipeError"; now the run stops as a shell tool does.
+    before = shm_entries()
+    with subprocess.Popen(IPCSHARE + ["allgather", "-b", "1K", "-e", "1G", "-f", "2"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        first = proc.stdout.readline()
+        proc.stdout.close()             # the reader leaves after one line
+        _, stderr = proc.communicate(timeout=120)
+    assert first.startswith(b"# ipcshare")
+    assert proc.returncode == 141, stderr.decode()
+    assert b"internal error" not in stderr and b"Traceback" not in stderr
+    assert b"BrokenPipe" not in stderr, stderr.decode()
+    assert shm_entries() == before and list(socket_dir.iterdir()) == []
+
+
 def test_a_world_of_one_runs_without_mpiexec(tmp_path):
     out = run(["allgather", "-b", "1K", "-e", "64K", "-f", "8", "--json", str(tmp_path / "r.json")])
     assert out.returncode == 0, out.stderr
@@ -97,6 +113,23 @@ def test_json_has_the_design_shape(tmp_path, socket_dir, op):
         or "Open MPI" in doc["baseline"]["version"]
     assert [r["size"] for r in doc["baseline"]["rows"]] == [r["size"] for r in doc["rows"]]
     assert list(socket_dir.iterdir()) == []
+
+
+@needs_mpiexec
+def test_latency_json_says_eager_launches_and_the_median(tmp_path, socket_dir):
+    # "timing" keeps DESIGN's words (eager / graph); the statistic is a field of its own
+    path = tmp_path / "out.json"
+    out = run(["ring", "-b", "1K", "-e", "4K", "-f", "4", "-n", "5", "-w", "1",
+               "--timing", "latency", "--baseline", "mpi", "--json", str(path)], n=2)
+    assert out.returncode == 0, out.stderr
+    assert "timing: latency (eager samples)" in out.stdout   # the words stay in the title
+    doc = json.loads(path.read_text())
+    assert (doc["timing"], doc["statistic"]) == ("eager", "median")
+    for row in doc["rows"] + doc["baseline"]["rows"]:
+        assert row["p5_us"] <= row["time_us"] == row["p50_us"] <= row["p95_us"]
+    # one name for the MPI library, as info and doctor print it
+    assert doc["baseline"]["version"].split()[0] in ("MPICH", "Open")
+    assert "Version:" not in doc["baseline"]["version"]
 
 
 @needs_mpiexec

@@ -51,8 +51,9 @@ def test_a_tiny_suite_runs_both_timing_modes_and_verifies(comm, world):
         assert doc["world_size"] == comm.size and doc["wrong_total"] == 0
         assert [row["size"] for row in doc["baseline"]["rows"]] == [
             row["size"] for row in doc["rows"]]
-        latency = doc["timing"] == "latency (eager samples)"
-        assert latency or doc["timing"] == "nccl-tests"
+        latency = doc["case"].endswith(" latency")
+        assert doc["timing"] == "eager" and doc.get("statistic") == ("median" if latency
+                                                                      else None)
         for row in doc["rows"] + doc["baseline"]["rows"]:
             assert row["wrong"] == 0 and row["time_us"] > 0
             if latency:

@@ -131,20 +131,21 @@ def test_size_bands(size, band):
     assert size_band(size) == SIZE_BANDS[band]
 
 
-def test_band_ratios_are_geometric_means_of_our_time_over_theirs():
+def test_band_ratios_are_geometric_means_of_their_time_over_ours():
     sizes = [1 << 10, 1 << 14, 1 << 20, 1 << 26]
     result = _run([1.0, 4.0, 10.0, 100.0], [2.0, 2.0, 20.0, 50.0], sizes=sizes)
     ratios = {r.band: r for r in band_ratios(result)}
     small = ratios[SIZE_BANDS[0]]
     assert small.ratio == pytest.approx(1.0) and (small.low, small.high) == (0.5, 2.0)
     assert small.sizes == 2 and small.baseline == "mpi"
-    assert ratios[SIZE_BANDS[1]].ratio == pytest.approx(0.5)
-    assert ratios[SIZE_BANDS[2]].ratio == pytest.approx(2.0)
+    # the baseline took twice our time here: a speedup of 2, as the table's column says
+    assert ratios[SIZE_BANDS[1]].ratio == pytest.approx(2.0)
+    assert ratios[SIZE_BANDS[2]].ratio == pytest.approx(0.5)
     assert band_ratios(_run([1.0])) == []  # no baseline, no ratio
     extra = _run([1.0], [2.0], sizes=[1024])
     extra.extra_baselines.append(BaselineResult("nccl", "NCCL", [
         Row(1024, 256, {"out-of-place": _measure(4.0)})]))
-    assert [(r.baseline, r.ratio) for r in band_ratios(extra)] == [("mpi", 0.5), ("nccl", 0.25)]
+    assert [(r.baseline, r.ratio) for r in band_ratios(extra)] == [("mpi", 2.0), ("nccl", 4.0)]
 
 
 def test_zero_times_are_left_out_of_ratios():
@@ -163,3 +164,12 @@ def test_the_result_document_names_after_kernel_timing_only_when_used():
     marked = dataclasses.replace(_run([10.0, 100.0]), after_kernel=True)
     assert marked.to_dict()["after_kernel"] is True
     assert aggregate_runs([marked, marked]).after_kernel   # repetitions keep the mark
+
+
+def test_the_result_document_says_timing_in_tokens_and_the_statistic_when_not_the_mean():
+    import dataclasses
+
+    sampled = dataclasses.replace(_run([10.0, 100.0]), timing="graph", statistic="median")
+    document = sampled.to_dict()
+    assert (document["timing"], document["statistic"]) == ("graph", "median")
+    assert aggregate_runs([sampled, sampled]).statistic == "median"

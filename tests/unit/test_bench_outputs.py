@@ -50,7 +50,8 @@ def _result(backend="host", baselines=("mpi",), repeat=1, ops=("allgather", "rin
                           ["host"] * 2 if backend == "host" else ["H200 #0", "H200 #1"],
                           _rows(case.op, [t * (1 + rep / 10) for t in ours], latency),
                           timed[0] if timed else None,
-                          extra_baselines=timed[1:])
+                          extra_baselines=timed[1:],
+                          statistic="median" if latency else "mean")
                 for rep in range(repeat)]
         skipped = ([SkippedBaseline("nccl", "NCCL runs on GPU memory only")]
                    if backend == "host" and "nccl" in baselines else [])
@@ -63,7 +64,9 @@ def test_summary_lines_give_a_ratio_per_band_and_the_notes():
     text = "\n".join(lines)
     assert "<= 64K" in text and "> 64K, < 16M" in text and ">= 16M" in text
     allgather = next(line for line in lines if "allgather host single-copy nccl-tests" in line)
-    assert "mpi" in allgather and "0.50" in allgather  # ours / mpi = 1 / 2 everywhere
+    # mpi takes twice our time everywhere: a speedup of 2, read as the table's column is
+    assert "mpi" in allgather and "2.00" in allgather and "0.50" not in allgather
+    assert "speedup = baseline time / our time" in text and "above 1 = ours is faster" in text
     assert "nccl baseline skipped in 4 case(s): NCCL runs on GPU memory only" in text
     assert lines[-1].endswith("wrong elements: 0 OK")
 
@@ -78,10 +81,13 @@ def test_markdown_report_has_machine_tables_summary_and_plot_link(tmp_path):
     for needle in ("# ipcshare bench: suite", "## Machine", "`node1`", "MPICH Version: 5.0.2",
                    "commit `abc123`", "## Summary", "## Cases", "### ring host single-copy latency",
                    "p5-p95", "min-max", "latency (eager samples)", "CUDA graph of one",
-                   "ours / mpi", "ran 3 times"):
+                   "speedup vs mpi", "ran 3 times"):
         assert needle in text, needle
     without_plot = render_markdown(result, FACTS)
     assert "## Plot" not in without_plot
+    # a PDF figure is linked, not shown inline (no Markdown viewer draws one)
+    pdf = render_markdown(result, FACTS, plot_link="bench.pdf")
+    assert "\n[busbw and time per operation against size](bench.pdf)" in pdf
 
 
 def test_json_documents_have_the_design_shape():
@@ -91,9 +97,11 @@ def test_json_documents_have_the_design_shape():
         assert {"ipcshare", "op", "backend", "exchange", "world_size", "nodes", "timing",
                 "devices", "rows", "baseline", "wrong_total", "case", "algorithm", "repeats",
                 "baselines", "skipped_baselines"} <= set(doc)
-        assert doc["timing"] in ("nccl-tests", "latency (eager samples)")
+        assert doc["timing"] == "eager"     # how operations ran; host cases never graph
+        latency = doc["case"].endswith(" latency")
+        assert doc.get("statistic") == ("median" if latency else None)
         row = doc["rows"][0]
-        assert ("p5_us" in row) == doc["timing"].startswith("latency")
+        assert ("p5_us" in row) == latency
         assert row["time_us_min"] <= row["time_us"] <= row["time_us_max"]
     json.dumps(docs)
 
@@ -120,7 +128,7 @@ def test_reductions_get_their_own_sections_formulas_and_plot_rows(tmp_path):
     for needle in ("all-reduce size = each rank's array, busbw = algbw x 2(n-1)/n",
                    "reduce-scatter size = each rank's input, busbw = algbw x (n-1)/n",
                    "bound call (`comm.bind`)", "| allreduce sum float32 cuda-vmm auto nccl-tests |",
-                   "torch-symm time (µs)", "ours / torch-symm"):
+                   "torch-symm time (µs)", "speedup vs torch-symm"):
         assert needle in text, needle
     assert "ring follows sendrecv" not in text
     docs = result.documents()
@@ -193,3 +201,14 @@ def test_progress_line_waits_for_a_long_run_and_rewrites_itself():
     quiet = io.StringIO()
     ProgressLine(quiet, enabled=False, delay_s=0).show("x")
     assert quiet.getvalue() == ""
+
+
+def test_the_plot_is_written_in_the_format_its_name_asks_for(tmp_path):
+    pytest.importorskip("matplotlib")
+    from ipcshare.bench.plot import write_plot
+
+    write_plot(_result(), FACTS, tmp_path / "bench.svg")
+    write_plot(_result(), FACTS, tmp_path / "bench.PDF")
+    assert (tmp_path / "bench.svg").read_text().lstrip().startswith("<?xml")
+    assert "<svg" in (tmp_path / "bench.svg").read_text()
+    assert (tmp_path / "bench.PDF").read_bytes()[:5] == b"%PDF-"

@@ -142,7 +142,7 @@ def test_a_p2p_case_that_ran_shows_ipc_against_p2p_direct_everywhere(tmp_path):
                    "P2P direct: one process over 2 GPUs (`python -m ipcshare p2p --no-ipc "
                    "--op ring`), peer access enabled for 2 of 2 ordered pairs in 0.50 ms, "
                    "buffers allocated in 1.50 ms; IPC: window setup 41.25 ms (slowest rank).",
-                   "time ipc (µs)", "ipc / p2p-kernel", "ipc / p2p-copy",
+                   "time ipc (µs)", "speedup vs p2p-kernel", "speedup vs p2p-copy",
                    "**p2p** cases set P2P direct against IPC", "| p2p-kernel baseline |",
                    "ring follows sendrecv"):
         assert needle in text, needle
