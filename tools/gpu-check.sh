@@ -749,8 +749,8 @@ for case in ("auto", "auto-graph", "ring", "auto-mps", "auto-graph-mps", "ring-m
 PYEOF
 fi
 
-# nccl-tests: the NCCL reference measured by NVIDIA's own harness (GPU-NODES.md says how
-# it builds here). The wheel's NCCL has no libnccl.so link, which the Makefile wants. The
+# nccl-tests: the NCCL reference measured by NVIDIA's own harness, built here with the
+# node's nvcc against the NCCL wheel (below). The wheel's NCCL has no libnccl.so link, which the Makefile wants. The
 # build and that link live in a folder this run makes (mktemp), never one found by name.
 nccl_tests_build() {
   local wheel nvcc_path

@@ -90,7 +90,7 @@ class CaseResult:
         return aggregate_runs(self.runs)
 
     def to_dict(self, suite: Suite) -> dict[str, Any]:
-        """DESIGN.md's document of one run, plus what identifies the case."""
+        """The ``--json`` document of one run, plus what identifies the case."""
         result = self.result
         document = result.to_dict()
         options = self.case.options

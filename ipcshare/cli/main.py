@@ -220,6 +220,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except IpcShareError as exc:
         # Raised collectively: every rank gets here with the same story, nobody waits.
         # The library's words, in the flags of the command the user typed.
+        if settings.debug():
+            import traceback
+
+            traceback.print_exc()
         text = as_flags(str(exc), getattr(args, "option_flags", {}))
         sys.stderr.write(f"ipcshare: error: {text}\n")
         return EXIT_ERROR

@@ -1,5 +1,5 @@
 """``Communicator``: all-gather, all-reduce and reduce-scatter on the user's own arrays,
-over scratch windows sized once (DESIGN.md, "Collectives on the user's own arrays")."""
+over scratch windows sized once (docs/COLLECTIVES.md)."""
 
 from __future__ import annotations
 

@@ -8,9 +8,10 @@ all, then adds an "unexplained" finding for any failing required check that no r
 explained, so a failure is never left without a line.
 
 Rules decide on typed facts, never on the wording of a message: the errno and CUDA error
-names and the unreachable peer that a failure records (``errno``, ``cuda_error``,
-``peer_unreachable``, as ``runtime.errors.ErrorFacts`` gathers them), ``pidfd_refusal``,
-and a pair's ``disabled_by_setting``. Messages are only shown, as evidence.
+names, the unreachable peer and the malformed setting that a failure records (``errno``,
+``cuda_error``, ``peer_unreachable``, ``setting``, as ``runtime.errors.ErrorFacts``
+gathers them), ``pidfd_refusal``, and a pair's ``disabled_by_setting``. Messages are
+only shown, as evidence.
 """
 
 from __future__ import annotations
@@ -628,8 +629,33 @@ def host_staging_probe(node: Node) -> list[Finding]:
     return findings
 
 
+def malformed_setting(node: Node) -> list[Finding]:
+    """An IPCSHARE_* variable holds a value it cannot take: every group setup refuses it,
+    so each path of the matrix fails at once for the same reason."""
+    failing = {check["name"] for check in node.get("checks", [])
+               if check.get("required") and not check.get("ok")}
+    # (name, value) -> [(path, message)]
+    stopped: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for record in node.get("matrix", []):
+        setting = (record.get("failure") or {}).get("setting")
+        if setting:
+            stopped.setdefault((setting.get("name", "?"), setting.get("value", "?")), []).append(
+                (record.get("name", "?"), record["failure"].get("message", "")))
+    findings = []
+    for (setting, value), paths in stopped.items():
+        names = ", ".join(name for name, _message in paths)
+        cause = (f"{setting}={value!r} is a value ipcshare cannot take, so no group could be "
+                 f"set up ({names})")
+        fix = f"correct or unset {setting} (docs/SETTINGS.md lists the values it takes)"
+        # One line per failing required check it explains, or one for the node.
+        checks = [name for name, _message in paths if name in failing] or ["environment"]
+        findings += [Finding("fail", check, cause, fix, evidence=paths[0][1])
+                     for check in checks]
+    return findings
+
+
 RULES: tuple[Callable[[Node], list[Finding]], ...] = (
-    pid_namespaces_differ, pidfd_refused, ipc_namespaces_differ, gpu_not_visible,
+    malformed_setting, pid_namespaces_differ, pidfd_refused, ipc_namespaces_differ, gpu_not_visible,
     p2p_unreachable, data_not_arriving, fabric_without_imex, fabric_domain_state,
     descriptor_limit, leaks, slow_pairs, window_limit_short, small_dev_shm, gpu_unusable,
     gpus_shared, cpus_far_from_gpu, host_staged_speed, host_staging_probe,

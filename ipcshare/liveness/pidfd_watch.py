@@ -121,7 +121,14 @@ class PeerWatch:
     def describe(self, doing: str = "") -> str:
         world = self.world
         dead = ", ".join(f"{world.where(r)} (pid {world.pids[r]})" for r in self._dead)
-        return (f"{dead} died" + (f" while {world.where()} was in {doing}" if doing else ""))
+        if not doing:
+            return f"{dead} died"
+        here = world.where()
+        if doing.startswith(here + " "):
+            # A wait's own description ("rank 0@h in ring waiting for ...") already
+            # names this rank: say it once.
+            return f"{dead} died while {here} was {doing[len(here) + 1:]}"
+        return f"{dead} died while {here} was in {doing}"
 
     def fail(self, reason: str) -> None:
         """Mark the group's communicators unusable (a collective was abandoned)."""

@@ -1,4 +1,4 @@
-"""Measured rows and the JSON document of DESIGN.md."""
+"""Measured rows and the JSON document of ``--json`` (its keys are a contract: README)."""
 
 from __future__ import annotations
 

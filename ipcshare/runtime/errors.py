@@ -12,6 +12,7 @@ from typing import Any
 __all__ = [
     "IpcShareError",
     "ConfigError",
+    "SettingError",
     "OptionError",
     "ExchangeError",
     "ExchangeTimeout",
@@ -41,11 +42,13 @@ class ErrorFacts:
     readers that must not parse messages (the doctor's rules): ``errno`` is the kernel's
     name of the OSError behind it (``EMFILE``, ``EPERM``...), ``cuda_error`` the CUDA
     error name of the CudaError behind it (``CUDA_ERROR_NOT_PERMITTED``...),
-    ``peer_unreachable`` the PeerUnreachable behind it as plain data (its ``facts()``)."""
+    ``peer_unreachable`` the PeerUnreachable behind it as plain data (its ``facts()``),
+    ``setting`` the SettingError behind it as plain data (``{"name", "value"}``)."""
 
     errno: str | None = None
     cuda_error: str | None = None
     peer_unreachable: dict[str, Any] | None = None
+    setting: dict[str, str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -77,6 +80,19 @@ class IpcShareError(Exception):
 
 class ConfigError(IpcShareError, ValueError):
     """Bad option, flag, size or YAML config."""
+
+
+class SettingError(ConfigError):
+    """A malformed ``IPCSHARE_*`` environment variable: ``setting`` names it and ``value``
+    is what it held (typed facts the doctor's rules read instead of the message)."""
+
+    def __init__(self, setting: str, value: object, message: str) -> None:
+        super().__init__(message)
+        self.setting = setting
+        self.value = str(value)
+
+    def facts(self) -> dict[str, str]:
+        return {"name": self.setting, "value": self.value}
 
 
 class OptionError(ConfigError):
@@ -223,7 +239,7 @@ def _causes(error: BaseException) -> Iterator[BaseException]:
 def error_facts(error: BaseException) -> ErrorFacts:
     """The typed facts of ``error`` and the errors behind it: the nearest of each kind
     wins; an error that agreement raised contributes its failing rank's facts."""
-    found: dict[str, Any] = {"errno": None, "cuda_error": None, "peer_unreachable": None}
+    found: dict[str, Any] = {field.name: None for field in dataclasses.fields(ErrorFacts)}
     for seen in _causes(error):
         candidates: dict[str, Any] = {}
         if isinstance(seen, IpcShareError) and seen.failure is not None:
@@ -234,6 +250,8 @@ def error_facts(error: BaseException) -> ErrorFacts:
             candidates["cuda_error"] = seen.error_name
         if isinstance(seen, PeerUnreachable):
             candidates["peer_unreachable"] = seen.facts()
+        if isinstance(seen, SettingError):
+            candidates["setting"] = seen.facts()
         for key, value in candidates.items():
             if found[key] is None and value is not None:
                 found[key] = value

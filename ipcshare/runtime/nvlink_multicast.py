@@ -1,4 +1,4 @@
-"""NVLink SHARP / multicast stays off: it can take shared GPUs out of service (DESIGN.md),
+"""NVLink SHARP / multicast stays off: it can take shared GPUs out of service (the design's rule),
 so NCCL and PyTorch symmetric memory are told so before they start."""
 
 from __future__ import annotations

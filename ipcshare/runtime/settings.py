@@ -3,7 +3,7 @@
 Each variable is read when it is needed (not cached at import), so a test or a launcher
 may set it late; what it means and its default are listed once, in ``SETTINGS`` (and in
 docs/SETTINGS.md, which a test holds against this table). A malformed value raises
-ConfigError naming the variable and the value.
+SettingError (a ConfigError) naming the variable and the value.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from .errors import ConfigError
+from .errors import SettingError
 
 __all__ = [
     "Setting", "SETTINGS", "raw", "seconds", "log_level", "debug", "max_ranks_per_gpu",
@@ -53,7 +53,8 @@ class Setting:
 
 SETTINGS = (
     Setting(LOG, "WARNING", "log level of ipcshare's messages on stderr (DEBUG, INFO, ...)"),
-    Setting(DEBUG, "unset", "any value: the CLI prints the traceback of an error"),
+    Setting(DEBUG, "unset", "any value: the CLI prints the traceback of every error it "
+            "reports"),
     Setting(VIRTUAL_NODES, "unset", "K: split the job's ranks into K simulated nodes "
             "(the same on every rank)"),
     Setting(MAX_RANKS_PER_GPU, "unlimited", "how many ranks may share one GPU (a whole "
@@ -63,11 +64,12 @@ SETTINGS = (
     Setting(P2P_FALLBACK, "auto", "how pairs without peer access move bytes: auto, relay "
             "or host"),
     Setting(P2P_CHUNK, "4M", "bytes per staged chunk of a fallback pair (K/M/G suffixes)"),
-    Setting(SHARED_GPU_BARRIER, "host", "how barriers meet when ranks share a GPU: host or "
-            "stream"),
+    Setting(SHARED_GPU_BARRIER, "host", "how barriers meet when ranks share a GPU whose "
+            "contexts take turns (no MPS): host or stream"),
     Setting(MPI_CUDA_AWARE, "MPI's own answer", "1: hand MPI device pointers; 0: stage "
             "device memory through the host"),
-    Setting(SIGNAL_TIMEOUT, "30", "seconds a device-side wait on a peer's signal may take"),
+    Setting(SIGNAL_TIMEOUT, "30", "seconds a wait on a peer's signal may take (on the host "
+            "or on the GPU)"),
     Setting(EXCHANGE_TIMEOUT, "30", "seconds a handle exchange or a fail-together step "
             "waits for every rank"),
     Setting(PEER_EXIT_GRACE, "2", "seconds a rank stuck in a blocking MPI call lives on "
@@ -77,8 +79,9 @@ SETTINGS = (
             "(one directory mounted in every container of a node); set, it must be a "
             "writable directory whose socket paths fit 107 bytes, or the socket exchange "
             "fails on every rank naming why"),
-    Setting(KERNEL_CACHE, "~/.cache/ipcshare/kernels", "where compiled kernels (CUBIN) are "
-            "kept"),
+    Setting(KERNEL_CACHE, "$XDG_CACHE_HOME/ipcshare/kernels, else "
+            "~/.cache/ipcshare/kernels", "where compiled kernels (CUBIN) are kept, one file "
+            "per kernel, architecture and NVRTC version"),
     Setting(DOCTOR_TEST_DIE_RANK, "unset", "tests only: the rank that dies during doctor"),
     Setting(DOCTOR_TEST_DIE_STAGE, "matrix", "tests only: the doctor stage at which it dies"),
 )
@@ -98,7 +101,7 @@ def seconds(name: str, default: float) -> float:
     """A positive number of seconds from variable ``name``, else ``default``.
 
     Raises:
-        ConfigError: set but not a positive number.
+        SettingError: set but not a positive number.
     """
     text = _text(name)
     if not text:
@@ -106,9 +109,9 @@ def seconds(name: str, default: float) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise ConfigError(f"{name}={text!r} is not a number of seconds") from None
+        raise SettingError(name, text, f"{name}={text!r} is not a number of seconds") from None
     if not value > 0:  # also refuses NaN
-        raise ConfigError(f"{name} must be positive, got {text!r}")
+        raise SettingError(name, text, f"{name} must be positive, got {text!r}")
     return value
 
 
@@ -126,7 +129,7 @@ def max_ranks_per_gpu() -> int | None:
     """``IPCSHARE_MAX_RANKS_PER_GPU`` as an int, or None (unlimited) when unset.
 
     Raises:
-        ConfigError: the variable is not a positive integer.
+        SettingError: the variable is not a positive integer.
     """
     text = _text(MAX_RANKS_PER_GPU)
     if not text:
@@ -134,10 +137,11 @@ def max_ranks_per_gpu() -> int | None:
     try:
         value = int(text)
     except ValueError:
-        raise ConfigError(
-            f"{MAX_RANKS_PER_GPU}={text!r} is not a whole number of ranks") from None
+        raise SettingError(MAX_RANKS_PER_GPU, text,
+                           f"{MAX_RANKS_PER_GPU}={text!r} is not a whole number of ranks") from None
     if value < 1:
-        raise ConfigError(f"{MAX_RANKS_PER_GPU} must be at least 1, got {value}")
+        raise SettingError(MAX_RANKS_PER_GPU, text,
+                           f"{MAX_RANKS_PER_GPU} must be at least 1, got {value}")
     return value
 
 
@@ -147,14 +151,14 @@ def disabled_p2p_pairs() -> set[frozenset[int]]:
     NVLink this is how the no-peer-access paths are exercised.
 
     Raises:
-        ConfigError: a malformed pair.
+        SettingError: a malformed pair.
     """
     pairs: set[frozenset[int]] = set()
     for item in filter(None, (part.strip() for part in _text(DISABLE_P2P).split(","))):
         ends = item.split("-")
         if len(ends) != 2 or not all(end.strip().isdigit() for end in ends):
-            raise ConfigError(
-                f"{DISABLE_P2P}: {item!r} is not a pair of device numbers like 0-1")
+            raise SettingError(DISABLE_P2P, _text(DISABLE_P2P), f"{DISABLE_P2P}: {item!r} is "
+                               "not a pair of device numbers like 0-1")
         pairs.add(frozenset(int(end) for end in ends))
     return pairs
 
@@ -169,12 +173,12 @@ def shared_gpu_barrier() -> str:
     memory operations, as on GPUs of their own; kept to measure the difference).
 
     Raises:
-        ConfigError: set to anything else.
+        SettingError: set to anything else.
     """
     text = _text(SHARED_GPU_BARRIER) or "host"
     if text not in SHARED_GPU_BARRIERS:
-        raise ConfigError(f"{SHARED_GPU_BARRIER}={text!r}; choose one of: "
-                          + ", ".join(SHARED_GPU_BARRIERS))
+        raise SettingError(SHARED_GPU_BARRIER, text, f"{SHARED_GPU_BARRIER}={text!r}; choose one "
+                           "of: " + ", ".join(SHARED_GPU_BARRIERS))
     return text
 
 
@@ -183,14 +187,14 @@ def mpi_cuda_aware() -> bool | None:
     own answer counts).
 
     Raises:
-        ConfigError: set to something other than 0 or 1.
+        SettingError: set to something other than 0 or 1.
     """
     text = _text(MPI_CUDA_AWARE)
     if not text:
         return None
     if text not in ("0", "1"):
-        raise ConfigError(f"{MPI_CUDA_AWARE}={text!r}: use 1 (CUDA-aware MPI) or 0 "
-                          "(stage device memory through the host)")
+        raise SettingError(MPI_CUDA_AWARE, text, f"{MPI_CUDA_AWARE}={text!r}: use 1 (CUDA-aware "
+                           "MPI) or 0 (stage device memory through the host)")
     return text == "1"
 
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from ..runtime import settings
 from ..runtime.config import parse_size
-from ..runtime.errors import ConfigError
+from ..runtime.errors import ConfigError, SettingError
 
 __all__ = ["PairPath", "PathPlan", "plan_paths", "all_direct", "fallback_choice",
            "chunk_bytes_choice", "env_choices", "PATH_KINDS", "FALLBACKS", "FALLBACK_ENV",
@@ -32,12 +32,12 @@ def fallback_choice(text: str | None) -> str:
     """The fallback kind named by ``text`` (the env value; empty or None means auto).
 
     Raises:
-        ConfigError: not one of FALLBACKS.
+        SettingError: not one of FALLBACKS.
     """
     value = (text or "").strip().lower() or "auto"
     if value not in FALLBACKS:
-        raise ConfigError(f"{FALLBACK_ENV}={text!r} is not a fallback; choose one of: "
-                          f"{', '.join(FALLBACKS)}")
+        raise SettingError(FALLBACK_ENV, text, f"{FALLBACK_ENV}={text!r} is not a fallback; choose "
+                           f"one of: {', '.join(FALLBACKS)}")
     return value
 
 
@@ -45,11 +45,14 @@ def chunk_bytes_choice(text: str | int | None) -> int:
     """Bytes per staged chunk from ``text`` (``4M``, ``65536``; empty or None: 4 MiB).
 
     Raises:
-        ConfigError: not a positive size.
+        SettingError: not a positive size.
     """
     if text is None or (isinstance(text, str) and not text.strip()):
         return DEFAULT_CHUNK_BYTES
-    return parse_size(text, what=CHUNK_ENV)
+    try:
+        return parse_size(text, what=CHUNK_ENV)
+    except ConfigError as exc:
+        raise SettingError(CHUNK_ENV, text, str(exc)) from None
 
 
 def env_choices() -> tuple[str, str]:

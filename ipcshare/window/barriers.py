@@ -177,8 +177,8 @@ class WindowBarriers:
         others = [r for r in world.local_ranks if r not in parties]
 
         def what_for(party: int) -> Callable[[int], str]:
-            who = world.where() if party == world.rank else f"{world.where()} (for rank {party})"
-            return lambda slot: (f"{who} in a graph barrier waiting for "
+            for_whom = "" if party == world.rank else f" for rank {party}"
+            return lambda slot: (f"{world.where()} in a graph barrier{for_whom} waiting for "
                                  f"{world.where(world.local_ranks[slot % FLAG_BARRIER_RANKS])}")
         barriers: list[Callable[[], None] | None] = []
         for turn in range(2):

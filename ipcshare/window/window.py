@@ -158,7 +158,7 @@ class Window:
         return {rank: self._allocations[rank].buffer(self.relay_offset, self.layout.relay_bytes)
                 for rank in relays}
 
-    # -- the API of DESIGN.md -------------------------------------------------------
+    # -- the public API --------------------------------------------------------------
     @property
     def rank(self) -> int:
         return self.world.rank

@@ -378,6 +378,31 @@ def test_a_bad_exit_grace_on_one_rank_stops_every_rank(socket_dir):
 
 
 @needs_mpiexec
+@pytest.mark.parametrize("name,value,said", [
+    ("IPCSHARE_P2P_FALLBACK", "sideways", "is not a fallback"),
+    ("IPCSHARE_P2P_CHUNK", "lots", "is not a size"),
+    ("IPCSHARE_DISABLE_P2P", "0-x", "is not a pair of device numbers"),
+    ("IPCSHARE_MAX_RANKS_PER_GPU", "0", "must be at least 1"),
+    ("IPCSHARE_SHARED_GPU_BARRIER", "maybe", "choose one of: host, stream"),
+    ("IPCSHARE_MPI_CUDA_AWARE", "yes", "use 1 (CUDA-aware MPI) or 0"),
+])
+def test_a_malformed_gpu_setting_is_refused_on_the_host_backend_too(socket_dir, name, value,
+                                                                    said):
+    # Only GPU paths read these; on host memory they used to be ignored (exit 0), so a
+    # typo surfaced only on the GPU node. Set on one rank, every rank stops.
+    cmd = [MPIEXEC, "-n", "1", *IPCSHARE, "ring", "--backend", "host", "-b", "1K", "-e", "1K",
+           ":", "-n", "1", "-env", name, value, *IPCSHARE, "ring", "--backend", "host",
+           "-b", "1K", "-e", "1K"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    errors = [line for line in out.stderr.splitlines() if line.startswith("ipcshare: error:")]
+    assert out.returncode == 1 and len(errors) == 2 and "Traceback" not in out.stderr, \
+        out.stderr
+    assert all(name in line and said in line and "rank 1" in line for line in errors), \
+        out.stderr
+    assert list(socket_dir.iterdir()) == []
+
+
+@needs_mpiexec
 def test_checks_turned_off_are_reported_as_not_checked_not_as_zero_wrong(tmp_path,
                                                                          socket_dir):
     # -c 0 used to print "#wrong 0" and "Out of bounds values : 0 OK" and write "wrong": 0,

@@ -152,6 +152,20 @@ def test_describe_failure_keeps_the_local_cause():
     assert failure["errno"] == "EPERM"
 
 
+def test_a_malformed_setting_is_a_typed_fact_through_agreement():
+    from ipcshare.runtime import settings
+    from ipcshare.runtime.errors import ConfigError, SettingError
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(settings.MPI_CUDA_AWARE, "yes")
+        with pytest.raises(SettingError) as raised:
+            settings.mpi_cuda_aware()
+    assert isinstance(raised.value, ConfigError)   # callers catching ConfigError still do
+    outer = BackendError("group setup failed")
+    outer.__cause__ = raised.value
+    assert error_facts(outer).setting == {"name": "IPCSHARE_MPI_CUDA_AWARE", "value": "yes"}
+
+
 def test_error_facts_follow_the_causes():
     try:
         try:

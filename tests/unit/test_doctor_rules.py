@@ -104,6 +104,32 @@ def test_a_healthy_node_has_no_findings():
     assert rules.diagnose(node()) == []
 
 
+def test_a_malformed_setting_is_named_with_its_value_and_the_fix():
+    # Every path's group setup refuses it; the rule reads the typed fact, not the text.
+    setting = {"name": "IPCSHARE_P2P_CHUNK", "value": "lots"}
+    failure = {"step": "group setup", "rank": 0, "error": "SettingError",
+               "message": "group setup failed on rank 0@node1: (wording of any release)",
+               "errno": None, "cuda_error": None, "peer_unreachable": None,
+               "setting": setting}
+    evidence = node(matrix=[path("host-shm", status="failed", failure=failure),
+                            path("posix-fd/socket", exchange="socket", status="failed",
+                                 failure=failure)],
+                    checks=[check("host-shm", False, "host-shm failed"),
+                            check("descriptors", True), check("leak", True)])
+    findings = rules.diagnose(evidence)
+    finding = only(findings, "host-shm")
+    assert finding.severity == "fail"
+    assert finding.cause.startswith("IPCSHARE_P2P_CHUNK='lots' is a value ipcshare cannot take")
+    assert "(host-shm, posix-fd/socket)" in finding.cause
+    assert finding.fix.startswith("correct or unset IPCSHARE_P2P_CHUNK")
+    assert not any("no rule recognises" in f.fix for f in findings)
+    # no required check failed by it: one line for the node, still naming the variable
+    optional = node(matrix=[path("posix-fd/socket", exchange="socket", status="failed",
+                                 failure=failure)])
+    assert [(f.check, f.severity) for f in rules.malformed_setting(optional)] == [
+        ("environment", "fail")]
+
+
 def test_seccomp_refusing_pidfd_getfd_is_named_and_the_socket_fallback_noted():
     finding = only(rules.diagnose(pidfd_refused_node(seccomp={"mode": 2, "filters": 1})),
                    "pidfd")

@@ -69,3 +69,37 @@ def test_start_times_tell_processes_apart():
         child.kill()
         child.wait()
     assert process_start_time(child.pid) is None  # reaped: gone
+
+
+class TwoHosts:
+    """The little of a World that describe() reads."""
+
+    rank = 0
+    hostnames = ["h0", "h1", "h2"]
+    pids = [100, 101, 102]
+
+    def where(self, rank=None):
+        rank = self.rank if rank is None else rank
+        return f"rank {rank}@{self.hostnames[rank]}"
+
+
+@pytest.mark.parametrize("doing,said", [
+    # a wait's own description names this rank already: once in the message
+    ("rank 0@h0 in ring waiting for rank 2@h2",
+     "rank 1@h1 (pid 101) died while rank 0@h0 was in ring waiting for rank 2@h2"),
+    ("rank 0@h0 in a graph barrier for rank 2 waiting for rank 1@h1",
+     "rank 1@h1 (pid 101) died while rank 0@h0 was in a graph barrier for rank 2 waiting "
+     "for rank 1@h1"),
+    ("the handle exchange", "rank 1@h1 (pid 101) died while rank 0@h0 was in the handle "
+                            "exchange"),
+    ("", "rank 1@h1 (pid 101) died"),
+])
+def test_the_death_message_names_each_rank_once(doing, said):
+    from ipcshare.liveness.pidfd_watch import PeerWatch
+
+    watch = PeerWatch(TwoHosts(), {})
+    try:
+        watch._dead = [1]
+        assert watch.describe(doing) == said
+    finally:
+        watch.close()

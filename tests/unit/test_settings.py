@@ -32,10 +32,11 @@ def test_only_settings_reads_the_environment_for_ipcshare_variables():
     assert readers == []
 
 
-def test_docs_table_lists_every_setting():
+def test_docs_table_lists_every_setting_with_its_default_and_meaning():
     table = (_ROOT / "docs" / "SETTINGS.md").read_text()
-    documented = set(re.findall(r"^\| `(IPCSHARE_[A-Z0-9_]+)` \|", table, re.MULTILINE))
-    assert documented == {s.name for s in settings.SETTINGS}
+    documented = {name: (default, meaning) for name, default, meaning in re.findall(
+        r"^\| `(IPCSHARE_[A-Z0-9_]+)` \| (.*?) \| (.*) \|$", table, re.MULTILINE)}
+    assert documented == {s.name: (s.default, s.meaning) for s in settings.SETTINGS}
 
 
 @pytest.mark.parametrize(("text", "expected"), [("", 30.0), (" 2.5 ", 2.5), ("10", 10.0)])
