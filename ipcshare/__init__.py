@@ -20,6 +20,7 @@ from .runtime.errors import (
     OptionError,
     PeerDied,
     PeerUnreachable,
+    SettingError,
     SignalTimeout,
     Unsupported,
     VerificationError,
@@ -33,10 +34,10 @@ __version__ = "0.1.0"
 # ground floor (runtime/errors.py), which imports only the standard library, so naming them
 # here stays cheap.
 __all__ = ["Group", "Window", "Communicator", "__version__", "errors",
-           "IpcShareError", "ConfigError", "OptionError", "ExchangeError", "ExchangeTimeout",
-           "BackendError", "BackendUnavailable", "CudaError", "PeerUnreachable", "WindowError",
-           "WindowTooLarge", "SignalTimeout", "PeerDied", "VerificationError",
-           "KernelCompileError", "CollectiveError", "Unsupported"]
+           "IpcShareError", "ConfigError", "SettingError", "OptionError", "ExchangeError",
+           "ExchangeTimeout", "BackendError", "BackendUnavailable", "CudaError",
+           "PeerUnreachable", "WindowError", "WindowTooLarge", "SignalTimeout", "PeerDied",
+           "VerificationError", "KernelCompileError", "CollectiveError", "Unsupported"]
 
 
 def __getattr__(name: str):

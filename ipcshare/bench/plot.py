@@ -81,7 +81,8 @@ def plot_format(path: str | Path) -> str:
         ConfigError: the name ends in no format of :data:`PLOT_FORMATS` (a PNG written
             under another name would be a file nothing opens for what it claims).
     """
-    suffix = Path(path).suffix.lower().lstrip(".")
+    name = Path(path).name
+    suffix = name.rpartition(".")[2].lower() if "." in name else ""   # ".png" too
     if suffix not in PLOT_FORMATS:
         endings = ", ".join(f".{name}" for name in PLOT_FORMATS)
         raise ConfigError(f"--plot {str(path)!r}: name the figure with an ending that says "

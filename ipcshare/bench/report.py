@@ -272,9 +272,9 @@ def _case_section(record: CaseResult) -> list[str]:
         for baseline in run.baselines:
             theirs = baseline.rows[index]
             other = theirs.primary
-            speedup = (other.time_us / row.primary.time_us if row.primary.time_us > 0
-                       else float("nan"))
-            cells += [_us(other.time_us), f"{other.busbw:.2f}", f"{speedup:.2f}"]
+            speedup = (f"{other.time_us / row.primary.time_us:.2f}" if row.primary.time_us > 0
+                       else "n/a")
+            cells += [_us(other.time_us), f"{other.busbw:.2f}", speedup]
             wrong += theirs.wrong
         cells.append(str(wrong))
         lines.append("| " + " | ".join(cells) + " |")

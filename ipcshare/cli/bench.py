@@ -47,11 +47,12 @@ def run_bench_command(args: argparse.Namespace) -> int:
 
     world = World.from_comm()
     try:
+        with collective_step(world, "checking the output files"):
+            if world.rank == 0:  # only rank 0 writes, and its folders may be its own
+                _check_outputs(args)
         with collective_step(world, "reading the suite"):
             suite = load_suite(args.config, overrides={
                 "repeat": args.repeat, "min_bw": args.min_bw, "baselines": args.baseline})
-            if world.rank == 0:  # only rank 0 writes, and its folders may be its own
-                _check_outputs(args)
         # Before any window: ranks running other cases would otherwise be named only by
         # the window sizes their cases make.
         facts = world.comm.allgather((_suite_flags(args), _what_runs(suite)))

@@ -14,6 +14,7 @@ from ..runtime import settings
 from ..topology.gpu_sharing import GpuSharing, gpu_sharing, shared_gpus_advice
 from ..topology.peer_paths import FALLBACK_ENV, PathPlan, fallback_choice, plan_paths
 from ..topology.world import World, mpi_library_name
+from ..window.setting_checks import check_settings
 from .option_origins import as_flags
 
 __all__ = ["run_info", "rank_facts", "pair_paths", "node_path_plans", "PAIR_PATHS"]
@@ -202,8 +203,8 @@ def run_info(args: argparse.Namespace) -> int:
 
     world = World.from_comm()
     try:
-        with collective_step(world, f"reading {FALLBACK_ENV}"):
-            fallback_choice(settings.raw(FALLBACK_ENV))
+        with collective_step(world, "reading the IPCSHARE_* settings"):
+            check_settings()
         with collective_step(world, "reading options"):
             if args.inter not in INTER_ENGINES:
                 raise ConfigError(f"unknown inter {args.inter!r}; choose one of: "

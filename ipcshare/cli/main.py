@@ -4,7 +4,6 @@ non-zero exit status that says what went wrong."""
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import sys
 from collections.abc import Sequence
@@ -142,7 +141,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``ipcshare`` command; returns the exit status."""
+    """Entry point of the ``ipcshare`` command; returns the exit status (``EXIT_READER_GONE``
+    where the command went well but the reader of its output left: cli/reader_gone.py)."""
+    from ..topology.world import launcher_world_size
+    from .reader_gone import StdoutGuard
+
+    guard = StdoutGuard.install(alone=launcher_world_size() is None)
+    try:
+        status = _run_command(argv)
+    finally:
+        guard.uninstall()
+    if guard.reader_gone and status == EXIT_OK:
+        return EXIT_READER_GONE
+    return status
+
+
+def _run_command(argv: Sequence[str] | None) -> int:
     from ..runtime.errors import IpcShareError, PeerDied
     from ..topology.world import launcher_world_size
 
@@ -230,30 +244,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
-        # Whoever read our output left (``ipcshare info | head -1``): stop quietly, as a
-        # shell tool killed by SIGPIPE does; the with-blocks on the way here closed what
-        # the command opened. Not an internal error.
-        _leave_without_a_reader()
+        # A process alone in its world whose reader left (``ipcshare info | head -1``):
+        # StdoutGuard raised this after pointing stdout at /dev/null, and the with-blocks
+        # on the way here closed what the command opened. Not an internal error.
         return EXIT_READER_GONE
     except Exception as exc:
         _abort_job(exc)
         return EXIT_ERROR
-
-
-def _leave_without_a_reader() -> None:
-    """stdout's pipe is closed: point stdout at /dev/null, so that the interpreter's last
-    flush does not fail again, and end the job if other ranks could be waiting for us."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (OSError, ValueError):
-        pass
-    if "mpi4py.MPI" in sys.modules:
-        from mpi4py import MPI
-
-        if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
-            MPI.COMM_WORLD.Abort(EXIT_READER_GONE)
 
 
 def _abort_job(exc: BaseException) -> None:

@@ -23,7 +23,7 @@ import time
 
 from ..liveness.pidfd_watch import process_start_time
 from ..runtime import settings
-from ..runtime.errors import ConfigError
+from ..runtime.errors import SettingError
 from ..runtime.logs import get_logger
 
 __all__ = ["CLAIM_NAME", "STALE_DIR_AGE_S", "SUN_PATH_MAX", "make_socket_dir",
@@ -65,23 +65,26 @@ def check_socket_dir_setting() -> None:
     relies on a shared mount then failed on much later, or not at all).
 
     Raises:
-        ConfigError: set, but not a directory, not writable, or too long a path.
+        SettingError: set, but not a directory, not writable, or too long a path.
     """
     base = settings.socket_dir()
     if base is None:
         return
     fix = "or unset it"
     if not os.path.isdir(base):
-        raise ConfigError(f"{settings.SOCKET_DIR}={base!r} is not a directory here: create "
-                          f"it (one directory mounted in every container of a node), {fix}")
+        raise SettingError(f"{settings.SOCKET_DIR}={base!r} is not a directory here: create "
+                           f"it (one directory mounted in every container of a node), {fix}",
+                           setting=settings.SOCKET_DIR, value=base)
     if not os.access(base, os.W_OK | os.X_OK):
-        raise ConfigError(f"{settings.SOCKET_DIR}={base!r} is not writable by this user: "
-                          f"give the job's user write access, {fix}")
+        raise SettingError(f"{settings.SOCKET_DIR}={base!r} is not writable by this user: "
+                           f"give the job's user write access, {fix}",
+                           setting=settings.SOCKET_DIR, value=base)
     probe = _longest_socket_path(base, "0" * 16)
     if not socket_path_fits(probe):
-        raise ConfigError(f"{settings.SOCKET_DIR}={base!r} is too long for a socket path "
-                          f"({len(os.fsencode(probe))} bytes with the job's socket names, at "
-                          f"most {SUN_PATH_MAX}): choose a shorter directory, {fix}")
+        raise SettingError(f"{settings.SOCKET_DIR}={base!r} is too long for a socket path "
+                           f"({len(os.fsencode(probe))} bytes with the job's socket names, at "
+                           f"most {SUN_PATH_MAX}): choose a shorter directory, {fix}",
+                           setting=settings.SOCKET_DIR, value=base)
 
 
 def make_socket_dir(token: str) -> str | None:

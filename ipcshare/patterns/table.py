@@ -88,9 +88,10 @@ class Table:
                 text += f"{'skipped':>9}"
             else:
                 b = baseline_row.primary
-                speedup = b.time_us / row.primary.time_us if row.primary.time_us > 0 else 0.0
+                speedup = (f"{b.time_us / row.primary.time_us:.2f}" if row.primary.time_us > 0
+                           else "n/a")
                 wrong = b.wrong if self.checked else "N/A"
-                text += f"{_fmt_time(b.time_us):>9} {b.busbw:>7.2f} {wrong:>6} {speedup:>7.2f}"
+                text += f"{_fmt_time(b.time_us):>9} {b.busbw:>7.2f} {wrong:>6} {speedup:>7}"
                 if self.path_column:
                     text += f" {b.path or '':>9}"
                 if self.p95_column:

@@ -86,7 +86,9 @@ class SettingError(ConfigError):
     """A malformed ``IPCSHARE_*`` environment variable: ``setting`` names it and ``value``
     is what it held (typed facts the doctor's rules read instead of the message)."""
 
-    def __init__(self, setting: str, value: object, message: str) -> None:
+    def __init__(self, message: str, *, setting: str = "", value: object = "") -> None:
+        # Keywords, so that agreement can rebuild it on every rank from its message alone
+        # (the typed facts travel beside it, in ErrorFacts).
         super().__init__(message)
         self.setting = setting
         self.value = str(value)
@@ -207,9 +209,10 @@ class VerificationError(IpcShareError):
 
 
 _BY_NAME = {cls.__name__: cls for cls in (
-    IpcShareError, ConfigError, OptionError, ExchangeError, ExchangeTimeout, BackendError,
-    BackendUnavailable, CudaError, PeerUnreachable, WindowError, WindowTooLarge, SignalTimeout,
-    VerificationError, KernelCompileError, PeerDied, CollectiveError, Unsupported)}
+    IpcShareError, ConfigError, SettingError, OptionError, ExchangeError, ExchangeTimeout,
+    BackendError, BackendUnavailable, CudaError, PeerUnreachable, WindowError, WindowTooLarge,
+    SignalTimeout, VerificationError, KernelCompileError, PeerDied, CollectiveError,
+    Unsupported)}
 
 
 def error_class(name: str) -> type[IpcShareError]:
@@ -250,7 +253,7 @@ def error_facts(error: BaseException) -> ErrorFacts:
             candidates["cuda_error"] = seen.error_name
         if isinstance(seen, PeerUnreachable):
             candidates["peer_unreachable"] = seen.facts()
-        if isinstance(seen, SettingError):
+        if isinstance(seen, SettingError) and seen.setting:
             candidates["setting"] = seen.facts()
         for key, value in candidates.items():
             if found[key] is None and value is not None:

@@ -109,9 +109,10 @@ def seconds(name: str, default: float) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise SettingError(name, text, f"{name}={text!r} is not a number of seconds") from None
+        raise SettingError(f"{name}={text!r} is not a number of seconds", setting=name,
+                           value=text) from None
     if not value > 0:  # also refuses NaN
-        raise SettingError(name, text, f"{name} must be positive, got {text!r}")
+        raise SettingError(f"{name} must be positive, got {text!r}", setting=name, value=text)
     return value
 
 
@@ -137,11 +138,11 @@ def max_ranks_per_gpu() -> int | None:
     try:
         value = int(text)
     except ValueError:
-        raise SettingError(MAX_RANKS_PER_GPU, text,
-                           f"{MAX_RANKS_PER_GPU}={text!r} is not a whole number of ranks") from None
+        raise SettingError(f"{MAX_RANKS_PER_GPU}={text!r} is not a whole number of ranks",
+                           setting=MAX_RANKS_PER_GPU, value=text) from None
     if value < 1:
-        raise SettingError(MAX_RANKS_PER_GPU, text,
-                           f"{MAX_RANKS_PER_GPU} must be at least 1, got {value}")
+        raise SettingError(f"{MAX_RANKS_PER_GPU} must be at least 1, got {value}",
+                           setting=MAX_RANKS_PER_GPU, value=text)
     return value
 
 
@@ -157,8 +158,8 @@ def disabled_p2p_pairs() -> set[frozenset[int]]:
     for item in filter(None, (part.strip() for part in _text(DISABLE_P2P).split(","))):
         ends = item.split("-")
         if len(ends) != 2 or not all(end.strip().isdigit() for end in ends):
-            raise SettingError(DISABLE_P2P, _text(DISABLE_P2P), f"{DISABLE_P2P}: {item!r} is "
-                               "not a pair of device numbers like 0-1")
+            raise SettingError(f"{DISABLE_P2P}: {item!r} is not a pair of device numbers like "
+                               "0-1", setting=DISABLE_P2P, value=_text(DISABLE_P2P))
         pairs.add(frozenset(int(end) for end in ends))
     return pairs
 
@@ -177,8 +178,8 @@ def shared_gpu_barrier() -> str:
     """
     text = _text(SHARED_GPU_BARRIER) or "host"
     if text not in SHARED_GPU_BARRIERS:
-        raise SettingError(SHARED_GPU_BARRIER, text, f"{SHARED_GPU_BARRIER}={text!r}; choose one "
-                           "of: " + ", ".join(SHARED_GPU_BARRIERS))
+        raise SettingError(f"{SHARED_GPU_BARRIER}={text!r}; choose one of: "
+                           + ", ".join(SHARED_GPU_BARRIERS), setting=SHARED_GPU_BARRIER, value=text)
     return text
 
 
@@ -193,8 +194,8 @@ def mpi_cuda_aware() -> bool | None:
     if not text:
         return None
     if text not in ("0", "1"):
-        raise SettingError(MPI_CUDA_AWARE, text, f"{MPI_CUDA_AWARE}={text!r}: use 1 (CUDA-aware "
-                           "MPI) or 0 (stage device memory through the host)")
+        raise SettingError(f"{MPI_CUDA_AWARE}={text!r}: use 1 (CUDA-aware MPI) or 0 (stage "
+                           "device memory through the host)", setting=MPI_CUDA_AWARE, value=text)
     return text == "1"
 
 

@@ -28,31 +28,40 @@ CHUNK_ENV = settings.P2P_CHUNK
 DEFAULT_CHUNK_BYTES = 4 << 20
 
 
-def fallback_choice(text: str | None) -> str:
-    """The fallback kind named by ``text`` (the env value; empty or None means auto).
+def fallback_choice(text: str | None, *, argument: str | None = None) -> str:
+    """The fallback kind named by ``text`` (empty or None means auto): the environment's
+    value, or the caller's argument called ``argument`` (``p2p_fallback``).
 
     Raises:
-        SettingError: not one of FALLBACKS.
+        SettingError: the environment's value is not one of FALLBACKS.
+        ConfigError: the argument's value is not (named as the argument).
     """
     value = (text or "").strip().lower() or "auto"
     if value not in FALLBACKS:
-        raise SettingError(FALLBACK_ENV, text, f"{FALLBACK_ENV}={text!r} is not a fallback; choose "
-                           f"one of: {', '.join(FALLBACKS)}")
+        choices = f"choose one of: {', '.join(FALLBACKS)}"
+        if argument is not None:
+            raise ConfigError(f"{argument}={text!r} is not a fallback; {choices}")
+        raise SettingError(f"{FALLBACK_ENV}={text!r} is not a fallback; {choices}",
+                           setting=FALLBACK_ENV, value=text)
     return value
 
 
-def chunk_bytes_choice(text: str | int | None) -> int:
-    """Bytes per staged chunk from ``text`` (``4M``, ``65536``; empty or None: 4 MiB).
+def chunk_bytes_choice(text: str | int | None, *, argument: str | None = None) -> int:
+    """Bytes per staged chunk from ``text`` (``4M``, ``65536``; empty or None: 4 MiB): the
+    environment's value, or the caller's argument called ``argument`` (``p2p_chunk``).
 
     Raises:
-        SettingError: not a positive size.
+        SettingError: the environment's value is not a positive size.
+        ConfigError: the argument's value is not (named as the argument).
     """
     if text is None or (isinstance(text, str) and not text.strip()):
         return DEFAULT_CHUNK_BYTES
+    if argument is not None:
+        return parse_size(text, what=argument)
     try:
         return parse_size(text, what=CHUNK_ENV)
     except ConfigError as exc:
-        raise SettingError(CHUNK_ENV, text, str(exc)) from None
+        raise SettingError(str(exc), setting=CHUNK_ENV, value=text) from None
 
 
 def env_choices() -> tuple[str, str]:

@@ -13,12 +13,12 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ..runtime import settings
-from ..runtime.errors import ConfigError
+from ..runtime.errors import ConfigError, SettingError
 from ..runtime.logs import configure_logging
 
-__all__ = ["World", "mpi", "mpi_library_version", "mpi_library_name", "virtual_node_blocks",
-           "VIRTUAL_NODES_ENV", "format_ranks", "parse_ranks", "describe_disagreement",
-           "launcher_world_size"]
+__all__ = ["World", "mpi", "mpi_library_version", "mpi_library_name", "short_library_name",
+           "virtual_node_blocks", "VIRTUAL_NODES_ENV", "format_ranks", "parse_ranks",
+           "describe_disagreement", "launcher_world_size"]
 
 VIRTUAL_NODES_ENV = settings.VIRTUAL_NODES
 
@@ -56,10 +56,23 @@ def mpi_library_name() -> str:
     """The MPI library and its version in a few words, as every output names it:
     ``MPICH 5.0.2``, ``Open MPI 4.1.6``. Reports that show the machine keep the whole
     first line (:func:`mpi_library_version`)."""
-    first_clause = mpi_library_version().split(",")[0]  # Open MPI: "..., package: ..."
-    words = [word for word in first_clause.split() if word != "Version:"]
-    if words and len(words[-1]) > 1 and words[-1][0] == "v" and words[-1][1].isdigit():
-        words[-1] = words[-1][1:]   # Open MPI writes v4.1.6
+    return short_library_name(mpi_library_version())
+
+
+def short_library_name(line: str) -> str:
+    """The library's words up to its version number, without the word "version" and
+    colons: ``MPICH Version: 5.0.2`` -> ``MPICH 5.0.2``, ``Open MPI v4.1.6, package: ...``
+    -> ``Open MPI 4.1.6``, ``Intel(R) MPI Library 2021.10 for Linux* OS`` -> ``Intel(R)
+    MPI Library 2021.10``."""
+    words = []
+    for word in line.split(",")[0].split():
+        if word.rstrip(":").lower() in ("version", ""):
+            continue
+        if len(word) > 1 and word[0] in "vV" and word[1].isdigit():
+            word = word[1:]   # Open MPI writes v4.1.6
+        words.append(word)
+        if word[0].isdigit():
+            break   # the version: what follows is build detail
     return " ".join(words) or "MPI"
 
 
@@ -207,14 +220,16 @@ def virtual_node_blocks(size: int, nodes: int) -> list[int]:
     the first ``size % nodes`` blocks one rank larger: 3 ranks over 2 nodes -> [0, 0, 1].
 
     Raises:
-        ConfigError: ``nodes`` is not between 1 and ``size``.
+        SettingError: ``nodes`` is not between 1 and ``size``.
     """
     if nodes < 1:
-        raise ConfigError(f"{VIRTUAL_NODES_ENV}={nodes}: the job needs at least 1 virtual "
-                          "node (unset it for the real nodes)")
+        raise SettingError(f"{VIRTUAL_NODES_ENV}={nodes}: the job needs at least 1 virtual "
+                           "node (unset it for the real nodes)", setting=VIRTUAL_NODES_ENV,
+                           value=nodes)
     if nodes > size:
-        raise ConfigError(f"{VIRTUAL_NODES_ENV}={nodes} asks for more virtual nodes than the "
-                          f"{size} rank(s) of the job: each node needs at least one rank")
+        raise SettingError(f"{VIRTUAL_NODES_ENV}={nodes} asks for more virtual nodes than "
+                           f"the {size} rank(s) of the job: each node needs at least one rank",
+                           setting=VIRTUAL_NODES_ENV, value=nodes)
     base, extra = divmod(size, nodes)
     node_of_rank: list[int] = []
     for node in range(nodes):
@@ -281,11 +296,13 @@ def describe_disagreement(values: Sequence[Any], *, verb: tuple[str, str] = ("ha
 def _virtual_node_count(texts: list[str]) -> int:
     """K from every rank's ``IPCSHARE_VIRTUAL_NODES``; they must agree."""
     if len(set(texts)) > 1:
-        raise ConfigError(f"{VIRTUAL_NODES_ENV} differs between ranks: "
-                          f"{describe_disagreement(texts, spell=repr)}")
+        raise SettingError(f"{VIRTUAL_NODES_ENV} differs between ranks: "
+                           f"{describe_disagreement(texts, spell=repr)}",
+                           setting=VIRTUAL_NODES_ENV, value=" / ".join(sorted(set(texts))))
     text = texts[0]
     if not re.fullmatch(r"[0-9]+", text):
-        raise ConfigError(f"{VIRTUAL_NODES_ENV}={text!r} is not a number of nodes")
+        raise SettingError(f"{VIRTUAL_NODES_ENV}={text!r} is not a number of nodes",
+                           setting=VIRTUAL_NODES_ENV, value=text)
     return int(text)
 
 
@@ -304,9 +321,9 @@ def _virtual_split(real_node_of_rank: list[int], nodes: int, facts: list[tuple],
         other = next((r for r in members if real_node_of_rank[r] != real_node_of_rank[first]),
                      None)
         if other is not None:
-            raise ConfigError(
+            raise SettingError(
                 f"{VIRTUAL_NODES_ENV}={nodes}: virtual node {ordered[node]} would hold rank "
                 f"{first} on {facts[first][0]} and rank {other} on {facts[other][0]}, two "
                 "real nodes; choose K so that every block of consecutive ranks stays on "
-                "one host")
+                "one host", setting=VIRTUAL_NODES_ENV, value=nodes)
     return node_of_rank

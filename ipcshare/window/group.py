@@ -28,6 +28,7 @@ from ..topology.peer_paths import (
     plan_paths,
 )
 from ..topology.world import World, describe_disagreement
+from .setting_checks import check_settings
 from .window import Window
 
 if TYPE_CHECKING:
@@ -85,24 +86,6 @@ def _check_same_p2p_choices(choices: list[tuple[Any, Any]], ranks: list[int]) ->
                 f"ranks of a node disagree on {name} (the argument, else {variable}): "
                 + describe_disagreement(values, ranks=ranks, spell=lambda value:
                                         "nothing" if value in ("", None) else repr(value)))
-
-
-def _check_device_settings(fallback: str | None, chunk: int | str | None) -> None:
-    """Parse what only GPU paths read, whatever the backend: the fallback arguments (or
-    the variables they override) and the GPU settings. A malformed value is refused on
-    every rank (SETTINGS.md's promise), not ignored on the host backend and refused
-    later on a GPU node.
-
-    Raises:
-        ConfigError: the first malformed one, named with its value.
-    """
-    env_fallback, env_chunk = env_choices()
-    fallback_choice(env_fallback if fallback is None else fallback)
-    chunk_bytes_choice(env_chunk if chunk is None else chunk)
-    settings.max_ranks_per_gpu()
-    settings.disabled_p2p_pairs()
-    settings.shared_gpu_barrier()
-    settings.mpi_cuda_aware()
 
 
 def _signal_timeout() -> float:
@@ -164,7 +147,7 @@ class Group:
                                          watch=self.watch)
                 self.rendezvous = Rendezvous(self.world, self.watch, self.exchange.timeout)
                 self.signal_timeout = _signal_timeout() if timeout is None else timeout
-                _check_device_settings(p2p_fallback, p2p_chunk)
+                check_settings(p2p_fallback, p2p_chunk)
                 chosen = resolve_backend_name(backend)
             # Rank 0's token names this job in every handle and socket.
             facts = self.collective("backend choice", (

@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -84,6 +85,30 @@ def test_a_reader_that_leaves_stops_the_run_quietly(socket_dir):
     assert proc.returncode == 141, stderr.decode()
     assert b"internal error" not in stderr and b"Traceback" not in stderr
     assert b"BrokenPipe" not in stderr, stderr.decode()
+    assert shm_entries() == before and list(socket_dir.iterdir()) == []
+
+
+def test_ranks_whose_reader_leaves_finish_together_and_say_so(socket_dir):
+    # A rank of a job cannot stop alone: its peers wait for it in the next collective
+    # (before, rank 0 unwound into a window's close and both waited out the 30 s exchange
+    # timeout). A launcher that passes stdout through (gforker) shows it.
+    from ..launchers import mpich_launcher
+
+    gforker = mpich_launcher("mpiexec.gforker")
+    if gforker is None:
+        pytest.skip("needs mpiexec.gforker (mpich)")
+    before = shm_entries()
+    started = time.monotonic()
+    with subprocess.Popen([gforker, "-n", "2", *IPCSHARE, "ring", "-b", "1K", "-e", "16M",
+                           "-n", "5", "-w", "1"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        first = proc.stdout.readline()
+        proc.stdout.close()
+        _, stderr = proc.communicate(timeout=60)
+    assert first.startswith(b"# ipcshare")
+    assert time.monotonic() - started < 20, stderr.decode()
+    assert proc.returncode == 141, stderr.decode()   # every rank verified, then said so
+    assert b"error" not in stderr and b"Abort" not in stderr, stderr.decode()
     assert shm_entries() == before and list(socket_dir.iterdir()) == []
 
 
@@ -428,10 +453,11 @@ def test_checks_turned_off_are_reported_as_not_checked_not_as_zero_wrong(tmp_pat
 def test_a_socket_dir_that_is_not_a_directory_fails_every_rank_at_once(tmp_path, monkeypatch):
     missing = tmp_path / "not-mounted"
     monkeypatch.setenv("IPCSHARE_SOCKET_DIR", str(missing))
-    out = run(["allgather", "-b", "1K", "-e", "1K", "--exchange", "socket"], n=2, timeout=60)
+    # refused at group setup whatever the exchange (pidfd would never read it)
+    out = run(["allgather", "-b", "1K", "-e", "1K", "--exchange", "pidfd"], n=2, timeout=60)
     errors = [line for line in out.stderr.splitlines() if line.startswith("ipcshare: error:")]
     assert out.returncode == 1 and len(errors) == 2 and "Traceback" not in out.stderr
-    assert all(line == "ipcshare: error: checking the socket directory failed on rank 0@"
+    assert all(line == "ipcshare: error: group setup failed on rank 0@"
                f"{socket.gethostname()}: IPCSHARE_SOCKET_DIR='{missing}' is not a directory "
                "here: create it (one directory mounted in every container of a node), or "
                "unset it (reported by ranks 0-1)" for line in errors), out.stderr

@@ -1,9 +1,9 @@
 """A rank SIGKILLed at the worst moments: the others name it, exit, and leave nothing.
 
 Each case starts a real job. ``mpiexec.gforker`` with SIGINT ignored by the ranks is a
-launcher that keeps the job running after a death (as MPICH 5's hydra does with
--disable-auto-cleanup, see docs/RELIABILITY.md), so every survivor must find out by
-itself; hydra's default, which kills the whole job, is tested too.
+launcher that keeps the job running after a death (MPICH 5's hydra ends ipcshare's
+survivors even with -disable-auto-cleanup, see docs/RELIABILITY.md), so every survivor
+must find out by itself; hydra's default, which kills the whole job, is tested too.
 """
 
 from __future__ import annotations

@@ -114,6 +114,26 @@ def test_bad_names_raise_on_every_rank(comm):
         ipcshare.Group(backend="host", exchange="carrier-pigeon")
 
 
+def test_a_malformed_setting_on_one_rank_is_a_setting_error_on_every_rank(comm, monkeypatch):
+    # Agreement rebuilds the error on every rank by its class name: a SettingError (so a
+    # ConfigError to callers that catch that), with its name and value as typed facts.
+    from ipcshare.runtime.errors import SettingError, error_facts
+
+    if comm.rank == comm.size - 1:
+        monkeypatch.setenv("IPCSHARE_MPI_CUDA_AWARE", "yes")
+    with pytest.raises(SettingError) as caught:
+        ipcshare.Group(backend="host")
+    assert isinstance(caught.value, ConfigError)
+    assert "IPCSHARE_MPI_CUDA_AWARE='yes'" in str(caught.value)
+    assert error_facts(caught.value).setting == {"name": "IPCSHARE_MPI_CUDA_AWARE",
+                                                 "value": "yes"}
+    # an argument is named as the argument, not as the variable it overrides
+    monkeypatch.delenv("IPCSHARE_MPI_CUDA_AWARE", raising=False)
+    with pytest.raises(ConfigError, match="p2p_fallback='sideways' is not a fallback") as arg:
+        ipcshare.Group(backend="host", p2p_fallback="sideways")
+    assert not isinstance(arg.value, SettingError)
+
+
 def test_window_larger_than_memory_fails_cleanly(comm):
     before = open_fd_count()
     with ipcshare.Group(backend="host") as g:

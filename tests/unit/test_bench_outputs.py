@@ -212,3 +212,6 @@ def test_the_plot_is_written_in_the_format_its_name_asks_for(tmp_path):
     assert (tmp_path / "bench.svg").read_text().lstrip().startswith("<?xml")
     assert "<svg" in (tmp_path / "bench.svg").read_text()
     assert (tmp_path / "bench.PDF").read_bytes()[:5] == b"%PDF-"
+    from ipcshare.bench.plot import plot_format
+
+    assert plot_format(".png") == "png" and plot_format("out/x.Svg") == "svg"

@@ -152,7 +152,8 @@ def test_describe_failure_keeps_the_local_cause():
     assert failure["errno"] == "EPERM"
 
 
-def test_a_malformed_setting_is_a_typed_fact_through_agreement():
+def test_a_malformed_setting_is_a_typed_fact_along_the_causes():
+    # (through agreement on every rank: tests/mpi/test_window.py)
     from ipcshare.runtime import settings
     from ipcshare.runtime.errors import ConfigError, SettingError
 
@@ -160,7 +161,7 @@ def test_a_malformed_setting_is_a_typed_fact_through_agreement():
         patch.setenv(settings.MPI_CUDA_AWARE, "yes")
         with pytest.raises(SettingError) as raised:
             settings.mpi_cuda_aware()
-    assert isinstance(raised.value, ConfigError)   # callers catching ConfigError still do
+    assert isinstance(raised.value, ConfigError)
     outer = BackendError("group setup failed")
     outer.__cause__ = raised.value
     assert error_facts(outer).setting == {"name": "IPCSHARE_MPI_CUDA_AWARE", "value": "yes"}

@@ -52,3 +52,10 @@ def test_the_p95_column_follows_the_first_mode_and_the_baseline_has_its_own():
     assert _column_of(names, line, "p95") == "12.50"
     assert _column_of(names, line, "p95", 1) == "30.00"
     assert _column_of(names, line, "speedup") == "2.00"
+
+
+def test_a_zero_time_of_ours_gives_no_speedup_rather_than_zero():
+    table = Table(("out-of-place",), "float32", "MPI")
+    names = table.header("title", [])[-2]
+    line = table.row(_row(0.0, 0.0, 0), BaselineResult("mpi", "MPI", [_row(5.0, 5.0, 0)]).rows[0])
+    assert _column_of(names, line, "speedup") == "n/a"
