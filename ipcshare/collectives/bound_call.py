@@ -22,21 +22,26 @@ class BoundCollective:
     It keeps the arrays alive: their memory must not be freed while the call may run.
     """
 
-    __slots__ = ("collective", "description", "_enqueue", "_is_closed", "_result", "_keep")
+    __slots__ = ("collective", "description", "_enqueue", "_check", "_result", "_keep")
 
     def __init__(self, collective: str, description: str, enqueue: Callable[[], None],
-                 is_closed: Callable[[], bool], result: Any, keep: tuple) -> None:
+                 check: Callable[[], None], result: Any, keep: tuple) -> None:
+        """``check`` raises CollectiveError when the communicator takes no more calls
+        (closed, or an earlier call failed on this rank)."""
         self.collective = collective
         self.description = description
         self._enqueue = enqueue
-        self._is_closed = is_closed
+        self._check = check
         self._result = result
         self._keep = keep
 
     def __call__(self) -> Any:
-        if self._is_closed():
-            raise CollectiveError(f"{self.description}: the communicator it was bound to is "
-                                  "closed; bind the call again on an open communicator")
+        try:
+            self._check()
+        except CollectiveError as exc:
+            raise CollectiveError(f"{self.description}: the communicator it was bound to takes "
+                                  f"no more calls ({exc}); bind the call again on an open "
+                                  "communicator") from None
         self._enqueue()
         return self._result
 

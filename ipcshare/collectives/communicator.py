@@ -19,6 +19,7 @@ from .algorithms import algorithm
 from .arrays import ArrayRef, check_array, describe_array, device_dtype, to_numpy_dtype
 from .bound_call import BoundCollective
 from .call_cache import CallCache
+from .call_guard import FAILED_CALL_ERRORS, CallGuard
 from .choice import choose
 from .heap import Heap
 from .host_path import HostPath
@@ -99,8 +100,10 @@ class Communicator:
         self.heap_bytes = heap_bytes
         self._layout = ScratchLayout(max_bytes, heap_bytes, world.size,
                                      gpu=group.backend.device_memory)
+        # No call after one failed on this rank; one host call at a time (call_guard.py).
+        self._guard = CallGuard()
         if not group.backend.device_memory:
-            self._path: Any = HostPath(group, self._layout)
+            self._path: Any = HostPath(group, self._layout, self._guard)
         else:
             from .gpu_path import GpuPath
 
@@ -165,8 +168,9 @@ class Communicator:
         offset = self._heap.allocate(nbytes)
         if offset is None:
             raise CollectiveError(
-                f"empty({shape!r}, {dtype!r}) needs {_spell_bytes(nbytes)}, but the heap "
-                f"has {_spell_bytes(self._heap.free_bytes)} free of heap_bytes="
+                f"empty({shape!r}, {dtype!r}) needs {_spell_bytes(nbytes)} in one piece, but "
+                f"the heap's largest free piece is {_spell_bytes(self._heap.largest_free)} "
+                f"({_spell_bytes(self._heap.free_bytes)} free in all) of heap_bytes="
                 f"{self.heap_bytes}: drop arrays from empty() that are no longer needed, or "
                 f"create the communicator with a larger heap_bytes (default 2 * max_bytes)")
         array, owner = self._path.heap_array(self._layout.heap_offset + offset,
@@ -293,7 +297,7 @@ class Communicator:
         call = prepare(*args, **kwargs)
         description, enqueue = self._bind_call(call)
         return BoundCollective(collective, f"bound {description}", enqueue,
-                               lambda: self.closed, call.result, (args, kwargs, enqueue))
+                               self._check_open, call.result, (args, kwargs, enqueue))
 
     def _bind_call(self, call: _Call) -> tuple[str, Callable[[], None]]:
         """The call described, and a callable that enqueues it again each time."""
@@ -341,7 +345,11 @@ class Communicator:
         """
         self._check_open()
         if self.memory != "host":
-            self._path.synchronize(stream)
+            try:
+                self._path.synchronize(stream)
+            except FAILED_CALL_ERRORS as exc:  # a kernel gave up on a peer: out of step
+                self._guard.fail(exc)
+                raise
 
     @property
     def stream(self) -> Any:
@@ -364,8 +372,8 @@ class Communicator:
     def __enter__(self) -> Communicator:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: object, error: BaseException | None, trace: object) -> None:
+        self.group.rendezvous.close_on_exit(error, self.close, "closing a communicator")
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"rank {self.rank} of {self.size}"
@@ -376,6 +384,7 @@ class Communicator:
     def _check_open(self) -> None:
         if self.closed:
             raise CollectiveError("communicator is closed")
+        self._guard.check()
 
     def _check_call(self, stream: Any) -> None:
         self._check_open()

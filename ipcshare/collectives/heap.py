@@ -23,6 +23,11 @@ class Heap:
     def free_bytes(self) -> int:
         return sum(length for _offset, length in self._free)
 
+    @property
+    def largest_free(self) -> int:
+        """The largest run of free bytes: the largest array that can be had now."""
+        return max((length for _offset, length in self._free), default=0)
+
     def allocate(self, nbytes: int) -> int | None:
         """The offset of a new block of at least ``nbytes`` (one alignment unit when 0),
         or None when no free range is large enough."""

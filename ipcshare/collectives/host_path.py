@@ -21,6 +21,7 @@ from ..window.layout import (
 from .agreement import Signature, disagreement_error
 from .algorithms import Algorithm, HostCall
 from .arrays import ArrayRef
+from .call_guard import CallGuard
 from .reduction import Reducer
 from .scratch import ScratchLayout
 
@@ -60,9 +61,10 @@ class HostPath:
 
     memory = "host"
 
-    def __init__(self, group: Any, layout: ScratchLayout) -> None:
+    def __init__(self, group: Any, layout: ScratchLayout, guard: CallGuard) -> None:
         self.group = group
         self.layout = layout
+        self._guard = guard
         self.window = group.window(layout.total_bytes)
         window = self.window
         self.rank, self.size = window.rank, window.world_size
@@ -104,8 +106,16 @@ class HostPath:
         """Collective: run one call (arrays already validated on this rank).
 
         Raises:
-            CollectiveError: the ranks' signatures differ (on every rank).
+            CollectiveError: the ranks' signatures differ (on every rank); an earlier call
+                failed on this rank, or another thread is in a call (call_guard.py).
+            SignalTimeout / PeerDied: a peer did not come or died (the communicator then
+                takes no more calls).
         """
+        with self._guard.call():
+            self._run(signature, algorithm, input_ref, output_ref, in_place=in_place)
+
+    def _run(self, signature: Signature, algorithm: Algorithm, input_ref: ArrayRef,
+             output_ref: ArrayRef, *, in_place: bool) -> None:
         layout, parity = self.layout, self._calls & 1
         digest = signature.digest
         nbytes = signature.nbytes

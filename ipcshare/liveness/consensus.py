@@ -3,20 +3,48 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
-from ..runtime.errors import CollectiveFailure, PeerDied, error_class, error_facts
-from ..topology.world import World, format_ranks
-from .deadline_waits import watched_allgather, watched_barrier
+from ..runtime.errors import (
+    CollectiveFailure,
+    IpcShareError,
+    PeerDied,
+    WindowError,
+    error_class,
+    error_facts,
+)
+from ..runtime.logs import get_logger
+from ..topology.world import World, describe_disagreement, format_ranks
+from .deadline_waits import watched_allgather
 from .pidfd_watch import PeerWatch
 
-__all__ = ["agree", "collective_step", "failure_suffix", "Rendezvous"]
+__all__ = ["agree", "collective_step", "failure_suffix", "check_same_step", "Rendezvous",
+           "LEAVE_GRACE_S"]
+
+log = get_logger("liveness")
 
 
 def failure_suffix(ranks: list[int]) -> str:
     """What ends a fail-together message: the ranks that reported the failure,
     ``' (reported by ranks 0-1)'``, or nothing when only the named rank did."""
     return f" (reported by {format_ranks(ranks)})" if len(ranks) > 1 else ""
+
+
+def check_same_step(steps: list[str], ranks: list[int]) -> None:
+    """Raise on every rank (each sees the same list) when the ranks met in different
+    steps: one rank's collective was matched with another kind on another rank, which
+    would otherwise surface as errors about values nobody passed.
+
+    Raises:
+        WindowError: naming each rank's step.
+    """
+    if len(set(steps)) > 1:
+        raise WindowError(
+            "ranks are in different collective steps: "
+            + describe_disagreement(steps, verb=("is in", "are in"), then="in", spell=repr,
+                                    ranks=ranks)
+            + ": every rank must make the group's collective calls (window, communicator, "
+            "register, barrier, close) in the same order")
 
 
 def agree(world: World, step: str, error: BaseException | None, *, comm=None,
@@ -45,10 +73,13 @@ def agree(world: World, step: str, error: BaseException | None, *, comm=None,
         status = (type(error).__name__, str(error) or type(error).__name__,
                   error_facts(error), getattr(error, "failure", None) is not None)
     if watch is None:
-        statuses = comm.allgather((world.rank, status))
+        tagged = comm.allgather((step, world.rank, status))
     else:
-        statuses = watched_allgather(comm, (world.rank, status), watch=watch, timeout=timeout,
-                                     what=step)
+        tagged = watched_allgather(comm, (step, world.rank, status), watch=watch,
+                                   timeout=timeout, what=step)
+    check_same_step([name for name, _rank, _status in tagged],
+                    [rank for _name, rank, _status in tagged])
+    statuses = [(rank, s) for _name, rank, s in tagged]
     failures = [(rank, s) for rank, s in statuses if s is not None]
     if not failures:
         return
@@ -87,6 +118,11 @@ def collective_step(world: World, step: str, *, comm=None, watch: PeerWatch | No
         agree(world, step, None, comm=comm, watch=watch, timeout=timeout)
 
 
+# How long a rank leaving on an error of its own waits for its peers in a closing barrier
+# (long enough for kernels in flight to finish reading its memory).
+LEAVE_GRACE_S = 2.0
+
+
 class Rendezvous:
     """The fail-together collectives of a group of ranks (``world``), each of which
     gives up on a dead peer (PeerDied, through ``watch``) or after ``timeout`` seconds
@@ -96,24 +132,81 @@ class Rendezvous:
         self.world = world
         self.watch = watch
         self.timeout = timeout
+        # Set while this rank leaves on an error of its own: its closing barriers wait
+        # that long at most (``close_on_exit``).
+        self.grace: float | None = None
 
     def step(self, name: str):
-        """``collective_step`` over the world: every rank raises if any rank raised."""
+        """``collective_step`` over the world: every rank raises if any rank raised.
+
+        Raises:
+            WindowError: the group stopped meeting (``check_usable``).
+        """
+        self.check_usable(name)
         return collective_step(self.world, name, watch=self.watch, timeout=self.timeout)
 
-    def collective(self, what: str, value, *, comm=None) -> list:
-        """Collective allgather of ``value`` over ``comm`` (default: the world's)."""
-        return watched_allgather(self.world.comm if comm is None else comm, value,
-                                 watch=self.watch, timeout=self.timeout, what=what)
+    def collective(self, what: str, value, *, comm=None, timeout: float | None = None) -> list:
+        """Collective allgather of ``value`` over ``comm`` (default: the world's), waiting
+        ``timeout`` seconds (default: the group's).
+
+        Raises:
+            WindowError: the group stopped meeting (``check_usable``).
+        """
+        self.check_usable(what)
+        comm = self.world.comm if comm is None else comm
+        tagged = watched_allgather(comm, (what, value), watch=self.watch,
+                                   timeout=self.timeout if timeout is None else timeout,
+                                   what=what)
+        ranks = (self.world.local_ranks if comm is self.world.local_comm
+                 else list(range(len(tagged))))
+        check_same_step([name for name, _value in tagged], ranks)
+        return [value for _name, value in tagged]
 
     def barrier(self, what: str) -> None:
-        """Collective, host-blocking: an MPI barrier over the world."""
-        watched_barrier(self.world.comm, watch=self.watch, timeout=self.timeout, what=what)
+        """Collective, host-blocking: an MPI barrier over the world.
+
+        Raises:
+            WindowError: the group stopped meeting (``check_usable``).
+        """
+        self.collective(what, None)   # an allgather of the step's name: crossed calls show
+
+    def check_usable(self, what: str) -> None:
+        """Refuse a new collective once the group failed (a peer died, a collective was
+        abandoned, a call timed out): its communicators may hold requests that will never
+        complete, and a new collective would be matched with an old one on some rank,
+        giving errors about values nobody passed.
+
+        Raises:
+            WindowError: naming the failure and what to do.
+        """
+        if self.watch is not None and self.watch.failed:
+            raise WindowError(f"{what}: this group can no longer meet: {self.watch.failed}; "
+                              "close it and make a new Group on every rank")
 
     def wait_for_node(self, what: str) -> None:
         """Barrier over the node's ranks, skipped once the group has failed (a dead
         peer would never arrive)."""
         if self.watch is not None and self.watch.failed:
             return
-        watched_barrier(self.world.local_comm, watch=self.watch, timeout=self.timeout,
-                        what=what)
+        timeout = self.timeout if self.grace is None else min(self.timeout, self.grace)
+        self.collective(what, None, comm=self.world.local_comm, timeout=timeout)
+
+    def close_on_exit(self, error: BaseException | None, close: Callable[[], None],
+                      what: str) -> None:
+        """``close`` as a with-block ends. Leaving on an error that every rank raised
+        together (agreement), every rank is closing: close as usual. Leaving on an error
+        of this rank alone (the user's own exception, Ctrl-C, a timeout), the others are
+        elsewhere: the closing barriers wait ``LEAVE_GRACE_S`` at most instead of the full
+        timeout, and a close that fails too is logged, never raised in place of the
+        error the user needs to see.
+        """
+        if error is None:
+            close()
+            return
+        if not (isinstance(error, IpcShareError) and error.failure is not None):
+            self.grace = LEAVE_GRACE_S
+        try:
+            close()
+        except Exception as close_error:
+            log.warning("%s after %s failed too: %s: %s", what, type(error).__name__,
+                        type(close_error).__name__, close_error)

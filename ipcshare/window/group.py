@@ -5,6 +5,7 @@ reaches the other. Windows are made from what a group settled once."""
 from __future__ import annotations
 
 import contextlib
+import math
 import secrets
 from typing import TYPE_CHECKING, Any
 
@@ -109,7 +110,9 @@ class Group:
                  handle: str = "posix-fd", timeout: float | None = None,
                  p2p_fallback: str | None = None, p2p_chunk: int | str | None = None,
                  host_placement: tuple[int, int] | None = None) -> None:
-        self.world = World.from_comm(comm, host_placement=host_placement)
+        usable = (timeout if isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
+                  and math.isfinite(timeout) and timeout > 0 else None)  # refused below
+        self.world = World.from_comm(comm, host_placement=host_placement, timeout=usable)
         # How each pair of the node's ranks reaches the other (peer_paths); all direct
         # until the GPUs say otherwise.
         self.paths: PathPlan = all_direct(self.world.local_ranks)
@@ -127,6 +130,10 @@ class Group:
         self.time_sliced_gpus: dict[str, list[int]] = {}
         self.exchange: Exchange | None = None
         self._windows: list[Window] = []
+        # Closed before the windows: a communicator's views of its window go with it, so
+        # the memory is unmapped when the group closes, not when the communicator is
+        # collected.
+        self._communicators: list[Any] = []
         self._closed = False
         # Every wait on a peer (collectives, signals, sockets) asks this watch, so a rank
         # that dies is named at once instead of hanging the others.
@@ -143,6 +150,11 @@ class Group:
                 if handle not in HANDLES:
                     raise ConfigError(
                         f"unknown handle type {handle!r}; choose one of: {', '.join(HANDLES)}")
+                if timeout is not None and (
+                        isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                        or not math.isfinite(timeout) or timeout <= 0):
+                    raise ConfigError(f"timeout={timeout!r}: give a positive number of "
+                                      "seconds, or None for the IPCSHARE_* timeouts")
                 self.exchange = Exchange(self.world, exchange, timeout=timeout,
                                          watch=self.watch)
                 self.rendezvous = Rendezvous(self.world, self.watch, self.exchange.timeout)
@@ -232,14 +244,20 @@ class Group:
 
     @property
     def backend_name(self) -> str:
+        self._check_open()
         assert self.backend is not None
         return self.backend.name
 
     @property
     def exchange_name(self) -> str:
         """How handles travelled: ``pidfd``, ``socket`` (descriptors) or ``mpi`` (bytes)."""
+        self._check_open()
         assert self.exchange is not None and self.backend is not None
         return self.exchange.name if self.backend.uses_fds else "mpi"
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise WindowError("group is closed")
 
     def window(self, nbytes: int) -> Window:
         """Collective: allocate, export, exchange, import and map ``nbytes`` on every rank.
@@ -251,8 +269,7 @@ class Group:
             WindowTooLarge: the node lacks the memory for it (raised on all).
             BackendError / ExchangeError: a step failed on some rank (raised on all).
         """
-        if self._closed:
-            raise WindowError("group is closed")
+        self._check_open()
         assert self.backend is not None and self.exchange is not None
         window = Window(nbytes, world=self.world, backend=self.backend,
                         exchange=self.exchange, rendezvous=self.rendezvous, paths=self.paths,
@@ -277,16 +294,19 @@ class Group:
             Unsupported: a backend or layout that has no collectives yet (on every rank).
             WindowError: the group is closed.
         """
-        if self._closed:
-            raise WindowError("group is closed")
+        self._check_open()
         # The collectives layer sits above windows: imported only when asked for.
         from ..collectives import Communicator
 
         if self.world.node_count > 1:
             from ..collectives.across_nodes.communicator import NodesCommunicator
 
-            return NodesCommunicator(self, max_bytes, heap_bytes=heap_bytes, inter=inter)
-        return Communicator(self, max_bytes, heap_bytes=heap_bytes)
+            made: Communicator = NodesCommunicator(self, max_bytes, heap_bytes=heap_bytes,
+                                                   inter=inter)
+        else:
+            made = Communicator(self, max_bytes, heap_bytes=heap_bytes)
+        self._communicators.append(made)
+        return made
 
     def node_group(self) -> Group:
         """Collective over the group: a group of this rank's node (its ranks only), on the
@@ -296,6 +316,7 @@ class Group:
         Raises:
             as ``Group()``: on every rank of the node.
         """
+        self._check_open()
         world = self.world
         return Group(self.backend_name, self.exchange_name, comm=world.local_comm,
                      host_placement=(world.host_rank, world.host_size))
@@ -305,7 +326,9 @@ class Group:
 
         Raises:
             PeerDied / ExchangeTimeout: a rank died or did not come in time.
+            WindowError: the group is closed.
         """
+        self._check_open()
         self.rendezvous.barrier("group barrier")
 
     def _forget(self, window: Window) -> None:
@@ -319,6 +342,12 @@ class Group:
         self._closed = True
         try:
             errors = []
+            for communicator in reversed(self._communicators):
+                try:
+                    communicator.close()
+                except Exception as exc:  # close the rest anyway; report the first
+                    errors.append(exc)
+            self._communicators.clear()
             for window in reversed(list(self._windows)):
                 try:
                     window.close()
@@ -347,6 +376,11 @@ class Group:
     def __enter__(self) -> Group:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: object, error: BaseException | None, trace: object) -> None:
+        # An error of this rank alone: close without waiting the whole timeout for peers
+        # that are elsewhere, and let the user's error through (consensus.py).
+        if self._closed or getattr(self, "rendezvous", None) is None:
+            self.close()
+        else:
+            self.rendezvous.close_on_exit(error, self.close, "closing the group")
 

@@ -5,6 +5,8 @@ that undoes itself on a failure half-way."""
 from __future__ import annotations
 
 import contextlib
+import math
+import operator
 import time
 from collections.abc import Callable
 from typing import Any
@@ -17,7 +19,14 @@ from ..runtime.errors import SignalTimeout, WindowError, WindowTooLarge
 from ..topology.peer_paths import PathPlan
 from ..topology.world import World, describe_disagreement
 from .barriers import WindowBarriers
-from .layout import BARRIER_SLOTS, ERROR_SLOT, SIGNAL_PAD_BYTES, WindowLayout
+from .layout import (
+    BARRIER_SLOTS,
+    ERROR_SLOT,
+    PAD_WORDS,
+    SIGNAL_PAD_BYTES,
+    USER_SLOT_BASE,
+    WindowLayout,
+)
 from .views import StreamWindow, typed_view
 
 __all__ = ["Window"]
@@ -76,6 +85,8 @@ class Window:
         # Milliseconds this rank spent in each setup step (the table header shows them).
         self.setup_ms: dict[str, float] = {}
         lap = _Lap(self.setup_ms)
+        if not isinstance(nbytes, (bool, int)) and hasattr(nbytes, "__index__"):
+            nbytes = operator.index(nbytes)   # a numpy integer is a size too
         sizes = rendezvous.collective("window rendezvous", nbytes)
         with rendezvous.step("window rendezvous"):
             if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
@@ -249,13 +260,24 @@ class Window:
         return self._pads[rank]
 
     def put_signal(self, rank: int, slot: int, value: int, *, stream: Any = None) -> None:
-        """Write ``value`` into word ``slot`` of rank ``rank``'s pad, after this rank's
-        earlier writes (release). Slots ``USER_SLOT_BASE`` and up are free for users.
+        """Write ``value`` (0 to 2**64 - 1) into word ``slot`` of rank ``rank``'s pad,
+        after this rank's earlier writes (release). Users' slots are ``USER_SLOT_BASE``
+        (256) to 510; the others are ipcshare's (barriers, kernels).
 
         On GPU windows the store is enqueued on ``stream`` (default: the window's own;
-        see ``on_stream`` for what a stream may be)."""
-        self._check_slot(slot)
-        self._engine_on(stream).store_signal(self.signal_pad(rank), slot, value)
+        see ``on_stream`` for what a stream may be).
+
+        Raises:
+            WindowError: a closed window, a rank outside the group, a slot that is not a
+                user's, or a value that is not a whole number in range.
+        """
+        self._check_open()
+        slot = _user_slot(slot)
+        value = _whole(value, "value")
+        if not 0 <= value < 1 << 64:
+            raise WindowError(f"value={value}: a signal word holds 0 to 2**64 - 1")
+        self._engine_on(stream).store_signal(self.signal_pad(_whole(rank, "rank")), slot,
+                                             value)
 
     def wait_signal(self, slot: int, value: int, *, peer: int | None = None,
                     timeout: float | None = None, stream: Any = None) -> None:
@@ -266,8 +288,22 @@ class Window:
 
         Raises:
             SignalTimeout: naming ``peer`` (the rank expected to signal) and the slot.
+            WindowError: a closed window, a slot that is not a user's (as ``put_signal``),
+                a ``peer`` outside the group, or a ``timeout`` that is not a positive
+                number of seconds.
         """
-        self._check_slot(slot)
+        self._check_open()
+        slot = _user_slot(slot)
+        value = _whole(value, "value")
+        if not 0 <= value < 1 << 64:
+            raise WindowError(f"value={value}: a signal word holds 0 to 2**64 - 1")
+        if peer is not None:
+            peer = _whole(peer, "peer")
+            self._check_in_group(peer)
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(
+                timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0):
+            raise WindowError(f"timeout={timeout!r}: give a positive number of seconds, or "
+                              "None for the window's signal timeout")
         who = f"waiting for {self.world.where(peer)}" if peer is not None else "waiting"
         self._engine_on(stream).wait_signal(
             self._pads[self.world.rank], slot, value,
@@ -444,15 +480,19 @@ class Window:
     def __enter__(self) -> Window:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: object, error: BaseException | None, trace: object) -> None:
+        self._rendezvous.close_on_exit(error, self.close, "closing a window")
 
     def _check_open(self) -> None:
         if self._closed:
             raise WindowError("window is closed")
 
     def _check_in_group(self, rank: int) -> None:
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world.size:
+        try:
+            number = None if isinstance(rank, bool) else operator.index(rank)
+        except TypeError:
+            number = None
+        if number is None or not 0 <= number < self.world.size:
             raise WindowError(f"rank {rank!r} is not in this group of {self.world.size}")
 
     def _check_rank(self, rank: int) -> None:
@@ -473,11 +513,6 @@ class Window:
                 f"{plan.kind(me, rank)!r}): move them with the window's staged copies, as "
                 "the copy-engine all-gather and the ring do")
 
-    @staticmethod
-    def _check_slot(slot: int) -> None:
-        if not 0 <= slot < SIGNAL_PAD_BYTES // 8:
-            last = SIGNAL_PAD_BYTES // 8 - 1
-            raise WindowError(f"signal slot {slot} outside the pad (0..{last})")
 
 
 
@@ -500,3 +535,31 @@ def _zeros(nbytes: int):
     return np.zeros(nbytes, dtype=np.uint8)
 
 
+def _whole(value: Any, name: str) -> int:
+    """``value`` as an int (numpy integers too; never a bool).
+
+    Raises:
+        WindowError: not a whole number.
+    """
+    if isinstance(value, bool):
+        raise WindowError(f"{name}={value!r}: give a whole number, not a bool")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise WindowError(f"{name}={value!r}: give a whole number") from None
+
+
+def _user_slot(slot: Any) -> int:
+    """``slot`` as one of the users' signal words.
+
+    Raises:
+        WindowError: not a whole number, or a word of ipcshare's own.
+    """
+    slot = _whole(slot, "slot")
+    if not USER_SLOT_BASE <= slot < ERROR_SLOT:
+        raise WindowError(
+            f"signal slot {slot} is not a user's: words 0..{USER_SLOT_BASE - 1} are the "
+            f"barrier's and {ERROR_SLOT}..{PAD_WORDS - 1} ipcshare's kernels'; user signals "
+            f"take slots {USER_SLOT_BASE}..{ERROR_SLOT - 1} (USER_SLOT_BASE + 0.."
+            f"{ERROR_SLOT - USER_SLOT_BASE - 1})")
+    return slot

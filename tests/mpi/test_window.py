@@ -77,6 +77,78 @@ def test_wait_signal_times_out_naming_the_peer(comm):
         w.close()
 
 
+def test_signals_take_only_users_words_and_whole_values(comm):
+    # Slot 0 is a barrier word: writing it used to pass, and then Window.barrier stopped
+    # holding (200 of 200 stale reads in a new user's test).
+    import numpy as np
+
+    with ipcshare.Group(backend="host") as g:
+        w = g.window(4096)
+        me, prev = g.rank, (g.rank - 1) % g.size
+        for slot in (0, 255, 511, 8191, -1):
+            with pytest.raises(WindowError, match=rf"signal slot {slot} is not a user's: .*"
+                                                  r"user signals take slots 256\.\.510"):
+                w.put_signal(me, slot, 1)
+            with pytest.raises(WindowError, match=rf"signal slot {slot} is not a user's"):
+                w.wait_signal(slot, 1, timeout=0.1)
+        for bad, said in ((3.5, "slot=3.5: give a whole number"),
+                          ("300", "slot='300': give a whole number"),
+                          (True, "slot=True: give a whole number, not a bool")):
+            with pytest.raises(WindowError, match=said):
+                w.put_signal(me, bad, 1)
+        for value, said in ((-1, "value=-1: a signal word holds 0 to 2\\*\\*64 - 1"),
+                            (1 << 64, "a signal word holds"), (1.5, "value=1.5: give a whole")):
+            with pytest.raises(WindowError, match=said):
+                w.put_signal(me, USER_SLOT_BASE, value)
+        for peer in (99, -5):
+            with pytest.raises(WindowError, match=f"rank {peer} is not in this group"):
+                w.wait_signal(USER_SLOT_BASE, 1, peer=peer)
+        for timeout in ("1", -1, 0, float("nan"), True):
+            with pytest.raises(WindowError, match="give a positive number of seconds"):
+                w.wait_signal(USER_SLOT_BASE, 1, timeout=timeout)
+        # numpy integers are whole numbers: a signal round trip with them
+        w.barrier()
+        w.put_signal(np.int64((me + 1) % g.size), np.int32(USER_SLOT_BASE + 3), np.uint64(9))
+        w.wait_signal(np.int64(USER_SLOT_BASE + 3), 9, peer=np.int64(prev))
+        w.barrier()
+        w.close()
+        with pytest.raises(WindowError, match="window is closed"):
+            w.wait_signal(USER_SLOT_BASE, 1)  # was a KeyError
+        with pytest.raises(WindowError, match="window is closed"):
+            w.put_signal(me, USER_SLOT_BASE, 1)
+
+
+@pytest.mark.parametrize("timeout", ["5", -1, 0, float("inf"), True])
+def test_a_timeout_that_is_no_number_of_seconds_is_refused_on_every_rank(comm, timeout):
+    with pytest.raises(ConfigError, match=r"timeout=.*: give a positive number of seconds"):
+        ipcshare.Group(backend="host", timeout=timeout)
+
+
+def test_a_closed_group_says_so_and_numpy_sizes_are_sizes(comm):
+    import numpy as np
+
+    g = ipcshare.Group(backend="host")
+    w = g.window(np.int64(4096))   # was refused as "not an int"
+    assert w.nbytes == 4096
+    g.close()
+    for use in (lambda: g.backend_name, lambda: g.exchange_name, g.barrier, g.node_group,
+                lambda: g.window(4096), lambda: g.communicator(4096)):
+        with pytest.raises(WindowError, match="group is closed"):   # were AssertionErrors
+            use()
+
+
+def test_closing_the_group_closes_its_communicators_and_unmaps_them(comm):
+    # A communicator the user did not close kept its views of its window, so the memory
+    # stayed mapped until the communicator was collected (long after, where a traceback
+    # held it).
+    with ipcshare.Group(backend="host") as g:
+        before = mapping_count("memfd:ipcshare")
+        communicator = g.communicator(max_bytes=4096)
+        assert mapping_count("memfd:ipcshare") > before
+    assert communicator.closed
+    assert mapping_count("memfd:ipcshare") == before
+
+
 def test_size_mismatch_raises_on_every_rank(comm):
     if comm.size == 1:
         pytest.skip("needs 2 ranks to disagree")

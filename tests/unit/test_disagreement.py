@@ -70,8 +70,8 @@ class _Gathered:
         self.statuses = statuses
 
     def allgather(self, mine):
-        rank, status = mine
-        return [(r, status if r == rank else s) for r, s in enumerate(self.statuses)]
+        step, rank, status = mine   # every rank in the same step
+        return [(step, r, status if r == rank else s) for r, s in enumerate(self.statuses)]
 
 
 def _world(rank: int, size: int) -> World:
@@ -213,3 +213,18 @@ def test_p2p_choices_of_a_node_name_the_world_ranks_and_what_they_set():
     with pytest.raises(ConfigError, match=r"disagree on p2p_chunk .*IPCSHARE_P2P_CHUNK\): "
                        r"rank 0 has '1M', rank 1 '2M'$"):
         _check_same_p2p_choices([("", "1M"), ("", "2M")], [0, 1])
+
+
+def test_ranks_in_different_steps_are_named_not_matched():
+    # One rank's "window rendezvous" met another's "group barrier": before, their
+    # payloads were read as each other's (EOFError, "nbytes=(0, None)").
+    from ipcshare.liveness.consensus import check_same_step
+    from ipcshare.runtime.errors import WindowError
+
+    check_same_step(["close", "close", "close"], [0, 1, 2])
+    with pytest.raises(WindowError) as caught:
+        check_same_step(["window rendezvous", "group barrier", "window rendezvous"], [0, 1, 2])
+    assert str(caught.value) == (
+        "ranks are in different collective steps: ranks 0, 2 are in 'window rendezvous', "
+        "rank 1 in 'group barrier': every rank must make the group's collective calls "
+        "(window, communicator, register, barrier, close) in the same order")

@@ -11,6 +11,7 @@ from typing import Any
 
 from ...runtime.errors import CollectiveError, Unsupported
 from ..agreement import Signature, disagreement_error
+from ..call_guard import CallGuard
 from ..communicator import Communicator, _Call, agree_on_sizes
 from ..scratch import ALIGN
 from .choice import open_inter_engine
@@ -53,6 +54,9 @@ class NodesCommunicator(Communicator):
         self._closed = True  # until everything below is open
         world = group.world
         self.group = group
+        # Failures of the steps inside a node stop the node communicator (its own guard);
+        # this one answers for the calls checked here.
+        self._guard = CallGuard()
         # Agreed by the whole group first: a node whose ranks refused alone would leave
         # the other nodes waiting for it in the rail setup.
         max_bytes, user_heap = agree_on_sizes(group, max_bytes, heap_bytes)

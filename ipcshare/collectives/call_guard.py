@@ -1,0 +1,77 @@
+"""What keeps a communicator's calls in step across ranks: one call at a time, and no
+call after one failed on this rank.
+
+A call that gave up waiting for a peer (``SignalTimeout``, ``ExchangeTimeout``) or saw
+one die (``PeerDied``) leaves the ranks out of step: this rank has posted its part of a
+call that a late peer may still complete, so a retry would pair this rank's next call
+with the peer's previous one, and both would return wrong results without an error
+(found by a new user's test on host memory). NCCL answers the same problem by aborting
+the communicator; so does this guard: the communicator refuses every later call. Its
+group still meets (closing included), since its own collectives are matched by name
+(``Rendezvous``) and the peers that gave up on the same call close as usual.
+
+Two threads calling one communicator at once interleave the same way. NCCL documents its
+communicators as usable from one thread at a time; on host memory, where calls run in
+Python, the guard enforces it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+
+from ..runtime.errors import CollectiveError, ExchangeTimeout, PeerDied, SignalTimeout
+
+__all__ = ["CallGuard", "FAILED_CALL_ERRORS"]
+
+# Errors after which this rank's calls are out of step with its peers'.
+FAILED_CALL_ERRORS = (SignalTimeout, ExchangeTimeout, PeerDied)
+
+
+class CallGuard:
+    """``failed`` is why the communicator stopped taking calls (None while it takes
+    them)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.failed: str | None = None
+
+    def check(self) -> None:
+        """Raise if an earlier call failed on this rank.
+
+        Raises:
+            CollectiveError: naming that failure and what to do.
+        """
+        if self.failed is not None:
+            raise CollectiveError(
+                f"this communicator takes no more calls: an earlier call failed on this "
+                f"rank ({self.failed}), so its ranks are out of step; close it (and its "
+                "group), then make new ones on every rank")
+
+    def fail(self, error: BaseException) -> None:
+        """Record ``error`` as the end of this communicator's calls (idempotent: the
+        first failure is the one named)."""
+        if self.failed is None:
+            self.failed = f"{type(error).__name__}: {error}"
+
+    @contextlib.contextmanager
+    def call(self) -> Iterator[None]:
+        """Around one call run by the host: refuse it after a failure or while another
+        thread is in a call; record a failure that leaves the ranks out of step.
+
+        Raises:
+            CollectiveError: an earlier failure, or another thread in a call.
+        """
+        self.check()
+        if not self._lock.acquire(blocking=False):
+            raise CollectiveError(
+                "this communicator is in a call on another thread: call a communicator "
+                "from one thread at a time (as NCCL's), or give each thread its own")
+        try:
+            yield
+        except FAILED_CALL_ERRORS as exc:
+            self.fail(exc)
+            raise
+        finally:
+            self._lock.release()

@@ -1,0 +1,138 @@
+"""After a call fails on a rank the ranks are out of step: the communicator takes no more
+calls, so no later call can return wrong results (a new user's retry after a timeout
+used to pair each rank's call with the peer's previous one). Two threads on one
+communicator, and ranks in different group collectives, are refused by name; an error of
+one rank inside a with-block reaches its user. Host backend, each test on a group of its
+own."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import ipcshare
+from ipcshare.runtime.errors import CollectiveError, SignalTimeout, WindowError
+
+pytestmark = pytest.mark.mpi
+
+
+def _needs_two(comm) -> None:
+    if comm.size < 2:
+        pytest.skip("needs 2 ranks")
+
+
+def test_a_call_that_timed_out_ends_the_calls_and_no_retry_is_wrong(comm):
+    _needs_two(comm)
+    with ipcshare.Group(backend="host", timeout=1.0) as g:
+        c = g.communicator(max_bytes=4096)
+        expected = [sum(100 * i + r + 1 for r in range(comm.size)) for i in range(2)]
+        outcomes = []
+        if comm.rank == 1:
+            time.sleep(2.5)  # late for the first call: the others give up on it
+        for i in range(2):
+            for _attempt in range(2):
+                x = np.full(4, 100 * i + comm.rank + 1, np.float32)
+                try:
+                    c.all_reduce(x)
+                except SignalTimeout:
+                    outcomes.append((i, "timeout"))
+                    continue
+                except CollectiveError as exc:
+                    assert "takes no more calls" in str(exc) and "SignalTimeout" in str(exc)
+                    outcomes.append((i, "refused"))
+                    continue
+                # whatever completes is right: never a neighbour's call's values
+                assert x[0] == expected[i], (i, x[0], outcomes)
+                outcomes.append((i, "ok"))
+                break
+        if comm.rank == 0:
+            assert outcomes[0] == (0, "timeout")
+            assert all(kind == "refused" for _i, kind in outcomes[1:]), outcomes
+        assert "ok" not in [kind for i, kind in outcomes if i == 1], outcomes
+        comm.Barrier()   # the group itself still meets: its close, for one
+        w = g.window(4096)
+        w.close()
+
+
+def test_a_second_thread_in_a_call_is_refused(comm):
+    _needs_two(comm)
+    with ipcshare.Group(backend="host") as g:
+        c = g.communicator(max_bytes=4096)
+        x = np.full(4, comm.rank + 1, np.float32)
+        if comm.rank == 0:
+            first = threading.Thread(target=c.all_reduce, args=(x,))
+            first.start()   # waits in the call for the others, who come in 1 s
+            time.sleep(0.3)
+            with pytest.raises(CollectiveError, match="in a call on another thread"):
+                c.all_reduce(np.zeros(4, np.float32))
+            first.join(timeout=30)
+            assert not first.is_alive()
+        else:
+            time.sleep(1.0)
+            c.all_reduce(x)
+        assert x[0] == sum(range(1, comm.size + 1))   # the first call went through
+        c.all_reduce(x)   # and the communicator still works for one thread
+        assert x[0] == comm.size * sum(range(1, comm.size + 1))
+
+
+def test_ranks_in_different_group_collectives_are_named(comm):
+    _needs_two(comm)
+    with ipcshare.Group(backend="host") as g:
+        with pytest.raises(WindowError) as caught:
+            if comm.rank == 1:
+                g.barrier()
+            else:
+                g.window(4096)
+        others = "rank 0" if comm.size == 2 else f"ranks 0, 2{'-3' if comm.size == 4 else ''}"
+        assert str(caught.value).startswith("ranks are in different collective steps: ")
+        assert "rank 1 in 'group barrier'" in str(caught.value)
+        assert f"{others} " in str(caught.value) and "'window rendezvous'" in str(caught.value)
+        w = g.window(4096)   # both were refused at the same point: still in step
+        w.close()
+
+
+def test_an_error_of_one_rank_in_a_with_block_reaches_its_user(comm):
+    # Rank 1 fails on its own input while the others are in a call. Before, its close
+    # waited the whole timeout for them and then raised ExchangeTimeout in place of the
+    # ValueError; now it waits a short grace and the ValueError comes through.
+    from ipcshare.liveness.consensus import LEAVE_GRACE_S
+
+    _needs_two(comm)
+    timeout = 6.0
+    if comm.rank == 1:
+        started = time.monotonic()
+        with pytest.raises(ValueError, match="bad input file on rank 1"):
+            with ipcshare.Group(backend="host", timeout=timeout) as g:
+                g.communicator(max_bytes=4096)
+                left = time.monotonic()
+                raise ValueError("bad input file on rank 1")
+        assert time.monotonic() - left < LEAVE_GRACE_S + 1.5 < timeout
+        assert time.monotonic() - started < timeout + 5
+    else:
+        with pytest.raises(SignalTimeout, match="waiting for rank 1@"):
+            with ipcshare.Group(backend="host", timeout=timeout) as g:
+                c = g.communicator(max_bytes=4096)
+                c.all_reduce(np.ones(4, np.float32))
+    comm.Barrier()   # the next test starts with every rank
+
+
+def test_a_rank_that_never_makes_the_group_is_waited_for_only_so_long(comm):
+    # Making a group on only some ranks used to block them in MPI's split for ever.
+    from mpi4py import MPI
+
+    from ipcshare.runtime.errors import ExchangeTimeout
+
+    _needs_two(comm)
+    if comm.rank == 1:
+        time.sleep(2.5)
+        MPI.COMM_WORLD.Ibarrier().Wait()   # meets the barrier the others left pending
+    else:
+        started = time.monotonic()
+        with pytest.raises(ExchangeTimeout, match=rf"making a group over {comm.size} ranks: "
+                                                  r"not every rank arrived within 1 s"):
+            ipcshare.Group(backend="host", timeout=1.0)
+        assert time.monotonic() - started < 2.0
+    comm.Barrier()
