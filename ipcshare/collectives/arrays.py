@@ -92,7 +92,7 @@ def describe_array(obj: Any, name: str) -> ArrayRef:
         CollectiveError: ``obj`` is none of these (naming ``name`` and its type).
     """
     if isinstance(obj, np.ndarray):
-        return _from_numpy(obj, obj)
+        return _from_numpy(obj, obj, name)
     if isinstance(obj, np.generic):
         # numpy would view it through a temporary copy: a result written there is lost.
         raise CollectiveError(
@@ -112,18 +112,18 @@ def describe_array(obj: Any, name: str) -> ArrayRef:
             getattr(obj, "__dlpack_device__", None)):
         device_type, _device_id = obj.__dlpack_device__()
         if _DL_DEVICES.get(int(device_type)) == "cpu":
-            return _from_numpy(np.from_dlpack(obj), obj)
+            return _from_numpy(np.from_dlpack(obj), obj, name)
         # A CUDA consumer that does not synchronise: stream -1 (array API standard).
         return parse_dlpack_capsule(obj.__dlpack__(stream=-1), obj, name)
     if getattr(obj, "__array_interface__", None) is not None:
-        return _from_numpy(np.asarray(obj), obj)
+        return _from_numpy(np.asarray(obj), obj, name)
     try:
         view = memoryview(obj)
     except TypeError:
         raise CollectiveError(
             f"{name} is a {type(obj).__name__}, not an array: pass a numpy array (host "
             "backend) or an array with __cuda_array_interface__ or __dlpack__") from None
-    return _from_numpy(np.asarray(view), obj)
+    return _from_numpy(np.asarray(view), obj, name)
 
 
 # numpy computes a dtype's name in Python (microseconds): once per dtype is enough.
@@ -138,7 +138,12 @@ def _dtype_name(dtype: np.dtype) -> str:
     return name
 
 
-def _from_numpy(array: np.ndarray, source: Any) -> ArrayRef:
+def _from_numpy(array: np.ndarray, source: Any, name: str) -> ArrayRef:
+    if array.dtype.hasobject:
+        # Its elements are pointers into this process: no other rank can read them.
+        raise CollectiveError(f"{name} has dtype {array.dtype}: it holds Python objects, "
+                              "whose bytes mean nothing in another process; pass numbers "
+                              "(e.g. float32, int32)")
     flags = array.flags
     return ArrayRef(
         ptr=array.__array_interface__["data"][0], nbytes=array.nbytes, count=array.size,

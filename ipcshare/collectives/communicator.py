@@ -4,6 +4,7 @@ over scratch windows sized once (docs/COLLECTIVES.md)."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import weakref
 from collections.abc import Callable
@@ -294,6 +295,11 @@ class Communicator:
         if prepare is None:
             raise CollectiveError(f"bind({collective!r}): choose all_gather, all_reduce or "
                                   "reduce_scatter")
+        try:
+            inspect.signature(getattr(self, collective)).bind(*args, **kwargs)
+        except TypeError as exc:   # named as the user's method, not the one behind it
+            raise CollectiveError(f"bind({collective!r}, ...): {exc}; the arguments are "
+                                  f"those of {collective}()") from None
         call = prepare(*args, **kwargs)
         description, enqueue = self._bind_call(call)
         return BoundCollective(collective, f"bound {description}", enqueue,

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..backends.host import HostBuffer
+from ..runtime.errors import SignalTimeout
 from ..window.layout import (
     FLAG_REGISTERED,
     FLAG_ZERO_COPY,
@@ -112,7 +113,10 @@ class HostPath:
                 takes no more calls).
         """
         with self._guard.call():
-            self._run(signature, algorithm, input_ref, output_ref, in_place=in_place)
+            try:
+                self._run(signature, algorithm, input_ref, output_ref, in_place=in_place)
+            except SignalTimeout as exc:   # say which call waited, not only which barrier
+                raise SignalTimeout(f"{signature.describe()}: {exc}") from exc
 
     def _run(self, signature: Signature, algorithm: Algorithm, input_ref: ArrayRef,
              output_ref: ArrayRef, *, in_place: bool) -> None:

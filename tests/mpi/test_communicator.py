@@ -262,6 +262,11 @@ def test_bind_refuses_what_the_call_refuses(communicator):
         communicator.bind("broadcast", np.zeros(4, np.float32))
     with pytest.raises(CollectiveError, match="float64"):
         communicator.bind("all_reduce", np.zeros(4, np.float64))
+    # arguments the method does not take are named against it, not a private one
+    with pytest.raises(CollectiveError, match=r"bind\('all_reduce', \.\.\.\): got an "
+                                              r"unexpected keyword argument 'opp'; the "
+                                              r"arguments are those of all_reduce\(\)"):
+        communicator.bind("all_reduce", np.zeros(4, np.float32), opp="sum")
 
 
 def test_a_bound_call_refuses_to_run_after_close(group):

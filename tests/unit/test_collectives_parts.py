@@ -67,6 +67,14 @@ def test_numpy_arrays_are_described_where_they_lie():
     assert describe_array(raw, "x").ptr == np.frombuffer(raw, np.uint8).ctypes.data
 
 
+def test_arrays_of_python_objects_are_refused_by_name():
+    # Their bytes are pointers into this process (was a numpy TypeError from deep inside).
+    for dtype in (object, [("a", np.int32), ("b", object)]):
+        with pytest.raises(CollectiveError, match=r"^output has dtype .*: it holds Python "
+                                                  "objects"):
+            describe_array(np.empty(4, dtype=dtype), "output")
+
+
 @pytest.mark.parametrize("scalar", [np.float32(3.0), np.int32(7), np.float16(1.5)])
 def test_numpy_scalars_are_refused_since_no_result_could_reach_them(scalar):
     # numpy views a scalar through a temporary copy: an all-reduce "in place" on one
