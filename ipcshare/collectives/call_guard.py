@@ -1,10 +1,11 @@
 """What keeps a communicator's calls in step across ranks: one call at a time, and no
 call after one failed on this rank.
 
-A call that gave up waiting for a peer (``SignalTimeout``, ``ExchangeTimeout``) or saw
-one die (``PeerDied``) leaves the ranks out of step: this rank has posted its part of a
-call that a late peer may still complete, so a retry would pair this rank's next call
-with the peer's previous one, and both would return wrong results without an error
+A call that gave up waiting for a peer (``SignalTimeout``, ``ExchangeTimeout``), saw one
+die (``PeerDied``) or was interrupted (Ctrl-C) leaves the ranks out of step: this rank
+has posted its part of a call that a late peer may still complete, so a retry would pair
+this rank's next call with the peer's previous one, and both would return wrong results
+without an error
 (found by a new user's test on host memory). NCCL answers the same problem by aborting
 the communicator; so does this guard: the communicator refuses every later call. Its
 group still meets (closing included), since its own collectives are matched by name
@@ -17,9 +18,7 @@ Python, the guard enforces it.
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Iterator
 
 from ..runtime.errors import CollectiveError, ExchangeTimeout, PeerDied, SignalTimeout
 
@@ -55,10 +54,9 @@ class CallGuard:
         if self.failed is None:
             self.failed = f"{type(error).__name__}: {error}"
 
-    @contextlib.contextmanager
-    def call(self) -> Iterator[None]:
-        """Around one call run by the host: refuse it after a failure or while another
-        thread is in a call; record a failure that leaves the ranks out of step.
+    def enter(self) -> None:
+        """Before a call run by the host: refuse it after a failure or while another thread
+        is in a call. Pair with ``leave``.
 
         Raises:
             CollectiveError: an earlier failure, or another thread in a call.
@@ -68,10 +66,17 @@ class CallGuard:
             raise CollectiveError(
                 "this communicator is in a call on another thread: call a communicator "
                 "from one thread at a time (as NCCL's), or give each thread its own")
-        try:
-            yield
-        except FAILED_CALL_ERRORS as exc:
-            self.fail(exc)
-            raise
-        finally:
-            self._lock.release()
+
+    def leave(self, error: BaseException | None) -> None:
+        """After the call ``enter`` let in, with what it raised (None: it returned). Any
+        error but an agreed disagreement leaves this rank's part of the call posted for
+        peers that may still complete it, Ctrl-C included: the ranks are out of step."""
+        self._lock.release()
+        if error is not None and not _agreed(error):
+            self.fail(error)
+
+
+def _agreed(error: BaseException) -> bool:
+    """An error every rank raised together (a disagreement found by the headers, checks
+    on this rank before anything was posted): the ranks are still in step."""
+    return isinstance(error, CollectiveError)

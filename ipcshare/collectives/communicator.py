@@ -368,6 +368,7 @@ class Communicator:
         if self._closed:
             return
         self._closed = True
+        self.group.forget_communicator(self)
         if self._recent is not None:
             self._recent.clear()
         try:

@@ -112,11 +112,17 @@ class HostPath:
             SignalTimeout / PeerDied: a peer did not come or died (the communicator then
                 takes no more calls).
         """
-        with self._guard.call():
-            try:
-                self._run(signature, algorithm, input_ref, output_ref, in_place=in_place)
-            except SignalTimeout as exc:   # say which call waited, not only which barrier
-                raise SignalTimeout(f"{signature.describe()}: {exc}") from exc
+        self._guard.enter()
+        try:
+            self._run(signature, algorithm, input_ref, output_ref, in_place=in_place)
+        except SignalTimeout as exc:   # say which call waited, not only which barrier
+            error = SignalTimeout(f"{signature.describe()}: {exc}")
+            self._guard.leave(error)
+            raise error from exc
+        except BaseException as exc:
+            self._guard.leave(exc)
+            raise
+        self._guard.leave(None)
 
     def _run(self, signature: Signature, algorithm: Algorithm, input_ref: ArrayRef,
              output_ref: ArrayRef, *, in_place: bool) -> None:

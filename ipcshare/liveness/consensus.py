@@ -9,6 +9,7 @@ from ..runtime.errors import (
     CollectiveFailure,
     IpcShareError,
     PeerDied,
+    SettingError,
     WindowError,
     error_class,
     error_facts,
@@ -30,19 +31,21 @@ def failure_suffix(ranks: list[int]) -> str:
     return f" (reported by {format_ranks(ranks)})" if len(ranks) > 1 else ""
 
 
-def check_same_step(steps: list[str], ranks: list[int]) -> None:
+def check_same_step(tags: list[tuple[str, str]], ranks: list[int]) -> None:
     """Raise on every rank (each sees the same list) when the ranks met in different
-    steps: one rank's collective was matched with another kind on another rank, which
-    would otherwise surface as errors about values nobody passed.
+    steps: one rank's collective was matched with another on another rank, which would
+    otherwise surface as errors about values nobody passed. A tag is ``(kind, name)``:
+    a fail-together step or a plain collective, and the step's name; every payload is
+    ``(tag, value)``, so a step and a collective read each other's tags too.
 
     Raises:
         WindowError: naming each rank's step.
     """
-    if len(set(steps)) > 1:
+    if len(set(tags)) > 1:
         raise WindowError(
             "ranks are in different collective steps: "
-            + describe_disagreement(steps, verb=("is in", "are in"), then="in", spell=repr,
-                                    ranks=ranks)
+            + describe_disagreement([name for _kind, name in tags], verb=("is in", "are in"),
+                                    then="in", spell=repr, ranks=ranks)
             + ": every rank must make the group's collective calls (window, communicator, "
             "register, barrier, close) in the same order")
 
@@ -72,14 +75,15 @@ def agree(world: World, step: str, error: BaseException | None, *, comm=None,
         # The last field: it is a step's agreed error already (a step inside this one).
         status = (type(error).__name__, str(error) or type(error).__name__,
                   error_facts(error), getattr(error, "failure", None) is not None)
+    mine = (("step", step), (world.rank, status))
     if watch is None:
-        tagged = comm.allgather((step, world.rank, status))
+        tagged = comm.allgather(mine)
     else:
-        tagged = watched_allgather(comm, (step, world.rank, status), watch=watch,
-                                   timeout=timeout, what=step)
-    check_same_step([name for name, _rank, _status in tagged],
-                    [rank for _name, rank, _status in tagged])
-    statuses = [(rank, s) for _name, rank, s in tagged]
+        tagged = watched_allgather(comm, mine, watch=watch, timeout=timeout, what=step)
+    check_same_step([tag for tag, _payload in tagged],
+                    [payload[0] if tag[0] == "step" else index
+                     for index, (tag, payload) in enumerate(tagged)])
+    statuses = [payload for _tag, payload in tagged]
     failures = [(rank, s) for rank, s in statuses if s is not None]
     if not failures:
         return
@@ -94,6 +98,8 @@ def agree(world: World, step: str, error: BaseException | None, *, comm=None,
     failed = [r for r, _status in failures]
     cls = error_class(name)  # an OSError on one rank becomes IpcShareError everywhere
     exc = cls(f"{step} failed on {world.where(rank)}: {message}{failure_suffix(failed)}")
+    if isinstance(exc, SettingError) and facts.setting:  # the variable, on every rank
+        exc.setting, exc.value = facts.setting["name"], facts.setting["value"]
     exc.failure = CollectiveFailure(step=step, rank=rank, host=world.hostnames[rank],
                                     ranks=tuple(failed), facts=facts)
     if error is not None:
@@ -154,13 +160,13 @@ class Rendezvous:
         """
         self.check_usable(what)
         comm = self.world.comm if comm is None else comm
-        tagged = watched_allgather(comm, (what, value), watch=self.watch,
+        tagged = watched_allgather(comm, (("collective", what), value), watch=self.watch,
                                    timeout=self.timeout if timeout is None else timeout,
                                    what=what)
         ranks = (self.world.local_ranks if comm is self.world.local_comm
                  else list(range(len(tagged))))
-        check_same_step([name for name, _value in tagged], ranks)
-        return [value for _name, value in tagged]
+        check_same_step([tag for tag, _value in tagged], ranks)
+        return [value for _tag, value in tagged]
 
     def barrier(self, what: str) -> None:
         """Collective, host-blocking: an MPI barrier over the world.
@@ -203,6 +209,7 @@ class Rendezvous:
         if error is None:
             close()
             return
+        saved = self.grace
         if not (isinstance(error, IpcShareError) and error.failure is not None):
             self.grace = LEAVE_GRACE_S
         try:
@@ -210,3 +217,5 @@ class Rendezvous:
         except Exception as close_error:
             log.warning("%s after %s failed too: %s: %s", what, type(error).__name__,
                         type(close_error).__name__, close_error)
+        finally:
+            self.grace = saved   # this close only: the group's later closes wait in full

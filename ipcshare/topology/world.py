@@ -9,12 +9,11 @@ import dataclasses
 import os
 import re
 import socket
-import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ..runtime import settings
-from ..runtime.errors import ConfigError, ExchangeTimeout, SettingError
+from ..runtime.errors import ConfigError, SettingError
 from ..runtime.logs import configure_logging
 
 __all__ = ["World", "mpi", "mpi_library_version", "mpi_library_name", "short_library_name",
@@ -51,40 +50,6 @@ def mpi_library_version() -> str:
     text = mpi().Get_library_version().replace("\x00", "")
     lines = text.splitlines()
     return " ".join(lines[0].split()) if lines else ""
-
-
-# The deadline when neither an argument nor IPCSHARE_EXCHANGE_TIMEOUT gives one.
-_ARRIVAL_TIMEOUT_S = 30.0
-
-
-def _wait_for_every_rank(comm: Any, timeout: float | None) -> None:
-    """Collective: return once every rank of ``comm`` has arrived. The splits that follow
-    block in MPI; a rank that never makes its group (a branch only some ranks take, a
-    rank that left) would hold the others there for ever, so they first meet in a
-    non-blocking barrier polled against a deadline.
-
-    Raises:
-        ExchangeTimeout: not every rank arrived within ``timeout`` seconds.
-    """
-    if timeout is None:
-        try:
-            timeout = settings.seconds(settings.EXCHANGE_TIMEOUT, _ARRIVAL_TIMEOUT_S)
-        except SettingError:
-            timeout = _ARRIVAL_TIMEOUT_S   # refused by name at group setup, on every rank
-    request = comm.Ibarrier()
-    deadline = time.monotonic() + timeout
-    polls = 0
-    while not request.Test():
-        polls += 1
-        if polls < 10_000:
-            os.sched_yield()   # ranks may outnumber cores: let a late one run
-            continue
-        if time.monotonic() > deadline:
-            raise ExchangeTimeout(
-                f"making a group over {comm.Get_size()} ranks: not every rank arrived within "
-                f"{timeout:g} s; every rank of the communicator must make the group (a "
-                "rank that took another branch, or left, is the usual cause)")
-        time.sleep(0.001)
 
 
 def mpi_library_name() -> str:
@@ -150,19 +115,16 @@ class World:
 
     @classmethod
     def from_comm(cls, comm: Any = None, *,
-                  host_placement: tuple[int, int] | None = None,
-                  timeout: float | None = None) -> World:
+                  host_placement: tuple[int, int] | None = None) -> World:
         """Collective over ``comm``: split it into nodes and learn every rank's place.
 
         ``host_placement`` (rank, rank count on this machine) replaces the one ``comm``'s
         own split gives, for a world over part of a job whose machine placement is known
         (a node's ranks under virtual nodes would otherwise bind the machine's first
-        GPUs, not their own). ``timeout`` (default: IPCSHARE_EXCHANGE_TIMEOUT) bounds the
-        wait for every rank to arrive.
+        GPUs, not their own).
 
         Raises:
             ConfigError: ``comm`` is not an MPI communicator.
-            ExchangeTimeout: not every rank of ``comm`` arrived within ``timeout``.
         """
         MPI = mpi()
         comm = MPI.COMM_WORLD if comm is None else comm
@@ -175,7 +137,6 @@ class World:
         rank, size = comm.Get_rank(), comm.Get_size()
         # Logs name the job's rank, also for groups over a sub-communicator.
         configure_logging(MPI.COMM_WORLD.Get_rank())
-        _wait_for_every_rank(comm, timeout)
         local_comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
         host_rank, host_size = (host_placement if host_placement is not None else
                                 (local_comm.Get_rank(), local_comm.Get_size()))

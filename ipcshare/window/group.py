@@ -110,9 +110,7 @@ class Group:
                  handle: str = "posix-fd", timeout: float | None = None,
                  p2p_fallback: str | None = None, p2p_chunk: int | str | None = None,
                  host_placement: tuple[int, int] | None = None) -> None:
-        usable = (timeout if isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
-                  and math.isfinite(timeout) and timeout > 0 else None)  # refused below
-        self.world = World.from_comm(comm, host_placement=host_placement, timeout=usable)
+        self.world = World.from_comm(comm, host_placement=host_placement)
         # How each pair of the node's ranks reaches the other (peer_paths); all direct
         # until the GPUs say otherwise.
         self.paths: PathPlan = all_direct(self.world.local_ranks)
@@ -335,6 +333,12 @@ class Group:
         with contextlib.suppress(ValueError):
             self._windows.remove(window)
 
+    def forget_communicator(self, communicator: Any) -> None:
+        """A communicator of this group closed: the group has nothing more to close of
+        it (so a loop making and closing communicators holds none of them)."""
+        with contextlib.suppress(ValueError):
+            self._communicators.remove(communicator)
+
     def close(self) -> None:
         """Close every window, the exchange and the backend. Idempotent; collective."""
         if self._closed:
@@ -342,7 +346,7 @@ class Group:
         self._closed = True
         try:
             errors = []
-            for communicator in reversed(self._communicators):
+            for communicator in reversed(list(self._communicators)):
                 try:
                     communicator.close()
                 except Exception as exc:  # close the rest anyway; report the first

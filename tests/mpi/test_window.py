@@ -147,6 +147,11 @@ def test_closing_the_group_closes_its_communicators_and_unmaps_them(comm):
         assert mapping_count("memfd:ipcshare") > before
     assert communicator.closed
     assert mapping_count("memfd:ipcshare") == before
+    # a communicator closed by its user leaves the group: a loop holds none of them
+    with ipcshare.Group(backend="host") as g:
+        for _ in range(20):
+            g.communicator(max_bytes=4096).close()
+        assert g._communicators == []
 
 
 def test_size_mismatch_raises_on_every_rank(comm):
@@ -199,6 +204,7 @@ def test_a_malformed_setting_on_one_rank_is_a_setting_error_on_every_rank(comm, 
     assert "IPCSHARE_MPI_CUDA_AWARE='yes'" in str(caught.value)
     assert error_facts(caught.value).setting == {"name": "IPCSHARE_MPI_CUDA_AWARE",
                                                  "value": "yes"}
+    assert (caught.value.setting, caught.value.value) == ("IPCSHARE_MPI_CUDA_AWARE", "yes")
     # an argument is named as the argument, not as the variable it overrides
     monkeypatch.delenv("IPCSHARE_MPI_CUDA_AWARE", raising=False)
     with pytest.raises(ConfigError, match="p2p_fallback='sideways' is not a fallback") as arg:

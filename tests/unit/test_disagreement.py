@@ -70,8 +70,8 @@ class _Gathered:
         self.statuses = statuses
 
     def allgather(self, mine):
-        step, rank, status = mine   # every rank in the same step
-        return [(step, r, status if r == rank else s) for r, s in enumerate(self.statuses)]
+        tag, (rank, status) = mine   # every rank in the same step
+        return [(tag, (r, status if r == rank else s)) for r, s in enumerate(self.statuses)]
 
 
 def _world(rank: int, size: int) -> World:
@@ -221,10 +221,15 @@ def test_ranks_in_different_steps_are_named_not_matched():
     from ipcshare.liveness.consensus import check_same_step
     from ipcshare.runtime.errors import WindowError
 
-    check_same_step(["close", "close", "close"], [0, 1, 2])
+    close = ("collective", "closing a window")
+    check_same_step([close] * 3, [0, 1, 2])
     with pytest.raises(WindowError) as caught:
-        check_same_step(["window rendezvous", "group barrier", "window rendezvous"], [0, 1, 2])
+        check_same_step([("collective", "window rendezvous"), ("collective", "group barrier"),
+                         ("collective", "window rendezvous")], [0, 1, 2])
     assert str(caught.value) == (
         "ranks are in different collective steps: ranks 0, 2 are in 'window rendezvous', "
         "rank 1 in 'group barrier': every rank must make the group's collective calls "
         "(window, communicator, register, barrier, close) in the same order")
+    # a fail-together step and a plain collective of the same name are different steps
+    with pytest.raises(WindowError, match="different collective steps"):
+        check_same_step([("step", "peer access"), ("collective", "peer access")], [0, 1])

@@ -259,6 +259,7 @@ class NodesCommunicator(Communicator):
         if self._closed:
             return
         self._closed = True
+        self.group.forget_communicator(self)
         self._bound.clear()
         self._release()
 
