@@ -5,11 +5,11 @@ A call that gave up waiting for a peer (``SignalTimeout``, ``ExchangeTimeout``),
 die (``PeerDied``) or was interrupted (Ctrl-C) leaves the ranks out of step: this rank
 has posted its part of a call that a late peer may still complete, so a retry would pair
 this rank's next call with the peer's previous one, and both would return wrong results
-without an error
-(found by a new user's test on host memory). NCCL answers the same problem by aborting
-the communicator; so does this guard: the communicator refuses every later call. Its
-group still meets (closing included), since its own collectives are matched by name
-(``Rendezvous``) and the peers that gave up on the same call close as usual.
+without an error (found by a new user's test on host memory). NCCL answers the same
+problem by aborting the communicator; so does this guard: the communicator refuses every
+later call. Its group still meets (closing included), since its own collectives are
+matched by name (``Rendezvous``) and the peers that gave up on the same call close as
+usual.
 
 Two threads calling one communicator at once interleave the same way. NCCL documents its
 communicators as usable from one thread at a time; on host memory, where calls run in

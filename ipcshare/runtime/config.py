@@ -13,6 +13,7 @@ from typing import Any
 from .errors import ConfigError, OptionError
 
 __all__ = [
+    "is_seconds",
     "BACKENDS",
     "EXCHANGES",
     "ALGOS",
@@ -96,6 +97,12 @@ def parse_size(text: str | int, *, what: str = "size") -> int:
     if value <= 0:
         raise OptionError("{0}: must be at least 1 byte; use a size such as 64K or 1M", shown)
     return value
+
+
+def is_seconds(value: Any) -> bool:
+    """Whether ``value`` is a positive, finite number of seconds (a bool is not)."""
+    return (not isinstance(value, bool) and isinstance(value, (int, float))
+            and math.isfinite(value) and value > 0)
 
 
 def human_bytes(nbytes: int | None) -> str:

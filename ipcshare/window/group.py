@@ -5,7 +5,6 @@ reaches the other. Windows are made from what a group settled once."""
 from __future__ import annotations
 
 import contextlib
-import math
 import secrets
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +14,7 @@ from ..exchange.node_reach import PID_NAMESPACE_FIX
 from ..liveness.consensus import Rendezvous, collective_step
 from ..liveness.pidfd_watch import PeerWatch
 from ..runtime import settings
-from ..runtime.config import BACKENDS, EXCHANGES, HANDLES
+from ..runtime.config import BACKENDS, EXCHANGES, HANDLES, is_seconds
 from ..runtime.errors import BackendUnavailable, ConfigError, WindowError
 from ..topology.gpu_sharing import gpu_sharing
 from ..topology.peer_paths import (
@@ -148,9 +147,7 @@ class Group:
                 if handle not in HANDLES:
                     raise ConfigError(
                         f"unknown handle type {handle!r}; choose one of: {', '.join(HANDLES)}")
-                if timeout is not None and (
-                        isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                        or not math.isfinite(timeout) or timeout <= 0):
+                if timeout is not None and not is_seconds(timeout):
                     raise ConfigError(f"timeout={timeout!r}: give a positive number of "
                                       "seconds, or None for the IPCSHARE_* timeouts")
                 self.exchange = Exchange(self.world, exchange, timeout=timeout,

@@ -5,7 +5,6 @@ that undoes itself on a failure half-way."""
 from __future__ import annotations
 
 import contextlib
-import math
 import operator
 import time
 from collections.abc import Callable
@@ -14,7 +13,7 @@ from typing import Any
 from ..backends import Allocation, Backend, Buffer
 from ..exchange import Exchange, OwnedFd
 from ..liveness.consensus import Rendezvous
-from ..runtime.config import format_size, human_bytes
+from ..runtime.config import format_size, human_bytes, is_seconds
 from ..runtime.errors import SignalTimeout, WindowError, WindowTooLarge
 from ..topology.peer_paths import PathPlan
 from ..topology.world import World, describe_disagreement
@@ -300,8 +299,7 @@ class Window:
         if peer is not None:
             peer = _whole(peer, "peer")
             self._check_in_group(peer)
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(
-                timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0):
+        if timeout is not None and not is_seconds(timeout):
             raise WindowError(f"timeout={timeout!r}: give a positive number of seconds, or "
                               "None for the window's signal timeout")
         who = f"waiting for {self.world.where(peer)}" if peer is not None else "waiting"
