@@ -19,6 +19,8 @@ Python, the guard enforces it.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from typing import Any
 
 from ..runtime.errors import CollectiveError, ExchangeTimeout, PeerDied, SignalTimeout
 
@@ -32,9 +34,12 @@ class CallGuard:
     """``failed`` is why the communicator stopped taking calls (None while it takes
     them)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_fail: Callable[[], None] | None = None) -> None:
         self._lock = threading.Lock()
         self.failed: str | None = None
+        # Told once, at the first failure: the group then keeps its MPI communicators
+        # when it closes (``Group.note_failed_call``).
+        self._on_fail = on_fail
 
     def check(self) -> None:
         """Raise if an earlier call failed on this rank.
@@ -53,6 +58,8 @@ class CallGuard:
         first failure is the one named)."""
         if self.failed is None:
             self.failed = f"{type(error).__name__}: {error}"
+            if self._on_fail is not None:
+                self._on_fail()
 
     def enter(self) -> None:
         """Before a call run by the host: refuse it after a failure or while another thread
@@ -66,6 +73,22 @@ class CallGuard:
             raise CollectiveError(
                 "this communicator is in a call on another thread: call a communicator "
                 "from one thread at a time (as NCCL's), or give each thread its own")
+
+    def run(self, call: Callable[[], Any]) -> Any:
+        """``call()`` between ``enter`` and ``leave``: for calls that are not on a bound
+        call's microsecond budget.
+
+        Raises:
+            CollectiveError: as ``enter``; whatever ``call`` raises.
+        """
+        self.enter()
+        try:
+            result = call()
+        except BaseException as exc:
+            self.leave(exc)
+            raise
+        self.leave(None)
+        return result
 
     def leave(self, error: BaseException | None) -> None:
         """After the call ``enter`` let in, with what it raised (None: it returned). Any

@@ -102,7 +102,7 @@ class Communicator:
         self._layout = ScratchLayout(max_bytes, heap_bytes, world.size,
                                      gpu=group.backend.device_memory)
         # No call after one failed on this rank; one host call at a time (call_guard.py).
-        self._guard = CallGuard()
+        self._guard = CallGuard(on_fail=group.note_failed_call)
         if not group.backend.device_memory:
             self._path: Any = HostPath(group, self._layout, self._guard)
         else:

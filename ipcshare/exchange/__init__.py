@@ -36,11 +36,11 @@ __all__ = ["Exchange", "OwnedFd", "DEFAULT_TIMEOUT_S"]
 
 log = get_logger("exchange")
 
-DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_TIMEOUT_S = settings.DEFAULT_EXCHANGE_TIMEOUT_S
 
 
 def _default_timeout() -> float:
-    return settings.seconds(settings.EXCHANGE_TIMEOUT, DEFAULT_TIMEOUT_S)
+    return settings.exchange_timeout()
 
 
 class Exchange:

@@ -198,24 +198,28 @@ class Rendezvous:
         self.collective(what, None, comm=self.world.local_comm, timeout=timeout)
 
     def close_on_exit(self, error: BaseException | None, close: Callable[[], None],
-                      what: str) -> None:
+                      what: str, *, inner: tuple[Rendezvous, ...] = ()) -> None:
         """``close`` as a with-block ends. Leaving on an error that every rank raised
         together (agreement), every rank is closing: close as usual. Leaving on an error
         of this rank alone (the user's own exception, Ctrl-C, a timeout), the others are
         elsewhere: the closing barriers wait ``LEAVE_GRACE_S`` at most instead of the full
         timeout, and a close that fails too is logged, never raised in place of the
-        error the user needs to see.
+        error the user needs to see. ``inner``: the rendezvous of groups that ``close``
+        closes too (a communicator's node group), whose barriers get the same grace.
         """
         if error is None:
             close()
             return
-        saved = self.grace
+        meetings = (self, *inner)
+        saved = [meeting.grace for meeting in meetings]
         if not (isinstance(error, IpcShareError) and error.failure is not None):
-            self.grace = LEAVE_GRACE_S
+            for meeting in meetings:
+                meeting.grace = LEAVE_GRACE_S
         try:
             close()
         except Exception as close_error:
             log.warning("%s after %s failed too: %s: %s", what, type(error).__name__,
                         type(close_error).__name__, close_error)
         finally:
-            self.grace = saved   # this close only: the group's later closes wait in full
+            for meeting, grace in zip(meetings, saved, strict=True):
+                meeting.grace = grace   # this close only: later closes wait in full

@@ -24,6 +24,9 @@ __all__ = ["wait_request", "watched_allgather", "watched_barrier"]
 _POLLS_PER_CHECK = 64
 _POLLS_BEFORE_SLEEP = 50_000
 _LONG_WAIT_SLEEP_S = 50e-6
+# Requests given up on. MPI still owns them: if the late rank comes after all, they
+# complete and MPI writes into their buffers, which the requests keep alive.
+_ABANDONED: list[Any] = []
 # watched_allgather's fixed slot per rank, and the length word at its start.
 _SLOT_BYTES = 512
 _LENGTH = struct.Struct("=i")
@@ -59,7 +62,10 @@ def wait_request(request: Any, *, watch: PeerWatch | None, timeout: float, what:
                     "hangs; see its own output)")
             if polls > _POLLS_BEFORE_SLEEP:
                 time.sleep(_LONG_WAIT_SLEEP_S)  # a long wait: stop burning a shared core
-    except Exception as exc:
+    except BaseException as exc:   # Ctrl-C abandons the request too
+        _ABANDONED.append(request)
+        if not isinstance(exc, Exception):
+            raise
         if watch is not None:
             watch.fail(str(exc))
             # MPICH may report the loss of a peer as an MPI error: name the peer instead.

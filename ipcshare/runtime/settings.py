@@ -16,11 +16,12 @@ from .errors import SettingError
 __all__ = [
     "Setting", "SETTINGS", "raw", "seconds", "log_level", "debug", "max_ranks_per_gpu",
     "disabled_p2p_pairs", "shared_gpu_barrier", "SHARED_GPU_BARRIERS", "mpi_cuda_aware",
-    "socket_dir", "kernel_cache", "doctor_test_death",
-    "LOG", "DEBUG", "VIRTUAL_NODES", "MAX_RANKS_PER_GPU", "DISABLE_P2P", "P2P_FALLBACK",
-    "P2P_CHUNK", "SHARED_GPU_BARRIER", "MPI_CUDA_AWARE", "SIGNAL_TIMEOUT", "EXCHANGE_TIMEOUT",
-    "PEER_EXIT_GRACE", "DOCTOR_TIMEOUT", "SOCKET_DIR", "KERNEL_CACHE", "DOCTOR_TEST_DIE_RANK",
-    "DOCTOR_TEST_DIE_STAGE",
+    "socket_dir", "kernel_cache", "doctor_test_death", "exchange_timeout",
+    "DEFAULT_EXCHANGE_TIMEOUT_S", "LOG", "DEBUG", "VIRTUAL_NODES", "MAX_RANKS_PER_GPU",
+    "DISABLE_P2P", "P2P_FALLBACK", "P2P_CHUNK", "SHARED_GPU_BARRIER", "MPI_CUDA_AWARE",
+    "SIGNAL_TIMEOUT", "EXCHANGE_TIMEOUT",
+    "ARRIVAL_TIMEOUT", "PEER_EXIT_GRACE", "DOCTOR_TIMEOUT", "SOCKET_DIR", "KERNEL_CACHE",
+    "DOCTOR_TEST_DIE_RANK", "DOCTOR_TEST_DIE_STAGE",
 ]
 
 LOG = "IPCSHARE_LOG"
@@ -34,6 +35,7 @@ SHARED_GPU_BARRIER = "IPCSHARE_SHARED_GPU_BARRIER"
 MPI_CUDA_AWARE = "IPCSHARE_MPI_CUDA_AWARE"
 SIGNAL_TIMEOUT = "IPCSHARE_SIGNAL_TIMEOUT"
 EXCHANGE_TIMEOUT = "IPCSHARE_EXCHANGE_TIMEOUT"
+ARRIVAL_TIMEOUT = "IPCSHARE_ARRIVAL_TIMEOUT"
 PEER_EXIT_GRACE = "IPCSHARE_PEER_EXIT_GRACE"
 DOCTOR_TIMEOUT = "IPCSHARE_DOCTOR_TIMEOUT"
 SOCKET_DIR = "IPCSHARE_SOCKET_DIR"
@@ -72,6 +74,9 @@ SETTINGS = (
             "or on the GPU)"),
     Setting(EXCHANGE_TIMEOUT, "30", "seconds a handle exchange or a fail-together step "
             "waits for every rank"),
+    Setting(ARRIVAL_TIMEOUT, "600", "seconds a rank making a group waits for every other "
+            "rank of the communicator to make it too (ranks start at different times), "
+            "before every rank gives up; a waiting rank warns after the exchange timeout"),
     Setting(PEER_EXIT_GRACE, "2", "seconds a rank stuck in a blocking MPI call lives on "
             "after a peer died, before its guard ends it"),
     Setting(DOCTOR_TIMEOUT, "60", "seconds a rank may be late at a doctor checkpoint"),
@@ -114,6 +119,18 @@ def seconds(name: str, default: float) -> float:
     if not value > 0:  # also refuses NaN
         raise SettingError(f"{name} must be positive, got {text!r}", setting=name, value=text)
     return value
+
+
+DEFAULT_EXCHANGE_TIMEOUT_S = 30.0
+
+
+def exchange_timeout() -> float:
+    """``IPCSHARE_EXCHANGE_TIMEOUT`` in seconds (default 30).
+
+    Raises:
+        SettingError: set but not a positive number.
+    """
+    return seconds(EXCHANGE_TIMEOUT, DEFAULT_EXCHANGE_TIMEOUT_S)
 
 
 def log_level() -> str | None:

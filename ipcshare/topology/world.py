@@ -15,6 +15,7 @@ from typing import Any
 from ..runtime import settings
 from ..runtime.errors import ConfigError, SettingError
 from ..runtime.logs import configure_logging
+from .arrival import wait_for_every_rank
 
 __all__ = ["World", "mpi", "mpi_library_version", "mpi_library_name", "short_library_name",
            "virtual_node_blocks", "VIRTUAL_NODES_ENV", "format_ranks", "parse_ranks",
@@ -23,6 +24,8 @@ __all__ = ["World", "mpi", "mpi_library_version", "mpi_library_name", "short_lib
 VIRTUAL_NODES_ENV = settings.VIRTUAL_NODES
 
 # What MPI launchers set for every process they start: Open MPI, MPICH's Hydra, PMIx.
+# Communicators of groups where a wait was given up on (``World.close(keep=True)``).
+_KEPT_COMMUNICATORS: list[Any] = []
 _LAUNCHER_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE")
 
 
@@ -115,7 +118,8 @@ class World:
 
     @classmethod
     def from_comm(cls, comm: Any = None, *,
-                  host_placement: tuple[int, int] | None = None) -> World:
+                  host_placement: tuple[int, int] | None = None,
+                  warn_after: float | None = None) -> World:
         """Collective over ``comm``: split it into nodes and learn every rank's place.
 
         ``host_placement`` (rank, rank count on this machine) replaces the one ``comm``'s
@@ -123,8 +127,13 @@ class World:
         (a node's ranks under virtual nodes would otherwise bind the machine's first
         GPUs, not their own).
 
+        The ranks first wait for each other (``arrival.wait_for_every_rank``): a rank
+        still waiting after ``warn_after`` seconds (default: the exchange timeout) says
+        so, and every rank gives up after ``IPCSHARE_ARRIVAL_TIMEOUT``.
+
         Raises:
             ConfigError: ``comm`` is not an MPI communicator.
+            ExchangeTimeout: not every rank of ``comm`` arrived in time.
         """
         MPI = mpi()
         comm = MPI.COMM_WORLD if comm is None else comm
@@ -137,6 +146,22 @@ class World:
         rank, size = comm.Get_rank(), comm.Get_size()
         # Logs name the job's rank, also for groups over a sub-communicator.
         configure_logging(MPI.COMM_WORLD.Get_rank())
+        wait_for_every_rank(comm, warn_after=warn_after)
+        # The group's own traffic goes on a duplicate of the caller's communicator, as MPI
+        # libraries do: a collective this rank gives up on (a timeout) then stays pending
+        # there, never matched with one of the caller's on ``comm`` (or of a later group).
+        comm = comm.Dup()
+        try:
+            return cls._from_own_comm(comm, rank, size, host_placement)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                comm.Free()
+            raise
+
+    @classmethod
+    def _from_own_comm(cls, comm: Any, rank: int, size: int,
+                       host_placement: tuple[int, int] | None) -> World:
+        MPI = mpi()
         local_comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
         host_rank, host_size = (host_placement if host_placement is not None else
                                 (local_comm.Get_rank(), local_comm.Get_size()))
@@ -206,15 +231,24 @@ class World:
         """Local rank of world rank ``rank``, which must be on this node."""
         return self.local_ranks.index(rank)
 
-    def close(self) -> None:
-        """Free the node-local and rail communicators (idempotent)."""
-        if self.rail_comm is not None:
-            with contextlib.suppress(Exception):
-                self.rail_comm.Free()
-            self.rail_comm = None
-        if self._owns_local_comm and self.local_comm is not None:
-            with contextlib.suppress(Exception):
-                self.local_comm.Free()
+    def close(self, *, keep: bool = False) -> None:
+        """Free the node-local and rail communicators (idempotent). ``keep``: a wait on
+        them was given up on, here or by a peer: hold them for the life of the process
+        instead, so MPI never gives their context to a new communicator while a message
+        for them may still arrive."""
+        mine = [self.rail_comm]
+        if self._owns_local_comm:
+            mine.append(self.local_comm)
+        mine.append(self.comm)   # the duplicate from_comm made
+        for comm in filter(None, mine):
+            if keep:
+                _KEPT_COMMUNICATORS.append(comm)
+            else:
+                with contextlib.suppress(Exception):
+                    comm.Free()
+        self.rail_comm = None
+        self.comm = None
+        if self._owns_local_comm:
             self.local_comm = None
 
 

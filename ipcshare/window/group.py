@@ -109,7 +109,10 @@ class Group:
                  handle: str = "posix-fd", timeout: float | None = None,
                  p2p_fallback: str | None = None, p2p_chunk: int | str | None = None,
                  host_placement: tuple[int, int] | None = None) -> None:
-        self.world = World.from_comm(comm, host_placement=host_placement)
+        # A rank still waiting for the others to arrive after the group's timeout says
+        # so (a malformed timeout is refused below, once every rank is here).
+        self.world = World.from_comm(comm, host_placement=host_placement,
+                                     warn_after=timeout if is_seconds(timeout) else None)
         # How each pair of the node's ranks reaches the other (peer_paths); all direct
         # until the GPUs say otherwise.
         self.paths: PathPlan = all_direct(self.world.local_ranks)
@@ -132,6 +135,12 @@ class Group:
         # collected.
         self._communicators: list[Any] = []
         self._closed = False
+        # Whether a call of this group's communicators failed on this rank: then its MPI
+        # communicators are kept, not freed, at close (``note_failed_call``).
+        self._failed_call = False
+        # What a node group of this one is made with too (``node_group``).
+        self._given = {"handle": handle, "timeout": timeout, "p2p_fallback": p2p_fallback,
+                       "p2p_chunk": p2p_chunk}
         # Every wait on a peer (collectives, signals, sockets) asks this watch, so a rank
         # that dies is named at once instead of hanging the others.
         self.watch: PeerWatch | None = None
@@ -313,8 +322,10 @@ class Group:
         """
         self._check_open()
         world = self.world
+        # The same timeout, handle type and P2P choices as this group: the node's steps
+        # must give up on a late peer when the group's own steps would.
         return Group(self.backend_name, self.exchange_name, comm=world.local_comm,
-                     host_placement=(world.host_rank, world.host_size))
+                     host_placement=(world.host_rank, world.host_size), **self._given)
 
     def barrier(self) -> None:
         """Collective, host-blocking: an MPI barrier over the group.
@@ -329,6 +340,15 @@ class Group:
     def _forget(self, window: Window) -> None:
         with contextlib.suppress(ValueError):
             self._windows.remove(window)
+
+    def note_failed_call(self) -> None:
+        """A call of one of this group's communicators failed on this rank (a timeout, a
+        dead peer, Ctrl-C). A peer may then have given up on an MPI collective that this
+        rank never posted, and its message is still on the way: freeing the group's MPI
+        communicators would let MPI reuse their context for a later one, where that
+        message would be taken for a new call's data (seen: a later group's setup read
+        another rank's bytes). So they are kept for the life of the process."""
+        self._failed_call = True
 
     def forget_communicator(self, communicator: Any) -> None:
         """A communicator of this group closed: the group has nothing more to close of
@@ -370,9 +390,13 @@ class Group:
                     self.backend.close()
                     self.backend = None
             finally:
+                # A wait given up on (the watch failed) or a failed call: keep the MPI
+                # communicators (note_failed_call says why).
+                failed = self._failed_call or (self.watch is not None and
+                                               bool(self.watch.failed))
                 if self.watch is not None:
                     self.watch.close()
-                self.world.close()
+                self.world.close(keep=failed)
 
     def __enter__(self) -> Group:
         return self

@@ -14,7 +14,7 @@ __all__ = ["check_settings"]
 def check_settings(fallback: str | None = None, chunk: int | str | None = None) -> None:
     """Parse every setting a group may read later, whatever the backend and whatever the
     arguments override: the fallback arguments (or the variables they stand for), the GPU
-    settings, both timeouts and the socket directory. A malformed value is refused on
+    settings, the timeouts and the socket directory. A malformed value is refused on
     every rank (SETTINGS.md's promise), not ignored here and refused later elsewhere.
 
     Raises:
@@ -36,4 +36,5 @@ def check_settings(fallback: str | None = None, chunk: int | str | None = None) 
     settings.mpi_cuda_aware()
     settings.seconds(settings.SIGNAL_TIMEOUT, 1.0)
     settings.seconds(settings.EXCHANGE_TIMEOUT, 1.0)
+    settings.seconds(settings.ARRIVAL_TIMEOUT, 1.0)
     check_socket_dir_setting()

@@ -11,7 +11,7 @@ from typing import Any
 
 from ...runtime.errors import CollectiveError, Unsupported
 from ..agreement import Signature, disagreement_error
-from ..call_guard import CallGuard
+from ..call_guard import FAILED_CALL_ERRORS, CallGuard
 from ..communicator import Communicator, _Call, agree_on_sizes
 from ..scratch import ALIGN
 from .choice import open_inter_engine
@@ -54,9 +54,10 @@ class NodesCommunicator(Communicator):
         self._closed = True  # until everything below is open
         world = group.world
         self.group = group
-        # Failures of the steps inside a node stop the node communicator (its own guard);
-        # this one answers for the calls checked here.
-        self._guard = CallGuard()
+        # One call at a time, and none after one failed on this rank, whatever step
+        # failed (inside a node, between nodes, the agreement): call_guard.py. Calls here
+        # run steps in Python, so the thread rule costs nothing that counts, on GPUs too.
+        self._guard = CallGuard(on_fail=group.note_failed_call)
         # Agreed by the whole group first: a node whose ranks refused alone would leave
         # the other nodes waiting for it in the rail setup.
         max_bytes, user_heap = agree_on_sizes(group, max_bytes, heap_bytes)
@@ -121,17 +122,27 @@ class NodesCommunicator(Communicator):
 
     # -- calls ---------------------------------------------------------------------------
     def _bind_call(self, call: _Call) -> tuple[str, Callable[[], None]]:
-        return self._agreed(call).describe(), self._bind(call)
+        description, run = self._guard.run(lambda: (self._agreed(call).describe(),
+                                                    self._bind(call)))
+        guard = self._guard
+        return description, lambda: guard.run(run)
 
     def synchronize(self, stream: Any = None) -> None:
         self._check_open()
-        self._node.synchronize(stream)
+        try:
+            self._node.synchronize(stream)
+        except FAILED_CALL_ERRORS as exc:   # a kernel gave up on a peer: out of step
+            self._guard.fail(exc)
+            raise
 
     @property
     def stream(self) -> Any:
         return self._node.stream
 
     def _run(self, call: _Call, key: tuple | None = None) -> Any:
+        return self._guard.run(lambda: self._run_steps(call))
+
+    def _run_steps(self, call: _Call) -> Any:
         self._agreed(call)
         identity = (call.op, call.redop, call.inp.ptr, call.inp.nbytes, call.inp.dtype,
                     call.out.ptr, call.in_place, _stream_key(call.stream))
@@ -262,6 +273,12 @@ class NodesCommunicator(Communicator):
         self.group.forget_communicator(self)
         self._bound.clear()
         self._release()
+
+    def __exit__(self, kind: object, error: BaseException | None, trace: object) -> None:
+        # The node group's closing barriers get the with-block's grace too.
+        inner = (self._node_group.rendezvous,) if self._node_group is not None else ()
+        self.group.rendezvous.close_on_exit(error, self.close, "closing a communicator",
+                                            inner=inner)
 
     def _release(self) -> None:
         node, self._node = self._node, None

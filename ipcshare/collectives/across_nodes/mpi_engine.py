@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ...liveness.deadline_waits import wait_request
 from ...topology.world import mpi
 from ..reduction import Reducer
 from .engine import InterNodeEngine
@@ -29,11 +30,21 @@ class MpiInterEngine(InterNodeEngine):
     def __init__(self, group: Any) -> None:
         self._comm = group.world.rail_comm
         self._device_memory = group.backend.device_memory
+        # A rail step waits for peers on other nodes as a step inside a node waits for its
+        # node's: up to the group's signal timeout, giving up at once on a node peer that
+        # died. A blocking MPI call would wait for ever on a node whose step failed.
+        watch, timeout = group.watch, group.signal_timeout
+
+        def wait(request: Any, what: str) -> None:
+            wait_request(request, watch=watch, timeout=timeout, what=what)
+        self._wait = wait
 
     def allgatherv_in_place(self, engine: Any, output: Any, counts: list[int],
                             displacements: list[int]) -> Callable[[], None]:
+        wait = self._wait
         return MpiPath(engine, self._device_memory).allgatherv_in_place(
-            self._comm, output, counts, displacements)
+            self._comm, output, counts, displacements,
+            wait=lambda request: wait(request, "all-gather between nodes"))
 
     def _host_bytes(self, engine: Any, buffer: Any) -> tuple[Callable[[], np.ndarray],
                                                              Callable[[np.ndarray], None]]:
@@ -49,21 +60,22 @@ class MpiInterEngine(InterNodeEngine):
         return (lambda: engine.download(buffer)), (lambda data: engine.upload(buffer, data))
 
     def all_reduce(self, engine: Any, buffer: Any, dtype: str, op: str) -> Callable[[], None]:
-        comm, MPI, reduce = self._comm, mpi(), Reducer(dtype, op)
+        comm, MPI, reduce, wait = self._comm, mpi(), Reducer(dtype, op), self._wait
         size, nbytes = comm.Get_size(), buffer.nbytes
         gathered = np.empty((size, nbytes), np.uint8)
         read, write = self._host_bytes(engine, buffer)
         result = np.empty(nbytes, np.uint8)
 
         def all_reduce() -> None:
-            comm.Allgather([read(), MPI.BYTE], [gathered, MPI.BYTE])
+            wait(comm.Iallgather([read(), MPI.BYTE], [gathered, MPI.BYTE]),
+                 "all-reduce between nodes")
             reduce(list(gathered), result)  # rail order: node order
             write(result)
         return all_reduce
 
     def reduce_scatter(self, engine: Any, output: Any, input: Any, dtype: str,
                        op: str) -> Callable[[], None]:
-        comm, MPI, reduce = self._comm, mpi(), Reducer(dtype, op)
+        comm, MPI, reduce, wait = self._comm, mpi(), Reducer(dtype, op), self._wait
         size, block = comm.Get_size(), output.nbytes
         if input.nbytes != size * block:
             raise ValueError(f"reduce-scatter of {input.nbytes} bytes over {size} rail ranks "
@@ -75,7 +87,8 @@ class MpiInterEngine(InterNodeEngine):
 
         def reduce_scatter() -> None:
             # Block i of every rail rank's input goes to rail rank i.
-            comm.Alltoall([read(), MPI.BYTE], [received, MPI.BYTE])
+            wait(comm.Ialltoall([read(), MPI.BYTE], [received, MPI.BYTE]),
+                 "reduce-scatter between nodes")
             reduce(list(received), result)
             write(result)
         return reduce_scatter

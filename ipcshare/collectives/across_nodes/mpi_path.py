@@ -74,15 +74,25 @@ class MpiPath:
         return staging, lambda: engine.upload(buffer, staging)
 
     def allgatherv_in_place(self, comm: Any, output: Any, counts: list[int],
-                            displacements: list[int]) -> Callable[[], None]:
+                            displacements: list[int], *,
+                            wait: Callable[[Any], None] | None = None) -> Callable[[], None]:
         """A callable running ``Allgatherv(IN_PLACE)`` over ``comm`` on the bytes of
         ``output``: this rank's segment (``counts`` / ``displacements`` at its rank in
-        ``comm``) goes to every other rank, theirs land at their displacements."""
+        ``comm``) goes to every other rank, theirs land at their displacements. With
+        ``wait`` the collective is non-blocking and ``wait`` completes its request (a
+        wait with a deadline)."""
         MPI = mpi()
+
+        def allgatherv(spec: list) -> None:
+            if wait is None:
+                comm.Allgatherv(MPI.IN_PLACE, spec)
+            else:
+                wait(comm.Iallgatherv(MPI.IN_PLACE, spec))
+
         if self.mode != "host-staged":
             target, _ = self.receiver(output)
             spec = [target, counts, displacements, MPI.BYTE]
-            return lambda: comm.Allgatherv(MPI.IN_PLACE, spec)
+            return lambda: allgatherv(spec)
         staging = np.empty(output.nbytes, dtype=np.uint8)
         spec = [staging, counts, displacements, MPI.BYTE]
         me = comm.Get_rank()
@@ -95,7 +105,7 @@ class MpiPath:
 
         def staged() -> None:
             staging[own[0]:own[0] + own[1]] = engine.download(own_source)
-            comm.Allgatherv(MPI.IN_PLACE, spec)
+            allgatherv(spec)
             for destination, data in others:
                 engine.upload(destination, data)
         return staged

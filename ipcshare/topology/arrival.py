@@ -1,0 +1,125 @@
+"""Every rank of a communicator arrives before a group splits it, or every one is told.
+
+Making a group starts with MPI splits, which block until every rank of the communicator
+calls them. A rank that never makes the group (it took a branch the others did not, or it
+left) would hold the others there for ever. So the ranks first meet in a non-blocking
+barrier polled against a deadline, and then in a second round where each says whether it
+was still waiting when the barrier completed. The second round is what makes a late rank
+safe: the barrier completes for it as soon as it arrives (the others posted theirs before
+giving up), so without the verdict it would go on into a split that nobody else will join.
+
+Ranks reach ``Group()`` at different times for good reasons (imports, loading data on one
+rank), so the deadline is long (``IPCSHARE_ARRIVAL_TIMEOUT``, 600 s by default); a rank
+still waiting after the group's own timeout logs once what it waits for.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from ..runtime import settings
+from ..runtime.errors import ExchangeTimeout, SettingError
+from ..runtime.logs import get_logger
+
+__all__ = ["wait_for_every_rank", "DEFAULT_ARRIVAL_TIMEOUT_S"]
+
+log = get_logger("topology")
+
+DEFAULT_ARRIVAL_TIMEOUT_S = 600.0
+# Polls that only yield the core before the wait starts sleeping: ranks starting together
+# meet within microseconds and must not pay for a sleep.
+_POLLS_BEFORE_SLEEP = 10_000
+_SLEEP_S = 0.001
+# The requests and buffers of waits this process gave up on. MPI still owns them: they
+# complete if the late rank comes after all, and MPI writes into the buffers then.
+_ABANDONED: list[tuple[Any, ...]] = []
+
+
+def arrival_timeout() -> float:
+    """``IPCSHARE_ARRIVAL_TIMEOUT`` in seconds; the default where it is malformed (group
+    setup refuses it by name on every rank, after the ranks have met)."""
+    try:
+        return settings.seconds(settings.ARRIVAL_TIMEOUT, DEFAULT_ARRIVAL_TIMEOUT_S)
+    except SettingError:
+        return DEFAULT_ARRIVAL_TIMEOUT_S
+
+
+def _poll(request: Any, deadline: float, warn_at: float | None, on_warn) -> bool:
+    """Test ``request`` until it completes (True) or the deadline passes (False)."""
+    polls = 0
+    while not request.Test():
+        polls += 1
+        if polls < _POLLS_BEFORE_SLEEP:
+            os.sched_yield()   # ranks may outnumber cores: let a late one run
+            continue
+        now = time.monotonic()
+        if warn_at is not None and now > warn_at:
+            on_warn()
+            warn_at = None
+        if now > deadline:
+            return False
+        time.sleep(_SLEEP_S)
+    return True
+
+
+def wait_for_every_rank(comm: Any, *, warn_after: float | None = None, what: str = "making a group",
+                        timeout: float | None = None) -> None:
+    """Collective over ``comm``: return once every rank has arrived, or raise on every
+    rank that did. A rank still waiting after ``warn_after`` seconds (default: the exchange
+    timeout) logs a warning; after
+    ``timeout`` seconds (default ``IPCSHARE_ARRIVAL_TIMEOUT``) it gives up.
+
+    Raises:
+        ExchangeTimeout: on the ranks that waited, when not every rank arrived in time;
+            on a rank that arrived after the others gave up, saying so.
+    """
+    from .world import mpi
+
+    MPI = mpi()
+    size = comm.Get_size()
+    if size == 1:
+        return
+    timeout = arrival_timeout() if timeout is None else timeout
+    if warn_after is None:
+        try:
+            warn_after = settings.exchange_timeout()
+        except SettingError:   # refused by name at group setup, like the arrival's own
+            warn_after = settings.DEFAULT_EXCHANGE_TIMEOUT_S
+    start = time.monotonic()
+    deadline = start + timeout
+    warn_at = start + warn_after if warn_after is not None and warn_after < timeout else None
+
+    def warn() -> None:
+        log.warning("%s over %d ranks: rank %d has waited %.0f s for the others to arrive; "
+                    "every rank of the communicator must make the group (a rank that took "
+                    "another branch never comes). Giving up after %g s (%s)", what, size,
+                    comm.Get_rank(), time.monotonic() - start, timeout,
+                    settings.ARRIVAL_TIMEOUT)
+
+    barrier = comm.Ibarrier()
+    arrived = _poll(barrier, deadline, warn_at, warn)
+    # The verdict: 1 from a rank whose barrier completed in time, 0 from one that gave up.
+    # Every rank posts it (the ranks that gave up without waiting for it), so it completes
+    # for any rank whose barrier did.
+    mine = bytearray(int(arrived).to_bytes(4, "little"))
+    least = bytearray(4)
+    verdict = comm.Iallreduce([mine, MPI.INT], [least, MPI.INT], op=MPI.MIN)
+    if not arrived:
+        _ABANDONED.append((barrier, verdict, mine, least))
+        raise ExchangeTimeout(
+            f"{what} over {size} ranks: not every rank arrived within {timeout:g} s; every "
+            "rank of the communicator must make the group (a rank that took another "
+            "branch, or left, is the usual cause). Ranks that are just slow to start: raise "
+            f"{settings.ARRIVAL_TIMEOUT}")
+    # Every rank has posted the verdict or is about to: it needs no long deadline.
+    if not _poll(verdict, time.monotonic() + max(timeout, 1.0), None, None):
+        _ABANDONED.append((verdict, mine, least))
+        raise ExchangeTimeout(f"{what} over {size} ranks: the ranks did not agree that every "
+                              f"one arrived within {timeout:g} s")
+    if int.from_bytes(least, "little") == 0:
+        raise ExchangeTimeout(
+            f"{what} over {size} ranks: every rank arrived, but not within {timeout:g} s of "
+            "the first, so a rank gave up waiting and none goes on; every rank must make the "
+            f"group within that time ({settings.ARRIVAL_TIMEOUT})")
