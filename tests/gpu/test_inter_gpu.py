@@ -108,7 +108,8 @@ def test_a_communicator_across_virtual_nodes_on_torch_tensors(comm, two_nodes, b
         device = g.backend.device
         torch.cuda.set_device(device)
         stream = torch.cuda.Stream(device=device)
-        with g.communicator(max_bytes=1 << 22) as c, torch.cuda.stream(stream):
+        # The largest call: the all-gather's output of n inputs of 262,147 int32.
+        with g.communicator(max_bytes=n * 262_147 * 4) as c, torch.cuda.stream(stream):
             assert c.inter == ("mpi" if _rails_clash_of(comm, g) else
                                "nccl" if nccl4py_missing() is None else "mpi")
             wrong = 0
