@@ -376,11 +376,17 @@ class Communicator:
         finally:
             self._path.close()  # waits for the node: no peer maps a registration after it
 
+    def inner_meetings(self) -> tuple[Any, ...]:
+        """The rendezvous of groups that ``close`` closes besides its group's (none here;
+        a node group across nodes): a with-block's grace reaches their barriers too."""
+        return ()
+
     def __enter__(self) -> Communicator:
         return self
 
     def __exit__(self, kind: object, error: BaseException | None, trace: object) -> None:
-        self.group.rendezvous.close_on_exit(error, self.close, "closing a communicator")
+        self.group.rendezvous.close_on_exit(error, self.close, "closing a communicator",
+                                            inner=self.inner_meetings())
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"rank {self.rank} of {self.size}"

@@ -28,13 +28,23 @@ __all__ = ["wait_for_every_rank", "DEFAULT_ARRIVAL_TIMEOUT_S"]
 log = get_logger("topology")
 
 DEFAULT_ARRIVAL_TIMEOUT_S = 600.0
-# Polls that only yield the core before the wait starts sleeping: ranks starting together
-# meet within microseconds and must not pay for a sleep.
+# Waits poll MPI_Test and yield the core in between (ranks starting together meet within
+# microseconds and must not pay for a sleep); every _POLLS_PER_CHECK polls they read the
+# clock, and after _POLLS_BEFORE_SLEEP polls they also sleep.
+_POLLS_PER_CHECK = 64
 _POLLS_BEFORE_SLEEP = 10_000
 _SLEEP_S = 0.001
 # The requests and buffers of waits this process gave up on. MPI still owns them: they
-# complete if the late rank comes after all, and MPI writes into the buffers then.
-_ABANDONED: list[tuple[Any, ...]] = []
+# complete if the late rank comes after all, and MPI writes into the buffers then. Those
+# that completed are dropped whenever another is kept.
+_ABANDONED: list[tuple[tuple[Any, ...], tuple[Any, ...]]] = []
+
+
+def _keep(requests: tuple[Any, ...], buffers: tuple[Any, ...]) -> None:
+    """Hold ``requests`` and ``buffers`` until every request completed."""
+    _ABANDONED[:] = [(kept, held) for kept, held in _ABANDONED
+                     if not all(_completed(request) for request in kept)]
+    _ABANDONED.append((requests, buffers))
 
 
 def arrival_timeout() -> float:
@@ -46,12 +56,19 @@ def arrival_timeout() -> float:
         return DEFAULT_ARRIVAL_TIMEOUT_S
 
 
+def _completed(request: Any) -> bool:
+    try:
+        return bool(request.Test())
+    except Exception:   # an error for it (a dead peer's): keep it
+        return False
+
+
 def _poll(request: Any, deadline: float, warn_at: float | None, on_warn) -> bool:
     """Test ``request`` until it completes (True) or the deadline passes (False)."""
     polls = 0
     while not request.Test():
         polls += 1
-        if polls < _POLLS_BEFORE_SLEEP:
+        if polls % _POLLS_PER_CHECK:
             os.sched_yield()   # ranks may outnumber cores: let a late one run
             continue
         now = time.monotonic()
@@ -60,8 +77,17 @@ def _poll(request: Any, deadline: float, warn_at: float | None, on_warn) -> bool
             warn_at = None
         if now > deadline:
             return False
-        time.sleep(_SLEEP_S)
+        if polls > _POLLS_BEFORE_SLEEP:
+            time.sleep(_SLEEP_S)
     return True
+
+
+def _post_verdict(comm: Any, MPI: Any, arrived: bool) -> tuple[Any, bytearray, bytearray]:
+    """Post this rank's verdict (1: its barrier completed in time) in the MIN reduction:
+    (the request, its send buffer, its receive buffer)."""
+    mine = bytearray(int(arrived).to_bytes(4, "little"))
+    least = bytearray(4)
+    return comm.Iallreduce([mine, MPI.INT], [least, MPI.INT], op=MPI.MIN), mine, least
 
 
 def wait_for_every_rank(comm: Any, *, warn_after: float | None = None, what: str = "making a group",
@@ -99,27 +125,36 @@ def wait_for_every_rank(comm: Any, *, warn_after: float | None = None, what: str
                     settings.ARRIVAL_TIMEOUT)
 
     barrier = comm.Ibarrier()
-    arrived = _poll(barrier, deadline, warn_at, warn)
+    try:
+        arrived = _poll(barrier, deadline, warn_at, warn)
+    except BaseException:   # Ctrl-C: tell the others not to go on without this rank
+        verdict, *buffers = _post_verdict(comm, MPI, False)
+        _keep((barrier, verdict), tuple(buffers))
+        raise
     # The verdict: 1 from a rank whose barrier completed in time, 0 from one that gave up.
     # Every rank posts it (the ranks that gave up without waiting for it), so it completes
     # for any rank whose barrier did.
-    mine = bytearray(int(arrived).to_bytes(4, "little"))
-    least = bytearray(4)
-    verdict = comm.Iallreduce([mine, MPI.INT], [least, MPI.INT], op=MPI.MIN)
+    verdict, mine, least = _post_verdict(comm, MPI, arrived)
     if not arrived:
-        _ABANDONED.append((barrier, verdict, mine, least))
+        _keep((barrier, verdict), (mine, least))
         raise ExchangeTimeout(
             f"{what} over {size} ranks: not every rank arrived within {timeout:g} s; every "
             "rank of the communicator must make the group (a rank that took another "
             "branch, or left, is the usual cause). Ranks that are just slow to start: raise "
             f"{settings.ARRIVAL_TIMEOUT}")
     # Every rank has posted the verdict or is about to: it needs no long deadline.
-    if not _poll(verdict, time.monotonic() + max(timeout, 1.0), None, None):
-        _ABANDONED.append((verdict, mine, least))
+    try:
+        agreed = _poll(verdict, time.monotonic() + max(timeout, 1.0), None, None)
+    except BaseException:
+        _keep((verdict,), (mine, least))
+        raise
+    if not agreed:
+        _keep((verdict,), (mine, least))
         raise ExchangeTimeout(f"{what} over {size} ranks: the ranks did not agree that every "
                               f"one arrived within {timeout:g} s")
     if int.from_bytes(least, "little") == 0:
         raise ExchangeTimeout(
-            f"{what} over {size} ranks: every rank arrived, but not within {timeout:g} s of "
-            "the first, so a rank gave up waiting and none goes on; every rank must make the "
-            f"group within that time ({settings.ARRIVAL_TIMEOUT})")
+            f"{what} over {size} ranks: every rank arrived, but a rank had given up waiting "
+            f"before the last one came (after {timeout:g} s, or interrupted), so none goes "
+            f"on; every rank must make the group within that time of the first "
+            f"({settings.ARRIVAL_TIMEOUT})")

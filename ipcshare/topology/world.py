@@ -83,7 +83,8 @@ def short_library_name(line: str) -> str:
 class World:
     """The ranks of one job as ipcshare sees them.
 
-    ``comm`` is the communicator the user gave (COMM_WORLD by default); ``local_comm``
+    ``comm`` is a duplicate of the communicator the user gave (COMM_WORLD by default),
+    which this world owns: the group's traffic never meets the caller's; ``local_comm``
     holds the ranks of this node (``Split_type(COMM_TYPE_SHARED)``), the only ones whose
     memory this rank can map. When the job spans nodes, ``rail_comm`` joins the ranks of
     the same local rank on every node (one "rail" per local rank; nodes with fewer ranks

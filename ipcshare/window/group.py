@@ -407,5 +407,9 @@ class Group:
         if self._closed or getattr(self, "rendezvous", None) is None:
             self.close()
         else:
-            self.rendezvous.close_on_exit(error, self.close, "closing the group")
+            # The groups its open communicators close too (a node group across nodes)
+            # get the same grace.
+            inner = tuple(meeting for communicator in self._communicators
+                          for meeting in communicator.inner_meetings())
+            self.rendezvous.close_on_exit(error, self.close, "closing the group", inner=inner)
 

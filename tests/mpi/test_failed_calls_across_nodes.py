@@ -68,6 +68,14 @@ def test_a_call_across_nodes_that_timed_out_ends_the_calls(comm):
     # the group's duplicate of it.
     comm.Barrier()   # every rank is done failing: the closes meet
     g.close()
+    # A later group in the same processes works. Before, the first group's rail
+    # communicator was freed, MPI gave its context to the later group's node communicator,
+    # and the other node's message that rank 0 never took was read there as a node peer's.
+    with ipcshare.Group(backend="host", timeout=5.0) as later:
+        with later.communicator(max_bytes=4096, inter="mpi") as c:
+            y = np.full(4, comm.rank + 1, np.float32)
+            c.all_reduce(y)
+            assert y.tolist() == [sum(range(1, comm.size + 1))] * 4
 
 
 def test_an_error_of_one_rank_inside_the_with_blocks_reaches_its_user(comm):
@@ -92,3 +100,24 @@ def test_an_error_of_one_rank_inside_the_with_blocks_reaches_its_user(comm):
                 with g.communicator(max_bytes=4096, inter="mpi") as c:
                     c.all_reduce(np.ones(4, np.float32))
     comm.Barrier()   # the next test starts with every rank
+
+
+def test_an_error_of_one_rank_inside_the_group_only_reaches_its_user(comm):
+    # As above, with the communicator left open (no with-block of its own): the group's
+    # close closes it, and the grace reaches the node group's closing barrier too.
+    from ipcshare.liveness.consensus import LEAVE_GRACE_S
+
+    timeout = 6.0
+    if comm.rank == 1:
+        with pytest.raises(ValueError, match="bad input file on rank 1"):
+            with ipcshare.Group(backend="host", timeout=timeout) as g:
+                g.communicator(max_bytes=4096, inter="mpi")
+                left = time.monotonic()
+                raise ValueError("bad input file on rank 1")
+        assert time.monotonic() - left < 2 * LEAVE_GRACE_S + 1.5 < timeout
+    else:
+        with pytest.raises((SignalTimeout, ipcshare.ExchangeTimeout, WindowError)):
+            with ipcshare.Group(backend="host", timeout=timeout) as g:
+                g.communicator(max_bytes=4096, inter="mpi").all_reduce(
+                    np.ones(4, np.float32))
+    comm.Barrier()

@@ -274,11 +274,9 @@ class NodesCommunicator(Communicator):
         self._bound.clear()
         self._release()
 
-    def __exit__(self, kind: object, error: BaseException | None, trace: object) -> None:
-        # The node group's closing barriers get the with-block's grace too.
-        inner = (self._node_group.rendezvous,) if self._node_group is not None else ()
-        self.group.rendezvous.close_on_exit(error, self.close, "closing a communicator",
-                                            inner=inner)
+    def inner_meetings(self) -> tuple[Any, ...]:
+        """The node group's rendezvous: a with-block's grace reaches its closing barriers."""
+        return (self._node_group.rendezvous,) if self._node_group is not None else ()
 
     def _release(self) -> None:
         node, self._node = self._node, None

@@ -49,14 +49,21 @@ class MpiInterEngine(InterNodeEngine):
     def _host_bytes(self, engine: Any, buffer: Any) -> tuple[Callable[[], np.ndarray],
                                                              Callable[[np.ndarray], None]]:
         """(read ``buffer``'s bytes to host, write host bytes back into ``buffer``):
-        views of host memory, copies of device memory (reductions run on the host, so a
-        CUDA-aware MPI changes nothing here)."""
+        copies into arrays of their own (reductions run on the host, so a CUDA-aware MPI
+        changes nothing here). What is read goes to a non-blocking send that may be given
+        up on and complete later, when a late peer comes: it must not be the window's or
+        the user's memory, which may be gone by then."""
         if MpiPath(engine, self._device_memory).mode == "host":
             view = np.asarray(buffer).view(np.uint8).reshape(-1)
+            outgoing = np.empty_like(view)
+
+            def read_host() -> np.ndarray:
+                outgoing[:] = view
+                return outgoing
 
             def write_host(data: np.ndarray) -> None:
                 view[:] = data
-            return (lambda: view), write_host
+            return read_host, write_host
         return (lambda: engine.download(buffer)), (lambda data: engine.upload(buffer, data))
 
     def all_reduce(self, engine: Any, buffer: Any, dtype: str, op: str) -> Callable[[], None]:

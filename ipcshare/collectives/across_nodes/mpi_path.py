@@ -78,21 +78,18 @@ class MpiPath:
                             wait: Callable[[Any], None] | None = None) -> Callable[[], None]:
         """A callable running ``Allgatherv(IN_PLACE)`` over ``comm`` on the bytes of
         ``output``: this rank's segment (``counts`` / ``displacements`` at its rank in
-        ``comm``) goes to every other rank, theirs land at their displacements. With
-        ``wait`` the collective is non-blocking and ``wait`` completes its request (a
-        wait with a deadline)."""
+        ``comm``) goes to every other rank, theirs land at their displacements.
+
+        With ``wait`` (a wait with a deadline) the collective is non-blocking, and goes
+        through a host buffer of its own: a request given up on may still complete when
+        a late peer comes, so MPI must never hold the window's memory, which is unmapped
+        at close. Device pointers (CUDA-aware MPI) keep the blocking call, deadline-free:
+        some MPIs (Open MPI 4) take device pointers in blocking collectives only."""
         MPI = mpi()
-
-        def allgatherv(spec: list) -> None:
-            if wait is None:
-                comm.Allgatherv(MPI.IN_PLACE, spec)
-            else:
-                wait(comm.Iallgatherv(MPI.IN_PLACE, spec))
-
-        if self.mode != "host-staged":
+        if self.mode == "cuda-aware" or (self.mode == "host" and wait is None):
             target, _ = self.receiver(output)
             spec = [target, counts, displacements, MPI.BYTE]
-            return lambda: allgatherv(spec)
+            return lambda: comm.Allgatherv(MPI.IN_PLACE, spec)
         staging = np.empty(output.nbytes, dtype=np.uint8)
         spec = [staging, counts, displacements, MPI.BYTE]
         me = comm.Get_rank()
@@ -101,13 +98,23 @@ class MpiPath:
         others = [(output.slice(d, c), staging[d:d + c])
                   for r, (c, d) in enumerate(zip(counts, displacements, strict=True))
                   if r != me and c]
-        engine = self.engine
+        if self.mode == "host":
+            def download(buffer: Any) -> np.ndarray:
+                return np.asarray(buffer).view(np.uint8).reshape(-1)
+
+            def upload(buffer: Any, data: np.ndarray) -> None:
+                np.asarray(buffer).view(np.uint8).reshape(-1)[:] = data
+        else:
+            download, upload = self.engine.download, self.engine.upload
 
         def staged() -> None:
-            staging[own[0]:own[0] + own[1]] = engine.download(own_source)
-            allgatherv(spec)
+            staging[own[0]:own[0] + own[1]] = download(own_source)
+            if wait is None:
+                comm.Allgatherv(MPI.IN_PLACE, spec)
+            else:
+                wait(comm.Iallgatherv(MPI.IN_PLACE, spec))
             for destination, data in others:
-                engine.upload(destination, data)
+                upload(destination, data)
         return staged
 
 
