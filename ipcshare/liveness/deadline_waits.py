@@ -13,6 +13,7 @@ import struct
 import time
 from typing import Any
 
+from ..runtime.abandoned_requests import keep
 from ..runtime.errors import ExchangeTimeout, PeerDied
 from .pidfd_watch import PeerWatch
 
@@ -24,24 +25,6 @@ __all__ = ["wait_request", "watched_allgather", "watched_barrier"]
 _POLLS_PER_CHECK = 64
 _POLLS_BEFORE_SLEEP = 50_000
 _LONG_WAIT_SLEEP_S = 50e-6
-# Requests given up on. MPI still owns them: if the late rank comes after all, they
-# complete and MPI writes into their buffers, which the requests keep alive. Those that
-# completed are dropped whenever another is kept.
-_ABANDONED: list[Any] = []
-
-
-def _keep(request: Any) -> None:
-    _ABANDONED[:] = [kept for kept in _ABANDONED if not _completed(kept)]
-    _ABANDONED.append(request)
-
-
-def _completed(request: Any) -> bool:
-    """Whether a request given up on has completed since (False where MPI reports an
-    error for it, a dead peer's: it is kept, never freed under MPI)."""
-    try:
-        return bool(request.Test())
-    except Exception:
-        return False
 # watched_allgather's fixed slot per rank, and the length word at its start.
 _SLOT_BYTES = 512
 _LENGTH = struct.Struct("=i")
@@ -78,7 +61,7 @@ def wait_request(request: Any, *, watch: PeerWatch | None, timeout: float, what:
             if polls > _POLLS_BEFORE_SLEEP:
                 time.sleep(_LONG_WAIT_SLEEP_S)  # a long wait: stop burning a shared core
     except BaseException as exc:   # Ctrl-C abandons the request too
-        _keep(request)
+        keep(request)   # MPI still owns it (runtime/abandoned_requests.py)
         if not isinstance(exc, Exception):
             raise
         if watch is not None:

@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from ..runtime import settings
+from ..runtime.abandoned_requests import keep
 from ..runtime.errors import ExchangeTimeout, SettingError
 from ..runtime.logs import get_logger
 
@@ -34,17 +35,6 @@ DEFAULT_ARRIVAL_TIMEOUT_S = 600.0
 _POLLS_PER_CHECK = 64
 _POLLS_BEFORE_SLEEP = 10_000
 _SLEEP_S = 0.001
-# The requests and buffers of waits this process gave up on. MPI still owns them: they
-# complete if the late rank comes after all, and MPI writes into the buffers then. Those
-# that completed are dropped whenever another is kept.
-_ABANDONED: list[tuple[tuple[Any, ...], tuple[Any, ...]]] = []
-
-
-def _keep(requests: tuple[Any, ...], buffers: tuple[Any, ...]) -> None:
-    """Hold ``requests`` and ``buffers`` until every request completed."""
-    _ABANDONED[:] = [(kept, held) for kept, held in _ABANDONED
-                     if not all(_completed(request) for request in kept)]
-    _ABANDONED.append((requests, buffers))
 
 
 def arrival_timeout() -> float:
@@ -54,13 +44,6 @@ def arrival_timeout() -> float:
         return settings.seconds(settings.ARRIVAL_TIMEOUT, DEFAULT_ARRIVAL_TIMEOUT_S)
     except SettingError:
         return DEFAULT_ARRIVAL_TIMEOUT_S
-
-
-def _completed(request: Any) -> bool:
-    try:
-        return bool(request.Test())
-    except Exception:   # an error for it (a dead peer's): keep it
-        return False
 
 
 def _poll(request: Any, deadline: float, warn_at: float | None, on_warn) -> bool:
@@ -129,14 +112,14 @@ def wait_for_every_rank(comm: Any, *, warn_after: float | None = None, what: str
         arrived = _poll(barrier, deadline, warn_at, warn)
     except BaseException:   # Ctrl-C: tell the others not to go on without this rank
         verdict, *buffers = _post_verdict(comm, MPI, False)
-        _keep((barrier, verdict), tuple(buffers))
+        keep(barrier, verdict, buffers=tuple(buffers))
         raise
     # The verdict: 1 from a rank whose barrier completed in time, 0 from one that gave up.
     # Every rank posts it (the ranks that gave up without waiting for it), so it completes
     # for any rank whose barrier did.
     verdict, mine, least = _post_verdict(comm, MPI, arrived)
     if not arrived:
-        _keep((barrier, verdict), (mine, least))
+        keep(barrier, verdict, buffers=(mine, least))
         raise ExchangeTimeout(
             f"{what} over {size} ranks: not every rank arrived within {timeout:g} s; every "
             "rank of the communicator must make the group (a rank that took another "
@@ -146,10 +129,10 @@ def wait_for_every_rank(comm: Any, *, warn_after: float | None = None, what: str
     try:
         agreed = _poll(verdict, time.monotonic() + max(timeout, 1.0), None, None)
     except BaseException:
-        _keep((verdict,), (mine, least))
+        keep(verdict, buffers=(mine, least))
         raise
     if not agreed:
-        _keep((verdict,), (mine, least))
+        keep(verdict, buffers=(mine, least))
         raise ExchangeTimeout(f"{what} over {size} ranks: the ranks did not agree that every "
                               f"one arrived within {timeout:g} s")
     if int.from_bytes(least, "little") == 0:

@@ -162,6 +162,7 @@ class World:
     @classmethod
     def _from_own_comm(cls, comm: Any, rank: int, size: int,
                        host_placement: tuple[int, int] | None) -> World:
+        """``from_comm`` on the duplicate it made (``comm``), which the world then owns."""
         MPI = mpi()
         local_comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
         host_rank, host_size = (host_placement if host_placement is not None else
@@ -233,7 +234,8 @@ class World:
         return self.local_ranks.index(rank)
 
     def close(self, *, keep: bool = False) -> None:
-        """Free the node-local and rail communicators (idempotent). ``keep``: a wait on
+        """Free the world's communicators: its duplicate of the caller's, the node-local
+        and the rail one (idempotent). ``keep``: a wait on
         them was given up on, here or by a peer: hold them for the life of the process
         instead, so MPI never gives their context to a new communicator while a message
         for them may still arrive."""
