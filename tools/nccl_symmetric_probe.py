@@ -1,4 +1,4 @@
-"""NCCL's float16 reduce-scatter on plain buffers and on symmetric windows, with no
+"""NCCL's reduce-scatter and all-gather on plain buffers and on symmetric windows, with no
 ipcshare code in between: does NCCL itself return wrong elements for odd counts?
 
 Our nccl baseline's GPU test saw 2026 of 4099 elements per rank come back wrong from a
@@ -10,6 +10,7 @@ tensors: ``ncclMemAlloc`` buffers registered with ``NCCL_WIN_COLL_SYMMETRIC`` be
 ``torch.empty`` ones, for several counts per rank, out of place and in place.
 
     mpiexec -n 2 python tools/nccl_symmetric_probe.py [--counts 4096,4099] [--dtype float16]
+                                                      [--op reduce_scatter|all_gather]
 
 Every rank's input holds small integers, so every sum is exact in float16 and the
 expected output is known bit for bit. Prints one line per case (path, placement, count,
@@ -33,7 +34,9 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--counts", default=DEFAULT_COUNTS,
                         help=f"elements per rank, comma-separated (default {DEFAULT_COUNTS})")
     parser.add_argument("--dtype", default="float16",
-                        choices=("float16", "bfloat16", "float32"))
+                        choices=("float16", "bfloat16", "float32", "uint8"))
+    parser.add_argument("--op", default="reduce_scatter",
+                        choices=("reduce_scatter", "all_gather"))
     parser.add_argument("--json", metavar="FILE", help="one JSON line per case (rank 0)")
     args = parser.parse_args()
     try:
@@ -55,6 +58,17 @@ def _inputs(torch: Any, dtype: Any, rank: int, size: int, count: int, device: An
 def _expected(torch: Any, dtype: Any, rank: int, size: int, count: int, device: Any) -> Any:
     total = sum(_inputs(torch, torch.float32, r, size, count, device) for r in range(size))
     return total[rank * count:(rank + 1) * count].to(dtype)
+
+
+def _gathered_input(torch: Any, dtype: Any, rank: int, count: int, device: Any) -> Any:
+    """This rank's all-gather block: ``count`` values that name the rank and the index
+    (0-250, exact in every type, uint8 included)."""
+    index = torch.arange(count, device=device, dtype=torch.int64)
+    return ((index * 13 + rank * 101) % 251).to(dtype)
+
+
+def _gathered(torch: Any, dtype: Any, size: int, count: int, device: Any) -> Any:
+    return torch.cat([_gathered_input(torch, dtype, r, count, device) for r in range(size)])
 
 
 def main() -> int:
@@ -79,15 +93,17 @@ def main() -> int:
     comm = nccl.Communicator.init(size, rank, world.bcast(unique_id, root=0))
     library = nccl.get_version().libnccl
     if rank == 0:
+        what = "reduce-scatter sum" if args.op == "reduce_scatter" else "all-gather"
         print(f"# NCCL {library.version if library else 'unknown'}, {size} ranks, "
-              f"reduce-scatter sum {args.dtype}; wrong = elements summed over ranks")
+              f"{what} {args.dtype}; count = elements per rank; wrong = elements summed "
+              "over ranks")
         print(f"# {'path':<10} {'placement':<12} {'count':>9} {'wrong':>7}  first wrong")
     stream = torch.cuda.current_stream(device)
     records = []
     windows: list[Any] = []
 
     def allocate(path: str, elements: int) -> Any:
-        nbytes = elements * torch.finfo(dtype).bits // 8
+        nbytes = elements * torch.empty(0, dtype=dtype).element_size()
         if path == "plain":
             return torch.empty(nbytes, dtype=torch.uint8, device=device).view(dtype)
         tensor = nccl.torch.empty(nbytes, dtype=torch.uint8, device=device.index)
@@ -98,24 +114,35 @@ def main() -> int:
         for path in ("plain", "symmetric"):
             for placement in ("out-of-place", "in-place"):
                 for count in args.counts:
-                    send = allocate(path, count * size)
-                    send.copy_(_inputs(torch, dtype, rank, size, count, device))
-                    if placement == "in-place":
-                        receive = send[rank * count:(rank + 1) * count]
+                    if args.op == "reduce_scatter":
+                        send = allocate(path, count * size)
+                        send.copy_(_inputs(torch, dtype, rank, size, count, device))
+                        if placement == "in-place":
+                            receive = send[rank * count:(rank + 1) * count]
+                        else:
+                            receive = allocate(path, count)
+                            receive.fill_(255 if dtype == torch.uint8 else float("nan"))
+                        comm.reduce_scatter(send, receive, nccl.NcclRedOp.SUM,
+                                            stream=stream.cuda_stream)
+                        want = _expected(torch, dtype, rank, size, count, device)
                     else:
-                        receive = allocate(path, count)
-                        receive.fill_(float("nan"))
-                    comm.reduce_scatter(send, receive, nccl.NcclRedOp.SUM,
-                                        stream=stream.cuda_stream)
+                        receive = allocate(path, count * size)
+                        receive.fill_(255 if dtype == torch.uint8 else float("nan"))
+                        if placement == "in-place":
+                            send = receive[rank * count:(rank + 1) * count]
+                        else:
+                            send = allocate(path, count)
+                        send.copy_(_gathered_input(torch, dtype, rank, count, device))
+                        comm.allgather(send, receive, stream=stream.cuda_stream)
+                        want = _gathered(torch, dtype, size, count, device)
                     torch.cuda.synchronize(device)
-                    wrong_mask = receive != _expected(torch, dtype, rank, size, count, device)
+                    wrong_mask = receive != want
                     wrong = int(wrong_mask.sum())
                     first = None
                     if wrong:
                         at = int(wrong_mask.nonzero()[0])
                         first = {"rank": rank, "index": at, "got": float(receive[at]),
-                                 "expected": float(_expected(torch, torch.float32, rank,
-                                                             size, count, device)[at])}
+                                 "expected": float(want[at])}
                     totals = world.gather((wrong, first), root=0)
                     world.Barrier()   # no peer still reads a window released below
                     while windows:
@@ -129,8 +156,9 @@ def main() -> int:
                             f"expected {example['expected']:g}")
                         print(f"  {path:<10} {placement:<12} {count:>9} {total:>7}  {said}",
                               flush=True)
-                        records.append({"path": path, "placement": placement, "count": count,
-                                        "dtype": args.dtype, "ranks": size, "wrong": total,
+                        records.append({"op": args.op, "path": path, "placement": placement,
+                                        "count": count, "dtype": args.dtype, "ranks": size,
+                                        "wrong": total,
                                         "first_wrong": example})
     finally:
         torch.cuda.synchronize(device)

@@ -92,7 +92,13 @@ class Exported:
 
 
 class Timer(Protocol):
-    """Elapsed time of work submitted between start() and stop()."""
+    """Elapsed time of work submitted between start() and stop().
+
+    ``wall_seconds`` (set by stop()) is a second clock: the host's seconds from start()
+    to the moment all the engine's work, on every stream, was seen finished. The
+    harness holds the first against it on every timed row."""
+
+    wall_seconds: float | None
 
     def start(self) -> None: ...
 

@@ -622,12 +622,25 @@ class CudaEngine:
         return self._stream
 
 
+# How long stop() spins on the end event before it falls back to the engine's sleeping
+# poll: a sleep of up to a millisecond would land in the host clock it reads (the
+# timer's cross-check), and runs longer than this are long enough not to mind.
+_TIMER_SPIN_S = 0.05
+
+
 class CudaTimer:
-    """Elapsed GPU time between ``start()`` and ``stop()``, from two CUDA events."""
+    """Elapsed GPU time between ``start()`` and ``stop()``, from two CUDA events on the
+    engine's stream; and a second clock beside it: ``wall_seconds``, the host's time
+    from ``start()`` to the moment every stream of the context was seen finished
+    (cuCtxSynchronize after the end event). Work enqueued between the two on a stream
+    the events do not see lengthens the second clock only, which is how a timer
+    pointed at the wrong stream is caught (patterns/clock_check.py)."""
 
     def __init__(self, engine: CudaEngine) -> None:
         self._engine = engine
         self._events: tuple[Any, Any] | None = None
+        self._started = 0.0
+        self.wall_seconds: float | None = None
 
     def start(self) -> None:
         """Record the start event on the engine's stream.
@@ -645,7 +658,9 @@ class CudaTimer:
             raise
         self._events = (begin, end)
         self._engine._timers.add(self)  # the engine destroys live events when it closes
+        self.wall_seconds = None
         check("cuEventRecord", driver.cuEventRecord(begin, self._engine._live_stream()))
+        self._started = time.perf_counter()
 
     def stop(self) -> float:
         """Seconds of GPU time from start() to now, once the work in between is done.
@@ -659,7 +674,16 @@ class CudaTimer:
         begin, end = self._events
         try:
             check("cuEventRecord", driver.cuEventRecord(end, self._engine._live_stream()))
-            self._engine._poll(lambda: driver.cuEventQuery(end), "cuEventQuery")
+            spin_until = time.perf_counter() + _TIMER_SPIN_S
+            query, ready = driver.cuEventQuery, cuda_driver.SUCCESS
+            while query(end)[0] != ready and time.perf_counter() < spin_until:
+                pass
+            self._engine._poll(lambda: query(end), "cuEventQuery")
+            # The end event says the timer's stream is done; the context's other streams
+            # (a side lane not joined back, a stream the work was wrongly put on) are
+            # waited for too, and that wait belongs to the second clock.
+            check("cuCtxSynchronize", driver.cuCtxSynchronize())
+            self.wall_seconds = time.perf_counter() - self._started
             milliseconds = check("cuEventElapsedTime", driver.cuEventElapsedTime(begin, end))
         finally:
             self.close()

@@ -274,16 +274,20 @@ class HostEngine:
 
 
 class HostTimer:
-    """Wall-clock timer: host work is done when the call returns."""
+    """Wall-clock timer: host work is done when the call returns, so its second clock
+    (``wall_seconds``, as CudaTimer's) is the same reading."""
 
     def __init__(self) -> None:
         self._start = 0.0
+        self.wall_seconds: float | None = None
 
     def start(self) -> None:
+        self.wall_seconds = None
         self._start = time.perf_counter()
 
     def stop(self) -> float:
-        return time.perf_counter() - self._start
+        self.wall_seconds = time.perf_counter() - self._start
+        return self.wall_seconds
 
 
 class HostBackend(Backend):

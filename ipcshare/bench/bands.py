@@ -40,12 +40,13 @@ class BandRatio:
 
 def band_ratios(result: RunResult) -> list[BandRatio]:
     """Per baseline of ``result``, per band with sizes, the baseline's primary time over
-    ours (rows with a zero time are left out), bands in size order."""
+    ours (rows that are not usable figures, wrong or failing a measurement check, are
+    left out: nobody divides by them), bands in size order."""
     ratios = []
     for baseline in result.baselines:
         by_band: dict[str, list[float]] = {band: [] for band in SIZE_BANDS}
         for ours, theirs in zip(result.rows, baseline.rows, strict=True):
-            if ours.primary.time_us > 0 and theirs.primary.time_us > 0:
+            if ours.primary.usable and theirs.primary.usable:
                 by_band[size_band(ours.size)].append(theirs.primary.time_us / ours.primary.time_us)
         for band, values in by_band.items():
             if values:

@@ -55,8 +55,13 @@ def ceilings(result: BenchResult) -> list[Ceiling]:
         if best:
             lines.append(Ceiling(f"copy-engine peer copy, measured (best ring busbw): "
                                  f"{best:.0f} GB/s", best))
-        lines.append(Ceiling(f"NVLink 4 line rate: {NVLINK4_GBPS:.0f} GB/s per direction",
-                             NVLINK4_GBPS))
+        # The ceiling each run was checked against (read off the machine), once each.
+        read = {c.result.ceiling for c in gpu if c.result.ceiling is not None}
+        for bound in sorted(read, key=lambda bound: bound.gbps):
+            lines.append(Ceiling(f"ceiling: {bound.gbps:.0f} GB/s ({bound.source})", bound.gbps))
+        if not read:
+            lines.append(Ceiling(f"NVLink 4 line rate: {NVLINK4_GBPS:.0f} GB/s per direction",
+                                 NVLINK4_GBPS))
     if host:
         best = _best_busbw([c for c in host if c.case.op == "ring"] or host)
         if best:
@@ -135,8 +140,12 @@ def write_plot(result: BenchResult, facts: dict[str, Any], path: str | Path) -> 
             x = [row.size for row in rows]
             style = dict(color=colour, linestyle=_STYLES.get(source, "-."), linewidth=1.6,
                          marker="o" if source == "ours" else None, markersize=3.5)
-            bandwidth.plot(x, [row.primary.busbw for row in rows], **style)
-            latency.plot(x, [row.primary.time_us for row in rows], **style)
+            # A wrong result or a failed measurement is a gap in its line, not a point.
+            shown = [row.primary.usable for row in rows]
+            bandwidth.plot(x, [row.primary.busbw if ok else math.nan
+                               for row, ok in zip(rows, shown, strict=True)], **style)
+            latency.plot(x, [row.primary.time_us if ok else math.nan
+                             for row, ok in zip(rows, shown, strict=True)], **style)
             if source == "ours":
                 _shade_spread(bandwidth, latency, rows, colour)
         handles.append(Line2D([], [], color=colour, marker="o", markersize=4,

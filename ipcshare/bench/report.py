@@ -272,9 +272,12 @@ def _case_section(record: CaseResult) -> list[str]:
         for baseline in run.baselines:
             theirs = baseline.rows[index]
             other = theirs.primary
-            speedup = (f"{other.time_us / row.primary.time_us:.2f}" if row.primary.time_us > 0
-                       else "n/a")
-            cells += [_us(other.time_us), f"{other.busbw:.2f}", speedup]
+            speedup = (f"{other.time_us / row.primary.time_us:.2f}"
+                       if other.usable and row.primary.usable else "n/a")
+            if other.wrong:  # a wrong result shows no time and is nobody's denominator
+                cells += ["wrong", "", speedup]
+            else:
+                cells += [_us(other.time_us), f"{other.busbw:.2f}", speedup]
             wrong += theirs.wrong
         cells.append(str(wrong))
         lines.append("| " + " | ".join(cells) + " |")

@@ -86,9 +86,14 @@ def _aggregate(measurements: list[Measurement]) -> Measurement:
     p95s = [m.p95_us for m in measurements if m.p95_us is not None]
     # A baseline's fastest path may change between repetitions: name each one seen.
     paths = sorted({m.path for m in measurements if m.path is not None})
+    walls = [m.wall_us for m in measurements if m.wall_us is not None]
     return Measurement(
         time_us=times.mid, algbw=median([m.algbw for m in measurements]), busbw=busbws.mid,
         wrong=sum(m.wrong for m in measurements),
         p5_us=median(p5s) if p5s else None, p95_us=median(p95s) if p95s else None,
         time_us_range=(times.low, times.high), busbw_range=(busbws.low, busbws.high),
-        path="+".join(paths) or None)
+        path="+".join(paths) or None,
+        wall_us=median(walls) if walls else None,
+        # A repetition's measurement error stays an error of the folded figure.
+        errors=[error for m in measurements for error in m.errors],
+        wrong_paths={path: count for m in measurements for path, count in m.wrong_paths.items()})

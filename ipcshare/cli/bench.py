@@ -43,7 +43,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
     from ..bench.report import summary_lines
     from ..bench.runner import run_suite
     from ..bench.suite import load_suite
-    from .exit_codes import EXIT_OK, EXIT_SLOW, EXIT_WRONG
+    from .exit_codes import EXIT_MEASUREMENT, EXIT_OK, EXIT_SLOW, EXIT_WRONG
 
     world = World.from_comm()
     try:
@@ -82,6 +82,11 @@ def run_bench_command(args: argparse.Namespace) -> int:
     if result.wrong_total:
         sys.stderr.write(f"ipcshare: error: {result.wrong_total} wrong elements\n")
         return EXIT_WRONG
+    errors = [error for case in result.cases for error in case.result.measurement_errors]
+    if errors:
+        sys.stderr.write(f"ipcshare: error: {len(errors)} measurement error(s), figures that "
+                         f"are not results; the first: {errors[0]}\n")
+        return EXIT_MEASUREMENT
     if suite.min_bw is not None:
         slow = result.below(suite.min_bw)
         if slow:

@@ -102,7 +102,7 @@ def run_pattern_command(args: argparse.Namespace) -> int:
     from ..patterns.baselines import make_baseline
     from ..patterns.driver import run_pattern
     from ..window import Group
-    from .exit_codes import EXIT_OK, EXIT_SLOW, EXIT_WRONG
+    from .exit_codes import EXIT_MEASUREMENT, EXIT_OK, EXIT_SLOW, EXIT_WRONG
 
     world = World.from_comm()
     try:
@@ -160,6 +160,11 @@ def run_pattern_command(args: argparse.Namespace) -> int:
     if result.wrong_total:
         sys.stderr.write(f"ipcshare: error: {result.wrong_total} wrong elements\n")
         return EXIT_WRONG
+    errors = result.measurement_errors
+    if errors:
+        sys.stderr.write(f"ipcshare: error: {len(errors)} measurement error(s), figures that "
+                         f"are not results (each under its row); the first: {errors[0]}\n")
+        return EXIT_MEASUREMENT
     if options.min_bw is not None and result.avg_busbw < options.min_bw:
         sys.stderr.write(f"ipcshare: error: average busbw {result.avg_busbw:.2f} GB/s is below "
                          f"--min-bw {options.min_bw:g}\n")

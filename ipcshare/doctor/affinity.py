@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..topology.nvml_session import handle_by_cuda_bus_id, nvml_session
+
 __all__ = [
     "parse_cpulist",
     "format_cpulist",
@@ -128,37 +130,21 @@ def read_mems_allowed(root: str | os.PathLike = "/") -> list[int] | None:
 
 def _nvml_locality(bus_id: str) -> dict[str, Any] | None:
     """The same facts from NVML, or None when nvidia-ml-py is absent or NVML fails."""
-    try:
-        import pynvml
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-    except Exception:  # no NVML library, or no driver
-        return None
-    try:
-        nvml_id = "{:08x}:{}".format(*_split_domain(normalize_bus_id(bus_id)))
-        handle = pynvml.nvmlDeviceGetHandleByPciBusId(nvml_id.upper().encode())
-        words = pynvml.nvmlDeviceGetCpuAffinity(handle, (os.cpu_count() or 64) // 64 + 1)
-        cpus = [64 * index + bit for index, word in enumerate(words) for bit in range(64)
-                if int(word) >> bit & 1]
-        numa_node = None
-        if hasattr(pynvml, "nvmlDeviceGetNumaNodeId"):
-            value = int(pynvml.nvmlDeviceGetNumaNodeId(handle))
-            numa_node = value if value >= 0 else None
-        return {"numa_node": numa_node, "local_cpus": cpus or None}
-    except Exception:  # NVML errors are facts we could not read, nothing more
-        return None
-    finally:
+    with nvml_session() as pynvml:
+        if pynvml is None:
+            return None
         try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
-
-
-def _split_domain(bus_id: str) -> tuple[int, str]:
-    domain, _, rest = bus_id.partition(":")
-    return int(domain, 16), rest
+            handle = handle_by_cuda_bus_id(pynvml, normalize_bus_id(bus_id))
+            words = pynvml.nvmlDeviceGetCpuAffinity(handle, (os.cpu_count() or 64) // 64 + 1)
+            cpus = [64 * index + bit for index, word in enumerate(words) for bit in range(64)
+                    if int(word) >> bit & 1]
+            numa_node = None
+            if hasattr(pynvml, "nvmlDeviceGetNumaNodeId"):
+                value = int(pynvml.nvmlDeviceGetNumaNodeId(handle))
+                numa_node = value if value >= 0 else None
+            return {"numa_node": numa_node, "local_cpus": cpus or None}
+        except Exception:  # NVML errors are facts we could not read, nothing more
+            return None
 
 
 def collect_affinity(gpu_bus_id: str | None, *, root: str | os.PathLike = "/",

@@ -17,9 +17,10 @@ from ..liveness.consensus import collective_step
 from ..runtime.errors import ConfigError
 from ..topology.world import World, mpi
 from .base import SizePlan
+from .clock_check import clock_disagreement, latency_clock_disagreement
 from .rotation import warmup_iterations
 from .seeding import count_wrong, poison, seeded_bytes
-from .timing import percentile, slowest_rank_samples
+from .timing import mean_over_ranks, percentile, slowest_rank_samples
 
 __all__ = ["GpuBaseline", "import_torch_cuda", "check_one_gpu_per_rank", "TORCH_DTYPES",
            "REDUCTION_OPS"]
@@ -103,6 +104,11 @@ class GpuBaseline:
         self._graphs: list[Any] = []  # captured on the path being measured
         # The last measure's figure on each path it timed (seconds, or the median sample).
         self.path_results: dict[str | None, float] = {}
+        # The last measure's paths that returned wrong elements (never its figure while
+        # another path is right), and its clock check: (this rank's disagreement of the
+        # timer with the host clock, or None; the host clock's seconds per operation).
+        self.wrong_paths: dict[str, int] = {}
+        self.clock: tuple[str | None, float | None] | None = None
         self._owner = True
 
     # -- what subclasses fill in -------------------------------------------------------
@@ -198,13 +204,18 @@ class GpuBaseline:
     def measure(self, plan: SizePlan, mode: str, *, iters: int, warmup: int, checks: int,
                 buffers: int = 1, graph: bool = False) -> tuple[float, int, str | None]:
         """Collective, nccl-tests timing on every path: (seconds per operation averaged
-        over ranks, of the faster path; wrong elements summed over ranks and paths; that
-        path). ``buffers`` > 1 cycles the operations over that many disjoint buffer sets.
-        With ``graph``, the checks replay a captured operation, and the ``iters`` timed
-        operations are captured in one CUDA graph, launched once to warm it and once
-        timed."""
+        over ranks, of the faster right path; wrong elements summed over ranks of that
+        path, or of every path when none is right; that path). ``buffers`` > 1 cycles
+        the operations over that many disjoint buffer sets. With ``graph``, the checks
+        replay a captured operation, and the ``iters`` timed operations are captured in
+        one CUDA graph, launched once to warm it and once timed.
+
+        Timed by CUDA events on the baseline's stream, as ours are on our stream, and
+        held against the host clock from the first enqueue to a device-wide synchronize
+        (``clock``: this rank's disagreement, or None, and that clock's seconds per
+        operation)."""
         def back_to_back(operations: list[Callable[[], None]],
-                         eager: list[Callable[[], None]]) -> float:
+                         eager: list[Callable[[], None]]) -> tuple[float, str | None, float]:
             torch = self._torch
             sequence = [eager[i % buffers] for i in range(iters)]
             if graph:
@@ -212,59 +223,78 @@ class GpuBaseline:
                 self._graphs.append(whole)
                 whole.replay()  # the first launch uploads the graph
                 sequence = [whole.replay]
+            begin = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
             torch.cuda.synchronize(self.device)
             self.world.comm.Barrier()
+            begin.record(self._stream)
             start = time.perf_counter()
             for operation in sequence:
                 operation()
+            end.record(self._stream)
             torch.cuda.synchronize(self.device)
-            seconds = (time.perf_counter() - start) / iters
-            return self.world.comm.allreduce(seconds, op=mpi().SUM) / self.world.size
+            wall = time.perf_counter() - start
+            elapsed = begin.elapsed_time(end) / 1e3  # milliseconds
+            error = clock_disagreement(elapsed, wall, f"{iters} back-to-back operations")
+            seconds, wall = mean_over_ranks(self.world.comm, [elapsed / iters, wall / iters])
+            return seconds, error, wall
 
         best, wrong = self._on_each_path(plan, mode, checks, warmup, buffers, graph,
-                                         back_to_back, key=lambda seconds: seconds)
-        return best[0], wrong, best[1]
+                                         back_to_back, key=lambda timed: timed[0])
+        seconds, error, wall = best[0]
+        self.clock = (error, wall)
+        return seconds, wrong, best[1]
 
     def measure_latency(self, plan: SizePlan, mode: str, *, iters: int, warmup: int,
                         checks: int, buffers: int = 1,
                         graph: bool = False) -> tuple[list[float], int, str | None]:
         """Collective, latency timing on every path: (seconds of each of ``iters``
         samples of one operation, timed by CUDA events on the baseline's stream, each
-        sample the slowest rank's, of the path with the lower median; wrong elements
-        summed over ranks and paths; that path). With ``graph``, each sample is one
-        replay of a graph of one operation."""
-        def samples_of(operations: list[Callable[[], None]],
-                       _eager: list[Callable[[], None]]) -> list[float]:
+        sample the slowest rank's, of the right path with the lower median; wrong
+        elements as ``measure``; that path). With ``graph``, each sample is one replay
+        of a graph of one operation. ``clock`` as ``measure``'s, of the median samples."""
+        def samples_of(operations: list[Callable[[], None]], _eager: list[Callable[[], None]]
+                       ) -> tuple[list[float], str | None, float]:
             torch = self._torch
             begin = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
-            samples = []
+            samples, walls = [], []
             for iteration in range(iters):
                 operation = operations[iteration % buffers]
                 torch.cuda.synchronize(self.device)
                 self.world.comm.Barrier()
                 begin.record(self._stream)
+                start = time.perf_counter()
                 operation()
                 end.record(self._stream)
-                end.synchronize()
+                torch.cuda.synchronize(self.device)
+                walls.append(time.perf_counter() - start)
                 samples.append(begin.elapsed_time(end) / 1e3)  # milliseconds
-            return slowest_rank_samples(self.world.comm, samples)
+            error = latency_clock_disagreement(samples, walls, f"{iters} samples of one "
+                                               "operation")
+            wall, = mean_over_ranks(self.world.comm, [percentile(walls, 50)])
+            return slowest_rank_samples(self.world.comm, samples), error, wall
 
         best, wrong = self._on_each_path(plan, mode, checks, warmup, buffers, graph,
-                                         samples_of, key=lambda samples: percentile(samples, 50))
-        return best[0], wrong, best[1]
+                                         samples_of, key=lambda timed: percentile(timed[0], 50))
+        samples, error, wall = best[0]
+        self.clock = (error, wall)
+        return samples, wrong, best[1]
 
     def _on_each_path(self, plan: SizePlan, mode: str, checks: int, warmup: int,
                       buffers: int, graph: bool, timed: Callable[..., Any],
                       key: Callable[[Any], float]) -> tuple[tuple[Any, str | None], int]:
-        """((``timed``'s result on the path ``key`` finds fastest, that path), wrong
-        elements over every path). Every rank sees the same figures (reduced over ranks),
-        so every rank picks the same path."""
+        """((``timed``'s result on the right path ``key`` finds fastest, that path), the
+        wrong elements of that path). A path whose checks found wrong elements is never
+        the figure while another path is right (``wrong_paths`` names it with its count);
+        when every path is wrong, the fastest is returned with the wrong elements of all.
+        Every rank sees the same figures and counts (reduced over ranks), so every rank
+        picks the same path."""
         torch = self._torch
-        best: tuple[Any, str | None] | None = None
-        wrong = 0
+        results: list[tuple[Any, str | None, int]] = []
         self._check_plan(plan)
         self.path_results = {}
+        self.wrong_paths = {}
         for path in self._paths(mode):
             try:
                 with torch.cuda.stream(self._stream):
@@ -273,7 +303,6 @@ class GpuBaseline:
                             for send, receive in [self._buffer_bytes(plan)] * buffers]
                     operations, eager, found = self._checked_operations(path, sets, plan, mode,
                                                                         checks, graph)
-                    wrong += found
                     for iteration in range(warmup_iterations(warmup, buffers)):
                         operations[iteration % buffers]()
                     result = timed(operations, eager)
@@ -285,10 +314,16 @@ class GpuBaseline:
             self.world.comm.Barrier()  # no peer still reads a buffer released below
             self._drop_path(path)
             self.path_results[path] = key(result)
-            if best is None or key(result) < key(best[0]):
-                best = (result, path)
-        assert best is not None  # every baseline has a path
-        return best, wrong
+            results.append((result, path, found))
+        right = [entry for entry in results if entry[2] == 0]
+        if right:
+            for _result, path, found in results:
+                if found:
+                    self.wrong_paths[str(path)] = found
+            result, path, _found = min(right, key=lambda entry: key(entry[0]))
+            return (result, path), 0
+        result, path, _found = min(results, key=lambda entry: key(entry[0]))
+        return (result, path), sum(found for _result, _path, found in results)
 
     def _drop_path(self, path: str | None) -> None:
         """Drop the path's graphs and registrations (its buffers go with their last

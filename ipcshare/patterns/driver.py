@@ -18,6 +18,12 @@ from ..topology.gpu_sharing import shared_gpus_advice
 from ..topology.world import World, mpi
 from ..window import Group
 from .base import Pattern, SizePlan
+from .clock_check import (
+    agreed_errors,
+    ceiling_error,
+    clock_disagreement,
+    latency_clock_disagreement,
+)
 from .results import BaselineResult, Measurement, Row, RunResult
 from .rotation import (
     ROTATION_MAX_BLOCK_BYTES,
@@ -32,6 +38,8 @@ from .timing import (
     GRAPH_LATENCY_LABEL,
     LATENCY_LABEL,
     TIMING_MODES,
+    mean_over_ranks,
+    percentile,
     slowest_rank_samples,
     summarize_samples,
 )
@@ -134,6 +142,9 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
             check_after_kernel(group.backend, baselines)
     window = group.window(max(rotated_window_bytes(pattern, plan, n, rotate) for plan in plans))
     setup_ms = world.comm.allreduce((time.perf_counter() - started) * 1e3, op=MPI.MAX)
+    # A world of one moves nothing between ranks (nccl-tests' bus factor of 1 there is a
+    # convention): no link bounds it.
+    ceiling = run_ceiling(group) if world.size > 1 else None
     steps = {step: world.comm.allreduce(ms, op=MPI.MAX) for step, ms in window.setup_ms.items()}
     # Eager nccl-tests timing also shows the host's time per call (what Python spends
     # issuing it), next to the wall time per call.
@@ -168,6 +179,10 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
                   f"{format_size(ROTATION_MAX_BLOCK_BYTES)} per rank")
     rank_lines.append(f"#  window setup: {setup_ms:.2f} ms for {window.total_bytes} bytes per rank "
                       "(slowest rank): " + ", ".join(f"{k} {v:.2f}" for k, v in steps.items()))
+    rank_lines.append(
+        (f"#  ceiling: {ceiling.gbps:.2f} GB/s busbw per rank ({ceiling.source}); "
+         if ceiling is not None else "#  ceiling: none (a world of one moves nothing); ")
+        + "every timer is checked against the host clock to a full synchronize")
     if group.shared_gpus:
         rank_lines.append(f"#  {shared_gpus_advice(group.shared_gpus, group.time_sliced_gpus)}")
     for line in table.header(title, rank_lines):
@@ -221,20 +236,25 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
                 for iteration in range(warmup_iterations(options.warmup, len(operations))):
                     operations[iteration % len(operations)]()
                 engine.synchronize()
+                host = None
                 if timing == "latency":
-                    samples = _latency_samples(world, engine, operations, options.iters)
-                    modes[mode] = _latency_measurement(pattern, plan, n, samples, wrong)
+                    samples, wall, errors = _latency_samples(world, engine, operations,
+                                                             options.iters)
+                    measured = _latency_measurement(pattern, plan, n, samples, wrong)
                 else:
                     if graph:
-                        seconds = _graph_seconds(world, engine, bound_operations,
-                                                 options.iters)
+                        seconds, wall, errors = _graph_seconds(world, engine, bound_operations,
+                                                               options.iters)
                     else:
-                        seconds, host = _back_to_back_seconds(world, engine, operations,
-                                                              options.iters)
+                        seconds, host, wall, errors = _back_to_back_seconds(
+                            world, engine, operations, options.iters)
                     algbw, busbw = pattern.bandwidth(plan, seconds, n)
-                    modes[mode] = Measurement(seconds * 1e6, algbw, busbw, wrong)
-                    if not graph:
-                        modes[mode].host_us = host * 1e6
+                    measured = Measurement(seconds * 1e6, algbw, busbw, wrong)
+                measured.host_us = None if host is None else host * 1e6
+                measured.wall_us = wall * 1e6
+                over = ceiling_error(measured.busbw, ceiling, f"{format_size(plan.size)} {mode}")
+                measured.errors = agreed_errors(world.comm, errors + ([over] if over else []))
+                modes[mode] = measured
                 for captured in graphs:
                     captured.close()
                 graphs.clear()
@@ -243,8 +263,11 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
             buffers = rotation_count(plan, rotate)
             for timed, measured in zip(baselines, baseline_rows, strict=True):
                 measured.append(_baseline_row(timed, pattern, plan, n, options, timing, buffers,
-                                              graph))
-            say(table.row(row, baseline_rows[0][-1] if baselines else None))
+                                              graph, ceiling, world))
+            first = baseline_rows[0][-1] if baselines else None
+            say(table.row(row, first))
+            for line in table.notes(row, first, baselines[0].name if baselines else ""):
+                say(line)
     finally:
         try:
             engine.synchronize()
@@ -264,7 +287,7 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
         rows=rows, baseline=results[0] if results else None, extra_baselines=results[1:],
         after_kernel=after_kernel, inter=pattern.inter_engine_name,
         registered=bool(getattr(pattern, "register", False)), checked=options.checks > 0,
-        statistic="median" if timing == "latency" else "mean")
+        statistic="median" if timing == "latency" else "mean", ceiling=ceiling)
     if result.inter is not None:
         say(f"# between nodes: {result.inter} ({INTER_LABELS[result.inter]})")
     for line in table.footer(result):
@@ -294,10 +317,33 @@ def _after(first: Callable[[], None], operation: Callable[[], None]) -> Callable
     return run
 
 
+def run_ceiling(group: Group) -> Any:
+    """Collective: the ceiling no row of this run may pass (topology/link_speed.py),
+    the highest of the ranks' (each rank's own links or memory), alike on every rank."""
+    from ..topology import link_speed
+
+    world = group.world
+    backend = group.backend
+    with collective_step(world, "reading the links' ceiling"):
+        mine = None
+        if backend.device_memory:
+            # Where some ranks share a GPU the group's figures mix both paths: the looser
+            # bound (that GPU's memory) holds for every row.
+            mine = link_speed.gpu_ceiling(backend.device, shares_gpu=bool(group.shared_gpus))
+        elif world.rank == 0:
+            # Measured by one rank while the others wait: ranks copying at once on
+            # shared cores would measure each other.
+            mine = link_speed.host_memory_ceiling()
+    found = [ceiling for ceiling in world.comm.allgather(mine) if ceiling is not None]
+    return max(found, key=lambda ceiling: ceiling.gbps)
+
+
 def _back_to_back_seconds(world: World, engine: Any, operations: list[Callable[[], None]],
-                          iters: int) -> float:
-    """nccl-tests timing: seconds per operation, and the host's seconds per operation
-    spent issuing them (until the last returned), each averaged over ranks."""
+                          iters: int) -> tuple[float, float, float, list[str]]:
+    """nccl-tests timing: seconds per operation by the engine's timer, the host's seconds
+    per operation spent issuing them (until the last returned), and the second clock's
+    seconds per operation, each averaged over ranks; and this rank's clock
+    disagreement, if any."""
     sequence = [operations[i % len(operations)] for i in range(iters)]
     world.comm.Barrier()
     timer = engine.timer()
@@ -305,17 +351,21 @@ def _back_to_back_seconds(world: World, engine: Any, operations: list[Callable[[
     started = time.perf_counter()
     for operation in sequence:
         operation()
-    host = (time.perf_counter() - started) / iters
-    seconds = timer.stop() / iters
-    total = world.comm.allreduce((seconds, host), op=mpi().SUM)
-    return total[0] / world.size, total[1] / world.size
+    host = time.perf_counter() - started
+    elapsed = timer.stop()
+    wall = timer.wall_seconds if timer.wall_seconds is not None else elapsed
+    error = clock_disagreement(elapsed, wall, f"{iters} back-to-back operations")
+    seconds, host, wall = mean_over_ranks(world.comm, [elapsed / iters, host / iters,
+                                                       wall / iters])
+    return seconds, host, wall, [error] if error else []
 
 
 def _graph_seconds(world: World, engine: Any, operations: list[Callable[[], None]],
-                   iters: int) -> float:
+                   iters: int) -> tuple[float, float, list[str]]:
     """nccl-tests timing of ``iters`` operations captured in one CUDA graph: one launch
     to warm it (its first launch uploads it), then one timed launch; seconds per
-    operation, averaged over ranks."""
+    operation by the timer and by the second clock, averaged over ranks, and this rank's
+    clock disagreement, if any."""
     sequence = [operations[i % len(operations)] for i in range(iters)]
 
     def enqueue_all() -> None:
@@ -329,19 +379,23 @@ def _graph_seconds(world: World, engine: Any, operations: list[Callable[[], None
         timer = engine.timer()
         timer.start()
         captured.launch()
-        seconds = timer.stop() / iters
+        elapsed = timer.stop()
     finally:
         engine.synchronize()
         captured.close()
-    return world.comm.allreduce(seconds, op=mpi().SUM) / world.size
+    wall = timer.wall_seconds if timer.wall_seconds is not None else elapsed
+    error = clock_disagreement(elapsed, wall, f"one graph of {iters} operations")
+    seconds, wall = mean_over_ranks(world.comm, [elapsed / iters, wall / iters])
+    return seconds, wall, [error] if error else []
 
 
 def _latency_samples(world: World, engine: Any, operations: list[Callable[[], None]],
-                     iters: int) -> list[float]:
+                     iters: int) -> tuple[list[float], float, list[str]]:
     """Latency timing: ``iters`` samples of one operation each, started together after a
     barrier, timed by the engine (host clock, or CUDA events on the stream); each sample
-    is the slowest rank's."""
-    samples = []
+    is the slowest rank's. Also the second clock's median sample (averaged over ranks)
+    and this rank's clock disagreement, if any."""
+    samples, walls = [], []
     for iteration in range(iters):
         operation = operations[iteration % len(operations)]
         engine.synchronize()
@@ -350,7 +404,10 @@ def _latency_samples(world: World, engine: Any, operations: list[Callable[[], No
         timer.start()
         operation()
         samples.append(timer.stop())
-    return slowest_rank_samples(world.comm, samples)
+        walls.append(timer.wall_seconds if timer.wall_seconds is not None else samples[-1])
+    error = latency_clock_disagreement(samples, walls, f"{iters} samples of one operation")
+    wall, = mean_over_ranks(world.comm, [percentile(walls, 50)])
+    return slowest_rank_samples(world.comm, samples), wall, [error] if error else []
 
 
 def _latency_measurement(pattern: Pattern, plan: SizePlan, world_size: int,
@@ -363,8 +420,11 @@ def _latency_measurement(pattern: Pattern, plan: SizePlan, world_size: int,
 
 
 def _baseline_row(baseline: Any, pattern: Pattern, plan: SizePlan, world_size: int,
-                  options: PatternOptions, timing: str, buffers: int, graph: bool) -> Row:
-    """One size of a baseline, every mode, timed like ours."""
+                  options: PatternOptions, timing: str, buffers: int, graph: bool,
+                  ceiling: Any, world: World) -> Row:
+    """One size of a baseline, every mode, timed like ours and held to the same checks
+    (its timer against the host clock where it has two clocks, its busbw against the
+    ceiling)."""
     modes = {}
     # Only baselines that can capture graphs are asked to (check_graph_mode saw to it).
     captured = {"graph": True} if graph else {}
@@ -383,5 +443,13 @@ def _baseline_row(baseline: Any, pattern: Pattern, plan: SizePlan, world_size: i
             algbw, busbw = pattern.bandwidth(plan, seconds, world_size)
             measurement = Measurement(seconds * 1e6, algbw, busbw, wrong)
         measurement.path = path[0] if path else None
+        measurement.wrong_paths = dict(getattr(baseline, "wrong_paths", None) or {})
+        clock = getattr(baseline, "clock", None)  # (this rank's disagreement, wall s/op)
+        mine = [clock[0]] if clock is not None and clock[0] else []
+        if clock is not None and clock[1] is not None:
+            measurement.wall_us, = mean_over_ranks(world.comm, [clock[1] * 1e6])
+        over = (None if measurement.wrong else
+                ceiling_error(measurement.busbw, ceiling, f"{format_size(plan.size)} {mode}"))
+        measurement.errors = agreed_errors(world.comm, mine + ([over] if over else []))
         modes[mode] = measurement
     return Row(plan.size, plan.count, modes)

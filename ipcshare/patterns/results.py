@@ -32,6 +32,20 @@ class Measurement:
     # Eager nccl-tests timing: the host's microseconds per call spent issuing the calls
     # (for GPU operations, what Python and the launch cost; time_us is the wall time).
     host_us: float | None = None
+    # The second clock per operation (host clock from the first enqueue to a full
+    # synchronize, averaged over ranks as time_us is; the median sample in latency
+    # timing), and the row's measurement errors (clock_check.py): a figure with errors
+    # is not a result.
+    wall_us: float | None = None
+    errors: list[str] = dataclasses.field(default_factory=list)
+    # A baseline's paths whose results were wrong, with their wrong elements: never its
+    # figure (the fastest right path is), but said.
+    wrong_paths: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    @property
+    def usable(self) -> bool:
+        """Whether the figure may be compared: verified right and measured right."""
+        return self.wrong == 0 and not self.errors and self.time_us > 0
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"time_us": round(self.time_us, 3), "algbw": round(self.algbw, 3),
@@ -49,6 +63,12 @@ class Measurement:
             data["path"] = self.path
         if self.host_us is not None:
             data["host_us"] = round(self.host_us, 3)
+        if self.wall_us is not None:
+            data["wall_us"] = round(self.wall_us, 3)
+        if self.errors:
+            data["errors"] = list(self.errors)
+        if self.wrong_paths:
+            data["wrong_paths"] = dict(self.wrong_paths)
         return data
 
     @classmethod
@@ -69,7 +89,9 @@ class Measurement:
                    wrong=0 if wrong is None else wrong, p5_us=data.get("p5_us"),
                    p95_us=data.get("p95_us"),
                    time_us_range=bounds("time_us"), busbw_range=bounds("busbw"),
-                   path=data.get("path"), host_us=data.get("host_us"))
+                   path=data.get("path"), host_us=data.get("host_us"),
+                   wall_us=data.get("wall_us"), errors=list(data.get("errors", ())),
+                   wrong_paths=dict(data.get("wrong_paths", {})))
 
 
 @dataclasses.dataclass
@@ -106,9 +128,17 @@ class BaselineResult:
     label: str = ""
 
     def to_dict(self) -> dict[str, Any]:
+        rows = []
+        for row in self.rows:
+            data = {k: v for k, v in row.to_dict().items() if k != "count"}
+            for measured in (data, data.get("in_place") or {}):
+                if measured.get("wrong"):
+                    # A wrong result has no time worth reading and is nobody's
+                    # denominator: the document says so instead of giving figures.
+                    measured.update(time_us=None, algbw=None, busbw=None)
+            rows.append(data)
         return {"name": self.name, "label": self.label or self.name, "version": self.version,
-                "rows": [{k: v for k, v in row.to_dict().items() if k != "count"}
-                         for row in self.rows]}
+                "rows": rows}
 
 
 @dataclasses.dataclass
@@ -140,6 +170,17 @@ class RunResult:
     statistic: str = "mean"
     # Further baselines timed in the same run (``bench`` with several); not in to_dict.
     extra_baselines: list[BaselineResult] = dataclasses.field(default_factory=list)
+    # What no row's busbw may pass on this run's path (topology/link_speed.py).
+    ceiling: Any = None
+
+    @property
+    def measurement_errors(self) -> list[str]:
+        """Every row's measurement errors, ours and the baselines' (clock_check.py)."""
+        found = [error for row in self.rows for m in row.modes.values() for error in m.errors]
+        for baseline in self.baselines:
+            found += [f"{baseline.name} baseline: {error}" for row in baseline.rows
+                      for m in row.modes.values() for error in m.errors]
+        return found
 
     @property
     def baselines(self) -> list[BaselineResult]:
@@ -167,6 +208,13 @@ class RunResult:
             "baseline": None if self.baseline is None else self.baseline.to_dict(),
             "wrong_total": self.wrong_total,
         }
+        if self.ceiling is not None:
+            # Every row carries the ceiling it was held against, with its source.
+            document["ceiling"] = self.ceiling.to_dict()
+            for row in (*document["rows"], *(document["baseline"] or {}).get("rows", ())):
+                row["ceiling"] = dict(document["ceiling"])
+            # The checks ran (the ceiling is theirs): what they found, [] when nothing.
+            document["measurement_errors"] = self.measurement_errors
         if self.after_kernel:   # only then: the design's document keeps its exact keys
             document["after_kernel"] = True
         if self.statistic != "mean":

@@ -88,15 +88,33 @@ class Table:
                 text += f"{'skipped':>9}"
             else:
                 b = baseline_row.primary
-                speedup = (f"{b.time_us / row.primary.time_us:.2f}" if row.primary.time_us > 0
-                           else "n/a")
+                speedup = (f"{b.time_us / row.primary.time_us:.2f}"
+                           if b.usable and row.primary.usable else "n/a")
                 wrong = b.wrong if self.checked else "N/A"
-                text += f"{_fmt_time(b.time_us):>9} {b.busbw:>7.2f} {wrong:>6} {speedup:>7}"
+                if b.wrong:  # a wrong result has no time worth showing
+                    text += f"{'wrong':>9} {'':>7} {wrong:>6} {speedup:>7}"
+                else:
+                    text += f"{_fmt_time(b.time_us):>9} {b.busbw:>7.2f} {wrong:>6} {speedup:>7}"
                 if self.path_column:
                     text += f" {b.path or '':>9}"
                 if self.p95_column:
                     text += f" {_spell_p95(b):>7}"
         return text.rstrip()
+
+    def notes(self, row: Row, baseline_row: Row | None, baseline_name: str = "") -> list[str]:
+        """The lines under a row: each measurement error (the figures above are not
+        results), and the paths of a baseline whose results were wrong."""
+        lines = [f"#  ^ measurement error, {mode}: {error}"
+                 for mode, m in row.modes.items() for error in m.errors]
+        if baseline_row is not None:
+            for mode, m in baseline_row.modes.items():
+                lines += [f"#  ^ measurement error, {baseline_name} baseline {mode}: {error}"
+                          for error in m.errors]
+                if m.wrong_paths:
+                    wrong = ", ".join(f"{path} {count}" for path, count in m.wrong_paths.items())
+                    lines.append(f"#  ^ {baseline_name} baseline {mode}: wrong elements on its "
+                                 f"{wrong} path(s): not timed as its figure")
+        return lines
 
     @staticmethod
     def verdict(wrong: int, checked: bool) -> str:
@@ -111,10 +129,17 @@ class Table:
                  f"# Avg bus bandwidth    : {result.avg_busbw:.3f}"]
         if result.baseline is not None and result.baseline.rows:
             pairs = zip(result.rows, result.baseline.rows, strict=True)
+            # Never over a wrong result or a figure that failed its checks.
             ratios = [b.primary.time_us / r.primary.time_us
-                      for r, b in pairs if r.primary.time_us > 0]
+                      for r, b in pairs if r.primary.usable and b.primary.usable]
             if ratios:
                 lines.append(f"# Speedup over {result.baseline.name:<7}: "
                              f"min {min(ratios):.2f}x  max {max(ratios):.2f}x")
+        if result.ceiling is not None:
+            lines.append(f"# Ceiling              : {result.ceiling.gbps:.2f} GB/s busbw "
+                         f"({result.ceiling.source})")
+        errors = result.measurement_errors
+        lines.append(f"# Measurement errors   : {len(errors)} "
+                     f"{'OK' if not errors else 'FAILED (each under its row)'}")
         lines.append("#")
         return lines

@@ -23,6 +23,7 @@ from ..runtime import settings
 from ..runtime.abandoned_requests import keep
 from ..runtime.errors import ExchangeTimeout, SettingError
 from ..runtime.logs import get_logger
+from .mpi_import import mpi
 
 __all__ = ["wait_for_every_rank", "DEFAULT_ARRIVAL_TIMEOUT_S"]
 
@@ -84,8 +85,6 @@ def wait_for_every_rank(comm: Any, *, warn_after: float | None = None, what: str
         ExchangeTimeout: on the ranks that waited, when not every rank arrived in time;
             on a rank that arrived after the others gave up, saying so.
     """
-    from .world import mpi
-
     MPI = mpi()
     size = comm.Get_size()
     if size == 1:

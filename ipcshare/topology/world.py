@@ -16,6 +16,7 @@ from ..runtime import settings
 from ..runtime.errors import ConfigError, SettingError
 from ..runtime.logs import configure_logging
 from .arrival import wait_for_every_rank
+from .mpi_import import mpi
 
 __all__ = ["World", "mpi", "mpi_library_version", "mpi_library_name", "short_library_name",
            "virtual_node_blocks", "VIRTUAL_NODES_ENV", "format_ranks", "parse_ranks",
@@ -38,13 +39,6 @@ def launcher_world_size() -> tuple[str, int] | None:
         if text.isdigit() and int(text) > 1:
             return name, int(text)
     return None
-
-
-def mpi() -> Any:
-    """Import and return ``mpi4py.MPI`` (initialises MPI on first use)."""
-    from mpi4py import MPI  # heavy: MPI_Init happens here, never at ipcshare import
-
-    return MPI
 
 
 def mpi_library_version() -> str:

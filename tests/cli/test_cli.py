@@ -129,11 +129,18 @@ def test_json_has_the_design_shape(tmp_path, socket_dir, op):
     assert "# Out of bounds values : 0 OK" in out.stdout
     doc = json.loads(path.read_text())
     assert set(doc) == {"ipcshare", "op", "backend", "exchange", "world_size", "nodes",
-                        "timing", "devices", "rows", "baseline", "wrong_total"}
+                        "timing", "devices", "rows", "baseline", "wrong_total", "ceiling",
+                        "measurement_errors"}
     assert doc["op"] == op and doc["backend"] == "host" and doc["world_size"] == 2
     assert doc["nodes"] == 1 and doc["exchange"] in ("pidfd", "socket")
+    assert doc["measurement_errors"] == []
+    assert doc["ceiling"]["gbps"] > 0 and doc["ceiling"]["source"].startswith("host memory")
     row = doc["rows"][0]
-    assert {"size", "count", "time_us", "algbw", "busbw", "wrong"} <= set(row)
+    assert {"size", "count", "time_us", "algbw", "busbw", "wrong", "wall_us",
+            "ceiling"} <= set(row)
+    # every row, ours and the baseline's, carries the ceiling it was held against
+    assert all(r["ceiling"] == doc["ceiling"] for r in doc["rows"] + doc["baseline"]["rows"])
+    assert all(r["busbw"] <= r["ceiling"]["gbps"] for r in doc["rows"])
     assert doc["baseline"]["name"] == "mpi" and "MPICH" in doc["baseline"]["version"] \
         or "Open MPI" in doc["baseline"]["version"]
     assert [r["size"] for r in doc["baseline"]["rows"]] == [r["size"] for r in doc["rows"]]

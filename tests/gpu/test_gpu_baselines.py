@@ -49,6 +49,13 @@ def _paths_of(name: str) -> set:
     return {"plain", "symmetric"} if name == "nccl" else {None}
 
 
+def _may_be_wrong(name: str) -> set:
+    """The paths a baseline may find wrong without failing: NCCL 2.28.9's symmetric
+    kernels return wrong elements for some odd counts with no ipcshare code involved
+    (tools/nccl_symmetric_probe.py), so they are reported, not timed."""
+    return {"symmetric"} if name == "nccl" else set()
+
+
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 @pytest.mark.parametrize("name", ["nccl", "torch"])
 def test_allgather_beside_ours_verified_and_labelled(comm, name, graph):
@@ -65,7 +72,12 @@ def test_allgather_beside_ours_verified_and_labelled(comm, name, graph):
                                  graph=graph)
             timed_paths = set(baseline.path_results)
     assert result.wrong_total == 0
+    assert result.measurement_errors == []
     assert result.baseline is not None and result.baseline.name == name
+    for row in result.baseline.rows:
+        for measured in row.modes.values():
+            assert set(measured.wrong_paths) <= _may_be_wrong(name)
+            assert measured.path not in measured.wrong_paths
     assert result.baseline.version.startswith("NCCL ")
     assert len(result.baseline.rows) == len(result.rows)
     assert all(row.wrong == 0 and row.primary.time_us > 0 for row in result.baseline.rows)
@@ -125,11 +137,17 @@ def test_reductions_verified_on_every_path(comm, name, graph):
                     for mode in case.modes:
                         seconds, wrong, path = baseline.measure(
                             plan, mode, iters=4, warmup=1, checks=2, buffers=2, graph=graph)
+                        # A right path is the figure; a wrong one (NCCL 2.28.9's symmetric
+                        # kernels at some odd counts, docs/BENCHMARKS.md) is named, never timed
+                        # as the baseline.
                         assert wrong == 0, (op, reduction, datatype, size, mode)
                         assert seconds > 0 and path in _paths_of(name)
+                        assert path not in baseline.wrong_paths
+                        assert set(baseline.wrong_paths) <= _may_be_wrong(name)
                         assert set(baseline.path_results) == _paths_of(name)
                         assert baseline.path_results[path] == min(
-                            baseline.path_results.values())
+                            figure for timed, figure in baseline.path_results.items()
+                            if timed not in baseline.wrong_paths)
                 samples, wrong, path = baseline.measure_latency(
                     plan, "out-of-place", iters=5, warmup=1, checks=1, graph=graph)
                 assert wrong == 0 and len(samples) == 5 and path in _paths_of(name)

@@ -12,6 +12,7 @@ import ipcshare
 from ipcshare.collectives.scratch import LL_MAX_BYTES
 from ipcshare.runtime.errors import CollectiveError
 from tests.reduction_reference import NUMPY_DTYPES, mismatches, reference, seeded_values
+from tests.sizing import max_bytes_for
 
 from .silent_peer import assert_rank_zero_is_named_when_silent
 from .torch_communicator import torch_communicator
@@ -26,6 +27,9 @@ _BITS = {4: np.int32, 2: np.int16}
 ALGOS = {"all_reduce": ("one-shot", "two-shot", "ll", "stepped", "copy-engine", "push", "auto"),
          "reduce_scatter": ("one-shot", "ll", "stepped", "push", "auto"),
          "all_gather": ("pull", "ll", "stepped", "push", "auto")}
+# Bytes of one rank's all-gather input: the largest array of the shared communicator's
+# calls is the output, the ranks times the last of these (8,000,024 bytes at 8 ranks).
+GATHER_NBYTES = (1, 15, 4096, 1_000_003)
 
 
 def _to_device(values: np.ndarray, dtype: str, device: int) -> torch.Tensor:
@@ -65,7 +69,8 @@ class _OnStream:
 
 @pytest.fixture(scope="module", params=["cuda-vmm", "cuda-ipc"])
 def setup(request):
-    with torch_communicator(request.param, 4 << 20) as (group, communicator, stream):
+    with torch_communicator(request.param, 4 << 20,
+                            per_rank_bytes=max(GATHER_NBYTES)) as (group, communicator, stream):
         yield group, _OnStream(communicator, stream)
 
 
@@ -117,7 +122,7 @@ def test_reduce_scatter_matches_the_reference(setup, dtype, op, count, algo):
 
 
 @pytest.mark.parametrize("algo", ALGOS["all_gather"])
-@pytest.mark.parametrize("nbytes", [1, 15, 4096, 1_000_003])
+@pytest.mark.parametrize("nbytes", GATHER_NBYTES)
 def test_all_gather_moves_every_byte(setup, nbytes, algo):
     group, cm = setup
     if algo == "ll" and nbytes > LL_MAX_BYTES:
@@ -419,7 +424,8 @@ def test_a_silent_peer_of_a_kernel_call_is_named_by_the_timeout(comm, op, algo):
     with ipcshare.Group(backend="cuda-vmm", timeout=2.0) as group:
         device = group.backend.device
         torch.cuda.set_device(device)
-        with group.communicator(max_bytes=1 << 20) as cm:
+        with group.communicator(max_bytes=max_bytes_for(group.size, 4096 * 4,
+                                                        at_least=1 << 20)) as cm:
             block = torch.ones(4096, device=f"cuda:{device}")
             whole = torch.ones(4096 * cm.size, device=f"cuda:{device}")
             out = torch.zeros_like(whole)
@@ -442,8 +448,8 @@ def test_misuse_raises_on_the_calling_rank(setup):
         cm.all_reduce(torch.ones(16))  # host tensor
     with pytest.raises(CollectiveError, match="not contiguous"):
         cm.all_reduce(torch.ones(16, 2, device=f"cuda:{device}").t())
-    with pytest.raises(CollectiveError, match="max_bytes"):
-        cm.all_reduce(torch.ones(2 << 20, device=f"cuda:{device}"))
+    with pytest.raises(CollectiveError, match="max_bytes"):  # one element too many, at any size
+        cm.all_reduce(torch.ones(cm.max_bytes // 4 + 1, device=f"cuda:{device}"))
     with pytest.raises(CollectiveError, match="algo='ring'"):
         cm.all_reduce(tensor, algo="ring")
     with pytest.raises(CollectiveError, match="float64"):

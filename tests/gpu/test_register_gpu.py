@@ -12,17 +12,28 @@ from ipcshare.backends.device_buffer import DeviceArray
 from ipcshare.collectives.algorithms import algorithm
 from ipcshare.collectives.choice import choose
 from ipcshare.runtime.errors import BackendError
+from tests.sizing import max_bytes_for
 
 pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
 
 torch = pytest.importorskip("torch")
 
 
+def _offset_count(size: int) -> int:
+    """Elements of each rank's input in the calls on registered tensors: a multiple of
+    the ranks, not of 16-byte vectors."""
+    return 4096 * size + 4 * size
+
+
 @pytest.fixture(scope="module")
 def setup():
-    with ipcshare.Group(backend="cuda-vmm") as g, g.communicator(max_bytes=1 << 20) as comm:
-        torch.cuda.set_device(g.backend.device)
-        yield g, comm
+    with ipcshare.Group(backend="cuda-vmm") as g:
+        # The largest call: the all-gather of every rank's float32 input of
+        # _offset_count(n) elements, n * 16,400 * n bytes (1,049,600 at 8 ranks).
+        max_bytes = max_bytes_for(g.size, 4 * _offset_count(g.size), at_least=1 << 20)
+        with g.communicator(max_bytes=max_bytes) as comm:
+            torch.cuda.set_device(g.backend.device)
+            yield g, comm
 
 
 def _peer_values(registration, rank: int, count: int, dtype) -> list:
@@ -186,7 +197,7 @@ def test_calls_read_registered_tensors_in_place_at_any_offset(setup, collective,
     g, comm = setup
     me, n = g.rank, g.size
     device = f"cuda:{g.backend.device}"
-    count = 4096 * n + 4 * n      # a multiple of the ranks, not of 16-byte vectors
+    count = _offset_count(n)
     # Each rank's input starts at a different offset of its registered tensor: peers find
     # it through the call's header, not by assuming their own offset.
     holder = torch.zeros(count + 64 * (me + 1), dtype=torch.float32, device=device)

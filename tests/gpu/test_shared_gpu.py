@@ -74,11 +74,13 @@ def test_a_communicator_on_shared_gpus_runs_stepped_calls_eager_and_in_graphs(co
 
     from .torch_communicator import torch_communicator
 
-    with torch_communicator(backend, 1 << 20) as (group, cm, stream):
+    per_rank = 10_007  # float32 elements: the arrays hold the ranks times these
+    with torch_communicator(backend, 1 << 20,
+                            per_rank_bytes=4 * per_rank) as (group, cm, stream):
         if not group.shared_gpus:
             pytest.skip("every rank has a GPU of its own (run more ranks than GPUs)")
         device = f"cuda:{group.backend.device}"
-        count = 10_007 * cm.size
+        count = per_rank * cm.size
         tensor = torch.zeros(count, dtype=torch.float32, device=device)
         reduced = torch.zeros_like(tensor)
         block = torch.zeros(count // cm.size, dtype=torch.float32, device=device)
@@ -135,7 +137,9 @@ def test_the_leader_of_a_time_sliced_gpu_runs_its_guests_stepped_calls(comm, bac
 
     from .torch_communicator import torch_communicator
 
-    with torch_communicator(backend, 1 << 20) as (group, cm, stream):
+    per_rank = 4099  # float32 elements: the arrays hold the ranks times these
+    with torch_communicator(backend, 1 << 20,
+                            per_rank_bytes=4 * per_rank) as (group, cm, stream):
         if not group.time_sliced_gpus:
             pytest.skip("no GPU takes turns here (each rank has its own, or MPS serves it)")
         role = cm._path._time_sliced
@@ -145,7 +149,7 @@ def test_the_leader_of_a_time_sliced_gpu_runs_its_guests_stepped_calls(comm, bac
         else:
             assert role.leader == min(ranks) and role.guest == (cm.rank != min(ranks))
         device = f"cuda:{group.backend.device}"
-        count = 4099 * cm.size
+        count = per_rank * cm.size
         inputs = [seeded_values("float32", count, 7, r) for r in range(cm.size)]
         want = reference("float32", "sum", inputs)
         mine = torch.from_numpy(inputs[cm.rank]).to(device)
@@ -208,13 +212,15 @@ def test_a_guests_own_tensors_are_handed_to_its_leader_and_then_cost_it_no_copy(
 
     from .torch_communicator import torch_communicator
 
-    with torch_communicator(backend, 1 << 20) as (group, cm, stream):
+    per_rank = 4099  # float32 elements: the arrays hold the ranks times these
+    with torch_communicator(backend, 1 << 20,
+                            per_rank_bytes=4 * per_rank) as (group, cm, stream):
         if not group.time_sliced_gpus:
             pytest.skip("no GPU takes turns here (each rank has its own, or MPS serves it)")
         path = cm._path
         role = path._time_sliced
         device = f"cuda:{group.backend.device}"
-        count = 4099 * cm.size
+        count = per_rank * cm.size
 
         def data(seed):
             inputs = [seeded_values("float32", count, seed, r) for r in range(cm.size)]

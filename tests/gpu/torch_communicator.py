@@ -10,16 +10,22 @@ from typing import Any
 
 import ipcshare
 
+from ..sizing import max_bytes_for
+
 
 @contextlib.contextmanager
-def torch_communicator(backend: str, max_bytes: int) -> Iterator[tuple[Any, Any, Any]]:
+def torch_communicator(backend: str, max_bytes: int, *,
+                       per_rank_bytes: int = 0) -> Iterator[tuple[Any, Any, Any]]:
     """``(group, communicator, stream)``: a group on ``backend`` whose device is torch's,
-    a communicator of ``max_bytes``, and a fresh torch stream made current for the block."""
+    a communicator of ``max_bytes`` or more: enough for ``per_rank_bytes`` from every rank
+    of the group (the test's largest all-gather output or reduce-scatter input, which
+    grows with the world size), and a fresh torch stream made current for the block."""
     import torch
 
     with ipcshare.Group(backend=backend) as group:
         device = group.backend.device
         torch.cuda.set_device(device)
         stream = torch.cuda.Stream(device=device)
-        with group.communicator(max_bytes=max_bytes) as communicator, torch.cuda.stream(stream):
+        sized = max_bytes_for(group.size, per_rank_bytes, at_least=max_bytes)
+        with group.communicator(max_bytes=sized) as communicator, torch.cuda.stream(stream):
             yield group, communicator, stream

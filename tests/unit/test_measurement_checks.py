@@ -1,0 +1,99 @@
+"""The self-checks' rules and how a failed or wrong figure is shown: never a ratio's
+denominator, in the table, the document, the bench summary and the plot's data."""
+
+from __future__ import annotations
+
+import pytest
+
+from ipcshare.bench.bands import band_ratios
+from ipcshare.patterns.clock_check import (
+    CLOCK_SLACK_S,
+    ceiling_error,
+    clock_disagreement,
+    latency_clock_disagreement,
+)
+from ipcshare.patterns.results import BaselineResult, Measurement, Row, RunResult
+from ipcshare.patterns.table import Table
+from ipcshare.topology.link_speed import NVLINK_GBPS_PER_LINK, Ceiling, pcie_gbps
+
+
+def test_clocks_agree_within_ten_percent_and_the_slack():
+    assert clock_disagreement(1.0e-3, 1.05e-3, "x") is None
+    assert clock_disagreement(1.0e-3, 1.0e-3 + 0.1e-3 + CLOCK_SLACK_S * 0.9, "x") is None
+    assert clock_disagreement(10e-6, 25e-6, "x") is None          # within the slack
+    said = clock_disagreement(2.64e-4, 1.24e-3, "100 back-to-back operations")
+    assert said is not None and said.startswith("100 back-to-back operations: the timer gave")
+    # a timer longer than the host clock is as wrong as a shorter one
+    assert clock_disagreement(2e-3, 1e-3, "x") is not None
+    assert clock_disagreement(1e-3, None, "x") is None
+    assert latency_clock_disagreement([10e-6] * 5, [40e-6] * 5, "s") is not None
+    assert latency_clock_disagreement([10e-6] * 5, [22e-6] * 5, "s") is None
+
+
+def test_the_ceiling_bounds_busbw():
+    nvlink = Ceiling(18 * NVLINK_GBPS_PER_LINK[6], "NVLink 4: 18 links x 25 GB/s")
+    assert nvlink.gbps == 450
+    assert ceiling_error(449.9, nvlink, "2M out-of-place") is None
+    said = ceiling_error(1519.33, nvlink, "128M")
+    assert "busbw 1519.33 GB/s is above the ceiling 450.00 GB/s (NVLink 4" in said
+    assert ceiling_error(1e9, None, "x") is None
+    assert pcie_gbps(5, 16) == pytest.approx(63.0, rel=0.01)
+    assert pcie_gbps(2, 16) == pytest.approx(8.0)
+
+
+def _m(time_us, wrong=0, errors=(), path=None, wrong_paths=None):
+    return Measurement(time_us, 1.0, 1.0, wrong, path=path, errors=list(errors),
+                       wrong_paths=dict(wrong_paths or {}))
+
+
+def _result(ours, theirs):
+    rows = [Row(1024 * (i + 1), 256, {"out-of-place": m}) for i, m in enumerate(ours)]
+    base = [Row(1024 * (i + 1), 256, {"out-of-place": m}) for i, m in enumerate(theirs)]
+    return RunResult("0", "allgather", "cuda-vmm", "pidfd", 4, 1, "eager", [], rows,
+                     BaselineResult("nccl", "NCCL 2.28.9", base, "NCCL"),
+                     ceiling=Ceiling(450.0, "NVLink 4"))
+
+
+def test_a_wrong_baseline_shows_wrong_and_no_speedup():
+    result = _result([_m(10.0), _m(10.0)], [_m(20.0), _m(5.0, wrong=988)])
+    table = Table(("out-of-place",), "uint8", "NCCL", path_column=True)
+    right, wrong = (table.row(row, theirs)
+                    for row, theirs in zip(result.rows, result.baseline.rows, strict=True))
+    assert "2.00" in right
+    assert "wrong" in wrong and "988" in wrong and "0.50" not in wrong and "n/a" in wrong
+    footer = Table.footer(result)
+    assert any("Speedup over nccl   : min 2.00x  max 2.00x" in line for line in footer)
+    document = result.to_dict()
+    second = document["baseline"]["rows"][1]
+    assert (second["time_us"], second["busbw"], second["wrong"]) == (None, None, 988)
+    assert document["baseline"]["rows"][0]["time_us"] == 20.0
+    ratios = band_ratios(result)
+    assert [ratio.sizes for ratio in ratios] == [1]   # only the right row is a ratio
+
+
+def test_measurement_errors_are_listed_and_never_a_ratio():
+    error = "rank 1: 1K out-of-place: the timer gave 2.64 us but the host clock ..."
+    result = _result([_m(2.64, errors=[error])], [_m(9.0)])
+    assert result.measurement_errors == [error]
+    assert result.to_dict()["measurement_errors"] == [error]
+    assert result.to_dict()["rows"][0]["errors"] == [error]
+    assert result.to_dict()["rows"][0]["ceiling"] == {"gbps": 450.0, "source": "NVLink 4"}
+    table = Table(("out-of-place",), "uint8", "NCCL")
+    row, theirs = result.rows[0], result.baseline.rows[0]
+    assert "n/a" in table.row(row, theirs)
+    assert table.notes(row, theirs, "nccl") == [f"#  ^ measurement error, out-of-place: {error}"]
+    footer = Table.footer(result)
+    assert not any(line.startswith("# Speedup") for line in footer)
+    assert "# Measurement errors   : 1 FAILED (each under its row)" in footer
+    assert band_ratios(result) == []
+
+
+def test_a_baselines_wrong_path_is_named_under_the_row():
+    theirs = _m(9.0, path="plain", wrong_paths={"symmetric": 988})
+    result = _result([_m(5.0)], [theirs])
+    lines = Table(("out-of-place",), "uint8", "NCCL").notes(result.rows[0],
+                                                            result.baseline.rows[0], "nccl")
+    assert lines == ["#  ^ nccl baseline out-of-place: wrong elements on its symmetric 988 "
+                     "path(s): not timed as its figure"]
+    assert result.to_dict()["baseline"]["rows"][0]["wrong_paths"] == {"symmetric": 988}
+    assert Measurement.from_dict(theirs.to_dict()).wrong_paths == {"symmetric": 988}
