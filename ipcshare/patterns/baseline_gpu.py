@@ -17,7 +17,7 @@ from ..liveness.consensus import collective_step
 from ..runtime.errors import ConfigError
 from ..topology.world import World, mpi
 from .base import SizePlan
-from .clock_check import clock_disagreement, latency_clock_disagreement
+from .clock_check import clock_disagreement, clock_offset, latency_clock_disagreement
 from .rotation import warmup_iterations
 from .seeding import count_wrong, poison, seeded_bytes
 from .timing import mean_over_ranks, percentile, slowest_rank_samples
@@ -109,6 +109,7 @@ class GpuBaseline:
         # timer with the host clock, or None; the host clock's seconds per operation).
         self.wrong_paths: dict[str, int] = {}
         self.clock: tuple[str | None, float | None] | None = None
+        self._offset: float | None = None
         self._owner = True
 
     # -- what subclasses fill in -------------------------------------------------------
@@ -235,7 +236,8 @@ class GpuBaseline:
             torch.cuda.synchronize(self.device)
             wall = time.perf_counter() - start
             elapsed = begin.elapsed_time(end) / 1e3  # milliseconds
-            error = clock_disagreement(elapsed, wall, f"{iters} back-to-back operations")
+            error = clock_disagreement(elapsed, wall, f"{iters} back-to-back operations",
+                                       self._clock_offset())
             seconds, wall = mean_over_ranks(self.world.comm, [elapsed / iters, wall / iters])
             return seconds, error, wall
 
@@ -271,7 +273,7 @@ class GpuBaseline:
                 walls.append(time.perf_counter() - start)
                 samples.append(begin.elapsed_time(end) / 1e3)  # milliseconds
             error = latency_clock_disagreement(samples, walls, f"{iters} samples of one "
-                                               "operation")
+                                               "operation", self._clock_offset())
             wall, = mean_over_ranks(self.world.comm, [percentile(walls, 50)])
             return slowest_rank_samples(self.world.comm, samples), error, wall
 
@@ -280,6 +282,24 @@ class GpuBaseline:
         samples, error, wall = best[0]
         self.clock = (error, wall)
         return samples, wrong, best[1]
+
+    def _clock_offset(self) -> float:
+        """What the host clock reads over an empty stretch of this baseline's stream
+        (clock_check.clock_offset), measured once."""
+        if self._offset is None:
+            torch = self._torch
+
+            def empty() -> tuple[float, float]:
+                begin = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                torch.cuda.synchronize(self.device)
+                begin.record(self._stream)
+                start = time.perf_counter()
+                end.record(self._stream)
+                torch.cuda.synchronize(self.device)
+                return begin.elapsed_time(end) / 1e3, time.perf_counter() - start
+            self._offset = clock_offset(empty)
+        return self._offset
 
     def _on_each_path(self, plan: SizePlan, mode: str, checks: int, warmup: int,
                       buffers: int, graph: bool, timed: Callable[..., Any],

@@ -22,6 +22,7 @@ from .clock_check import (
     agreed_errors,
     ceiling_error,
     clock_disagreement,
+    engine_clock_offset,
     latency_clock_disagreement,
 )
 from .results import BaselineResult, Measurement, Row, RunResult
@@ -189,6 +190,8 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
         say(line)
 
     engine = window.engine
+    # What the second clock reads with nothing to time, taken off before the comparison.
+    offset = engine_clock_offset(engine)
     # Graph mode binds through a view whose barrier is the device barrier kernel: its
     # epoch lives on the device, so a replayed graph synchronises like a fresh launch.
     bound = window.on_stream(engine.stream, graph_safe=True) if graph else window
@@ -239,15 +242,15 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
                 host = None
                 if timing == "latency":
                     samples, wall, errors = _latency_samples(world, engine, operations,
-                                                             options.iters)
+                                                             options.iters, offset)
                     measured = _latency_measurement(pattern, plan, n, samples, wrong)
                 else:
                     if graph:
                         seconds, wall, errors = _graph_seconds(world, engine, bound_operations,
-                                                               options.iters)
+                                                               options.iters, offset)
                     else:
                         seconds, host, wall, errors = _back_to_back_seconds(
-                            world, engine, operations, options.iters)
+                            world, engine, operations, options.iters, offset)
                     algbw, busbw = pattern.bandwidth(plan, seconds, n)
                     measured = Measurement(seconds * 1e6, algbw, busbw, wrong)
                 measured.host_us = None if host is None else host * 1e6
@@ -339,7 +342,8 @@ def run_ceiling(group: Group) -> Any:
 
 
 def _back_to_back_seconds(world: World, engine: Any, operations: list[Callable[[], None]],
-                          iters: int) -> tuple[float, float, float, list[str]]:
+                          iters: int, offset: float = 0.0
+                          ) -> tuple[float, float, float, list[str]]:
     """nccl-tests timing: seconds per operation by the engine's timer, the host's seconds
     per operation spent issuing them (until the last returned), and the second clock's
     seconds per operation, each averaged over ranks; and this rank's clock
@@ -354,14 +358,14 @@ def _back_to_back_seconds(world: World, engine: Any, operations: list[Callable[[
     host = time.perf_counter() - started
     elapsed = timer.stop()
     wall = timer.wall_seconds if timer.wall_seconds is not None else elapsed
-    error = clock_disagreement(elapsed, wall, f"{iters} back-to-back operations")
+    error = clock_disagreement(elapsed, wall, f"{iters} back-to-back operations", offset)
     seconds, host, wall = mean_over_ranks(world.comm, [elapsed / iters, host / iters,
                                                        wall / iters])
     return seconds, host, wall, [error] if error else []
 
 
 def _graph_seconds(world: World, engine: Any, operations: list[Callable[[], None]],
-                   iters: int) -> tuple[float, float, list[str]]:
+                   iters: int, offset: float = 0.0) -> tuple[float, float, list[str]]:
     """nccl-tests timing of ``iters`` operations captured in one CUDA graph: one launch
     to warm it (its first launch uploads it), then one timed launch; seconds per
     operation by the timer and by the second clock, averaged over ranks, and this rank's
@@ -384,13 +388,13 @@ def _graph_seconds(world: World, engine: Any, operations: list[Callable[[], None
         engine.synchronize()
         captured.close()
     wall = timer.wall_seconds if timer.wall_seconds is not None else elapsed
-    error = clock_disagreement(elapsed, wall, f"one graph of {iters} operations")
+    error = clock_disagreement(elapsed, wall, f"one graph of {iters} operations", offset)
     seconds, wall = mean_over_ranks(world.comm, [elapsed / iters, wall / iters])
     return seconds, wall, [error] if error else []
 
 
 def _latency_samples(world: World, engine: Any, operations: list[Callable[[], None]],
-                     iters: int) -> tuple[list[float], float, list[str]]:
+                     iters: int, offset: float = 0.0) -> tuple[list[float], float, list[str]]:
     """Latency timing: ``iters`` samples of one operation each, started together after a
     barrier, timed by the engine (host clock, or CUDA events on the stream); each sample
     is the slowest rank's. Also the second clock's median sample (averaged over ranks)
@@ -405,7 +409,8 @@ def _latency_samples(world: World, engine: Any, operations: list[Callable[[], No
         operation()
         samples.append(timer.stop())
         walls.append(timer.wall_seconds if timer.wall_seconds is not None else samples[-1])
-    error = latency_clock_disagreement(samples, walls, f"{iters} samples of one operation")
+    error = latency_clock_disagreement(samples, walls, f"{iters} samples of one operation",
+                                       offset)
     wall, = mean_over_ranks(world.comm, [percentile(walls, 50)])
     return slowest_rank_samples(world.comm, samples), wall, [error] if error else []
 

@@ -36,15 +36,22 @@ def test_a_timer_on_another_stream_fails_every_row(comm, monkeypatch, op):
                             lambda self: CudaTimer(self.on_stream(int(idle))))
         datatype = "float32" if op == "allreduce" else "uint8"
         with ipcshare.Group(backend="cuda-vmm") as g:
+            shared = bool(g.shared_gpus)
             result = run_pattern(g, make_pattern(op, datatype=datatype),
                                  _options(comm, datatype=datatype), emit=lambda _line: None)
     finally:
         check("cuStreamDestroy", driver.cuStreamDestroy(idle))
     assert result.wrong_total == 0  # the data moved right; the figure is what is wrong
     errors = result.measurement_errors
+    if op == "allgather" and shared:
+        # Where ranks share GPUs the all-gather's calls wait on the host between steps:
+        # any stream's timer then brackets the work, and its figures are right.
+        return
     measured = [m for row in result.rows for m in row.modes.values()]
     assert errors and all(m.errors for m in measured), errors
-    assert all("host clock from the first enqueue" in e for m in measured for e in m.errors)
+    # Each row's clocks disagree (its busbw may also pass the ceiling: a second error).
+    assert all(any("host clock from the first enqueue" in e for e in m.errors)
+               for m in measured)
     assert comm.allgather(len(errors)) == [len(errors)] * comm.size
 
 
@@ -73,6 +80,9 @@ def test_eager_graph_and_latency_tell_one_story(comm, op):
              "warmup": 5, "datatype": datatype}
     figures = {}
     with ipcshare.Group(backend="cuda-vmm") as g:
+        if g.shared_gpus:
+            pytest.skip("ranks share GPUs: graphs run other kernels there (stepped), so "
+                        "eager and graph time different work")
         for name, extra in (("eager", {}), ("graph", {"graph": True}),
                             ("latency", {"timing": "latency"})):
             options = _options(comm, **sizes, **{k: v for k, v in extra.items()
