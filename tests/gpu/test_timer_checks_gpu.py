@@ -28,19 +28,21 @@ def _options(comm, **extra):
 
 @pytest.mark.parametrize("op", ["allgather", "ring", "allreduce"])
 def test_a_timer_on_another_stream_fails_every_row(comm, monkeypatch, op):
-    idle = check("cuStreamCreate", driver.cuStreamCreate(
-        int(driver.CUstream_flags.CU_STREAM_NON_BLOCKING)))
-    try:
-        # The engine's timer now records its events on a stream no work is put on.
-        monkeypatch.setattr(CudaEngine, "timer",
-                            lambda self: CudaTimer(self.on_stream(int(idle))))
-        datatype = "float32" if op == "allreduce" else "uint8"
-        with ipcshare.Group(backend="cuda-vmm") as g:
+    datatype = "float32" if op == "allreduce" else "uint8"
+    with ipcshare.Group(backend="cuda-vmm") as g:
+        # Made inside the group: its device's context is current only from here.
+        idle = check("cuStreamCreate", driver.cuStreamCreate(
+            int(driver.CUstream_flags.CU_STREAM_NON_BLOCKING)))
+        try:
+            # The engine's timer now records its events on a stream no work is put on.
+            monkeypatch.setattr(CudaEngine, "timer",
+                                lambda self: CudaTimer(self.on_stream(int(idle))))
             shared = bool(g.shared_gpus)
             result = run_pattern(g, make_pattern(op, datatype=datatype),
                                  _options(comm, datatype=datatype), emit=lambda _line: None)
-    finally:
-        check("cuStreamDestroy", driver.cuStreamDestroy(idle))
+        finally:
+            monkeypatch.undo()
+            check("cuStreamDestroy", driver.cuStreamDestroy(idle))
     assert result.wrong_total == 0  # the data moved right; the figure is what is wrong
     errors = result.measurement_errors
     if op == "allgather" and shared:
