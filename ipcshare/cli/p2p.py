@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import sys
 
 __all__ = ["add_p2p_flags", "run_p2p_command"]
 
@@ -52,7 +53,7 @@ def run_p2p_command(args: argparse.Namespace) -> int:
     from ..runtime.config import PatternOptions, parse_size
     from ..runtime.errors import BackendUnavailable, ConfigError
     from ..topology.world import launcher_world_size
-    from .exit_codes import EXIT_ERROR, EXIT_OK, EXIT_WRONG
+    from .exit_codes import EXIT_ERROR, EXIT_MEASUREMENT, EXIT_OK, EXIT_WRONG
     from .option_origins import OptionOrigins
 
     launched = launcher_world_size()
@@ -95,5 +96,10 @@ def run_p2p_command(args: argparse.Namespace) -> int:
             raise ConfigError(f"cannot write {args.json!r}: {exc.strerror or exc}") from None
     if document["wrong_total"]:
         return EXIT_WRONG
+    if document["measurement_errors"]:
+        sys.stderr.write(f"ipcshare: error: {len(document['measurement_errors'])} measurement "
+                         f"error(s), figures that are not results; the first: "
+                         f"{document['measurement_errors'][0]}\n")
+        return EXIT_MEASUREMENT
     failed = any((entry["ipc"] or {}).get("error") for entry in document["ops"].values())
     return EXIT_ERROR if failed else EXIT_OK
