@@ -3,7 +3,7 @@
 # two ranks sharing one GPU, then ring / all-gather sweeps on both GPU backends against NCCL.
 #
 #   tools/gpu-check.sh [all|tests|bench|suite|sweep|csweep|doctor|faults|fallback|namespaces|shared|
-#                       collectives|p2p|inter]...                              (default all)
+#                       collectives|p2p|latency|timer|nccl-tests|inter]...  (default all)
 #
 #   tests   the GPU pytest suite at 2, 4 and 2xG ranks, and 2 ranks sharing one GPU;
 #           tests/mpi under the node's own MPI at 2 and 3 ranks
@@ -55,6 +55,11 @@
 #           CUBIN, MPI=0); all_gather_perf, all_reduce_perf, reduce_scatter_perf with
 #           -g 1 -t G at -b 8 -e 256M -f 4, -R 0 and -R 2, eager and -G 20; logs under
 #           $OUT/nccl-tests/, their Markdown table in $OUT/nccl-tests/nccl-tests.md
+#   timer   all-reduce, all-gather and reduce-scatter at G ranks, 8 B - TIMER_MAX (2M), each
+#           eager, in CUDA graphs and by latency samples against NCCL (nccl4py) in the same
+#           launch; every row passes the timer's self-checks (exit 5 otherwise), then
+#           tools/timer_consistency.py checks that the three timings of ours and of NCCL
+#           tell one story ($OUT/timer-consistency.md)
 #   inter   the engines between nodes on 2 virtual nodes of this node's GPUs (2x1 on 2 GPUs,
 #           2x2 on 4): tests/gpu/test_inter_gpu.py and test_multinode_gpu.py, then all-gather,
 #           all-reduce and reduce-scatter sweeps INTER_MIN-INTER_MAX (default 1M-256M) with
@@ -75,14 +80,17 @@
 # 1G), CSWEEP_SLICED=0 (csweep without its time-sliced run), CSWEEP_SLICED_MAX (its largest
 # array, default 1G), STEP_TIMEOUT_CSWEEP (seconds per sweep, default 400),
 # BENCH_MAX (largest size, default 1G), BENCH_ITERS (default 20), BENCH_BASELINE (nccl,
-# mpi or none; default nccl), STEP_TIMEOUT_TESTS (seconds per pytest run, default 240),
+# mpi or none; default nccl), STEP_TIMEOUT_TESTS (seconds per pytest run, default 300:
+# tests/gpu took 185 s at 4 ranks and 236 s at 8 on 4 H200s, 2026-11-26), TESTS_PARTS
+# (which runs of the tests phase: any of "2 examples 4 2G shared mpi", default all; the
+# whole phase outlasts one 10-minute device call on 4 GPUs, so split it in two),
 # STEP_TIMEOUT_BENCH (per sweep, default 150), PYTHON, MPIEXEC.
 set -u
 
 phases=("${@:-all}")
 for phase in "${phases[@]}"; do
-  case "$phase" in all|tests|bench|suite|sweep|csweep|doctor|faults|fallback|namespaces|shared|collectives|p2p|latency|nccl-tests|inter) ;;
-    *) echo "usage: $0 [all|tests|bench|suite|sweep|csweep|doctor|faults|fallback|namespaces|shared|collectives|p2p|latency|nccl-tests|inter]..." >&2
+  case "$phase" in all|tests|bench|suite|sweep|csweep|doctor|faults|fallback|namespaces|shared|collectives|p2p|latency|timer|nccl-tests|inter) ;;
+    *) echo "usage: $0 [all|tests|bench|suite|sweep|csweep|doctor|faults|fallback|namespaces|shared|collectives|p2p|latency|timer|nccl-tests|inter]..." >&2
        exit 2 ;; esac
 done
 wants() {  # wants PHASE: whether PHASE was asked for (all = tests and bench)
@@ -111,7 +119,7 @@ export OMPI_MCA_rmaps_base_oversubscribe=1 PYTHONUNBUFFERED=1
 BENCH_MAX=${BENCH_MAX:-1G}
 BENCH_ITERS=${BENCH_ITERS:-20}
 BENCH_BASELINE=${BENCH_BASELINE:-nccl}
-STEP_TIMEOUT_TESTS=${STEP_TIMEOUT_TESTS:-240}
+STEP_TIMEOUT_TESTS=${STEP_TIMEOUT_TESTS:-300}
 STEP_TIMEOUT_BENCH=${STEP_TIMEOUT_BENCH:-150}
 STEP_TIMEOUT_CSWEEP=${STEP_TIMEOUT_CSWEEP:-400}
 PY=${PYTHON:-python3}
@@ -220,23 +228,29 @@ mpi_suite_run() {  # mpi_suite_run N: tests/mpi under the node's MPI
 export -f mpi_suite_run
 export PY MPIEXEC OUT RESULTS BENCH_MAX BENCH_ITERS BENCH_BASELINE
 
+tests_part() {  # tests_part PART: whether TESTS_PARTS asks for PART (every part by default)
+  [[ " ${TESTS_PARTS:-2 examples 4 2G shared mpi} " == *" $1 "* ]]
+}
 if [[ $G -ge 1 ]] && wants tests; then
-  step "pytest tests/gpu, 2 ranks" "$STEP_TIMEOUT_TESTS" pytest_run 2
-  if [[ $G -ge 2 ]]; then  # the examples launch mpiexec themselves, 2 ranks on 2 GPUs
+  tests_part 2 && step "pytest tests/gpu, 2 ranks" "$STEP_TIMEOUT_TESTS" pytest_run 2
+  if [[ $G -ge 2 ]] && tests_part examples; then  # they launch mpiexec: 2 ranks on 2 GPUs
     step "pytest tests/gpu/test_examples.py" "$STEP_TIMEOUT_TESTS" \
       "$PY" -m pytest -q -rs -s -m "gpu and not mpi" -p no:cacheprovider tests/gpu/test_examples.py
   fi
   if [[ $G -ge 4 ]]; then
-    step "pytest tests/gpu, 4 ranks" "$STEP_TIMEOUT_TESTS" pytest_run 4
-    step "pytest tests/gpu, $((2 * G)) ranks on $G GPUs" "$STEP_TIMEOUT_TESTS" pytest_run $((2 * G))
+    tests_part 4 && step "pytest tests/gpu, 4 ranks" "$STEP_TIMEOUT_TESTS" pytest_run 4
+    tests_part 2G && step "pytest tests/gpu, $((2 * G)) ranks on $G GPUs" "$STEP_TIMEOUT_TESTS" \
+      pytest_run $((2 * G))
   fi
   # Open MPI passes -x variables to every rank explicitly.
-  CUDA_VISIBLE_DEVICES=0 step "pytest tests/gpu, 2 ranks sharing GPU 0" "$STEP_TIMEOUT_TESTS" \
-    pytest_run 2 -x CUDA_VISIBLE_DEVICES
+  tests_part shared && CUDA_VISIBLE_DEVICES=0 step "pytest tests/gpu, 2 ranks sharing GPU 0" \
+    "$STEP_TIMEOUT_TESTS" pytest_run 2 -x CUDA_VISIBLE_DEVICES
   # The MPI suite (host backend, exchanges, garbage, multi-node simulation) under the
   # node's own Open MPI, not only under the MPICH wheel that CI uses.
-  step "pytest tests/mpi, 2 ranks (node MPI)" "$STEP_TIMEOUT_TESTS" mpi_suite_run 2
-  step "pytest tests/mpi, 3 ranks (node MPI)" "$STEP_TIMEOUT_TESTS" mpi_suite_run 3
+  if tests_part mpi; then
+    step "pytest tests/mpi, 2 ranks (node MPI)" "$STEP_TIMEOUT_TESTS" mpi_suite_run 2
+    step "pytest tests/mpi, 3 ranks (node MPI)" "$STEP_TIMEOUT_TESTS" mpi_suite_run 3
+  fi
 fi
 
 setup_time() {  # setup_time BACKEND N: window creation with a small (1 MiB) window
@@ -590,6 +604,34 @@ if [[ $G -ge 2 ]] && wants latency; then
   done
 elif wants latency; then
   log "latency: needs 2 GPUs; skipped"
+fi
+
+timer_case() {  # timer_case N OP MODE: OP at N ranks timed MODE-wise against NCCL, tagged
+  local n=$1 op=$2 mode=$3 json="$OUT/timer-$2-$3.json" flags=() rc
+  [[ $mode == graph ]] && flags=(--graph)
+  [[ $mode == latency ]] && flags=(--timing latency)
+  "$MPIEXEC" -n "$n" --bind-to none "$PY" -m ipcshare "$op" --backend cuda-vmm \
+    -b "${TIMER_MIN:-8}" -e "${TIMER_MAX:-2M}" -f 4 -n 50 -w 5 -c 1 --baseline nccl \
+    --json "$json" "${flags[@]}" | grep -Ev "^#  Rank"
+  rc=${PIPESTATUS[0]}
+  append_result "$json" timer_case "$op-$mode"
+  return $rc
+}
+export -f timer_case
+if [[ $G -ge 2 ]] && wants timer; then
+  # The measurement issue's check: every collective eager, in graphs and by latency, ours
+  # and NCCL's, on every GPU; each row passes the timer's two self-checks (a non-zero exit
+  # is a measurement error or wrong data), then tools/timer_consistency.py says whether
+  # the three timings of each side tell one story.
+  for op in allreduce allgather reducescatter; do
+    for mode in eager graph latency; do
+      step "timer $op $mode n=$G vs nccl" "$STEP_TIMEOUT_BENCH" timer_case "$G" "$op" "$mode"
+    done
+  done
+  step "eager, graph and latency tell one story" 60 "$PY" tools/timer_consistency.py \
+    "$RESULTS" --markdown "$OUT/timer-consistency.md"
+elif wants timer; then
+  log "timer: needs 2 GPUs; skipped"
 fi
 
 p2p_runs() {  # the P2P-direct mode against IPC, and host-staged copies (docs/P2P.md)

@@ -249,6 +249,8 @@ def test_scratch_regions_and_headers_do_not_overlap(gpu):
     regions += [(layout.result_offset(p), layout.result_bytes) for p in (0, 1)]
     regions += [(layout.ll_offset(p) + r * layout.ll_slot_bytes, layout.ll_slot_bytes)
                 for p in (0, 1) for r in range(3)]
+    regions += [(layout.splits_offset(p), layout.splits_bytes) for p in (0, 1)]
+    assert layout.splits_bytes >= 2 * 8 * 3  # input and output splits, int64 per rank
     for (a, la), (b, _lb) in zip(regions, regions[1:], strict=False):
         assert a + la <= b
     # The copy-engine all-reduce's inbox: 3 chunks of ceil(250 / 3) = 84 float32 rounded
