@@ -88,8 +88,11 @@ def summary_lines(result: BenchResult) -> list[str]:
     for note in _skipped_notes(result):
         lines.append(f"# {note}")
     status = "OK" if result.wrong_total == 0 else "FAILED"
+    errors = sum(len(record.result.measurement_errors) for record in result.cases
+                 if record.skip_reason is None)
     lines.append(f"# {len(result.cases)} cases x {result.suite.repeat} repetition(s) in "
-                 f"{result.elapsed_s:.1f} s; wrong elements: {result.wrong_total} {status}")
+                 f"{result.elapsed_s:.1f} s; wrong elements: {result.wrong_total} {status}; "
+                 f"measurement errors: {errors} {'OK' if errors == 0 else 'FAILED'}")
     return lines
 
 

@@ -21,6 +21,8 @@ class Signature:
 
     Placement (copied in or zero-copy) and in place / out of place are each rank's own
     business and not part of it; the shape is not either (arrays are flat element runs).
+    An all-to-all-v's counts differ from rank to rank and call to call: its ``count`` is
+    0, and the splits are checked each call (algorithms/host_all_to_all.py).
     """
 
     op: str
@@ -42,6 +44,8 @@ class Signature:
 
     def describe(self) -> str:
         """``all_reduce of 1000 float32 (4000 bytes), op sum, algo one-shot``."""
+        if self.op == "all_to_all_v":
+            return f"all_to_all_v of {self.dtype} (counts by splits), algo {self.algo}"
         size = format_size(self.nbytes)
         text = f"{self.op} of {self.count} {self.dtype} ({self.nbytes} bytes"
         text += f" = {size})" if size != str(self.nbytes) else ")"

@@ -37,6 +37,10 @@ _KiB = 1 << 10
 HOST_CHOICES: dict[str, dict[int, Choice]] = {
     "all_gather": {1: Choice((), ("copy-engine",))},
     "reduce_scatter": {1: Choice((), ("one-shot",))},
+    # One algorithm each, so every rank picks it whatever its own sizes (all-to-all-v's
+    # differ from rank to rank): a second one needs a rule the ranks agree on.
+    "all_to_all": {1: Choice((), ("pull",))},
+    "all_to_all_v": {1: Choice((), ("pull",))},
     "all_reduce": {1: Choice((), ("one-shot",)),
                    2: Choice((96 * _KiB,), ("one-shot", "two-shot")),
                    3: Choice((512 * _KiB,), ("one-shot", "two-shot"))},

@@ -74,6 +74,9 @@ class HostPath:
         self._pads = [np.asarray(window.signal_pad(r)).view(np.uint64) for r in range(self.size)]
         self._results = [[view[layout.result_offset(p):][:layout.result_bytes]
                           for view in self._bytes] for p in (0, 1)]
+        # Every rank's all-to-all-v split rows of each parity: [input_splits, output_splits].
+        self._split_rows = [[view[layout.splits_offset(p):][:16 * self.size].view(np.int64)
+                             .reshape(2, self.size) for view in self._bytes] for p in (0, 1)]
         self._calls = 0
         self._reducers: dict[tuple[str, str], Reducer] = {}
         # Calls whose input was copied into the staging area (heap and registered
@@ -103,8 +106,10 @@ class HostPath:
         return raw.view(dtype).reshape(dims), raw.base
 
     def run(self, signature: Signature, algorithm: Algorithm, input_ref: ArrayRef,
-            output_ref: ArrayRef, *, in_place: bool) -> None:
-        """Collective: run one call (arrays already validated on this rank).
+            output_ref: ArrayRef, *, in_place: bool, splits: np.ndarray | None = None) -> None:
+        """Collective: run one call (arrays already validated on this rank). ``splits``
+        (all-to-all-v): this rank's ``[input_splits, output_splits]``, validated, as an
+        int64 array of shape (2, size); they are published for the peers with the header.
 
         Raises:
             CollectiveError: the ranks' signatures differ (on every rank); an earlier call
@@ -114,7 +119,8 @@ class HostPath:
         """
         self._guard.enter()
         try:
-            self._run(signature, algorithm, input_ref, output_ref, in_place=in_place)
+            self._run(signature, algorithm, input_ref, output_ref, in_place=in_place,
+                      splits=splits)
         except SignalTimeout as exc:   # say which call waited, not only which barrier
             error = SignalTimeout(f"{signature.describe()}: {exc}")
             self._guard.leave(error)
@@ -125,22 +131,27 @@ class HostPath:
         self._guard.leave(None)
 
     def _run(self, signature: Signature, algorithm: Algorithm, input_ref: ArrayRef,
-             output_ref: ArrayRef, *, in_place: bool) -> None:
+             output_ref: ArrayRef, *, in_place: bool, splits: np.ndarray | None) -> None:
         layout, parity = self.layout, self._calls & 1
         digest = signature.digest
-        nbytes = signature.nbytes
+        # What peers read of the input: all of it, or (all-to-all-v) what it sends.
+        nbytes = (signature.nbytes if splits is None
+                  else int(splits[0].sum()) * signature.itemsize)
+        placed = input_ref.nbytes
         offset = input_ref.ptr - self._local_ptr
-        zero_copy = layout.in_heap(offset, nbytes)
+        zero_copy = layout.in_heap(offset, placed)
         flags = FLAG_ZERO_COPY if zero_copy else 0
-        registration = (None if zero_copy or not nbytes or self.registry is None
-                        else self.registry.find(input_ref.ptr, nbytes))
+        registration = (None if zero_copy or not placed or self.registry is None
+                        else self.registry.find(input_ref.ptr, placed))
         if registration is not None:
             zero_copy, flags = True, FLAG_ZERO_COPY | FLAG_REGISTERED
             offset = input_ref.ptr - registration.ptr
         elif not zero_copy:
             offset = layout.staging_offset(parity)
-            self._bytes[self.rank][offset:offset + nbytes] = input_ref.bytes()
+            self._bytes[self.rank][offset:offset + nbytes] = input_ref.bytes()[:nbytes]
             self.copies_in += 1
+        if splits is not None:
+            self._split_rows[parity][self.rank][:] = splits
         slot = layout.header_slot(parity)
         pad = self._pads[self.rank]
         pad[slot + HEADER_DIGEST] = digest
@@ -154,6 +165,12 @@ class HostPath:
             # Every rank sees the same headers, so every rank comes here.
             raise disagreement_error(self.group.collective("collective call",
                                                            signature.describe()))
+        sizes = [nbytes] * self.size
+        table = None
+        if splits is not None:
+            # Each owner checked its rows against its input, so the sizes fit the inputs.
+            table = np.array(self._split_rows[parity])
+            sizes = [int(sent) * signature.itemsize for sent in table[:, 0, :].sum(axis=1)]
         reducer = None
         if signature.redop is not None:
             key = (signature.dtype, signature.redop)
@@ -162,20 +179,22 @@ class HostPath:
                 reducer = self._reducers[key] = Reducer(*key)
         algorithm.run(HostCall(
             rank=self.rank, size=self.size, count=signature.count, itemsize=signature.itemsize,
-            inputs=[self._input_view(rank, header, nbytes) for rank, header in enumerate(headers)],
+            inputs=[self._input_view(rank, header, sizes[rank])
+                    for rank, header in enumerate(headers)],
             output=output_ref.bytes(), results=self._results[parity], reducer=reducer,
             in_place=in_place, aliased=in_place and zero_copy,
             hold_inputs=any(header[HEADER_FLAGS] & FLAG_ZERO_COPY for header in headers),
-            barrier=self.window.barrier))
+            barrier=self.window.barrier, splits=table))
 
     def bind_call(self, signature: Signature, algorithm: Algorithm, input_ref: ArrayRef,
-                  output_ref: ArrayRef, *, in_place: bool, stream: Any = None):
+                  output_ref: ArrayRef, *, in_place: bool, stream: Any = None,
+                  splits: np.ndarray | None = None):
         """The call as a function of no arguments (``Communicator.bind``): host calls
         finish before they return, so binding saves the checks only."""
         run = self.run
 
         def call() -> None:
-            run(signature, algorithm, input_ref, output_ref, in_place=in_place)
+            run(signature, algorithm, input_ref, output_ref, in_place=in_place, splits=splits)
         return call
 
     def _input_view(self, rank: int, header: list[int], nbytes: int) -> np.ndarray:
@@ -192,4 +211,5 @@ class HostPath:
     def close(self) -> None:
         """Close the window (collective over the node; idempotent)."""
         self._bytes, self._pads, self._results = [], [], [[], []]
+        self._split_rows = [[], []]
         self.window.close()

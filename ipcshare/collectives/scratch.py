@@ -32,14 +32,17 @@ class ScratchLayout:
     """The window of a communicator for calls of up to ``max_bytes`` (the largest array
     of a call) over ``world_size`` ranks, with ``heap_bytes`` for ``empty()``:
 
-    ``[heap][staging 0][staging 1][result 0][result 1][LL 0][LL 1]``
+    ``[heap][staging 0][staging 1][result 0][result 1][LL 0][LL 1][splits 0][splits 1]``
 
     Staging ``p`` holds the copied-in input of calls of parity ``p`` (staging 0 is also
     the copy-engine all-reduce's inbox: one chunk per source rank); result ``p`` holds this
     rank's reduced chunk in a two-shot all-reduce (the copy-engine one gathers every
     rank's chunk in result 0, so it is as large as an input);
     LL ``p`` holds one slot per source rank, where that rank's lines of low-latency calls
-    of parity ``p`` land (a digest line, then the input, up to ``ll_max_bytes``).
+    of parity ``p`` land (a digest line, then the input, up to ``ll_max_bytes``);
+    splits ``p`` holds this rank's ``input_splits`` then ``output_splits`` (int64, one per
+    rank each) of an all-to-all-v call of parity ``p`` on host memory, which every peer
+    reads after the entry barrier (the per-call check that the ranks' splits match).
     """
 
     max_bytes: int
@@ -88,8 +91,15 @@ class ScratchLayout:
         return self.result_offset(2) + parity * self.world_size * self.ll_slot_bytes
 
     @property
+    def splits_bytes(self) -> int:
+        return _align(2 * 8 * self.world_size)
+
+    def splits_offset(self, parity: int) -> int:
+        return self.ll_offset(2) + parity * self.splits_bytes
+
+    @property
     def total_bytes(self) -> int:
-        return self.ll_offset(2)
+        return self.splits_offset(2)
 
     def in_heap(self, offset: int, nbytes: int) -> bool:
         """Whether ``[offset, offset + nbytes)`` of the window lies in the heap."""

@@ -68,7 +68,7 @@ def test_summary_lines_give_a_ratio_per_band_and_the_notes():
     assert "mpi" in allgather and "2.00" in allgather and "0.50" not in allgather
     assert "speedup = baseline time / our time" in text and "above 1 = ours is faster" in text
     assert "nccl baseline skipped in 4 case(s): NCCL runs on GPU memory only" in text
-    assert lines[-1].endswith("wrong elements: 0 OK")
+    assert lines[-1].endswith("wrong elements: 0 OK; measurement errors: 0 OK")
 
 
 def test_markdown_report_has_machine_tables_summary_and_plot_link(tmp_path):

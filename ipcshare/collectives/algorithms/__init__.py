@@ -11,6 +11,8 @@ from .base import Algorithm, HostCall
 
 __all__ = ["Algorithm", "HostCall", "algorithm", "algorithm_names", "OPS"]
 
+# The collectives of every kind of memory (all-to-all and all-to-all-v run on host memory
+# only so far: issue 37).
 OPS = ("all_gather", "all_reduce", "reduce_scatter")
 
 # (memory, op) -> algorithm name -> "module:Class" under this package.
@@ -19,6 +21,8 @@ _REGISTRY: dict[tuple[str, str], dict[str, str]] = {
     ("host", "all_reduce"): {"one-shot": "host_one_shot:HostOneShotAllReduce",
                              "two-shot": "host_two_shot:HostTwoShotAllReduce"},
     ("host", "reduce_scatter"): {"one-shot": "host_one_shot:HostOneShotReduceScatter"},
+    ("host", "all_to_all"): {"pull": "host_all_to_all:HostAllToAll"},
+    ("host", "all_to_all_v"): {"pull": "host_all_to_all:HostAllToAllV"},
     ("cuda", "all_gather"): {"pull": "gpu_pull_all_gather:GpuPullAllGather",
                              "push": "gpu_push:GpuPushAllGather",
                              "ll": "gpu_low_latency:GpuLowLatencyAllGather",

@@ -22,8 +22,8 @@ __all__ = ["Algorithm", "HostCall"]
 
 
 class Algorithm(abc.ABC):
-    """One way to run one collective (``op``: ``all_gather``, ``all_reduce`` or
-    ``reduce_scatter``) on one kind of memory (``memory``: ``host`` or ``cuda``), called
+    """One way to run one collective (``op``: ``all_gather``, ``all_reduce``,
+    ``reduce_scatter``, ``all_to_all`` or ``all_to_all_v``) on one kind of memory (``memory``: ``host`` or ``cuda``), called
     ``name`` by ``algo=``. Stateless: one instance serves every call of a path."""
 
     name: ClassVar[str] = ""
@@ -56,7 +56,11 @@ class HostCall:
     (or the output itself for all-reduce); ``aliased`` that, besides, that memory is read
     by peers (a zero-copy input written in place: write it only once they are done);
     ``hold_inputs`` that some rank's input is its user's own memory, so no rank may
-    return while a peer may still read an input (the user may write it next).
+    return while a peer may still read an input (the user may write it next);
+    ``splits`` (all-to-all-v only) every rank's split rows as published for this call,
+    an int64 array of shape ``(size, 2, size)``: ``splits[r, 0]`` rank r's
+    ``input_splits``, ``splits[r, 1]`` its ``output_splits`` (``inputs[r]`` then holds
+    ``sum(splits[r, 0])`` elements, and ``count`` is 0).
     """
 
     rank: int
@@ -71,3 +75,4 @@ class HostCall:
     aliased: bool
     hold_inputs: bool
     barrier: Callable[[], None]
+    splits: np.ndarray | None = None
