@@ -24,6 +24,10 @@ class MpiBaseline:
     name = "mpi"
     label = "MPI through mpi4py"
     path_column = False
+    # One path, timed by the host clock alone: no wrong paths set aside, no second clock
+    # to hold it against (the GPU baselines' ``wrong_paths`` and ``clock``).
+    wrong_paths: dict[str, int] = {}
+    clock: tuple[str | None, float | None] | None = None
 
     def __init__(self, world: World, op: str) -> None:
         """Raises:

@@ -448,11 +448,13 @@ def _baseline_row(baseline: Any, pattern: Pattern, plan: SizePlan, world_size: i
             algbw, busbw = pattern.bandwidth(plan, seconds, world_size)
             measurement = Measurement(seconds * 1e6, algbw, busbw, wrong)
         measurement.path = path[0] if path else None
-        measurement.wrong_paths = dict(getattr(baseline, "wrong_paths", None) or {})
-        clock = getattr(baseline, "clock", None)  # (this rank's disagreement, wall s/op)
+        measurement.wrong_paths = dict(baseline.wrong_paths)
+        # (this rank's clock disagreement, the second clock's seconds per operation
+        # averaged over ranks), or None for a baseline with one clock
+        clock = baseline.clock
         mine = [clock[0]] if clock is not None and clock[0] else []
         if clock is not None and clock[1] is not None:
-            measurement.wall_us, = mean_over_ranks(world.comm, [clock[1] * 1e6])
+            measurement.wall_us = clock[1] * 1e6
         over = (None if measurement.wrong else
                 ceiling_error(measurement.busbw, ceiling, f"{format_size(plan.size)} {mode}"))
         measurement.errors = agreed_errors(world.comm, mine + ([over] if over else []))
