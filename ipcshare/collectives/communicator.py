@@ -1,5 +1,6 @@
-"""``Communicator``: all-gather, all-reduce and reduce-scatter on the user's own arrays,
-over scratch windows sized once (docs/COLLECTIVES.md)."""
+"""``Communicator``: all-gather, all-reduce, reduce-scatter and (host memory) all-to-all
+and all-to-all-v on the user's own arrays, over scratch windows sized once
+(docs/COLLECTIVES.md)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from ..runtime.errors import CollectiveError, Unsupported
 from ..topology.world import describe_disagreement
 from .agreement import Signature
 from .algorithms import algorithm
+from .algorithms.host_all_to_all import check_splits
 from .arrays import ArrayRef, check_array, describe_array, device_dtype, to_numpy_dtype
 from .bound_call import BoundCollective
 from .call_cache import CallCache
@@ -278,10 +280,43 @@ class Communicator:
         return self._run(self._reduce_scatter(output, input, op=op, stream=stream, algo=algo),
                          key)
 
+    def all_to_all(self, output: Any, input: Any, *, stream: Any = None,
+                   algo: str = "auto") -> Any:
+        """Collective: block r of ``input`` to rank r; block q of ``output`` comes from
+        rank q. ``input`` and ``output`` have one dtype (any: bytes are moved) and as many
+        elements, ``size`` blocks of one length on every rank. In place when ``output``
+        is ``input``. Host memory only for now (issue 37). Returns ``output``.
+
+        Raises:
+            CollectiveError: misuse (on this rank), ranks that disagree (on all), or GPU
+                memory or a group spanning nodes (on all: not built yet).
+        """
+        return self._run(self._all_to_all(output, input, stream=stream, algo=algo))
+
+    def all_to_all_v(self, output: Any, input: Any, output_splits: Any, input_splits: Any,
+                     *, stream: Any = None, algo: str = "auto") -> Any:
+        """Collective: the first ``input_splits[0]`` elements of ``input`` to rank 0, the
+        next ``input_splits[1]`` to rank 1, and so on; ``output`` receives, in rank
+        order and packed from its start, ``output_splits[q]`` elements from rank q.
+        Splits are element counts, one per rank (a sequence of ints or a 1-D numpy
+        integer array); they may differ from call to call, and ``output_splits[q]`` must
+        equal rank q's ``input_splits[rank]``, which every call checks. Elements past the
+        splits' sums are neither sent nor written. One dtype (any); in place when
+        ``output`` is ``input``. Host memory only for now (issue 37). Returns ``output``.
+
+        Raises:
+            CollectiveError: misuse (on this rank: bad splits, sums over an array or
+                ``max_bytes``), ranks whose splits or calls disagree (on all, naming
+                them), or GPU memory or a group spanning nodes (on all: not built yet).
+        """
+        return self._run(self._all_to_all_v(output, input, output_splits, input_splits,
+                                            stream=stream, algo=algo))
+
     def bind(self, collective: str, *args: Any, **kwargs: Any) -> BoundCollective:
         """Collective the first time a call of its shape is seen, like the call itself:
-        check and resolve ``collective`` (``"all_gather"``, ``"all_reduce"`` or
-        ``"reduce_scatter"``) with these arguments, exactly as the method of that name
+        check and resolve ``collective`` (``"all_gather"``, ``"all_reduce"``,
+        ``"reduce_scatter"``, ``"all_to_all"`` or ``"all_to_all_v"``, whose splits are
+        then bound too) with these arguments, exactly as the method of that name
         takes them, once, and return a ``BoundCollective`` that enqueues that call each
         time it is called, on the same arrays (whatever they hold then) and stream. On
         GPUs a bound call is one kernel launch from Python and nothing else, and it can
@@ -291,10 +326,11 @@ class Communicator:
             CollectiveError: an unknown collective, or what the call itself raises.
         """
         prepare = {"all_gather": self._all_gather, "all_reduce": self._all_reduce,
-                   "reduce_scatter": self._reduce_scatter}.get(collective)
+                   "reduce_scatter": self._reduce_scatter, "all_to_all": self._all_to_all,
+                   "all_to_all_v": self._all_to_all_v}.get(collective)
         if prepare is None:
-            raise CollectiveError(f"bind({collective!r}): choose all_gather, all_reduce or "
-                                  "reduce_scatter")
+            raise CollectiveError(f"bind({collective!r}): choose all_gather, all_reduce, "
+                                  "reduce_scatter, all_to_all or all_to_all_v")
         try:
             inspect.signature(getattr(self, collective)).bind(*args, **kwargs)
         except TypeError as exc:   # named as the user's method, not the one behind it
@@ -308,8 +344,10 @@ class Communicator:
     def _bind_call(self, call: _Call) -> tuple[str, Callable[[], None]]:
         """The call described, and a callable that enqueues it again each time."""
         signature, chosen = self._signature(call)
+        extra = {} if call.splits is None else {"splits": call.splits}
         return signature.describe(), self._path.bind_call(
-            signature, chosen, call.inp, call.out, in_place=call.in_place, stream=call.stream)
+            signature, chosen, call.inp, call.out, in_place=call.in_place, stream=call.stream,
+            **extra)
 
     # -- calls, checked on this rank --------------------------------------------------
     def _all_gather(self, output: Any, input: Any, *, stream: Any = None,
@@ -340,6 +378,59 @@ class Communicator:
         in_place = self._check_pair("reduce_scatter", inp, out, "input", "output",
                                     blocks=self.size)
         return _Call("reduce_scatter", algo, inp, out, op, in_place, inp.nbytes, stream, output)
+
+    def _all_to_all(self, output: Any, input: Any, *, stream: Any = None,
+                    algo: str = "auto") -> _Call:
+        self._check_call(stream)
+        self._refuse_all_to_all("all_to_all")
+        out = self._array(output, "output", writable=True)
+        inp = self._array(input, "input")
+        in_place = self._check_pair("all_to_all", out, inp, "output", "input", blocks=None)
+        if inp.count % self.size:
+            raise CollectiveError(
+                f"all_to_all: input has {inp.count} elements, not a multiple of {self.size} "
+                f"(the ranks): block r of input goes to rank r, so all blocks are as long")
+        return _Call("all_to_all", algo, inp, out, None, in_place, inp.nbytes, stream, output)
+
+    def _all_to_all_v(self, output: Any, input: Any, output_splits: Any, input_splits: Any,
+                      *, stream: Any = None, algo: str = "auto") -> _Call:
+        self._check_call(stream)
+        self._refuse_all_to_all("all_to_all_v")
+        out = self._array(output, "output", writable=True)
+        inp = self._array(input, "input")
+        if out.dtype != inp.dtype:
+            raise CollectiveError(f"output is {out.spell()} and input {inp.spell()}: "
+                                  "all_to_all_v takes one dtype")
+        sends = check_splits(input_splits, "input_splits", ranks=self.size, count=inp.count,
+                             array="input")
+        receives = check_splits(output_splits, "output_splits", ranks=self.size,
+                                count=out.count, array="output")
+        for name, counts in (("input_splits", sends), ("output_splits", receives)):
+            nbytes = sum(counts) * inp.itemsize
+            if nbytes > self.max_bytes:
+                raise CollectiveError(
+                    f"all_to_all_v: {name} add up to {_spell_bytes(nbytes)}, more than this "
+                    f"communicator's max_bytes={self.max_bytes} "
+                    f"({format_size(self.max_bytes)}): create it with "
+                    f"Group.communicator(max_bytes={nbytes}) or more")
+        in_place = self._in_place(out, inp, 0, whole_name="output", part_name="input",
+                                  rule="all_to_all_v in place: input is output")
+        splits = np.array((sends, receives), np.int64)
+        return _Call("all_to_all_v", algo, inp, out, None, in_place, inp.nbytes, stream, output,
+                     splits)
+
+    def _refuse_all_to_all(self, call: str) -> None:
+        """Raise where all-to-all is not built yet: the same answer on every rank of a
+        group, so no rank goes on into a call its peers refused.
+
+        Raises:
+            CollectiveError: on GPU memory (issue 37).
+        """
+        if self.memory != "host":
+            raise CollectiveError(
+                f"{call} on GPU memory is not built yet (issue 37): this communicator runs "
+                "it on host memory only (Group(backend='host') with numpy arrays); on GPUs "
+                "use NCCL's all-to-all (torch.distributed.all_to_all_single) meanwhile")
 
     def synchronize(self, stream: Any = None) -> None:
         """Wait until this rank's calls enqueued on ``stream`` (the communicator's own by
@@ -475,12 +566,15 @@ class Communicator:
         name = choose(self.memory, call.op, call.nbytes, self.size,
                       shared_gpus=self._time_sliced) if call.algo == "auto" else call.algo
         inp = call.inp
-        key = (call.op, inp.count, inp.dtype, inp.itemsize, call.redop, name)
+        # All-to-all-v counts differ from rank to rank: its calls agree on the rest, and
+        # their splits are checked every call.
+        count = 0 if call.op == "all_to_all_v" else inp.count
+        key = (call.op, count, inp.dtype, inp.itemsize, call.redop, name)
         known = self._signatures.get(key)
         if known is None:
             chosen = algorithm(self.memory, call.op, name)
             known = self._signatures[key] = (
-                Signature(call.op, inp.count, inp.dtype, inp.itemsize, call.redop, chosen.name),
+                Signature(call.op, count, inp.dtype, inp.itemsize, call.redop, chosen.name),
                 chosen)
         return known
 
@@ -510,7 +604,10 @@ class Communicator:
             self._recent.put(key, launch)
             launch()
             return call.result
-        if call.stream is None:
+        if call.splits is not None:
+            self._path.run(signature, chosen, call.inp, call.out, in_place=call.in_place,
+                           splits=call.splits)
+        elif call.stream is None:
             self._path.run(signature, chosen, call.inp, call.out, in_place=call.in_place)
         else:
             self._path.run(signature, chosen, call.inp, call.out, in_place=call.in_place,
@@ -522,7 +619,8 @@ class Communicator:
 class _Call:
     """One call after the checks on this rank: the collective, the algorithm asked for,
     the arrays, the reduction, whether it is in place, the bytes ``auto`` chooses by,
-    the stream, and what the call returns."""
+    the stream, what the call returns, and (all-to-all-v) this rank's splits as an int64
+    array ``[input_splits, output_splits]``."""
 
     op: str
     algo: str
@@ -533,3 +631,4 @@ class _Call:
     nbytes: int
     stream: Any
     result: Any
+    splits: np.ndarray | None = None

@@ -121,6 +121,17 @@ class NodesCommunicator(Communicator):
                           "registered there")
 
     # -- calls ---------------------------------------------------------------------------
+    def _refuse_all_to_all(self, call: str) -> None:
+        """Not across nodes yet: the hierarchical steps have no all-to-all.
+
+        Raises:
+            CollectiveError: always (on every rank, which all make the call).
+        """
+        raise CollectiveError(
+            f"{call} on a communicator spanning nodes is not built yet (issue 37): it runs "
+            f"on a communicator of one node's group (host memory); across these "
+            f"{self.group.world.node_count} nodes use MPI's Alltoall / Alltoallv meanwhile")
+
     def _bind_call(self, call: _Call) -> tuple[str, Callable[[], None]]:
         description, run = self._guard.run(lambda: (self._agreed(call).describe(),
                                                     self._bind(call)))

@@ -23,8 +23,9 @@ __all__ = ["Algorithm", "HostCall"]
 
 class Algorithm(abc.ABC):
     """One way to run one collective (``op``: ``all_gather``, ``all_reduce``,
-    ``reduce_scatter``, ``all_to_all`` or ``all_to_all_v``) on one kind of memory (``memory``: ``host`` or ``cuda``), called
-    ``name`` by ``algo=``. Stateless: one instance serves every call of a path."""
+    ``reduce_scatter``, ``all_to_all`` or ``all_to_all_v``) on one kind of memory
+    (``memory``: ``host`` or ``cuda``), called ``name`` by ``algo=``. Stateless: one
+    instance serves every call of a path."""
 
     name: ClassVar[str] = ""
     op: ClassVar[str] = ""

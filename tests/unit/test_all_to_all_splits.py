@@ -1,0 +1,164 @@
+"""All-to-all-v's split checks without MPI: ``check_splits`` on one rank's splits, and
+``split_mismatches`` / ``splits_disagreement`` on every rank's rows (properties with
+hypothesis); the refusal on GPU memory and across nodes."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ipcshare.collectives.across_nodes.communicator import NodesCommunicator
+from ipcshare.collectives.algorithms.host_all_to_all import (
+    check_splits,
+    split_mismatches,
+    splits_disagreement,
+)
+from ipcshare.collectives.call_guard import CallGuard
+from ipcshare.collectives.communicator import Communicator
+from ipcshare.runtime.errors import CollectiveError
+
+counts = st.integers(0, 1 << 20)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(counts, min_size=1, max_size=9), st.integers(0, 9 << 20),
+       st.sampled_from(["list", "tuple", "int32", "int64", "uint16", "numpy ints"]))
+def test_valid_splits_come_back_as_ints_and_others_name_the_sum(values, count, form):
+    if form == "uint16":
+        values = [v % (1 << 16) for v in values]
+    given_splits = {"list": lambda: list(values), "tuple": lambda: tuple(values),
+                    "int32": lambda: np.array(values, np.int32),
+                    "int64": lambda: np.array(values, np.int64),
+                    "uint16": lambda: np.array(values, np.uint16),
+                    "numpy ints": lambda: [np.int64(v) for v in values]}[form]()
+    total = sum(values)
+    if total <= count:
+        got = check_splits(given_splits, "input_splits", ranks=len(values), count=count,
+                           array="input")
+        assert got == tuple(values) and all(type(v) is int for v in got)
+    else:
+        with pytest.raises(CollectiveError, match=rf"^all_to_all_v: input_splits add up to "
+                                                  rf"{total} elements, more than input's "
+                                                  rf"{count}$"):
+            check_splits(given_splits, "input_splits", ranks=len(values), count=count,
+                         array="input")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(-(1 << 40), 1 << 40), min_size=1, max_size=9),
+       st.integers(1, 9))
+def test_wrong_lengths_and_negative_counts_are_named(values, ranks):
+    if len(values) != ranks:
+        with pytest.raises(CollectiveError, match=rf"output_splits has {len(values)} counts, "
+                                                  rf"expected one per rank \({ranks}\)"):
+            check_splits(values, "output_splits", ranks=ranks, count=1 << 62, array="output")
+        return
+    negative = [i for i, v in enumerate(values) if v < 0]
+    if negative:
+        first = negative[0]
+        with pytest.raises(CollectiveError, match=rf"output_splits\[{first}\]="
+                                                  rf"{values[first]}: counts are elements"):
+            check_splits(values, "output_splits", ranks=ranks, count=1 << 62, array="output")
+    else:
+        assert check_splits(values, "output_splits", ranks=ranks, count=1 << 62,
+                            array="output") == tuple(values)
+
+
+@pytest.mark.parametrize(("splits", "message"), [
+    ([1, 2.0], r"input_splits\[1\]=2.0: expected an int"),
+    ([True, 1], r"input_splits\[0\]=True: expected an int"),
+    ([1, None], r"input_splits\[1\]=None: expected an int"),
+    ("12", r"input_splits is a str: pass a sequence of one int per rank$"),
+    (b"\x01\x02", r"input_splits is a bytes"),
+    ({0: 1, 1: 2}, r"input_splits is a dict"),
+    (7, r"input_splits is a int"),
+    (np.array([1.0, 2.0]), r"numpy array of dtype float64 and shape \(2,\)"),
+    (np.array([[1, 2]]), r"numpy array of dtype int64 and shape \(1, 2\)"),
+    (np.array([True, False]), r"numpy array of dtype bool"),
+])
+def test_splits_that_are_not_counts_are_refused(splits, message):
+    with pytest.raises(CollectiveError, match=message):
+        check_splits(splits, "input_splits", ranks=2, count=100, array="input")
+
+
+def test_splits_in_device_memory_point_to_issue_37():
+    class DeviceSplits:
+        __cuda_array_interface__ = {"shape": (2,), "typestr": "<i4", "data": (0, False),
+                                    "version": 3}
+
+    with pytest.raises(CollectiveError, match=r"splits in device memory are not built yet, "
+                                              r"issue 37"):
+        check_splits(DeviceSplits(), "input_splits", ranks=2, count=100, array="input")
+
+
+def _table(sends: np.ndarray, expects: np.ndarray) -> np.ndarray:
+    """Every rank's published rows: rank r's input_splits are ``sends[r]``, its
+    output_splits ``expects[r]``."""
+    return np.stack([sends, expects], axis=1).astype(np.int64)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 8).flatmap(lambda n: st.tuples(
+    st.just(n), st.lists(st.integers(0, 50), min_size=n * n, max_size=n * n),
+    st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1), st.integers(1, 5)),
+             max_size=6))))
+def test_mismatches_are_exactly_the_pairs_that_differ(drawn):
+    n, flat, changes = drawn
+    sends = np.array(flat, np.int64).reshape(n, n)    # sends[r, q]: rank r to rank q
+    expects = sends.T.copy()                          # expects[q, r]: q's output_splits[r]
+    assert split_mismatches(_table(sends, expects)) == []
+    assert splits_disagreement(_table(sends, expects)) is None
+    changed = set()
+    for q, r, extra in changes:
+        expects[q, r] += extra
+        changed.add((q, r))
+    wrong = {(q, r) for q in range(n) for r in range(n) if expects[q, r] != sends[r, q]}
+    pairs = split_mismatches(_table(sends, expects))
+    assert {(q, r) for q, r, _, _ in pairs} == wrong == changed
+    assert pairs == sorted(pairs)   # receiver, then sender order: the same on every rank
+    for q, r, want, got in pairs:
+        assert (want, got) == (expects[q, r], sends[r, q])
+    message = splits_disagreement(_table(sends, expects))
+    assert (message is None) == (not wrong)
+    if message is not None:
+        assert "\n" not in message
+        q, r, want, got = pairs[0]
+        assert message.startswith(
+            f"ranks disagree on all_to_all_v's splits: rank {q} expects {want} elements "
+            f"from rank {r} (output_splits[{r}]={want}), which sends it {got} "
+            f"(input_splits[{q}]={got})")
+        assert message.count("expects") == min(len(pairs), 4)
+        assert ("more pair" in message) == (len(pairs) > 4)
+
+
+def _fake(cls: type, memory: str, nodes: int = 1) -> Communicator:
+    """Enough of an open communicator to reach the all-to-all refusal, without a group."""
+    comm = cls.__new__(cls)
+    comm._closed = False
+    comm._guard = CallGuard()
+    comm._path = types.SimpleNamespace(memory=memory, window=types.SimpleNamespace(closed=False))
+    comm.group = types.SimpleNamespace(world=types.SimpleNamespace(node_count=nodes))
+    if cls is NodesCommunicator:
+        comm._node = types.SimpleNamespace(closed=False)
+    return comm
+
+
+@pytest.mark.parametrize(("cls", "memory", "nodes", "message"), [
+    (Communicator, "cuda", 1, r"on GPU memory is not built yet \(issue 37\)"),
+    (NodesCommunicator, "host", 2, r"on a communicator spanning nodes is not built yet "
+                                   r"\(issue 37\).*across these 2 nodes"),
+    (NodesCommunicator, "cuda", 3, r"on a communicator spanning nodes is not built yet"),
+])
+def test_all_to_all_is_refused_where_it_is_not_built(cls, memory, nodes, message):
+    comm = _fake(cls, memory, nodes)
+    array = np.zeros(4, np.float32)
+    for call in (lambda: comm.all_to_all(array, array),
+                 lambda: comm.all_to_all_v(array, array, [1, 1], [1, 1]),
+                 lambda: comm.bind("all_to_all", array, array),
+                 lambda: comm.bind("all_to_all_v", array, array, [1, 1], [1, 1])):
+        with pytest.raises(CollectiveError, match=message):
+            call()
