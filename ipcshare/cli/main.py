@@ -120,6 +120,16 @@ def build_parser() -> argparse.ArgumentParser:
                              help="1: register the arrays with the communicator "
                                   "(Communicator.register), so calls read them in place "
                                   "instead of copying them in (default 0)")
+    alltoall = commands.add_parser(
+        "alltoall", help="block r of every rank's input to rank r (library "
+                         "Communicator.all_to_all / all_to_all_v; host memory for now)")
+    _add_pattern_flags(alltoall)
+    alltoall.add_argument("--splits", dest="splits",
+                          help="even (all_to_all: equal blocks) | random | skewed (most "
+                               "elements to one rank): how each rank's input is split "
+                               "between the ranks; random and skewed run all_to_all_v on "
+                               "seeded splits, zero-size ones among them (default even)")
+    alltoall.set_defaults(op=None, register=None)
     from .bench import add_bench_flags
 
     add_bench_flags(commands.add_parser(

@@ -1,4 +1,4 @@
-"""``ipcshare ring`` and ``ipcshare allgather``."""
+"""``ipcshare ring``, ``allgather``, ``allreduce``, ``reducescatter`` and ``alltoall``."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ __all__ = ["run_pattern_command", "resolve_options", "check_same_run"]
 
 _OPTION_KEYS = ("backend", "exchange", "handle", "min_bytes", "max_bytes", "step_factor",
                 "iters", "warmup", "checks", "datatype", "baseline", "graph", "after_kernel",
-                "json", "min_bw", "algo", "inter", "op", "timing", "register")
+                "json", "min_bw", "algo", "inter", "op", "timing", "register", "splits")
 
 
 def resolve_options(args: argparse.Namespace,
@@ -65,6 +65,7 @@ def _run_facts(args: argparse.Namespace, options: PatternOptions) -> list[tuple[
         ("the engine between nodes", options.inter, f"--inter {options.inter}"),
         ("the reduction", options.op, f"-o {options.op}"),
         ("the registration", options.register, f"-R {options.register}"),
+        ("the splits", options.splits, f"--splits {options.splits}"),
         ("the baseline", options.baseline, f"--baseline {options.baseline}"),
         ("graph mode", options.graph, switch("--graph", options.graph)),
         ("the timing", options.timing, f"--timing {options.timing}"),
@@ -113,7 +114,7 @@ def run_pattern_command(args: argparse.Namespace) -> int:
                 check_handle(options.backend, options.handle)
             pattern = make_pattern(args.command, options.algo, op=options.op,
                                    datatype=options.datatype, inter=options.inter,
-                                   register=options.register)
+                                   register=options.register, splits=options.splits)
             if world.rank == 0:  # it alone writes: refuse now what would fail after the run
                 check_writable(options.json)
             # Read here, where a bad value fails every rank together.
@@ -130,7 +131,10 @@ def run_pattern_command(args: argparse.Namespace) -> int:
         # a peer dies cannot notice it: the watch ends it after this grace.
         group.watch.exit_if_stuck(grace=grace)
         with collective_step(group.world, "choosing the algorithm"):
-            if options.algo in ("push", "pull", "ring", "ll") and not group.backend.has_kernels:
+            if args.command == "alltoall":
+                _check_all_to_all_memory(group)
+            elif (options.algo in ("push", "pull", "ring", "ll")
+                  and not group.backend.has_kernels):
                 raise ConfigError(f"--algo {options.algo} runs GPU kernels: it needs a GPU "
                                   "backend (cuda-ipc or cuda-vmm), not host")
             if args.command in ("allreduce", "reducescatter"):
@@ -185,6 +189,14 @@ def _check_reduction_algo(command: str, algo: str, group) -> None:
         where = "GPU" if memory == "cuda" else "host"
         raise ConfigError(f"--algo {algo} does not run {command} on {where} memory (backend "
                           f"{group.backend_name}); choose one of: {', '.join(here)}")
+
+
+def _check_all_to_all_memory(group) -> None:
+    """Refuse, before the table starts, all-to-all on GPU memory (not built yet): the
+    library would refuse it at the first call."""
+    if group.backend.device_memory:
+        raise ConfigError(f"all-to-all on GPU memory is not built yet (issue 37), and the "
+                          f"backend is {group.backend_name}: use --backend host")
 
 
 def _write_json(path: str, document: dict) -> None:

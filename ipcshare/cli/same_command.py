@@ -16,7 +16,7 @@ __all__ = ["CommandLineError", "agree_on_command", "PATTERN_COMMANDS"]
 
 # These compare their operation with the rest of their options in one step of their own
 # (run_pattern.check_same_run), naming every difference at once: here they count as one.
-PATTERN_COMMANDS = ("ring", "allgather", "allreduce", "reducescatter")
+PATTERN_COMMANDS = ("ring", "allgather", "allreduce", "reducescatter", "alltoall")
 
 
 class CommandLineError(Exception):

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 __all__ = ["make_pattern", "PATTERNS"]
 
-PATTERNS = ("ring", "allgather", "allreduce", "reducescatter")
+PATTERNS = ("ring", "allgather", "allreduce", "reducescatter", "alltoall")
 
 
 def make_pattern(name: str, algo: str = "auto", *, op: str = "sum",
-                 datatype: str = "float32", inter: str = "auto", register: int = 0):
+                 datatype: str = "float32", inter: str = "auto", register: int = 0,
+                 splits: str = "even"):
     """A fresh pattern object for ``name`` (``ring`` or ``allgather``) and ``algo``:
     ``copy-engine`` (engine copies: memcpy on host, the copy engine on GPUs),
     ``hierarchical`` (all-gather: IPC inside nodes, MPI between nodes), one of the
@@ -19,14 +20,21 @@ def make_pattern(name: str, algo: str = "auto", *, op: str = "sum",
     size (patterns.choice), hierarchical across nodes, engine copies otherwise.
     ``inter`` names what crosses nodes (config.INTER_ENGINES: auto, nccl, mpi).
     ``register`` (allreduce and reducescatter): 1 registers the case's arrays with its
-    communicator, so calls read them in place."""
+    communicator, so calls read them in place. ``splits`` (alltoall): ``even`` runs
+    all_to_all, ``random`` and ``skewed`` all_to_all_v on seeded splits."""
     from ..runtime.config import INTER_ENGINES
     from ..runtime.errors import ConfigError
 
     if inter not in INTER_ENGINES:
         raise ConfigError(f"unknown inter-node engine {inter!r}; choose one of: "
                           f"{', '.join(INTER_ENGINES)}")
-    pattern = _make(name, algo, op, datatype)
+    if splits != "even" and name != "alltoall":
+        raise ConfigError(f"splits apply to the alltoall op (how each rank's input is "
+                          f"split between the ranks), not to {name}")
+    if name == "alltoall":
+        pattern = _all_to_all_case(algo, splits, datatype)
+    else:
+        pattern = _make(name, algo, op, datatype)
     pattern.inter = inter
     if register:
         if name not in ("allreduce", "reducescatter"):
@@ -98,3 +106,18 @@ def _reduction_case(name: str, algo: str, op: str, datatype: str):
         raise ConfigError(f"the {name} op has no {algo!r} algorithm; choose one of: "
                           f"{', '.join(allowed)}")
     return case(algo, op=op, datatype=datatype)
+
+
+def _all_to_all_case(algo: str, splits: str, datatype: str):
+    """The all-to-all case: it calls the collectives layer (all_to_all, or all_to_all_v
+    for uneven splits), whose algorithm names ``algo`` must be (or ``auto``)."""
+    from ..collectives.algorithms import algorithm_names
+    from ..runtime.errors import ConfigError
+    from .alltoall import AllToAll
+
+    case = AllToAll(algo, splits=splits, datatype=datatype)
+    allowed = ("auto", *algorithm_names("host", case.collective))
+    if algo not in allowed:
+        raise ConfigError(f"the alltoall op has no {algo!r} algorithm; choose one of: "
+                          f"{', '.join(allowed)}")
+    return case

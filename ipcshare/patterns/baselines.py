@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..runtime.errors import ConfigError
 from ..topology.world import World
 from ..window import Group
 
@@ -43,7 +44,8 @@ def open_gpu_baseline(name: str, group: Group, pattern: Any) -> Any:
 
 def mpi_baseline(world: World, pattern: Any) -> Any:
     """The MPI baseline of ``pattern``: MpiBaseline for all-gather and ring, the
-    reduction baseline for all-reduce and reduce-scatter.
+    reduction baseline for all-reduce and reduce-scatter, the all-to-all baseline for
+    all-to-all.
 
     Raises:
         ConfigError: a datatype MPI cannot reduce.
@@ -52,6 +54,10 @@ def mpi_baseline(world: World, pattern: Any) -> Any:
         from .baseline_mpi_reduce import MpiReductionBaseline
 
         return MpiReductionBaseline(world, pattern)
+    if pattern.name == "alltoall":
+        from .baseline_mpi_alltoall import MpiAllToAllBaseline
+
+        return MpiAllToAllBaseline(world, pattern)
     from .baseline_mpi import MpiBaseline
 
     return MpiBaseline(world, pattern.name)
@@ -61,10 +67,14 @@ def make_baseline(name: str, group: Group, pattern: Any) -> Any:
     """Collective: the baseline ``name`` (``none`` gives None) for ``pattern``.
 
     Raises:
-        ConfigError: it cannot time ``pattern`` here (on every rank).
+        ConfigError: it cannot time ``pattern`` here, or a GPU baseline of all-to-all (not
+            built yet), on every rank.
     """
     if name == "none":
         return None
     if name == "mpi":
         return mpi_baseline(group.world, pattern)
+    if pattern.name == "alltoall":
+        raise ConfigError(f"--baseline {name} does not time all-to-all yet (issue 37): use "
+                          "--baseline mpi or none")
     return open_gpu_baseline(name, group, pattern)

@@ -175,6 +175,9 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
         title += "  before each: an empty kernel"
     if getattr(pattern, "register", False):
         title += "  arrays: registered with the communicator (-R 1)"
+    splits = getattr(pattern, "splits", None)
+    if splits is not None:
+        title += f"  splits: {splits}"
     if rotate > 1:
         title += (f"  buffers: {rotate} in rotation up to "
                   f"{format_size(ROTATION_MAX_BLOCK_BYTES)} per rank")
@@ -289,7 +292,8 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
         timing=GRAPH_LABEL if graph else "eager", devices=list(devices),
         rows=rows, baseline=results[0] if results else None, extra_baselines=results[1:],
         after_kernel=after_kernel, inter=pattern.inter_engine_name,
-        registered=bool(getattr(pattern, "register", False)), checked=options.checks > 0,
+        registered=bool(getattr(pattern, "register", False)), splits=splits,
+        checked=options.checks > 0,
         statistic="median" if timing == "latency" else "mean", ceiling=ceiling)
     if result.inter is not None:
         say(f"# between nodes: {result.inter} ({INTER_LABELS[result.inter]})")

@@ -162,6 +162,8 @@ class RunResult:
     inter: str | None = None
     # The reduction's arrays were registered with its communicator (-R 1).
     registered: bool = False
+    # How the all-to-all split each rank's input (even, random, skewed); None for others.
+    splits: str | None = None
     # Results were verified (-c > 0); otherwise the document says "wrong": null.
     checked: bool = True
     # What time_us is over the timed operations: "mean" (nccl-tests: back-to-back
@@ -223,6 +225,8 @@ class RunResult:
             document["inter"] = self.inter
         if self.registered:
             document["registered"] = True
+        if self.splits is not None:
+            document["splits"] = self.splits
         if not self.checked:  # nothing verified: no count of wrong elements to report
             document["checked"] = False
             document["wrong_total"] = None

@@ -18,6 +18,7 @@ __all__ = [
     "EXCHANGES",
     "ALGOS",
     "REDUCTIONS",
+    "SPLITS",
     "BASELINES",
     "DATATYPES",
     "INTER_ENGINES",
@@ -51,6 +52,8 @@ TIMINGS = ("nccl-tests", "latency")
 INTER_ENGINES = ("auto", "nccl", "mpi")
 # -o of allreduce / reducescatter (the collectives layer's ops).
 REDUCTIONS = ("sum", "max", "min")
+# --splits of alltoall: even (all_to_all), random or skewed (all_to_all_v, seeded splits).
+SPLITS = ("even", "random", "skewed")
 # name -> (numpy dtype string, bytes per element)
 DATATYPES = {
     "uint8": ("u1", 1), "int8": ("i1", 1),
@@ -146,6 +149,8 @@ class PatternOptions:
     # Reductions (allreduce, reducescatter): 1 registers the case's arrays with the
     # communicator (Communicator.register), so calls read them in place (nccl-tests -R).
     register: int = 0
+    # alltoall: how each rank's input is split between the ranks (patterns.alltoall).
+    splits: str = "even"
     graph: bool = False
     after_kernel: bool = False
     # nccl-tests: averaged back-to-back runs; latency: samples of one operation each,
@@ -162,6 +167,7 @@ class PatternOptions:
         _choice("algo", self.algo, ALGOS)
         _choice("inter", self.inter, INTER_ENGINES)
         _choice("op", self.op, REDUCTIONS)
+        _choice("splits", self.splits, SPLITS)
         _choice("timing", self.timing, TIMINGS)
         _choice("datatype", self.datatype, tuple(DATATYPES))
         for name in ("min_bytes", "max_bytes"):
@@ -214,6 +220,7 @@ _FIELD_TYPES = {
     "min_bytes": "size", "max_bytes": "size", "step_factor": int, "iters": int,
     "warmup": int, "checks": int, "graph": bool, "after_kernel": bool, "algo": str,
     "inter": str, "json": str, "min_bw": float, "op": str, "timing": str, "register": int,
+    "splits": str,
 }
 
 

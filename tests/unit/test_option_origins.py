@@ -83,7 +83,10 @@ def test_every_option_flag_is_known_by_its_field():
     assert args.option_flags["register"] == "-R/--register"
     from ipcshare.cli.run_pattern import _OPTION_KEYS
 
-    assert set(_OPTION_KEYS) - set(args.option_flags) == set()
+    # Every option key is some pattern command's flag (--splits is alltoall's alone).
+    flags = set(args.option_flags) | set(build_parser().parse_args(["alltoall"]).option_flags)
+    assert set(_OPTION_KEYS) - flags == set()
+    assert build_parser().parse_args(["alltoall"]).option_flags["splits"] == "--splits"
 
 
 def test_an_option_a_command_lacks_is_refused_by_the_command():

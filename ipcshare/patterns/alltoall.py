@@ -1,0 +1,201 @@
+"""nccl-tests' all-to-all, run by the library's ``Communicator.all_to_all`` (``--splits
+even``) or ``all_to_all_v`` (``random``, ``skewed``: uneven splits, zero-size ones among
+them), on host memory."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..collectives.across_nodes.hierarchy import typed_view
+from ..runtime.config import DATATYPES, SPLITS
+from ..runtime.errors import ConfigError
+from ..window import Window
+from .allgather import allgather_busbw_factor
+from .base import Pattern, SizePlan, align
+from .collective_case import communicator_for
+from .seeding import count_wrong, poison, seeded_bytes
+
+__all__ = ["AllToAll", "split_matrix"]
+
+# What the random and skewed splits are drawn from, with the row's element count and the
+# world size: every rank draws every rank's splits alike.
+SPLITS_SEED = 37
+# Random splits: the share of zero-size splits among the others.
+_ZERO_SHARE = 0.25
+
+
+def split_matrix(splits: str, count: int, world_size: int, seed: int = SPLITS_SEED,
+                 ) -> np.ndarray:
+    """``m[r, q]``: the elements rank r sends rank q when each rank sends all ``count``
+    elements of its input (every row adds up to ``count``), drawn from (``count``,
+    ``world_size``, ``seed``) alone, so every rank computes every rank's row alike.
+    ``even``: ``count / world_size`` each; ``random``: random shares, about a quarter of
+    them zero; ``skewed``: every rank sends more than half of its elements to one rank
+    (drawn), small random shares (some zero) to the others.
+
+    Raises:
+        ConfigError: an unknown ``splits``.
+    """
+    n = world_size
+    if splits == "even":
+        return np.full((n, n), count // n, np.int64)
+    if splits not in SPLITS:
+        raise ConfigError(f"unknown splits {splits!r}; choose one of: {', '.join(SPLITS)}")
+    rng = np.random.default_rng([seed, count, n, SPLITS.index(splits)])
+    if splits == "random":
+        weights = rng.random((n, n))
+        weights[rng.random((n, n)) < _ZERO_SHARE] = 0.0
+        m = np.zeros((n, n), np.int64)
+        for r in range(n):
+            if not weights[r].any():   # every share drawn zero: all of it to one rank
+                weights[r, int(rng.integers(0, n))] = 1.0
+            row = np.floor(weights[r] / weights[r].sum() * count).astype(np.int64)
+            # What flooring left over goes to the first ranks with a share.
+            takers = np.flatnonzero(weights[r])
+            for index in range(int(count - row.sum())):
+                row[takers[index % len(takers)]] += 1
+            m[r] = row
+        return m
+    hot = int(rng.integers(0, n))
+    # Each other share at most count / 2n: together under half, so the hot rank gets most.
+    m = rng.integers(0, count // (2 * n) + 1, (n, n)).astype(np.int64)
+    m[rng.random((n, n)) < _ZERO_SHARE] = 0
+    m[:, hot] = 0
+    m[:, hot] = count - m.sum(axis=1)
+    return m
+
+
+class AllToAll(Pattern):
+    """``size`` is the bytes of each rank's input, all of it sent (``n`` blocks of one
+    length with ``even`` splits; the split matrix's row with the others); busbw =
+    algbw(n-1)/n, the all-gather's factor (nccl-tests' alltoall).
+
+    Window layout per rank: [array][pad to 4 KiB][output]. Out of place the input is the
+    array's first ``size`` bytes; in place the array is input and output at once, as long
+    as the longer of the two on any rank. Splits depend on the size only (a bound call
+    keeps its splits), data on (iteration, rank).
+    """
+
+    name = "alltoall"
+    modes = ("out-of-place", "in-place")
+
+    def __init__(self, algo: str = "auto", *, splits: str = "even",
+                 datatype: str = "float32") -> None:
+        """Raises:
+            ConfigError: an unknown ``splits`` or ``datatype``.
+        """
+        if splits not in SPLITS:
+            raise ConfigError(f"unknown splits {splits!r}; choose one of: {', '.join(SPLITS)}")
+        if datatype not in DATATYPES:
+            raise ConfigError(f"unknown datatype {datatype!r}; choose one of: "
+                              f"{', '.join(DATATYPES)}")
+        self.algo = algo
+        self.splits = splits
+        self.datatype = datatype
+        # The library's spelling of the element type (``float`` is float32 here, float64
+        # to numpy).
+        self._dtype = ("bfloat16" if datatype == "bfloat16"
+                       else np.dtype(DATATYPES[datatype][0]).name)
+        self.collective = "all_to_all" if splits == "even" else "all_to_all_v"
+        self._communicator: Any = None
+        self._matrices: dict[tuple[int, int], np.ndarray] = {}
+
+    # -- sizes -------------------------------------------------------------------------
+    def plan(self, size: int, world_size: int, element_size: int) -> SizePlan:
+        per_rank = max(1, size // (world_size * element_size))
+        total = per_rank * world_size * element_size
+        return SizePlan(size=total, count=per_rank * world_size, block_bytes=total,
+                        element_size=element_size)
+
+    def split_matrix(self, plan: SizePlan, world_size: int) -> np.ndarray:
+        """``m[r, q]``: the elements rank r sends rank q at ``plan`` (read-only)."""
+        key = (plan.count, world_size)
+        if key not in self._matrices:
+            m = split_matrix(self.splits, plan.count, world_size)
+            m.setflags(write=False)
+            self._matrices[key] = m
+        return self._matrices[key]
+
+    def received_bytes(self, plan: SizePlan, rank: int, world_size: int) -> int:
+        """Bytes rank ``rank`` receives at ``plan``."""
+        return int(self.split_matrix(plan, world_size)[:, rank].sum()) * plan.element_size
+
+    def array_bytes(self, plan: SizePlan, world_size: int) -> int:
+        """Bytes of the in-place array (input and output), the same on every rank: the
+        longest input or output of any rank."""
+        received = self.split_matrix(plan, world_size).sum(axis=0)
+        return max(plan.size, int(received.max()) * plan.element_size)
+
+    def window_bytes(self, plan: SizePlan, world_size: int) -> int:
+        received = self.split_matrix(plan, world_size).sum(axis=0)
+        return align(self.array_bytes(plan, world_size)) + int(received.max()) * plan.element_size
+
+    # -- the Pattern interface ---------------------------------------------------------
+    def _input(self, window: Window, plan: SizePlan, mode: str) -> Any:
+        if mode == "in-place":
+            return window.local.slice(0, self.array_bytes(plan, window.world_size))
+        return window.local.slice(0, plan.size)
+
+    def _output(self, window: Window, plan: SizePlan, mode: str) -> Any:
+        if mode == "in-place":
+            return self._input(window, plan, mode)
+        return window.local.slice(align(self.array_bytes(plan, window.world_size)),
+                                  self.received_bytes(plan, window.rank, window.world_size))
+
+    def prepare(self, window: Window, plan: SizePlan, mode: str, iteration: int) -> None:
+        engine = window.engine
+        output = self._output(window, plan, mode)
+        engine.upload(output, poison(output.nbytes))
+        engine.upload(window.local.slice(0, plan.size),
+                      self.input_bytes(plan, window.rank, window.world_size, iteration))
+
+    def bind(self, window: Window, plan: SizePlan, mode: str) -> Callable[[], None]:
+        n, me = window.world_size, window.rank
+        communicator = self._communicator = communicator_for(
+            self._communicator, window, self.array_bytes(plan, n))
+        inputs = typed_view(self._input(window, plan, mode), communicator.memory, self._dtype)
+        output = (inputs if mode == "in-place" else
+                  typed_view(self._output(window, plan, mode), communicator.memory,
+                             self._dtype))
+        algo = self.algo
+        if self.collective == "all_to_all":
+            return communicator.bind("all_to_all", output, inputs, algo=algo)
+        m = self.split_matrix(plan, n)
+        # Bound with its splits: every call of this size sends the same counts.
+        return communicator.bind("all_to_all_v", output, inputs, m[:, me].tolist(),
+                                 m[me].tolist(), algo=algo)
+
+    def check(self, window: Window, plan: SizePlan, mode: str, iteration: int) -> int:
+        n, me = window.world_size, window.rank
+        got = window.engine.download(self._output(window, plan, mode))
+        received = self.received_bytes(plan, me, n)
+        return count_wrong(got[:received], self.expected_bytes(plan, me, n, iteration),
+                           plan.element_size)
+
+    def bandwidth(self, plan: SizePlan, seconds: float, world_size: int) -> tuple[float, float]:
+        algbw = plan.size / seconds / 1e9
+        return algbw, algbw * allgather_busbw_factor(world_size)
+
+    # -- data, for this case and its baseline -------------------------------------------
+    def input_bytes(self, plan: SizePlan, rank: int, world_size: int, iteration: int,
+                    ) -> np.ndarray:
+        """Rank ``rank``'s seeded input of ``iteration`` (``plan.size`` bytes)."""
+        return seeded_bytes(iteration, rank, plan.size)
+
+    def expected_bytes(self, plan: SizePlan, rank: int, world_size: int, iteration: int,
+                       ) -> np.ndarray:
+        """What rank ``rank`` receives in ``iteration``, packed in rank order: from each
+        rank r, the elements r sends it, which follow those r sends to lower ranks."""
+        m = self.split_matrix(plan, world_size)
+        item = plan.element_size
+        parts = []
+        for sender in range(world_size):
+            start = int(m[sender, :rank].sum()) * item
+            nbytes = int(m[sender, rank]) * item
+            if nbytes:
+                data = self.input_bytes(plan, sender, world_size, iteration)
+                parts.append(data[start:start + nbytes])
+        return np.concatenate(parts) if parts else np.empty(0, np.uint8)

@@ -1,0 +1,104 @@
+"""``ipcshare alltoall``: the nccl-tests case of Communicator.all_to_all / all_to_all_v on
+the host backend, under mpiexec, with good and bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ipcshare.cli.main import EXIT_ERROR, EXIT_OK
+
+from .test_cli import needs_mpiexec, run, without_gpu
+
+
+@pytest.fixture
+def socket_dir(socket_base, monkeypatch):
+    monkeypatch.setenv("IPCSHARE_SOCKET_DIR", str(socket_base))
+    return socket_base
+
+
+@needs_mpiexec
+@pytest.mark.parametrize(("splits", "n"), [("random", 2), ("skewed", 3), ("even", 3)])
+def test_alltoall_verifies_and_reports_nccl_tests_figures(tmp_path, socket_dir, splits, n):
+    path = tmp_path / "a.json"
+    out = run(["alltoall", "--backend", "host", "-b", "1K", "-e", "64K", "-f", "4",
+               "--splits", splits, "--baseline", "mpi", "-n", "3", "-w", "1", "-c", "2",
+               "--json", str(path)], n=n)
+    assert out.returncode == EXIT_OK, out.stderr
+    assert "op: alltoall  backend: host" in out.stdout and f"splits: {splits}" in out.stdout
+    assert "# Out of bounds values : 0 OK" in out.stdout
+    doc = json.loads(path.read_text())
+    assert set(doc) >= {"ipcshare", "op", "backend", "exchange", "world_size", "nodes",
+                        "timing", "devices", "rows", "baseline", "wrong_total"}
+    assert doc["op"] == "alltoall" and doc["backend"] == "host" and doc["splits"] == splits
+    assert doc["world_size"] == n and doc["timing"] == "eager" and doc["wrong_total"] == 0
+    # size: each rank's input, n blocks of float32 (the default datatype)
+    per_rank = [size // (4 * n) * 4 * n for size in (1024, 4096, 16384, 65536)]
+    assert [row["size"] for row in doc["rows"]] == per_rank
+    for row in doc["rows"]:
+        assert row["count"] * 4 == row["size"] and row["wrong"] == 0
+        assert row["busbw"] == pytest.approx(row["algbw"] * (n - 1) / n, rel=1e-2, abs=2e-3)
+        assert row["in_place"]["wrong"] == 0
+    baseline = doc["baseline"]
+    assert baseline["name"] == "mpi" and baseline["version"]
+    assert [row["size"] for row in baseline["rows"]] == per_rank
+    assert [row["wrong"] for row in baseline["rows"]] == [0] * len(per_rank)
+    assert all(row["time_us"] > 0 for row in baseline["rows"])
+
+
+def _errors(out) -> list[str]:
+    return [line for line in out.stderr.splitlines() if line.startswith("ipcshare: error:")]
+
+
+@needs_mpiexec
+@pytest.mark.parametrize(("args", "message"), [
+    (["alltoall", "--backend", "host", "--splits", "bogus"],
+     "--splits bogus: unknown splits; choose one of: even, random, skewed"),
+    (["alltoall", "--backend", "host", "--algo", "one-shot"],
+     "the alltoall op has no 'one-shot' algorithm; choose one of: auto, pull"),
+    (["alltoall", "--backend", "host", "--baseline", "nccl"],
+     "--baseline nccl does not time all-to-all yet (issue 37): use --baseline mpi or none"),
+    (["alltoall", "--backend", "host", "--graph"],
+     "--graph captures CUDA graphs: it needs a GPU backend"),
+])
+def test_bad_alltoall_input_fails_on_every_rank_in_one_line(socket_dir, args, message):
+    n = 2
+    out = run(args, n=n, timeout=90)
+    assert out.returncode == EXIT_ERROR, out.stderr
+    errors = _errors(out)
+    assert len(errors) == n and len(set(errors)) == 1, out.stderr
+    assert message in errors[0]
+    assert "Traceback" not in out.stderr
+
+
+@needs_mpiexec
+def test_splits_belong_to_alltoall(socket_dir):
+    out = run(["allgather", "--splits", "random"], n=2, timeout=90)
+    assert out.returncode != EXIT_OK
+    assert "unrecognized arguments: --splits random" in out.stderr
+
+
+@needs_mpiexec
+@without_gpu
+def test_a_gpu_backend_is_refused_before_the_table(socket_dir):
+    # No GPU here: the GPU backend itself is refused, on every rank, in one line.
+    out = run(["alltoall", "--backend", "cuda-vmm"], n=2, timeout=90)
+    assert out.returncode == EXIT_ERROR
+    assert len(_errors(out)) == 2 and "Traceback" not in out.stderr
+
+
+def test_gpu_memory_is_refused_by_the_command_in_words_of_the_flag():
+    """The check the command makes before the table, on every rank alike (a collective
+    step): the group's backend declares GPU memory, so all-to-all is refused."""
+    from types import SimpleNamespace
+
+    from ipcshare.cli.run_pattern import _check_all_to_all_memory
+    from ipcshare.runtime.errors import ConfigError
+
+    gpu = SimpleNamespace(backend=SimpleNamespace(device_memory=True), backend_name="cuda-vmm")
+    with pytest.raises(ConfigError, match=r"^all-to-all on GPU memory is not built yet "
+                       r"\(issue 37\), and the backend is cuda-vmm: use --backend host$"):
+        _check_all_to_all_memory(gpu)
+    _check_all_to_all_memory(SimpleNamespace(backend=SimpleNamespace(device_memory=False),
+                                             backend_name="host"))
