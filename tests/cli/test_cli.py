@@ -517,3 +517,24 @@ def test_usage_errors_are_one_line():
                          timeout=60)
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and "invalid int value" in out.stderr
+
+
+@needs_mpiexec
+def test_a_measurement_error_exits_5_on_every_rank(tmp_path, socket_dir):
+    # The ceiling is replaced by one no copy can stay under: every row is a measurement
+    # error, printed under its row, listed in the JSON, and the command exits 5.
+    program = ("import sys; from ipcshare.patterns import driver; "
+               "from ipcshare.topology.link_speed import Ceiling; "
+               "driver.run_ceiling = lambda group: Ceiling(1e-6, 'a test ceiling'); "
+               "from ipcshare.cli.main import main; sys.exit(main(sys.argv[1:]))")
+    path = tmp_path / "out.json"
+    out = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-c", program, "allgather",
+                          "-b", "64K", "-e", "64K", "-n", "3", "-w", "1", "--json", str(path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 5, out.stderr
+    errors = [line for line in out.stderr.splitlines() if "measurement error" in line]
+    assert len(errors) == 2 and all("above the ceiling" in line for line in errors)
+    assert "#  ^ measurement error, out-of-place" in out.stdout
+    assert "# Measurement errors   : " in out.stdout and "FAILED" in out.stdout
+    document = json.loads(path.read_text())
+    assert document["measurement_errors"] and document["rows"][0]["errors"]
