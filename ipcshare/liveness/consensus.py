@@ -183,9 +183,12 @@ class Rendezvous:
         giving errors about values nobody passed.
 
         Raises:
+            PeerDied: a peer of this node died (the same error a rank already inside a
+                step gets, so that a rank arriving late is told alike).
             WindowError: naming the failure and what to do.
         """
         if self.watch is not None and self.watch.failed:
+            self.watch.check(what)
             raise WindowError(f"{what}: this group can no longer meet: {self.watch.failed}; "
                               "close it and make a new Group on every rank")
 

@@ -103,3 +103,21 @@ def test_the_death_message_names_each_rank_once(doing, said):
         assert watch.describe(doing) == said
     finally:
         watch.close()
+
+
+def test_a_rank_arriving_at_a_step_after_a_death_is_told_of_the_death():
+    """On a loaded machine a rank may reach the next step only after the watch saw a
+    peer die: it must get the same PeerDied as the ranks already inside, not a bare
+    'can no longer meet' that callers catching PeerDied would miss (CI, 2026-11-26)."""
+    from ipcshare.liveness.consensus import Rendezvous
+    from ipcshare.runtime.errors import WindowError
+
+    dead = FakeWatch(dead=True)
+    dead.fail("rank 1@host died")
+    with pytest.raises(PeerDied, match="died while rank 0@host was in handle exchange"):
+        Rendezvous(world=None, watch=dead, timeout=1).check_usable("handle exchange")
+
+    abandoned = FakeWatch(dead=False)  # a timed-out collective, nobody dead
+    abandoned.fail("window rendezvous: not every rank arrived within 0.2 s")
+    with pytest.raises(WindowError, match="can no longer meet: window rendezvous"):
+        Rendezvous(world=None, watch=abandoned, timeout=1).check_usable("barrier")
