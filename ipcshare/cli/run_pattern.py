@@ -132,7 +132,7 @@ def run_pattern_command(args: argparse.Namespace) -> int:
         group.watch.exit_if_stuck(grace=grace)
         with collective_step(group.world, "choosing the algorithm"):
             if args.command == "alltoall":
-                _check_all_to_all_memory(group)
+                _check_all_to_all_memory(group, pattern)
             elif (options.algo in ("push", "pull", "ring", "ll")
                   and not group.backend.has_kernels):
                 raise ConfigError(f"--algo {options.algo} runs GPU kernels: it needs a GPU "
@@ -191,12 +191,20 @@ def _check_reduction_algo(command: str, algo: str, group) -> None:
                           f"{group.backend_name}); choose one of: {', '.join(here)}")
 
 
-def _check_all_to_all_memory(group) -> None:
-    """Refuse, before the table starts, all-to-all on GPU memory (not built yet): the
-    library would refuse it at the first call."""
-    if group.backend.device_memory:
-        raise ConfigError(f"all-to-all on GPU memory is not built yet (issue 37), and the "
-                          f"backend is {group.backend_name}: use --backend host")
+def _check_all_to_all_memory(group, pattern) -> None:
+    """Refuse, before the table starts, what the library would refuse at the first call:
+    all-to-all where ranks take turns on a GPU (its kernels need every rank running at
+    once); and leave out the in-place rows of all-to-all-v on GPUs, which the library does
+    not run there (its segments move)."""
+    if not group.backend.device_memory:
+        return
+    if group.time_sliced_gpus:
+        raise ConfigError("all-to-all: ranks of this job take turns on a GPU (several ranks "
+                          "on one GPU without MPS), and its kernels need every rank running "
+                          "at once: give each rank a GPU, or start MPS "
+                          "(nvidia-cuda-mps-control -d) first")
+    if pattern.collective == "all_to_all_v":
+        pattern.modes = ("out-of-place",)
 
 
 def _write_json(path: str, document: dict) -> None:

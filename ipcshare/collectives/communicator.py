@@ -1,5 +1,5 @@
-"""``Communicator``: all-gather, all-reduce, reduce-scatter and (host memory) all-to-all
-and all-to-all-v on the user's own arrays, over scratch windows sized once
+"""``Communicator``: all-gather, all-reduce, reduce-scatter, all-to-all and all-to-all-v
+on the user's own arrays, over scratch windows sized once
 (docs/COLLECTIVES.md)."""
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from .host_path import HostPath
 from .reduction import check_reduction
 from .registry import Registration, Registry
 from .scratch import ALIGN, ScratchLayout
+from .split_args import GpuSplits
 
 __all__ = ["Communicator", "agree_on_sizes"]
 
@@ -285,11 +286,11 @@ class Communicator:
         """Collective: block r of ``input`` to rank r; block q of ``output`` comes from
         rank q. ``input`` and ``output`` have one dtype (any: bytes are moved) and as many
         elements, ``size`` blocks of one length on every rank. In place when ``output``
-        is ``input``. Host memory only for now (issue 37). Returns ``output``.
+        is ``input``. Returns ``output``.
 
         Raises:
-            CollectiveError: misuse (on this rank), ranks that disagree (on all), or GPU
-                memory or a group spanning nodes (on all: not built yet).
+            CollectiveError: misuse (on this rank), ranks that disagree (on all), ranks
+                taking turns on a GPU, or a group spanning nodes (on all: not built yet).
         """
         return self._run(self._all_to_all(output, input, stream=stream, algo=algo))
 
@@ -302,12 +303,22 @@ class Communicator:
         integer array); they may differ from call to call, and ``output_splits[q]`` must
         equal rank q's ``input_splits[rank]``, which every call checks. Elements past the
         splits' sums are neither sent nor written. One dtype (any); in place when
-        ``output`` is ``input``. Host memory only for now (issue 37). Returns ``output``.
+        ``output`` is ``input`` (host memory only). Returns ``output``.
+
+        On GPUs either splits may also be an int32 / int64 CUDA array of one count per
+        rank, which the kernel reads at run time (no host synchronisation; a CUDA graph
+        replays with the array's new counts): ``input_splits`` is read there, and
+        ``output_splits`` is *filled* with the counts received from each rank, so the
+        caller can size its next step on the device. The input must then fit
+        ``max_bytes`` whole. Counts on the device are checked by the kernel on every
+        rank (negative, past an array, or not what the sender sends): every rank's
+        ``synchronize()`` raises the same CollectiveError, and no byte moves.
 
         Raises:
             CollectiveError: misuse (on this rank: bad splits, sums over an array or
                 ``max_bytes``), ranks whose splits or calls disagree (on all, naming
-                them), or GPU memory or a group spanning nodes (on all: not built yet).
+                them; on GPUs at ``synchronize()``), ranks taking turns on a GPU, or a
+                group spanning nodes (on all: not built yet).
         """
         return self._run(self._all_to_all_v(output, input, output_splits, input_splits,
                                             stream=stream, algo=algo))
@@ -401,12 +412,24 @@ class Communicator:
         if out.dtype != inp.dtype:
             raise CollectiveError(f"output is {out.spell()} and input {inp.spell()}: "
                                   "all_to_all_v takes one dtype")
-        sends = check_splits(input_splits, "input_splits", ranks=self.size, count=inp.count,
-                             array="input")
-        receives = check_splits(output_splits, "output_splits", ranks=self.size,
-                                count=out.count, array="output")
-        for name, counts in (("input_splits", sends), ("output_splits", receives)):
-            nbytes = sum(counts) * inp.itemsize
+        if self.memory == "host":
+            sends = check_splits(input_splits, "input_splits", ranks=self.size,
+                                 count=inp.count, array="input")
+            receives = check_splits(output_splits, "output_splits", ranks=self.size,
+                                    count=out.count, array="output")
+            splits: Any = np.array((sends, receives), np.int64)
+            sums = {"input_splits": sum(sends) * inp.itemsize,
+                    "output_splits": sum(receives) * inp.itemsize}
+        else:
+            splits = GpuSplits.of(output_splits, input_splits, ranks=self.size,
+                                  device=self._path.device, input_count=inp.count,
+                                  output_count=out.count)
+            sums = splits.host_bytes(inp.itemsize)
+            if splits.send_array is not None:
+                # The kernel may send all of the input: it is staged whole at most.
+                self._check_max(inp.nbytes, "input (its splits are on the device)",
+                                "all_to_all_v")
+        for name, nbytes in sums.items():
             if nbytes > self.max_bytes:
                 raise CollectiveError(
                     f"all_to_all_v: {name} add up to {_spell_bytes(nbytes)}, more than this "
@@ -415,22 +438,28 @@ class Communicator:
                     f"Group.communicator(max_bytes={nbytes}) or more")
         in_place = self._in_place(out, inp, 0, whole_name="output", part_name="input",
                                   rule="all_to_all_v in place: input is output")
-        splits = np.array((sends, receives), np.int64)
+        if in_place and self.memory != "host":
+            raise CollectiveError(
+                "all_to_all_v in place (output is input) is not run on GPUs: its segments "
+                "move, so the kernel would overwrite input not yet sent; pass an output "
+                "distinct from input")
         return _Call("all_to_all_v", algo, inp, out, None, in_place, inp.nbytes, stream, output,
                      splits)
 
     def _refuse_all_to_all(self, call: str) -> None:
-        """Raise where all-to-all is not built yet: the same answer on every rank of a
-        group, so no rank goes on into a call its peers refused.
+        """Raise where all-to-all cannot run: the same answer on every rank of a group,
+        so no rank goes on into a call its peers refused.
 
         Raises:
-            CollectiveError: on GPU memory (issue 37).
+            CollectiveError: ranks of the group take turns on a GPU (no MPS), where a
+                kernel that spins on its peers would wait for a rank that cannot run.
         """
-        if self.memory != "host":
+        if self._time_sliced:
             raise CollectiveError(
-                f"{call} on GPU memory is not built yet (issue 37): this communicator runs "
-                "it on host memory only (Group(backend='host') with numpy arrays); on GPUs "
-                "use NCCL's all-to-all (torch.distributed.all_to_all_single) meanwhile")
+                f"{call}: ranks of this group take turns on a GPU (several ranks on one GPU "
+                "without MPS), and the all-to-all kernels need every rank running at once: "
+                "give each rank a GPU of its own, or start the MPS control daemon "
+                "(nvidia-cuda-mps-control -d) before the job")
 
     def synchronize(self, stream: Any = None) -> None:
         """Wait until this rank's calls enqueued on ``stream`` (the communicator's own by
@@ -604,9 +633,12 @@ class Communicator:
             self._recent.put(key, launch)
             launch()
             return call.result
-        if call.splits is not None:
+        if call.splits is not None and call.stream is None:
             self._path.run(signature, chosen, call.inp, call.out, in_place=call.in_place,
                            splits=call.splits)
+        elif call.splits is not None:
+            self._path.run(signature, chosen, call.inp, call.out, in_place=call.in_place,
+                           stream=call.stream, splits=call.splits)
         elif call.stream is None:
             self._path.run(signature, chosen, call.inp, call.out, in_place=call.in_place)
         else:

@@ -40,6 +40,7 @@ from .algorithms import Algorithm
 from .algorithms.gpu_kernel import MAX_BLOCKS, THREADS, GpuCall
 from .arrays import ArrayRef
 from .scratch import ScratchLayout
+from .split_args import SPLITS_PROBLEM, splits_problem
 
 __all__ = ["GpuPath"]
 
@@ -116,6 +117,7 @@ class GpuPath:
             for parity in (0, 1):
                 template.staging_offset[parity] = layout.staging_offset(parity)
                 template.result_offset[parity] = layout.result_offset(parity)
+                template.splits_offset[parity] = layout.splits_offset(parity)
             # Kernels give up at half the host's patience, so the peer is named from
             # the pad before the host gives up on the stream.
             template.timeout_ns = int(group.signal_timeout * 0.5e9)
@@ -273,8 +275,10 @@ class GpuPath:
         return found
 
     def run(self, signature: Signature, algorithm: Algorithm, input_ref: ArrayRef,
-            output_ref: ArrayRef, *, in_place: bool, stream: Any = None) -> None:
-        """Enqueue one call on ``stream`` (arrays already validated on this rank).
+            output_ref: ArrayRef, *, in_place: bool, stream: Any = None,
+            splits: Any = None) -> None:
+        """Enqueue one call on ``stream`` (arrays already validated on this rank;
+        ``splits``: an all-to-all-v's ``GpuSplits``).
 
         Raises:
             CollectiveError: the first call of a signature that the ranks do not make
@@ -291,13 +295,14 @@ class GpuPath:
             if steps is not None:
                 self._time_sliced.serve(_not_capturing(bound.stream))
             copies = not self._place(bound.args, signature, algorithm, input_ref, output_ref,
-                                     in_place)
+                                     in_place, splits)
         self.copies_in += copies
         self.calls += 1
         algorithm.run(bound.call)
 
     def bind_call(self, signature: Signature, algorithm: Algorithm, input_ref: ArrayRef,
-                  output_ref: ArrayRef, *, in_place: bool, stream: Any = None):
+                  output_ref: ArrayRef, *, in_place: bool, stream: Any = None,
+                  splits: Any = None):
         """The call as a function of no arguments that enqueues its kernel on ``stream``
         and does nothing else (``Communicator.bind``): an argument block of its own,
         filled now, and the entry point and grid the algorithm picks, resolved now.
@@ -311,7 +316,8 @@ class GpuPath:
             CollectiveError: as ``run``, at the first sight of the signature.
         """
         enqueue, provisional, checks = self._bind_once(
-            signature, algorithm, input_ref, output_ref, in_place=in_place, stream=stream)
+            signature, algorithm, input_ref, output_ref, in_place=in_place, stream=stream,
+            splits=splits)
         role = self._time_sliced
         if (role is None or role.imports is None
                 or not getattr(algorithm, "leader_runs_time_sliced", False)):
@@ -349,8 +355,8 @@ class GpuPath:
         return guest_enqueue
 
     def _bind_once(self, signature: Signature, algorithm: Algorithm, input_ref: ArrayRef,
-                   output_ref: ArrayRef, *, in_place: bool,
-                   stream: Any) -> tuple[Any, bool, list[tuple[int, int | None]]]:
+                   output_ref: ArrayRef, *, in_place: bool, stream: Any,
+                   splits: Any = None) -> tuple[Any, bool, list[tuple[int, int | None]]]:
         """``bind_call``'s enqueue; whether it copies a guest's array only because the
         leader's mapping of it has not been confirmed yet (provisional); and (pointer,
         buffer id) of each guest array it names by the leader's mapping."""
@@ -379,11 +385,12 @@ class GpuPath:
                 (input_ref, placement.input_flags), (output_ref, placement.output_flags))
                 if flags & GUEST_IMPORTED]
         else:  # a leader maps its guests' allocations in bind_call's wrapper, every launch
-            zero_copy = self._place(args, signature, algorithm, input_ref, output_ref, in_place)
+            zero_copy = self._place(args, signature, algorithm, input_ref, output_ref, in_place,
+                                    splits)
         algorithm.run(GpuCall(signature, self.size, record_kernel,
                               self.layout.ll_max_bytes, meet=recorded.append,
                               copy=recorded.append, args=args, max_blocks=self._max_blocks,
-                              time_sliced=time_sliced))
+                              max_bytes=self.layout.max_bytes, time_sliced=time_sliced))
         params = (ctypes.c_void_p * 1)(ctypes.addressof(args))
         address, cu_stream, launch = ctypes.addressof(params), bound.stream, self._launch_kernel
         steps = [step if callable(step)
@@ -493,14 +500,22 @@ class GpuPath:
         return _STAGED, 0, 0
 
     def _place(self, args: Any, signature: Signature, algorithm: Algorithm,
-               input_ref: ArrayRef, output_ref: ArrayRef, in_place: bool) -> bool:
+               input_ref: ArrayRef, output_ref: ArrayRef, in_place: bool,
+               splits: Any = None) -> bool:
         """Point ``args`` at the call's arrays; return whether the call makes no copy of
         the input: peers read it in place (it lies in the heap or in a registered array,
         and in place only where the algorithm allows it), or the algorithm never stages
         (``stages_input``); else the kernel stages it. Also say whether peers can reach
-        the output, so the push collectives store results there themselves."""
+        the output, so the push collectives store results there themselves. ``splits``
+        (an all-to-all-v's GpuSplits) go into ``args`` with the arrays' counts."""
         may_alias = not in_place or algorithm.aliasing_safe
-        mode, row, offset = self._reach(input_ref.ptr, signature.nbytes, may_alias)
+        # An all-to-all-v's signature has no count: its arrays say what it may touch.
+        nbytes = input_ref.nbytes if splits is not None else signature.nbytes
+        mode, row, offset = self._reach(input_ref.ptr, nbytes, may_alias)
+        if splits is not None:
+            args.count, args.output_count = input_ref.count, output_ref.count
+            args.itemsize = input_ref.itemsize
+            splits.place(args)
         args.input = input_ref.ptr
         args.output = output_ref.ptr
         args.zero_copy = mode
@@ -527,7 +542,9 @@ class GpuPath:
         ctypes.memmove(ctypes.addressof(args), ctypes.addressof(self._template),
                        ctypes.sizeof(args))
         cu_stream = engine.stream
-        args.count = signature.count if signature.op != "all_gather" else signature.nbytes
+        # Kernels that move bytes count bytes (all-to-all-v: the arrays' elements, per call).
+        byte_ops = ("all_gather", "all_to_all")
+        args.count = signature.nbytes if signature.op in byte_ops else signature.count
         args.digest = signature.digest
         bound = _BoundCall(args, cu_stream)
         ll_max_bytes = self.layout.ll_max_bytes
@@ -542,7 +559,7 @@ class GpuPath:
         bound.call = GpuCall(signature, self.size, launch_on_stream, ll_max_bytes,
                              meet=lambda turn: self._meetings_on(engine)[turn](),
                              copy=lambda jobs: self.copier(engine, jobs)(), args=bound.args,
-                             max_blocks=self._max_blocks,
+                             max_blocks=self._max_blocks, max_bytes=self.layout.max_bytes,
                              time_sliced=self._time_sliced_steps(
                                  algorithm, engine, bound.args, launch_on_stream, _run_now))
         return bound
@@ -552,13 +569,23 @@ class GpuPath:
         this communicator recorded: ranks that disagreed, or a peer that never came.
 
         Raises:
-            CollectiveError: the ranks' calls differed (found by the kernel).
+            CollectiveError: the ranks' calls differed, or an all-to-all-v's splits did
+                not match (found by the kernel).
             SignalTimeout: a kernel gave up waiting for a peer (naming it).
         """
         self.engine_for(stream).synchronize()
         pad = self.window.signal_pad(self.rank)
         word = self.window.engine.download(pad.slice(ERROR_SLOT * 8, 8))
         code = int(word.view("<u8")[0])
+        if code >> 48 == SPLITS_PROBLEM:
+            # Every rank stopped the same call at the same point and moved nothing: the
+            # ranks are still in step, so the communicator goes on taking calls (as on
+            # host memory) once the word is clear.
+            import numpy as np
+
+            self.window.engine.upload(pad.slice(ERROR_SLOT * 8, 8), np.zeros(8, np.uint8))
+            self.window.engine.synchronize()
+            raise CollectiveError(splits_problem(code))
         if code >> 48 == _DISAGREEMENT:
             raise CollectiveError(
                 f"rank {self.rank}: ranks disagree on a collective call (found on the GPU "

@@ -41,8 +41,9 @@ class ScratchLayout:
     LL ``p`` holds one slot per source rank, where that rank's lines of low-latency calls
     of parity ``p`` land (a digest line, then the input, up to ``ll_max_bytes``);
     splits ``p`` holds this rank's ``input_splits`` then ``output_splits`` (int64, one per
-    rank each) of an all-to-all-v call of parity ``p`` on host memory, which every peer
-    reads after the entry barrier (the per-call check that the ranks' splits match).
+    rank each) of an all-to-all-v call of parity ``p``, which every peer reads after the
+    entry barrier (the per-call check that the ranks' splits match); on GPUs three more
+    words follow (kernels/src/collectives/all_to_all.cuh).
     """
 
     max_bytes: int
@@ -92,7 +93,9 @@ class ScratchLayout:
 
     @property
     def splits_bytes(self) -> int:
-        return _align(2 * 8 * self.world_size)
+        # Host: [input_splits, output_splits]; GPU kernels add three words (whether the
+        # output_splits were given, the input's and the output's elements).
+        return _align(8 * (2 * self.world_size + 3))
 
     def splits_offset(self, parity: int) -> int:
         return self.ll_offset(2) + parity * self.splits_bytes

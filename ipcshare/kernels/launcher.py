@@ -78,6 +78,15 @@ class CollectiveArgs(ctypes.Structure):
         ("output_offset", ctypes.c_ulonglong),
         ("output_registration_row", ctypes.c_ulonglong),
         ("guest_mask", ctypes.c_ulonglong),
+        ("send_splits", ctypes.c_void_p),
+        ("receive_splits", ctypes.c_void_p),
+        ("splits_inline", (ctypes.c_longlong * MAX_KERNEL_RANKS) * 2),
+        ("splits_offset", ctypes.c_ulonglong * 2),
+        ("output_count", ctypes.c_ulonglong),
+        ("send_splits_itemsize", ctypes.c_int),
+        ("receive_splits_itemsize", ctypes.c_int),
+        ("expect_receives", ctypes.c_int),
+        ("itemsize", ctypes.c_int),
     ]
 
 

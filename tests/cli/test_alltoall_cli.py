@@ -88,17 +88,28 @@ def test_a_gpu_backend_is_refused_before_the_table(socket_dir):
     assert len(_errors(out)) == 2 and "Traceback" not in out.stderr
 
 
-def test_gpu_memory_is_refused_by_the_command_in_words_of_the_flag():
+def test_the_command_checks_gpu_memory_before_the_table():
     """The check the command makes before the table, on every rank alike (a collective
-    step): the group's backend declares GPU memory, so all-to-all is refused."""
+    step): ranks taking turns on a GPU are refused in words of what to do; all-to-all-v
+    on GPUs keeps its out-of-place rows only (the library refuses it in place there);
+    host memory and even splits keep both modes."""
     from types import SimpleNamespace
 
     from ipcshare.cli.run_pattern import _check_all_to_all_memory
+    from ipcshare.patterns.alltoall import AllToAll
     from ipcshare.runtime.errors import ConfigError
 
-    gpu = SimpleNamespace(backend=SimpleNamespace(device_memory=True), backend_name="cuda-vmm")
-    with pytest.raises(ConfigError, match=r"^all-to-all on GPU memory is not built yet "
-                       r"\(issue 37\), and the backend is cuda-vmm: use --backend host$"):
-        _check_all_to_all_memory(gpu)
-    _check_all_to_all_memory(SimpleNamespace(backend=SimpleNamespace(device_memory=False),
-                                             backend_name="host"))
+    def group(device_memory, time_sliced=None):
+        return SimpleNamespace(backend=SimpleNamespace(device_memory=device_memory),
+                               time_sliced_gpus=time_sliced or {})
+
+    with pytest.raises(ConfigError, match=r"^all-to-all: ranks of this job take turns on a "
+                       r"GPU .* start MPS \(nvidia-cuda-mps-control -d\) first$"):
+        _check_all_to_all_memory(group(True, {"GPU-0": [0, 1]}), AllToAll())
+    for splits, memory, modes in (("even", True, ("out-of-place", "in-place")),
+                                  ("random", True, ("out-of-place",)),
+                                  ("skewed", True, ("out-of-place",)),
+                                  ("random", False, ("out-of-place", "in-place"))):
+        pattern = AllToAll(splits=splits)
+        _check_all_to_all_memory(group(memory), pattern)
+        assert pattern.modes == modes

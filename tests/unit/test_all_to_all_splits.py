@@ -85,13 +85,14 @@ def test_splits_that_are_not_counts_are_refused(splits, message):
         check_splits(splits, "input_splits", ranks=2, count=100, array="input")
 
 
-def test_splits_in_device_memory_point_to_issue_37():
+def test_splits_in_device_memory_on_host_memory_say_what_to_pass():
     class DeviceSplits:
         __cuda_array_interface__ = {"shape": (2,), "typestr": "<i4", "data": (0, False),
                                     "version": 3}
 
-    with pytest.raises(CollectiveError, match=r"splits in device memory are not built yet, "
-                                              r"issue 37"):
+    with pytest.raises(CollectiveError, match=r"splits in device memory are read by the GPU "
+                                              r"kernels: a communicator on host memory takes "
+                                              r"host counts"):
         check_splits(DeviceSplits(), "input_splits", ranks=2, count=100, array="input")
 
 
@@ -139,6 +140,7 @@ def _fake(cls: type, memory: str, nodes: int = 1) -> Communicator:
     """Enough of an open communicator to reach the all-to-all refusal, without a group."""
     comm = cls.__new__(cls)
     comm._closed = False
+    comm._time_sliced = memory == "cuda"
     comm._guard = CallGuard()
     comm._path = types.SimpleNamespace(memory=memory, window=types.SimpleNamespace(closed=False))
     comm.group = types.SimpleNamespace(world=types.SimpleNamespace(node_count=nodes))
@@ -148,12 +150,13 @@ def _fake(cls: type, memory: str, nodes: int = 1) -> Communicator:
 
 
 @pytest.mark.parametrize(("cls", "memory", "nodes", "message"), [
-    (Communicator, "cuda", 1, r"on GPU memory is not built yet \(issue 37\)"),
+    (Communicator, "cuda", 1, r"ranks of this group take turns on a GPU .* start the MPS "
+                              r"control daemon"),
     (NodesCommunicator, "host", 2, r"on a communicator spanning nodes is not built yet "
                                    r"\(issue 37\).*across these 2 nodes"),
     (NodesCommunicator, "cuda", 3, r"on a communicator spanning nodes is not built yet"),
 ])
-def test_all_to_all_is_refused_where_it_is_not_built(cls, memory, nodes, message):
+def test_all_to_all_is_refused_where_it_cannot_run(cls, memory, nodes, message):
     comm = _fake(cls, memory, nodes)
     array = np.zeros(4, np.float32)
     for call in (lambda: comm.all_to_all(array, array),

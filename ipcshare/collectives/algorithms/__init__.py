@@ -11,8 +11,8 @@ from .base import Algorithm, HostCall
 
 __all__ = ["Algorithm", "HostCall", "algorithm", "algorithm_names", "OPS"]
 
-# The collectives of every kind of memory (all-to-all and all-to-all-v run on host memory
-# only so far: issue 37).
+# The collectives that every kind of memory runs with every placement of ranks (all-to-all
+# and all-to-all-v have no stepped kernels: ranks taking turns on a GPU cannot run them).
 OPS = ("all_gather", "all_reduce", "reduce_scatter")
 
 # (memory, op) -> algorithm name -> "module:Class" under this package.
@@ -37,6 +37,8 @@ _REGISTRY: dict[tuple[str, str], dict[str, str]] = {
                                  "ll": "gpu_low_latency:GpuLowLatencyReduceScatter",
                                  "stepped": "gpu_stepped:GpuSteppedReduceScatter",
                                  "push": "gpu_push:GpuPushReduceScatter"},
+    ("cuda", "all_to_all"): {"pull": "gpu_all_to_all:GpuPullAllToAll"},
+    ("cuda", "all_to_all_v"): {"pull": "gpu_all_to_all:GpuPullAllToAllV"},
 }
 _INSTANCES: dict[tuple[str, str, str], Algorithm] = {}
 

@@ -34,7 +34,7 @@ class GpuCall:
     ``copy([(dst, src, nbytes), ...])`` enqueuing copy-engine copies between device
     addresses, and ``time_sliced`` (see there). ``args`` is the kernels' argument block as
     placed for this call (input, output, every rank's window and the areas' offsets), for
-    algorithms that copy."""
+    algorithms that copy; ``max_bytes`` the communicator's."""
 
     signature: Signature
     size: int
@@ -44,6 +44,8 @@ class GpuCall:
     copy: Callable[[list[tuple[int, int, int]]], None] | None = None
     args: Any = None
     max_blocks: int = MAX_BLOCKS
+    # The communicator's max_bytes (grids that cannot follow the call's own sizes).
+    max_bytes: int = 0
     # Stepped calls on a time-sliced GPU (collectives/time_sliced.py): a guest's steps
     # (``guest`` True: ``hand_over()``) or the leader's (``take_guests``, ``launch``,
     # ``meet`` and ``release_guests`` for itself and its guests); None elsewhere.

@@ -38,7 +38,8 @@ def check_splits(splits: Any, name: str, *, ranks: int, count: int, array: str,
     elif isinstance(splits, (str, bytes)) or not isinstance(splits, Sequence):
         device = (hasattr(splits, "__cuda_array_interface__")
                   or hasattr(splits, "__dlpack__"))
-        hint = (" (splits in device memory are not built yet, issue 37)" if device else "")
+        hint = (" (splits in device memory are read by the GPU kernels: a communicator "
+                "on host memory takes host counts)" if device else "")
         raise CollectiveError(f"{call}: {name} is a {type(splits).__name__}: pass a "
                               f"sequence of one int per rank{hint}")
     else:

@@ -1,10 +1,12 @@
 // The collectives of ipcshare.collectives on GPU memory: all-gather (pull, ll), all-reduce
-// (one-shot, two-shot, push, ll, copy-engine, stepped) and reduce-scatter (one-shot, push,
-// ll, stepped) over a communicator's window. Each algorithm's kernels are one file of
-// kernels/src/collectives/, beside its Python half in collectives/algorithms/: args.cuh
+// (one-shot, two-shot, push, ll, copy-engine, stepped), reduce-scatter (one-shot, push,
+// ll, stepped), all-to-all and all-to-all-v (pull) over a communicator's window. Each
+// algorithm's kernels are one file of kernels/src/collectives/, beside its Python half in
+// collectives/algorithms/: args.cuh
 // (the arguments and pad words), reduce.cuh (element types, reductions), call.cuh (the
 // call protocol every algorithm shares), then one_shot, two_shot, stepped, copy_engine,
-// push and low_latency. This file puts them in one module and defines the entry points.
+// push, low_latency and all_to_all. This file puts them in one module and defines the
+// entry points.
 // What follows describes the one-barrier kernels; push.cuh and low_latency.cuh describe
 // their own.
 //
@@ -34,6 +36,7 @@
 #include "collectives/copy_engine.cuh"
 #include "collectives/push.cuh"
 #include "collectives/low_latency.cuh"
+#include "collectives/all_to_all.cuh"
 
 // ---------------------------------------------------------------------------------------
 // Entry points: <collective>_<dtype>_<op>, e.g. all_reduce_one_shot_bfloat16_sum.
@@ -80,3 +83,5 @@ extern "C" __global__ void stage_and_publish_float16(CollectiveArgs a) { stage_a
 extern "C" __global__ void stage_and_publish_bfloat16(CollectiveArgs a) { stage_and_publish<BF16>(a); }
 extern "C" __global__ void stage_and_publish_int32(CollectiveArgs a) { stage_and_publish<I32>(a); }
 extern "C" __global__ void all_gather_ll_bytes(CollectiveArgs a) { all_gather_ll(a); }
+extern "C" __global__ void all_to_all_pull_bytes(CollectiveArgs a) { all_to_all_pull<false>(a); }
+extern "C" __global__ void all_to_all_v_pull_bytes(CollectiveArgs a) { all_to_all_pull<true>(a); }

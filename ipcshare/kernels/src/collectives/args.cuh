@@ -91,4 +91,20 @@ struct CollectiveArgs {
   // rank r it runs them for in the same launch, one row of blocks (blockIdx.y) per guest
   // after its own (as_party in stepped.cuh).
   unsigned long long guest_mask;
+  // All-to-all-v (all_to_all.cuh). This rank's input_splits: a device array of
+  // send_splits_itemsize-byte integers (4 or 8), read at run time, or, where null, the
+  // host's counts in splits_inline[0]. The output_splits the host gave are in
+  // splits_inline[1] where expect_receives is 1 (every rank checks them); receive_splits,
+  // where not null, is a device array the kernel fills with the counts received. count is
+  // then the input's elements, output_count the output's, itemsize their size; each
+  // rank's split row lies at splits_offset[parity] of its window.
+  const void* send_splits;
+  void* receive_splits;
+  long long splits_inline[2][kMaxRanks];
+  unsigned long long splits_offset[2];
+  unsigned long long output_count;
+  int send_splits_itemsize;
+  int receive_splits_itemsize;
+  int expect_receives;
+  int itemsize;
 };

@@ -1,0 +1,191 @@
+// All-to-all and all-to-all-v, pull (collectives/algorithms/gpu_all_to_all.py): one
+// barrier, then every rank reads from every rank's input the part addressed to it.
+//
+// Slicing. A block does not cut the input in one run, as the other one-barrier kernels
+// do, but each segment (the elements rank q sends rank r) alike: block b stages slice b
+// of each of its own segments, meets block b of every peer, and reads slice b of each
+// segment addressed to it. Both ends cut a segment from its length alone (block_slice),
+// so block b's barrier covers exactly what block b then reads, even where the lengths
+// differ from rank to rank and call to call (all-to-all-v).
+//
+// Splits (all-to-all-v). The counts a rank sends come from a device array (read by the
+// kernel at run time: a graph replay takes the array's new values) or from the host
+// (splits_inline[0]). Every block writes this rank's split row (its sends, the receives
+// it expects where the host gave them, and what its arrays hold) into its window's splits
+// area of the call's parity before it signals, so each peer reads a whole row after the
+// barrier. Every rank then reads every row and checks all of them in one fixed order:
+// every rank finds the same first problem, records it in its error word and moves no
+// byte, so synchronize() raises the same error on every rank and no rank reads or writes
+// past an array. Where a device array was given for the receives, block 0 fills it with
+// the counts that came (no host copy needed to size the next step).
+//
+// In place (all-to-all): block b writes slice b of output segment q only after it has
+// staged slice b of input segment q itself, so a staged input may be the output. An
+// input read in place by the peers (the heap, a registered array) must not be: the path
+// stages it then (aliasing_safe is false). All-to-all-v in place is refused on the host
+// (its segments move, so a block would overwrite what another block has not staged).
+#pragma once
+
+#include "collectives/call.cuh"
+
+// Error-word codes of all-to-all-v's split checks: the code in the top 16 bits, the
+// problem (kSplit*) in the next 8, then two ranks (8 bits each) and the call's epoch in
+// the low 24 bits. collectives/split_args.py spells them.
+constexpr u64 kSplitsProblem = 0xFFFEull << 48;
+constexpr u64 kSplitNegative = 1;         // rank a's input_splits[b] < 0
+constexpr u64 kSplitSendsTooMany = 2;     // rank a's input_splits add up past its input
+constexpr u64 kSplitReceivesTooMany = 3;  // rank a receives more than its output holds
+constexpr u64 kSplitMismatch = 4;         // rank a's output_splits[b] != rank b's input_splits[a]
+
+// Words of a rank's split row in the splits area (ScratchLayout.splits_offset).
+__device__ __forceinline__ int split_row_words(int n) { return 2 * n + 3; }
+
+// This rank's input_splits (elements per destination), as the block's threads read them.
+__device__ __forceinline__ long long own_send_split(const CollectiveArgs& a, int r) {
+  if (a.send_splits == nullptr) return a.splits_inline[0][r];
+  if (a.send_splits_itemsize == 4)
+    return (long long)reinterpret_cast<const volatile int*>(a.send_splits)[r];
+  return reinterpret_cast<const volatile long long*>(a.send_splits)[r];
+}
+
+// A rank's split row as every rank reads it after the barrier: sends to each rank, then
+// the receives it expects, whether it said them, and what its input and output hold.
+typedef long long SplitRow[2 * kMaxRanks + 3];
+
+// Write this rank's split row where peers read it: sends, expected receives, flags and
+// what the arrays hold (elements).
+__device__ __forceinline__ void publish_split_row(const CollectiveArgs& a, int parity,
+                                                  const long long* sends) {
+  long long* row = reinterpret_cast<long long*>(a.windows[a.rank] + a.splits_offset[parity]);
+  const int n = a.nranks;
+  for (int w = threadIdx.x; w < split_row_words(n); w += blockDim.x) {
+    long long value;
+    if (w < n) value = sends[w];
+    else if (w < 2 * n) value = a.expect_receives ? a.splits_inline[1][w - n] : 0;
+    else if (w == 2 * n) value = a.expect_receives;
+    else if (w == 2 * n + 1) value = (long long)a.count;
+    else value = (long long)a.output_count;
+    row[w] = value;
+  }
+}
+
+// Every rank's row, read after the barrier, and the checks every rank makes alike.
+// Returns whether they pass (the same answer in every block of every rank).
+__device__ __forceinline__ bool read_split_rows(const CollectiveArgs& a, const Call& call,
+                                                SplitRow* rows) {
+  const int n = a.nranks, words = split_row_words(n);
+  __shared__ int verdict;
+  for (int i = threadIdx.x; i < n * words; i += blockDim.x) {
+    const int q = i / words, w = i % words;
+    const volatile long long* row = reinterpret_cast<const volatile long long*>(
+        a.windows[q] + a.splits_offset[call.parity]);
+    rows[q][w] = row[w];
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    u64 problem = 0;
+    // 1. every row's counts are at least 0 and fit its sender's input
+    for (int q = 0; q < n && !problem; ++q) {
+      long long total = 0;
+      for (int r = 0; r < n && !problem; ++r) {
+        if (rows[q][r] < 0) problem = (kSplitNegative << 40) | ((u64)q << 32) | ((u64)r << 24);
+        // One count past the input is enough (and keeps the sum from overflowing).
+        else if (rows[q][r] > rows[q][2 * n + 1])
+          problem = (kSplitSendsTooMany << 40) | ((u64)q << 32);
+        total += rows[q][r];
+      }
+      if (!problem && total > rows[q][2 * n + 1])
+        problem = (kSplitSendsTooMany << 40) | ((u64)q << 32);
+    }
+    // 2. what each rank receives fits its output
+    for (int r = 0; r < n && !problem; ++r) {
+      long long total = 0;
+      for (int q = 0; q < n; ++q) total += rows[q][r];
+      if (total > rows[r][2 * n + 2]) problem = (kSplitReceivesTooMany << 40) | ((u64)r << 32);
+    }
+    // 3. where a rank said what it expects, it is what is sent
+    for (int r = 0; r < n && !problem; ++r) {
+      if (!rows[r][2 * n]) continue;
+      for (int q = 0; q < n && !problem; ++q)
+        if (rows[r][n + q] != rows[q][r])
+          problem = (kSplitMismatch << 40) | ((u64)r << 32) | ((u64)q << 24);
+    }
+    if (problem && !call.failed)
+      atomicCAS(a.pads[a.rank] + ipcshare::kErrorWord, 0ull,
+                kSplitsProblem | problem | (call.epoch & 0xFFFFFFull));
+    verdict = problem ? 0 : 1;
+  }
+  __syncthreads();
+  return verdict != 0;
+}
+
+// kVariable: all-to-all-v (count: the input's elements, itemsize: their size); else
+// all-to-all (count: the input's bytes, n equal segments).
+template <bool kVariable>
+__device__ __forceinline__ void all_to_all_pull(const CollectiveArgs& a) {
+  const int n = a.nranks;
+  const unsigned long long itemsize = kVariable ? (unsigned long long)a.itemsize : 1ull;
+  Call call;
+  begin_call(a, call);
+  // This rank's sends, and where each segment starts in its input (elements).
+  __shared__ long long sends[kMaxRanks], send_at[kMaxRanks];
+  __shared__ int own_ok;
+  if (threadIdx.x < n)
+    sends[threadIdx.x] = kVariable ? own_send_split(a, threadIdx.x)
+                                   : (long long)(a.count / n);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    long long at = 0;
+    own_ok = 1;
+    for (int r = 0; r < n; ++r) {
+      if (sends[r] < 0 || (kVariable && (unsigned long long)sends[r] > a.count)) own_ok = 0;
+      send_at[r] = at;
+      at += sends[r] > 0 ? sends[r] : 0;
+    }
+    if (kVariable && (unsigned long long)at > a.count) own_ok = 0;
+  }
+  __syncthreads();
+  const unsigned long long input_bytes = a.count * itemsize;
+  if (kVariable) publish_split_row(a, call.parity, sends);
+  if (own_ok) {  // a bad row stages nothing: the checks after the barrier stop every rank
+    for (int r = 0; r < n; ++r) {
+      const unsigned long long first = (unsigned long long)send_at[r] * itemsize;
+      const Slice s = block_slice((unsigned long long)sends[r] * itemsize, 16);
+      stage(a, call, first + s.begin, first + s.end, input_bytes);
+    }
+  }
+  meet(a, call);
+  // rows[q][r]: the elements rank q sends rank r.
+  __shared__ SplitRow rows[kMaxRanks];
+  bool ok = true;
+  if (kVariable) {
+    ok = read_split_rows(a, call, rows);
+  } else {
+    for (int i = threadIdx.x; i < n * n; i += blockDim.x) rows[i / n][i % n] = sends[0];
+    __syncthreads();
+  }
+  if (!call.failed && ok) {
+    if (kVariable && blockIdx.x == 0 && a.receive_splits != nullptr && threadIdx.x < n) {
+      const long long got = rows[threadIdx.x][a.rank];
+      if (a.receive_splits_itemsize == 4)
+        reinterpret_cast<int*>(a.receive_splits)[threadIdx.x] = (int)got;
+      else
+        reinterpret_cast<long long*>(a.receive_splits)[threadIdx.x] = got;
+    }
+    // Segments land packed in rank order; rank q's for us starts after what rank q
+    // sends lower ranks.
+    for (int step = 0; step < n; ++step) {
+      const int q = (a.rank + step) % n;  // ranks spread their reads over the peers
+      unsigned long long from = 0, place = 0;
+      for (int r = 0; r < a.rank; ++r) from += (unsigned long long)rows[q][r];
+      for (int p = 0; p < q; ++p) place += (unsigned long long)rows[p][a.rank];
+      const unsigned long long nbytes = (unsigned long long)rows[q][a.rank] * itemsize;
+      const Slice s = block_slice(nbytes, 16);
+      char* dst = a.output + place * itemsize + s.begin;
+      const char* src = call.sources[q] + from * itemsize + s.begin;
+      if (dst == src) continue;  // our own segment, in place and read in place
+      ipcshare::block_copy(dst, src, s.end - s.begin);
+    }
+  }
+  leave(a, call);
+}

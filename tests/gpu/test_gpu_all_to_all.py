@@ -1,0 +1,265 @@
+"""All-to-all and all-to-all-v on GPUs, on torch tensors: every byte against a reference
+built from every rank's seeded input, every dtype, odd counts, even / random / skewed /
+all-but-one-zero splits, in and out of place, arrays from empty() and registered ones,
+splits from the host and from device arrays (the counts received filled on the device),
+bound calls and CUDA graphs replayed with new data and new device splits, and splits that
+do not match: the same one-line error on every rank, after which the communicator goes on.
+Run under mpiexec with one GPU per rank (or GPUs shared under MPS)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ipcshare.patterns.alltoall import split_matrix
+from ipcshare.runtime.errors import CollectiveError
+
+from .torch_communicator import torch_communicator
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
+
+_TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+          "int32": torch.int32, "uint8": torch.uint8, "int64": torch.int64}
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4, "uint8": 1, "int64": 8}
+# Elements each rank sends each rank (all-to-all), or each rank's input (all-to-all-v).
+BLOCKS = (1, 3, 4099, 65_537)
+LARGEST_INPUT_BYTES = 65_537 * 8
+
+
+@pytest.fixture(scope="module")
+def setup():
+    # A rank's largest input: the ranks times the largest block of the largest dtype.
+    with torch_communicator("cuda-vmm", 4 << 20,
+                            per_rank_bytes=LARGEST_INPUT_BYTES) as (group, comm, stream):
+        yield group, comm, stream
+
+
+def _bytes(seed: int, rank: int, nbytes: int) -> np.ndarray:
+    return np.random.default_rng([seed, rank]).integers(0, 256, nbytes, dtype=np.uint8)
+
+
+def _tensor(data: np.ndarray, dtype: str, device: int) -> torch.Tensor:
+    """The exact bytes of ``data`` as a CUDA tensor of ``dtype``."""
+    return torch.from_numpy(data.copy()).to(f"cuda:{device}").view(_TORCH[dtype])
+
+
+def _host_bytes(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.contiguous().view(torch.uint8).cpu().numpy()
+
+
+def _expected(m: np.ndarray, inputs: list[np.ndarray], me: int, itemsize: int) -> np.ndarray:
+    """What rank ``me`` receives, packed in rank order: from each rank q the ``m[q, me]``
+    elements that follow those q sends to lower ranks."""
+    parts = []
+    for q, data in enumerate(inputs):
+        start = int(m[q, :me].sum()) * itemsize
+        parts.append(data[start:start + int(m[q, me]) * itemsize])
+    return np.concatenate(parts) if parts else np.zeros(0, np.uint8)
+
+
+def _matrix(kind: str, count: int, n: int) -> np.ndarray:
+    """``m[r, q]``: elements rank r sends rank q, every row adding up to ``count``."""
+    if kind == "all-but-one-zero":   # every rank sends all it has to the next rank
+        m = np.zeros((n, n), np.int64)
+        for r in range(n):
+            m[r, (r + 1) % n] = count
+        return m
+    return split_matrix(kind, count, n)
+
+
+@pytest.mark.parametrize("dtype", sorted(_TORCH))
+@pytest.mark.parametrize("block", BLOCKS)
+def test_all_to_all_moves_every_block(setup, dtype, block):
+    group, comm, _stream = setup
+    n, me, device, item = comm.size, comm.rank, group.backend.device, _ITEMSIZE[dtype]
+    inputs = [_bytes(block, r, n * block * item) for r in range(n)]
+    want = np.concatenate([inputs[q][me * block * item:(me + 1) * block * item]
+                           for q in range(n)])
+    source = _tensor(inputs[me], dtype, device)
+    out = torch.zeros_like(source)
+    assert comm.all_to_all(out, source) is out
+    comm.synchronize()
+    assert np.array_equal(_host_bytes(out), want)
+    assert np.array_equal(_host_bytes(source), inputs[me])    # the input is left alone
+    comm.all_to_all(source, source)                            # in place
+    comm.synchronize()
+    assert np.array_equal(_host_bytes(source), want)
+
+
+def test_arrays_from_empty_and_registered_ones_are_read_in_place(setup):
+    group, comm, _stream = setup
+    n, me, block = comm.size, comm.rank, 10_007
+    inputs = [_bytes(7, r, n * block * 4) for r in range(n)]
+    want = np.concatenate([inputs[q][me * block * 4:(me + 1) * block * 4] for q in range(n)])
+    array = torch.from_dlpack(comm.empty((n * block,), "float32"))
+    registered = torch.zeros(n * block, dtype=torch.float32,
+                             device=f"cuda:{group.backend.device}")
+    comm.register(registered)
+    try:
+        for source in (array, registered):
+            out = torch.zeros_like(source)
+            for call in range(3):  # the user rewrites the input between calls
+                data = [_bytes(100 + call, r, n * block * 4) for r in range(n)]
+                source.copy_(_tensor(data[me], "float32", group.backend.device))
+                before = comm.copies_in
+                comm.all_to_all(out, source)
+                comm.synchronize()
+                assert comm.copies_in == before    # peers read it where it lies
+                expect = np.concatenate([data[q][me * block * 4:(me + 1) * block * 4]
+                                         for q in range(n)])
+                assert np.array_equal(_host_bytes(out), expect), call
+            # In place on memory peers read in place: staged first, and still right.
+            source.copy_(_tensor(inputs[me], "float32", group.backend.device))
+            before = comm.copies_in
+            comm.all_to_all(source, source)
+            comm.synchronize()
+            assert comm.copies_in == before + 1
+            assert np.array_equal(_host_bytes(source), want)
+    finally:
+        comm.unregister(registered)
+
+
+@pytest.mark.parametrize("kind", ["even", "random", "skewed", "all-but-one-zero"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "uint8", "int64"])
+@pytest.mark.parametrize("count", [0, 5, 4099, 65_537])
+def test_all_to_all_v_with_host_splits(setup, kind, dtype, count):
+    group, comm, _stream = setup
+    n, me, device, item = comm.size, comm.rank, group.backend.device, _ITEMSIZE[dtype]
+    m = _matrix(kind, count, n)
+    inputs = [_bytes(count + 3, r, count * item) for r in range(n)]
+    want = _expected(m, inputs, me, item)
+    capacity = int(m.sum(axis=0).max()) + 3   # room past what comes: left untouched
+    source = _tensor(inputs[me], dtype, device)
+    out = torch.full((capacity * item,), 0xA5, dtype=torch.uint8,
+                     device=f"cuda:{device}").view(_TORCH[dtype])
+    comm.all_to_all_v(out, source, m[:, me].tolist(), m[me].tolist())
+    comm.synchronize()
+    got = _host_bytes(out)
+    assert np.array_equal(got[:want.nbytes], want)
+    assert np.all(got[want.nbytes:] == 0xA5)
+
+
+@pytest.mark.parametrize("splits_dtype", ["int32", "int64"])
+def test_device_splits_are_read_on_the_gpu_and_the_received_counts_filled(setup,
+                                                                          splits_dtype):
+    group, comm, _stream = setup
+    n, me, device = comm.size, comm.rank, group.backend.device
+    count = 30_011
+    m = _matrix("random", count, n)
+    inputs = [_bytes(41, r, count * 2) for r in range(n)]
+    source = _tensor(inputs[me], "float16", device)
+    out = torch.zeros(int(m.sum(axis=0).max()), dtype=torch.float16, device=f"cuda:{device}")
+    sends = torch.tensor(m[me], dtype=_TORCH[splits_dtype], device=f"cuda:{device}")
+    received = torch.full((n,), -1, dtype=_TORCH[splits_dtype], device=f"cuda:{device}")
+    comm.all_to_all_v(out, source, received, sends)
+    comm.synchronize()
+    assert received.cpu().tolist() == m[:, me].tolist()
+    want = _expected(m, inputs, me, 2)
+    assert np.array_equal(_host_bytes(out)[:want.nbytes], want)
+    # Device sends with host receives (checked by the kernel), and the other way round.
+    comm.all_to_all_v(out, source, m[:, me].tolist(), sends)
+    comm.all_to_all_v(out, source, received, m[me].tolist())
+    comm.synchronize()
+    assert np.array_equal(_host_bytes(out)[:want.nbytes], want)
+
+
+def test_graph_replays_take_new_data_and_new_device_splits(setup):
+    group, comm, stream = setup
+    n, me, device = comm.size, comm.rank, group.backend.device
+    count, block = 20_000, 1_001
+    source = torch.zeros(count, dtype=torch.int32, device=f"cuda:{device}")
+    out = torch.zeros(count * n, dtype=torch.int32, device=f"cuda:{device}")
+    sends = torch.zeros(n, dtype=torch.int64, device=f"cuda:{device}")
+    received = torch.zeros(n, dtype=torch.int64, device=f"cuda:{device}")
+    even_in = torch.zeros(n * block, dtype=torch.int32, device=f"cuda:{device}")
+    even_out = torch.zeros_like(even_in)
+    # Bound once outside the capture (agreement and binding), then captured.
+    v = comm.bind("all_to_all_v", out, source, received, sends, stream=stream)
+    even = comm.bind("all_to_all", even_out, even_in, stream=stream)
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        v()
+        even()
+    for replay in range(12):
+        kind = ("random", "skewed", "all-but-one-zero", "even")[replay % 4]
+        m = _matrix(kind, count - replay, n)
+        inputs = [_bytes(500 + replay, r, count * 4) for r in range(n)]
+        evens = [_bytes(900 + replay, r, n * block * 4) for r in range(n)]
+        source.copy_(_tensor(inputs[me], "int32", device))
+        even_in.copy_(_tensor(evens[me], "int32", device))
+        sends.copy_(torch.tensor(m[me], dtype=torch.int64))
+        stream.synchronize()
+        graph.replay()
+        comm.synchronize(stream)
+        assert received.cpu().tolist() == m[:, me].tolist(), replay
+        want = _expected(m, inputs, me, 4)
+        assert np.array_equal(_host_bytes(out)[:want.nbytes], want), replay
+        expect = np.concatenate([evens[q][me * block * 4:(me + 1) * block * 4]
+                                 for q in range(n)])
+        assert np.array_equal(_host_bytes(even_out), expect), replay
+
+
+def test_splits_that_do_not_match_stop_every_rank_alike_and_the_next_call_runs(setup):
+    group, comm, _stream = setup
+    n, me, device = comm.size, comm.rank, group.backend.device
+    count = 4096
+    m = _matrix("even", count, n)
+    source = _tensor(_bytes(3, me, count * 4), "float32", device)
+    out = torch.full((count + 64,), 7.0, dtype=torch.float32, device=f"cuda:{device}")
+    # Rank 0 expects one element too many from the last rank (host receives).
+    expects = m[:, me].tolist()
+    if me == 0:
+        expects[n - 1] += 1
+    comm.all_to_all_v(out, source, expects, m[me].tolist())
+    with pytest.raises(CollectiveError, match=rf"^all_to_all_v: rank 0's output_splits"
+                                              rf"\[{n - 1}\] is not what rank {n - 1} sends"):
+        comm.synchronize()
+    assert bool(torch.all(out == 7.0))   # no element moved
+    # Device sends: the last rank sends a negative count.
+    sends = torch.tensor(m[me], dtype=torch.int32, device=f"cuda:{device}")
+    if me == n - 1:
+        sends[0] = -5
+    received = torch.zeros(n, dtype=torch.int32, device=f"cuda:{device}")
+    comm.all_to_all_v(out, source, received, sends)
+    with pytest.raises(CollectiveError, match=rf"rank {n - 1}'s input_splits\[0\] is negative"):
+        comm.synchronize()
+    # Device sends past the input, and more than an output holds.
+    sends = torch.tensor(m[me], dtype=torch.int32, device=f"cuda:{device}")
+    if me == 0:
+        sends[0] += count     # rank 0 sends more than it has
+    comm.all_to_all_v(out, source, received, sends)
+    with pytest.raises(CollectiveError, match=r"rank 0's input_splits add up to more "
+                                              r"elements than its input holds"):
+        comm.synchronize()
+    # Every rank receives as much (even splits): an output one element short on all.
+    small = torch.zeros(int(m[:, 0].sum()) - 1, dtype=torch.float32, device=f"cuda:{device}")
+    comm.all_to_all_v(small, source, received, torch.tensor(m[me], device=f"cuda:{device}"))
+    with pytest.raises(CollectiveError, match=r"rank 0 would receive more elements than its "
+                                              r"output holds"):
+        comm.synchronize()
+    # Still in step: a right call after them.
+    comm.all_to_all_v(out, source, received, torch.tensor(m[me], device=f"cuda:{device}"))
+    comm.synchronize()
+    assert received.cpu().tolist() == m[:, me].tolist()
+
+
+def test_misuse_is_refused_on_the_calling_rank(setup):
+    group, comm, _stream = setup
+    n, device = comm.size, group.backend.device
+    array = torch.zeros(4 * n, dtype=torch.float32, device=f"cuda:{device}")
+    with pytest.raises(CollectiveError, match="all_to_all_v in place .* is not run on GPUs"):
+        comm.all_to_all_v(array, array, [4] * n, [4] * n)
+    with pytest.raises(CollectiveError, match=r"input_splits is a float32 array"):
+        comm.all_to_all_v(torch.zeros_like(array), array, [4] * n, array[:n])
+    with pytest.raises(CollectiveError, match=r"output_splits is an int32 array .* shape "
+                                              rf"\({n},\)"):
+        comm.all_to_all_v(torch.zeros_like(array), array,
+                          torch.zeros(n + 1, dtype=torch.int32, device=f"cuda:{device}"),
+                          [4] * n)
+    if n > 1:
+        with pytest.raises(CollectiveError, match="not a multiple of"):
+            comm.all_to_all(torch.zeros(4 * n + 1, device=f"cuda:{device}"),
+                            torch.zeros(4 * n + 1, device=f"cuda:{device}"))
