@@ -45,7 +45,8 @@ class Ceiling:
 def ceilings(result: BenchResult) -> list[Ceiling]:
     """The bounds worth drawing: on GPUs the measured copy-engine peer copy (best busbw
     of a ring case) and NVLink 4's line rate; on host memory the best single-copy
-    bandwidth measured (ring cases first: one copy per step, nothing else)."""
+    bandwidth measured (ring cases: one copy per step, nothing else); and the ceilings
+    the runs were checked against, read off the machine."""
     lines = []
     ran = [c for c in result.cases if c.skip_reason is None]
     gpu = [c for c in ran if c.case.backend in _GPU_BACKENDS]
@@ -63,10 +64,15 @@ def ceilings(result: BenchResult) -> list[Ceiling]:
             lines.append(Ceiling(f"NVLink 4 line rate: {NVLINK4_GBPS:.0f} GB/s per direction",
                                  NVLINK4_GBPS))
     if host:
-        best = _best_busbw([c for c in host if c.case.op == "ring"] or host)
+        # Only the ring is one copy per step and nothing else: another case's best is no
+        # bound (a run of one all-to-all would draw its own figure as its ceiling).
+        best = _best_busbw([c for c in host if c.case.op == "ring"])
         if best:
             lines.append(Ceiling(f"single-copy on host memory, measured best: {best:.1f} GB/s",
                                  best))
+        read = {c.result.ceiling for c in host if c.result.ceiling is not None}
+        for bound in sorted(read, key=lambda bound: bound.gbps):
+            lines.append(Ceiling(f"ceiling: {bound.gbps:.1f} GB/s ({bound.source})", bound.gbps))
     return lines
 
 
@@ -252,7 +258,10 @@ def _title(result: BenchResult, facts: dict[str, Any]) -> str:
     hosts = facts.get("hosts") or {}
     where = ", ".join(hosts) if hosts else "?"
     world = result.cases[0].result.world_size if result.cases else facts.get("world_size", "?")
-    parts = [f"ipcshare bench: {result.suite.name}", f"{world} ranks on {where}"]
+    # A command's run (cli/pattern_plot.py) is named by the command itself.
+    name = result.suite.name
+    title = name if name.startswith("ipcshare ") else f"ipcshare bench: {name}"
+    parts = [title, f"{world} ranks on {where}"]
     if facts.get("date"):
         parts.append(str(facts["date"]))
     if facts.get("commit"):

@@ -217,10 +217,18 @@ def _method(result: BenchResult) -> list[str]:
                      "and summation order must give the same bits; outputs are poisoned before "
                      "each checked run. MPI reduces float32 and int32 only: 16-bit cases skip "
                      "it, saying so.")
+    if "alltoall" in ops:
+        lines.append("- all-to-all runs the library's `Communicator.all_to_all` (`even` splits) "
+                     "or `all_to_all_v` (`random`, `skewed`: seeded split tables, zero-size "
+                     "splits among them) through a bound call; every rank's received bytes "
+                     "are checked against the seeded inputs of every sender.")
     formulas = {
         "allgather": "all-gather size = total gathered bytes, busbw = algbw x (n-1)/n",
         "allreduce": "all-reduce size = each rank's array, busbw = algbw x 2(n-1)/n",
         "reducescatter": "reduce-scatter size = each rank's input, busbw = algbw x (n-1)/n",
+        "alltoall": "all-to-all size = each rank's input (all of it sent; `random` and "
+                    "`skewed` splits are seeded, alike on every rank), busbw = algbw x "
+                    "(n-1)/n",
         "ring": "ring follows sendrecv (size = bytes per rank and step, busbw = algbw)"}
     lines.append("- nccl-tests formulas: algbw = size / time; "
                  + "; ".join(formulas[op] for op in ops)

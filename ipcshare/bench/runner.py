@@ -294,7 +294,7 @@ class _SuiteRun:
         hook = _progress_hook(self.progress, self.position, self.total, case)
         pattern = make_pattern(case.pattern_op, _DRIVER_ALGO.get(case.algorithm, case.algorithm),
                                op=case.options.op, datatype=case.options.datatype,
-                               register=case.options.register)
+                               register=case.options.register, splits=case.options.splits)
         try:
             if case.op == P2P_OP:
                 if self.progress is not None:

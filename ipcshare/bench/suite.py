@@ -3,10 +3,12 @@ size sweep (or a list of such matrices), validated in one place into frozen case
 
 ```yaml
 name: host vs MPI          # optional title (default: the file's name)
-ops: [allgather, ring]     # also allreduce, reducescatter (the collectives layer's), p2p
+ops: [allgather, ring]     # also allreduce, reducescatter, alltoall (the collectives layer's), p2p
 reductions: [sum]          # -o of allreduce / reducescatter: sum | max | min (a case each)
 arrays: [copied]           # allreduce / reducescatter: copied (by the library) | registered
                            # (with the communicator, read in place: -R 1); a case each
+splits: [even]             # alltoall: even (all_to_all) | random | skewed (all_to_all_v on
+                           # seeded splits, ipcshare alltoall --splits); a case each
 p2p_ops: [ring, allgather] # the patterns of the p2p op (a case each; default both)
 p2p_peer_access: [enabled] # disabled too: the direct half without peer access, so its
                            # copies go host-staged (a case each; default enabled)
@@ -55,6 +57,7 @@ from ..collectives.scratch import LL_MAX_BYTES
 from ..patterns.timing import TIMING_MODES
 from ..runtime.config import (
     REDUCTIONS,
+    SPLITS,
     PatternOptions,
     format_size,
     load_yaml_config,
@@ -65,6 +68,7 @@ from ..runtime.errors import ConfigError
 __all__ = ["BenchCase", "Suite", "load_suite", "parse_suite", "ALGORITHMS", "BASELINE_NAMES",
            "BACKEND_CHOICES", "DEFAULT_ROTATE_BUFFERS", "SUITE_TIMINGS", "BENCH_OPS",
            "REDUCTION_OPS", "P2P_OP", "P2P_OPS", "GRAPH_OPS", "OP_TITLES", "OP_SIZES",
+           "ALL_TO_ALL_OP",
            "algorithms_of"]
 
 BACKEND_CHOICES = ("auto", "host", "cuda-ipc", "cuda-vmm")
@@ -81,18 +85,22 @@ P2P_OPS = ("ring", "allgather")
 # What P2P direct moves and checks (p2p.direct.ELEMENT_SIZE): the runs' default datatype.
 P2P_DATATYPE = PatternOptions.datatype
 # The ops a suite runs.
-BENCH_OPS = ("ring", "allgather", *REDUCTION_OPS, P2P_OP)
+# All-to-all (ipcshare alltoall): each case names its splits and datatype.
+ALL_TO_ALL_OP = "alltoall"
+BENCH_OPS = ("ring", "allgather", *REDUCTION_OPS, ALL_TO_ALL_OP, P2P_OP)
 # How outputs name each op, and what its table's size counts (nccl-tests' conventions).
 OP_TITLES = {"ring": "ring", "allgather": "all-gather", "allreduce": "all-reduce",
-             "reducescatter": "reduce-scatter"}
+             "reducescatter": "reduce-scatter", "alltoall": "all-to-all"}
 OP_SIZES = {"ring": "bytes each rank sends per step", "allgather": "total gathered bytes",
             "allreduce": "bytes of each rank's array",
-            "reducescatter": "bytes of each rank's input"}
+            "reducescatter": "bytes of each rank's input",
+            "alltoall": "bytes of each rank's input"}
 # The ops whose GPU operations can be captured in CUDA graphs (the ring's signals carry
 # host-chosen values).
-GRAPH_OPS = ("allgather", *REDUCTION_OPS)
+GRAPH_OPS = ("allgather", *REDUCTION_OPS, ALL_TO_ALL_OP)
 # The library's name of each reduction op, whose algorithms it lists per memory.
-_COLLECTIVES = {"allreduce": "all_reduce", "reducescatter": "reduce_scatter"}
+_COLLECTIVES = {"allreduce": "all_reduce", "reducescatter": "reduce_scatter",
+                "alltoall": "all_to_all"}
 
 
 def _algorithm_table() -> dict[str, dict[str, tuple[str, ...]]]:
@@ -139,6 +147,7 @@ _LIST_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "ops": (BENCH_OPS, ("allgather",)),
     "reductions": (REDUCTIONS, ("sum",)),
     "arrays": (("copied", "registered"), ("copied",)),
+    "splits": (SPLITS, ("even",)),
     "p2p_ops": (P2P_OPS, P2P_OPS),
     # Not on / off: YAML reads those as booleans.
     "p2p_peer_access": (("enabled", "disabled"), ("enabled",)),
@@ -184,12 +193,15 @@ class BenchCase:
     @property
     def what(self) -> str:
         """What is measured: ``'allgather'``, ``'allreduce sum float32'`` (reductions name
-        their reduction and datatype), ``'p2p ring'``."""
+        their reduction and datatype), ``'alltoall random float32'`` (splits and
+        datatype), ``'p2p ring'``."""
         if self.p2p_op is not None:
             return f"{self.op} {self.p2p_op}" + ("" if self.p2p_peer_access else " host-staged")
         if self.reduction is not None:
             return (f"{self.op} {self.reduction} {self.options.datatype}"
                     + (" registered" if self.options.register else ""))
+        if self.op == ALL_TO_ALL_OP:
+            return f"{self.op} {self.options.splits} {self.options.datatype}"
         return self.op
 
     @property
@@ -325,7 +337,7 @@ def _expand(matrix: Mapping[str, Any], where: str, common: PatternOptions,
             chosen[backend] = _algorithms_for(backend, patterns, lists["algorithms"], where)
     cases = []
     for op in lists["ops"]:
-        for reduction, p2p_op, peer_access, registered in _variants(op, lists, sweep):
+        for reduction, p2p_op, peer_access, registered, splits in _variants(op, lists, sweep):
             for backend in p2p_backends if p2p_op else backends:
                 for algorithm in chosen[backend][p2p_op or op]:
                     if algorithm == "ll" and sweep.max_bytes > LL_MAX_BYTES:
@@ -337,7 +349,7 @@ def _expand(matrix: Mapping[str, Any], where: str, common: PatternOptions,
                     for timing in lists["timing"]:
                         _check_timing(timing, op, backend, where)
                         options = dataclasses.replace(sweep, backend=backend, op=reduction,
-                                                      register=int(registered))
+                                                      register=int(registered), splits=splits)
                         # P2P direct is the p2p case's comparison: no other baseline.
                         cases.append(BenchCase(op, backend, algorithm, timing,
                                                () if p2p_op else lists["baselines"], options,
@@ -346,17 +358,20 @@ def _expand(matrix: Mapping[str, Any], where: str, common: PatternOptions,
 
 
 def _variants(op: str, lists: Mapping[str, tuple[str, ...]],
-              sweep: PatternOptions) -> list[tuple[str, str | None, bool, bool]]:
-    """(reduction, p2p pattern, peer access, arrays registered) of each case of ``op``: a
-    reduction op's per reduction and array placement, the p2p op's per pattern of p2p_ops
-    and per p2p_peer_access, one for the others."""
+              sweep: PatternOptions) -> list[tuple[str, str | None, bool, bool, str]]:
+    """(reduction, p2p pattern, peer access, arrays registered, splits) of each case of
+    ``op``: a reduction op's per reduction and array placement, the p2p op's per pattern
+    of p2p_ops and per p2p_peer_access, all-to-all's per splits, one for the others."""
+    even = PatternOptions.splits
     if op in REDUCTION_OPS:
-        return [(reduction, None, True, arrays == "registered")
+        return [(reduction, None, True, arrays == "registered", even)
                 for reduction in lists["reductions"] for arrays in lists["arrays"]]
     if op == P2P_OP:
-        return [(sweep.op, pattern, access == "enabled", False) for pattern in lists["p2p_ops"]
-                for access in lists["p2p_peer_access"]]
-    return [(sweep.op, None, True, False)]
+        return [(sweep.op, pattern, access == "enabled", False, even)
+                for pattern in lists["p2p_ops"] for access in lists["p2p_peer_access"]]
+    if op == ALL_TO_ALL_OP:
+        return [(sweep.op, None, True, False, splits) for splits in lists["splits"]]
+    return [(sweep.op, None, True, False, even)]
 
 
 def _p2p_backends(names: tuple[str, ...], resolve_backend: Callable[[str], str],
@@ -406,6 +421,7 @@ def _names(value: Any, key: str, where: str) -> tuple[str, ...]:
             raise ConfigError(f"{where}: {key}: expected names (strings), got {item!r}")
         if item not in allowed:
             what = {"ops": "op", "reductions": "reduction", "arrays": "array placement",
+                    "splits": "splits",
                     "p2p_ops": "p2p op",
                     "p2p_peer_access": "p2p peer access setting",
                     "backends": "backend",

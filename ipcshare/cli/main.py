@@ -92,6 +92,8 @@ def _add_pattern_flags(parser: argparse.ArgumentParser) -> None:
         help="exit with status 4 when average busbw is below GBPS")
     add("--config", metavar="FILE.yaml", help="YAML config; flags override it")
     add("--json", metavar="FILE", help="write the results as JSON (rank 0)")
+    add("--plot", metavar="FILE.png", help="draw busbw and time against size, ours and the "
+        "baseline's: .png, .svg or .pdf (rank 0; needs matplotlib)")
 
 
 def build_parser() -> argparse.ArgumentParser:

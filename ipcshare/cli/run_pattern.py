@@ -12,6 +12,7 @@ from ..runtime.config import PatternOptions, format_size, merge_options
 from ..runtime.errors import ConfigError, OptionError, WindowTooLarge
 from ..topology.world import World, describe_disagreement
 from .option_origins import OptionOrigins
+from .pattern_plot import check_plot, write_run_plot
 
 __all__ = ["run_pattern_command", "resolve_options", "check_same_run"]
 
@@ -131,6 +132,7 @@ def run_pattern_command(args: argparse.Namespace) -> int:
         # a peer dies cannot notice it: the watch ends it after this grace.
         group.watch.exit_if_stuck(grace=grace)
         with collective_step(group.world, "choosing the algorithm"):
+            check_plot(getattr(args, "plot", None))
             if args.command == "alltoall":
                 _check_all_to_all_memory(group, pattern)
             elif (options.algo in ("push", "pull", "ring", "ll")
@@ -161,6 +163,10 @@ def run_pattern_command(args: argparse.Namespace) -> int:
         with collective_step(group.world, "writing the JSON"):
             if group.rank == 0 and options.json:
                 _write_json(options.json, result.to_dict())
+        if getattr(args, "plot", None):
+            with collective_step(group.world, "drawing the plot"):
+                write_run_plot(group.world, args.command, group.backend_name, options, result,
+                               args.plot)
     if result.wrong_total:
         sys.stderr.write(f"ipcshare: error: {result.wrong_total} wrong elements\n")
         return EXIT_WRONG

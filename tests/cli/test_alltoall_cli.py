@@ -113,3 +113,20 @@ def test_the_command_checks_gpu_memory_before_the_table():
         pattern = AllToAll(splits=splits)
         _check_all_to_all_memory(group(memory), pattern)
         assert pattern.modes == modes
+
+
+@needs_mpiexec
+def test_plot_draws_the_run_and_a_bad_ending_is_refused_before_it(tmp_path, socket_dir):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "a.png"
+    out = run(["alltoall", "--backend", "host", "-b", "1K", "-e", "16K", "-f", "4",
+               "--splits", "random", "--baseline", "mpi", "-n", "2", "-w", "1",
+               "--plot", str(path)], n=2)
+    assert out.returncode == EXIT_OK, out.stderr
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    refused = run(["alltoall", "--backend", "host", "-b", "1K", "-e", "1K",
+                   "--plot", str(tmp_path / "a.bmp")], n=2)
+    assert refused.returncode == EXIT_ERROR
+    errors = _errors(refused)
+    assert len(errors) == 2 and all(".bmp" in line and "png" in line for line in errors)
+    assert "op: alltoall" not in refused.stdout and not (tmp_path / "a.bmp").exists()

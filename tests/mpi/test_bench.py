@@ -277,3 +277,34 @@ def test_without_a_gpu_p2p_cases_are_skipped_with_the_reason_in_json_and_markdow
         assert "**0** (OK)" in markdown
     else:
         assert lines == []
+
+
+def test_all_to_all_cases_run_per_splits_beside_mpi_and_say_their_splits(comm, world,
+                                                                          tmp_path):
+    from ipcshare.bench.machine import machine_facts
+    from ipcshare.bench.report import write_markdown
+
+    suite = parse_suite({
+        "ops": ["alltoall"], "splits": ["even", "random", "skewed"], "backends": ["host"],
+        "baselines": ["mpi"], "timing": ["nccl-tests", "latency"], "min_bytes": 64,
+        "max_bytes": "64K", "step_factor": 32, "iters": 3, "warmup": 1, "checks": 2,
+        "datatype": "int32"}, source="alltoall.yaml", resolve_backend=lambda b: b)
+    result = run_suite(suite, world, emit=lambda _line: None)
+    assert result.wrong_total == 0
+    docs = result.documents()
+    assert [doc["case"] for doc in docs] == [
+        f"alltoall {splits} int32 host auto {timing}"
+        for splits in ("even", "random", "skewed") for timing in ("nccl-tests", "latency")]
+    for doc in docs:
+        assert doc["splits"] in ("even", "random", "skewed") and doc["case"].split()[1] == \
+            doc["splits"]
+        assert doc["baseline"]["name"] == "mpi"
+        assert [row["wrong"] for row in doc["rows"] + doc["baseline"]["rows"]] == [0] * 6
+        # Size is each rank's input: whole elements, one block per rank with even splits.
+        assert all(row["size"] % (4 * comm.size) == 0 for row in doc["rows"])
+    facts = machine_facts(world)  # collective
+    if comm.rank == 0:
+        write_markdown(result, facts, tmp_path / "bench.md")
+        markdown = (tmp_path / "bench.md").read_text()
+        assert "## Cases: all-to-all" in markdown
+        assert "### alltoall skewed int32 host auto latency" in markdown

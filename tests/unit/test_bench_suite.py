@@ -70,8 +70,11 @@ def test_gpu_algorithms_resolve_per_backend():
 
 
 @pytest.mark.parametrize("data,message", [
-    ({"ops": ["alltoall"]},
-     "unknown op 'alltoall'; choose one of: ring, allgather, allreduce, reducescatter, p2p"),
+    ({"ops": ["broadcast"]},
+     "unknown op 'broadcast'; choose one of: ring, allgather, allreduce, reducescatter, "
+     "alltoall, p2p"),
+    ({"ops": ["alltoall"], "splits": ["uneven"]},
+     "unknown splits 'uneven'; choose one of: even, random, skewed"),
     ({"backends": ["warp-drive"]}, "unknown backend 'warp-drive'"),
     ({"algorithms": ["tree"]},
      "unknown algorithm 'tree'; choose one of: single-copy, auto, copy-engine, push, pull, "
@@ -81,7 +84,7 @@ def test_gpu_algorithms_resolve_per_backend():
      "single-copy"),
     ({"timing": ["warp"]}, "unknown timing mode 'warp'"),
     ({"timing": ["graph"], "backends": ["host"]},
-     "timing 'graph' captures GPU allgather, allreduce, reducescatter in CUDA graphs; it "
+     "timing 'graph' captures GPU allgather, allreduce, reducescatter, alltoall in CUDA graphs; it "
      "cannot time allgather on host"),
     ({"ops": ["ring"], "backends": ["cuda-vmm"], "timing": ["graph"]},
      "it cannot time ring on cuda-vmm"),
@@ -486,3 +489,31 @@ def test_arrays_registered_add_a_case_per_reduction_case_only():
     with pytest.raises(ConfigError, match="unknown array placement 'pinned'; choose one of: "
                                           "copied, registered"):
         parse({"ops": ["allreduce"], "arrays": ["pinned"]})
+
+
+def test_all_to_all_expands_per_splits_graphed_on_gpus_with_the_library_s_algorithms():
+    from ipcshare.bench.runner import driver_timing
+    from ipcshare.collectives.algorithms import algorithm_names
+
+    suite = parse({"ops": ["alltoall", "allgather"], "splits": ["even", "skewed"],
+                   "backends": ["host", "cuda-vmm"], "datatype": "bfloat16",
+                   "timing": ["nccl-tests"]})
+    assert [case.label for case in suite.cases] == [
+        "alltoall even bfloat16 host auto nccl-tests",
+        "alltoall even bfloat16 cuda-vmm auto nccl-tests",
+        "alltoall skewed bfloat16 host auto nccl-tests",
+        "alltoall skewed bfloat16 cuda-vmm auto nccl-tests",
+        # splits apply to all-to-all alone
+        "allgather host single-copy nccl-tests", "allgather cuda-vmm auto nccl-tests"]
+    assert [case.options.splits for case in suite.cases] == [
+        "even", "even", "skewed", "skewed", "even", "even"]
+    assert parse({"ops": ["alltoall"]}).cases[0].options.splits == "even"
+    for backend, memory in (("host", "host"), ("cuda-vmm", "cuda")):
+        assert algorithms_of("alltoall", backend) == ("auto",
+                                                      *algorithm_names(memory, "all_to_all"))
+    graphed = parse({"ops": ["alltoall"], "backends": ["cuda-ipc"], "splits": ["random"],
+                     "timing": ["graph", "latency"]})
+    assert [driver_timing(case) for case in graphed.cases] == [("nccl-tests", True),
+                                                               ("latency", True)]
+    with pytest.raises(ConfigError, match="timing 'graph' captures GPU .*alltoall"):
+        parse({"ops": ["alltoall"], "backends": ["host"], "timing": ["graph"]})
