@@ -199,9 +199,13 @@ def _check_reduction_algo(command: str, algo: str, group) -> None:
 
 def _check_all_to_all_memory(group, pattern) -> None:
     """Refuse, before the table starts, what the library would refuse at the first call:
-    all-to-all where ranks take turns on a GPU (its kernels need every rank running at
-    once); and leave out the in-place rows of all-to-all-v on GPUs, which the library does
-    not run there (its segments move)."""
+    all-to-all-v spanning nodes, all-to-all where ranks take turns on a GPU (its kernels
+    need every rank running at once); and leave out the in-place rows of all-to-all-v on
+    GPUs, which the library does not run there (its segments move)."""
+    if group.world.node_count > 1 and pattern.collective == "all_to_all_v":
+        raise ConfigError(f"--splits {pattern.splits}: all_to_all_v does not span nodes (this "
+                          f"job spans {group.world.node_count}): use --splits even, which "
+                          "runs all_to_all hierarchically (IPC in nodes, --inter between)")
     if not group.backend.device_memory:
         return
     if group.time_sliced_gpus:

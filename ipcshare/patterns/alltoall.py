@@ -25,6 +25,9 @@ __all__ = ["AllToAll", "split_matrix"]
 SPLITS_SEED = 37
 # Random splits: the share of zero-size splits among the others.
 _ZERO_SHARE = 0.25
+# Heap bytes a communicator spanning nodes adds for its scratch arrays' alignment: two
+# per bound call, bound calls per region (at most 64) and mode.
+_SCRATCH_SLACK = 2 * 64 * 2 * 256
 
 
 def split_matrix(splits: str, count: int, world_size: int, seed: int = SPLITS_SEED,
@@ -154,8 +157,16 @@ class AllToAll(Pattern):
 
     def bind(self, window: Window, plan: SizePlan, mode: str) -> Callable[[], None]:
         n, me = window.world_size, window.rank
+        heap = 0
+        if window.world.node_count > 1:
+            # Across nodes every bound call keeps two scratch arrays as long as its input
+            # in the node's heap (hierarchy.bind_all_to_all), and the driver holds a bound
+            # call per region of the window and mode at once: the regions' inputs add up
+            # to the window at most.
+            base = getattr(window, "window", None) or window
+            heap = 2 * len(self.modes) * base.nbytes + _SCRATCH_SLACK
         communicator = self._communicator = communicator_for(
-            self._communicator, window, self.array_bytes(plan, n))
+            self._communicator, window, self.array_bytes(plan, n), heap)
         inputs = typed_view(self._input(window, plan, mode), communicator.memory, self._dtype)
         output = (inputs if mode == "in-place" else
                   typed_view(self._output(window, plan, mode), communicator.memory,

@@ -21,15 +21,17 @@ from .seeding import count_wrong, poison, seeded_small_integers
 __all__ = ["CommunicatorCase", "exact_bytes", "communicator_for"]
 
 
-def communicator_for(current: Any, window: Window, nbytes: int) -> Any:
-    """``current`` (a Communicator or None) if it takes calls of ``nbytes``, else a new
-    one of the window's group sized for them (no heap), ``current`` closed: a sweep
-    grows it at the first bind of each larger size and never keeps it larger."""
-    if current is not None and not current.closed and current.max_bytes >= nbytes:
+def communicator_for(current: Any, window: Window, nbytes: int, heap_bytes: int = 0) -> Any:
+    """``current`` (a Communicator or None) if it takes calls of ``nbytes`` with a heap of
+    ``heap_bytes`` (default none), else a new one of the window's group sized for them,
+    ``current`` closed: a sweep grows it at the first bind of each larger size and never
+    keeps it larger."""
+    if (current is not None and not current.closed and current.max_bytes >= nbytes
+            and current.heap_bytes >= heap_bytes):
         return current
     if current is not None:
         current.close()
-    return window.group.communicator(max_bytes=nbytes, heap_bytes=0)
+    return window.group.communicator(max_bytes=nbytes, heap_bytes=heap_bytes)
 
 
 def exact_bytes(values: np.ndarray, datatype: str) -> np.ndarray:

@@ -99,9 +99,15 @@ def test_the_command_checks_gpu_memory_before_the_table():
     from ipcshare.patterns.alltoall import AllToAll
     from ipcshare.runtime.errors import ConfigError
 
-    def group(device_memory, time_sliced=None):
+    def group(device_memory, time_sliced=None, nodes=1):
         return SimpleNamespace(backend=SimpleNamespace(device_memory=device_memory),
-                               time_sliced_gpus=time_sliced or {})
+                               time_sliced_gpus=time_sliced or {},
+                               world=SimpleNamespace(node_count=nodes))
+
+    with pytest.raises(ConfigError, match=r"^--splits skewed: all_to_all_v does not span "
+                       r"nodes \(this job spans 2\): use --splits even"):
+        _check_all_to_all_memory(group(False, nodes=2), AllToAll(splits="skewed"))
+    _check_all_to_all_memory(group(True, nodes=2), AllToAll())   # even: hierarchical
 
     with pytest.raises(ConfigError, match=r"^all-to-all: ranks of this job take turns on a "
                        r"GPU .* start MPS \(nvidia-cuda-mps-control -d\) first$"):
@@ -130,3 +136,24 @@ def test_plot_draws_the_run_and_a_bad_ending_is_refused_before_it(tmp_path, sock
     errors = _errors(refused)
     assert len(errors) == 2 and all(".bmp" in line and "png" in line for line in errors)
     assert "op: alltoall" not in refused.stdout and not (tmp_path / "a.bmp").exists()
+
+
+@needs_mpiexec
+def test_across_virtual_nodes_even_splits_run_hierarchically_and_uneven_are_refused(
+        tmp_path, socket_dir, monkeypatch):
+    from ipcshare.topology.world import VIRTUAL_NODES_ENV
+
+    monkeypatch.setenv(VIRTUAL_NODES_ENV, "2")
+    path = tmp_path / "a.json"
+    out = run(["alltoall", "--backend", "host", "-b", "1K", "-e", "64K", "-f", "8",
+               "--baseline", "mpi", "-n", "2", "-w", "1", "-c", "2", "--json", str(path)],
+              n=4)
+    assert out.returncode == EXIT_OK, out.stderr
+    doc = json.loads(path.read_text())
+    assert doc["nodes"] == 2 and doc["wrong_total"] == 0
+    assert all(row["wrong"] == 0 and row["in_place"]["wrong"] == 0 for row in doc["rows"])
+    refused = run(["alltoall", "--backend", "host", "-b", "1K", "-e", "1K", "--splits",
+                   "random"], n=4)
+    assert refused.returncode == EXIT_ERROR
+    errors = _errors(refused)
+    assert len(errors) == 4 and all("all_to_all_v does not span nodes" in e for e in errors)

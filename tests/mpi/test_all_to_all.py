@@ -2,8 +2,8 @@
 suite runs with: bit-exact against MPI's Alltoall / Alltoallv on the same bytes, every
 dtype, odd counts, even / random / skewed / one-pair / all-zero splits, in and out of
 place, arrays from empty() and registered arrays, bound calls, ranks whose splits
-disagree (named on every rank, nothing hangs), local misuse, and the refusal across
-nodes."""
+disagree (named on every rank, nothing hangs), local misuse, and, across virtual nodes,
+all_to_all through the hierarchical steps and all_to_all_v's refusal."""
 
 from __future__ import annotations
 
@@ -417,19 +417,43 @@ def test_random_mixed_calls_stay_correct(comm, communicator):
     assert not failures
 
 
-def test_a_group_spanning_nodes_refuses_on_every_rank(comm, monkeypatch):
-    if comm.size % 2:
-        pytest.skip(f"2 even virtual nodes need an even number of ranks, not {comm.size}")
-    monkeypatch.setenv(VIRTUAL_NODES_ENV, "2")
+@pytest.mark.parametrize("per_node_nodes", [2, "one-per-node"])
+def test_a_group_spanning_nodes_runs_all_to_all_hierarchically(comm, monkeypatch,
+                                                               per_node_nodes):
+    """Virtual nodes of this machine, the MPI engine between them: all_to_all through the
+    node's IPC and the rails, bit-exact against MPI's Alltoall over the whole world, odd
+    blocks, every dtype, in place and bound; all_to_all_v refused on every rank, in one
+    line, and the communicator still works after it."""
     n = comm.size
-    with ipcshare.Group(backend="host") as g, g.communicator(max_bytes=4096, inter="mpi") as c:
+    nodes = n if per_node_nodes == "one-per-node" else 2
+    if n % nodes or nodes < 2:
+        pytest.skip(f"{nodes} even virtual nodes need a multiple of {nodes} ranks, not {n}")
+    monkeypatch.setenv(VIRTUAL_NODES_ENV, str(nodes))
+    with ipcshare.Group(backend="host") as g, g.communicator(max_bytes=1 << 16,
+                                                             inter="mpi") as c:
+        assert g.world.node_count == nodes
+        for dtype in DTYPES:
+            for block in (1, 3, 257):
+                data = seeded(dtype, n * block, 70 + block, comm.rank)
+                want = mpi_all_to_all(comm, data)
+                out = np.zeros_like(data)
+                assert c.all_to_all(out, data) is out
+                assert out.tobytes() == want, (dtype, block)
+                inplace = data.copy()
+                c.all_to_all(inplace, inplace)
+                assert inplace.tobytes() == want, (dtype, block, "in place")
+        source = np.zeros(n * 5, np.int32)
+        out = np.zeros_like(source)
+        bound = c.bind("all_to_all", out, source)
+        for call in range(3):
+            source[:] = seeded("int32", n * 5, 900 + call, comm.rank)
+            bound()
+            assert out.tobytes() == mpi_all_to_all(comm, source), call
         data = np.zeros(n, np.float32)
-        for call in (lambda: c.all_to_all(data, data),
-                     lambda: c.all_to_all_v(data, data, [1] * n, [1] * n),
-                     lambda: c.bind("all_to_all", data, data)):
-            with pytest.raises(CollectiveError) as caught:
-                call()
-            assert str(caught.value).startswith(
-                "all_to_all") and "on a communicator spanning nodes is not built yet " \
-                "(issue 37)" in str(caught.value)
+        with pytest.raises(CollectiveError) as caught:
+            c.all_to_all_v(data, data.copy(), [1] * n, [1] * n)
+        message = str(caught.value)
+        assert message.startswith("all_to_all_v on a communicator spanning nodes is not "
+                                  "built") and f"across these {nodes} nodes" in message
+        assert "\n" not in message
         c.all_gather(np.zeros(n, np.float32), np.zeros(1, np.float32))  # still works

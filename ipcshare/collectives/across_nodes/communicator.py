@@ -20,6 +20,7 @@ from .hierarchy import (
     Levels,
     bind_all_gather,
     bind_all_reduce,
+    bind_all_to_all,
     bind_reduce_scatter,
     check_even_nodes,
     typed_view,
@@ -122,15 +123,20 @@ class NodesCommunicator(Communicator):
 
     # -- calls ---------------------------------------------------------------------------
     def _refuse_all_to_all(self, call: str) -> None:
-        """Not across nodes yet: the hierarchical steps have no all-to-all.
+        """All-to-all runs hierarchically (hierarchy.bind_all_to_all); all-to-all-v has
+        no hierarchical steps: its counts differ per pair, and the middle steps would
+        need every rank's splits on every rank of its node and rail first.
 
         Raises:
-            CollectiveError: always (on every rank, which all make the call).
+            CollectiveError: for all_to_all_v (on every rank, which all make the call).
         """
-        raise CollectiveError(
-            f"{call} on a communicator spanning nodes is not built yet (issue 37): it runs "
-            f"on a communicator of one node's group (host memory); across these "
-            f"{self.group.world.node_count} nodes use MPI's Alltoall / Alltoallv meanwhile")
+        if call == "all_to_all_v":
+            raise CollectiveError(
+                f"all_to_all_v on a communicator spanning nodes is not built: its "
+                f"hierarchical steps would need every pair's counts on the ranks that relay "
+                f"them; across these {self.group.world.node_count} nodes use all_to_all "
+                "(equal blocks, padded), all_to_all_v on a communicator of one node's "
+                "group, or MPI's Alltoallv")
 
     def _bind_call(self, call: _Call) -> tuple[str, Callable[[], None]]:
         description, run = self._guard.run(lambda: (self._agreed(call).describe(),
@@ -245,7 +251,7 @@ class NodesCommunicator(Communicator):
     def _bind_steps(self, call: _Call, engine: Any) -> Callable[[], None]:
         world, node = self.group.world, self._node
         memory = node.memory
-        byte_call = call.op == "all_gather"
+        byte_call = call.op in ("all_gather", "all_to_all")
         dtype = "uint8" if byte_call else call.inp.dtype
         levels = Levels(node, self._inter, engine, call.stream,
                         lambda buffer: typed_view(buffer, memory, dtype), dtype, call.redop)
@@ -256,6 +262,9 @@ class NodesCommunicator(Communicator):
         if call.op == "all_reduce":
             return bind_all_reduce(levels, inp, out, element=call.inp.itemsize,
                                    in_place=call.in_place)
+        if call.op == "all_to_all":
+            return bind_all_to_all(levels, inp, out, nodes=world.node_count,
+                                   per_node=self.per_node)
         return bind_reduce_scatter(levels, inp, out, element=call.inp.itemsize,
                                    nodes=world.node_count)
 

@@ -43,6 +43,11 @@ class InterNodeEngine(abc.ABC):
         """Block ``i`` (of ``output.nbytes``) of the rail's reduction of ``input`` into
         rail rank ``i``'s ``output``; ``input.nbytes`` is the rail size times that."""
 
+    @abc.abstractmethod
+    def all_to_all(self, engine: Any, output: Any, input: Any) -> Callable[[], None]:
+        """Block ``i`` of ``input`` (``input.nbytes`` is the rail size times a block) to
+        rail rank ``i``; block ``i`` of ``output`` (as long) from rail rank ``i``. Bytes."""
+
     def close(self) -> None:  # noqa: B027 - engines that hold nothing have nothing to do
         """Release what the engine holds (idempotent; collective over the rail)."""
 

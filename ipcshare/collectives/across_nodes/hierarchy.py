@@ -16,6 +16,12 @@ Nodes hold as many ranks each, their ranks consecutive (one rank of every node p
   holds the node's partial of its rail's N blocks), reduce-scatter on rail j (rail rank
   = node, so it gets block node*L + j: its own).
 
+- all-to-all of n = N*L blocks: the input's blocks reordered local-rank major (block
+  node*L + j, for rank (node, j), to position j*N + node), an all-to-all inside the node
+  of N blocks per rank (local rank j gets, from each local rank i, the N blocks bound
+  for rail j), a reorder node-major (from local rank i, block for node b to b*L + i),
+  then an all-to-all on the rail of L blocks per node, which lands rank-ordered.
+
 Every element is reduced by one rank per level and then copied, so every rank holds the
 same bits. 16-bit sums round once per level (the node's partial, then across nodes): the
 same bits on every rank and from run to run, but on data that is not exact in the type
@@ -33,7 +39,7 @@ from ...runtime.errors import ConfigError
 
 __all__ = ["node_segments", "Levels", "rail_major_moves",
            "rank_order_moves", "check_even_nodes", "bind_all_gather", "bind_all_reduce",
-           "bind_reduce_scatter", "as_buffer", "typed_view"]
+           "bind_reduce_scatter", "bind_all_to_all", "as_buffer", "typed_view"]
 
 
 def node_segments(node_of_rank: list[int]) -> list[tuple[int, int]]:
@@ -117,6 +123,14 @@ class Levels:
         if output.ptr == input.ptr:
             return lambda: node.all_reduce(inp, op=op, stream=stream)
         return lambda: node.all_reduce(inp, op=op, output=out, stream=stream)
+
+    def node_all_to_all(self, output: Any, input: Any) -> Callable[[], None]:
+        node, stream = self.node, self.stream
+        out, inp = self.typed(output), self.typed(input)
+        return lambda: node.all_to_all(out, inp, stream=stream)
+
+    def rail_all_to_all(self, output: Any, input: Any) -> Callable[[], None]:
+        return self._settled(self.inter.all_to_all(self.engine, output, input))
 
     def rail_all_reduce(self, buffer: Any) -> Callable[[], None]:
         return self._settled(self.inter.all_reduce(self.engine, buffer, self.dtype, self.op))
@@ -227,6 +241,34 @@ def bind_reduce_scatter(levels: Levels, inputs: Any, output: Any, *, element: in
         node_step()
         rail_step()
     return hierarchical_reduce_scatter
+
+
+def bind_all_to_all(levels: Levels, input: Any, output: Any, *, nodes: int,
+                    per_node: int) -> Callable[[], None]:
+    """All-to-all of ``input`` (the ranks times a block of bytes) into ``output`` (as
+    long; may be ``input``: the input is read whole before the output is written),
+    through two arrays of the node communicator's heap."""
+    node = levels.node
+    block = input.nbytes // (nodes * per_node)
+    # [j][node]: the blocks bound for rail j, by node; then [i][node] as received from
+    # local rank i; then [node][i], what rail rank `node` gets.
+    local_major = as_buffer(node.empty((input.nbytes,), "uint8"))
+    received = as_buffer(node.empty((input.nbytes,), "uint8"))
+    by_rail = levels.copier(local_major, input, rail_major_moves(nodes, per_node, block),
+                            block)
+    node_step = levels.node_all_to_all(received, local_major)
+    by_node = levels.copier(local_major, received, rank_order_moves(nodes, per_node, block),
+                            block)
+    rail_step = levels.rail_all_to_all(output, local_major)
+    keep = (local_major, received)
+
+    def hierarchical_all_to_all() -> None:
+        assert keep
+        by_rail()
+        node_step()
+        by_node()
+        rail_step()
+    return hierarchical_all_to_all
 
 
 def typed_view(buffer: Any, memory: str, dtype: str) -> Any:

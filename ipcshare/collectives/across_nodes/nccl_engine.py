@@ -105,6 +105,11 @@ class NcclInterEngine(InterNodeEngine):
         source, target = self._array(input, dtype), self._array(output, dtype)
         return lambda: comm.reduce_scatter(source, target, reduce_op, stream=stream)
 
+    def all_to_all(self, engine: Any, output: Any, input: Any) -> Callable[[], None]:
+        comm, stream = self._comm, stream_handle(engine.stream)
+        source, target = self._array(input, "uint8"), self._array(output, "uint8")
+        return lambda: comm.alltoall(source, target, stream=stream)
+
     def close(self) -> None:
         """Destroy the rail's communicator (idempotent; collective over the rail)."""
         comm, self._comm = self._comm, None
