@@ -106,6 +106,11 @@ class AllToAll(Pattern):
         self._communicator: Any = None
         self._matrices: dict[tuple[int, int], np.ndarray] = {}
 
+    @property
+    def inter_engine_name(self) -> str | None:
+        """The engine between nodes of the communicator spanning them (None on one node)."""
+        return getattr(self._communicator, "inter", None)
+
     # -- sizes -------------------------------------------------------------------------
     def plan(self, size: int, world_size: int, element_size: int) -> SizePlan:
         per_rank = max(1, size // (world_size * element_size))
@@ -166,7 +171,8 @@ class AllToAll(Pattern):
             base = getattr(window, "window", None) or window
             heap = 2 * len(self.modes) * base.nbytes + _SCRATCH_SLACK
         communicator = self._communicator = communicator_for(
-            self._communicator, window, self.array_bytes(plan, n), heap)
+            self._communicator, window, self.array_bytes(plan, n), heap,
+            getattr(self, "inter", "auto"))
         inputs = typed_view(self._input(window, plan, mode), communicator.memory, self._dtype)
         output = (inputs if mode == "in-place" else
                   typed_view(self._output(window, plan, mode), communicator.memory,

@@ -21,17 +21,18 @@ from .seeding import count_wrong, poison, seeded_small_integers
 __all__ = ["CommunicatorCase", "exact_bytes", "communicator_for"]
 
 
-def communicator_for(current: Any, window: Window, nbytes: int, heap_bytes: int = 0) -> Any:
+def communicator_for(current: Any, window: Window, nbytes: int, heap_bytes: int = 0,
+                     inter: str = "auto") -> Any:
     """``current`` (a Communicator or None) if it takes calls of ``nbytes`` with a heap of
     ``heap_bytes`` (default none), else a new one of the window's group sized for them,
     ``current`` closed: a sweep grows it at the first bind of each larger size and never
-    keeps it larger."""
+    keeps it larger. ``inter``: the engine between nodes of a group spanning them."""
     if (current is not None and not current.closed and current.max_bytes >= nbytes
             and current.heap_bytes >= heap_bytes):
         return current
     if current is not None:
         current.close()
-    return window.group.communicator(max_bytes=nbytes, heap_bytes=heap_bytes)
+    return window.group.communicator(max_bytes=nbytes, heap_bytes=heap_bytes, inter=inter)
 
 
 def exact_bytes(values: np.ndarray, datatype: str) -> np.ndarray:

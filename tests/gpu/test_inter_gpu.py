@@ -1,6 +1,6 @@
 """Device memory across two virtual nodes through each engine between nodes (``--inter``):
-the hierarchical all-gather, all-reduce and reduce-scatter, bit-exact, with the engine
-named in the result. Run on a GPU node with an even number of ranks (2 x 1 on 2 GPUs,
+the hierarchical all-gather, all-reduce, reduce-scatter and all-to-all, bit-exact, with
+the engine named in the result. Run on a GPU node with an even number of ranks (2 x 1 on 2 GPUs,
 2 x 2 on 4), e.g. ``mpiexec -n 2 python -m pytest --with-mpi tests/gpu/test_inter_gpu.py``."""
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def _run(collective: str, engine: str, **options):
 
 
 @pytest.mark.parametrize("engine", ["nccl", "mpi"])
-@pytest.mark.parametrize("op", ["allgather", "allreduce", "reducescatter"])
+@pytest.mark.parametrize("op", ["allgather", "allreduce", "reducescatter", "alltoall"])
 def test_device_memory_crosses_virtual_nodes_through_each_engine(comm, two_nodes, op, engine):
     _needs(engine, comm)
     result = _run(op, engine, min_bytes=4, max_bytes=9 << 20, step_factor=13)
@@ -123,7 +123,14 @@ def test_a_communicator_across_virtual_nodes_on_torch_tensors(comm, two_nodes, b
                                                   dtype=torch.int32), stream=stream)
                 scattered = torch.empty(count, device="cuda", dtype=torch.float32)
                 c.reduce_scatter(scattered, base.repeat(n) + me, op="max", stream=stream)
+                # All-to-all: block q of rank r's input holds r * n + q everywhere.
+                sent = (torch.arange(n, device="cuda", dtype=torch.int32) + me * n
+                        ).repeat_interleave(count)
+                exchanged = torch.empty_like(sent)
+                c.all_to_all(exchanged, sent, stream=stream)
                 stream.synchronize()
+                wrong += int((exchanged != (torch.arange(n, device="cuda", dtype=torch.int32)
+                                            * n + me).repeat_interleave(count)).sum())
                 wrong += int((tensor.view(torch.int16) != want.view(torch.int16)).sum())
                 wrong += int((gathered != torch.arange(n, device="cuda", dtype=torch.int32)
                               .repeat_interleave(count)).sum())
