@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,13 +24,54 @@ from .seeding import count_wrong, poison, seeded_bytes
 from .timing import mean_over_ranks, percentile, slowest_rank_samples
 
 __all__ = ["GpuBaseline", "import_torch_cuda", "check_one_gpu_per_rank", "TORCH_DTYPES",
-           "REDUCTION_OPS"]
+           "REDUCTION_OPS", "ALL_TO_ALL", "AllToAllSplits", "all_to_all_splits"]
 
 # The reduction cases' datatypes as torch dtypes (attribute names of the torch module).
 TORCH_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16",
                 "int32": "int32"}
 REDUCTION_OPS = ("allreduce", "reducescatter")
+ALL_TO_ALL = "alltoall"
+# Moved as bytes: all-to-all too, whatever its datatype (nothing is reduced).
 _BYTE_OPS = ("allgather", "ring")
+
+
+@dataclass(frozen=True)
+class AllToAllSplits:
+    """Rank ``rank``'s side of the all-to-all case at one size, in bytes: what it sends
+    each rank (``send[q]``, from its input in rank order) and receives from each rank
+    (``receive[q]``, packed into its output in rank order); ``even`` when every block is
+    alike (NCCL's ncclAlltoAll then, all-to-all-v otherwise)."""
+
+    rank: int
+    send: tuple[int, ...]
+    receive: tuple[int, ...]
+    even: bool
+
+    @property
+    def send_offsets(self) -> tuple[int, ...]:
+        """Where the bytes for each rank start in the input."""
+        return _starts(self.send)
+
+    @property
+    def receive_offsets(self) -> tuple[int, ...]:
+        """Where the bytes from each rank start in the output."""
+        return _starts(self.receive)
+
+
+def _starts(lengths: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(int(start) for start in np.concatenate(([0], np.cumsum(lengths)[:-1])))
+
+
+def all_to_all_splits(case: Any, plan: SizePlan, world_size: int, rank: int
+                      ) -> AllToAllSplits:
+    """Rank ``rank``'s byte counts of the all-to-all ``case`` at ``plan``: row ``rank``
+    and column ``rank`` of the case's split matrix (the one the case checks with), times
+    the element size. What NCCL's send / recv counts, torch's ``input_split_sizes`` /
+    ``output_split_sizes`` and symmetric memory's device splits are made of."""
+    m = case.split_matrix(plan, world_size) * plan.element_size
+    return AllToAllSplits(rank=rank, send=tuple(int(b) for b in m[rank]),
+                          receive=tuple(int(b) for b in m[:, rank]),
+                          even=case.splits == "even")
 
 
 def import_torch_cuda(flag: str) -> Any:
@@ -124,8 +166,9 @@ class GpuBaseline:
     def _bind(self, path: str | None, inputs: Any, output: Any, plan: SizePlan,
               mode: str) -> Callable[[], None]:
         """One operation of ``path``: ``inputs`` and ``output`` are typed views (bytes
-        for all-gather and ring; the case's datatype for reductions); in place they
-        overlap as NCCL's in-place convention has it."""
+        for all-gather, ring and all-to-all; the case's datatype for reductions); in place
+        they overlap as NCCL's in-place convention has it (all-to-all: both start at the
+        array, ``_all_to_all_source``)."""
         raise NotImplementedError
 
     def _release(self, path: str | None) -> None:
@@ -166,6 +209,10 @@ class GpuBaseline:
         n = self.world.size
         if self.op in _BYTE_OPS:
             return plan.block_bytes, plan.block_bytes * n
+        if self.op == ALL_TO_ALL:
+            # The receive buffer holds the longest input or output of any rank: the same
+            # size everywhere (symmetric windows), and in place it is the array itself.
+            return plan.size, self.case.array_bytes(plan, n)
         if self.op == "allreduce":
             return plan.size, plan.size
         return plan.size, plan.size // n
@@ -173,9 +220,13 @@ class GpuBaseline:
     def _views(self, send: Any, receive: Any, plan: SizePlan, mode: str) -> tuple[Any, Any]:
         """(where this rank's input goes, where its output comes), as NCCL's in-place
         convention lays them out: all-gather in place reads this rank's block of the
-        output, reduce-scatter in place writes this rank's block of the input."""
+        output, reduce-scatter in place writes this rank's block of the input; all-to-all
+        in place reads and writes the one array from its start (as the case's window)."""
         me, block = self.world.rank, plan.block_bytes
         in_place = mode == "in-place"
+        if self.op == ALL_TO_ALL:
+            received = self.case.received_bytes(plan, me, self.world.size)
+            return (receive[:plan.size] if in_place else send), receive[:received]
         if self.op == "ring" or (self.op == "allgather" and in_place):
             return receive[me * block:(me + 1) * block], receive
         if self.op == "allgather":
@@ -185,8 +236,25 @@ class GpuBaseline:
         out = plan.size // self.world.size
         return send, (send[me * out:(me + 1) * out] if in_place else receive)
 
+    def _all_to_all_source(self, path: str | None, inputs: Any, output: Any
+                           ) -> tuple[Any, Callable[[], None] | None]:
+        """(the buffer an all-to-all of ``path`` reads, a copy to run before each
+        operation or None). Out of place that is ``inputs``. In place (``inputs`` and
+        ``output`` start at one array) no library here has an all-to-all that may
+        overwrite blocks its peers have yet to read (nccl-tests: "We don't support
+        in-place alltoall"), so the array is first copied aside into a buffer of the
+        path's own (a registered window where the path registers), as a program of
+        theirs would do; the copy is part of the timed operation, as in the MPI baseline."""
+        if inputs.data_ptr() != output.data_ptr():
+            return inputs, None
+        aside = self._allocate(path, inputs.numel())   # collective: same order everywhere
+
+        def copy_aside() -> None:
+            aside.copy_(inputs)   # on the current stream: the baseline's
+        return aside, copy_aside
+
     def _typed(self, view: Any) -> Any:
-        if self.op in _BYTE_OPS:
+        if self.op in _BYTE_OPS or self.op == ALL_TO_ALL:
             return view
         return view.view(getattr(self._torch, TORCH_DTYPES[self.case.datatype]))
 

@@ -1,7 +1,7 @@
 """The torch baseline: NCCL through torch.distributed (all_gather_into_tensor, batched
-isend / irecv, all_reduce, reduce_scatter_tensor) on device tensors: what a PyTorch user
-pays, torch's host work included. Same sizes, data, checks and timing as every GPU
-baseline (``baseline_gpu``)."""
+isend / irecv, all_reduce, reduce_scatter_tensor, all_to_all_single) on device tensors:
+what a PyTorch user pays, torch's host work included. Same sizes, data, checks and timing
+as every GPU baseline (``baseline_gpu``)."""
 
 from __future__ import annotations
 
@@ -15,15 +15,30 @@ from ..runtime.nvlink_multicast import keep_multicast_off
 from ..topology.world import World
 from .base import SizePlan
 from .baseline_gpu import (
+    ALL_TO_ALL,
     REDUCTION_OPS,
     GpuBaseline,
+    all_to_all_splits,
     check_one_gpu_per_rank,
     import_torch_cuda,
 )
 
-__all__ = ["TorchBaseline"]
+__all__ = ["TorchBaseline", "torch_split_sizes"]
 
-_OPS = ("allgather", "ring", *REDUCTION_OPS)
+_OPS = ("allgather", "ring", *REDUCTION_OPS, ALL_TO_ALL)
+
+
+def torch_split_sizes(case: Any, plan: SizePlan, world_size: int, rank: int
+                      ) -> dict[str, list[int]]:
+    """The split keywords of rank ``rank``'s ``all_to_all_single`` on byte tensors at
+    ``plan``: none for even splits (torch cuts equal blocks itself), else
+    ``output_split_sizes`` (bytes from each rank) and ``input_split_sizes`` (bytes to
+    each rank) from the case's split matrix."""
+    splits = all_to_all_splits(case, plan, world_size, rank)
+    if splits.even:
+        return {}
+    return {"output_split_sizes": list(splits.receive),
+            "input_split_sizes": list(splits.send)}
 
 
 def _free_port() -> int:
@@ -102,6 +117,8 @@ class TorchBaseline(GpuBaseline):
     def _bind(self, path: str | None, inputs: Any, output: Any, plan: SizePlan,
               mode: str) -> Callable[[], None]:
         dist = self._dist
+        if self.op == ALL_TO_ALL:
+            return self._all_to_all(path, inputs, output, plan)
         if self.op == "allgather":
             return lambda: dist.all_gather_into_tensor(output, inputs)
         if self.op == "ring":
@@ -116,6 +133,20 @@ class TorchBaseline(GpuBaseline):
             output.copy_(inputs)
             dist.all_reduce(output, op=reduce_op)
         return copy_then_reduce
+
+    def _all_to_all(self, path: str | None, inputs: Any, output: Any,
+                    plan: SizePlan) -> Callable[[], None]:
+        """``all_to_all_single`` on byte tensors, with the case's split sizes where they
+        are uneven; in place, the array copied aside first (``_all_to_all_source``)."""
+        dist = self._dist
+        source, copy_aside = self._all_to_all_source(path, inputs, output)
+        sizes = torch_split_sizes(self.case, plan, self.world.size, self.world.rank)
+
+        def all_to_all() -> None:
+            if copy_aside is not None:
+                copy_aside()
+            dist.all_to_all_single(output, source, **sizes)
+        return all_to_all
 
     def _ring(self, output: Any, block: int) -> Callable[[], None]:
         dist = self._dist

@@ -51,6 +51,11 @@ class TorchSymmBaseline(TorchBaseline):
 
     @classmethod
     def check_case(cls, case: Any) -> None:
+        if case.name == "alltoall":
+            raise ConfigError(f"{_FLAG} times all-to-all with symmetric memory's "
+                              "all_to_all_vdev on its NVSHMEM backend, which a process "
+                              "cannot hold beside these all-reduce kernels' CUDA backend: "
+                              "time it with ipcshare alltoall --baseline torch-symm")
         if case.name != "allreduce":
             raise ConfigError(f"{_FLAG} times all-reduce only (PyTorch symmetric memory's "
                               f"one_shot / two_shot_all_reduce), not {case.name}; use "

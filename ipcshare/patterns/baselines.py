@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..runtime.errors import ConfigError
 from ..topology.world import World
 from ..window import Group
 
@@ -17,18 +16,25 @@ _GPU_CLASSES = {
     "torch": ("baseline_torch", "TorchBaseline"),
     "torch-symm": ("baseline_torch_symm", "TorchSymmBaseline"),
 }
+# The baselines whose all-to-all is a class of its own: PyTorch symmetric memory's
+# all_to_all_vdev runs on another backend of it (NVSHMEM) than its all-reduce kernels.
+_ALL_TO_ALL_CLASSES = {
+    "torch-symm": ("baseline_torch_symm_alltoall", "TorchSymmAllToAllBaseline"),
+}
 GPU_BASELINES = tuple(_GPU_CLASSES)
 
 
-def gpu_baseline_class(name: str) -> Any:
-    """The class of GPU baseline ``name`` (imported now: nothing heavy at import time).
+def gpu_baseline_class(name: str, op: str | None = None) -> Any:
+    """The class of GPU baseline ``name``, of the one that times ``op`` where that is
+    another (imported now: nothing heavy at import time).
 
     Raises:
         KeyError: not a GPU baseline.
     """
     import importlib
 
-    module, cls = _GPU_CLASSES[name]
+    module, cls = (_ALL_TO_ALL_CLASSES[name] if op == "alltoall" and name in _ALL_TO_ALL_CLASSES
+                   else _GPU_CLASSES[name])
     return getattr(importlib.import_module(f"{__package__}.{module}"), cls)
 
 
@@ -39,7 +45,7 @@ def open_gpu_baseline(name: str, group: Group, pattern: Any) -> Any:
         ConfigError: it cannot run here (on every rank, naming what is missing).
     """
     device = group.backend.device if group.backend.device_memory else None
-    return gpu_baseline_class(name)(group.world, pattern, device)
+    return gpu_baseline_class(name, pattern.name)(group.world, pattern, device)
 
 
 def mpi_baseline(world: World, pattern: Any) -> Any:
@@ -67,14 +73,10 @@ def make_baseline(name: str, group: Group, pattern: Any) -> Any:
     """Collective: the baseline ``name`` (``none`` gives None) for ``pattern``.
 
     Raises:
-        ConfigError: it cannot time ``pattern`` here, or a GPU baseline of all-to-all (not
-            built yet), on every rank.
+        ConfigError: it cannot time ``pattern`` here, on every rank.
     """
     if name == "none":
         return None
     if name == "mpi":
         return mpi_baseline(group.world, pattern)
-    if pattern.name == "alltoall":
-        raise ConfigError(f"--baseline {name} does not time all-to-all yet (issue 37): use "
-                          "--baseline mpi or none")
     return open_gpu_baseline(name, group, pattern)

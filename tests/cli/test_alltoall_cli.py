@@ -9,7 +9,7 @@ import pytest
 
 from ipcshare.cli.main import EXIT_ERROR, EXIT_OK
 
-from .test_cli import needs_mpiexec, run, without_gpu
+from .test_cli import needs_mpiexec, run, without_gpu, without_nccl4py, without_torch
 
 
 @pytest.fixture
@@ -57,8 +57,16 @@ def _errors(out) -> list[str]:
      "--splits bogus: unknown splits; choose one of: even, random, skewed"),
     (["alltoall", "--backend", "host", "--algo", "one-shot"],
      "the alltoall op has no 'one-shot' algorithm; choose one of: auto, pull"),
-    (["alltoall", "--backend", "host", "--baseline", "nccl"],
-     "--baseline nccl does not time all-to-all yet (issue 37): use --baseline mpi or none"),
+    # The GPU baselines time all-to-all now: what stops them here is what they lack.
+    pytest.param(["alltoall", "--backend", "host", "--baseline", "nccl"],
+                 "--baseline nccl calls NCCL through nccl4py, which is not importable here",
+                 marks=without_nccl4py),
+    pytest.param(["alltoall", "--backend", "host", "--baseline", "torch"],
+                 "--baseline torch keeps its buffers in PyTorch tensors, and torch is not "
+                 "importable", marks=without_torch),
+    pytest.param(["alltoall", "--backend", "host", "--baseline", "torch-symm"],
+                 "--baseline torch-symm keeps its buffers in PyTorch tensors, and torch is "
+                 "not importable", marks=without_torch),
     (["alltoall", "--backend", "host", "--graph"],
      "--graph captures CUDA graphs: it needs a GPU backend"),
 ])
