@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import sys
 from pathlib import Path
+
+from ipcshare.patterns.results import read_result_lines
 
 # The CLI names of the collectives and the names their tables use in choice.py.
 OPS = {"allreduce": "all_reduce", "reducescatter": "reduce_scatter", "allgather": "all_gather"}
@@ -73,13 +74,11 @@ def load(paths: list[Path]) -> dict[Key, Table]:
     """The collective sweeps of ``paths`` (JSON lines), by table; other lines are skipped."""
     tables: dict[Key, Table] = {}
     for path in paths:
-        for number, line in enumerate(path.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                document = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise SystemExit(f"{path}:{number}: not JSON ({error.msg})") from None
+        try:
+            documents = read_result_lines(path)
+        except ValueError as error:
+            raise SystemExit(str(error)) from None
+        for document in documents:
             case = document.get("collective_case")
             if (case is None or document.get("wrong_total", 0)
                     or document.get("checked") is False):

@@ -3,7 +3,7 @@
 # two ranks sharing one GPU, then ring / all-gather sweeps on both GPU backends against NCCL.
 #
 #   tools/gpu-check.sh [all|tests|bench|suite|sweep|csweep|doctor|faults|fallback|namespaces|shared|
-#                       collectives|p2p|latency|timer|nccl-tests|inter]...  (default all)
+#                       collectives|p2p|latency|timer|nccl-tests|alltoall|inter]...  (default all)
 #
 #   tests   the GPU pytest suite at 2, 4 and 2xG ranks, and 2 ranks sharing one GPU;
 #           tests/mpi under the node's own MPI at 2 and 3 ranks
@@ -53,8 +53,22 @@
 #   nccl-tests  NVIDIA's nccl-tests (source carried in .nccl-tests/, ignored by git) built
 #           here with the node's nvcc against the nvidia-nccl-cu13 wheel's NCCL (sm_90
 #           CUBIN, MPI=0); all_gather_perf, all_reduce_perf, reduce_scatter_perf with
-#           -g 1 -t G at -b 8 -e 256M -f 4, -R 0 and -R 2, eager and -G 20; logs under
-#           $OUT/nccl-tests/, their Markdown table in $OUT/nccl-tests/nccl-tests.md
+#           -g 1 -t G at -b 8 -e 256M -f 4, -R 0 and -R 2, eager and -G 20; alltoall_perf
+#           (built apart) -R 0 and -R 2 -x 2 (symmetric windows of a zero-CTA communicator:
+#           NCCL's copy-engine all-to-all; -R 2 alone is -R 0's path for all-to-all); logs
+#           under $OUT/nccl-tests/, their Markdown table in $OUT/nccl-tests/nccl-tests.md
+#   alltoall  `ipcshare alltoall` at 2 and 4 ranks (ALLTOALL_RANKS, those of them up to G),
+#           --splits even, random and skewed, eager and --graph, -b 8 -e ALLTOALL_MAX (256M)
+#           -f 4, each against --baseline nccl and torch, and torch-symm for even splits
+#           (ALLTOALL_SYMM_SPLITS: uneven splits are refused where its kernel cannot cut
+#           them, from 512 KiB - 8 MiB up); the result documents in results.jsonl (tagged "alltoall_case"), and
+#           $OUT/alltoall.md (tools/alltoall_summary.py: ours beside each baseline with its
+#           speedup, then nccl-tests' alltoall_perf at the same rank counts, -R 0 and
+#           -R 2 -x 2, eager and -G 20, when .nccl-tests/ is carried). ALLTOALL_TESTS=1
+#           first runs the baselines' GPU tests at 2 ranks (the torch-symm one in a process
+#           of its own). Estimated (not yet timed) at 5-6 minutes on 2 GPUs and 11-12 on 4,
+#           over one 10-minute device call there: ALLTOALL_RANKS=4 and ALLTOALL_RANKS=2 in
+#           two calls, or ALLTOALL_MAX=64M in one
 #   timer   all-reduce, all-gather and reduce-scatter at G ranks, 8 B - TIMER_MAX (2M), each
 #           eager, in CUDA graphs and by latency samples against NCCL (nccl4py) in the same
 #           launch; every row passes the timer's self-checks (exit 5 otherwise), then
@@ -84,13 +98,17 @@
 # tests/gpu took 185 s at 4 ranks and 236 s at 8 on 4 H200s, 2026-11-26), TESTS_PARTS
 # (which runs of the tests phase: any of "2 examples 4 2G shared mpi", default all; the
 # whole phase outlasts one 10-minute device call on 4 GPUs, so split it in two),
-# STEP_TIMEOUT_BENCH (per sweep, default 150), PYTHON, MPIEXEC.
+# STEP_TIMEOUT_BENCH (per sweep, default 150), ALLTOALL_RANKS (default "2 4"), ALLTOALL_MAX
+# (default 256M), ALLTOALL_ITERS (default 20), ALLTOALL_SPLITS (default "even random
+# skewed"), ALLTOALL_BASELINES (default "nccl torch torch-symm"), ALLTOALL_SYMM_SPLITS
+# (default even), ALLTOALL_TESTS (default 0), STEP_TIMEOUT_ALLTOALL (per sweep, default
+# 150), PYTHON, MPIEXEC.
 set -u
 
 phases=("${@:-all}")
 for phase in "${phases[@]}"; do
-  case "$phase" in all|tests|bench|suite|sweep|csweep|doctor|faults|fallback|namespaces|shared|collectives|p2p|latency|timer|nccl-tests|inter) ;;
-    *) echo "usage: $0 [all|tests|bench|suite|sweep|csweep|doctor|faults|fallback|namespaces|shared|collectives|p2p|latency|timer|nccl-tests|inter]..." >&2
+  case "$phase" in all|tests|bench|suite|sweep|csweep|doctor|faults|fallback|namespaces|shared|collectives|p2p|latency|timer|nccl-tests|alltoall|inter) ;;
+    *) echo "usage: $0 [all|tests|bench|suite|sweep|csweep|doctor|faults|fallback|namespaces|shared|collectives|p2p|latency|timer|nccl-tests|alltoall|inter]..." >&2
        exit 2 ;; esac
 done
 wants() {  # wants PHASE: whether PHASE was asked for (all = tests and bench)
@@ -799,56 +817,156 @@ fi
 # nccl-tests: the NCCL reference measured by NVIDIA's own harness, built here with the
 # node's nvcc against the NCCL wheel (below). The wheel's NCCL has no libnccl.so link, which the Makefile wants. The
 # build and that link live in a folder this run makes (mktemp), never one found by name.
-nccl_tests_build() {
-  local wheel nvcc_path
+nccl_tests_build() {  # nccl_tests_build PROGRAM...: those programs of nccl-tests
+  local wheel nvcc_path program targets=()
   wheel=$("$PY" -c 'import nvidia.nccl as n; print(list(n.__path__)[0])') || return 1
   nvcc_path=$(command -v nvcc) || { echo "nvcc: not found"; return 1; }
   mkdir -p "$NCCL_TESTS_HOME/lib"
-  ln -s "$wheel/include" "$NCCL_TESTS_HOME/include"
-  ln -s "$wheel"/lib/libnccl.so.* "$NCCL_TESTS_HOME/lib/"
-  ln -s "$(cd "$wheel/lib" && ls libnccl.so.* | head -1)" "$NCCL_TESTS_HOME/lib/libnccl.so"
+  # -f / -n: a second build of this run finds the links of the first.
+  ln -sfn "$wheel/include" "$NCCL_TESTS_HOME/include"
+  ln -sf "$wheel"/lib/libnccl.so.* "$NCCL_TESTS_HOME/lib/"
+  ln -sf "$(cd "$wheel/lib" && ls libnccl.so.* | head -1)" "$NCCL_TESTS_HOME/lib/libnccl.so"
+  for program in "$@"; do targets+=("$NCCL_TESTS_BUILD/$program"); done
   make -C .nccl-tests/src -j 8 MPI=0 NCCL_HOME="$NCCL_TESTS_HOME" \
     CUDA_HOME="$(dirname "$(dirname "$nvcc_path")")" \
-    NVCC_GENCODE=-gencode=arch=compute_90,code=sm_90 BUILDDIR="$NCCL_TESTS_BUILD" \
-    "$NCCL_TESTS_BUILD/all_gather_perf" "$NCCL_TESTS_BUILD/all_reduce_perf" \
-    "$NCCL_TESTS_BUILD/reduce_scatter_perf"
+    NVCC_GENCODE=-gencode=arch=compute_90,code=sm_90 BUILDDIR="$NCCL_TESTS_BUILD" "${targets[@]}"
 }
-nccl_tests_run() {  # nccl_tests_run PROGRAM REGISTER [-G 20]: one run, appended to its log
-  local program=$1 register=$2 log
+# nccl_tests_run PROGRAM REGISTER [FLAGS...]: one run on NCCL_TESTS_RANKS threads (default
+# G), one GPU each, appended to its log
+nccl_tests_run() {
+  local program=$1 register=$2 ranks=${NCCL_TESTS_RANKS:-$G} log
   shift 2
   log="$OUT/nccl-tests/$program.log"
-  echo "+ $program -b 8 -e ${NCCL_TESTS_MAX:-256M} -f 4 -g 1 -t $G -R $register $*" >>"$log"
+  echo "+ $program -b 8 -e ${NCCL_TESTS_MAX:-256M} -f 4 -g 1 -t $ranks -R $register $*" >>"$log"
   LD_LIBRARY_PATH="$NCCL_TESTS_HOME/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    "$NCCL_TESTS_BUILD/$program" -b 8 -e "${NCCL_TESTS_MAX:-256M}" -f 4 -g 1 -t "$G" -R "$register" "$@" \
-    | tee -a "$log"
+    "$NCCL_TESTS_BUILD/$program" -b 8 -e "${NCCL_TESTS_MAX:-256M}" -f 4 -g 1 -t "$ranks" \
+    -R "$register" "$@" | tee -a "$log"
   return "${PIPESTATUS[0]}"
 }
-export -f nccl_tests_build nccl_tests_run
-export G
-if [[ $G -ge 2 ]] && wants nccl-tests; then
+# nccl_tests_alltoall: alltoall_perf on plain buffers and on symmetric windows of a
+# zero-CTA communicator (-x 2; without it -R 2 runs -R 0's send / recv path), eager and in
+# graphs
+nccl_tests_alltoall() {
+  local flags
+  for flags in "0" "2 -x 2"; do
+    # shellcheck disable=SC2086  # the flags are words
+    step "nccl-tests alltoall_perf -t ${NCCL_TESTS_RANKS:-$G} -R $flags eager" 300 \
+      nccl_tests_run alltoall_perf $flags
+    # shellcheck disable=SC2086
+    step "nccl-tests alltoall_perf -t ${NCCL_TESTS_RANKS:-$G} -R $flags graph" 300 \
+      nccl_tests_run alltoall_perf $flags -G 20
+  done
+}
+# nccl_tests_setup: whether .nccl-tests/ is here; if so a build folder of this run's own
+# (mktemp; nccl_tests_cleanup removes it)
+nccl_tests_setup() {
   if [[ ! -d .nccl-tests/src ]]; then
     log "nccl-tests: .nccl-tests/src missing (carry the ignored .nccl-tests/ folder along)"
     failures=$((failures + 1))
-  else
-    mkdir -p "$OUT/nccl-tests"
-    NCCL_TESTS_ROOT=$(mktemp -d "${TMPDIR:-/tmp}/ipcshare-nccl-tests.XXXXXX")
-    NCCL_TESTS_HOME=$NCCL_TESTS_ROOT/nccl NCCL_TESTS_BUILD=$NCCL_TESTS_ROOT/build
-    export NCCL_TESTS_HOME NCCL_TESTS_BUILD
-    for program in all_gather_perf all_reduce_perf reduce_scatter_perf; do
-      : >"$OUT/nccl-tests/$program.log"  # this run's logs start empty (runs append to them)
+    return 1
+  fi
+  mkdir -p "$OUT/nccl-tests"
+  NCCL_TESTS_ROOT=$(mktemp -d "${TMPDIR:-/tmp}/ipcshare-nccl-tests.XXXXXX")
+  NCCL_TESTS_HOME=$NCCL_TESTS_ROOT/nccl NCCL_TESTS_BUILD=$NCCL_TESTS_ROOT/build
+  export NCCL_TESTS_HOME NCCL_TESTS_BUILD
+}
+nccl_tests_cleanup() { rm -rf "$NCCL_TESTS_ROOT"; }  # made by nccl_tests_setup's mktemp
+export -f nccl_tests_build nccl_tests_run
+export G
+if [[ $G -ge 2 ]] && wants nccl-tests && nccl_tests_setup; then
+  for program in all_gather_perf all_reduce_perf reduce_scatter_perf alltoall_perf; do
+    : >"$OUT/nccl-tests/$program.log"  # this run's logs start empty (runs append to them)
+  done
+  step "nccl-tests build (nvcc, the wheel's NCCL, sm_90)" 600 nccl_tests_build \
+    all_gather_perf all_reduce_perf reduce_scatter_perf
+  for program in all_gather_perf all_reduce_perf reduce_scatter_perf; do
+    for register in 0 2; do
+      step "nccl-tests $program -t $G -R $register eager" 300 nccl_tests_run "$program" "$register"
+      step "nccl-tests $program -t $G -R $register graph" 300 nccl_tests_run "$program" "$register" -G 20
     done
-    step "nccl-tests build (nvcc, the wheel's NCCL, sm_90)" 600 nccl_tests_build
-    for program in all_gather_perf all_reduce_perf reduce_scatter_perf; do
-      for register in 0 2; do
-        step "nccl-tests $program -t $G -R $register eager" 300 nccl_tests_run "$program" "$register"
-        step "nccl-tests $program -t $G -R $register graph" 300 nccl_tests_run "$program" "$register" -G 20
+  done
+  # Apart: a failure to build it (nccl-tests newer than the wheel's NCCL) costs it alone.
+  step "nccl-tests build alltoall_perf" 600 nccl_tests_build alltoall_perf
+  nccl_tests_alltoall
+  step "nccl-tests table" 60 bash -c '"$0" -m ipcshare.bench.nccl_tests "$1"/nccl-tests/*_perf.log > "$1/nccl-tests/nccl-tests.md"; rc=$?; cat "$1/nccl-tests/nccl-tests.md"; exit $rc' "$PY" "$OUT"
+  nccl_tests_cleanup
+elif wants nccl-tests && [[ $G -lt 2 ]]; then
+  log "nccl-tests: needs 2 GPUs; skipped"
+fi
+
+# alltoall_case N SPLITS BASELINE [--graph]: one `ipcshare alltoall` sweep, into $RESULTS
+alltoall_case() {
+  local n=$1 splits=$2 baseline=$3 json rc
+  shift 3
+  json="$OUT/alltoall-n$n-$splits-$baseline${1:+-graph}.json"
+  "$MPIEXEC" -n "$n" --bind-to none "$PY" -m ipcshare alltoall --backend cuda-vmm \
+    --splits "$splits" -b 8 -e "${ALLTOALL_MAX:-256M}" -f 4 -n "${ALLTOALL_ITERS:-20}" -w 5 \
+    -c 1 --baseline "$baseline" --json "$json" "$@" | grep -Ev "^#  Rank"
+  rc=${PIPESTATUS[0]}
+  append_result "$json" alltoall_case "n$n $splits $baseline${1:+ graph}"
+  return $rc
+}
+# alltoall_tests N FILE: one GPU test file of the all-to-all baselines, a pytest of its own
+alltoall_tests() {
+  "$MPIEXEC" -n "$1" --bind-to none "$PY" -m pytest -q -rs --with-mpi -m gpu \
+    -p no:cacheprovider "$2"
+}
+export -f alltoall_case alltoall_tests
+if [[ $G -ge 2 ]] && wants alltoall; then
+  STEP_TIMEOUT_ALLTOALL=${STEP_TIMEOUT_ALLTOALL:-150}
+  if [[ ${ALLTOALL_TESTS:-0} != 0 ]]; then
+    # The torch-symm file alone: symmetric memory's backend is set once per process.
+    for file in tests/gpu/test_gpu_alltoall_baselines.py tests/gpu/test_torch_symm_alltoall_baseline.py; do
+      step "alltoall baselines' tests n=2 $(basename "$file")" "$STEP_TIMEOUT_TESTS" \
+        alltoall_tests 2 "$file"
+    done
+  fi
+  alltoall_ranks=()
+  for n in ${ALLTOALL_RANKS:-2 4}; do
+    (( n <= G )) && alltoall_ranks+=("$n")
+  done
+  # torch-symm where this torch has all_to_all_vdev and NVSHMEM (the baseline's own check;
+  # its reason in the log otherwise, not a failure).
+  if symm_missing=$("$PY" -c 'import torch
+from ipcshare.patterns.baseline_torch_symm_alltoall import all_to_all_vdev_module
+all_to_all_vdev_module(torch)' 2>&1); then
+    symm_missing=""
+  else
+    log "alltoall: no torch-symm baseline here: $(tail -1 <<<"$symm_missing")"
+  fi
+  for n in "${alltoall_ranks[@]}"; do
+    for splits in ${ALLTOALL_SPLITS:-even random skewed}; do
+      for baseline in ${ALLTOALL_BASELINES:-nccl torch torch-symm}; do
+        # torch-symm's all_to_all_vdev refuses sizes whose uneven splits its kernel
+        # cannot cut (the run would end there): even splits only, unless asked.
+        if [[ $baseline == torch-symm && ( -n $symm_missing ||
+              " ${ALLTOALL_SYMM_SPLITS:-even} " != *" $splits "* ) ]]; then
+          continue
+        fi
+        step "alltoall n=$n --splits $splits vs $baseline eager" "$STEP_TIMEOUT_ALLTOALL" \
+          alltoall_case "$n" "$splits" "$baseline"
+        step "alltoall n=$n --splits $splits vs $baseline graph" "$STEP_TIMEOUT_ALLTOALL" \
+          alltoall_case "$n" "$splits" "$baseline" --graph
       done
     done
-    step "nccl-tests table" 60 bash -c '"$0" -m ipcshare.bench.nccl_tests "$1"/nccl-tests/*_perf.log > "$1/nccl-tests/nccl-tests.md"; rc=$?; cat "$1/nccl-tests/nccl-tests.md"; exit $rc' "$PY" "$OUT"
-    rm -rf "$NCCL_TESTS_ROOT"  # made by mktemp above, for this run only
+  done
+  # NCCL's own harness beside them, at the same rank counts.
+  alltoall_logs=()
+  if nccl_tests_setup; then
+    : >"$OUT/nccl-tests/alltoall_perf.log"
+    step "nccl-tests build alltoall_perf" 600 nccl_tests_build alltoall_perf
+    if [[ -x $NCCL_TESTS_BUILD/alltoall_perf ]]; then
+      for n in "${alltoall_ranks[@]}"; do
+        NCCL_TESTS_RANKS=$n nccl_tests_alltoall
+      done
+      alltoall_logs=("$OUT/nccl-tests/alltoall_perf.log")
+    fi
+    nccl_tests_cleanup
   fi
-elif wants nccl-tests; then
-  log "nccl-tests: needs 2 GPUs; skipped"
+  step "alltoall summary ($OUT/alltoall.md)" 60 "$PY" tools/alltoall_summary.py "$RESULTS" \
+    --nccl-tests ${alltoall_logs[@]+"${alltoall_logs[@]}"} --out "$OUT/alltoall.md"
+elif wants alltoall; then
+  log "alltoall: needs 2 GPUs (NCCL runs one rank per GPU); skipped"
 fi
 
 inter_tests() {  # inter_tests N: the GPU tests of the engines between nodes, 2 virtual nodes

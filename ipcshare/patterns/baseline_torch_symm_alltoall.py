@@ -19,7 +19,8 @@ from .base import SizePlan
 from .baseline_gpu import ALL_TO_ALL, all_to_all_splits, import_torch_cuda
 from .baseline_torch_symm import TorchSymmBaseline
 
-__all__ = ["TorchSymmAllToAllBaseline", "vdev_blocks_per_peer", "vdev_refusal"]
+__all__ = ["TorchSymmAllToAllBaseline", "all_to_all_vdev_module", "vdev_blocks_per_peer",
+           "vdev_refusal"]
 
 _FLAG = "--baseline torch-symm"
 # The op, and its arguments in the torch releases this baseline knows (earlier ones took
@@ -109,7 +110,7 @@ class TorchSymmAllToAllBaseline(TorchSymmBaseline):
         with collective_step(world, "torch-symm all-to-all setup"):
             type(self).check_case(case)
             torch = import_torch_cuda(_FLAG)
-            symm_mem = _symmetric_memory(torch)
+            symm_mem = all_to_all_vdev_module(torch)
         super().__init__(world, case, device)
         with collective_step(world, "torch-symm NVSHMEM backend"):
             _use_nvshmem(symm_mem, self.device)
@@ -157,7 +158,7 @@ class TorchSymmAllToAllBaseline(TorchSymmBaseline):
         return all_to_all_vdev
 
 
-def _symmetric_memory(torch: Any) -> Any:
+def all_to_all_vdev_module(torch: Any) -> Any:
     """torch's symmetric-memory module, where it has ``all_to_all_vdev`` with the
     arguments this baseline passes and NVSHMEM to run it.
 

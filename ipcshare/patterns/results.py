@@ -3,10 +3,30 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-__all__ = ["Measurement", "Row", "BaselineResult", "RunResult"]
+__all__ = ["Measurement", "Row", "BaselineResult", "RunResult", "read_result_lines"]
+
+
+def read_result_lines(path: Path) -> list[dict[str, Any]]:
+    """The documents of a JSON-lines file of results (``--json`` documents one a line, as
+    tools/gpu-check.sh gathers them in results.jsonl), empty lines left out.
+
+    Raises:
+        ValueError: a line that is not JSON, named by file and line.
+    """
+    documents = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            documents.append(json.loads(line))
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}:{number}: not JSON ({error.msg})") from None
+    return documents
 
 
 @dataclasses.dataclass

@@ -1,0 +1,94 @@
+"""tools/alltoall_summary.py: gpu-check's all-to-all sweeps (made-up documents in the
+result documents' real shape) on one Markdown page, each baseline beside ours with its
+speedup from the same launch, wrong rows shown as such, nccl-tests' table after them."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from ipcshare.patterns.results import BaselineResult, Measurement, Row, RunResult
+
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "alltoall_summary.py"
+_spec = importlib.util.spec_from_file_location("alltoall_summary", TOOL)
+alltoall_summary = importlib.util.module_from_spec(_spec)
+sys.modules["alltoall_summary"] = alltoall_summary   # dataclasses look their module up there
+_spec.loader.exec_module(alltoall_summary)
+
+LOG = Path(__file__).parent / "data" / "nccl_tests_two_runs.log"
+LABELS = {"nccl": "NCCL called directly (nccl4py)", "torch": "NCCL through torch.distributed",
+          "torch-symm": "PyTorch symmetric memory"}
+
+
+def _document(baseline: str, splits: str, ours: dict[int, float], theirs: dict[int, float],
+              *, timing: str = "eager", n: int = 2, wrong_at: int | None = None) -> str:
+    """One line of results.jsonl as gpu-check's alltoall phase appends it."""
+    def row(size, time_us, wrong=0, path=None):
+        return Row(size, size // 4, {"out-of-place": Measurement(
+            time_us, size / time_us / 1e3, size / time_us / 2e3, wrong, path=path)})
+    rows = [row(size, t) for size, t in ours.items()]
+    their_rows = [row(size, t, wrong=3 if size == wrong_at else 0,
+                      path="plain" if baseline == "nccl" else None)
+                  for size, t in theirs.items()]
+    result = RunResult(version="0.1.0", op="alltoall", backend="cuda-vmm", exchange="pidfd",
+                       world_size=n, nodes=1, timing=timing, devices=[], rows=rows,
+                       baseline=BaselineResult(baseline, f"{baseline} 1.0", their_rows,
+                                               LABELS[baseline]), splits=splits)
+    document = result.to_dict()
+    document["alltoall_case"] = f"{splits} {baseline}"
+    return json.dumps(document)
+
+
+@pytest.fixture
+def results(tmp_path) -> Path:
+    lines = [
+        _document("torch", "even", {1024: 10.0, 1 << 20: 20.0}, {1024: 40.0, 1 << 20: 30.0}),
+        _document("nccl", "even", {1024: 11.0, 1 << 20: 22.0}, {1024: 22.0, 1 << 20: 44.0}),
+        _document("nccl", "random", {1024: 12.0}, {1024: 24.0}, wrong_at=1024),
+        _document("nccl", "even", {1024: 5.0}, {1024: 7.5}, timing="graph"),
+        json.dumps({"op": "allgather", "collective_case": "allgather-auto"}),
+    ]
+    path = tmp_path / "results.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_each_table_has_ours_and_every_baseline_with_its_own_launchs_speedup(results):
+    tables = alltoall_summary.load([results])
+    assert sorted(key.title() for key in tables) == [
+        "all-to-all, 2 ranks, even splits, eager", "all-to-all, 2 ranks, even splits, graph",
+        "all-to-all, 2 ranks, random splits, eager"]
+    text = alltoall_summary.page(tables, [])
+    even = text.split("### all-to-all, 2 ranks, even splits, eager")[1].split("###")[0]
+    # Ours from NCCL's launch; each speedup against ours of its own launch.
+    assert "| size | ours µs / busbw GB/s (nccl launch) | nccl µs / busbw | nccl speedup | " \
+           "torch µs / busbw | torch speedup |" in even
+    assert "| 1 KiB | 11.0 / 0.0 | 22.0 / 0.0 plain | 2.00 | 40.0 / 0.0 | 4.00 |" in even
+    assert "| 1 MiB | 22.0 / 23.8 | 44.0 / 11.9 plain | 2.00 | 30.0 / 17.5 | 1.50 |" in even
+    assert "- torch: NCCL through torch.distributed, torch 1.0" in even
+    random = text.split("### all-to-all, 2 ranks, random splits, eager")[1]
+    assert "| 1 KiB | 12.0 / 0.0 | wrong (3) | — |" in random
+
+
+def test_nccl_tests_tables_follow_and_the_command_writes_the_page(results, tmp_path, capsys):
+    out = tmp_path / "alltoall.md"
+    assert alltoall_summary.main([str(results), "--nccl-tests", str(LOG),
+                                  str(tmp_path / "absent.log"), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert text == capsys.readouterr().out
+    assert "## nccl-tests alltoall_perf" in text and "| 1 MiB | 14.2 (14.0) |" in text
+
+
+def test_no_sweep_is_an_error_and_a_bad_line_is_named(tmp_path, capsys):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text(json.dumps({"op": "allgather"}) + "\n")
+    assert alltoall_summary.main([str(empty), str(tmp_path / "absent.jsonl")]) == 1
+    assert "no all-to-all sweeps (alltoall_case)" in capsys.readouterr().err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{not json\n")
+    with pytest.raises(SystemExit, match=r"bad.jsonl:1: not JSON"):
+        alltoall_summary.main([str(bad)])
