@@ -3,7 +3,8 @@
 # two ranks sharing one GPU, then ring / all-gather sweeps on both GPU backends against NCCL.
 #
 #   tools/gpu-check.sh [all|tests|bench|suite|sweep|csweep|doctor|faults|fallback|namespaces|shared|
-#                       collectives|p2p|latency|timer|nccl-tests|alltoall|inter]...  (default all)
+#                       collectives|p2p|latency|timer|nccl-tests|alltoall|torch-user|inter]...
+#                       (default all)
 #
 #   tests   the GPU pytest suite at 2, 4 and 2xG ranks, and 2 ranks sharing one GPU;
 #           tests/mpi under the node's own MPI at 2 and 3 ranks
@@ -74,6 +75,13 @@
 #           launch; every row passes the timer's self-checks (exit 5 otherwise), then
 #           tools/timer_consistency.py checks that the three timings of ours and of NCCL
 #           tell one story ($OUT/timer-consistency.md)
+#   torch-user  what a PyTorch user sees (issue 36; tools/torch_user_table.py): ipcshare's
+#           all-reduce, all-gather, reduce-scatter and all-to-all against NCCL through
+#           torch.distributed on the same bf16 tensors, TORCH_USER_MIN-TORCH_USER_MAX
+#           (default 8K-256M, factor TORCH_USER_FACTOR, default 2), in one CUDA graph of
+#           20 calls, eager, and host time per call (ours bound and plain, torch's), at 2
+#           and G ranks; every row checked (results, second clock, ceiling: exit 1
+#           otherwise); $OUT/torch-user-n2.md/.json and $OUT/torch-user-n$G.md/.json
 #   inter   the engines between nodes on 2 virtual nodes of this node's GPUs (2x1 on 2 GPUs,
 #           2x2 on 4): tests/gpu/test_inter_gpu.py and test_multinode_gpu.py, then all-gather,
 #           all-reduce and reduce-scatter sweeps INTER_MIN-INTER_MAX (default 1M-256M) with
@@ -102,13 +110,15 @@
 # (default 256M), ALLTOALL_ITERS (default 20), ALLTOALL_SPLITS (default "even random
 # skewed"), ALLTOALL_BASELINES (default "nccl torch torch-symm"), ALLTOALL_SYMM_SPLITS
 # (default even), ALLTOALL_TESTS (default 0), STEP_TIMEOUT_ALLTOALL (per sweep, default
-# 150), PYTHON, MPIEXEC.
+# 150), TORCH_USER_MIN, TORCH_USER_MAX, TORCH_USER_FACTOR (torch-user sizes, default 8K,
+# 256M, 2), STEP_TIMEOUT_TORCH_USER (seconds per torch-user run, default 300), PYTHON,
+# MPIEXEC.
 set -u
 
 phases=("${@:-all}")
 for phase in "${phases[@]}"; do
-  case "$phase" in all|tests|bench|suite|sweep|csweep|doctor|faults|fallback|namespaces|shared|collectives|p2p|latency|timer|nccl-tests|alltoall|inter) ;;
-    *) echo "usage: $0 [all|tests|bench|suite|sweep|csweep|doctor|faults|fallback|namespaces|shared|collectives|p2p|latency|timer|nccl-tests|alltoall|inter]..." >&2
+  case "$phase" in all|tests|bench|suite|sweep|csweep|doctor|faults|fallback|namespaces|shared|collectives|p2p|latency|timer|nccl-tests|alltoall|torch-user|inter) ;;
+    *) echo "usage: $0 [all|tests|bench|suite|sweep|csweep|doctor|faults|fallback|namespaces|shared|collectives|p2p|latency|timer|nccl-tests|alltoall|torch-user|inter]..." >&2
        exit 2 ;; esac
 done
 wants() {  # wants PHASE: whether PHASE was asked for (all = tests and bench)
@@ -650,6 +660,24 @@ if [[ $G -ge 2 ]] && wants timer; then
     "$RESULTS" --markdown "$OUT/timer-consistency.md"
 elif wants timer; then
   log "timer: needs 2 GPUs; skipped"
+fi
+
+torch_user_run() {  # torch_user_run N: tools/torch_user_table.py at N ranks, one GPU each
+  "$MPIEXEC" -n "$1" --bind-to none "$PY" tools/torch_user_table.py \
+    -b "${TORCH_USER_MIN:-8K}" -e "${TORCH_USER_MAX:-256M}" -f "${TORCH_USER_FACTOR:-2}" \
+    --markdown "$OUT/torch-user-n$1.md" --json "$OUT/torch-user-n$1.json"
+}
+export -f torch_user_run
+if [[ $G -ge 2 ]] && wants torch-user; then
+  # What a PyTorch user sees (issue 36): ours against NCCL through torch.distributed on
+  # the same bf16 tensors, in one CUDA graph of 20 calls, eager and by host time per
+  # call, at 2 and G ranks; every row passes its checks (exit 1 otherwise: wrong
+  # elements, a timer the host clock contradicts, a busbw above the links' ceiling).
+  for n in $(printf '%s\n' 2 "$G" | sort -nu); do
+    step "torch-user table n=$n" "${STEP_TIMEOUT_TORCH_USER:-300}" torch_user_run "$n"
+  done
+elif wants torch-user; then
+  log "torch-user: needs 2 GPUs; skipped"
 fi
 
 p2p_runs() {  # the P2P-direct mode against IPC, and host-staged copies (docs/P2P.md)
