@@ -31,6 +31,8 @@ def load_example(name: str) -> ModuleType:
     """``examples/<name>.py`` as a module (its ``main`` is not run)."""
     spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    # Registered first, as an import would: dataclasses look their module up by name.
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
@@ -38,8 +40,15 @@ def load_example(name: str) -> ModuleType:
 def run_example(name: str, *args: str, n: int, timeout: float = 120,
                 ) -> subprocess.CompletedProcess:
     """``mpiexec -n n python examples/<name>.py args``, with this checkout on PYTHONPATH."""
+    return run_script(EXAMPLES / f"{name}.py", *args, n=n, timeout=timeout)
+
+
+def run_script(script: Path, *args: str, n: int, timeout: float = 120,
+               ) -> subprocess.CompletedProcess:
+    """``mpiexec -n n python script args``, with this checkout and ``examples/`` on
+    PYTHONPATH (a test's own driver of an example imports it as a user's script would)."""
     root = str(EXAMPLES.parent)
-    path = os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))
+    path = os.pathsep.join(filter(None, (root, str(EXAMPLES), os.environ.get("PYTHONPATH"))))
     env = {**os.environ, **_OPEN_MPI_PERMISSIONS, "PYTHONPATH": path}
-    cmd = [MPIEXEC, "-n", str(n), sys.executable, str(EXAMPLES / f"{name}.py"), *args]
+    cmd = [MPIEXEC, "-n", str(n), sys.executable, str(script), *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)

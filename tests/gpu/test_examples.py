@@ -1,4 +1,5 @@
-"""The GPU examples as users run them: 2 ranks under mpiexec, each on its own GPU.
+"""The GPU examples as users run them: 2 ranks under mpiexec, each on its own GPU (the
+mixture-of-experts step too: its CUDA graph replayed with device splits, against NCCL).
 
 Not under pytest-mpi (the test launches mpiexec itself); on a GPU node::
 
@@ -57,3 +58,19 @@ def test_the_graph_captured_training_step_matches_nccl_bit_for_bit():
     assert re.search(r"8 replays of a CUDA graph of one training step on 2 ranks \(bucket of "
                      r"\d+ float32 gradients\): all-reduced bucket equal to NCCL's bit for bit "
                      r"at every step; parameters identical on every rank", out.stdout), out.stdout
+
+
+@pytest.mark.parametrize("tokens,hidden,experts", [(4099, 129, 4), (1000, 256, 16)])
+def test_the_moe_step_replays_in_one_graph_with_device_splits_and_matches_nccl(
+        tokens, hidden, experts):
+    out = run_example("moe_dispatch", "--backend", "cuda-vmm", "--tokens", str(tokens),
+                      "--hidden", str(hidden), "--experts", str(experts), "--steps", "6",
+                      "--iters", "10", n=2, timeout=300)
+    print(out.stdout)
+    assert out.returncode == 0, out.stderr
+    assert re.fullmatch(
+        rf"MoE dispatch and combine of {tokens} tokens x {hidden} float32 per rank, "
+        rf"{experts} experts on 2 rank\(s\) \(cuda-vmm\): 2 eager steps and 6 CUDA graph "
+        r"replays verified bit for bit against the local reference and NCCL "
+        r"\(torch.distributed all_to_all_single\); per step, this example's timing \(not a "
+        r"benchmark\): eager [\d.]+ us, CUDA graph [\d.]+ us", out.stdout.strip()), out.stdout
