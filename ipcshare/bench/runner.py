@@ -141,8 +141,8 @@ class _Baselines:
 
     def __init__(self, group: Group) -> None:
         self.group = group
-        self._opened: dict[str, Any] = {}
-        self._refusals: dict[str, str] = {}
+        self._opened: dict[tuple[str, Any], Any] = {}
+        self._refusals: dict[tuple[str, Any], str] = {}
 
     def for_case(self, case: BenchCase, pattern: Any) -> tuple[list[Any], list[SkippedBaseline]]:
         """Collective: (baselines to time ``pattern`` of ``case``, in the suite's order;
@@ -170,31 +170,35 @@ class _Baselines:
                 continue
             try:
                 # Every rank alike: the case and the library decide, not the rank.
-                gpu_baseline_class(name).check_case(pattern)
+                gpu_baseline_class(name, pattern.name).check_case(pattern)
             except ConfigError as exc:
                 skipped.append(SkippedBaseline(name, str(exc)))
                 continue
             opened = self._open(name, pattern)
             if opened is None:
-                skipped.append(SkippedBaseline(name, self._refusals[name]))
+                skipped.append(SkippedBaseline(
+                    name, self._refusals[(name, gpu_baseline_class(name, pattern.name))]))
             else:
                 timed.append(opened.for_pattern(pattern))
         return timed, skipped
 
     def _open(self, name: str, pattern: Any) -> Any:
-        if name in self._opened or name in self._refusals:
-            return self._opened.get(name)
+        # One opened baseline per class: a name may time some ops with a class of its own
+        # (torch-symm's all-to-all), which must not serve the others.
+        key = (name, gpu_baseline_class(name, pattern.name))
+        if key in self._opened or key in self._refusals:
+            return self._opened.get(key)
         if self.group.backend_name == "host":
-            self._refusals[name] = ("NCCL runs on GPU memory only; this case runs on the host "
-                                    "backend")
+            self._refusals[key] = ("NCCL runs on GPU memory only; this case runs on the host "
+                                   "backend")
             return None
         try:
             # Collective: every rank gets the same ConfigError (no nccl4py or torch, no
             # CUDA, GPUs shared between ranks), so every rank skips it alike.
-            self._opened[name] = open_gpu_baseline(name, self.group, pattern)
+            self._opened[key] = open_gpu_baseline(name, self.group, pattern)
         except ConfigError as exc:
-            self._refusals[name] = str(exc)
-        return self._opened.get(name)
+            self._refusals[key] = str(exc)
+        return self._opened.get(key)
 
     def close(self) -> None:
         opened, self._opened = self._opened, {}

@@ -65,24 +65,27 @@ def test_the_cpu_suite_writes_json_plot_and_report(tmp_path, socket_dir):  # noq
     # text mode reads as a line end).
     progress = [part for part in out.stderr.splitlines()
                 if part.startswith("ipcshare bench: case")]
-    assert progress and all(re.search(r"case \d+/6 .*, size \w+, \d+ s elapsed", part)
+    assert progress and all(re.search(r"case \d+/8 .*, size \w+, \d+ s elapsed", part)
                             for part in progress)
     docs = json.loads(files["json"].read_text())
-    assert isinstance(docs, list) and len(docs) == 6
+    assert isinstance(docs, list) and len(docs) == 8
     # how operations were launched, and the statistic where it is not the mean
     assert {doc["timing"] for doc in docs} == {"eager"}
-    assert [doc.get("statistic") for doc in docs] == [None, "median"] * 2 + [None, None]
+    assert [doc.get("statistic") for doc in docs] == [None, "median"] * 2 + [None] * 4
     for doc in docs:
         assert doc["world_size"] == 2 and doc["wrong_total"] == 0 and doc["backend"] == "host"
         assert doc["baseline"]["name"] == "mpi"
         assert doc["rows"] and all(row["wrong"] == 0 for row in doc["rows"])
     assert [(doc["op"], doc.get("reduction")) for doc in docs] == [
         ("allgather", None), ("allgather", None), ("ring", None), ("ring", None),
-        ("allreduce", "sum"), ("reducescatter", "sum")]
+        ("allreduce", "sum"), ("reducescatter", "sum"), ("alltoall", None),
+        ("alltoall", None)]
+    assert [doc.get("splits") for doc in docs[-2:]] == ["even", "skewed"]
     assert files["png"].read_bytes()[:8] == PNG_SIGNATURE
     report = files["md"].read_text()
     assert "](bench.png)" in report and "## Summary" in report and "## Machine" in report
     assert "## Cases: all-reduce" in report and "## Cases: reduce-scatter" in report
+    assert "## Cases: all-to-all" in report
     assert list(socket_dir.iterdir()) == []
 
 
@@ -129,7 +132,7 @@ def test_min_bw_miss_exits_4_on_every_rank(tmp_path, socket_dir):  # noqa: F811
 
 
 BAD_SUITES = [
-    ("ops: [alltoall]\n", "unknown op 'alltoall'"),
+    ("ops: [broadcast]\n", "unknown op 'broadcast'"),
     ("ops: [ring]\nbackends: [warp-drive]\n", "unknown backend 'warp-drive'"),
     ("ops: [ring]\nalgorithms: [butterfly]\n", "unknown algorithm 'butterfly'"),
     ("ops: [ring]\nbackends: [host]\nalgorithms: [copy-engine]\n",
@@ -137,7 +140,7 @@ BAD_SUITES = [
     ("ops: [ring]\nmin_bytes: 1M\nmax_bytes: 1K\n",
      "bad.yaml: max_bytes 1K is smaller than min_bytes 1M"),
     ("ops: [ring]\ntiming: [graph]\n", "timing 'graph' captures GPU allgather, allreduce, "
-     "reducescatter in CUDA graphs; it cannot time ring"),
+     "reducescatter, alltoall in CUDA graphs; it cannot time ring"),
     ("ops: [allreduce]\nreductions: [sum, prod]\n",
      "unknown reduction 'prod'; choose one of: sum, max, min"),
     ("ops: [allgather]\ntiming: [warp]\n", "unknown timing mode 'warp'"),

@@ -517,3 +517,47 @@ def test_all_to_all_expands_per_splits_graphed_on_gpus_with_the_library_s_algori
                                                                ("latency", True)]
     with pytest.raises(ConfigError, match="timing 'graph' captures GPU .*alltoall"):
         parse({"ops": ["alltoall"], "backends": ["host"], "timing": ["graph"]})
+
+
+def test_a_baseline_name_with_a_class_of_its_own_for_all_to_all_is_opened_apart(monkeypatch):
+    """torch-symm times all-to-all with another class than all-reduce (another backend of
+    symmetric memory): the bench must open each class once, never hand the all-reduce
+    baseline an all-to-all case, and keep each class's refusal to itself."""
+    import types
+
+    from ipcshare.bench import runner
+
+    class ForReductions:
+        @staticmethod
+        def check_case(pattern):
+            return None
+
+    class ForAllToAll(ForReductions):
+        pass
+
+    opened = []
+
+    def fake_class(name, op=None):
+        return ForAllToAll if op == "alltoall" else ForReductions
+
+    def fake_open(name, group, pattern):
+        cls = fake_class(name, pattern.name)
+        opened.append((name, cls))
+        if cls is ForAllToAll:
+            raise ConfigError("no NVSHMEM here")
+        return types.SimpleNamespace(for_pattern=lambda p: ("timed", cls, p.name))
+
+    monkeypatch.setattr(runner, "gpu_baseline_class", fake_class)
+    monkeypatch.setattr(runner, "open_gpu_baseline", fake_open)
+    suite = parse({"ops": ["allreduce", "alltoall", "reducescatter"], "backends": ["cuda-vmm"],
+                   "baselines": ["torch-symm"], "timing": ["nccl-tests"]})
+    baselines = runner._Baselines(types.SimpleNamespace(backend_name="cuda-vmm"))
+    got = []
+    for case in suite.cases:
+        pattern = types.SimpleNamespace(name=case.op)
+        got.append(baselines.for_case(case, pattern))
+    assert opened == [("torch-symm", ForReductions), ("torch-symm", ForAllToAll)]
+    (reduce_timed, reduce_skipped), (a2a_timed, a2a_skipped), (rs_timed, _) = got
+    assert reduce_timed == [("timed", ForReductions, "allreduce")] and not reduce_skipped
+    assert a2a_timed == [] and [s.reason for s in a2a_skipped] == ["no NVSHMEM here"]
+    assert rs_timed == [("timed", ForReductions, "reducescatter")]
