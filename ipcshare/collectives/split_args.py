@@ -40,8 +40,14 @@ def splits_problem(word: int) -> str:
 def in_device_memory(splits: Any) -> bool:
     """Whether ``splits`` is an array the GPU reads (CUDA array interface or DLPack on
     a CUDA device) rather than host counts."""
-    if hasattr(splits, "__cuda_array_interface__"):
-        return True
+    is_cuda = getattr(splits, "is_cuda", None)   # a torch tensor says so directly
+    if isinstance(is_cuda, bool):
+        return is_cuda
+    try:
+        if getattr(splits, "__cuda_array_interface__", None) is not None:
+            return True
+    except (TypeError, ValueError, RuntimeError):
+        return True   # a CUDA array whose type the interface cannot spell (bfloat16)
     device = getattr(splits, "__dlpack_device__", None)
     if callable(device):
         try:

@@ -106,3 +106,23 @@ def test_the_splits_area_holds_the_kernels_row_and_areas_do_not_overlap(ranks):
     assert layout.splits_offset(1) >= layout.splits_offset(0) + layout.splits_bytes
     assert layout.splits_offset(0) >= layout.ll_offset(2)
     assert layout.total_bytes >= layout.splits_offset(1) + layout.splits_bytes
+
+
+def test_arrays_are_told_apart_without_touching_them():
+    class TorchLike:
+        is_cuda = True
+
+        @property
+        def __cuda_array_interface__(self):
+            raise TypeError("bfloat16 cannot be spelled")
+
+    class HostTensor:
+        is_cuda = False
+
+    class Unspellable:
+        @property
+        def __cuda_array_interface__(self):
+            raise TypeError("bfloat16 cannot be spelled")
+
+    assert in_device_memory(TorchLike()) and in_device_memory(Unspellable())
+    assert not in_device_memory(HostTensor()) and not in_device_memory((1, 2))
