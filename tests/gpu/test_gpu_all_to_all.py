@@ -29,11 +29,35 @@ LARGEST_INPUT_BYTES = 65_537 * 8
 
 
 @pytest.fixture(scope="module")
-def setup():
+def shared():
     # A rank's largest input: the ranks times the largest block of the largest dtype.
     with torch_communicator("cuda-vmm", 4 << 20,
                             per_rank_bytes=LARGEST_INPUT_BYTES) as (group, comm, stream):
         yield group, comm, stream
+
+
+@pytest.fixture
+def setup(shared):
+    group, comm, _stream = shared
+    if group.time_sliced_gpus:  # the refusal is tested below
+        pytest.skip("ranks here take turns on a GPU (no MPS): the all-to-all kernels spin "
+                    "on their peers and are refused")
+    return shared
+
+
+def test_ranks_taking_turns_on_a_gpu_are_refused_on_every_rank_in_one_line(shared):
+    group, comm, _stream = shared
+    if not group.time_sliced_gpus:
+        pytest.skip("every rank here runs its kernels at once (a GPU each, or MPS)")
+    n, device = comm.size, group.backend.device
+    array = torch.zeros(4 * n, dtype=torch.float32, device=f"cuda:{device}")
+    for call in (lambda: comm.all_to_all(torch.zeros_like(array), array),
+                 lambda: comm.all_to_all_v(torch.zeros_like(array), array, [4] * n, [4] * n)):
+        with pytest.raises(CollectiveError, match=r"ranks of this group take turns on a GPU "
+                                                  r".*nvidia-cuda-mps-control -d"):
+            call()
+    comm.all_reduce(array)   # the communicator still works
+    comm.synchronize()
 
 
 def _bytes(seed: int, rank: int, nbytes: int) -> np.ndarray:
