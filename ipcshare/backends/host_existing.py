@@ -77,16 +77,18 @@ def find_mapping(ptr: int, nbytes: int, *, maps: str = "/proc/self/maps") -> Fil
                 covering.append(mapping)
     if not covering:
         raise BackendError(f"the array at 0x{ptr:x} lies in no mapping of this process")
+    private = [m for m in covering if not m.shared or m.inode == 0]
+    if private:
+        # Said first: private memory is the cause, even where the array also crosses into
+        # a neighbouring mapping (the heap and anonymous memory next to it, say).
+        raise BackendError(
+            f"the array lies in {private[0].spell()}, which another process cannot map "
+            f"(host memory of numpy or malloc is private): {_PRIVATE_FIX}")
     if len(covering) > 1:
         raise BackendError(
             f"the array [0x{ptr:x}, 0x{end:x}) is not contiguous in one shared mapping: it "
             f"spans {len(covering)} mappings ({'; '.join(m.spell() for m in covering)})")
-    mapping = covering[0]
-    if not mapping.shared or mapping.inode == 0:
-        raise BackendError(
-            f"the array lies in {mapping.spell()}, which another process cannot map "
-            f"(host memory of numpy or malloc is private): {_PRIVATE_FIX}")
-    return mapping
+    return covering[0]
 
 
 def reopen_mapping(mapping: FileMapping) -> OwnedFd:

@@ -38,6 +38,10 @@ def test_private_and_split_ranges_are_refused_with_the_reason(tmp_path):
         find_mapping(0x2F00, 0x200, maps=str(maps))
     with pytest.raises(BackendError, match="lies in no mapping"):
         find_mapping(0x9000, 8, maps=str(maps))
+    # Private memory is named as the cause even where the array also crosses into the
+    # next mapping (a large numpy array at the end of the heap).
+    with pytest.raises(BackendError, match=r"private mapping of \[heap\].*comm.empty\(\)"):
+        find_mapping(0x1F00, 0x200, maps=str(maps))
     assert find_mapping(0x3100, 8, maps=str(maps)).file_offset == 0x1000
 
 
