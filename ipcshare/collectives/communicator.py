@@ -633,17 +633,13 @@ class Communicator:
             self._recent.put(key, launch)
             launch()
             return call.result
-        if call.splits is not None and call.stream is None:
-            self._path.run(signature, chosen, call.inp, call.out, in_place=call.in_place,
-                           splits=call.splits)
-        elif call.splits is not None:
-            self._path.run(signature, chosen, call.inp, call.out, in_place=call.in_place,
-                           stream=call.stream, splits=call.splits)
-        elif call.stream is None:
-            self._path.run(signature, chosen, call.inp, call.out, in_place=call.in_place)
-        else:
-            self._path.run(signature, chosen, call.inp, call.out, in_place=call.in_place,
-                           stream=call.stream)
+        # Only what the call has: the host path takes no stream, and splits are all-to-all-v's.
+        extra: dict[str, Any] = {}
+        if call.stream is not None:
+            extra["stream"] = call.stream
+        if call.splits is not None:
+            extra["splits"] = call.splits
+        self._path.run(signature, chosen, call.inp, call.out, in_place=call.in_place, **extra)
         return call.result
 
 
