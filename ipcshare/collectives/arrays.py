@@ -15,7 +15,7 @@ from ..runtime.errors import CollectiveError, Unsupported
 from ..window.views import DEVICE_DTYPES, dtype_name
 
 __all__ = ["ArrayRef", "describe_array", "parse_dlpack_capsule", "check_array", "c_contiguous",
-           "to_numpy_dtype"]
+           "to_numpy_dtype", "in_device_memory"]
 
 # DLPack device types (dlpack.h): memory the host can read as numpy, and CUDA memory.
 _DL_CPU = 1
@@ -79,6 +79,26 @@ def c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...] | None, itemsi
             return False
         expected *= length
     return True
+
+
+def in_device_memory(obj: Any) -> bool:
+    """Whether ``obj`` is an array in CUDA memory (a torch tensor on a GPU, the CUDA array
+    interface, DLPack on a CUDA device), asked without ever raising."""
+    is_cuda = getattr(obj, "is_cuda", None)   # a torch tensor says so directly
+    if isinstance(is_cuda, bool):
+        return is_cuda
+    try:
+        if getattr(obj, "__cuda_array_interface__", None) is not None:
+            return True
+    except (TypeError, ValueError, RuntimeError):
+        return True   # a CUDA array whose type the interface cannot spell (bfloat16)
+    device = getattr(obj, "__dlpack_device__", None)
+    if callable(device):
+        try:
+            return int(device()[0]) in (_DL_CUDA, _DL_CUDA_MANAGED)
+        except (TypeError, ValueError, IndexError):
+            return False
+    return False
 
 
 def describe_array(obj: Any, name: str) -> ArrayRef:

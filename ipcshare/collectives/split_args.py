@@ -10,7 +10,7 @@ from typing import Any
 
 from ..runtime.errors import CollectiveError
 from .algorithms.host_all_to_all import check_splits
-from .arrays import ArrayRef, describe_array
+from .arrays import ArrayRef, describe_array, in_device_memory
 
 __all__ = ["GpuSplits", "in_device_memory", "device_splits", "SPLITS_PROBLEM", "splits_problem"]
 
@@ -35,26 +35,6 @@ def splits_problem(word: int) -> str:
     return (f"all_to_all_v: {what} (found on the GPU by every rank at call "
             f"{word & 0xFFFFFF} of this communicator; no element moved): every rank must "
             "pass splits that match")
-
-
-def in_device_memory(splits: Any) -> bool:
-    """Whether ``splits`` is an array the GPU reads (CUDA array interface or DLPack on
-    a CUDA device) rather than host counts."""
-    is_cuda = getattr(splits, "is_cuda", None)   # a torch tensor says so directly
-    if isinstance(is_cuda, bool):
-        return is_cuda
-    try:
-        if getattr(splits, "__cuda_array_interface__", None) is not None:
-            return True
-    except (TypeError, ValueError, RuntimeError):
-        return True   # a CUDA array whose type the interface cannot spell (bfloat16)
-    device = getattr(splits, "__dlpack_device__", None)
-    if callable(device):
-        try:
-            return int(device()[0]) in (2, 13)  # kDLCUDA, kDLCUDAManaged
-        except (TypeError, ValueError, IndexError):
-            return False
-    return False
 
 
 def device_splits(splits: Any, name: str, *, ranks: int, device: int,

@@ -168,3 +168,14 @@ def test_all_to_all_is_refused_where_it_cannot_run(cls, memory, nodes, message):
     for call in calls:
         with pytest.raises(CollectiveError, match=message):
             call()
+
+
+def test_an_unspellable_cuda_array_as_host_splits_gets_the_one_line_error():
+    class Bfloat16Tensor:   # what torch's bfloat16 CUDA tensors do when asked the interface
+        @property
+        def __cuda_array_interface__(self):
+            raise TypeError("Got unsupported ScalarType BFloat16")
+
+    with pytest.raises(CollectiveError, match=r"input_splits is a Bfloat16Tensor: .*read by "
+                                              r"the GPU kernels"):
+        check_splits(Bfloat16Tensor(), "input_splits", ranks=2, count=100, array="input")

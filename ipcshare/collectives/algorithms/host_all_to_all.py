@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from ...runtime.errors import CollectiveError
+from ..arrays import in_device_memory
 from .base import Algorithm, HostCall
 
 __all__ = ["HostAllToAll", "HostAllToAllV", "check_splits", "split_mismatches",
@@ -36,8 +37,7 @@ def check_splits(splits: Any, name: str, *, ranks: int, count: int, array: str,
                 f"{splits.shape}: pass one int per rank (a list, or a 1-D integer array)")
         values: Sequence[Any] = splits.tolist()
     elif isinstance(splits, (str, bytes)) or not isinstance(splits, Sequence):
-        device = (hasattr(splits, "__cuda_array_interface__")
-                  or hasattr(splits, "__dlpack__"))
+        device = in_device_memory(splits)
         hint = (" (splits in device memory are read by the GPU kernels: a communicator "
                 "on host memory takes host counts)" if device else "")
         raise CollectiveError(f"{call}: {name} is a {type(splits).__name__}: pass a "
