@@ -179,3 +179,25 @@ def test_an_unspellable_cuda_array_as_host_splits_gets_the_one_line_error():
     with pytest.raises(CollectiveError, match=r"input_splits is a Bfloat16Tensor: .*read by "
                                               r"the GPU kernels"):
         check_splits(Bfloat16Tensor(), "input_splits", ranks=2, count=100, array="input")
+
+
+def test_on_gpus_all_to_all_v_in_place_and_device_input_splits_past_max_bytes_are_refused():
+    """Checked on the calling rank before anything runs (fake CUDA arrays, never touched)."""
+    class Cuda:
+        def __init__(self, count, typestr="<f4", ptr=0x10000):
+            self.__cuda_array_interface__ = {"shape": (count,), "typestr": typestr,
+                                             "data": (ptr, False), "version": 3}
+
+    comm = _fake(Communicator, "cuda")
+    comm._time_sliced = False
+    comm._path.device = 0
+    comm.group.size = 2
+    comm.max_bytes = 64
+    array = Cuda(8)
+    with pytest.raises(CollectiveError, match=r"all_to_all_v in place \(output is input\) is "
+                                              r"not run on GPUs: .*pass an output distinct"):
+        comm.all_to_all_v(array, array, [4, 4], [4, 4])
+    splits = Cuda(2, "<i4", ptr=0x90000)
+    with pytest.raises(CollectiveError, match=r"input \(its splits are on the device\) has "
+                                              r"80 bytes.*max_bytes=64"):
+        comm.all_to_all_v(Cuda(20, ptr=0x20000), Cuda(20, ptr=0x30000), [1, 1], splits)
