@@ -289,8 +289,9 @@ class Communicator:
         is ``input``. Returns ``output``.
 
         Raises:
-            CollectiveError: misuse (on this rank), ranks that disagree (on all), ranks
-                taking turns on a GPU, or a group spanning nodes (on all: not built yet).
+            CollectiveError: misuse (on this rank), ranks that disagree (on all), or
+                ranks taking turns on a GPU (on all). A group spanning nodes runs it
+                hierarchically (IPC inside each node, the rails' engine between them).
         """
         return self._run(self._all_to_all(output, input, stream=stream, algo=algo))
 
@@ -318,7 +319,8 @@ class Communicator:
             CollectiveError: misuse (on this rank: bad splits, sums over an array or
                 ``max_bytes``), ranks whose splits or calls disagree (on all, naming
                 them; on GPUs at ``synchronize()``), ranks taking turns on a GPU, or a
-                group spanning nodes (on all: not built yet).
+                group spanning nodes (on all: its counts differ per pair, which the
+                hierarchical steps cannot relay; docs/COLLECTIVES.md).
         """
         return self._run(self._all_to_all_v(output, input, output_splits, input_splits,
                                             stream=stream, algo=algo))

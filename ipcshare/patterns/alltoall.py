@@ -1,6 +1,8 @@
 """nccl-tests' all-to-all, run by the library's ``Communicator.all_to_all`` (``--splits
 even``) or ``all_to_all_v`` (``random``, ``skewed``: uneven splits, zero-size ones among
-them), on host memory."""
+them), on host memory and on GPUs (there all-to-all-v takes its splits as device
+arrays, as a mixture-of-experts layer does, so CUDA graphs time what users capture), in
+one node or across nodes (all-to-all only)."""
 
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ __all__ = ["AllToAll", "split_matrix"]
 SPLITS_SEED = 37
 # Random splits: the share of zero-size splits among the others.
 _ZERO_SHARE = 0.25
+# One count of a device split array (int64).
+_SPLIT_BYTES = 8
 # Heap bytes a communicator spanning nodes adds for its scratch arrays' alignment: two
 # per bound call, bound calls per region (at most 64) and mode.
 _SCRATCH_SLACK = 2 * 64 * 2 * 256
@@ -76,14 +80,21 @@ class AllToAll(Pattern):
     length with ``even`` splits; the split matrix's row with the others); busbw =
     algbw(n-1)/n, the all-gather's factor (nccl-tests' alltoall).
 
-    Window layout per rank: [array][pad to 4 KiB][output]. Out of place the input is the
-    array's first ``size`` bytes; in place the array is input and output at once, as long
-    as the longer of the two on any rank. Splits depend on the size only (a bound call
-    keeps its splits), data on (iteration, rank).
+    Window layout per rank: [array][pad to 4 KiB][output][pad][splits]. Out of place
+    the input is the array's first ``size`` bytes; in place the array is input and
+    output at once, as long as the longer of the two on any rank. Splits depend on the
+    size only (a bound call keeps its splits), data on (iteration, rank).
+
+    All-to-all-v on GPUs passes its splits as int64 device arrays in the window's
+    ``splits`` area (``input_splits`` then ``output_splits``, ``n`` counts each): the
+    kernel reads the input splits at run time and fills the output splits, which
+    ``check`` holds against what the senders send. On host memory they are host counts.
     """
 
     name = "alltoall"
     modes = ("out-of-place", "in-place")
+    # The first call of a shape agrees on it over MPI: never inside a capture.
+    warm_before_capture = True
 
     def __init__(self, algo: str = "auto", *, splits: str = "even",
                  datatype: str = "float32") -> None:
@@ -138,8 +149,22 @@ class AllToAll(Pattern):
         return max(plan.size, int(received.max()) * plan.element_size)
 
     def window_bytes(self, plan: SizePlan, world_size: int) -> int:
+        return self._splits_offset(plan, world_size) + 2 * world_size * _SPLIT_BYTES
+
+    def _splits_offset(self, plan: SizePlan, world_size: int) -> int:
         received = self.split_matrix(plan, world_size).sum(axis=0)
-        return align(self.array_bytes(plan, world_size)) + int(received.max()) * plan.element_size
+        return align(align(self.array_bytes(plan, world_size))
+                     + int(received.max()) * plan.element_size)
+
+    def _device_splits(self, window: Window, plan: SizePlan) -> tuple[Any, Any] | None:
+        """(input splits, output splits) as this rank's int64 device arrays in the
+        window, or None where the splits are host counts (even splits, host memory)."""
+        if self.collective != "all_to_all_v" or not window.engine.has_streams:
+            return None
+        n = window.world_size
+        start = self._splits_offset(plan, n)
+        return (window.local.slice(start, n * _SPLIT_BYTES),
+                window.local.slice(start + n * _SPLIT_BYTES, n * _SPLIT_BYTES))
 
     # -- the Pattern interface ---------------------------------------------------------
     def _input(self, window: Window, plan: SizePlan, mode: str) -> Any:
@@ -159,6 +184,13 @@ class AllToAll(Pattern):
         engine.upload(output, poison(output.nbytes))
         engine.upload(window.local.slice(0, plan.size),
                       self.input_bytes(plan, window.rank, window.world_size, iteration))
+        splits = self._device_splits(window, plan)
+        if splits is not None:
+            sent, received = splits
+            m = self.split_matrix(plan, window.world_size)
+            engine.upload(sent, m[window.rank].astype("<i8").view(np.uint8))
+            # -1 everywhere: a count the kernel failed to fill shows as wrong.
+            engine.upload(received, np.full(received.nbytes, 0xFF, np.uint8))
 
     def bind(self, window: Window, plan: SizePlan, mode: str) -> Callable[[], None]:
         n, me = window.world_size, window.rank
@@ -180,6 +212,13 @@ class AllToAll(Pattern):
         algo = self.algo
         if self.collective == "all_to_all":
             return communicator.bind("all_to_all", output, inputs, algo=algo)
+        splits = self._device_splits(window, plan)
+        if splits is not None:
+            # Read (input) and filled (output) by the kernel at run time.
+            sent, received = (typed_view(buffer, communicator.memory, "int64")
+                              for buffer in splits)
+            return communicator.bind("all_to_all_v", output, inputs, received, sent,
+                                     algo=algo)
         m = self.split_matrix(plan, n)
         # Bound with its splits: every call of this size sends the same counts.
         return communicator.bind("all_to_all_v", output, inputs, m[:, me].tolist(),
@@ -189,8 +228,14 @@ class AllToAll(Pattern):
         n, me = window.world_size, window.rank
         got = window.engine.download(self._output(window, plan, mode))
         received = self.received_bytes(plan, me, n)
-        return count_wrong(got[:received], self.expected_bytes(plan, me, n, iteration),
-                           plan.element_size)
+        wrong = count_wrong(got[:received], self.expected_bytes(plan, me, n, iteration),
+                            plan.element_size)
+        splits = self._device_splits(window, plan)
+        if splits is not None:
+            # The output splits the kernel filled: one wrong element per wrong count.
+            filled = window.engine.download(splits[1]).view("<i8")
+            wrong += int((filled != self.split_matrix(plan, n)[:, me]).sum())
+        return wrong
 
     def bandwidth(self, plan: SizePlan, seconds: float, world_size: int) -> tuple[float, float]:
         algbw = plan.size / seconds / 1e9

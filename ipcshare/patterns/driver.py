@@ -52,6 +52,9 @@ __all__ = ["run_pattern", "check_graph_mode", "check_after_kernel"]
 # posts its arrays' allocations in the first, its leader maps them in the second, the
 # guest's calls name them from the third (collectives/guest_imports.py).
 WARM_ROUNDS_BEFORE_CAPTURE = 3
+# The commands whose operations replay in CUDA graphs: the communicator's calls (their
+# epochs live on the device). The ring's step signals carry values chosen on the host.
+GRAPH_OPS = ("allgather", "allreduce", "reducescatter", "alltoall")
 
 
 def _warm_before_capture(engine: Any, window: Any, operations: list) -> None:
@@ -75,10 +78,10 @@ def check_graph_mode(backend: Backend, op: str, baseline: Any,
     if not backend.device_memory:
         raise ConfigError("--graph captures CUDA graphs: it needs a GPU backend (cuda-ipc or "
                           "cuda-vmm), not host")
-    if op not in ("allgather", "allreduce", "reducescatter"):
-        raise ConfigError(f"--graph times all-gather, all-reduce and reduce-scatter; the "
-                          f"{op}'s step signals carry values chosen on the host, which a "
-                          "replayed graph would repeat: run it without --graph")
+    if op not in GRAPH_OPS:
+        raise ConfigError(f"--graph times {', '.join(GRAPH_OPS)}; the {op}'s step signals "
+                          "carry values chosen on the host, which a replayed graph would "
+                          "repeat: run it without --graph")
     for timed in ([baseline] if baseline is not None else []) + list(extra_baselines):
         if not getattr(timed, "captures_graphs", False):
             raise ConfigError(f"--graph: the {timed.name} baseline cannot be captured in a "

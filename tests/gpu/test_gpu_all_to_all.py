@@ -66,6 +66,10 @@ def _bytes(seed: int, rank: int, nbytes: int) -> np.ndarray:
 
 def _tensor(data: np.ndarray, dtype: str, device: int) -> torch.Tensor:
     """The exact bytes of ``data`` as a CUDA tensor of ``dtype``."""
+    if not data.nbytes:
+        # torch gives an empty array from numpy a stride of 0, which no view to a wider
+        # type accepts (the count-0 cases failed on that, not on the library).
+        return torch.empty(0, dtype=_TORCH[dtype], device=f"cuda:{device}")
     return torch.from_numpy(data.copy()).to(f"cuda:{device}").view(_TORCH[dtype])
 
 

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import socket
 
+import numpy as np
 import pytest
 
 import ipcshare
 from ipcshare.collectives.across_nodes.choice import nccl4py_missing, rail_gpu_clash
+from ipcshare.collectives.across_nodes.hierarchy import typed_view
 from ipcshare.patterns import make_pattern
 from ipcshare.patterns.driver import run_pattern
 from ipcshare.runtime.config import merge_options
@@ -62,6 +64,50 @@ def test_device_memory_crosses_virtual_nodes_through_each_engine(comm, two_nodes
     result = _run(op, engine, min_bytes=4, max_bytes=9 << 20, step_factor=13)
     assert result.nodes == 2 and result.inter == engine
     assert comm.allgather(result.wrong_total) == [0] * comm.size
+
+
+@pytest.mark.parametrize("engine", ["nccl", "mpi"])
+def test_calls_across_nodes_without_a_stream_follow_the_groups_stream(comm, two_nodes, engine):
+    """Given no stream=, a communicator spanning nodes runs on the group's own stream, as
+    one on one node does: a copy queued there just before a call is what the call reads,
+    and a read queued there just after it sees the result. Until 2026-11-27 its steps
+    ran on the node group's stream, racing both (612,906 wrong elements at 2 x 2)."""
+    _needs(engine, comm)
+    if _time_sliced(comm):
+        pytest.skip("ranks here take turns on a GPU (no MPS): the all-to-all kernels inside "
+                    "the node are refused there")
+    n, me = comm.size, comm.rank
+    count = 1 << 20                      # int32 elements per block: 4 MiB
+    nbytes = n * count * 4
+    wrong = 0
+    with ipcshare.Group(backend="cuda-vmm") as g:
+        group_engine = g.backend.engine()
+        with g.communicator(max_bytes=nbytes, inter=engine) as c:
+            assert int(c.stream) == int(group_engine.stream)
+            w = g.window(3 * nbytes)
+            try:
+                staged, inp, out = (w.local.slice(i * nbytes, nbytes) for i in range(3))
+                for round_ in range(3):
+                    # Block q of rank r's input holds r * n + q (+ the round's base).
+                    base = round_ * n * n
+                    sent = np.repeat(np.arange(n, dtype=np.int32) + me * n + base, count)
+                    group_engine.upload(staged, sent.view(np.uint8))
+                    group_engine.copy(inp, staged)          # queued: the call must follow it
+                    c.all_to_all(typed_view(out, c.memory, "int32"),
+                                 typed_view(inp, c.memory, "int32"))
+                    got = group_engine.download(out).view(np.int32)   # queued after the call
+                    want = np.repeat(np.arange(n, dtype=np.int32) * n + me + base, count)
+                    wrong += int((got != want).sum())
+                    group_engine.copy(inp, staged)
+                    c.all_reduce(typed_view(inp, c.memory, "int32"))
+                    got = group_engine.download(inp).view(np.int32)
+                    # Element of block q summed over the ranks: n(n-1)/2 * n + n(q + base).
+                    want = np.repeat(n * np.arange(n, dtype=np.int32)
+                                     + n * n * (n - 1) // 2 + n * base, count)
+                    wrong += int((got != want).sum())
+            finally:
+                w.close()
+    assert comm.allgather(wrong) == [0] * n
 
 
 @pytest.mark.parametrize("op", ["allreduce", "reducescatter"])

@@ -147,14 +147,20 @@ class NodesCommunicator(Communicator):
     def synchronize(self, stream: Any = None) -> None:
         self._check_open()
         try:
-            self._node.synchronize(stream)
+            self._node.synchronize(self.stream if stream is None else stream)
         except FAILED_CALL_ERRORS as exc:   # a kernel gave up on a peer: out of step
             self._guard.fail(exc)
             raise
 
     @property
     def stream(self) -> Any:
-        return self._node.stream
+        """The stream calls run on when given none: the group's own (the stream of its
+        windows' engine, as on one node), never the node group's, whose engine is
+        another object with a stream of its own. Work the caller queued on the group's
+        windows is then ordered before a call, and what they read after it follows it."""
+        if self.memory == "host":
+            return None
+        return self.group.backend.engine().stream
 
     def _run(self, call: _Call, key: tuple | None = None) -> Any:
         return self._guard.run(lambda: self._run_steps(call))
@@ -193,7 +199,7 @@ class NodesCommunicator(Communicator):
         """Wait for the work queued on the streams of these kept bindings (the last
         field of each identity: a stream handle, or None for the communicator's own)."""
         for stream in dict.fromkeys(identity[-1] for identity in identities):
-            self._node.synchronize(stream)
+            self._node.synchronize(self.stream if stream is None else stream)
 
     def _agreed(self, call: _Call) -> Signature:
         """The call's signature, agreed on by every rank of the group the first time it
@@ -224,8 +230,11 @@ class NodesCommunicator(Communicator):
         node = self._node
         memory = node.memory
         engine = node._path.window.engine
-        if memory != "host" and call.stream is not None:
-            engine = engine.on_stream(call.stream)
+        if memory != "host":
+            # The node steps and the rail step run on the caller's stream, the group's
+            # own by default (``stream``): on the node group's stream they would race
+            # the caller's work on either side of the call.
+            engine = engine.on_stream(self.stream if call.stream is None else call.stream)
         if memory != "host" and not self._inter.stream_ordered:
             return self._refuse_capture(engine, self._bind_steps(call, engine))
         return self._bind_steps(call, engine)
