@@ -7,7 +7,6 @@ each operation, and the faster of a baseline's paths per size."""
 from __future__ import annotations
 
 import copy
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +17,13 @@ from ..liveness.consensus import collective_step
 from ..runtime.errors import ConfigError
 from ..topology.world import World, mpi
 from .base import SizePlan
-from .clock_check import clock_disagreement, clock_offset, latency_clock_disagreement
+from .clock_check import (
+    agreed_stretch,
+    clock_disagreement,
+    latency_clock_disagreement,
+    torch_clock_offset,
+    torch_event_stretch,
+)
 from .rotation import warmup_iterations
 from .seeding import count_wrong, poison, seeded_bytes
 from .timing import mean_over_ranks, percentile, slowest_rank_samples
@@ -151,6 +156,8 @@ class GpuBaseline:
         # timer with the host clock, or None; the host clock's seconds per operation).
         self.wrong_paths: dict[str, int] = {}
         self.clock: tuple[str | None, float | None] | None = None
+        # How many times the last measure timed its stretch again (clock_check).
+        self.clock_rechecks = 0
         self._offset: float | None = None
         self._owner = True
 
@@ -283,35 +290,36 @@ class GpuBaseline:
         held against the host clock from the first enqueue to a device-wide synchronize
         (``clock``: this rank's disagreement, or None, and that clock's seconds per
         operation)."""
+        what = f"{iters} back-to-back operations"
+
         def back_to_back(operations: list[Callable[[], None]],
-                         eager: list[Callable[[], None]]) -> tuple[float, str | None, float]:
-            torch = self._torch
+                         eager: list[Callable[[], None]]) -> tuple[float, str | None, float, int]:
             sequence = [eager[i % buffers] for i in range(iters)]
             if graph:
                 whole = self._capture(sequence)
                 self._graphs.append(whole)
                 whole.replay()  # the first launch uploads the graph
                 sequence = [whole.replay]
-            begin = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize(self.device)
-            self.world.comm.Barrier()
-            begin.record(self._stream)
-            start = time.perf_counter()
-            for operation in sequence:
-                operation()
-            end.record(self._stream)
-            torch.cuda.synchronize(self.device)
-            wall = time.perf_counter() - start
-            elapsed = begin.elapsed_time(end) / 1e3  # milliseconds
-            error = clock_disagreement(elapsed, wall, f"{iters} back-to-back operations",
-                                       self._clock_offset())
+
+            def enqueue_all() -> None:
+                for operation in sequence:
+                    operation()
+
+            def stretch() -> tuple[float, float]:
+                self._torch.cuda.synchronize(self.device)
+                self.world.comm.Barrier()
+                return torch_event_stretch(self._torch, self.device, self._stream,
+                                           enqueue_all)
+
+            (elapsed, wall), error, again = agreed_stretch(
+                self.world.comm, stretch,
+                lambda reading: clock_disagreement(*reading, what, self._clock_offset()))
             seconds, wall = mean_over_ranks(self.world.comm, [elapsed / iters, wall / iters])
-            return seconds, error, wall
+            return seconds, error, wall, again
 
         best, wrong = self._on_each_path(plan, mode, checks, warmup, buffers, graph,
                                          back_to_back, key=lambda timed: timed[0])
-        seconds, error, wall = best[0]
+        seconds, error, wall, self.clock_rechecks = best[0]
         self.clock = (error, wall)
         return seconds, wrong, best[1]
 
@@ -323,50 +331,40 @@ class GpuBaseline:
         sample the slowest rank's, of the right path with the lower median; wrong
         elements as ``measure``; that path). With ``graph``, each sample is one replay
         of a graph of one operation. ``clock`` as ``measure``'s, of the median samples."""
+        what = f"{iters} samples of one operation"
+
         def samples_of(operations: list[Callable[[], None]], _eager: list[Callable[[], None]]
-                       ) -> tuple[list[float], str | None, float]:
-            torch = self._torch
-            begin = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            samples, walls = [], []
-            for iteration in range(iters):
-                operation = operations[iteration % buffers]
-                torch.cuda.synchronize(self.device)
-                self.world.comm.Barrier()
-                begin.record(self._stream)
-                start = time.perf_counter()
-                operation()
-                end.record(self._stream)
-                torch.cuda.synchronize(self.device)
-                walls.append(time.perf_counter() - start)
-                samples.append(begin.elapsed_time(end) / 1e3)  # milliseconds
-            error = latency_clock_disagreement(samples, walls, f"{iters} samples of one "
-                                               "operation", self._clock_offset())
+                       ) -> tuple[list[float], str | None, float, int]:
+            def stretch() -> tuple[list[float], list[float]]:
+                samples, walls = [], []
+                for iteration in range(iters):
+                    operation = operations[iteration % buffers]
+                    self._torch.cuda.synchronize(self.device)
+                    self.world.comm.Barrier()
+                    sample, wall = torch_event_stretch(self._torch, self.device,
+                                                       self._stream, operation)
+                    samples.append(sample)
+                    walls.append(wall)
+                return samples, walls
+
+            (samples, walls), error, again = agreed_stretch(
+                self.world.comm, stretch,
+                lambda reading: latency_clock_disagreement(*reading, what,
+                                                           self._clock_offset()))
             wall, = mean_over_ranks(self.world.comm, [percentile(walls, 50)])
-            return slowest_rank_samples(self.world.comm, samples), error, wall
+            return slowest_rank_samples(self.world.comm, samples), error, wall, again
 
         best, wrong = self._on_each_path(plan, mode, checks, warmup, buffers, graph,
                                          samples_of, key=lambda timed: percentile(timed[0], 50))
-        samples, error, wall = best[0]
+        samples, error, wall, self.clock_rechecks = best[0]
         self.clock = (error, wall)
         return samples, wrong, best[1]
 
     def _clock_offset(self) -> float:
         """What the host clock reads over an empty stretch of this baseline's stream
-        (clock_check.clock_offset), measured once."""
+        (clock_check.torch_clock_offset), measured once."""
         if self._offset is None:
-            torch = self._torch
-
-            def empty() -> tuple[float, float]:
-                begin = torch.cuda.Event(enable_timing=True)
-                end = torch.cuda.Event(enable_timing=True)
-                torch.cuda.synchronize(self.device)
-                begin.record(self._stream)
-                start = time.perf_counter()
-                end.record(self._stream)
-                torch.cuda.synchronize(self.device)
-                return begin.elapsed_time(end) / 1e3, time.perf_counter() - start
-            self._offset = clock_offset(empty)
+            self._offset = torch_clock_offset(self._torch, self.device, self._stream)
         return self._offset
 
     def _on_each_path(self, plan: SizePlan, mode: str, checks: int, warmup: int,

@@ -20,6 +20,7 @@ from ..window import Group
 from .base import Pattern, SizePlan
 from .clock_check import (
     agreed_errors,
+    agreed_stretch,
     ceiling_error,
     clock_disagreement,
     engine_clock_offset,
@@ -247,18 +248,19 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
                 engine.synchronize()
                 host = None
                 if timing == "latency":
-                    samples, wall, errors = _latency_samples(world, engine, operations,
-                                                             options.iters, offset)
+                    samples, wall, errors, again = _latency_samples(
+                        world, engine, operations, options.iters, offset)
                     measured = _latency_measurement(pattern, plan, n, samples, wrong)
                 else:
                     if graph:
-                        seconds, wall, errors = _graph_seconds(world, engine, bound_operations,
-                                                               options.iters, offset)
+                        seconds, wall, errors, again = _graph_seconds(
+                            world, engine, bound_operations, options.iters, offset)
                     else:
-                        seconds, host, wall, errors = _back_to_back_seconds(
+                        seconds, host, wall, errors, again = _back_to_back_seconds(
                             world, engine, operations, options.iters, offset)
                     algbw, busbw = pattern.bandwidth(plan, seconds, n)
                     measured = Measurement(seconds * 1e6, algbw, busbw, wrong)
+                measured.clock_rechecks = again
                 measured.host_us = None if host is None else host * 1e6
                 measured.wall_us = wall * 1e6
                 over = ceiling_error(measured.busbw, ceiling, f"{format_size(plan.size)} {mode}")
@@ -350,76 +352,97 @@ def run_ceiling(group: Group) -> Any:
 
 def _back_to_back_seconds(world: World, engine: Any, operations: list[Callable[[], None]],
                           iters: int, offset: float = 0.0
-                          ) -> tuple[float, float, float, list[str]]:
+                          ) -> tuple[float, float, float, list[str], int]:
     """nccl-tests timing: seconds per operation by the engine's timer, the host's seconds
     per operation spent issuing them (until the last returned), and the second clock's
-    seconds per operation, each averaged over ranks; and this rank's clock
-    disagreement, if any."""
+    seconds per operation, each averaged over ranks; this rank's clock disagreement, if
+    any; and how many times the stretch was timed again (clock_check.agreed_stretch)."""
     sequence = [operations[i % len(operations)] for i in range(iters)]
-    world.comm.Barrier()
-    timer = engine.timer()
-    timer.start()
-    started = time.perf_counter()
-    for operation in sequence:
-        operation()
-    host = time.perf_counter() - started
-    elapsed = timer.stop()
-    wall = timer.wall_seconds if timer.wall_seconds is not None else elapsed
-    error = clock_disagreement(elapsed, wall, f"{iters} back-to-back operations", offset)
+    what = f"{iters} back-to-back operations"
+
+    def stretch() -> tuple[float, float, float]:
+        world.comm.Barrier()
+        timer = engine.timer()
+        timer.start()
+        started = time.perf_counter()
+        for operation in sequence:
+            operation()
+        host = time.perf_counter() - started
+        elapsed = timer.stop()
+        return elapsed, host, timer.wall_seconds if timer.wall_seconds is not None else elapsed
+
+    (elapsed, host, wall), error, again = agreed_stretch(
+        world.comm, stretch, lambda reading: clock_disagreement(reading[0], reading[2], what,
+                                                                offset))
     seconds, host, wall = mean_over_ranks(world.comm, [elapsed / iters, host / iters,
                                                        wall / iters])
-    return seconds, host, wall, [error] if error else []
+    return seconds, host, wall, [error] if error else [], again
 
 
 def _graph_seconds(world: World, engine: Any, operations: list[Callable[[], None]],
-                   iters: int, offset: float = 0.0) -> tuple[float, float, list[str]]:
+                   iters: int, offset: float = 0.0) -> tuple[float, float, list[str], int]:
     """nccl-tests timing of ``iters`` operations captured in one CUDA graph: one launch
-    to warm it (its first launch uploads it), then one timed launch; seconds per
-    operation by the timer and by the second clock, averaged over ranks, and this rank's
-    clock disagreement, if any."""
+    to warm it (its first launch uploads it), then one timed launch (again where the
+    clocks disagreed); seconds per operation by the timer and by the second clock,
+    averaged over ranks, this rank's clock disagreement, if any, and how many times the
+    launch was timed again."""
     sequence = [operations[i % len(operations)] for i in range(iters)]
+    what = f"one graph of {iters} operations"
 
     def enqueue_all() -> None:
         for operation in sequence:
             operation()
     captured = engine.capture(enqueue_all)
-    try:
-        captured.launch()
+
+    def stretch() -> tuple[float, float]:
         engine.synchronize()
         world.comm.Barrier()
         timer = engine.timer()
         timer.start()
         captured.launch()
         elapsed = timer.stop()
+        return elapsed, timer.wall_seconds if timer.wall_seconds is not None else elapsed
+
+    try:
+        captured.launch()
+        (elapsed, wall), error, again = agreed_stretch(
+            world.comm, stretch, lambda reading: clock_disagreement(*reading, what, offset))
     finally:
         engine.synchronize()
         captured.close()
-    wall = timer.wall_seconds if timer.wall_seconds is not None else elapsed
-    error = clock_disagreement(elapsed, wall, f"one graph of {iters} operations", offset)
     seconds, wall = mean_over_ranks(world.comm, [elapsed / iters, wall / iters])
-    return seconds, wall, [error] if error else []
+    return seconds, wall, [error] if error else [], again
 
 
 def _latency_samples(world: World, engine: Any, operations: list[Callable[[], None]],
-                     iters: int, offset: float = 0.0) -> tuple[list[float], float, list[str]]:
+                     iters: int, offset: float = 0.0
+                     ) -> tuple[list[float], float, list[str], int]:
     """Latency timing: ``iters`` samples of one operation each, started together after a
     barrier, timed by the engine (host clock, or CUDA events on the stream); each sample
-    is the slowest rank's. Also the second clock's median sample (averaged over ranks)
-    and this rank's clock disagreement, if any."""
-    samples, walls = [], []
-    for iteration in range(iters):
-        operation = operations[iteration % len(operations)]
-        engine.synchronize()
-        world.comm.Barrier()
-        timer = engine.timer()
-        timer.start()
-        operation()
-        samples.append(timer.stop())
-        walls.append(timer.wall_seconds if timer.wall_seconds is not None else samples[-1])
-    error = latency_clock_disagreement(samples, walls, f"{iters} samples of one operation",
-                                       offset)
+    is the slowest rank's. Also the second clock's median sample (averaged over ranks),
+    this rank's clock disagreement, if any, and how many times the samples were taken
+    again."""
+    what = f"{iters} samples of one operation"
+
+    def stretch() -> tuple[list[float], list[float]]:
+        samples, walls = [], []
+        for iteration in range(iters):
+            operation = operations[iteration % len(operations)]
+            engine.synchronize()
+            world.comm.Barrier()
+            timer = engine.timer()
+            timer.start()
+            operation()
+            samples.append(timer.stop())
+            walls.append(timer.wall_seconds if timer.wall_seconds is not None
+                         else samples[-1])
+        return samples, walls
+
+    (samples, walls), error, again = agreed_stretch(
+        world.comm, stretch,
+        lambda reading: latency_clock_disagreement(*reading, what, offset))
     wall, = mean_over_ranks(world.comm, [percentile(walls, 50)])
-    return slowest_rank_samples(world.comm, samples), wall, [error] if error else []
+    return slowest_rank_samples(world.comm, samples), wall, [error] if error else [], again
 
 
 def _latency_measurement(pattern: Pattern, plan: SizePlan, world_size: int,
@@ -462,6 +485,7 @@ def _baseline_row(baseline: Any, pattern: Pattern, plan: SizePlan, world_size: i
         mine = [clock[0]] if clock is not None and clock[0] else []
         if clock is not None and clock[1] is not None:
             measurement.wall_us = clock[1] * 1e6
+        measurement.clock_rechecks = baseline.clock_rechecks
         over = (None if measurement.wrong else
                 ceiling_error(measurement.busbw, ceiling, f"{format_size(plan.size)} {mode}"))
         measurement.errors = agreed_errors(world.comm, mine + ([over] if over else []))

@@ -58,6 +58,10 @@ class Measurement:
     # is not a result.
     wall_us: float | None = None
     errors: list[str] = dataclasses.field(default_factory=list)
+    # How many times the row's stretch was timed again, on every rank, because the two
+    # clocks disagreed on some rank and a host hiccup may have been the cause
+    # (clock_check.agreed_stretch); errors hold what still disagreed after that.
+    clock_rechecks: int = 0
     # A baseline's paths whose results were wrong, with their wrong elements: never its
     # figure (the fastest right path is), but said.
     wrong_paths: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -87,6 +91,8 @@ class Measurement:
             data["wall_us"] = round(self.wall_us, 3)
         if self.errors:
             data["errors"] = list(self.errors)
+        if self.clock_rechecks:
+            data["clock_rechecks"] = self.clock_rechecks
         if self.wrong_paths:
             data["wrong_paths"] = dict(self.wrong_paths)
         return data
@@ -111,7 +117,8 @@ class Measurement:
                    time_us_range=bounds("time_us"), busbw_range=bounds("busbw"),
                    path=data.get("path"), host_us=data.get("host_us"),
                    wall_us=data.get("wall_us"), errors=list(data.get("errors", ())),
-                   wrong_paths=dict(data.get("wrong_paths", {})))
+                   wrong_paths=dict(data.get("wrong_paths", {})),
+                   clock_rechecks=int(data.get("clock_rechecks", 0)))
 
 
 @dataclasses.dataclass
@@ -205,6 +212,13 @@ class RunResult:
         return found
 
     @property
+    def clock_rechecks(self) -> int:
+        """Stretches timed again over the run, ours and the baselines', because the two
+        clocks disagreed once on some rank (clock_check.agreed_stretch)."""
+        return sum(m.clock_rechecks for rows in [self.rows] + [b.rows for b in self.baselines]
+                   for row in rows for m in row.modes.values())
+
+    @property
     def baselines(self) -> list[BaselineResult]:
         """Every baseline of the run, the table's first."""
         return ([] if self.baseline is None else [self.baseline]) + list(self.extra_baselines)
@@ -237,6 +251,7 @@ class RunResult:
                 row["ceiling"] = dict(document["ceiling"])
             # The checks ran (the ceiling is theirs): what they found, [] when nothing.
             document["measurement_errors"] = self.measurement_errors
+            document["clock_rechecks"] = self.clock_rechecks
         if self.after_kernel:   # only then: the design's document keeps its exact keys
             document["after_kernel"] = True
         if self.statistic != "mean":

@@ -141,5 +141,8 @@ class Table:
         errors = result.measurement_errors
         lines.append(f"# Measurement errors   : {len(errors)} "
                      f"{'OK' if not errors else 'FAILED (each under its row)'}")
+        if result.clock_rechecks:
+            lines.append(f"# Clock rechecks       : {result.clock_rechecks} (stretches timed "
+                         "again after the clocks disagreed once on some rank)")
         lines.append("#")
         return lines

@@ -10,6 +10,7 @@ import pytest
 import ipcshare
 from ipcshare.backends.cuda_engine import CudaEngine, CudaTimer
 from ipcshare.patterns import make_pattern
+from ipcshare.patterns.clock_check import CLOCK_RETRIES
 from ipcshare.patterns.driver import run_pattern
 from ipcshare.runtime.config import merge_options
 from ipcshare.runtime.cuda_driver import check, driver
@@ -51,6 +52,8 @@ def test_a_timer_on_another_stream_fails_every_row(comm, monkeypatch, op):
         return
     measured = [m for row in result.rows for m in row.modes.values()]
     assert errors and all(m.errors for m in measured), errors
+    # It missed the work every time it was timed, not once: no host hiccup does that.
+    assert all(m.clock_rechecks == CLOCK_RETRIES for m in measured)
     # Each row's clocks disagree (its busbw may also pass the ceiling: a second error).
     assert all(any("host clock from the first enqueue" in e for e in m.errors)
                for m in measured)

@@ -7,7 +7,9 @@ import pytest
 
 from ipcshare.bench.bands import band_ratios
 from ipcshare.patterns.clock_check import (
+    CLOCK_RETRIES,
     CLOCK_SLACK_S,
+    agreed_stretch,
     ceiling_error,
     clock_disagreement,
     latency_clock_disagreement,
@@ -33,6 +35,41 @@ def test_clocks_agree_within_ten_percent_and_the_slack():
     assert latency_clock_disagreement([10e-6] * 5, [80e-6] * 5, "s") is not None
     assert latency_clock_disagreement([10e-6] * 5, [55e-6] * 5, "s") is None
     assert latency_clock_disagreement([10e-6] * 5, [80e-6] * 5, "s", 30e-6) is None
+
+
+def test_the_offset_only_excuses_a_host_clock_that_reads_long():
+    # 5 ranks on 4 GPUs (2026-11-27): events 1,930 us, host clock 1,947 us, but an empty
+    # stretch read 267 us on a GPU shared by turns. The clocks agree; taking the offset
+    # off both ways made the check fire.
+    assert clock_disagreement(1930e-6, 1947e-6, "x", offset_s=267e-6) is None
+    # Still: a timer that missed most of the work fails whatever the offset.
+    assert clock_disagreement(400e-6, 1947e-6, "x", offset_s=267e-6) is not None
+    # And a timer past the host clock, which brackets it, counted time that did not pass.
+    said = clock_disagreement(1500e-6, 1000e-6, "x", offset_s=267e-6)
+    assert said is not None and "counted time that did not pass" in said
+
+
+def test_a_disagreement_that_does_not_come_back_is_a_hiccup():
+    class _Comm:   # a world of one
+        def allgather(self, value):
+            return [value]
+
+    readings = iter([(181e-6, 1299e-6), (181e-6, 196e-6), (181e-6, 190e-6)])
+
+    def verdict(reading):
+        return clock_disagreement(*reading, "x", 15e-6)
+
+    reading, error, again = agreed_stretch(_Comm(), lambda: next(readings), verdict)
+    assert (reading, error, again) == ((181e-6, 196e-6), None, 1)
+    # A timer that misses the work every time: tried 1 + CLOCK_RETRIES times, then it stands.
+    calls = []
+
+    def short():
+        calls.append(1)
+        return 10e-6, 900e-6
+    reading, error, again = agreed_stretch(_Comm(), short, verdict)
+    assert error is not None and again == CLOCK_RETRIES and len(calls) == CLOCK_RETRIES + 1
+    assert "the same on 2 more tries" in error
 
 
 def test_the_ceiling_bounds_busbw():
