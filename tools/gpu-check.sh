@@ -106,6 +106,8 @@
 # tests/gpu took 185 s at 4 ranks and 236 s at 8 on 4 H200s, 2026-11-26), TESTS_PARTS
 # (which runs of the tests phase: any of "2 examples 4 2G shared mpi", default all; the
 # whole phase outlasts one 10-minute device call on 4 GPUs, so split it in two),
+# TESTS_FILES (the GPU test files or folders those runs take, default tests/gpu: a fix
+# re-checked on the files it touches),
 # STEP_TIMEOUT_BENCH (per sweep, default 150), ALLTOALL_RANKS (default "2 4"), ALLTOALL_MAX
 # (default 256M), ALLTOALL_ITERS (default 20), ALLTOALL_SPLITS (default "even random
 # skewed"), ALLTOALL_BASELINES (default "nccl torch torch-symm"), ALLTOALL_SYMM_SPLITS
@@ -245,8 +247,9 @@ fi
 pytest_run() {  # pytest_run N [extra mpiexec args...]
   local n=$1
   shift
+  # shellcheck disable=SC2086 # TESTS_FILES is a list of paths
   "$MPIEXEC" -n "$n" --bind-to none "$@" "$PY" -m pytest -q -rs --with-mpi -m gpu \
-    -p no:cacheprovider tests/gpu
+    -p no:cacheprovider ${TESTS_FILES:-tests/gpu}
 }
 export -f pytest_run
 mpi_suite_run() {  # mpi_suite_run N: tests/mpi under the node's MPI
@@ -254,7 +257,7 @@ mpi_suite_run() {  # mpi_suite_run N: tests/mpi under the node's MPI
     -p no:cacheprovider tests/mpi
 }
 export -f mpi_suite_run
-export PY MPIEXEC OUT RESULTS BENCH_MAX BENCH_ITERS BENCH_BASELINE
+export PY MPIEXEC OUT RESULTS TESTS_FILES BENCH_MAX BENCH_ITERS BENCH_BASELINE
 
 tests_part() {  # tests_part PART: whether TESTS_PARTS asks for PART (every part by default)
   [[ " ${TESTS_PARTS:-2 examples 4 2G shared mpi} " == *" $1 "* ]]

@@ -262,7 +262,10 @@ class NodesCommunicator(Communicator):
         memory = node.memory
         byte_call = call.op in ("all_gather", "all_to_all")
         dtype = "uint8" if byte_call else call.inp.dtype
-        levels = Levels(node, self._inter, engine, call.stream,
+        # The node calls get the stream the steps were bound on (the group's when the
+        # caller gave none): given None, they would run on the node group's own.
+        stream = None if memory == "host" else engine.stream
+        levels = Levels(node, self._inter, engine, stream,
                         lambda buffer: typed_view(buffer, memory, dtype), dtype, call.redop)
         inp, out = self._buffer(call.inp), self._buffer(call.out)
         if call.op == "all_gather":
