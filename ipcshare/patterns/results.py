@@ -251,7 +251,8 @@ class RunResult:
                 row["ceiling"] = dict(document["ceiling"])
             # The checks ran (the ceiling is theirs): what they found, [] when nothing.
             document["measurement_errors"] = self.measurement_errors
-            document["clock_rechecks"] = self.clock_rechecks
+            if self.clock_rechecks:   # only then: the design's document keeps its keys
+                document["clock_rechecks"] = self.clock_rechecks
         if self.after_kernel:   # only then: the design's document keeps its exact keys
             document["after_kernel"] = True
         if self.statistic != "mean":
