@@ -128,6 +128,9 @@ class Row:
     size: int
     count: int
     modes: dict[str, Measurement]
+    # What the pattern says of the row beyond its figures (Pattern.row_facts), as JSON
+    # keys of the row.
+    facts: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def primary(self) -> Measurement:
@@ -138,7 +141,8 @@ class Row:
         return sum(m.wrong for m in self.modes.values())
 
     def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"size": self.size, "count": self.count, **self.primary.to_dict()}
+        data: dict[str, Any] = {"size": self.size, "count": self.count, **self.primary.to_dict(),
+                                **self.facts}
         if "in-place" in self.modes:
             data["in_place"] = self.modes["in-place"].to_dict()
         return data
