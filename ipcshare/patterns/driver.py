@@ -301,6 +301,7 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
         rows=rows, baseline=results[0] if results else None, extra_baselines=results[1:],
         after_kernel=after_kernel, inter=pattern.inter_engine_name,
         registered=bool(getattr(pattern, "register", False)), splits=splits,
+        algo=getattr(pattern, "algo", None) if splits is not None else None,
         checked=options.checks > 0,
         statistic="median" if timing == "latency" else "mean", ceiling=ceiling)
     if result.inter is not None:

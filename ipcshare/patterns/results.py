@@ -195,6 +195,9 @@ class RunResult:
     registered: bool = False
     # How the all-to-all split each rank's input (even, random, skewed); None for others.
     splits: str | None = None
+    # The all-to-all's algorithm as asked for (``--algo``: auto, pull, balanced); None for
+    # the other ops.
+    algo: str | None = None
     # Results were verified (-c > 0); otherwise the document says "wrong": null.
     checked: bool = True
     # What time_us is over the timed operations: "mean" (nccl-tests: back-to-back
@@ -248,6 +251,8 @@ class RunResult:
             "baseline": None if self.baseline is None else self.baseline.to_dict(),
             "wrong_total": self.wrong_total,
         }
+        if self.algo is not None:
+            document["algo"] = self.algo
         if self.ceiling is not None:
             # Every row carries the ceiling it was held against, with its source.
             document["ceiling"] = self.ceiling.to_dict()
