@@ -75,7 +75,9 @@ __device__ __forceinline__ bool wait_parts(const CollectiveArgs& a, const Call& 
     }
   }
   __syncthreads();
-  return missing == 0;
+  const bool found = missing == 0;
+  __syncthreads();  // every thread has read it before a later call resets it
+  return found;
 }
 
 // kVariable: all-to-all-v (count: the input's elements, itemsize: their size); else
