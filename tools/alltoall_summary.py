@@ -30,14 +30,17 @@ ORDER = ("nccl", "torch", "torch-symm")
 
 @dataclasses.dataclass(frozen=True)
 class Key:
-    """One table: the world size, the splits, how it was timed."""
+    """One table: the world size, the splits, how it was timed, our algorithm."""
 
     world_size: int
     splits: str
     timing: str
+    algo: str = "auto"
 
     def title(self) -> str:
-        return f"all-to-all, {self.world_size} ranks, {self.splits} splits, {self.timing}"
+        algo = "" if self.algo == "auto" else f", --algo {self.algo}"
+        return (f"all-to-all, {self.world_size} ranks, {self.splits} splits, "
+                f"{self.timing}{algo}")
 
 
 @dataclasses.dataclass
@@ -70,7 +73,7 @@ def load(paths: list[Path]) -> dict[Key, list[Launch]]:
             if TAG not in document or document.get("op") != "alltoall":
                 continue
             key = Key(document["world_size"], document.get("splits", "even"),
-                      document["timing"])
+                      document["timing"], document.get("algo", "auto"))
             baseline = document.get("baseline") or {}
             tables.setdefault(key, []).append(Launch(
                 baseline=baseline.get("name", "none"),
@@ -132,7 +135,7 @@ def page(tables: dict[Key, list[Launch]], nccl_tests: list[Path]) -> str:
               "µs / busbw GB/s out of place; speedup = baseline time / ours in the same launch "
               "(above 1: ours faster); `!` = a measurement error under the row in the log."]
     order = sorted(tables, key=lambda k: (k.world_size, ("even", "random", "skewed").index(
-        k.splits) if k.splits in ("even", "random", "skewed") else 3, k.timing))
+        k.splits) if k.splits in ("even", "random", "skewed") else 3, k.timing, k.algo))
     blocks += [table(key, tables[key]) for key in order]
     if nccl_tests:
         from ipcshare.bench.nccl_tests import markdown_tables, parse_nccl_tests

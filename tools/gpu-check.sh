@@ -109,7 +109,9 @@
 # TESTS_FILES (the GPU test files or folders those runs take, default tests/gpu: a fix
 # re-checked on the files it touches),
 # STEP_TIMEOUT_BENCH (per sweep, default 150), ALLTOALL_RANKS (default "2 4"), ALLTOALL_MAX
-# (default 256M), ALLTOALL_ITERS (default 20), ALLTOALL_SPLITS (default "even random
+# (default 256M), ALLTOALL_MIN (default 8), ALLTOALL_ITERS (default 20), ALLTOALL_ALGOS
+# (the library's algorithms to sweep, e.g. "pull balanced"; default auto), ALLTOALL_GRAPH=0
+# (eager sweeps only), ALLTOALL_SPLITS (default "even random
 # skewed"), ALLTOALL_BASELINES (default "nccl torch torch-symm"), ALLTOALL_SYMM_SPLITS
 # (default even), ALLTOALL_TESTS (default 0), STEP_TIMEOUT_ALLTOALL (per sweep, default
 # 150), TORCH_USER_MIN, TORCH_USER_MAX, TORCH_USER_FACTOR (torch-user sizes, default 8K,
@@ -926,15 +928,19 @@ elif wants nccl-tests && [[ $G -lt 2 ]]; then
 fi
 
 # alltoall_case N SPLITS BASELINE [--graph]: one `ipcshare alltoall` sweep, into $RESULTS
+# (--algo $ALGO, default auto; the file and tag name the algorithm unless it is auto)
 alltoall_case() {
-  local n=$1 splits=$2 baseline=$3 json rc
+  local n=$1 splits=$2 baseline=$3 algo=${ALGO:-auto} json rc tag
   shift 3
-  json="$OUT/alltoall-n$n-$splits-$baseline${1:+-graph}.json"
+  tag=${algo/#auto/}
+  json="$OUT/alltoall-n$n-$splits-$baseline${tag:+-$tag}${1:+-graph}.json"
   "$MPIEXEC" -n "$n" --bind-to none "$PY" -m ipcshare alltoall --backend cuda-vmm \
-    --splits "$splits" -b 8 -e "${ALLTOALL_MAX:-256M}" -f 4 -n "${ALLTOALL_ITERS:-20}" -w 5 \
+    --algo "$algo" \
+    --splits "$splits" -b "${ALLTOALL_MIN:-8}" -e "${ALLTOALL_MAX:-256M}" -f 4 \
+    -n "${ALLTOALL_ITERS:-20}" -w 5 \
     -c 1 --baseline "$baseline" --json "$json" "$@" | grep -Ev "^#  Rank"
   rc=${PIPESTATUS[0]}
-  append_result "$json" alltoall_case "n$n $splits $baseline${1:+ graph}"
+  append_result "$json" alltoall_case "n$n $splits $baseline${tag:+ $tag}${1:+ graph}"
   return $rc
 }
 # alltoall_tests N FILE: one GPU test file of the all-to-all baselines, a pytest of its own
@@ -974,10 +980,16 @@ all_to_all_vdev_module(torch)' 2>&1); then
               " ${ALLTOALL_SYMM_SPLITS:-even} " != *" $splits "* ) ]]; then
           continue
         fi
-        step "alltoall n=$n --splits $splits vs $baseline eager" "$STEP_TIMEOUT_ALLTOALL" \
-          alltoall_case "$n" "$splits" "$baseline"
-        step "alltoall n=$n --splits $splits vs $baseline graph" "$STEP_TIMEOUT_ALLTOALL" \
-          alltoall_case "$n" "$splits" "$baseline" --graph
+        for algo in ${ALLTOALL_ALGOS:-auto}; do
+          step "alltoall n=$n --splits $splits --algo $algo vs $baseline eager" \
+            "$STEP_TIMEOUT_ALLTOALL" env ALGO="$algo" bash -c \
+            'alltoall_case "$@"' _ "$n" "$splits" "$baseline"
+          if [[ ${ALLTOALL_GRAPH:-1} != 0 ]]; then
+            step "alltoall n=$n --splits $splits --algo $algo vs $baseline graph" \
+              "$STEP_TIMEOUT_ALLTOALL" env ALGO="$algo" bash -c \
+              'alltoall_case "$@"' _ "$n" "$splits" "$baseline" --graph
+          fi
+        done
       done
     done
   done

@@ -206,6 +206,14 @@ def _check_all_to_all_memory(group, pattern) -> None:
         raise ConfigError(f"--splits {pattern.splits}: all_to_all_v does not span nodes (this "
                           f"job spans {group.world.node_count}): use --splits even, which "
                           "runs all_to_all hierarchically (IPC in nodes, --inter between)")
+    from ..collectives.algorithms import algorithm_names
+
+    memory = "cuda" if group.backend.device_memory else "host"
+    here = ("auto", *algorithm_names(memory, pattern.collective))
+    if pattern.algo not in here:
+        where = "GPU" if memory == "cuda" else "host"
+        raise ConfigError(f"--algo {pattern.algo} does not run alltoall on {where} memory "
+                          f"(backend {group.backend_name}); choose one of: {', '.join(here)}")
     if not group.backend.device_memory:
         return
     if group.time_sliced_gpus:

@@ -45,5 +45,11 @@ class BoundCollective:
         self._enqueue()
         return self._result
 
+    @property
+    def blocks(self) -> int | None:
+        """The thread blocks of its largest kernel launch (GPUs), or None (host memory,
+        or steps that are not one rank's kernels)."""
+        return getattr(self._enqueue, "blocks", None)
+
     def __repr__(self) -> str:
         return f"BoundCollective({self.description})"

@@ -416,6 +416,9 @@ class GpuPath:
             if not zero_copy:
                 path.copies_in += 1
         enqueue.keep = (args, params, time_sliced)  # all must outlive every launch
+        # The grid it launches (the bench reports the SMs a call uses).
+        enqueue.blocks = max((step[1] * step[2] for step in recorded
+                              if isinstance(step, tuple)), default=None)
         return enqueue, provisional, checks
 
     def _time_sliced_steps(self, algorithm: Algorithm, engine: Any, args: Any,

@@ -116,7 +116,10 @@ def _all_to_all_case(algo: str, splits: str, datatype: str):
     from .alltoall import AllToAll
 
     case = AllToAll(algo, splits=splits, datatype=datatype)
-    allowed = ("auto", *algorithm_names("host", case.collective))
+    # Every memory's names: the run refuses one the group's memory lacks before the table
+    # starts (cli/run_pattern.py).
+    allowed = ("auto", *dict.fromkeys((*algorithm_names("host", case.collective),
+                                       *algorithm_names("cuda", case.collective))))
     if algo not in allowed:
         raise ConfigError(f"the alltoall op has no {algo!r} algorithm; choose one of: "
                           f"{', '.join(allowed)}")

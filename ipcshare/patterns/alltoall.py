@@ -20,7 +20,7 @@ from .base import Pattern, SizePlan, align
 from .collective_case import communicator_for
 from .seeding import count_wrong, poison, seeded_bytes
 
-__all__ = ["AllToAll", "split_matrix"]
+__all__ = ["AllToAll", "split_matrix", "busiest_link_bytes", "LINK_BOUND_GBPS"]
 
 # What the random and skewed splits are drawn from, with the row's element count and the
 # world size: every rank draws every rank's splits alike.
@@ -29,6 +29,10 @@ SPLITS_SEED = 37
 _ZERO_SHARE = 0.25
 # One count of a device split array (int64).
 _SPLIT_BYTES = 8
+# What copies reach over one GPU's NVLink on the reference nodes (370-390 GB/s per
+# direction, ../docs/GPU.md and the nodes' measurements): an all-to-all cannot beat its
+# busiest link's bytes at this speed, the bound each GPU row is given as a fraction of.
+LINK_BOUND_GBPS = 370.0
 # Heap bytes a communicator spanning nodes adds for its scratch arrays' alignment: two
 # per bound call, bound calls per region (at most 64) and mode.
 _SCRATCH_SLACK = 2 * 64 * 2 * 256
@@ -75,6 +79,17 @@ def split_matrix(splits: str, count: int, world_size: int, seed: int = SPLITS_SE
     return m
 
 
+def busiest_link_bytes(m: np.ndarray, element_size: int) -> int:
+    """The most bytes any one rank sends to other ranks or receives from them, with
+    ``m[r, q]`` elements from rank r to rank q: with uneven splits the all-to-all's time is
+    bound by that rank's link."""
+    remote = np.array(m, np.int64)
+    np.fill_diagonal(remote, 0)
+    if not remote.size:
+        return 0
+    return int(max(remote.sum(axis=1).max(), remote.sum(axis=0).max())) * element_size
+
+
 class AllToAll(Pattern):
     """``size`` is the bytes of each rank's input, all of it sent (``n`` blocks of one
     length with ``even`` splits; the split matrix's row with the others); busbw =
@@ -116,6 +131,8 @@ class AllToAll(Pattern):
         self.collective = "all_to_all" if splits == "even" else "all_to_all_v"
         self._communicator: Any = None
         self._matrices: dict[tuple[int, int], np.ndarray] = {}
+        # Thread blocks of the bound calls by size (GPU memory; the rows report them).
+        self._blocks: dict[int, int] = {}
 
     @property
     def inter_engine_name(self) -> str | None:
@@ -211,18 +228,22 @@ class AllToAll(Pattern):
                              self._dtype))
         algo = self.algo
         if self.collective == "all_to_all":
-            return communicator.bind("all_to_all", output, inputs, algo=algo)
-        splits = self._device_splits(window, plan)
-        if splits is not None:
+            bound = communicator.bind("all_to_all", output, inputs, algo=algo)
+        elif (splits := self._device_splits(window, plan)) is not None:
             # Read (input) and filled (output) by the kernel at run time.
             sent, received = (typed_view(buffer, communicator.memory, "int64")
                               for buffer in splits)
-            return communicator.bind("all_to_all_v", output, inputs, received, sent,
-                                     algo=algo)
-        m = self.split_matrix(plan, n)
-        # Bound with its splits: every call of this size sends the same counts.
-        return communicator.bind("all_to_all_v", output, inputs, m[:, me].tolist(),
-                                 m[me].tolist(), algo=algo)
+            bound = communicator.bind("all_to_all_v", output, inputs, received, sent,
+                                      algo=algo)
+        else:
+            m = self.split_matrix(plan, n)
+            # Bound with its splits: every call of this size sends the same counts.
+            bound = communicator.bind("all_to_all_v", output, inputs, m[:, me].tolist(),
+                                      m[me].tolist(), algo=algo)
+        blocks = getattr(bound, "blocks", None)
+        if blocks:
+            self._blocks[plan.size] = blocks
+        return bound
 
     def check(self, window: Window, plan: SizePlan, mode: str, iteration: int) -> int:
         n, me = window.world_size, window.rank
@@ -240,6 +261,33 @@ class AllToAll(Pattern):
     def bandwidth(self, plan: SizePlan, seconds: float, world_size: int) -> tuple[float, float]:
         algbw = plan.size / seconds / 1e9
         return algbw, algbw * allgather_busbw_factor(world_size)
+
+    def row_facts(self, plan: SizePlan, world_size: int, row: Any) -> dict[str, Any]:
+        """The busiest link's bytes; on GPUs also the time they take at LINK_BOUND_GBPS
+        (``bound_us``), the fraction of that bound the first mode reached
+        (``bound_fraction``: bound_us / time_us, 1 at the link's speed) and the thread
+        blocks (SMs) of the call (``blocks``)."""
+        link = busiest_link_bytes(self.split_matrix(plan, world_size), plan.element_size)
+        facts: dict[str, Any] = {"busiest_link_bytes": link}
+        blocks = self._blocks.get(plan.size)
+        if blocks is None:   # host memory: no link of a GPU to hold it to
+            return facts
+        bound_us = link / (LINK_BOUND_GBPS * 1e3)
+        facts["bound_us"] = round(bound_us, 3)
+        measured = row.primary
+        if measured.usable:
+            facts["bound_fraction"] = round(bound_us / measured.time_us, 4)
+        facts["blocks"] = blocks
+        return facts
+
+    def fact_lines(self, facts: dict[str, Any]) -> list[str]:
+        if "blocks" not in facts:
+            return []
+        fraction = facts.get("bound_fraction")
+        reached = "" if fraction is None else f", {fraction:.2f} of it reached"
+        return [f"#  busiest link {facts['busiest_link_bytes']} B: bound "
+                f"{facts['bound_us']:.2f} us at {LINK_BOUND_GBPS:g} GB/s{reached}; "
+                f"{facts['blocks']} blocks"]
 
     # -- data, for this case and its baseline -------------------------------------------
     def input_bytes(self, plan: SizePlan, rank: int, world_size: int, iteration: int,

@@ -94,3 +94,12 @@ class Pattern(abc.ABC):
     @abc.abstractmethod
     def bandwidth(self, plan: SizePlan, seconds: float, world_size: int) -> tuple[float, float]:
         """(algbw, busbw) in GB/s (1e9 bytes) for one operation of ``seconds``."""
+
+    def row_facts(self, plan: SizePlan, world_size: int, row: Any) -> dict[str, Any]:
+        """What this pattern adds to a measured row (``Row``) of ``plan``: JSON keys of the
+        row and the note under it (``fact_lines``). None by default."""
+        return {}
+
+    def fact_lines(self, facts: dict[str, Any]) -> list[str]:
+        """The table's lines under a row for its ``row_facts``."""
+        return []

@@ -270,6 +270,7 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
                     captured.close()
                 graphs.clear()
             row = Row(plan.size, plan.count, modes)
+            row.facts = pattern.row_facts(plan, n, row)
             rows.append(row)
             buffers = rotation_count(plan, rotate)
             for timed, measured in zip(baselines, baseline_rows, strict=True):
@@ -278,6 +279,8 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
             first = baseline_rows[0][-1] if baselines else None
             say(table.row(row, first))
             for line in table.notes(row, first, baselines[0].name if baselines else ""):
+                say(line)
+            for line in pattern.fact_lines(row.facts):
                 say(line)
     finally:
         try:
@@ -298,6 +301,7 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
         rows=rows, baseline=results[0] if results else None, extra_baselines=results[1:],
         after_kernel=after_kernel, inter=pattern.inter_engine_name,
         registered=bool(getattr(pattern, "register", False)), splits=splits,
+        algo=getattr(pattern, "algo", None) if splits is not None else None,
         checked=options.checks > 0,
         statistic="median" if timing == "latency" else "mean", ceiling=ceiling)
     if result.inter is not None:

@@ -128,6 +128,9 @@ class Row:
     size: int
     count: int
     modes: dict[str, Measurement]
+    # What the pattern says of the row beyond its figures (Pattern.row_facts), as JSON
+    # keys of the row.
+    facts: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def primary(self) -> Measurement:
@@ -138,7 +141,8 @@ class Row:
         return sum(m.wrong for m in self.modes.values())
 
     def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"size": self.size, "count": self.count, **self.primary.to_dict()}
+        data: dict[str, Any] = {"size": self.size, "count": self.count, **self.primary.to_dict(),
+                                **self.facts}
         if "in-place" in self.modes:
             data["in_place"] = self.modes["in-place"].to_dict()
         return data
@@ -191,6 +195,9 @@ class RunResult:
     registered: bool = False
     # How the all-to-all split each rank's input (even, random, skewed); None for others.
     splits: str | None = None
+    # The all-to-all's algorithm as asked for (``--algo``: auto, pull, balanced); None for
+    # the other ops.
+    algo: str | None = None
     # Results were verified (-c > 0); otherwise the document says "wrong": null.
     checked: bool = True
     # What time_us is over the timed operations: "mean" (nccl-tests: back-to-back
@@ -244,6 +251,8 @@ class RunResult:
             "baseline": None if self.baseline is None else self.baseline.to_dict(),
             "wrong_total": self.wrong_total,
         }
+        if self.algo is not None:
+            document["algo"] = self.algo
         if self.ceiling is not None:
             # Every row carries the ceiling it was held against, with its source.
             document["ceiling"] = self.ceiling.to_dict()

@@ -56,7 +56,11 @@ def _errors(out) -> list[str]:
     (["alltoall", "--backend", "host", "--splits", "bogus"],
      "--splits bogus: unknown splits; choose one of: even, random, skewed"),
     (["alltoall", "--backend", "host", "--algo", "one-shot"],
-     "the alltoall op has no 'one-shot' algorithm; choose one of: auto, pull"),
+     "the alltoall op has no 'one-shot' algorithm; choose one of: auto, pull, balanced"),
+    # A GPU kernel's name on host memory: refused before the table, naming what runs here.
+    (["alltoall", "--backend", "host", "--algo", "balanced", "--splits", "random"],
+     "--algo balanced does not run alltoall on host memory (backend host); choose one of: "
+     "auto, pull"),
     # The GPU baselines time all-to-all now: what stops them here is what they lack.
     pytest.param(["alltoall", "--backend", "host", "--baseline", "nccl"],
                  "--baseline nccl calls NCCL through nccl4py, which is not importable here",

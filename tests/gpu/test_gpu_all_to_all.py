@@ -4,6 +4,8 @@ all-but-one-zero splits, in and out of place, arrays from empty() and registered
 splits from the host and from device arrays (the counts received filled on the device),
 bound calls and CUDA graphs replayed with new data and new device splits, and splits that
 do not match: the same one-line error on every rank, after which the communicator goes on.
+Every test runs each GPU algorithm (pull, balanced); arrays that start off a 16-byte
+boundary and all-to-one splits reach balanced's shifted copies and its cutting by bytes.
 Run under mpiexec with one GPU per rank (or GPUs shared under MPS)."""
 
 from __future__ import annotations
@@ -26,6 +28,13 @@ _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4, "uint8": 1, 
 # Elements each rank sends each rank (all-to-all), or each rank's input (all-to-all-v).
 BLOCKS = (1, 3, 4099, 65_537)
 LARGEST_INPUT_BYTES = 65_537 * 8
+# The GPU algorithms of all_to_all and all_to_all_v (algorithms/__init__.py).
+ALGOS = ("pull", "balanced")
+
+
+@pytest.fixture(params=ALGOS)
+def algo(request):
+    return request.param
 
 
 @pytest.fixture(scope="module")
@@ -45,14 +54,15 @@ def setup(shared):
     return shared
 
 
-def test_ranks_taking_turns_on_a_gpu_are_refused_on_every_rank_in_one_line(shared):
+def test_ranks_taking_turns_on_a_gpu_are_refused_on_every_rank_in_one_line(shared, algo):
     group, comm, _stream = shared
     if not group.time_sliced_gpus:
         pytest.skip("every rank here runs its kernels at once (a GPU each, or MPS)")
     n, device = comm.size, group.backend.device
     array = torch.zeros(4 * n, dtype=torch.float32, device=f"cuda:{device}")
-    for call in (lambda: comm.all_to_all(torch.zeros_like(array), array),
-                 lambda: comm.all_to_all_v(torch.zeros_like(array), array, [4] * n, [4] * n)):
+    for call in (lambda: comm.all_to_all(torch.zeros_like(array), array, algo=algo),
+                 lambda: comm.all_to_all_v(torch.zeros_like(array), array, [4] * n, [4] * n,
+                                           algo=algo)):
         with pytest.raises(CollectiveError, match=r"ranks of this group take turns on a GPU "
                                                   r".*nvidia-cuda-mps-control -d"):
             call()
@@ -94,12 +104,16 @@ def _matrix(kind: str, count: int, n: int) -> np.ndarray:
         for r in range(n):
             m[r, (r + 1) % n] = count
         return m
+    if kind == "all-to-one":         # every rank sends all it has to the last rank
+        m = np.zeros((n, n), np.int64)
+        m[:, n - 1] = count
+        return m
     return split_matrix(kind, count, n)
 
 
 @pytest.mark.parametrize("dtype", sorted(_TORCH))
 @pytest.mark.parametrize("block", BLOCKS)
-def test_all_to_all_moves_every_block(setup, dtype, block):
+def test_all_to_all_moves_every_block(setup, algo, dtype, block):
     group, comm, _stream = setup
     n, me, device, item = comm.size, comm.rank, group.backend.device, _ITEMSIZE[dtype]
     inputs = [_bytes(block, r, n * block * item) for r in range(n)]
@@ -107,16 +121,16 @@ def test_all_to_all_moves_every_block(setup, dtype, block):
                            for q in range(n)])
     source = _tensor(inputs[me], dtype, device)
     out = torch.zeros_like(source)
-    assert comm.all_to_all(out, source) is out
+    assert comm.all_to_all(out, source, algo=algo) is out
     comm.synchronize()
     assert np.array_equal(_host_bytes(out), want)
     assert np.array_equal(_host_bytes(source), inputs[me])    # the input is left alone
-    comm.all_to_all(source, source)                            # in place
+    comm.all_to_all(source, source, algo=algo)                 # in place
     comm.synchronize()
     assert np.array_equal(_host_bytes(source), want)
 
 
-def test_arrays_from_empty_and_registered_ones_are_read_in_place(setup):
+def test_arrays_from_empty_and_registered_ones_are_read_in_place(setup, algo):
     group, comm, _stream = setup
     n, me, block = comm.size, comm.rank, 10_007
     inputs = [_bytes(7, r, n * block * 4) for r in range(n)]
@@ -132,7 +146,7 @@ def test_arrays_from_empty_and_registered_ones_are_read_in_place(setup):
                 data = [_bytes(100 + call, r, n * block * 4) for r in range(n)]
                 source.copy_(_tensor(data[me], "float32", group.backend.device))
                 before = comm.copies_in
-                comm.all_to_all(out, source)
+                comm.all_to_all(out, source, algo=algo)
                 comm.synchronize()
                 assert comm.copies_in == before    # peers read it where it lies
                 expect = np.concatenate([data[q][me * block * 4:(me + 1) * block * 4]
@@ -141,7 +155,7 @@ def test_arrays_from_empty_and_registered_ones_are_read_in_place(setup):
             # In place on memory peers read in place: staged first, and still right.
             source.copy_(_tensor(inputs[me], "float32", group.backend.device))
             before = comm.copies_in
-            comm.all_to_all(source, source)
+            comm.all_to_all(source, source, algo=algo)
             comm.synchronize()
             assert comm.copies_in == before + 1
             assert np.array_equal(_host_bytes(source), want)
@@ -149,10 +163,11 @@ def test_arrays_from_empty_and_registered_ones_are_read_in_place(setup):
         comm.unregister(registered)
 
 
-@pytest.mark.parametrize("kind", ["even", "random", "skewed", "all-but-one-zero"])
+@pytest.mark.parametrize("kind", ["even", "random", "skewed", "all-but-one-zero",
+                                  "all-to-one"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "uint8", "int64"])
 @pytest.mark.parametrize("count", [0, 5, 4099, 65_537])
-def test_all_to_all_v_with_host_splits(setup, kind, dtype, count):
+def test_all_to_all_v_with_host_splits(setup, algo, kind, dtype, count):
     group, comm, _stream = setup
     n, me, device, item = comm.size, comm.rank, group.backend.device, _ITEMSIZE[dtype]
     m = _matrix(kind, count, n)
@@ -162,7 +177,7 @@ def test_all_to_all_v_with_host_splits(setup, kind, dtype, count):
     source = _tensor(inputs[me], dtype, device)
     out = torch.full((capacity * item,), 0xA5, dtype=torch.uint8,
                      device=f"cuda:{device}").view(_TORCH[dtype])
-    comm.all_to_all_v(out, source, m[:, me].tolist(), m[me].tolist())
+    comm.all_to_all_v(out, source, m[:, me].tolist(), m[me].tolist(), algo=algo)
     comm.synchronize()
     got = _host_bytes(out)
     assert np.array_equal(got[:want.nbytes], want)
@@ -170,7 +185,7 @@ def test_all_to_all_v_with_host_splits(setup, kind, dtype, count):
 
 
 @pytest.mark.parametrize("splits_dtype", ["int32", "int64"])
-def test_device_splits_are_read_on_the_gpu_and_the_received_counts_filled(setup,
+def test_device_splits_are_read_on_the_gpu_and_the_received_counts_filled(setup, algo,
                                                                           splits_dtype):
     group, comm, _stream = setup
     n, me, device = comm.size, comm.rank, group.backend.device
@@ -181,19 +196,19 @@ def test_device_splits_are_read_on_the_gpu_and_the_received_counts_filled(setup,
     out = torch.zeros(int(m.sum(axis=0).max()), dtype=torch.float16, device=f"cuda:{device}")
     sends = torch.tensor(m[me], dtype=_TORCH[splits_dtype], device=f"cuda:{device}")
     received = torch.full((n,), -1, dtype=_TORCH[splits_dtype], device=f"cuda:{device}")
-    comm.all_to_all_v(out, source, received, sends)
+    comm.all_to_all_v(out, source, received, sends, algo=algo)
     comm.synchronize()
     assert received.cpu().tolist() == m[:, me].tolist()
     want = _expected(m, inputs, me, 2)
     assert np.array_equal(_host_bytes(out)[:want.nbytes], want)
     # Device sends with host receives (checked by the kernel), and the other way round.
-    comm.all_to_all_v(out, source, m[:, me].tolist(), sends)
-    comm.all_to_all_v(out, source, received, m[me].tolist())
+    comm.all_to_all_v(out, source, m[:, me].tolist(), sends, algo=algo)
+    comm.all_to_all_v(out, source, received, m[me].tolist(), algo=algo)
     comm.synchronize()
     assert np.array_equal(_host_bytes(out)[:want.nbytes], want)
 
 
-def test_graph_replays_take_new_data_and_new_device_splits(setup):
+def test_graph_replays_take_new_data_and_new_device_splits(setup, algo):
     group, comm, stream = setup
     n, me, device = comm.size, comm.rank, group.backend.device
     count, block = 20_000, 1_001
@@ -204,15 +219,15 @@ def test_graph_replays_take_new_data_and_new_device_splits(setup):
     even_in = torch.zeros(n * block, dtype=torch.int32, device=f"cuda:{device}")
     even_out = torch.zeros_like(even_in)
     # Bound once outside the capture (agreement and binding), then captured.
-    v = comm.bind("all_to_all_v", out, source, received, sends, stream=stream)
-    even = comm.bind("all_to_all", even_out, even_in, stream=stream)
+    v = comm.bind("all_to_all_v", out, source, received, sends, stream=stream, algo=algo)
+    even = comm.bind("all_to_all", even_out, even_in, stream=stream, algo=algo)
     stream.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
         v()
         even()
-    for replay in range(12):
-        kind = ("random", "skewed", "all-but-one-zero", "even")[replay % 4]
+    for replay in range(15):
+        kind = ("random", "skewed", "all-but-one-zero", "even", "all-to-one")[replay % 5]
         m = _matrix(kind, count - replay, n)
         inputs = [_bytes(500 + replay, r, count * 4) for r in range(n)]
         evens = [_bytes(900 + replay, r, n * block * 4) for r in range(n)]
@@ -230,7 +245,7 @@ def test_graph_replays_take_new_data_and_new_device_splits(setup):
         assert np.array_equal(_host_bytes(even_out), expect), replay
 
 
-def test_splits_that_do_not_match_stop_every_rank_alike_and_the_next_call_runs(setup):
+def test_splits_that_do_not_match_stop_every_rank_alike_and_the_next_call_runs(setup, algo):
     group, comm, _stream = setup
     n, me, device = comm.size, comm.rank, group.backend.device
     count = 4096
@@ -241,7 +256,7 @@ def test_splits_that_do_not_match_stop_every_rank_alike_and_the_next_call_runs(s
     expects = m[:, me].tolist()
     if me == 0:
         expects[n - 1] += 1
-    comm.all_to_all_v(out, source, expects, m[me].tolist())
+    comm.all_to_all_v(out, source, expects, m[me].tolist(), algo=algo)
     with pytest.raises(CollectiveError, match=rf"^all_to_all_v: rank 0's output_splits"
                                               rf"\[{n - 1}\] is not what rank {n - 1} sends"):
         comm.synchronize()
@@ -251,35 +266,42 @@ def test_splits_that_do_not_match_stop_every_rank_alike_and_the_next_call_runs(s
     if me == n - 1:
         sends[0] = -5
     received = torch.zeros(n, dtype=torch.int32, device=f"cuda:{device}")
-    comm.all_to_all_v(out, source, received, sends)
+    comm.all_to_all_v(out, source, received, sends, algo=algo)
     with pytest.raises(CollectiveError, match=rf"rank {n - 1}'s input_splits\[0\] is negative"):
         comm.synchronize()
     # Device sends past the input, and more than an output holds.
     sends = torch.tensor(m[me], dtype=torch.int32, device=f"cuda:{device}")
     if me == 0:
         sends[0] += count     # rank 0 sends more than it has
-    comm.all_to_all_v(out, source, received, sends)
+    comm.all_to_all_v(out, source, received, sends, algo=algo)
     with pytest.raises(CollectiveError, match=r"rank 0's input_splits add up to more "
                                               r"elements than its input holds"):
         comm.synchronize()
     # Every rank receives as much (even splits): an output one element short on all.
     small = torch.zeros(int(m[:, 0].sum()) - 1, dtype=torch.float32, device=f"cuda:{device}")
-    comm.all_to_all_v(small, source, received, torch.tensor(m[me], device=f"cuda:{device}"))
+    comm.all_to_all_v(small, source, received, torch.tensor(m[me], device=f"cuda:{device}"),
+                      algo=algo)
     with pytest.raises(CollectiveError, match=r"rank 0 would receive more elements than its "
                                               r"output holds"):
         comm.synchronize()
-    # Still in step: a right call after them.
-    comm.all_to_all_v(out, source, received, torch.tensor(m[me], device=f"cuda:{device}"))
+    # Still in step: a right call after them, by either algorithm.
+    comm.all_to_all_v(out, source, received, torch.tensor(m[me], device=f"cuda:{device}"),
+                      algo=algo)
+    comm.synchronize()
+    assert received.cpu().tolist() == m[:, me].tolist()
+    other = ALGOS[(ALGOS.index(algo) + 1) % len(ALGOS)]
+    comm.all_to_all_v(out, source, received, torch.tensor(m[me], device=f"cuda:{device}"),
+                      algo=other)
     comm.synchronize()
     assert received.cpu().tolist() == m[:, me].tolist()
 
 
-def test_misuse_is_refused_on_the_calling_rank(setup):
+def test_misuse_is_refused_on_the_calling_rank(setup, algo):
     group, comm, _stream = setup
     n, device = comm.size, group.backend.device
     array = torch.zeros(4 * n, dtype=torch.float32, device=f"cuda:{device}")
     with pytest.raises(CollectiveError, match="all_to_all_v in place .* is not run on GPUs"):
-        comm.all_to_all_v(array, array, [4] * n, [4] * n)
+        comm.all_to_all_v(array, array, [4] * n, [4] * n, algo=algo)
     with pytest.raises(CollectiveError, match=r"input_splits is a float32 array"):
         comm.all_to_all_v(torch.zeros_like(array), array, [4] * n, array[:n])
     with pytest.raises(CollectiveError, match=r"output_splits is an int32 array .* shape "
@@ -291,3 +313,81 @@ def test_misuse_is_refused_on_the_calling_rank(setup):
         with pytest.raises(CollectiveError, match="not a multiple of"):
             comm.all_to_all(torch.zeros(4 * n + 1, device=f"cuda:{device}"),
                             torch.zeros(4 * n + 1, device=f"cuda:{device}"))
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "bfloat16", "float32", "int64"])
+@pytest.mark.parametrize("kind", ["even", "random", "skewed", "all-to-one"])
+def test_arrays_off_a_16_byte_boundary_move_exactly(setup, algo, dtype, kind):
+    """Inputs and outputs that start at odd element offsets of larger tensors, so neither
+    they nor the segments in them share a 16-byte alignment: every byte arrives, nothing
+    around the output is written (all-to-all, in place too, and all-to-all-v)."""
+    group, comm, _stream = setup
+    n, me, device, item = comm.size, comm.rank, group.backend.device, _ITEMSIZE[dtype]
+    count = 3 * 4099 + n           # elements of each rank's input
+    m = _matrix(kind, count, n)
+    inputs = [_bytes(71, r, count * item) for r in range(n)]
+    want = _expected(m, inputs, me, item)
+    received = int(m[:, me].sum())
+    for lead in (1, 3):            # elements before the arrays in their tensors
+        # Slices of uint8 tensors, viewed as dtype: offsets of lead elements.
+        held = torch.zeros((count + lead + 5) * item, dtype=torch.uint8,
+                           device=f"cuda:{device}")
+        held[lead * item:(lead + count) * item] = torch.from_numpy(inputs[me].copy()).to(
+            held.device)
+        source = held[lead * item:(lead + count) * item].view(_TORCH[dtype])
+        width = int(m.sum(axis=0).max())
+        space = torch.full(((width + 2 * lead + 3) * item,), 0xA5, dtype=torch.uint8,
+                           device=f"cuda:{device}")
+        out = space[(lead + 1) * item:(lead + 1 + width) * item].view(_TORCH[dtype])
+        if kind == "even":
+            block = count // n
+            even_source = source[:block * n]
+            even_out = out[:block * n]
+            comm.all_to_all(even_out, even_source, algo=algo)
+            comm.synchronize()
+            expect = np.concatenate([inputs[q][me * block * item:(me + 1) * block * item]
+                                     for q in range(n)])
+            got = _host_bytes(space)
+            start = (lead + 1) * item
+            assert np.array_equal(got[start:start + expect.nbytes], expect), lead
+            assert np.all(got[:start] == 0xA5) and np.all(got[start + expect.nbytes:] == 0xA5)
+            comm.all_to_all(even_source, even_source, algo=algo)     # in place
+            comm.synchronize()
+            assert np.array_equal(_host_bytes(even_source), expect), lead
+            continue
+        comm.all_to_all_v(out, source, m[:, me].tolist(), m[me].tolist(), algo=algo)
+        comm.synchronize()
+        got = _host_bytes(space)
+        start = (lead + 1) * item
+        assert np.array_equal(got[start:start + received * item], want), lead
+        assert np.all(got[:start] == 0xA5)
+        assert np.all(got[start + received * item:] == 0xA5)   # nothing past the received
+
+
+@pytest.mark.parametrize("splits", ["even", "random", "skewed"])
+def test_each_bench_row_reports_its_busiest_link_bound_and_blocks(setup, algo, splits):
+    """The alltoall case's rows on GPUs (what `ipcshare alltoall` and the bench print):
+    the busiest link's bytes, the fraction of their time at the link's speed the row
+    reached (present, above 0, at most 1), and the blocks its call launched."""
+    from ipcshare.patterns import make_pattern
+    from ipcshare.patterns.alltoall import busiest_link_bytes
+    from ipcshare.patterns.driver import run_pattern
+    from ipcshare.runtime.config import merge_options
+
+    group, comm, _stream = setup
+    pattern = make_pattern("alltoall", algo, splits=splits, datatype="float32")
+    options = merge_options({"backend": "cuda-vmm", "algo": algo, "iters": 3, "warmup": 1,
+                             "checks": 1, "min_bytes": 4096, "max_bytes": 4 << 20,
+                             "step_factor": 32})
+    try:
+        result = run_pattern(group, pattern, options, emit=lambda _line: None)
+    finally:
+        pattern.close()
+    assert result.wrong_total == 0
+    n = comm.size
+    for row in result.rows:
+        m = pattern.split_matrix(pattern.plan(row.size, n, 4), n)
+        assert row.facts["busiest_link_bytes"] == busiest_link_bytes(m, 4)
+        assert row.facts["blocks"] >= 1
+        if n > 1:
+            assert 0 < row.facts["bound_fraction"] <= 1, row.facts

@@ -11,7 +11,7 @@ import pytest
 
 import ipcshare
 from ipcshare.patterns import make_pattern
-from ipcshare.patterns.alltoall import AllToAll
+from ipcshare.patterns.alltoall import AllToAll, busiest_link_bytes
 from ipcshare.patterns.baselines import mpi_baseline
 from ipcshare.patterns.driver import run_pattern
 from ipcshare.runtime.config import merge_options
@@ -57,6 +57,12 @@ def test_every_split_verifies_with_its_mpi_baseline(comm, splits, datatype):
             assert measured.algbw == pytest.approx(row.size / (measured.time_us * 1e-6) / 1e9,
                                                    rel=1e-6)
             assert measured.busbw == pytest.approx(measured.algbw * factor, rel=1e-9)
+        # Each row says its busiest link's bytes; on host memory no GPU link bounds it,
+        # so no fraction of a bound and no blocks.
+        m = pattern.split_matrix(pattern.plan(row.size, n, element), n)
+        assert row.facts == {"busiest_link_bytes": busiest_link_bytes(m, element)}
+        assert result.to_dict()["rows"][result.rows.index(row)]["busiest_link_bytes"] == (
+            row.facts["busiest_link_bytes"])
     # The baseline: every size and mode timed, and MPI's bytes are the expected ones.
     assert result.baseline is not None and result.baseline.name == "mpi"
     assert [row.size for row in result.baseline.rows] == [row.size for row in result.rows]

@@ -4,7 +4,9 @@ every peer, then reads slice b of each segment addressed to it. The kernel's cor
 rests on one property, that both ends cut a segment into the same slices from its length
 alone, so a block's barrier covers exactly what it reads. Here the blocks run in a shuffled
 order with everything unstaged poisoned: a read of a byte another block (or no block)
-staged shows as poison in the output. block_slice mirrors call.cuh's."""
+staged shows as poison in the output. block_slice mirrors call.cuh's. The balanced
+kernel's plan, which cuts by bytes, is replayed from its own header's code in
+test_all_to_all_balanced_plan.py."""
 
 from __future__ import annotations
 

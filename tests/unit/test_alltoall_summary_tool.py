@@ -25,7 +25,8 @@ LABELS = {"nccl": "NCCL called directly (nccl4py)", "torch": "NCCL through torch
 
 
 def _document(baseline: str, splits: str, ours: dict[int, float], theirs: dict[int, float],
-              *, timing: str = "eager", n: int = 2, wrong_at: int | None = None) -> str:
+              *, timing: str = "eager", n: int = 2, wrong_at: int | None = None,
+              algo: str = "auto") -> str:
     """One line of results.jsonl as gpu-check's alltoall phase appends it."""
     def row(size, time_us, wrong=0, path=None):
         return Row(size, size // 4, {"out-of-place": Measurement(
@@ -37,7 +38,7 @@ def _document(baseline: str, splits: str, ours: dict[int, float], theirs: dict[i
     result = RunResult(version="0.1.0", op="alltoall", backend="cuda-vmm", exchange="pidfd",
                        world_size=n, nodes=1, timing=timing, devices=[], rows=rows,
                        baseline=BaselineResult(baseline, f"{baseline} 1.0", their_rows,
-                                               LABELS[baseline]), splits=splits)
+                                               LABELS[baseline]), splits=splits, algo=algo)
     document = result.to_dict()
     document["alltoall_case"] = f"{splits} {baseline}"
     return json.dumps(document)
@@ -50,6 +51,7 @@ def results(tmp_path) -> Path:
         _document("nccl", "even", {1024: 11.0, 1 << 20: 22.0}, {1024: 22.0, 1 << 20: 44.0}),
         _document("nccl", "random", {1024: 12.0}, {1024: 24.0}, wrong_at=1024),
         _document("nccl", "even", {1024: 5.0}, {1024: 7.5}, timing="graph"),
+        _document("nccl", "skewed", {1024: 4.0}, {1024: 8.0}, algo="balanced"),
         json.dumps({"op": "allgather", "collective_case": "allgather-auto"}),
     ]
     path = tmp_path / "results.jsonl"
@@ -61,7 +63,8 @@ def test_each_table_has_ours_and_every_baseline_with_its_own_launchs_speedup(res
     tables = alltoall_summary.load([results])
     assert sorted(key.title() for key in tables) == [
         "all-to-all, 2 ranks, even splits, eager", "all-to-all, 2 ranks, even splits, graph",
-        "all-to-all, 2 ranks, random splits, eager"]
+        "all-to-all, 2 ranks, random splits, eager",
+        "all-to-all, 2 ranks, skewed splits, eager, --algo balanced"]
     text = alltoall_summary.page(tables, [])
     even = text.split("### all-to-all, 2 ranks, even splits, eager")[1].split("###")[0]
     # Ours from NCCL's launch; each speedup against ours of its own launch.
@@ -72,6 +75,9 @@ def test_each_table_has_ours_and_every_baseline_with_its_own_launchs_speedup(res
     assert "- torch: NCCL through torch.distributed, torch 1.0" in even
     random = text.split("### all-to-all, 2 ranks, random splits, eager")[1]
     assert "| 1 KiB | 12.0 / 0.0 | wrong (3) | — |" in random
+    # Each algorithm of ours its own table (gpu-check's ALLTOALL_ALGOS).
+    balanced = text.split("### all-to-all, 2 ranks, skewed splits, eager, --algo balanced")[1]
+    assert "| 1 KiB | 4.0 / 0.1 | 8.0 / 0.1 plain | 2.00 |" in balanced
 
 
 def test_nccl_tests_tables_follow_and_the_command_writes_the_page(results, tmp_path, capsys):

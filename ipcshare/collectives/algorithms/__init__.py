@@ -37,8 +37,10 @@ _REGISTRY: dict[tuple[str, str], dict[str, str]] = {
                                  "ll": "gpu_low_latency:GpuLowLatencyReduceScatter",
                                  "stepped": "gpu_stepped:GpuSteppedReduceScatter",
                                  "push": "gpu_push:GpuPushReduceScatter"},
-    ("cuda", "all_to_all"): {"pull": "gpu_all_to_all:GpuPullAllToAll"},
-    ("cuda", "all_to_all_v"): {"pull": "gpu_all_to_all:GpuPullAllToAllV"},
+    ("cuda", "all_to_all"): {"pull": "gpu_all_to_all:GpuPullAllToAll",
+                             "balanced": "gpu_all_to_all_balanced:GpuBalancedAllToAll"},
+    ("cuda", "all_to_all_v"): {"pull": "gpu_all_to_all:GpuPullAllToAllV",
+                               "balanced": "gpu_all_to_all_balanced:GpuBalancedAllToAllV"},
 }
 _INSTANCES: dict[tuple[str, str, str], Algorithm] = {}
 

@@ -1,12 +1,11 @@
 // The collectives of ipcshare.collectives on GPU memory: all-gather (pull, ll), all-reduce
 // (one-shot, two-shot, push, ll, copy-engine, stepped), reduce-scatter (one-shot, push,
-// ll, stepped), all-to-all and all-to-all-v (pull) over a communicator's window. Each
-// algorithm's kernels are one file of kernels/src/collectives/, beside its Python half in
-// collectives/algorithms/: args.cuh
-// (the arguments and pad words), reduce.cuh (element types, reductions), call.cuh (the
-// call protocol every algorithm shares), then one_shot, two_shot, stepped, copy_engine,
-// push, low_latency and all_to_all. This file puts them in one module and defines the
-// entry points.
+// ll, stepped), all-to-all and all-to-all-v (pull, balanced) over a communicator's
+// window. Each algorithm's kernels are one file of kernels/src/collectives/, beside its
+// Python half in collectives/algorithms/: args.cuh (the arguments and pad words),
+// reduce.cuh (element types, reductions), call.cuh (the call protocol every algorithm
+// shares), then one_shot, two_shot, stepped, copy_engine, push, low_latency, all_to_all
+// and all_to_all_balanced. This file puts them in one module and defines the entry points.
 // What follows describes the one-barrier kernels; push.cuh and low_latency.cuh describe
 // their own.
 //
@@ -37,6 +36,7 @@
 #include "collectives/push.cuh"
 #include "collectives/low_latency.cuh"
 #include "collectives/all_to_all.cuh"
+#include "collectives/all_to_all_balanced.cuh"
 
 // ---------------------------------------------------------------------------------------
 // Entry points: <collective>_<dtype>_<op>, e.g. all_reduce_one_shot_bfloat16_sum.
@@ -85,3 +85,11 @@ extern "C" __global__ void stage_and_publish_int32(CollectiveArgs a) { stage_and
 extern "C" __global__ void all_gather_ll_bytes(CollectiveArgs a) { all_gather_ll(a); }
 extern "C" __global__ void all_to_all_pull_bytes(CollectiveArgs a) { all_to_all_pull<false>(a); }
 extern "C" __global__ void all_to_all_v_pull_bytes(CollectiveArgs a) { all_to_all_pull<true>(a); }
+// 512 threads a block (gpu_kernel.py's THREADS): the bound keeps the copies' unrolled
+// loads within the registers a block of that size may have.
+extern "C" __global__ void __launch_bounds__(512, 1) all_to_all_balanced_bytes(CollectiveArgs a) {
+  all_to_all_balanced<false>(a);
+}
+extern "C" __global__ void __launch_bounds__(512, 1) all_to_all_v_balanced_bytes(CollectiveArgs a) {
+  all_to_all_balanced<true>(a);
+}

@@ -119,16 +119,13 @@ __device__ __forceinline__ bool read_split_rows(const CollectiveArgs& a, const C
   return verdict != 0;
 }
 
-// kVariable: all-to-all-v (count: the input's elements, itemsize: their size); else
-// all-to-all (count: the input's bytes, n equal segments).
+// This rank's sends into `sends` (elements per destination; all-to-all: count / n bytes
+// each) and, where not null, where each segment starts in the input into `send_at`.
+// Returns whether they are at least 0 and fit the input: the same on every thread.
 template <bool kVariable>
-__device__ __forceinline__ void all_to_all_pull(const CollectiveArgs& a) {
+__device__ __forceinline__ bool read_own_sends(const CollectiveArgs& a, long long* sends,
+                                               long long* send_at) {
   const int n = a.nranks;
-  const unsigned long long itemsize = kVariable ? (unsigned long long)a.itemsize : 1ull;
-  Call call;
-  begin_call(a, call);
-  // This rank's sends, and where each segment starts in its input (elements).
-  __shared__ long long sends[kMaxRanks], send_at[kMaxRanks];
   __shared__ int own_ok;
   if (threadIdx.x < n)
     sends[threadIdx.x] = kVariable ? own_send_split(a, threadIdx.x)
@@ -139,12 +136,57 @@ __device__ __forceinline__ void all_to_all_pull(const CollectiveArgs& a) {
     own_ok = 1;
     for (int r = 0; r < n; ++r) {
       if (sends[r] < 0 || (kVariable && (unsigned long long)sends[r] > a.count)) own_ok = 0;
-      send_at[r] = at;
+      if (send_at != nullptr) send_at[r] = at;
       at += sends[r] > 0 ? sends[r] : 0;
     }
     if (kVariable && (unsigned long long)at > a.count) own_ok = 0;
   }
   __syncthreads();
+  return own_ok != 0;
+}
+
+// Block 0 fills the receive_splits device array, where given, with the counts each rank
+// sends this one (checked rows).
+__device__ __forceinline__ void fill_receive_splits(const CollectiveArgs& a,
+                                                    const SplitRow* rows) {
+  if (blockIdx.x != 0 || a.receive_splits == nullptr || threadIdx.x >= a.nranks) return;
+  const long long got = rows[threadIdx.x][a.rank];
+  if (a.receive_splits_itemsize == 4)
+    reinterpret_cast<int*>(a.receive_splits)[threadIdx.x] = (int)got;
+  else
+    reinterpret_cast<long long*>(a.receive_splits)[threadIdx.x] = got;
+}
+
+// After the meeting: every rank's row into `rows` (all-to-all: every count sends[0]),
+// checked, and block 0 fills receive_splits. Returns whether the block may move bytes
+// (the call did not fail and the rows pass): the same on every thread of every block.
+template <bool kVariable>
+__device__ __forceinline__ bool read_rows(const CollectiveArgs& a, const Call& call,
+                                          SplitRow* rows, const long long* sends) {
+  const int n = a.nranks;
+  bool ok = true;
+  if (kVariable) {
+    ok = read_split_rows(a, call, rows);
+  } else {
+    for (int i = threadIdx.x; i < n * n; i += blockDim.x) rows[i / n][i % n] = sends[0];
+    __syncthreads();
+  }
+  if (call.failed || !ok) return false;
+  if (kVariable) fill_receive_splits(a, rows);
+  return true;
+}
+
+// kVariable: all-to-all-v (count: the input's elements, itemsize: their size); else
+// all-to-all (count: the input's bytes, n equal segments).
+template <bool kVariable>
+__device__ __forceinline__ void all_to_all_pull(const CollectiveArgs& a) {
+  const int n = a.nranks;
+  const unsigned long long itemsize = kVariable ? (unsigned long long)a.itemsize : 1ull;
+  Call call;
+  begin_call(a, call);
+  // This rank's sends, and where each segment starts in its input (elements).
+  __shared__ long long sends[kMaxRanks], send_at[kMaxRanks];
+  const bool own_ok = read_own_sends<kVariable>(a, sends, send_at);
   const unsigned long long input_bytes = a.count * itemsize;
   if (kVariable) publish_split_row(a, call.parity, sends);
   if (own_ok) {  // a bad row stages nothing: the checks after the barrier stop every rank
@@ -157,21 +199,7 @@ __device__ __forceinline__ void all_to_all_pull(const CollectiveArgs& a) {
   meet(a, call);
   // rows[q][r]: the elements rank q sends rank r.
   __shared__ SplitRow rows[kMaxRanks];
-  bool ok = true;
-  if (kVariable) {
-    ok = read_split_rows(a, call, rows);
-  } else {
-    for (int i = threadIdx.x; i < n * n; i += blockDim.x) rows[i / n][i % n] = sends[0];
-    __syncthreads();
-  }
-  if (!call.failed && ok) {
-    if (kVariable && blockIdx.x == 0 && a.receive_splits != nullptr && threadIdx.x < n) {
-      const long long got = rows[threadIdx.x][a.rank];
-      if (a.receive_splits_itemsize == 4)
-        reinterpret_cast<int*>(a.receive_splits)[threadIdx.x] = (int)got;
-      else
-        reinterpret_cast<long long*>(a.receive_splits)[threadIdx.x] = got;
-    }
+  if (read_rows<kVariable>(a, call, rows, sends)) {
     // Segments land packed in rank order; rank q's for us starts after what rank q
     // sends lower ranks.
     for (int step = 0; step < n; ++step) {

@@ -1,0 +1,45 @@
+"""What each all-to-all row says of its bound (patterns/alltoall.py): the busiest link's
+bytes (the most any rank sends to or receives from others), and on GPUs the time those
+bytes take at LINK_BOUND_GBPS, the fraction of that bound the row reached and the thread
+blocks of its call."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ipcshare.patterns.alltoall import LINK_BOUND_GBPS, AllToAll, busiest_link_bytes
+from ipcshare.patterns.results import Measurement, Row
+
+
+def test_the_busiest_link_is_the_most_any_rank_sends_or_receives_remotely():
+    m = np.array([[5, 1, 2], [0, 9, 30], [4, 0, 7]], np.int64)
+    # sends off the diagonal: 3, 30, 4; receives: 4, 1, 32
+    assert busiest_link_bytes(m, 2) == 64
+    assert busiest_link_bytes(np.array([[7]]), 4) == 0          # one rank: no link
+    even = np.full((4, 4), 10, np.int64)
+    assert busiest_link_bytes(even, 4) == 3 * 10 * 4             # (n - 1) / n of a size
+
+
+@pytest.mark.parametrize("splits", ["even", "random", "skewed"])
+def test_gpu_rows_carry_the_bound_its_fraction_and_the_blocks(splits):
+    case = AllToAll(splits=splits, datatype="float32")
+    plan = case.plan(1 << 20, 4, 4)
+    link = busiest_link_bytes(case.split_matrix(plan, 4), 4)
+    measured = Measurement(time_us=40.0, algbw=1.0, busbw=1.0, wrong=0)
+    row = Row(plan.size, plan.count, {"out-of-place": measured})
+    assert case.row_facts(plan, 4, row) == {"busiest_link_bytes": link}   # host: no blocks
+    assert case.fact_lines(case.row_facts(plan, 4, row)) == []
+    case._blocks[plan.size] = 64     # what bind records from a GPU call's launch
+    facts = case.row_facts(plan, 4, row)
+    bound_us = link / (LINK_BOUND_GBPS * 1e3)
+    assert facts["busiest_link_bytes"] == link and facts["blocks"] == 64
+    assert facts["bound_us"] == pytest.approx(bound_us, abs=1e-3)
+    assert facts["bound_fraction"] == pytest.approx(bound_us / 40.0, abs=1e-4)
+    row.facts = facts
+    assert row.to_dict()["bound_fraction"] == facts["bound_fraction"]
+    (line,) = case.fact_lines(facts)
+    assert f"busiest link {link} B" in line and "64 blocks" in line
+    # A row that was wrong has no time to hold to the bound.
+    wrong = Row(plan.size, plan.count, {"out-of-place": Measurement(40.0, 1.0, 1.0, 3)})
+    assert "bound_fraction" not in case.row_facts(plan, 4, wrong)
