@@ -47,11 +47,11 @@ def run_p2p_command(args: argparse.Namespace) -> int:
         IpcShareError: no GPUs, started under a launcher, bad sizes, an unwritable
             --json, or a driver failure; main() prints it as one line.
     """
-    from ..doctor.report import check_writable
     from ..p2p.ipc_half import default_mpiexec
     from ..p2p.runner import P2pOptions, run_p2p
     from ..runtime.config import PatternOptions, parse_size
     from ..runtime.errors import BackendUnavailable, ConfigError
+    from ..runtime.output_files import check_writable
     from ..topology.world import launcher_world_size
     from .exit_codes import EXIT_ERROR, EXIT_MEASUREMENT, EXIT_OK, EXIT_WRONG
     from .option_origins import OptionOrigins

@@ -10,6 +10,7 @@ from ..backends import check_handle
 from ..liveness.consensus import collective_step
 from ..runtime.config import PatternOptions, format_size, merge_options
 from ..runtime.errors import ConfigError, OptionError, WindowTooLarge
+from ..runtime.output_files import check_writable
 from ..topology.world import World, describe_disagreement
 from .option_origins import OptionOrigins
 from .pattern_plot import check_plot, write_run_plot
@@ -98,7 +99,6 @@ def check_same_run(facts: list[list[tuple[str, object, str]]]) -> None:
 
 
 def run_pattern_command(args: argparse.Namespace) -> int:
-    from ..doctor.report import check_writable
     from ..liveness.exit_policy import peer_exit_grace
     from ..patterns import make_pattern
     from ..patterns.baselines import make_baseline
