@@ -956,7 +956,7 @@ if [[ $G -ge 2 ]] && wants alltoall; then
   # torch-symm where this torch has all_to_all_vdev and NVSHMEM (the baseline's own check;
   # its reason in the log otherwise, not a failure).
   if symm_missing=$("$PY" -c 'import torch
-from ipcshare.patterns.baseline_torch_symm_alltoall import all_to_all_vdev_module
+from ipcshare.baselines.torch_symm_alltoall import all_to_all_vdev_module
 all_to_all_vdev_module(torch)' 2>&1); then
     symm_missing=""
   else

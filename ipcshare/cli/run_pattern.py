@@ -99,9 +99,9 @@ def check_same_run(facts: list[list[tuple[str, object, str]]]) -> None:
 
 
 def run_pattern_command(args: argparse.Namespace) -> int:
+    from ..baselines import make_baseline
     from ..liveness.exit_policy import peer_exit_grace
     from ..patterns import make_pattern
-    from ..patterns.baselines import make_baseline
     from ..patterns.driver import run_pattern
     from ..window import Group
     from .exit_codes import EXIT_MEASUREMENT, EXIT_OK, EXIT_SLOW, EXIT_WRONG
