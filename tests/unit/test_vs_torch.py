@@ -1,66 +1,66 @@
-"""tools/torch_user_table.py without a GPU: its size plans, busbw, the values every call
-must leave, the second-clock and ceiling checks, the ratios that a wrong or failed row
-never gets, the table, the max over ranks, and its start where torch is missing."""
+"""``ipcshare vs-torch`` without a GPU: its size plans, busbw, the values every call must
+leave, the second-clock and ceiling checks, the ratios that a wrong or failed row never
+gets, the table, the progress, the max over ranks, its options and exit statuses, and
+its refusal where torch is missing."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import subprocess
 import sys
-from pathlib import Path
+import types
 
 import numpy as np
 import pytest
 
+from ipcshare.cli import vs_torch as command
+from ipcshare.cli.main import build_parser
+from ipcshare.runtime.errors import ConfigError, OptionError
 from ipcshare.topology.link_speed import Ceiling
-
-_PATH = Path(__file__).resolve().parents[2] / "tools" / "torch_user_table.py"
-_spec = importlib.util.spec_from_file_location("torch_user_table", _PATH)
-tool = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = tool  # its dataclasses look their module up there
-_spec.loader.exec_module(tool)
+from ipcshare.vs_torch import clock, expected, table
+from ipcshare.vs_torch import plan as sizes
+from ipcshare.vs_torch import rows as judging
+from ipcshare.vs_torch.plan import OPS, Options
 
 
 # -- sizes and bandwidth ------------------------------------------------------------------
 def test_size_plans_count_as_nccl_tests_does():
-    plan = tool.size_plan("all_reduce", 8 << 10, 4, 2)
+    plan = sizes.size_plan("all_reduce", 8 << 10, 4, 2)
     assert (plan.size, plan.in_count, plan.out_count) == (8192, 4096, 4096)
-    gather = tool.size_plan("all_gather", 8 << 10, 3, 2)     # the gathered output
+    gather = sizes.size_plan("all_gather", 8 << 10, 3, 2)     # the gathered output
     assert (gather.size, gather.in_count, gather.out_count, gather.block) == (
         8190, 1365, 4095, 1365)
-    scatter = tool.size_plan("reduce_scatter", 8 << 10, 3, 2)  # each rank's input
+    scatter = sizes.size_plan("reduce_scatter", 8 << 10, 3, 2)  # each rank's input
     assert (scatter.in_count, scatter.out_count) == (4095, 1365)
-    swap = tool.size_plan("all_to_all", 1 << 20, 4, 4)
+    swap = sizes.size_plan("all_to_all", 1 << 20, 4, 4)
     assert (swap.size, swap.in_count, swap.out_count, swap.block) == (
         1 << 20, 1 << 18, 1 << 18, 1 << 16)
-    assert tool.size_plan("all_gather", 8, 8, 2) is None       # not one element a rank
+    assert sizes.size_plan("all_gather", 8, 8, 2) is None       # not one element a rank
     with pytest.raises(ValueError):
-        tool.size_plan("broadcast", 8, 2, 2)
+        sizes.size_plan("broadcast", 8, 2, 2)
 
 
 def test_sweep_and_communicator_size():
-    assert tool.sweep(8 << 10, 256 << 20, 4)[-1] == 128 << 20
-    assert tool.sweep(8 << 10, 256 << 20, 2)[-1] == 256 << 20
-    assert tool.sweep(4, 1 << 20, 1) == [4]
-    plans = [tool.size_plan(op, 1000, 3, 2) for op in tool.OPS]
-    assert tool.communicator_bytes(plans) == 64 << 10
-    assert tool.communicator_bytes([tool.size_plan("all_gather", 256 << 20, 4, 2)]) == (
+    assert sizes.sweep(8 << 10, 256 << 20, 4)[-1] == 128 << 20
+    assert sizes.sweep(8 << 10, 256 << 20, 2)[-1] == 256 << 20
+    assert sizes.sweep(4, 1 << 20, 1) == [4]
+    plans = [sizes.size_plan(op, 1000, 3, 2) for op in OPS]
+    assert sizes.communicator_bytes(plans) == 64 << 10
+    assert sizes.communicator_bytes([sizes.size_plan("all_gather", 256 << 20, 4, 2)]) == (
         256 << 20)
 
 
 def test_busbw_factors():
     gb, second = 10**9, 1.0
-    assert tool.busbw("all_reduce", gb, second, 4) == pytest.approx(1.5)
+    assert sizes.busbw("all_reduce", gb, second, 4) == pytest.approx(1.5)
     for op in ("all_gather", "reduce_scatter", "all_to_all"):
-        assert tool.busbw(op, gb, second, 4) == pytest.approx(0.75)
-    assert tool.busbw("all_reduce", gb, second, 1) == pytest.approx(1.0)
+        assert sizes.busbw(op, gb, second, 4) == pytest.approx(0.75)
+    assert sizes.busbw("all_reduce", gb, second, 1) == pytest.approx(1.0)
 
 
 # -- the values every call must leave -------------------------------------------------------
 def _reference(plan, world):
     """Each rank's output after one call, by numpy from every rank's input."""
-    inputs = [tool.materialize(tool.input_segments(plan, r, world)) for r in range(world)]
+    inputs = [expected.materialize(expected.input_segments(plan, r, world)) for r in range(world)]
     b = plan.block
     if plan.op == "all_reduce":
         return [np.sum(inputs, axis=0)] * world
@@ -74,63 +74,63 @@ def _reference(plan, world):
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 5, 8])
-@pytest.mark.parametrize("op", tool.OPS)
+@pytest.mark.parametrize("op", OPS)
 def test_expected_values_are_what_the_collective_leaves(op, world):
     for nbytes in (2 * world, 1002, 4 * 251 * world + 6):
-        plan = tool.size_plan(op, nbytes, world, 2)
+        plan = sizes.size_plan(op, nbytes, world, 2)
         for rank, want in enumerate(_reference(plan, world)):
-            got = tool.materialize(tool.expected_segments(plan, rank, world))
+            got = expected.materialize(expected.expected_segments(plan, rank, world))
             assert got.shape == (plan.out_count,)
             np.testing.assert_array_equal(got, want)
 
 
 def test_blocks_in_the_wrong_place_hold_other_values():
-    plan = tool.size_plan("all_to_all", 2 * 4 * 300, 4, 2)
-    blocks = tool.materialize(tool.expected_segments(plan, 1, 4)).reshape(4, -1)
-    swapped = tool.materialize(tool.expected_segments(plan, 2, 4)).reshape(4, -1)
+    plan = sizes.size_plan("all_to_all", 2 * 4 * 300, 4, 2)
+    blocks = expected.materialize(expected.expected_segments(plan, 1, 4)).reshape(4, -1)
+    swapped = expected.materialize(expected.expected_segments(plan, 2, 4)).reshape(4, -1)
     assert all(not np.array_equal(blocks[q], swapped[q]) for q in range(4))
-    gathered = tool.materialize(tool.expected_segments(
-        tool.size_plan("all_gather", 2 * 4 * 300, 4, 2), 0, 4)).reshape(4, -1)
+    gathered = expected.materialize(expected.expected_segments(
+        sizes.size_plan("all_gather", 2 * 4 * 300, 4, 2), 0, 4)).reshape(4, -1)
     assert len({row.tobytes() for row in gathered}) == 4
 
 
 @pytest.mark.parametrize("op", ["all_reduce", "reduce_scatter"])
 def test_every_partial_sum_is_an_integer_exact_in_bfloat16(op):
-    world = tool.MAX_RANKS
-    tables = np.array([tool.rank_table(op, r, world) for r in range(world)])
+    world = expected.MAX_RANKS
+    tables = np.array([expected.rank_table(op, r, world) for r in range(world)])
     partials = np.cumsum(tables, axis=0)  # any order: bounded by the sum of magnitudes
     assert np.abs(tables).sum(axis=0).max() <= 256
     assert np.abs(partials).max() <= 256
     if op == "all_reduce":
-        sums = tool.sum_table(op, world)
+        sums = expected.sum_table(op, world)
         assert set(np.abs(sums)) <= {0, 1, 2, 4}
         np.testing.assert_array_equal(tables.sum(axis=0), sums)
 
 
 def test_a_graph_of_in_place_all_reduces_compounds():
-    plan = tool.size_plan("all_reduce", 600, 4, 2)
-    segments, tolerance = tool.graph_expected(plan, 0, 4, 20, "bfloat16")
+    plan = sizes.size_plan("all_reduce", 600, 4, 2)
+    segments, tolerance = expected.graph_expected(plan, 0, 4, 20, "bfloat16")
     assert tolerance == 0  # a power-of-two world stays exact
-    np.testing.assert_array_equal(tool.materialize(segments),
-                                  tool.materialize(tool.expected_segments(plan, 0, 4))
+    np.testing.assert_array_equal(expected.materialize(segments),
+                                  expected.materialize(expected.expected_segments(plan, 0, 4))
                                   * 4.0**19)
-    wide, _ = tool.graph_expected(plan, 0, 4, 20, "float16")
-    values = tool.materialize(wide)
+    wide, _ = expected.graph_expected(plan, 0, 4, 20, "float16")
+    values = expected.materialize(wide)
     assert np.isinf(values[values != 0]).all()  # past float16's range: infinity, signed
     assert np.signbit(values[values != 0]).sum() > 0
-    _, odd = tool.graph_expected(tool.size_plan("all_reduce", 600, 3, 2), 0, 3, 20,
+    _, odd = expected.graph_expected(sizes.size_plan("all_reduce", 600, 3, 2), 0, 3, 20,
                                  "bfloat16")
     assert 0 < odd < 1
-    assert tool.graph_expected(tool.size_plan("all_gather", 600, 4, 2), 0, 4, 20,
+    assert expected.graph_expected(sizes.size_plan("all_gather", 600, 4, 2), 0, 4, 20,
                                "bfloat16") == (None, 0.0)
-    assert tool.graph_expected(plan, 0, 4, 1, "bfloat16") == (None, 0.0)
+    assert expected.graph_expected(plan, 0, 4, 1, "bfloat16") == (None, 0.0)
 
 
 # -- checks, ratios, table ------------------------------------------------------------------
 def _row(op="all_reduce", size=1 << 20, ours=(25.0, 15.0), theirs=(20.5, 40.0),
          wrong=0, their_wrong=0):
-    plan = tool.size_plan(op, size, 4, 2)
-    row = tool.new_row(plan)
+    plan = sizes.size_plan(op, size, 4, 2)
+    row = judging.new_row(plan)
     row["ours"].update(graph_us=ours[0], eager_us=ours[1], host_bound_us=1.5,
                        host_plain_us=6.0, wrong=wrong, wrong_by_call={"call": wrong})
     row["torch"].update(graph_us=theirs[0], eager_us=theirs[1], host_us=30.0,
@@ -147,62 +147,62 @@ CEILING = Ceiling(450.0, "NVLink 4: 18 links x 25 GB/s per direction (NVML)")
 
 
 def test_a_row_that_passes_gets_ratios_and_busbw():
-    row = tool.judge_row(_row(), world=4, ceiling=CEILING)
+    row = judging.judge_row(_row(), world=4, ceiling=CEILING)
     assert row["ok"] and row["errors"] == []
     assert row["ratios"]["graph"] == pytest.approx(25.0 / 20.5, abs=1e-4)
     assert row["ratios"]["eager"] == pytest.approx(15.0 / 40.0, abs=1e-4)
     assert row["ours"]["graph_busbw"] == pytest.approx((1 << 20) / 25e-6 / 1e9 * 1.5,
                                                        rel=1e-3)
-    text = tool.render_markdown(_results(row))
+    text = table.render_markdown(_results(row))
     assert "| 1M | 25.00 | 20.50 | 1.22x | 15.00 | 40.00 | 0.38x |" in text
     assert "| all_reduce | 1M | 1.50 | 6.00 | 30.00 |" in text
     assert "Bound call at most 2 µs of host time: 1 of 1 rows" in text
-    assert tool.exit_status(_results(row)) == 0
+    assert command.exit_status(_results(row)) == 0
 
 
 def test_a_timer_that_disagrees_with_the_host_clock_fails_the_row():
     # The broken eager timer of 2026-11-26: 2.6 us per call by the events, 12.4 by the
     # host clock, over 100 calls.
-    errors = tool.clock_errors({"ours eager all_reduce 8K (100 calls)": (2.6e-4, 12.4e-4),
+    errors = clock.clock_errors({"ours eager all_reduce 8K (100 calls)": (2.6e-4, 12.4e-4),
                                 "torch eager all_reduce 8K (100 calls)": (12.0e-4, 12.4e-4)},
                                offset_s=13e-6)
     assert len(errors) == 1 and errors[0].startswith("ours eager all_reduce 8K")
     row = _row()
     row["errors"] += [f"rank 1: {error}" for error in errors]
-    tool.judge_row(row, world=4, ceiling=CEILING)
+    judging.judge_row(row, world=4, ceiling=CEILING)
     assert not row["ok"] and row["ratios"] == {"graph": None, "eager": None}
-    text = tool.render_markdown(_results(row))
+    text = table.render_markdown(_results(row))
     assert "| failed |" in text and "FAILED" in text
     assert "rank 1: ours eager all_reduce 8K (100 calls): the timer gave" in text
-    assert tool.exit_status(_results(row)) == 1
-    assert tool.clock_errors({"x": (100e-6, 160e-6)}, offset_s=13e-6) == []
+    assert command.exit_status(_results(row)) == 5  # a measurement error
+    assert clock.clock_errors({"x": (100e-6, 160e-6)}, offset_s=13e-6) == []
 
 
 def test_a_wrong_baseline_is_never_divided_by():
     # Figures a wrong side might still carry are shown as 'wrong', never divided by.
     row = _row(their_wrong=3)
-    tool.judge_row(row, world=4, ceiling=CEILING)
+    judging.judge_row(row, world=4, ceiling=CEILING)
     assert not row["ok"] and row["ratios"] == {"graph": None, "eager": None}
     assert "torch: 3 wrong elements over the ranks (call 3)" in row["errors"]
     assert "torch_graph_busbw" not in row["torch"] and "graph_busbw" not in row["torch"]
-    text = tool.render_markdown(_results(row))
+    text = table.render_markdown(_results(row))
     line = next(line for line in text.splitlines() if line.startswith("| 1M |"))
     assert line.split(" | ")[2] == "wrong" and line.split(" | ")[5] == "wrong"
     assert "x |" not in line
     assert "| all_reduce | 1M | 1.50 | 6.00 | wrong |" in text  # its host time too
-    assert tool.exit_status(_results(row)) == 1
-    zero = tool.judge_row(_row(theirs=(0.0, 0.0), their_wrong=3), world=4, ceiling=CEILING)
+    assert command.exit_status(_results(row)) == 3  # wrong data
+    zero = judging.judge_row(_row(theirs=(0.0, 0.0), their_wrong=3), world=4, ceiling=CEILING)
     assert zero["ratios"] == {"graph": None, "eager": None}  # no ZeroDivisionError
 
 
 def test_our_wrong_elements_fail_the_row_too():
-    row = tool.judge_row(_row(wrong=5), world=4, ceiling=CEILING)
+    row = judging.judge_row(_row(wrong=5), world=4, ceiling=CEILING)
     assert not row["ok"] and row["ratios"]["graph"] is None
-    assert "| wrong |" in tool.render_markdown(_results(row))
+    assert "| wrong |" in table.render_markdown(_results(row))
 
 
 def test_busbw_above_the_ceiling_fails_the_row():
-    row = tool.judge_row(_row(ours=(0.5, 15.0)), world=4, ceiling=CEILING)
+    row = judging.judge_row(_row(ours=(0.5, 15.0)), world=4, ceiling=CEILING)
     assert not row["ok"]
     assert any("above the ceiling 450.00 GB/s" in error for error in row["errors"])
     assert row["ratios"]["graph"] is None
@@ -212,13 +212,13 @@ def test_a_refused_all_to_all_is_shown_with_its_reason_and_passes():
     row = _row(op="all_to_all")
     row["ours"] = {"refused": "all_to_all: ranks of this group take turns on a GPU",
                    "wrong": None, "wrong_by_call": {}}
-    tool.judge_row(row, world=4, ceiling=CEILING)
+    judging.judge_row(row, world=4, ceiling=CEILING)
     assert row["ok"] and row["ratios"] == {"graph": None, "eager": None}
-    text = tool.render_markdown(_results(row))
+    text = table.render_markdown(_results(row))
     assert "| 1M | refused | 20.50 | — | refused | 40.00 | — |" in text
     assert "- 1M: ours refused: all_to_all: ranks of this group take turns" in text
     assert "| all_to_all | 1M | refused | refused | 30.00 |" in text
-    assert tool.exit_status(_results(row)) == 0
+    assert command.exit_status(_results(row)) == 0
 
 
 # -- the max over ranks ---------------------------------------------------------------------
@@ -249,7 +249,7 @@ class _FakeRanks:
 
 def test_max_over_ranks_is_the_largest_figure_of_each_kind():
     ranks = _FakeRanks([3.0, 1.0, 9.5], [2.0, 7.0, 0.5])
-    largest = tool.max_over_ranks(ranks, (1.0, 4.0, 2.0), ranks.MAX)
+    largest = judging.max_over_ranks(ranks, (1.0, 4.0, 2.0), ranks.MAX)
     np.testing.assert_array_equal(largest, [3.0, 7.0, 9.5])
     assert ranks.pickled == 0
 
@@ -260,33 +260,82 @@ def test_tuples_summed_over_ranks_are_concatenated_not_reduced():
     # the test above (wrong length, wrong values).
     ranks = _FakeRanks([3.0, 1.0])
     assert ranks.allreduce((1.0, 4.0), ranks.SUM) == (1.0, 4.0, 3.0, 1.0)
-    assert list(tool.max_over_ranks(ranks, (1.0, 4.0), ranks.MAX)) == [3.0, 4.0]
+    assert list(judging.max_over_ranks(ranks, (1.0, 4.0), ranks.MAX)) == [3.0, 4.0]
 
 
 # -- starting -------------------------------------------------------------------------------
-def test_help_runs_without_torch_or_mpi():
-    root = str(_PATH.parents[1])  # the package from this checkout, installed or not
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [root, *filter(None, [os.environ.get("PYTHONPATH")])])}
-    done = subprocess.run([sys.executable, str(_PATH), "--help"], capture_output=True,
-                          text=True, timeout=60, env=env)
-    assert done.returncode == 0, done.stderr
-    assert "PyTorch" in done.stdout and "--dtype" in done.stdout
-
-
-def test_missing_torch_is_one_line_and_status_2(monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
-    assert tool.main(["-b", "8K", "-e", "8K"]) == 2
+def test_the_progress_counts_the_rows_and_tells_each_row_as_it_is_judged(capsys):
+    progress = command._Progress()
+    progress.line._delay_s = 0  # shown at once, as on a run past its first 2 s
+    progress.starting(2, 12, sizes.size_plan("all_gather", 1 << 20, 4, 2))
+    row = judging.judge_row(_row(), world=4, ceiling=CEILING)
+    progress.done(2, 12, row)
     err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1
-    assert "torch_user_table: needs torch with CUDA and NCCL" in err
+    assert "vs-torch: row 2/12: all_gather 1M (0:00 so far)" in err
+    assert err.endswith("vs-torch: [2/12] all_reduce 1M: graph 25.00 vs 20.50 us, eager "
+                        "15.00 vs 40.00 us\n")
+    failed = judging.judge_row(_row(wrong=5), world=4, ceiling=CEILING)
+    assert table.row_line(failed).endswith("graph wrong vs 20.50 us, eager wrong vs 40.00 us, "
+                                           "FAILED (1 errors)")
 
 
-def test_bad_options_are_refused(capsys):
-    for argv in (["--ops", "all_reduce,broadcast"], ["-b", "1M", "-e", "8K"],
-                 ["--calls", "0"], ["-b", "lots"]):
-        with pytest.raises(SystemExit) as stop:
-            tool.parse_args(argv)
-        assert stop.value.code == 2
-    assert tool.parse_args(["--ops", "all_to_all,all_reduce"]).op_list == [
-        "all_reduce", "all_to_all"]
+def test_a_step_that_raised_is_an_error_before_any_wrong_figure():
+    raised, wrong = _row(), _row(wrong=5)
+    raised["errors"], raised["step_failed"] = ["torch graph capture: rank 1: boom"], True
+    for row in (raised, wrong):
+        judging.judge_row(row, world=4, ceiling=CEILING)
+    assert command.exit_status(_results(wrong, raised)) == 1
+    assert command.exit_status(_results(wrong)) == 3
+
+
+# -- starting -------------------------------------------------------------------------------
+def _options(*argv):
+    return command.options_from_args(build_parser().parse_args(["vs-torch", *argv]))
+
+
+def test_options_default_to_the_tools_sizes_and_run_all_to_all_last():
+    assert _options() == Options(min_bytes=8 << 10, max_bytes=256 << 20, step_factor=4,
+                                 dtype="bfloat16", ops=OPS, calls=20, replays=10, warmup=5,
+                                 host_calls=100)
+    assert _options("--ops", "all_to_all,all_reduce").ops == ("all_reduce", "all_to_all")
+    assert _options("--dtype", "float16").dtype == _options("-d", "float16").dtype
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--ops", "all_reduce,broadcast"], "--ops all_reduce,broadcast: choose among"),
+    (["-b", "1M", "-e", "8K"], "-b/--minbytes 1M is above -e/--maxbytes 8K"),
+    (["--calls", "0"], "--calls 0: at least 1"),
+    (["-w", "-1"], "-w/--warmup -1: at least 0"),
+    (["-b", "lots"], "-b/--minbytes lots is not a size")])
+def test_bad_values_are_refused_naming_the_flag(argv, says):
+    with pytest.raises(OptionError) as refused:
+        _options(*argv)
+    assert says in str(refused.value)
+
+
+def test_help_lists_the_command_and_its_flags():
+    done = subprocess.run([sys.executable, "-m", "ipcshare", "--help"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and "vs-torch" in done.stdout and "PyTorch" in done.stdout
+    done = subprocess.run([sys.executable, "-m", "ipcshare", "vs-torch", "--help"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "--dtype" in done.stdout and "--host-calls" in done.stdout
+
+
+def test_missing_torch_is_refused_naming_what_it_needs(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
+    with pytest.raises(ConfigError, match="^vs-torch needs torch and a GPU per rank: torch "
+                                          "is not importable here"):
+        command.import_torch_with_nccl()
+
+
+def test_torch_without_a_gpu_is_refused_too(monkeypatch):
+    fake = types.ModuleType("torch")
+    fake.cuda = types.SimpleNamespace(is_available=lambda: False)
+    fake.distributed = types.ModuleType("torch.distributed")
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    monkeypatch.setitem(sys.modules, "torch.distributed", fake.distributed)
+    with pytest.raises(ConfigError, match="needs torch and a GPU per rank: this torch sees "
+                                          "no CUDA device"):
+        command.import_torch_with_nccl()
