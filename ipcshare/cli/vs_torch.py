@@ -20,6 +20,7 @@ from ..vs_torch.rows import failure_kind
 from .exit_codes import EXIT_ERROR, EXIT_MEASUREMENT, EXIT_OK, EXIT_WRONG
 from .option_origins import OptionOrigins
 from .run_pattern import check_same_run
+from .size_flags import add_size_flags
 
 __all__ = ["add_vs_torch_flags", "run_vs_torch_command", "options_from_args",
            "import_torch_with_nccl", "exit_status", "NEEDS"]
@@ -31,13 +32,9 @@ _FIELDS = ("min_bytes", "max_bytes", "step_factor", "datatype", "ops", "calls", 
 
 def add_vs_torch_flags(parser: argparse.ArgumentParser) -> None:
     """The flags of ``ipcshare vs-torch``."""
+    add_size_flags(parser, smallest="8K", largest="256M", factor=4,
+                   counted=" as nccl-tests counts it")
     add = parser.add_argument
-    add("-b", "--minbytes", dest="min_bytes", default="8K", metavar="SIZE",
-        help="smallest size, as nccl-tests counts it (default 8K)")
-    add("-e", "--maxbytes", dest="max_bytes", default="256M", metavar="SIZE",
-        help="largest size (default 256M)")
-    add("-f", "--stepfactor", dest="step_factor", type=int, default=4, metavar="F",
-        help="multiply the size by F between rows (default 4)")
     add("-d", "--datatype", "--dtype", dest="datatype", choices=tuple(DTYPES),
         default="bfloat16", help="the tensors' dtype (default bfloat16)")
     add("--ops", default=",".join(OPS),
@@ -140,16 +137,14 @@ class _Progress:
 def _run_facts(options: Options, args: argparse.Namespace) -> list[tuple[str, object, str]]:
     """What every rank must run alike: ``(topic, value compared, the user's spelling)``,
     as ``run_pattern.check_same_run`` compares them."""
-    return [
-        ("the sizes to run", (options.min_bytes, options.max_bytes, options.step_factor),
-         f"-b {args.min_bytes} -e {args.max_bytes} -f {args.step_factor}"),
-        ("the datatype", options.dtype, f"-d {options.dtype}"),
-        ("the ops", options.ops, f"--ops {','.join(options.ops)}"),
-        ("the calls", options.calls, f"--calls {options.calls}"),
-        ("the replays", options.replays, f"--replays {options.replays}"),
-        ("the warm-up", options.warmup, f"-w {options.warmup}"),
-        ("the host calls", options.host_calls, f"--host-calls {options.host_calls}"),
-    ]
+    named = (("the datatype", "-d", options.dtype), ("the ops", "--ops", ",".join(options.ops)),
+             ("the calls", "--calls", options.calls), ("the replays", "--replays", options.replays),
+             ("the warm-up", "-w", options.warmup),
+             ("the host calls", "--host-calls", options.host_calls))
+    sizes = (options.min_bytes, options.max_bytes, options.step_factor)
+    return [("the sizes to run", sizes,
+             f"-b {args.min_bytes} -e {args.max_bytes} -f {args.step_factor}"),
+            *((topic, value, f"{flag} {value}") for topic, flag, value in named)]
 
 
 def run_vs_torch_command(args: argparse.Namespace) -> int:

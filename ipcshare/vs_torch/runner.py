@@ -39,16 +39,8 @@ import numpy as np
 from .. import __version__
 from ..runtime.config import format_size
 from ..runtime.errors import ConfigError
+from . import expected as exact
 from .clock import EventClock, clock_errors
-from .expected import (
-    MAX_RANKS,
-    PERIOD,
-    Segment,
-    expected_segments,
-    graph_expected,
-    input_segments,
-    rolled,
-)
 from .plan import DTYPES, MODES, SIDES, Options, SizePlan, communicator_bytes, size_plan, sweep
 from .rows import judge_row, max_over_ranks, new_row
 
@@ -134,8 +126,8 @@ class TorchComparison:
 
         torch, dist = self.torch, self.dist
         keep_multicast_off()  # NCCL_NVLS_ENABLE=0 unless the user set it
-        if self.world > MAX_RANKS:
-            raise ConfigError(f"{self.world} ranks: at most {MAX_RANKS} (the checks' sums "
+        if self.world > exact.MAX_RANKS:
+            raise ConfigError(f"{self.world} ranks: at most {exact.MAX_RANKS} (the checks' sums "
                               "stay exact in bfloat16 up to there)")
         options = self.options
         itemsize = DTYPES[options.dtype][0]
@@ -196,14 +188,14 @@ class TorchComparison:
                           f"{name}: rank {r}: refused: {m}"
                           for r, (k, m) in enumerate(found) if k])
 
-    def _values(self, segments: Sequence[Segment], count: int, dtype: Any) -> Any:
+    def _values(self, segments: Sequence[exact.Segment], count: int, dtype: Any) -> Any:
         """A device tensor of ``count`` elements holding ``segments``."""
         torch = self.torch
         out = torch.empty(count, dtype=dtype, device=self.device)
         at = 0
         for segment in segments:
-            period = torch.from_numpy(rolled(segment)).to(device=self.device, dtype=dtype)
-            reps = -(-segment.length // PERIOD)
+            period = torch.from_numpy(exact.rolled(segment)).to(device=self.device, dtype=dtype)
+            reps = -(-segment.length // exact.PERIOD)
             out[at:at + segment.length].copy_(period.repeat(reps)[:segment.length])
             at += segment.length
         return out
@@ -308,15 +300,15 @@ class TorchComparison:
         the graphs made go into ``graphs`` (the caller releases them)."""
         torch, args = self.torch, self.options
         rank, world = self.rank, self.world
-        segments, tolerance = graph_expected(plan, rank, world, args.calls, args.dtype)
+        segments, tolerance = exact.graph_expected(plan, rank, world, args.calls, args.dtype)
 
         def tensors() -> tuple[Any, Any, Any, Any, Any]:
-            pristine = self._values(input_segments(plan, rank, world), plan.in_count,
+            pristine = self._values(exact.input_segments(plan, rank, world), plan.in_count,
                                     self.dtype)
             inp = torch.empty_like(pristine)
             out = inp if plan.op == "all_reduce" else torch.empty(
                 plan.out_count, dtype=self.dtype, device=self.device)
-            expected = self._values(expected_segments(plan, rank, world), plan.out_count,
+            expected = self._values(exact.expected_segments(plan, rank, world), plan.out_count,
                                     self.dtype)
             after_graph = expected if segments is None else self._values(
                 segments, plan.out_count, self.dtype if tolerance == 0 else torch.float32)
