@@ -554,8 +554,8 @@ def _time_nccl(group, plans, args) -> None:
     import torch
     import torch.distributed as dist
 
+    from ipcshare.baselines.torch_distributed import TorchBaseline
     from ipcshare.patterns import make_pattern
-    from ipcshare.patterns.baseline_torch import TorchBaseline
 
     comm, n = group.world.comm, group.size
     with TorchBaseline(group.world, make_pattern("allgather", "copy-engine"),

@@ -75,12 +75,12 @@
 #           launch; every row passes the timer's self-checks (exit 5 otherwise), then
 #           tools/timer_consistency.py checks that the three timings of ours and of NCCL
 #           tell one story ($OUT/timer-consistency.md)
-#   torch-user  what a PyTorch user sees (issue 36; tools/torch_user_table.py): ipcshare's
+#   torch-user  what a PyTorch user sees (issue 36; `ipcshare vs-torch`): ipcshare's
 #           all-reduce, all-gather, reduce-scatter and all-to-all against NCCL through
 #           torch.distributed on the same bf16 tensors, TORCH_USER_MIN-TORCH_USER_MAX
 #           (default 8K-256M, factor TORCH_USER_FACTOR, default 2), in one CUDA graph of
 #           20 calls, eager, and host time per call (ours bound and plain, torch's), at 2
-#           and G ranks; every row checked (results, second clock, ceiling: exit 1
+#           and G ranks; every row checked (results, second clock, ceiling: exit 3 or 5
 #           otherwise); $OUT/torch-user-n2.md/.json and $OUT/torch-user-n$G.md/.json
 #   inter   the engines between nodes on 2 virtual nodes of this node's GPUs (2x1 on 2 GPUs,
 #           2x2 on 4): tests/gpu/test_inter_gpu.py and test_multinode_gpu.py, then all-gather,
@@ -667,8 +667,8 @@ elif wants timer; then
   log "timer: needs 2 GPUs; skipped"
 fi
 
-torch_user_run() {  # torch_user_run N: tools/torch_user_table.py at N ranks, one GPU each
-  "$MPIEXEC" -n "$1" --bind-to none "$PY" tools/torch_user_table.py \
+torch_user_run() {  # torch_user_run N: `ipcshare vs-torch` at N ranks, one GPU each
+  "$MPIEXEC" -n "$1" --bind-to none "$PY" -m ipcshare vs-torch \
     -b "${TORCH_USER_MIN:-8K}" -e "${TORCH_USER_MAX:-256M}" -f "${TORCH_USER_FACTOR:-2}" \
     --markdown "$OUT/torch-user-n$1.md" --json "$OUT/torch-user-n$1.json"
 }
@@ -676,8 +676,8 @@ export -f torch_user_run
 if [[ $G -ge 2 ]] && wants torch-user; then
   # What a PyTorch user sees (issue 36): ours against NCCL through torch.distributed on
   # the same bf16 tensors, in one CUDA graph of 20 calls, eager and by host time per
-  # call, at 2 and G ranks; every row passes its checks (exit 1 otherwise: wrong
-  # elements, a timer the host clock contradicts, a busbw above the links' ceiling).
+  # call, at 2 and G ranks; every row passes its checks (exit 3 otherwise: wrong
+  # elements; exit 5: a timer the host clock contradicts, a busbw above the links' ceiling).
   for n in $(printf '%s\n' 2 "$G" | sort -nu); do
     step "torch-user table n=$n" "${STEP_TIMEOUT_TORCH_USER:-300}" torch_user_run "$n"
   done
@@ -965,7 +965,7 @@ if [[ $G -ge 2 ]] && wants alltoall; then
   # torch-symm where this torch has all_to_all_vdev and NVSHMEM (the baseline's own check;
   # its reason in the log otherwise, not a failure).
   if symm_missing=$("$PY" -c 'import torch
-from ipcshare.patterns.baseline_torch_symm_alltoall import all_to_all_vdev_module
+from ipcshare.baselines.torch_symm_alltoall import all_to_all_vdev_module
 all_to_all_vdev_module(torch)' 2>&1); then
     symm_missing=""
   else

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import __version__
+from ..baselines import gpu_baseline_class, mpi_baseline, open_gpu_baseline
 from ..patterns import make_pattern
-from ..patterns.baselines import gpu_baseline_class, mpi_baseline, open_gpu_baseline
 from ..patterns.driver import run_pattern
 from ..patterns.results import RunResult
 from ..patterns.rotation import ROTATION_MAX_BLOCK_BYTES

@@ -11,6 +11,7 @@ from .. import __version__
 from ..collectives.across_nodes.engine import nccl4py_missing
 from ..liveness.consensus import collective_step
 from ..runtime import settings
+from ..runtime.output_files import check_writable
 from ..topology.gpu_sharing import GpuSharing, gpu_sharing, shared_gpus_advice
 from ..topology.peer_paths import FALLBACK_ENV, PathPlan, fallback_choice, plan_paths
 from ..topology.world import World, mpi_library_name
@@ -197,7 +198,6 @@ def inter_choice(requested: str, facts: list[dict]) -> dict:
 
 
 def run_info(args: argparse.Namespace) -> int:
-    from ..doctor.report import check_writable
     from ..runtime.config import INTER_ENGINES
     from ..runtime.errors import ConfigError
 

@@ -145,7 +145,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_p2p_flags(commands.add_parser(
         "p2p", help="one process over every GPU: peer access, ring and all-gather by peer "
                     "pointers and cuMemcpyPeerAsync, against IPC windows"))
-    for name in (*PATTERN_COMMANDS, "p2p"):
+    from .vs_torch import add_vs_torch_flags
+
+    add_vs_torch_flags(commands.add_parser(
+        "vs-torch", help="what a PyTorch user sees: ipcshare's all-reduce, all-gather, "
+                         "reduce-scatter and all-to-all against NCCL through torch.distributed "
+                         "on the same CUDA tensors, checked and timed (needs torch and a GPU "
+                         "per rank)"))
+    for name in (*PATTERN_COMMANDS, "p2p", "vs-torch"):
         # Errors about a value name the flag the user typed (cli.option_origins).
         command = commands.choices[name]
         command.set_defaults(option_flags=flag_names(command))
@@ -217,6 +224,10 @@ def _run_command(argv: Sequence[str] | None) -> int:
             from .p2p import run_p2p_command
 
             return run_p2p_command(args)
+        if args.command == "vs-torch":
+            from .vs_torch import run_vs_torch_command
+
+            return run_vs_torch_command(args)
         from .run_pattern import run_pattern_command
 
         return run_pattern_command(args)

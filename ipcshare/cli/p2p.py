@@ -9,17 +9,14 @@ import json
 import shlex
 import sys
 
+from .size_flags import add_size_flags
+
 __all__ = ["add_p2p_flags", "run_p2p_command"]
 
 def add_p2p_flags(parser: argparse.ArgumentParser) -> None:
     """The p2p flags, on its subparser."""
+    add_size_flags(parser, smallest="1M", largest="1M", factor=2)
     add = parser.add_argument
-    add("-b", "--minbytes", dest="min_bytes", default="1M", metavar="SIZE",
-        help="smallest size, with K/M/G suffixes (default 1M)")
-    add("-e", "--maxbytes", dest="max_bytes", default="1M", metavar="SIZE",
-        help="largest size (default 1M)")
-    add("-f", "--stepfactor", dest="step_factor", type=int, default=2, metavar="F",
-        help="multiply the size by F between rows (default 2)")
     add("-n", "--iters", dest="iters", type=int, default=20, metavar="N",
         help="timed iterations (default 20)")
     add("-w", "--warmup_iters", dest="warmup", type=int, default=5, metavar="N",
@@ -47,11 +44,11 @@ def run_p2p_command(args: argparse.Namespace) -> int:
         IpcShareError: no GPUs, started under a launcher, bad sizes, an unwritable
             --json, or a driver failure; main() prints it as one line.
     """
-    from ..doctor.report import check_writable
     from ..p2p.ipc_half import default_mpiexec
     from ..p2p.runner import P2pOptions, run_p2p
     from ..runtime.config import PatternOptions, parse_size
     from ..runtime.errors import BackendUnavailable, ConfigError
+    from ..runtime.output_files import check_writable
     from ..topology.world import launcher_world_size
     from .exit_codes import EXIT_ERROR, EXIT_MEASUREMENT, EXIT_OK, EXIT_WRONG
     from .option_origins import OptionOrigins

@@ -10,6 +10,7 @@ from ..backends import check_handle
 from ..liveness.consensus import collective_step
 from ..runtime.config import PatternOptions, format_size, merge_options
 from ..runtime.errors import ConfigError, OptionError, WindowTooLarge
+from ..runtime.output_files import check_writable
 from ..topology.world import World, describe_disagreement
 from .option_origins import OptionOrigins
 from .pattern_plot import check_plot, write_run_plot
@@ -98,10 +99,9 @@ def check_same_run(facts: list[list[tuple[str, object, str]]]) -> None:
 
 
 def run_pattern_command(args: argparse.Namespace) -> int:
-    from ..doctor.report import check_writable
+    from ..baselines import make_baseline
     from ..liveness.exit_policy import peer_exit_grace
     from ..patterns import make_pattern
-    from ..patterns.baselines import make_baseline
     from ..patterns.driver import run_pattern
     from ..window import Group
     from .exit_codes import EXIT_MEASUREMENT, EXIT_OK, EXIT_SLOW, EXIT_WRONG

@@ -13,7 +13,7 @@ from ..runtime.config import format_size, human_bytes
 from ..runtime.errors import ConfigError
 from .plan import GPU_MEMORY_SLACK, MAPPINGS_SLACK
 
-__all__ = ["render_node", "render_header", "write_outputs", "check_writable", "Progress"]
+__all__ = ["render_node", "render_header", "write_outputs", "Progress"]
 
 _MARK = {True: "PASS", False: "FAIL"}
 _GRID_LIMIT = 12  # more ranks per node than this: bandwidth as a list, not a grid
@@ -265,25 +265,6 @@ def render_node(key: str, node: dict[str, Any]) -> list[str]:
             f"{','.join(map(str, node['world_ranks']))}  [{_MARK[node['pass']]}]")
     return ([head] + _rank_lines(node) + _placement_lines(node) + [""] + _matrix_lines(node) + [""]
             + _bandwidth_lines(node) + _limit_lines(node) + [""] + _check_lines(node))
-
-
-def check_writable(path: str | None) -> None:
-    """Fail early (before any work) when ``path`` cannot be written.
-
-    Raises:
-        ConfigError: its directory is missing or not writable, or it is a directory.
-    """
-    import os
-
-    if not path:
-        return
-    directory = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise ConfigError(f"cannot write {path!r}: it is a directory")
-    if not os.path.isdir(directory):
-        raise ConfigError(f"cannot write {path!r}: no directory {directory!r}")
-    if not os.access(directory, os.W_OK):
-        raise ConfigError(f"cannot write {path!r}: directory {directory!r} is not writable")
 
 
 def write_outputs(document: dict[str, Any], *, json_path: str | None,

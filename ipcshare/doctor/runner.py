@@ -203,7 +203,8 @@ def run_doctor(plan: DoctorPlan, *, json_path: str | None = None, yaml_path: str
             rank.
     """
     from ..runtime.errors import ConfigError
-    from .report import Progress, check_writable
+    from ..runtime.output_files import check_writable
+    from .report import Progress
 
     started = time.perf_counter()
     world = World.from_comm()

@@ -1,4 +1,5 @@
-"""Measured rows and the JSON document of ``--json`` (its keys are a contract: README)."""
+"""Measured rows and the JSON document of ``--json`` (its keys are a contract:
+docs/CLI.md)."""
 
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ __all__ = [
 BACKENDS = ("auto", "host", "cuda-ipc", "cuda-vmm")
 EXCHANGES = ("auto", "mpi", "socket", "pidfd")
 # nccl: NCCL through nccl4py; torch: NCCL through torch.distributed; torch-symm: PyTorch
-# symmetric memory's all-reduce (patterns.baselines).
+# symmetric memory's all-reduce (baselines.registry).
 BASELINES = ("none", "mpi", "nccl", "torch", "torch-symm")
 HANDLES = ("posix-fd", "fabric")
 # auto / copy-engine: engine copies (memcpy on host, the copy engine on GPUs);

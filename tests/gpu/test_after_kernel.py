@@ -73,7 +73,7 @@ def test_without_the_flag_no_kernel_is_launched(comm):
 
 
 def test_the_mpi_baseline_is_refused_on_every_rank(comm):
-    from ipcshare.patterns.baseline_mpi import MpiBaseline
+    from ipcshare.baselines.mpi import MpiBaseline
 
     options = merge_options({**_OPTIONS, "algo": "copy-engine"})
     with ipcshare.Group(backend="cuda-vmm") as g:
@@ -89,7 +89,7 @@ def test_the_gpu_baselines_run_after_a_kernel_too(comm, name):
         pytest.skip("torch has no CUDA")
     if name == "nccl":
         pytest.importorskip("nccl.core", reason="--baseline nccl needs nccl4py")
-    from ipcshare.patterns.baselines import gpu_baseline_class
+    from ipcshare.baselines import gpu_baseline_class
 
     options = merge_options({**_OPTIONS, "algo": "copy-engine"})
     with ipcshare.Group(backend="cuda-vmm") as g:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 
 import ipcshare
+from ipcshare.baselines import gpu_baseline_class
 from ipcshare.patterns.alltoall import AllToAll
-from ipcshare.patterns.baselines import gpu_baseline_class
 from ipcshare.runtime.config import DATATYPES
 from ipcshare.runtime.errors import ConfigError
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 import ipcshare
+from ipcshare.baselines import gpu_baseline_class
 from ipcshare.patterns import make_pattern
-from ipcshare.patterns.baselines import gpu_baseline_class
 from ipcshare.patterns.driver import run_pattern
 from ipcshare.runtime.config import merge_options
 from ipcshare.runtime.errors import ConfigError

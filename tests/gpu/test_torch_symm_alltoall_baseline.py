@@ -16,8 +16,8 @@ import os
 import pytest
 
 import ipcshare
+from ipcshare.baselines.torch_symm_alltoall import NBLOCKS_SETTING, vdev_refusal
 from ipcshare.patterns.alltoall import AllToAll
-from ipcshare.patterns.baseline_torch_symm_alltoall import NBLOCKS_SETTING, vdev_refusal
 from ipcshare.runtime.errors import ConfigError
 
 # Its kernel takes one block per peer up to 64 KiB per rank (the 7 and 4099 elements per
@@ -45,7 +45,7 @@ def symm(request):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA")
-    from ipcshare.patterns.baseline_torch_symm_alltoall import TorchSymmAllToAllBaseline
+    from ipcshare.baselines.torch_symm_alltoall import TorchSymmAllToAllBaseline
 
     case = AllToAll(splits="even", datatype="float32")
     with ipcshare.Group(backend="cuda-vmm") as g:

@@ -26,7 +26,7 @@ def symm():
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA")
     pytest.importorskip("torch.distributed._symmetric_memory")
-    from ipcshare.patterns.baseline_torch_symm import TorchSymmBaseline
+    from ipcshare.baselines.torch_symm import TorchSymmBaseline
 
     case = make_pattern("allreduce", op="sum", datatype="bfloat16")
     with ipcshare.Group(backend="cuda-vmm") as g:

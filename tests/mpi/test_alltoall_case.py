@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import ipcshare
+from ipcshare.baselines import mpi_baseline
 from ipcshare.patterns import make_pattern
 from ipcshare.patterns.alltoall import AllToAll, busiest_link_bytes
-from ipcshare.patterns.baselines import mpi_baseline
 from ipcshare.patterns.driver import run_pattern
 from ipcshare.runtime.config import merge_options
 

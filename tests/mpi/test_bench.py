@@ -9,10 +9,10 @@ import pytest
 
 import ipcshare
 from ipcshare.backends import gpu_count
+from ipcshare.baselines.mpi import MpiBaseline
 from ipcshare.bench.runner import run_suite
 from ipcshare.bench.suite import parse_suite
 from ipcshare.patterns import make_pattern
-from ipcshare.patterns.baseline_mpi import MpiBaseline
 from ipcshare.patterns.driver import run_pattern
 from ipcshare.patterns.rotation import WindowRegion, rotation_count, window_regions
 from ipcshare.runtime.config import merge_options

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import ipcshare
+from ipcshare.baselines.mpi import MpiBaseline
 from ipcshare.patterns import make_pattern
-from ipcshare.patterns.baseline_mpi import MpiBaseline
 from ipcshare.patterns.driver import run_pattern
 from ipcshare.patterns.seeding import seeded_bytes
 from ipcshare.runtime.config import merge_options

@@ -9,8 +9,8 @@ import pytest
 
 import ipcshare
 from ipcshare.backends import host as host_backend
+from ipcshare.baselines.mpi import MpiBaseline
 from ipcshare.patterns import driver, make_pattern
-from ipcshare.patterns.baseline_mpi import MpiBaseline
 from ipcshare.patterns.clock_check import CLOCK_RETRIES
 from ipcshare.patterns.driver import run_pattern
 from ipcshare.patterns.timing import mean_over_ranks

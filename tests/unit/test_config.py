@@ -1,4 +1,4 @@
-"""Sizes, options and YAML configs: every bad input gets a clear ConfigError."""
+"""Sizes, options, YAML configs and output files: every bad input gets a clear ConfigError."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from ipcshare.runtime.config import (
     parse_size,
 )
 from ipcshare.runtime.errors import ConfigError, OptionError
+from ipcshare.runtime.output_files import check_writable
 
 
 @pytest.mark.parametrize("text,value", [("1", 1), ("64", 64), ("4K", 4096), ("1M", 1 << 20),
@@ -149,3 +150,12 @@ def test_only_the_reductions_register_their_arrays():
     with pytest.raises(ConfigError, match="register applies to the allreduce and "
                                           "reducescatter ops .* not to allgather"):
         make_pattern("allgather", register=1)
+
+
+def test_an_output_file_that_cannot_be_written_is_refused_before_the_work(tmp_path):
+    with pytest.raises(ConfigError, match="cannot write .*: no directory"):
+        check_writable(str(tmp_path / "missing" / "d.json"))
+    with pytest.raises(ConfigError, match="is a directory"):
+        check_writable(str(tmp_path))
+    check_writable(None)
+    check_writable(str(tmp_path / "d.json"))

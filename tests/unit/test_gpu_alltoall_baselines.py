@@ -12,16 +12,15 @@ import types
 import numpy as np
 import pytest
 
-from ipcshare.patterns import baselines
-from ipcshare.patterns.alltoall import AllToAll
-from ipcshare.patterns.baseline_gpu import GpuBaseline, all_to_all_splits
-from ipcshare.patterns.baseline_torch import torch_split_sizes
-from ipcshare.patterns.baseline_torch_symm_alltoall import (
+from ipcshare.baselines import GPU_BASELINES, gpu_baseline_class, make_baseline, registry
+from ipcshare.baselines.gpu import GpuBaseline, all_to_all_splits
+from ipcshare.baselines.torch_distributed import torch_split_sizes
+from ipcshare.baselines.torch_symm_alltoall import (
     NBLOCKS_SETTING,
     vdev_blocks_per_peer,
     vdev_refusal,
 )
-from ipcshare.patterns.baselines import GPU_BASELINES, gpu_baseline_class, make_baseline
+from ipcshare.patterns.alltoall import AllToAll
 from ipcshare.patterns.seeding import count_wrong
 from ipcshare.runtime.config import DATATYPES
 from ipcshare.runtime.errors import ConfigError
@@ -75,7 +74,7 @@ def test_make_baseline_opens_each_gpu_baseline_for_all_to_all(monkeypatch, name)
         asked.append((asked_name, op))
         return Recorder
 
-    monkeypatch.setattr(baselines, "gpu_baseline_class", stand_in)
+    monkeypatch.setattr(registry, "gpu_baseline_class", stand_in)
     world = types.SimpleNamespace(rank=0, size=2)
     group = types.SimpleNamespace(world=world, backend=types.SimpleNamespace(
         device_memory=True, device=3))

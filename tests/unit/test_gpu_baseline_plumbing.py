@@ -9,10 +9,10 @@ import types
 import numpy as np
 import pytest
 
+from ipcshare.baselines import GPU_BASELINES, gpu_baseline_class
+from ipcshare.baselines.gpu import GpuBaseline
 from ipcshare.bench.stats import aggregate_runs
 from ipcshare.patterns import make_pattern
-from ipcshare.patterns.baseline_gpu import GpuBaseline
-from ipcshare.patterns.baselines import GPU_BASELINES, gpu_baseline_class
 from ipcshare.patterns.results import BaselineResult, Measurement, Row, RunResult
 from ipcshare.patterns.table import Table
 from ipcshare.runtime.config import merge_options

@@ -9,10 +9,10 @@ from typing import Any
 
 import numpy as np
 
+from ..patterns.base import SizePlan
+from ..patterns.seeding import count_wrong, poison
 from ..topology.world import World, mpi
-from .base import SizePlan
-from .baseline_mpi import MpiBaseline
-from .seeding import count_wrong, poison
+from .mpi import MpiBaseline
 
 __all__ = ["MpiAllToAllBaseline"]
 

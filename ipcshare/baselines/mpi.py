@@ -8,12 +8,12 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..patterns.base import SizePlan
+from ..patterns.rotation import warmup_iterations
+from ..patterns.seeding import count_wrong, poison, seeded_bytes
+from ..patterns.timing import slowest_rank_samples
 from ..runtime.errors import ConfigError
 from ..topology.world import World, mpi, mpi_library_name
-from .base import SizePlan
-from .rotation import warmup_iterations
-from .seeding import count_wrong, poison, seeded_bytes
-from .timing import slowest_rank_samples
 
 __all__ = ["MpiBaseline"]
 

@@ -14,19 +14,19 @@ from typing import Any
 import numpy as np
 
 from ..liveness.consensus import collective_step
-from ..runtime.errors import ConfigError
-from ..topology.world import World, mpi
-from .base import SizePlan
-from .clock_check import (
+from ..patterns.base import SizePlan
+from ..patterns.clock_check import (
     agreed_stretch,
     clock_disagreement,
     latency_clock_disagreement,
     torch_clock_offset,
     torch_event_stretch,
 )
-from .rotation import warmup_iterations
-from .seeding import count_wrong, poison, seeded_bytes
-from .timing import mean_over_ranks, percentile, slowest_rank_samples
+from ..patterns.rotation import warmup_iterations
+from ..patterns.seeding import count_wrong, poison, seeded_bytes
+from ..patterns.timing import mean_over_ranks, percentile, slowest_rank_samples
+from ..runtime.errors import ConfigError
+from ..topology.world import World, mpi
 
 __all__ = ["GpuBaseline", "import_torch_cuda", "check_one_gpu_per_rank", "TORCH_DTYPES",
            "REDUCTION_OPS", "ALL_TO_ALL", "AllToAllSplits", "all_to_all_splits"]

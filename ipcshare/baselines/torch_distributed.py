@@ -1,7 +1,7 @@
 """The torch baseline: NCCL through torch.distributed (all_gather_into_tensor, batched
 isend / irecv, all_reduce, reduce_scatter_tensor, all_to_all_single) on device tensors:
 what a PyTorch user pays, torch's host work included. Same sizes, data, checks and timing
-as every GPU baseline (``baseline_gpu``)."""
+as every GPU baseline (``baselines.gpu``)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from collections.abc import Callable
 from typing import Any
 
 from ..liveness.consensus import collective_step
+from ..patterns.base import SizePlan
 from ..runtime.errors import ConfigError
 from ..runtime.nvlink_multicast import keep_multicast_off
 from ..topology.world import World
-from .base import SizePlan
-from .baseline_gpu import (
+from .gpu import (
     ALL_TO_ALL,
     REDUCTION_OPS,
     GpuBaseline,

@@ -12,14 +12,14 @@ __all__ = ["GPU_BASELINES", "gpu_baseline_class", "open_gpu_baseline", "mpi_base
 
 # name -> (module, class) of the baselines that time GPU memory.
 _GPU_CLASSES = {
-    "nccl": ("baseline_nccl4py", "Nccl4pyBaseline"),
-    "torch": ("baseline_torch", "TorchBaseline"),
-    "torch-symm": ("baseline_torch_symm", "TorchSymmBaseline"),
+    "nccl": ("nccl4py", "Nccl4pyBaseline"),
+    "torch": ("torch_distributed", "TorchBaseline"),
+    "torch-symm": ("torch_symm", "TorchSymmBaseline"),
 }
 # The baselines whose all-to-all is a class of its own: PyTorch symmetric memory's
 # all_to_all_vdev runs on another backend of it (NVSHMEM) than its all-reduce kernels.
 _ALL_TO_ALL_CLASSES = {
-    "torch-symm": ("baseline_torch_symm_alltoall", "TorchSymmAllToAllBaseline"),
+    "torch-symm": ("torch_symm_alltoall", "TorchSymmAllToAllBaseline"),
 }
 GPU_BASELINES = tuple(_GPU_CLASSES)
 
@@ -57,14 +57,14 @@ def mpi_baseline(world: World, pattern: Any) -> Any:
         ConfigError: a datatype MPI cannot reduce.
     """
     if pattern.name in ("allreduce", "reducescatter"):
-        from .baseline_mpi_reduce import MpiReductionBaseline
+        from .mpi_reduce import MpiReductionBaseline
 
         return MpiReductionBaseline(world, pattern)
     if pattern.name == "alltoall":
-        from .baseline_mpi_alltoall import MpiAllToAllBaseline
+        from .mpi_alltoall import MpiAllToAllBaseline
 
         return MpiAllToAllBaseline(world, pattern)
-    from .baseline_mpi import MpiBaseline
+    from .mpi import MpiBaseline
 
     return MpiBaseline(world, pattern.name)
 

@@ -12,12 +12,12 @@ from collections.abc import Callable
 from typing import Any
 
 from ..liveness.consensus import collective_step
+from ..patterns.base import SizePlan
 from ..runtime.config import format_size
 from ..runtime.errors import ConfigError
 from ..topology.world import World
-from .base import SizePlan
-from .baseline_gpu import ALL_TO_ALL, all_to_all_splits, import_torch_cuda
-from .baseline_torch_symm import TorchSymmBaseline
+from .gpu import ALL_TO_ALL, all_to_all_splits, import_torch_cuda
+from .torch_symm import TorchSymmBaseline
 
 __all__ = ["TorchSymmAllToAllBaseline", "all_to_all_vdev_module", "vdev_blocks_per_peer",
            "vdev_refusal"]

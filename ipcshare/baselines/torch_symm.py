@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..patterns.base import SizePlan
 from ..runtime.errors import ConfigError
 from ..topology.world import World
-from .base import SizePlan
-from .baseline_torch import TorchBaseline
+from .torch_distributed import TorchBaseline
 
 __all__ = ["TorchSymmBaseline"]
 

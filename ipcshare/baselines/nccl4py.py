@@ -19,11 +19,11 @@ from collections.abc import Callable
 from typing import Any
 
 from ..liveness.consensus import collective_step
+from ..patterns.base import SizePlan
 from ..runtime.errors import ConfigError
 from ..runtime.nvlink_multicast import keep_multicast_off
 from ..topology.world import World
-from .base import SizePlan
-from .baseline_gpu import (
+from .gpu import (
     ALL_TO_ALL,
     REDUCTION_OPS,
     GpuBaseline,
