@@ -468,7 +468,7 @@ def _baseline_row(baseline: Any, pattern: Pattern, plan: SizePlan, world_size: i
     # Only baselines that can capture graphs are asked to (check_graph_mode saw to it).
     captured = {"graph": True} if graph else {}
     for mode in pattern.modes:
-        # GPU baselines time several paths and add the fastest's name (baseline_gpu).
+        # GPU baselines time several paths and add the fastest's name (baselines/gpu.py).
         if timing == "latency":
             samples, wrong, *path = baseline.measure_latency(
                 plan, mode, iters=options.iters, warmup=options.warmup, checks=options.checks,
