@@ -9,7 +9,7 @@ import inspect
 import math
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,6 +30,9 @@ from .reduction import check_reduction
 from .registry import Registration, Registry
 from .scratch import ALIGN, ScratchLayout
 from .split_args import GpuSplits
+
+if TYPE_CHECKING:
+    from ..window.window import Window
 
 __all__ = ["Communicator", "agree_on_sizes"]
 
@@ -146,6 +149,14 @@ class Communicator:
     @property
     def closed(self) -> bool:
         return self._closed or self._path.window.closed
+
+    @property
+    def window(self) -> Window:
+        """The window this communicator's scratch and heap live in: ``empty()`` arrays
+        are inside its buffers, so its ``buffer_ptrs`` and ``signal_pad_ptrs`` address
+        them on every rank (what ``ipcshare.triton.device_view`` reads). Its layout
+        beyond that is the communicator's own; do not write into it."""
+        return self._path.window
 
     # -- arrays ------------------------------------------------------------------------
     def empty(self, shape: int | tuple[int, ...], dtype: Any) -> Any:

@@ -19,7 +19,8 @@ __all__ = [
     "HEADER_OUTPUT_REGISTRATION", "FLAG_ZERO_COPY", "FLAG_REGISTERED", "LL_CLEANED_SLOT",
     "GUEST_CALL_SLOT", "GUEST_CALL_WORDS", "GUEST_DIGEST", "GUEST_INPUT", "GUEST_OUTPUT",
     "GUEST_ROW_SHIFT", "GUEST_OFFSET_SHIFT", "GUEST_REGISTERED", "GUEST_LEADER_STAGES",
-    "GUEST_IMPORTED",
+    "GUEST_IMPORTED", "TRITON_BARRIER_SLOT_BASE", "TRITON_BARRIER_RANKS",
+    "TRITON_EPOCH_SLOT", "TRITON_USER_SLOT_BASE",
     "GUEST_READY_SLOT", "GUEST_DONE_SLOT", "STAGING_SLOTS", "INBOX_HEADER_BYTES",
     "INBOX_BARRIER_WORD_BASE",
     "INBOX_READY_WORD_BASE", "INBOX_FREE_WORD_BASE", "slot_bytes_for", "slot_stride",
@@ -116,6 +117,17 @@ GUEST_LEADER_STAGES = 2
 GUEST_IMPORTED = 4
 GUEST_READY_SLOT = GUEST_CALL_SLOT + GUEST_CALL_WORDS
 GUEST_DONE_SLOT = GUEST_READY_SLOT + 1
+
+# -- user words that ipcshare.triton's device functions own ----------------------------
+# The top of the user words, far above what the communicator's calls use (up to
+# GUEST_DONE_SLOT): ``barrier_all`` of a Triton kernel stores into word
+# TRITON_BARRIER_SLOT_BASE + i of every peer's pad (written only by rank i) and keeps
+# its epoch, which the kernel increments on the device, in TRITON_EPOCH_SLOT of the own
+# pad; words TRITON_USER_SLOT_BASE up to ERROR_SLOT are left for users' Triton signals.
+TRITON_BARRIER_SLOT_BASE = 384
+TRITON_BARRIER_RANKS = 64
+TRITON_EPOCH_SLOT = TRITON_BARRIER_SLOT_BASE + TRITON_BARRIER_RANKS
+TRITON_USER_SLOT_BASE = TRITON_EPOCH_SLOT + 1
 
 # -- staged copies (pairs without peer access) ---------------------------------------
 STAGING_SLOTS = 2
