@@ -17,17 +17,7 @@ from __future__ import annotations
 
 import sys
 
-from triton_harness import (
-    main,
-    meeting_flags,
-    parse_args,
-    parser_for,
-    programs_for,
-    start_nccl,
-    triton,
-    verdict,
-    verify_and_time,
-)
+from triton_harness import main, measure_with, parse_args, parser_for, programs_for, sweep, triton
 
 from ipcshare.runtime.config import format_size
 
@@ -62,12 +52,12 @@ def values(torch, rank: int, check: int, count: int, device: int):
     return ((index * 2654435761 + rank * 97 + check * 1009) & 0x7FFFFFFF).to(torch.int32)
 
 
-def one_size(group, torch, stream, comm, view, flags, whole, count: int, dist, args,
-             ) -> tuple[int, int, float, float | None]:
+def measure(setting, count: int) -> tuple[int, int, float, float | None]:
     """All-gather of ``count`` int32 per rank: verified, then timed beside NCCL."""
-    size, rank, device = group.size, group.rank, group.backend.device
+    torch, dist = setting.torch, setting.dist
+    size, rank, device = setting.group.size, setting.group.rank, setting.group.backend.device
     inp = torch.empty(count, dtype=torch.int32, device=device)
-    out = whole[:size * count]
+    out = setting.area[:size * count]
     nccl_out = torch.empty_like(out)
     grid = (programs_for(count, BLOCK),)
     expected = [None]
@@ -77,7 +67,8 @@ def one_size(group, torch, stream, comm, view, flags, whole, count: int, dist, a
         expected[0] = torch.cat([values(torch, r, check, count, device) for r in range(size)])
 
     def ours() -> None:
-        all_gather_kernel[grid](out, inp, flags, view.table, count, BLOCK=BLOCK)
+        all_gather_kernel[grid](out, inp, setting.flags, setting.view.table, count,
+                                BLOCK=BLOCK)
 
     def theirs() -> None:
         dist.all_gather_into_tensor(nccl_out, inp)
@@ -86,40 +77,20 @@ def one_size(group, torch, stream, comm, view, flags, whole, count: int, dist, a
         return (int((out != expected[0]).sum()),
                 int((nccl_out != expected[0]).sum()) if dist else 0)
 
-    return verify_and_time(torch, group, stream, ours=ours, theirs=theirs if dist else None,
-                           fill=fill, wrong=wrong, checks=args.checks, iters=args.iters)
-
-
-def run(group, torch, args, counts: list[int]) -> tuple[bool, list[str]]:
-    """Every size: verified in graph replays, then timed beside NCCL."""
-    dist, no_nccl = start_nccl(group, torch)
-    stream = torch.cuda.Stream()
-    lines, ok = [], True
-    heap = group.size * max(counts) * 4 + (1 << 20)
-    try:
-        with group.communicator(max_bytes=1 << 20, heap_bytes=heap) as comm, \
-                torch.cuda.stream(stream):
-            view = ipt.device_view(comm)
-            flags = meeting_flags(torch, comm)
-            whole = torch.from_dlpack(comm.empty((group.size * max(counts),), torch.int32))
-            for count in counts:
-                bad, nccl_bad, us, nccl_us = one_size(group, torch, stream, comm, view, flags,
-                                                      whole, count, dist, args)
-                ok = ok and bad == 0
-                lines.append(verdict(f"all-gather of {format_size(count * 4)} per rank on "
-                                     f"{group.size} ranks", bad, nccl_bad, us, nccl_us,
-                                     no_nccl, args.checks))
-            view.raise_kernel_error()
-    finally:
-        if dist is not None:
-            dist.destroy_process_group()
-    return ok, lines
+    return measure_with(setting, ours=ours, theirs=theirs, fill=fill, wrong=wrong)
 
 
 def cli(argv: list[str] | None = None) -> int:
     args, sizes = parse_args(parser_for(__doc__, "8K,64K,512K,4M"), argv, unit=4)
-    return main("triton_allgather.py", args, lambda group, torch, args: run(
-        group, torch, args, [size // 4 for size in sizes]))
+    counts = [size // 4 for size in sizes]
+
+    def run(group, torch, args):
+        return sweep(group, torch, args, area=(group.size * max(counts), torch.int32),
+                     sizes=counts, measure=measure,
+                     label=lambda count, us: f"all-gather of {format_size(count * 4)} per "
+                                             f"rank on {group.size} ranks")
+
+    return main("triton_allgather.py", args, run)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ this call needs). Values only grow, waits are ``>=``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -224,6 +225,64 @@ def verdict(what: str, wrong: int, nccl_wrong: int, ours_us: float, nccl_us: flo
     nccl = "" if nccl_wrong == 0 else f" (NCCL #wrong {nccl_wrong}: its time is no result)"
     return (f"{what}: {checked}; Triton {ours_us:.2f} us, NCCL {nccl_us:.2f} us per call "
             f"in CUDA graphs of {CALLS_PER_GRAPH} calls{nccl}; ratio {ours_us / nccl_us:.2f}")
+
+
+@dataclasses.dataclass
+class Setting:
+    """What every size of a sweep uses: the stream, the communicator, the peer table of
+    its heap, the meeting's flags, an area of the heap for the kernel's shared buffer,
+    and NCCL (None, with ``no_nccl`` saying why, where it could not start)."""
+
+    group: Any
+    torch: Any
+    args: argparse.Namespace
+    stream: Any
+    comm: Any
+    view: Any
+    flags: Any
+    area: Any
+    dist: Any
+    no_nccl: str | None
+
+
+def sweep(group, torch, args, *, area: tuple[int, Any], sizes: list[int],
+          measure: Callable[[Setting, int], tuple[int, int, float, float | None]],
+          label: Callable[[int, float], str], nccl: bool = True) -> tuple[bool, list[str]]:
+    """``measure(setting, size)`` for every size (verified, then timed: see
+    ``verify_and_time``) in a communicator whose heap holds ``area`` (elements, torch
+    dtype); a report line per size from ``label(size, our microseconds)``."""
+    dist, no_nccl = start_nccl(group, torch) if nccl else (None, "not asked for")
+    stream = torch.cuda.Stream()
+    lines, ok = [], True
+    elements, dtype = area
+    heap = elements * torch.empty(0, dtype=dtype).element_size() + (1 << 20)
+    try:
+        with group.communicator(max_bytes=1 << 20, heap_bytes=heap) as comm, \
+                torch.cuda.stream(stream):
+            view = ipt.device_view(comm)
+            flags = meeting_flags(torch, comm)
+            shared = torch.from_dlpack(comm.empty((elements,), dtype))
+            setting = Setting(group, torch, args, stream, comm, view, flags, shared, dist,
+                              no_nccl)
+            for size in sizes:
+                bad, nccl_bad, us, nccl_us = measure(setting, size)
+                ok = ok and bad == 0
+                lines.append(verdict(label(size, us), bad, nccl_bad, us, nccl_us, no_nccl,
+                                     args.checks))
+            view.raise_kernel_error()
+    finally:
+        if dist is not None:
+            dist.destroy_process_group()
+    return ok, lines
+
+
+def measure_with(setting: Setting, *, ours: Callable[[], None], theirs: Callable[[], None],
+                 fill: Callable[[int], None], wrong: Callable[[], tuple[int, int]],
+                 ) -> tuple[int, int, float, float | None]:
+    """``verify_and_time`` in ``setting`` (NCCL's side left out where it did not start)."""
+    return verify_and_time(setting.torch, setting.group, setting.stream, ours=ours,
+                           theirs=theirs if setting.dist is not None else None, fill=fill,
+                           wrong=wrong, checks=setting.args.checks, iters=setting.args.iters)
 
 
 if triton is not None:

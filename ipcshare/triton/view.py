@@ -14,7 +14,8 @@ from ..runtime.errors import CollectiveError, Unsupported, WindowError
 from ..window.layout import TRITON_BARRIER_RANKS
 from .table import FIRST_REGISTRATION_ROW, TableDescription, pack_table
 
-__all__ = ["MIN_TRITON", "DeviceView", "device_view", "require_triton", "describe"]
+__all__ = ["MIN_TRITON", "DeviceView", "device_view", "require_triton", "describe",
+           "check_can_spin"]
 
 # Atomics with ``scope=`` (and ``sem=``) first came with Triton 3.0; the device functions
 # need both, and ``tl.inline_asm_elementwise`` with ``pack``.
@@ -72,6 +73,29 @@ def _window_of(source: Any) -> tuple[Any, str]:
                     f"{type(source).__name__}")
 
 
+def check_can_spin(*, device_memory: bool, time_sliced_gpus: dict[str, list[int]], rank: int,
+                   world_size: int) -> None:
+    """Refuse, in one line, what a Triton kernel that waits for its peers cannot run on.
+
+    Raises:
+        Unsupported: host memory; this rank takes turns on its GPU with others (shared
+            without MPS: a spinning kernel would wait for a peer that cannot run).
+        WindowError: more ranks than barrier_all has words for.
+    """
+    if not device_memory:
+        raise Unsupported("ipcshare.triton runs Triton kernels on GPU memory: this group "
+                          "uses host memory (use a GPU backend: cuda-ipc or cuda-vmm)")
+    for uuid, ranks in sorted(time_sliced_gpus.items()):
+        if rank in ranks:
+            raise Unsupported(f"ranks {', '.join(map(str, ranks))} take turns on GPU {uuid} "
+                              "(shared without MPS): a Triton kernel that waits for a peer "
+                              "would spin while that peer cannot run; start MPS "
+                              "(nvidia-cuda-mps-control -d) or give each rank its own GPU")
+    if world_size > TRITON_BARRIER_RANKS:
+        raise WindowError(f"{world_size} ranks: barrier_all has words for at most "
+                          f"{TRITON_BARRIER_RANKS}")
+
+
 def describe(source: Any, *registrations: Any) -> TableDescription:
     """What a view of ``source`` (a Window or a Communicator) and ``registrations`` (of
     that communicator) holds: this rank, the pads, the window's and each registration's
@@ -96,18 +120,9 @@ def describe(source: Any, *registrations: Any) -> TableDescription:
         if registration.closed:
             raise CollectiveError(f"registration {index} was unregistered: its peers' "
                                   "mappings are gone")
-    if not window.backend.device_memory:
-        raise Unsupported("ipcshare.triton runs Triton kernels on GPU memory: this group "
-                          "uses host memory (use a GPU backend: cuda-ipc or cuda-vmm)")
-    for uuid, ranks in sorted(window.time_sliced_gpus.items()):
-        if window.rank in ranks:
-            raise Unsupported(f"ranks {', '.join(map(str, ranks))} take turns on GPU {uuid} "
-                              "(shared without MPS): a Triton kernel that waits for a peer "
-                              "would spin while that peer cannot run; start MPS "
-                              "(nvidia-cuda-mps-control -d) or give each rank its own GPU")
-    if window.world_size > TRITON_BARRIER_RANKS:
-        raise WindowError(f"{window.world_size} ranks: barrier_all has words for at most "
-                          f"{TRITON_BARRIER_RANKS}")
+    check_can_spin(device_memory=window.backend.device_memory,
+                   time_sliced_gpus=window.time_sliced_gpus, rank=window.rank,
+                   world_size=window.world_size)
     memories = (tuple(window.buffer_ptrs),
                 *(tuple(r.buffer_ptrs) for r in registrations))
     # Half the group's timeout, as ipcshare's kernels: the kernel names a silent peer

@@ -1,0 +1,131 @@
+"""ipcshare.triton's device functions where Triton is installed, without a GPU: every
+function and the examples' kernels compile to an sm_90 CUBIN (Triton's own ptxas), the
+PTX carries signal.cuh's release and acquire at system scope, debug mode adds the peer
+check; and Triton's interpreter runs translate, load, store, get, put and the atomics on
+two CPU tensors standing for two ranks' memory (torch needed). Skipped, with the reason,
+where Triton (or torch) is missing: CI needs neither."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ..example_runs import EXAMPLES, load_example
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                                reason="needs Triton (pip install triton); no GPU needed")
+
+_SM90 = ("cuda", 90, 32)
+_EXAMPLE_KERNELS = {
+    "triton_allgather": ("all_gather_kernel", {
+        "out": "*i32", "inp": "*i32", "flags": "*i64", "table": "*i64", "count": "i32"},
+        2048),
+    "triton_allreduce_rmsnorm": ("all_reduce_rmsnorm_kernel", {
+        "y": "*bf16", "h": "*bf16", "x": "*bf16", "residual": "*bf16", "weight": "*bf16",
+        "flags": "*i64", "table": "*i64", "rows": "i32", "hidden": "i32", "eps": "fp32"},
+        4096),
+    "triton_ring": ("ring_kernel", {
+        "received": "*i32", "source": "*i32", "flags": "*i64", "table": "*i64",
+        "count": "i32"}, 4096),
+}
+
+
+def _compile(fn, signature, constexprs=None, **options):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature = dict(signature, **{name: "constexpr" for name in constexprs or {}})
+    source = ASTSource(fn=fn, signature=signature, constexprs=constexprs or {})
+    return triton.compile(source, target=GPUTarget(*_SM90), options=options or None)
+
+
+if importlib.util.find_spec("triton") is not None:
+    import triton
+    import triton.language as tl
+
+    import ipcshare.triton as ipt
+
+    @triton.jit
+    def every_function(x, out, words, table, n, BLOCK: tl.constexpr):
+        me = ipt.rank(table)
+        peer = (me + 1) % ipt.world_size(table)
+        offsets = tl.arange(0, BLOCK)
+        mask = offsets < n
+        ipt.put(out + offsets, x + offsets, peer, table, mask=mask)
+        ipt.get(out + offsets, x + offsets, peer, table, 2, mask)
+        ipt.store(out + offsets, ipt.load(x + offsets, peer, table, mask=mask, other=0.0),
+                  peer, table, mask=mask)
+        old = ipt.atomic_add(words, 1, peer, table, 2, sem="relaxed", scope="sys")
+        ipt.atomic_cas(words + 1, 0, 5, peer, table, 2, sem="acquire", scope="gpu")
+        ipt.atomic_xchg(words + 2, old, peer, table, 2, sem="release", scope="sys")
+        ipt.signal(ipt.pad(peer, table), 449, 7)
+        met = ipt.wait_until(ipt.pad(me, table), 449, ipt.CMP_GE, 7, 1000)
+        ipt.barrier_all(table)
+        tl.store(words + 3, met.to(tl.int64))
+
+
+_EVERY = {"x": "*fp32", "out": "*fp32", "words": "*i64", "table": "*i64", "n": "i32"}
+
+
+def test_every_device_function_compiles_for_sm90_with_signal_cuh_s_ordering():
+    compiled = _compile(every_function, _EVERY, {"BLOCK": 1024})
+    ptx = compiled.asm["ptx"]
+    assert compiled.asm["cubin"]
+    for instruction in ("st.release.sys.global.u64", "ld.acquire.sys.global.u64",
+                        "fence.sc.sys", "bar.sync",
+                        # the atomics with the semantics and scopes the kernel asked for
+                        "atom.global.sys.relaxed.add", "atom.global.acquire.gpu.cas",
+                        "atom.global.sys.release.exch"):
+        assert instruction in ptx, instruction
+    # The peer check costs nothing outside debug mode.
+    assert "__assertfail" not in ptx
+
+
+def test_debug_mode_checks_the_peer_rank_with_device_assert():
+    compiled = _compile(every_function, _EVERY, {"BLOCK": 1024}, debug=True)
+    assert "__assertfail" in compiled.asm["ptx"]
+    assert b"peer rank out of range" in compiled.asm["cubin"] or \
+        "peer rank out of range" in compiled.asm["ptx"]
+
+
+def test_the_barrier_kernel_compiles_for_sm90():
+    import ipcshare.triton as ipt
+
+    assert _compile(ipt.barrier_all_kernel, {"table": "*i64"}).asm["cubin"]
+
+
+@pytest.mark.parametrize("example", sorted(_EXAMPLE_KERNELS))
+def test_the_examples_kernels_compile_for_sm90(example, monkeypatch):
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    module = load_example(example)
+    name, signature, block = _EXAMPLE_KERNELS[example]
+    ptx = _compile(getattr(module, name), signature, {"BLOCK": block}).asm["ptx"]
+    assert "st.release.sys.global.u64" in ptx and "ld.acquire.sys.global.u64" in ptx
+
+
+def test_the_interpreter_runs_the_data_functions_between_two_tensors():
+    """Two CPU tensors stand for two ranks' windows (and two for a registration); rank 0's
+    kernel reaches rank 1's through the table, as a GPU kernel reaches a peer's mapping.
+    In a process of its own: Triton's interpreter is chosen when kernels are defined."""
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("the interpreter's arrays are torch tensors: needs torch")
+    script = Path(__file__).with_name("triton_interpreted.py")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1"}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    block = found["block"]
+    assert found["peer_window"][:block] == list(range(block))                  # put
+    assert found["dst"] == list(range(100, 100 + block))                        # get
+    assert found["peer_window"][2 * block:3 * block] == list(range(1, block + 1))  # load, store
+    assert found["peer_counters"] == [3, 7, 5, 0]   # add 3, cas 0->7 (then 0->9 fails), xchg 5
+    assert found["own_counters"] == [0, 0, 0, 0]    # the old value xchg returned, and no other
+    assert found["own_window_untouched"]
