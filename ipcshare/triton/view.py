@@ -15,7 +15,7 @@ from ..window.layout import TRITON_BARRIER_RANKS
 from .table import FIRST_REGISTRATION_ROW, TableDescription, pack_table
 
 __all__ = ["MIN_TRITON", "DeviceView", "device_view", "require_triton", "describe",
-           "check_can_spin"]
+           "check_can_spin", "addresses"]
 
 # Atomics with ``scope=`` (and ``sem=``) first came with Triton 3.0; the device functions
 # need both, and ``tl.inline_asm_elementwise`` with ``pack``.
@@ -123,6 +123,16 @@ def describe(source: Any, *registrations: Any) -> TableDescription:
     check_can_spin(device_memory=window.backend.device_memory,
                    time_sliced_gpus=window.time_sliced_gpus, rank=window.rank,
                    world_size=window.world_size)
+    return addresses(window, *registrations)
+
+
+def addresses(window: Any, *registrations: Any) -> TableDescription:
+    """The addresses a table of ``window`` and ``registrations`` holds, in this process,
+    whatever memory they are (``describe`` refuses what a kernel cannot use first).
+
+    Raises:
+        WindowError: a rank not mapped here (another node, no peer access).
+    """
     memories = (tuple(window.buffer_ptrs),
                 *(tuple(r.buffer_ptrs) for r in registrations))
     # Half the group's timeout, as ipcshare's kernels: the kernel names a silent peer
