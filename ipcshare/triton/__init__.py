@@ -16,7 +16,7 @@ from typing import Any
 from .table import FIRST_REGISTRATION_ROW, PAD_ROW, WINDOW_ROW, TableDescription, pack_table
 from .view import MIN_TRITON, DeviceView, device_view, require_triton
 
-_DEVICE_NAMES = ("CMP_EQ", "CMP_NE", "CMP_GT", "CMP_GE", "CMP_LT", "CMP_LE", "rank",
+_DEVICE_NAMES = ("CMP_EQ", "CMP_NE", "CMP_GT", "CMP_GE", "CMP_LT", "CMP_LE", "USER_WORD", "rank",
                  "world_size", "check_peer", "translate", "load", "store", "get", "put",
                  "atomic_add", "atomic_cas", "atomic_xchg", "pad", "signal", "wait_until",
                  "barrier_all", "barrier_all_kernel")

@@ -19,7 +19,8 @@ import triton.language as tl
 from ..window import layout as _layout
 from . import table as _table
 
-__all__ = ["CMP_EQ", "CMP_NE", "CMP_GT", "CMP_GE", "CMP_LT", "CMP_LE", "rank", "world_size",
+__all__ = ["CMP_EQ", "CMP_NE", "CMP_GT", "CMP_GE", "CMP_LT", "CMP_LE", "USER_WORD", "rank",
+           "world_size",
            "check_peer", "translate", "load", "store", "get", "put", "atomic_add",
            "atomic_cas", "atomic_xchg", "pad", "signal", "wait_until", "barrier_all",
            "barrier_all_kernel"]
@@ -42,6 +43,8 @@ _BARRIER_BASE = tl.constexpr(_layout.TRITON_BARRIER_SLOT_BASE)
 _EPOCH_WORD = tl.constexpr(_layout.TRITON_EPOCH_SLOT)
 _ERROR_WORD = tl.constexpr(_layout.ERROR_SLOT)
 _EPOCH_MASK = tl.constexpr(0xFFFFFFFFFFFF)
+# The first pad word left to users' Triton signals (up to ERROR_SLOT - 1).
+USER_WORD = tl.constexpr(_layout.TRITON_USER_SLOT_BASE)
 
 
 @triton.jit

@@ -10,11 +10,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+import ipcshare.kernels
 
 from ..example_runs import EXAMPLES, load_example
 
@@ -22,6 +25,10 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                                 reason="needs Triton (pip install triton); no GPU needed")
 
 _SM90 = ("cuda", 90, 32)
+# put_signal's release store and load_acquire's load, as signal.cuh spells them.
+_SIGNAL_CUH_ORDERING = tuple(re.findall(
+    r'asm volatile\("((?:st\.release|ld\.acquire)\.sys\.global\.u64) ',
+    (Path(ipcshare.kernels.__file__).parent / "include/ipcshare/signal.cuh").read_text()))
 _EXAMPLE_KERNELS = {
     "triton_allgather": ("all_gather_kernel", {
         "out": "*i32", "inp": "*i32", "flags": "*i64", "table": "*i64", "count": "i32"},
@@ -75,11 +82,11 @@ _EVERY = {"x": "*fp32", "out": "*fp32", "words": "*i64", "table": "*i64", "n": "
 
 
 def test_every_device_function_compiles_for_sm90_with_signal_cuh_s_ordering():
+    assert len(_SIGNAL_CUH_ORDERING) == 2, _SIGNAL_CUH_ORDERING
     compiled = _compile(every_function, _EVERY, {"BLOCK": 1024})
     ptx = compiled.asm["ptx"]
     assert compiled.asm["cubin"]
-    for instruction in ("st.release.sys.global.u64", "ld.acquire.sys.global.u64",
-                        "fence.sc.sys", "bar.sync",
+    for instruction in (*_SIGNAL_CUH_ORDERING, "fence.sc.sys", "bar.sync",
                         # the atomics with the semantics and scopes the kernel asked for
                         "atom.global.sys.relaxed.add", "atom.global.acquire.gpu.cas",
                         "atom.global.sys.release.exch"):
@@ -107,7 +114,7 @@ def test_the_examples_kernels_compile_for_sm90(example, monkeypatch):
     module = load_example(example)
     name, signature, block = _EXAMPLE_KERNELS[example]
     ptx = _compile(getattr(module, name), signature, {"BLOCK": block}).asm["ptx"]
-    assert "st.release.sys.global.u64" in ptx and "ld.acquire.sys.global.u64" in ptx
+    assert all(instruction in ptx for instruction in _SIGNAL_CUH_ORDERING)
 
 
 def test_the_interpreter_runs_the_data_functions_between_two_tensors():
