@@ -224,7 +224,8 @@ def verdict(what: str, wrong: int, nccl_wrong: int, ours_us: float, nccl_us: flo
         return f"{what}: {checked}; Triton {ours_us:.2f} us per call (NCCL skipped: {no_nccl})"
     nccl = "" if nccl_wrong == 0 else f" (NCCL #wrong {nccl_wrong}: its time is no result)"
     return (f"{what}: {checked}; Triton {ours_us:.2f} us, NCCL {nccl_us:.2f} us per call "
-            f"in CUDA graphs of {CALLS_PER_GRAPH} calls{nccl}; ratio {ours_us / nccl_us:.2f}")
+            f"in CUDA graphs of {CALLS_PER_GRAPH} calls{nccl}; NCCL / Triton "
+            f"{nccl_us / ours_us:.2f}")
 
 
 @dataclasses.dataclass
@@ -247,11 +248,13 @@ class Setting:
 
 def sweep(group, torch, args, *, area: tuple[int, Any], sizes: list[int],
           measure: Callable[[Setting, int], tuple[int, int, float, float | None]],
-          label: Callable[[int, float], str], nccl: bool = True) -> tuple[bool, list[str]]:
+          label: Callable[[int, float], str], skip_nccl: str | None = None,
+          ) -> tuple[bool, list[str]]:
     """``measure(setting, size)`` for every size (verified, then timed: see
     ``verify_and_time``) in a communicator whose heap holds ``area`` (elements, torch
-    dtype); a report line per size from ``label(size, our microseconds)``."""
-    dist, no_nccl = start_nccl(group, torch) if nccl else (None, "not asked for")
+    dtype); a report line per size from ``label(size, our microseconds)``. NCCL is left
+    out where ``skip_nccl`` says why."""
+    dist, no_nccl = start_nccl(group, torch) if skip_nccl is None else (None, skip_nccl)
     stream = torch.cuda.Stream()
     lines, ok = [], True
     elements, dtype = area

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.gpu
 
 _LINE = re.compile(r"(?P<what>.+): verified bit for bit in (?P<checks>\d+) graph replays; "
                    r"Triton (?P<ours>[\d.]+) us(, NCCL (?P<nccl>[\d.]+) us per call in CUDA "
-                   r"graphs of \d+ calls; ratio [\d.]+| per call \(NCCL skipped: .+\))")
+                   r"graphs of \d+ calls; NCCL / Triton [\d.]+| per call \(NCCL skipped: .+\))")
 
 
 @pytest.fixture(autouse=True)
