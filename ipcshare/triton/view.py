@@ -6,6 +6,7 @@ description; the tensor needs torch and a GPU backend."""
 from __future__ import annotations
 
 import importlib.metadata
+import re
 from typing import Any
 
 import numpy as np
@@ -23,13 +24,15 @@ MIN_TRITON = (3, 0)
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:
+    """``3.1.0rc1+git12`` -> (3, 1, 0): the leading numbers, up to the first that is not
+    only a number."""
     parts = []
     for piece in text.split("+")[0].split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        if not digits:
+        number = re.match(r"\d+", piece)
+        if number is None:
             break
-        parts.append(int(digits))
-        if not piece.isdigit():
+        parts.append(int(number[0]))
+        if number[0] != piece:
             break
     return tuple(parts)
 
@@ -151,7 +154,9 @@ class DeviceView:
     the world size, each rank's signal pad and, per memory, each rank's base (see
     ``ipcshare.triton.table``). Pass ``*view.args()`` (table, rank, world size) to a
     ``@triton.jit`` kernel. Not collective; cheap to make once and reuse, in CUDA graphs
-    too (the table does not change).
+    too (the table does not change). Keep the view as long as a kernel or a captured
+    graph may still use its table, and run none after the window, the communicator or a
+    registration of it is closed.
     """
 
     def __init__(self, source: Any, registrations: tuple[Any, ...],

@@ -97,7 +97,7 @@ def test_a_missing_triton_is_refused_in_one_line(monkeypatch):
         _ = ipt.put
 
 
-@pytest.mark.parametrize("version", ["2.3.1", "2.1.0+git1234", "1.0"])
+@pytest.mark.parametrize("version", ["2.3.1", "2.1.0+git1234", "1.0", "2.9rc1"])
 def test_an_old_triton_is_refused_naming_both_versions(version):
     with pytest.raises(Unsupported) as caught:
         require_triton(version)
@@ -105,7 +105,7 @@ def test_an_old_triton_is_refused_naming_both_versions(version):
                                  "is installed (pip install -U triton)")
 
 
-@pytest.mark.parametrize("version", ["3.0.0", "3.9.0", "3.10.0+git8a1b", "4.0"])
+@pytest.mark.parametrize("version", ["3.0.0", "3.9.0", "3.10.0+git8a1b", "4.0", "3.0.0rc1"])
 def test_a_new_enough_triton_passes(version):
     assert require_triton(version) == version
 
