@@ -1,8 +1,9 @@
 """ipcshare.triton's device functions on GPUs, at any world size (one GPU per rank, or
 ranks sharing GPUs under MPS): every data function with data written by one rank and
-read by another after a signal; atomics from every program of every rank at once giving
-the exact count; 1,000 CUDA graph replays of barrier_all with no reset from the host.
-Run under mpiexec; skipped, with the reason, without a GPU, Triton or torch.
+read by another after a signal, in the heap and in a registered tensor (its own row);
+atomics from every program of every rank at once giving the exact count; 1,000 CUDA
+graph replays of barrier_all with no reset from the host. Run under mpiexec; skipped,
+with the reason, without a GPU, Triton or torch.
 
     mpiexec -n 2 python -m pytest --with-mpi -m "gpu and mpi" tests/gpu/test_triton_primitives.py
 """
@@ -14,6 +15,7 @@ import importlib.util
 import numpy as np
 import pytest
 
+import ipcshare
 from ipcshare.window.layout import TRITON_EPOCH_SLOT, TRITON_USER_SLOT_BASE
 
 from .torch_communicator import torch_communicator
@@ -94,6 +96,20 @@ def lockstep(tick, mailbox, errors, table):
     ipt.barrier_all(table)
 
 
+@triton.jit
+def put_into_registered(dst, src, table, word, value, ROW: tl.constexpr,
+                        BLOCK: tl.constexpr):
+    """``put`` our source into the next rank's registered tensor (table row ROW), signal;
+    wait for the previous rank's."""
+    me = ipt.rank(table)
+    world = ipt.world_size(table)
+    ahead = (me + 1) % world
+    offsets = tl.arange(0, BLOCK)
+    ipt.put(dst + offsets, src + offsets, ahead, table, ROW)
+    ipt.signal(ipt.pad(ahead, table), word, value)
+    ipt.wait_until(ipt.pad(me, table), word, ipt.CMP_GE, value)
+
+
 @pytest.fixture(scope="module", params=["cuda-vmm", "cuda-ipc"])
 def setup(request):
     with torch_communicator(request.param, 4 << 20) as (group, comm, stream):
@@ -127,6 +143,27 @@ def test_every_data_function_moves_what_one_rank_wrote_to_another(comm, setup):
         assert np.array_equal(loaded.cpu().numpy(), theirs)             # load
         comm.Barrier()   # nobody puts the next step while a peer still reads this one
     view.raise_kernel_error()
+
+
+def test_a_registered_tensor_is_reached_through_its_own_row(comm, setup):
+    group, communicator, stream, _ = setup
+    size, rank = group.size, group.rank
+    # Memory of torch's caching allocator, not in the heap: shared by registration.
+    registered = torch.zeros(BLOCK, dtype=torch.int32, device="cuda")
+    source = torch.arange(BLOCK, dtype=torch.int32, device="cuda") * 7 + rank
+    stream.synchronize()
+    registration = communicator.register(registered)
+    view = ipt.device_view(communicator, registration)
+    assert view.row(registration) == 2
+    put_into_registered[(1,)](registered, source, view.table, TRITON_USER_SLOT_BASE + 1, 1,
+                              ROW=view.row(registration), BLOCK=BLOCK)
+    stream.synchronize()
+    behind = (rank - 1) % size
+    assert np.array_equal(registered.cpu().numpy(), np.arange(BLOCK) * 7 + behind)
+    comm.Barrier()
+    communicator.unregister(registered)
+    with pytest.raises(ipcshare.CollectiveError, match="was unregistered"):
+        view.args()
 
 
 def test_atomics_from_every_rank_at_once_give_the_exact_count(comm, setup):
