@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import ipcshare
+from ipcshare.backends import gpu_count
 from ipcshare.window.layout import TRITON_EPOCH_SLOT, TRITON_USER_SLOT_BASE
 
 from .torch_communicator import torch_communicator
@@ -112,6 +113,10 @@ def put_into_registered(dst, src, table, word, value, ROW: tl.constexpr,
 
 @pytest.fixture(scope="module", params=["cuda-vmm", "cuda-ipc"])
 def setup(request):
+    # Before the group: this module-scoped fixture runs ahead of conftest's per-test skip.
+    count, reason = gpu_count()
+    if count == 0:
+        pytest.skip(f"needs a CUDA GPU: {reason}")
     with torch_communicator(request.param, 4 << 20) as (group, comm, stream):
         if group.time_sliced_gpus:   # the same on every rank: all skip alike
             pytest.skip("ranks take turns on a GPU: spinning kernels need MPS "
