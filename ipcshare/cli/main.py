@@ -164,8 +164,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         guard.uninstall()
     if guard.reader_gone and status == EXIT_OK:
-        return EXIT_READER_GONE
+        status = EXIT_READER_GONE
+    _leave_if_requests_unsettled(status)
     return status
+
+
+def _leave_if_requests_unsettled(status: int) -> None:
+    """A wait that gave up left an MPI request no peer will complete (ranks that timed
+    out at different steps): leave with ``status`` without MPI_Finalize, which would write
+    into its freed buffers or wait for it (runtime/abandoned_requests.py)."""
+    from ..liveness.mpi_segments import remove_mpi_segments
+    from ..runtime.abandoned_requests import leave_if_unsettled
+
+    leave_if_unsettled(status, before_leaving=remove_mpi_segments)
 
 
 def _run_command(argv: Sequence[str] | None) -> int:
