@@ -143,13 +143,22 @@ class SocketEndpoint:
 
     def share(self, fd: int, peers: list[int], sequence: int) -> dict[int, OwnedFd]:
         """Send ``fd`` to every local rank in ``peers`` and receive one descriptor from
-        each of them, both at once: a sender that challenges a listener waits for that
-        listener's answer, which its receiving side gives while it sends too.
+        each of them.
+
+        Where every peer's pid can be checked no sender waits for an answer (the kernel
+        queues each descriptor), so this rank sends, then receives. Otherwise a sender
+        that challenges a listener waits for its answer, which that rank gives while it
+        sends too: this rank receives in a thread of its own meanwhile. (Not always: the
+        hand-over of the GIL between the threads cost about 4 ms per window on 2 cores.)
 
         Raises:
             ExchangeTimeout / ExchangeError / PeerDied: as ``send_fd`` and
                 ``receive_fds``.
         """
+        if None not in self.peer_pids:
+            for peer in peers:
+                self.send_fd(peer, fd, sequence)
+            return self.receive_fds(set(peers), sequence)
         received: dict[int, OwnedFd] = {}
         failure: list[BaseException] = []
         stop = threading.Event()
