@@ -83,8 +83,9 @@ SETTINGS = (
     Setting(DOCTOR_TIMEOUT, "60", "seconds a rank may be late at a doctor checkpoint"),
     Setting(SOCKET_DIR, "the temp dir", "where the job's private socket directory goes "
             "(one directory mounted in every container of a node); set, it must be a "
-            "writable directory whose socket paths fit 107 bytes, or every group fails at "
-            "setup on every rank naming why"),
+            "writable directory whose socket paths fit 107 bytes, this user's or root's and "
+            "not writable by others unless sticky (as /tmp), or every group fails at setup "
+            "on every rank naming why"),
     Setting(KERNEL_CACHE, "$XDG_CACHE_HOME/ipcshare/kernels, else "
             "~/.cache/ipcshare/kernels", "where compiled kernels (CUBIN) are kept, one file "
             "per kernel, architecture and NVRTC version"),
