@@ -7,7 +7,9 @@ A request that never completes must not meet MPI_Finalize either: mpi4py finaliz
 Python has freed every object, so MPI would write into freed memory (seen: "malloc():
 unsorted double linked list corrupted" in MPI_Finalize after a 1 ms exchange timeout), or
 wait in it for a rank that never posts its part. A process holding one at exit waits a
-moment for it (``settle``), then leaves without MPI_Finalize (``leave_if_unsettled``)."""
+moment for it (``settle``), then leaves without MPI_Finalize (``leave_if_unsettled``).
+``abandoned`` tells whether this process ever gave up on a request: its job then failed,
+and peers may have left without MPI_Finalize (the CLI leaves without it then too)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["keep", "settle", "leave_if_unsettled", "SETTLE_S"]
+__all__ = ["keep", "abandoned", "settle", "leave_if_unsettled", "SETTLE_S"]
 
 _HELD: list[tuple[tuple[Any, ...], tuple[Any, ...]]] = []
 # How long a leaving process waits for its abandoned requests: a late peer that was still
@@ -25,12 +27,14 @@ _HELD: list[tuple[tuple[Any, ...], tuple[Any, ...]]] = []
 SETTLE_S = 1.0
 _LEFT_UNSETTLED_STATUS = 1
 _registered = False
+_ever = False
 
 
 def keep(*requests: Any, buffers: tuple[Any, ...] = ()) -> None:
     """Hold ``requests`` (and ``buffers``, where the requests may not hold them) until
     every one of them has completed."""
-    global _registered
+    global _registered, _ever
+    _ever = True
     _HELD[:] = [(kept, held) for kept, held in _HELD
                 if not all(_completed(request) for request in kept)]
     _HELD.append((requests, buffers))
@@ -39,6 +43,11 @@ def keep(*requests: Any, buffers: tuple[Any, ...] = ()) -> None:
         # held here are freed): the last moment to keep a request away from it.
         atexit.register(leave_if_unsettled, _LEFT_UNSETTLED_STATUS)
         _registered = True
+
+
+def abandoned() -> bool:
+    """Whether this process ever gave up on an MPI request (completed since or not)."""
+    return _ever
 
 
 def settle(timeout: float = SETTLE_S) -> int:

@@ -16,9 +16,9 @@ from .errors import SettingError
 __all__ = [
     "Setting", "SETTINGS", "raw", "seconds", "log_level", "debug", "max_ranks_per_gpu",
     "disabled_p2p_pairs", "shared_gpu_barrier", "SHARED_GPU_BARRIERS", "mpi_cuda_aware",
-    "socket_dir", "kernel_cache", "doctor_test_death", "exchange_timeout",
-    "DEFAULT_EXCHANGE_TIMEOUT_S", "MIN_SECONDS", "MAX_SECONDS", "LOG", "DEBUG",
-    "VIRTUAL_NODES", "MAX_RANKS_PER_GPU",
+    "socket_dir", "kernel_cache", "doctor_test_death", "exchange_timeout", "signal_timeout",
+    "DEFAULT_EXCHANGE_TIMEOUT_S", "DEFAULT_SIGNAL_TIMEOUT_S", "MIN_SECONDS", "MAX_SECONDS",
+    "LOG", "DEBUG", "VIRTUAL_NODES", "MAX_RANKS_PER_GPU",
     "DISABLE_P2P", "P2P_FALLBACK", "P2P_CHUNK", "SHARED_GPU_BARRIER", "MPI_CUDA_AWARE",
     "SIGNAL_TIMEOUT", "EXCHANGE_TIMEOUT",
     "ARRIVAL_TIMEOUT", "PEER_EXIT_GRACE", "DOCTOR_TIMEOUT", "SOCKET_DIR", "KERNEL_CACHE",
@@ -137,6 +137,16 @@ def seconds(name: str, default: float) -> float:
 
 
 DEFAULT_EXCHANGE_TIMEOUT_S = 30.0
+DEFAULT_SIGNAL_TIMEOUT_S = 30.0
+
+
+def signal_timeout() -> float:
+    """``IPCSHARE_SIGNAL_TIMEOUT`` in seconds (default 30).
+
+    Raises:
+        SettingError: set but not a number of seconds in range.
+    """
+    return seconds(SIGNAL_TIMEOUT, DEFAULT_SIGNAL_TIMEOUT_S)
 
 
 def exchange_timeout() -> float:

@@ -9,6 +9,7 @@ unsorted double linked list corrupted``). Each case runs real jobs under ``timeo
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -37,13 +38,15 @@ def test_a_rank_that_times_out_alone_is_named_by_every_rank(socket_base, ranks):
     out = subprocess.run([HYDRA, "-n", str(ranks), sys.executable, str(LATE_JOB)],
                          capture_output=True, text=True, timeout=60, env=env)
     elapsed = time.monotonic() - started
-    # Every rank raises the same agreed error (ranks' lines may interleave): the late
-    # rank's peers timed out first, and it names the first of them in its own words.
-    for rank in range(ranks):
-        assert f"RANK {rank}: SignalTimeout: checks at 1K ring failed on rank 1@" \
-            in out.stdout, out.stdout + out.stderr
-    assert out.stdout.count("waiting for rank 0@") == ranks, out.stdout
-    assert out.stdout.count("after 0.05 s") == ranks, out.stdout
+    # Every rank raises the same agreed error, in the words of the first rank that timed
+    # out (rank 1, unless the machine's load made another time out first), naming it.
+    # Ranks' lines may interleave on the launcher's stdout.
+    said = dict(re.findall(r"RANK (\d+): (SignalTimeout: checks at 1K ring failed on "
+                           r"rank \d@\S+: rank \d@\S+ in \w+ waiting for rank \d@\S+: "
+                           r"signal word \d+ still \d+ < \d+ after 0\.05 s"
+                           r"(?: \(reported by [^)]*\))?)", out.stdout))
+    assert sorted(said) == [str(rank) for rank in range(ranks)], out.stdout + out.stderr
+    assert len(set(said.values())) == 1, said
     assert out.returncode == 3, out.stderr
     assert elapsed < 20, f"took {elapsed:.1f} s"
     assert list(socket_base.iterdir()) == []
@@ -60,7 +63,7 @@ def test_tiny_timeouts_never_hang_or_abort(socket_base, name, value, ranks):
     env = dict(os.environ, IPCSHARE_SOCKET_DIR=str(socket_base), **{name: value})
     cmd = [HYDRA, "-n", str(ranks), sys.executable, "-m", "ipcshare", "ring", "-b", "1K",
            "-e", "4K", "--backend", "host", "--exchange", "socket"]
-    outcomes = []
+    outcomes, partial = [], 0
     for run in range(RUNS):
         try:
             out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
@@ -75,9 +78,15 @@ def test_tiny_timeouts_never_hang_or_abort(socket_base, name, value, ranks):
         if out.returncode == 0:
             assert errors == [], context
         else:
-            assert len(errors) == ranks, context
+            assert 1 <= len(errors) <= ranks, context
+            # A rank that times out in the job's last meeting, which its peers passed (a
+            # timeout shorter than the ranks' skew), fails alone: they had finished. Rare
+            # (about 1 run in 150 here); a rank's line cut off by the launcher, as when
+            # ranks left without MPI_Finalize at once, showed in 1 run in 4.
+            partial += len(errors) < ranks
         if value == "1e-9":
             assert out.returncode == 1, context
             assert all(f"{name}='1e-9' is out of range" in line for line in errors), context
         outcomes.append(out.returncode)
     assert len(outcomes) == RUNS
+    assert partial <= 2, f"{partial} of {RUNS} failed runs without every rank's line"
