@@ -148,8 +148,8 @@ class SocketEndpoint:
         Where every peer's pid can be checked no sender waits for an answer (the kernel
         queues each descriptor), so this rank sends, then receives. Otherwise a sender
         that challenges a listener waits for its answer, which that rank gives while it
-        sends too: this rank receives in a thread of its own meanwhile. (Not always: the
-        hand-over of the GIL between the threads cost about 4 ms per window on 2 cores.)
+        sends too: this rank receives in a thread of its own meanwhile. (Not always:
+        receiving in a thread measured about 4 ms more per window at 2 ranks on 2 cores.)
 
         Raises:
             ExchangeTimeout / ExchangeError / PeerDied: as ``send_fd`` and

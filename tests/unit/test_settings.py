@@ -126,11 +126,10 @@ def test_texts_and_flags(monkeypatch):
 
 
 def test_the_signal_timeout_the_table_documents_is_the_one_groups_use(monkeypatch):
-    from ipcshare.window import group
-
+    # Groups read it through settings.signal_timeout(), whose default lives beside it.
     monkeypatch.delenv(settings.SIGNAL_TIMEOUT, raising=False)
     (row,) = [s for s in settings.SETTINGS if s.name == settings.SIGNAL_TIMEOUT]
-    assert float(row.default) == group._signal_timeout() == 30.0
+    assert float(row.default) == settings.signal_timeout() == settings.DEFAULT_SIGNAL_TIMEOUT_S
 
 
 def test_a_log_level_that_is_none_is_warned_about_once_and_warning_is_used(monkeypatch,
