@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -171,8 +172,51 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         guard.uninstall()
     if guard.reader_gone and status == EXIT_OK:
-        return EXIT_READER_GONE
+        status = EXIT_READER_GONE
+    _finish_mpi(status)
     return status
+
+
+# How long MPI_Finalize may take once this rank is done: every rank arrives within
+# moments of the others after the command's last collective step, unless a peer left
+# without it (its job failed there), which MPICH's finalize would wait for for ever.
+FINALIZE_BOUND_S = 30.0
+
+
+def _finish_mpi(status: int) -> None:
+    """Finalize MPI here, bounded, or leave without it (status ``status`` either way).
+
+    A process that gave up on an MPI request leaves without MPI_Finalize: a request that
+    never completed would be completed into freed memory, or waited for
+    (runtime/abandoned_requests.py), and its peers may have left without it. It first
+    lingers as long as a peer waiting in a collective may still take to time out and say
+    so (the exchange timeout, plus a margin): hydra ends the whole job when the first
+    process leaves without MPI_Finalize, cutting off the peers' lines (seen at a 1 ms
+    exchange timeout). Any other process finalizes now, under a watchdog that ends it
+    with ``status`` after ``FINALIZE_BOUND_S``, should a peer that left without
+    finalizing hold it there.
+    """
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
+        return
+    from ..liveness.exit_policy import leave_after_peer_death
+    from ..runtime.abandoned_requests import abandoned
+    from ..runtime.errors import SettingError
+
+    if abandoned():
+        try:
+            linger = settings.exchange_timeout()
+        except SettingError:  # the command refused it already; not a traceback now
+            linger = settings.DEFAULT_EXCHANGE_TIMEOUT_S
+        leave_after_peer_death(status, linger=linger + 0.5)
+    watchdog = threading.Timer(FINALIZE_BOUND_S,
+                               lambda: leave_after_peer_death(status, linger=0))
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        mpi.Finalize()
+    finally:
+        watchdog.cancel()
 
 
 def _run_command(argv: Sequence[str] | None) -> int:

@@ -29,7 +29,12 @@ from .node_reach import (
 )
 from .pidfd import fetch_fd
 from .pidfd_refusal import PidfdRefusal
-from .socket_dir import check_socket_dir_setting, make_socket_dir, remove_socket_dir
+from .socket_dir import (
+    check_socket_dir_setting,
+    make_socket_dir,
+    open_socket_dir,
+    remove_socket_dir,
+)
 from .unix_socket import SocketEndpoint
 
 __all__ = ["Exchange", "OwnedFd", "DEFAULT_TIMEOUT_S"]
@@ -273,11 +278,8 @@ class Exchange:
             raise ExchangeError(users)  # on every rank of the node: the same facts
         endpoint = self._socket_endpoint()
         world = self.world
-        for local, rank in enumerate(world.local_ranks):
-            if rank != world.rank:
-                endpoint.send_fd(local, fd.fileno(), self._sequence)
-        expected = {local for local, rank in enumerate(world.local_ranks) if rank != world.rank}
-        by_local = endpoint.receive_fds(expected, self._sequence)
+        peers = [local for local, rank in enumerate(world.local_ranks) if rank != world.rank]
+        by_local = endpoint.share(fd.fileno(), peers, self._sequence)
         return {world.local_ranks[local]: owned for local, owned in by_local.items()}
 
     def _socket_endpoint(self) -> SocketEndpoint:
@@ -294,7 +296,7 @@ class Exchange:
         directory = make_socket_dir(token) if world.local_rank == 0 else None
         self._socket_dir = directory  # owned by local rank 0 from here on, even on failure
         try:
-            directory = self._common_socket_dir(directory, identities)
+            directory, identity = self._common_socket_dir(directory, identities)
         except BaseException:
             remove_socket_dir(self._socket_dir, token)
             self._socket_dir = None
@@ -315,7 +317,8 @@ class Exchange:
                 peer_check = None if self.watch is None else self.watch.check
                 endpoint = SocketEndpoint(token=token, secret=secret, directory=directory,
                                           local_rank=world.local_rank, peer_pids=local_pids,
-                                          timeout=self.timeout, peer_check=peer_check)
+                                          timeout=self.timeout, peer_check=peer_check,
+                                          identity=identity)
         except BaseException:
             if endpoint is not None:
                 endpoint.close()
@@ -328,11 +331,13 @@ class Exchange:
             self.watch.remove_on_forced_exit(directory, token)
         return endpoint
 
-    def _common_socket_dir(self, directory: str | None,
-                           identities: list[ProcessIdentity]) -> str | None:
-        """Collective over the node: local rank 0's socket directory if every rank sees
-        that very directory, None for abstract sockets when some rank cannot (another
-        mount namespace) but all share a network namespace.
+    def _common_socket_dir(self, directory: str | None, identities: list[ProcessIdentity]
+                           ) -> tuple[str | None, tuple[int, int] | None]:
+        """Collective over the node: local rank 0's socket directory and its (st_dev,
+        st_ino) if every rank sees that very directory (opened and checked:
+        ``open_socket_dir``), (None, None) for abstract sockets when some rank cannot
+        (another mount namespace, or a directory swapped under its path) but all share a
+        network namespace.
 
         Raises:
             ExchangeError: on every rank of the node, when neither joins them.
@@ -344,22 +349,24 @@ class Exchange:
             where = (directory, info.st_dev, info.st_ino)
         where = self._allgather(world.local_comm, where, "descriptor socket setup")[0]
         if where is None:
-            return None  # no base short enough for sun_path: abstract names
+            return None, None  # no base short enough for sun_path: abstract names
+        identity = (where[1], where[2])
         try:
-            info = os.stat(where[0])
-            sees = (info.st_dev, info.st_ino) == tuple(where[1:])
-        except OSError:
+            os.close(open_socket_dir(where[0], identity=identity))
+            sees = True
+        except ExchangeError as exc:
+            log.info("%s", exc)
             sees = False
         seen = self._allgather(world.local_comm, sees, "descriptor socket setup")
         blind = [rank for rank, ok in zip(world.local_ranks, seen, strict=True) if not ok]
         if not blind:
-            return where[0]
+            return where[0], identity
         cause = no_shared_socket_place(identities, world.local_ranks, blind, where[0])
         if cause:
             raise ExchangeError(cause)
         log.info("%s cannot see %s: abstract unix sockets instead", format_ranks(blind),
                  where[0])
-        return None
+        return None, None
 
     @property
     def refused_connections(self) -> list[tuple[int, int]]:

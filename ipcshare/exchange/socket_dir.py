@@ -9,6 +9,13 @@ then the empty directory with ``rmdir``: a directory holding anything else, a sy
 directory of another user, or one whose name or claim does not match is never touched.
 A later job sweeps a directory only once its creator is provably gone (same pid namespace,
 and that pid no longer runs the process that wrote the claim) and no socket in it is bound.
+
+The folder that holds the job's directory is trusted only as ssh trusts the folders of its
+files: owned by this user (or root), and not writable by group or others unless sticky
+(as /tmp is). Anyone who may rename entries in it could swap the job's directory for one
+of their own and collect the descriptors sent there. The job's directory is made and
+opened relative to that folder's descriptor, never through a symlink, and every rank
+checks the one it opens (this user's, 0700, the very directory local rank 0 made).
 """
 
 from __future__ import annotations
@@ -17,18 +24,19 @@ import errno
 import json
 import os
 import re
+import secrets
 import stat
 import tempfile
 import time
 
 from ..liveness.pidfd_watch import process_start_time
 from ..runtime import settings
-from ..runtime.errors import SettingError
+from ..runtime.errors import ExchangeError, SettingError
 from ..runtime.logs import get_logger
 
 __all__ = ["CLAIM_NAME", "STALE_DIR_AGE_S", "SUN_PATH_MAX", "make_socket_dir",
-           "remove_socket_dir", "remove_stale_socket_dirs", "socket_dir_base_candidates",
-           "socket_path_fits"]
+           "open_socket_dir", "remove_socket_dir", "remove_stale_socket_dirs",
+           "socket_dir_base_candidates", "socket_path_fits", "unsafe_base"]
 
 log = get_logger("exchange")
 
@@ -40,6 +48,7 @@ STALE_DIR_AGE_S = 60.0
 _DIR_NAME = re.compile(r"ipcshare-(?P<token>[0-9a-f]{16})-[a-z0-9_]{8}")
 _SOCKET_NAME = re.compile(r"r[0-9]{1,9}\.sock")
 _CLAIM_MAX_BYTES = 4096
+_RANDOM_CHARACTERS = "abcdefghijklmnopqrstuvwxyz0123456789_"  # as mkdtemp's names
 
 
 def socket_path_fits(path: str) -> bool:
@@ -79,12 +88,59 @@ def check_socket_dir_setting() -> None:
         raise SettingError(f"{settings.SOCKET_DIR}={base!r} is not writable by this user: "
                            f"give the job's user write access, {fix}",
                            setting=settings.SOCKET_DIR, value=base)
+    unsafe = unsafe_base(base)
+    if unsafe:
+        raise SettingError(f"{settings.SOCKET_DIR}={base!r} {unsafe}, {fix}",
+                           setting=settings.SOCKET_DIR, value=base)
     probe = _longest_socket_path(base, "0" * 16)
     if not socket_path_fits(probe):
         raise SettingError(f"{settings.SOCKET_DIR}={base!r} is too long for a socket path "
                            f"({len(os.fsencode(probe))} bytes with the job's socket names, at "
                            f"most {SUN_PATH_MAX}): choose a shorter directory, {fix}",
                            setting=settings.SOCKET_DIR, value=base)
+
+
+def unsafe_base(base: str | int) -> str | None:
+    """Why folder ``base`` (a path, or an open descriptor of it) must not hold the job's
+    socket directory, ending in its fix; None when it is safe: owned by this user or
+    root, and not writable by group or others unless sticky."""
+    info = os.stat(base)
+    uid = os.getuid()
+    if info.st_uid not in (uid, 0):
+        return (f"belongs to uid {info.st_uid}, who could swap the job's socket folder "
+                "inside it: use a folder of your own")
+    if stat.S_IMODE(info.st_mode) & 0o022 and not info.st_mode & stat.S_ISVTX:
+        return ("is writable by other users and not sticky: any of them could swap the "
+                "job's socket folder inside it; make it private (chmod go-w) or sticky "
+                "(chmod +t, as /tmp is)")
+    return None
+
+
+def open_socket_dir(path: str, *, identity: tuple[int, int] | None = None) -> int:
+    """Open the job's socket directory ``path`` and check it: a directory (not a
+    symlink), this user's, mode 0700, and, given ``identity`` (st_dev, st_ino), that very
+    directory. Returns the descriptor (the caller closes it).
+
+    Raises:
+        ExchangeError: it fails a check (a swapped or foreign directory).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ExchangeError(f"cannot open the job's socket directory {path}: "
+                            f"{exc.strerror or exc}") from exc
+    info = os.fstat(fd)
+    why = None
+    if info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) != 0o700:
+        why = f"it belongs to uid {info.st_uid} with mode {stat.S_IMODE(info.st_mode):o}"
+    elif identity is not None and (info.st_dev, info.st_ino) != tuple(identity):
+        why = "it is not the directory local rank 0 made"
+    if why:
+        os.close(fd)
+        raise ExchangeError(f"the job's socket directory {path} was swapped ({why}): "
+                            "refusing to pass descriptors through it; keep its folder "
+                            "private or sticky")
+    return fd
 
 
 def make_socket_dir(token: str) -> str | None:
@@ -100,17 +156,54 @@ def make_socket_dir(token: str) -> str | None:
         probe = _longest_socket_path(base, token)
         if not socket_path_fits(probe) or not os.path.isdir(base):
             continue
-        remove_stale_socket_dirs(base)
         try:
-            directory = tempfile.mkdtemp(prefix=f"ipcshare-{token}-", dir=base)  # mode 0700
+            base_fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError:
             continue
         try:
-            _write_claim(directory, token)
-        except OSError:
-            os.rmdir(directory)  # just made, empty: provably ours
+            unsafe = unsafe_base(base_fd)
+            if unsafe:  # a candidate other than the setting, which is refused by name
+                log.info("not making the socket directory in %s: it %s", base, unsafe)
+                continue
+            remove_stale_socket_dirs(base)
+            name = _make_private_dir(base_fd, token)
+            if name is None:
+                continue
+            return os.path.join(base, name)
+        finally:
+            os.close(base_fd)
+    return None
+
+
+def _make_private_dir(base_fd: int, token: str) -> str | None:
+    """Make ``ipcshare-<token>-<8 random>`` (0700) under ``base_fd`` with its claim;
+    its name, or None where it cannot be made."""
+    for _attempt in range(100):
+        name = f"ipcshare-{token}-" + "".join(
+            secrets.choice(_RANDOM_CHARACTERS) for _ in range(8))
+        try:
+            os.mkdir(name, 0o700, dir_fd=base_fd)
+        except FileExistsError:
             continue
-        return directory
+        except OSError:
+            return None
+        try:
+            dir_fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             dir_fd=base_fd)
+        except OSError:
+            return None   # swapped at once: not ours to remove
+        try:
+            info = os.fstat(dir_fd)
+            if info.st_uid != os.getuid():
+                return None
+            os.fchmod(dir_fd, 0o700)  # whatever the umask took away, nothing more
+            _write_claim(dir_fd, token)
+        except OSError:
+            os.rmdir(name, dir_fd=base_fd)  # just made, empty: provably ours
+            return None
+        finally:
+            os.close(dir_fd)
+        return name
     return None
 
 
@@ -176,11 +269,11 @@ def remove_stale_socket_dirs(base: str, *, min_age: float = STALE_DIR_AGE_S) -> 
     return removed
 
 
-def _write_claim(directory: str, token: str) -> None:
+def _write_claim(dir_fd: int, token: str) -> None:
     claim = {"token": token, "pid": os.getpid(), "start": process_start_time(os.getpid()),
              "pid_ns": _pid_namespace("self")}
-    fd = os.open(os.path.join(directory, CLAIM_NAME),
-                 os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    fd = os.open(CLAIM_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
+                 dir_fd=dir_fd)
     with os.fdopen(fd, "w") as out:
         json.dump(claim, out)
 

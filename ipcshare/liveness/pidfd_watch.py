@@ -20,7 +20,7 @@ from typing import Any
 from ..runtime.errors import PeerDied
 from ..runtime.logs import get_logger
 from ..topology.world import World
-from .failure_notice import survive_failure_notices
+from .failure_notice import survive_failure_notices, survive_interrupt_after_death
 from .mpi_segments import remove_stale_mpi_segments
 
 __all__ = ["PeerWatch", "process_start_time"]
@@ -61,6 +61,7 @@ class PeerWatch:
         self._guard_socket_dirs: list[tuple[str, str]] = []  # (token, directory)
         self._wake_read, self._wake_write = os.pipe()
         self._saved_sigusr1 = survive_failure_notices()
+        self._saved_sigint = survive_interrupt_after_death(self._peer_exited) if watched else None
         self._thread: threading.Thread | None = None
         if watched:
             self._thread = threading.Thread(target=self._watch, name="ipcshare-peer-watch",
@@ -129,6 +130,16 @@ class PeerWatch:
             # names this rank: say it once.
             return f"{dead} died while {here} was {doing[len(here) + 1:]}"
         return f"{dead} died while {here} was in {doing}"
+
+    def _peer_exited(self) -> bool:
+        """Whether a watched peer has exited, asked of the pidfds themselves (a signal
+        handler may run before the watch thread has seen the death)."""
+        if self._dead:
+            return True
+        try:
+            return any(select.select(list(self._pidfds), [], [], 0)[0])
+        except (OSError, ValueError):  # closed meanwhile
+            return False
 
     def fail(self, reason: str) -> None:
         """Mark the group's communicators unusable (a collective was abandoned)."""
@@ -216,6 +227,9 @@ class PeerWatch:
         if self._saved_sigusr1 is not None:
             signal.signal(signal.SIGUSR1, self._saved_sigusr1)
             self._saved_sigusr1 = None
+        if self._saved_sigint is not None:
+            signal.signal(signal.SIGINT, self._saved_sigint)
+            self._saved_sigint = None
         os.close(self._wake_read)
         os.close(self._wake_write)
 

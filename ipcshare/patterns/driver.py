@@ -3,6 +3,7 @@ table rows as they are measured, and the result document."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import time
 from collections.abc import Callable, Sequence
@@ -219,45 +220,54 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
             regions = window_regions(bound, pattern, plan, rotate)
             modes: dict[str, Measurement] = {}
             for mode in pattern.modes:
-                operations = [pattern.bind(region, plan, mode) for region in regions]
-                if after_kernel:
-                    operations = [_after(before_each, operation) for operation in operations]
-                if graph:
-                    bound_operations = operations
-                    if pattern.warm_before_capture:
-                        _warm_before_capture(engine, window, bound_operations)
-                    operations = []
-                    for operation in bound_operations:
-                        graphs.append(engine.capture(operation))
-                        operations.append(graphs[-1].launch)
+                # A wait on a peer may time out on one rank while the others go on to
+                # the next MPI collective, where they would wait for it for ever: each
+                # stretch of operations ends in an agreement (group.step), where every
+                # rank learns the first rank's error and raises it, within the timeout.
+                step = _stretches(group, f"{format_size(plan.size)} {mode}")
                 wrong = 0
-                for iteration in range(options.checks):
-                    region = regions[iteration % len(regions)]
-                    pattern.prepare(region, plan, mode, iteration)
-                    engine.synchronize()
-                    window.barrier()
-                    operations[iteration % len(operations)]()
-                    engine.synchronize()
-                    wrong += pattern.check(region, plan, mode, iteration)
+                with step("checks"):
+                    operations = [pattern.bind(region, plan, mode) for region in regions]
+                    if after_kernel:
+                        operations = [_after(before_each, operation)
+                                      for operation in operations]
                     if graph:
-                        window.raise_kernel_error("the device barrier")
-                    window.barrier()  # nobody poisons the next run's output early
+                        bound_operations = operations
+                        if pattern.warm_before_capture:
+                            _warm_before_capture(engine, window, bound_operations)
+                        operations = []
+                        for operation in bound_operations:
+                            graphs.append(engine.capture(operation))
+                            operations.append(graphs[-1].launch)
+                    for iteration in range(options.checks):
+                        region = regions[iteration % len(regions)]
+                        pattern.prepare(region, plan, mode, iteration)
+                        engine.synchronize()
+                        window.barrier()
+                        operations[iteration % len(operations)]()
+                        engine.synchronize()
+                        wrong += pattern.check(region, plan, mode, iteration)
+                        if graph:
+                            window.raise_kernel_error("the device barrier")
+                        window.barrier()  # nobody poisons the next run's output early
                 wrong = world.comm.allreduce(wrong, op=MPI.SUM)
-                for iteration in range(warmup_iterations(options.warmup, len(operations))):
-                    operations[iteration % len(operations)]()
-                engine.synchronize()
+                with step("warm-up"):
+                    for iteration in range(warmup_iterations(options.warmup,
+                                                             len(operations))):
+                        operations[iteration % len(operations)]()
+                    engine.synchronize()
                 host = None
                 if timing == "latency":
                     samples, wall, errors, again = _latency_samples(
-                        world, engine, operations, options.iters, offset)
+                        world, engine, operations, options.iters, offset, step)
                     measured = _latency_measurement(pattern, plan, n, samples, wrong)
                 else:
                     if graph:
                         seconds, wall, errors, again = _graph_seconds(
-                            world, engine, bound_operations, options.iters, offset)
+                            world, engine, bound_operations, options.iters, offset, step)
                     else:
                         seconds, host, wall, errors, again = _back_to_back_seconds(
-                            world, engine, operations, options.iters, offset)
+                            world, engine, operations, options.iters, offset, step)
                     algbw, busbw = pattern.bandwidth(plan, seconds, n)
                     measured = Measurement(seconds * 1e6, algbw, busbw, wrong)
                 measured.clock_rechecks = again
@@ -326,6 +336,22 @@ def check_after_kernel(backend: Backend, baselines: Sequence[Any]) -> None:
                               "stream; use --baseline nccl, torch or none")
 
 
+def _stretches(group: Group, where: str) -> Callable[[str], Any]:
+    """``step(name)``: a context that runs a stretch of operations at ``where`` (a size
+    and mode) and then agrees on it over the group (``Group.step``): a rank whose
+    operation failed (a SignalTimeout) hands its error to the others there, instead of
+    leaving them in the next blocking collective; a rank that never comes is given up
+    on at the group's timeout."""
+    def step(name: str) -> Any:
+        return group.step(f"{name} at {where}")
+    return step
+
+
+def _no_agreement(_name: str) -> Any:
+    """A stretch without agreement, for callers of the timing helpers that have none."""
+    return contextlib.nullcontext()
+
+
 def _after(first: Callable[[], None], operation: Callable[[], None]) -> Callable[[], None]:
     def run() -> None:
         first()
@@ -355,24 +381,27 @@ def run_ceiling(group: Group) -> Any:
 
 
 def _back_to_back_seconds(world: World, engine: Any, operations: list[Callable[[], None]],
-                          iters: int, offset: float = 0.0
+                          iters: int, offset: float = 0.0,
+                          step: Callable[[str], Any] = _no_agreement
                           ) -> tuple[float, float, float, list[str], int]:
     """nccl-tests timing: seconds per operation by the engine's timer, the host's seconds
     per operation spent issuing them (until the last returned), and the second clock's
     seconds per operation, each averaged over ranks; this rank's clock disagreement, if
-    any; and how many times the stretch was timed again (clock_check.agreed_stretch)."""
+    any; and how many times the stretch was timed again (clock_check.agreed_stretch).
+    Each timed stretch ends in an agreement (``step``, see ``_stretches``)."""
     sequence = [operations[i % len(operations)] for i in range(iters)]
     what = f"{iters} back-to-back operations"
 
     def stretch() -> tuple[float, float, float]:
         world.comm.Barrier()
-        timer = engine.timer()
-        timer.start()
-        started = time.perf_counter()
-        for operation in sequence:
-            operation()
-        host = time.perf_counter() - started
-        elapsed = timer.stop()
+        with step("timing"):
+            timer = engine.timer()
+            timer.start()
+            started = time.perf_counter()
+            for operation in sequence:
+                operation()
+            host = time.perf_counter() - started
+            elapsed = timer.stop()
         return elapsed, host, timer.wall_seconds if timer.wall_seconds is not None else elapsed
 
     (elapsed, host, wall), error, again = agreed_stretch(
@@ -384,31 +413,36 @@ def _back_to_back_seconds(world: World, engine: Any, operations: list[Callable[[
 
 
 def _graph_seconds(world: World, engine: Any, operations: list[Callable[[], None]],
-                   iters: int, offset: float = 0.0) -> tuple[float, float, list[str], int]:
+                   iters: int, offset: float = 0.0, step: Callable[[str], Any] = _no_agreement
+                   ) -> tuple[float, float, list[str], int]:
     """nccl-tests timing of ``iters`` operations captured in one CUDA graph: one launch
     to warm it (its first launch uploads it), then one timed launch (again where the
     clocks disagreed); seconds per operation by the timer and by the second clock,
     averaged over ranks, this rank's clock disagreement, if any, and how many times the
-    launch was timed again."""
+    launch was timed again. Capture, warm launch and each timed launch end in an
+    agreement (``step``)."""
     sequence = [operations[i % len(operations)] for i in range(iters)]
     what = f"one graph of {iters} operations"
 
     def enqueue_all() -> None:
         for operation in sequence:
             operation()
-    captured = engine.capture(enqueue_all)
+    with step("capture"):
+        captured = engine.capture(enqueue_all)
 
     def stretch() -> tuple[float, float]:
-        engine.synchronize()
         world.comm.Barrier()
-        timer = engine.timer()
-        timer.start()
-        captured.launch()
-        elapsed = timer.stop()
+        with step("timing"):
+            timer = engine.timer()
+            timer.start()
+            captured.launch()
+            elapsed = timer.stop()
         return elapsed, timer.wall_seconds if timer.wall_seconds is not None else elapsed
 
     try:
-        captured.launch()
+        with step("warm launch"):
+            captured.launch()
+            engine.synchronize()
         (elapsed, wall), error, again = agreed_stretch(
             world.comm, stretch, lambda reading: clock_disagreement(*reading, what, offset))
     finally:
@@ -419,27 +453,32 @@ def _graph_seconds(world: World, engine: Any, operations: list[Callable[[], None
 
 
 def _latency_samples(world: World, engine: Any, operations: list[Callable[[], None]],
-                     iters: int, offset: float = 0.0
+                     iters: int, offset: float, step: Callable[[str], Any]
                      ) -> tuple[list[float], float, list[str], int]:
     """Latency timing: ``iters`` samples of one operation each, started together after a
     barrier, timed by the engine (host clock, or CUDA events on the stream); each sample
     is the slowest rank's. Also the second clock's median sample (averaged over ranks),
     this rank's clock disagreement, if any, and how many times the samples were taken
-    again."""
+    again.
+
+    Each sample ends in an agreement (``step``, see ``_stretches``), which is also the
+    barrier that starts the next sample together."""
     what = f"{iters} samples of one operation"
 
     def stretch() -> tuple[list[float], list[float]]:
         samples, walls = [], []
+        engine.synchronize()
+        world.comm.Barrier()
         for iteration in range(iters):
             operation = operations[iteration % len(operations)]
-            engine.synchronize()
-            world.comm.Barrier()
-            timer = engine.timer()
-            timer.start()
-            operation()
-            samples.append(timer.stop())
-            walls.append(timer.wall_seconds if timer.wall_seconds is not None
-                         else samples[-1])
+            with step("latency sample"):
+                timer = engine.timer()
+                timer.start()
+                operation()
+                samples.append(timer.stop())
+                walls.append(timer.wall_seconds if timer.wall_seconds is not None
+                             else samples[-1])
+                engine.synchronize()
         return samples, walls
 
     (samples, walls), error, again = agreed_stretch(

@@ -16,8 +16,9 @@ from .errors import SettingError
 __all__ = [
     "Setting", "SETTINGS", "raw", "seconds", "log_level", "debug", "max_ranks_per_gpu",
     "disabled_p2p_pairs", "shared_gpu_barrier", "SHARED_GPU_BARRIERS", "mpi_cuda_aware",
-    "socket_dir", "kernel_cache", "doctor_test_death", "exchange_timeout",
-    "DEFAULT_EXCHANGE_TIMEOUT_S", "LOG", "DEBUG", "VIRTUAL_NODES", "MAX_RANKS_PER_GPU",
+    "socket_dir", "kernel_cache", "doctor_test_death", "exchange_timeout", "signal_timeout",
+    "DEFAULT_EXCHANGE_TIMEOUT_S", "DEFAULT_SIGNAL_TIMEOUT_S", "MIN_SECONDS", "MAX_SECONDS",
+    "LOG", "DEBUG", "VIRTUAL_NODES", "MAX_RANKS_PER_GPU",
     "DISABLE_P2P", "P2P_FALLBACK", "P2P_CHUNK", "SHARED_GPU_BARRIER", "MPI_CUDA_AWARE",
     "SIGNAL_TIMEOUT", "EXCHANGE_TIMEOUT",
     "ARRIVAL_TIMEOUT", "PEER_EXIT_GRACE", "DOCTOR_TIMEOUT", "SOCKET_DIR", "KERNEL_CACHE",
@@ -82,8 +83,9 @@ SETTINGS = (
     Setting(DOCTOR_TIMEOUT, "60", "seconds a rank may be late at a doctor checkpoint"),
     Setting(SOCKET_DIR, "the temp dir", "where the job's private socket directory goes "
             "(one directory mounted in every container of a node); set, it must be a "
-            "writable directory whose socket paths fit 107 bytes, or every group fails at "
-            "setup on every rank naming why"),
+            "writable directory whose socket paths fit 107 bytes, this user's or root's and "
+            "not writable by others unless sticky (as /tmp), or every group fails at setup "
+            "on every rank naming why"),
     Setting(KERNEL_CACHE, "$XDG_CACHE_HOME/ipcshare/kernels, else "
             "~/.cache/ipcshare/kernels", "where compiled kernels (CUBIN) are kept, one file "
             "per kernel, architecture and NVRTC version"),
@@ -102,11 +104,20 @@ def _text(name: str) -> str:
     return raw(name).strip()
 
 
+# Every duration setting lies in this range. Below a millisecond no wait on a peer can
+# succeed (a rank's turn on a shared core is longer), so such a value only turns every run
+# into a timeout; above about eleven days a deadline is no deadline, and values near the
+# float limit overflow the clocks that sockets and sleeps take (`inf`, `1e308`).
+MIN_SECONDS = 1e-3
+MAX_SECONDS = 1e6
+
+
 def seconds(name: str, default: float) -> float:
-    """A positive number of seconds from variable ``name``, else ``default``.
+    """A number of seconds from variable ``name`` within [``MIN_SECONDS``,
+    ``MAX_SECONDS``], else ``default``.
 
     Raises:
-        SettingError: set but not a positive number.
+        SettingError: set but not a number, not positive, not finite or out of range.
     """
     text = _text(name)
     if not text:
@@ -118,10 +129,24 @@ def seconds(name: str, default: float) -> float:
                            value=text) from None
     if not value > 0:  # also refuses NaN
         raise SettingError(f"{name} must be positive, got {text!r}", setting=name, value=text)
+    if not MIN_SECONDS <= value <= MAX_SECONDS:  # also refuses inf
+        raise SettingError(f"{name}={text!r} is out of range: give between {MIN_SECONDS:g} "
+                           f"and {MAX_SECONDS:g} seconds, or unset it", setting=name,
+                           value=text)
     return value
 
 
 DEFAULT_EXCHANGE_TIMEOUT_S = 30.0
+DEFAULT_SIGNAL_TIMEOUT_S = 30.0
+
+
+def signal_timeout() -> float:
+    """``IPCSHARE_SIGNAL_TIMEOUT`` in seconds (default 30).
+
+    Raises:
+        SettingError: set but not a number of seconds in range.
+    """
+    return seconds(SIGNAL_TIMEOUT, DEFAULT_SIGNAL_TIMEOUT_S)
 
 
 def exchange_timeout() -> float:

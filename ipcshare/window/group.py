@@ -36,7 +36,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Group"]
 
-_DEFAULT_SIGNAL_TIMEOUT_S = 30.0
 
 
 def _check_same_arguments(given: list[dict[str, str]]) -> None:
@@ -86,10 +85,6 @@ def _check_same_p2p_choices(choices: list[tuple[Any, Any]], ranks: list[int]) ->
                 f"ranks of a node disagree on {name} (the argument, else {variable}): "
                 + describe_disagreement(values, ranks=ranks, spell=lambda value:
                                         "nothing" if value in ("", None) else repr(value)))
-
-
-def _signal_timeout() -> float:
-    return settings.seconds(settings.SIGNAL_TIMEOUT, _DEFAULT_SIGNAL_TIMEOUT_S)
 
 
 class Group:
@@ -162,7 +157,8 @@ class Group:
                 self.exchange = Exchange(self.world, exchange, timeout=timeout,
                                          watch=self.watch)
                 self.rendezvous = Rendezvous(self.world, self.watch, self.exchange.timeout)
-                self.signal_timeout = _signal_timeout() if timeout is None else timeout
+                self.signal_timeout = (settings.signal_timeout() if timeout is None
+                                       else timeout)
                 check_settings(p2p_fallback, p2p_chunk)
                 chosen = resolve_backend_name(backend)
             # Rank 0's token names this job in every handle and socket.

@@ -410,6 +410,28 @@ def test_a_bad_exit_grace_on_one_rank_stops_every_rank(socket_dir):
 
 
 @needs_mpiexec
+@pytest.mark.parametrize("name,value", [
+    ("IPCSHARE_EXCHANGE_TIMEOUT", "1e308"), ("IPCSHARE_EXCHANGE_TIMEOUT", "inf"),
+    ("IPCSHARE_SIGNAL_TIMEOUT", "1e-9"), ("IPCSHARE_PEER_EXIT_GRACE", "inf"),
+])
+def test_an_out_of_range_duration_on_one_rank_stops_every_rank_at_once(socket_dir, name,
+                                                                       value):
+    # Accepted before: 1e308 or inf failed 30 s later with "timestamp out of range for
+    # platform time_t", an infinite grace printed OverflowError tracebacks when a peer
+    # died, and 1 ns turned every wait into a timeout.
+    cmd = [MPIEXEC, "-n", "1", *IPCSHARE, "ring", "-b", "1K", "-e", "1K", ":",
+           "-n", "1", "-env", name, value, *IPCSHARE, "ring", "-b", "1K", "-e", "1K"]
+    started = time.monotonic()
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    errors = [line for line in out.stderr.splitlines() if line.startswith("ipcshare: error:")]
+    assert out.returncode == 1 and len(errors) == 2 and "Traceback" not in out.stderr, \
+        out.stderr
+    assert all(f"{name}={value!r} is out of range" in line for line in errors), out.stderr
+    assert time.monotonic() - started < 20, out.stderr
+    assert list(socket_dir.iterdir()) == []
+
+
+@needs_mpiexec
 @pytest.mark.parametrize("name,value,said", [
     ("IPCSHARE_P2P_FALLBACK", "sideways", "is not a fallback"),
     ("IPCSHARE_P2P_CHUNK", "lots", "is not a size"),

@@ -121,3 +121,46 @@ def test_a_rank_arriving_at_a_step_after_a_death_is_told_of_the_death():
     abandoned.fail("window rendezvous: not every rank arrived within 0.2 s")
     with pytest.raises(WindowError, match="can no longer meet: window rendezvous"):
         Rendezvous(world=None, watch=abandoned, timeout=1).check_usable("barrier")
+
+
+def test_an_interrupt_right_after_a_peers_death_is_the_launchers_notice():
+    # mpiexec.gforker sends SIGINT to every survivor when a rank dies: that used to end
+    # them by KeyboardInterrupt before they could say who died (issue 41). After a death
+    # the interrupt is let pass (the rank's wait names the dead peer); without one it is
+    # Ctrl-C as ever; the handler goes with the watch.
+    import signal
+
+    from ipcshare.liveness.pidfd_watch import PeerWatch
+
+    peer = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                            stdin=subprocess.PIPE)
+    watch = PeerWatch(_OneHost(peer.pid), {os.pidfd_open(peer.pid): 1})
+    try:
+        assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+        with pytest.raises(KeyboardInterrupt):  # no death: Ctrl-C
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+        peer.stdin.close()
+        peer.wait(timeout=30)
+        os.kill(os.getpid(), signal.SIGINT)   # the launcher's notice, even before the
+        time.sleep(0.2)                       # watch thread has looked
+        with pytest.raises(PeerDied, match=rf"rank 1@host \(pid {peer.pid}\) died"):
+            for _ in range(100):
+                watch.check("a test")
+                time.sleep(0.05)
+    finally:
+        watch.close()
+        peer.kill()
+        peer.wait()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+class _OneHost:
+    """What PeerWatch reads of a world: ranks 0 (this process) and 1 on host ``host``."""
+
+    def __init__(self, peer_pid: int) -> None:
+        self.rank = 0
+        self.pids = [os.getpid(), peer_pid]
+
+    def where(self, rank=None) -> str:
+        return f"rank {self.rank if rank is None else rank}@host"

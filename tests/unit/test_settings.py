@@ -39,7 +39,8 @@ def test_docs_table_lists_every_setting_with_its_default_and_meaning():
     assert documented == {s.name: (s.default, s.meaning) for s in settings.SETTINGS}
 
 
-@pytest.mark.parametrize(("text", "expected"), [("", 30.0), (" 2.5 ", 2.5), ("10", 10.0)])
+@pytest.mark.parametrize(("text", "expected"), [("", 30.0), (" 2.5 ", 2.5), ("10", 10.0),
+                                                ("0.001", 0.001), ("1e6", 1e6)])
 def test_seconds(monkeypatch, text, expected):
     monkeypatch.setenv(settings.EXCHANGE_TIMEOUT, text)
     assert settings.seconds(settings.EXCHANGE_TIMEOUT, 30.0) == expected
@@ -49,6 +50,13 @@ def test_seconds(monkeypatch, text, expected):
     ("soon", r"IPCSHARE_EXCHANGE_TIMEOUT='soon' is not a number of seconds"),
     ("0", r"IPCSHARE_EXCHANGE_TIMEOUT must be positive, got '0'"),
     ("nan", r"IPCSHARE_EXCHANGE_TIMEOUT must be positive, got 'nan'"),
+    # Accepted before: 1 ns made every wait a timeout (and corrupted the heap at exit),
+    # inf and 1e308 overflowed the clock a socket timeout takes, 30 s into the run.
+    ("1e-9", r"IPCSHARE_EXCHANGE_TIMEOUT='1e-9' is out of range: give between 0.001 and "
+             r"1e\+06 seconds, or unset it"),
+    ("inf", r"IPCSHARE_EXCHANGE_TIMEOUT='inf' is out of range"),
+    ("1e308", r"IPCSHARE_EXCHANGE_TIMEOUT='1e308' is out of range"),
+    ("1000001", r"IPCSHARE_EXCHANGE_TIMEOUT='1000001' is out of range"),
 ])
 def test_bad_seconds_name_the_variable_and_value(monkeypatch, text, message):
     monkeypatch.setenv(settings.EXCHANGE_TIMEOUT, text)
@@ -118,11 +126,10 @@ def test_texts_and_flags(monkeypatch):
 
 
 def test_the_signal_timeout_the_table_documents_is_the_one_groups_use(monkeypatch):
-    from ipcshare.window import group
-
+    # Groups read it through settings.signal_timeout(), whose default lives beside it.
     monkeypatch.delenv(settings.SIGNAL_TIMEOUT, raising=False)
     (row,) = [s for s in settings.SETTINGS if s.name == settings.SIGNAL_TIMEOUT]
-    assert float(row.default) == group._signal_timeout() == 30.0
+    assert float(row.default) == settings.signal_timeout() == settings.DEFAULT_SIGNAL_TIMEOUT_S
 
 
 def test_a_log_level_that_is_none_is_warned_about_once_and_warning_is_used(monkeypatch,

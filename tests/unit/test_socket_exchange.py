@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
@@ -23,25 +24,31 @@ from ipcshare.runtime.errors import ExchangeTimeout
 TOKEN = "0123456789abcdef"
 SECRET = bytes(range(32))
 
-# A process that pushes a memfd holding b"from <name>" to local rank 0's socket.
+# A process that pushes a memfd holding b"from <name>" to local rank 0's socket, whose
+# listener it expects to be pid LISTENER ("none": a pid it cannot check, which the
+# listener must then answer for with the job's secret).
 SENDER = textwrap.dedent("""
     import os, sys
     from ipcshare.exchange.unix_socket import SocketEndpoint
     directory, token, local_rank, name = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     secret = bytes.fromhex(sys.argv[5])
+    listener = None if sys.argv[6] == "none" else int(sys.argv[6])
     fd = os.memfd_create("payload")
     os.write(fd, ("from " + name).encode())
     me = SocketEndpoint(token=token, secret=secret, directory=directory or None,
                         local_rank=local_rank,
-                        peer_pids=[0, os.getpid()], timeout=5)
+                        peer_pids=[listener, os.getpid()], timeout=5)
     me.send_fd(0, fd, 1)
     me.close()
 """)
 
 
-def _start_sender(directory, local_rank, name, token=TOKEN, secret=SECRET, wrapper=()):
+def _start_sender(directory, local_rank, name, token=TOKEN, secret=SECRET, wrapper=(),
+                  listener="self", **options):
+    listener = os.getpid() if listener == "self" else listener
     return subprocess.Popen([*wrapper, sys.executable, "-c", SENDER, directory or "", token,
-                             str(local_rank), name, secret.hex()])
+                             str(local_rank), name, secret.hex(), str(listener).lower()],
+                            **options)
 
 
 @pytest.mark.parametrize("abstract", [False, True])
@@ -248,11 +255,20 @@ def test_a_peer_in_another_pid_namespace_is_admitted_by_the_jobs_secret(caplog):
     receiver = SocketEndpoint(token=TOKEN, secret=SECRET, directory=None, local_rank=0,
                               peer_pids=[os.getpid(), None], timeout=20)
     try:
-        stranger = _start_sender(None, 1, "stranger", secret=bytes(32), wrapper=elsewhere)
-        assert stranger.wait(timeout=30) == 0
-        legit = _start_sender(None, 1, "peer", wrapper=elsewhere)
+        # Neither can check our pid: each challenges us, and sends its descriptor once we
+        # answered; the stranger's challenge is refused unanswered (its MAC is wrong).
+        # Each needs a listener of its own under the same name: one after the other.
+        got = {}
         with caplog.at_level(logging.WARNING, logger="ipcshare"):
-            got = receiver.receive_fds({1}, sequence=1)
+            receiving = threading.Thread(
+                target=lambda: got.update(receiver.receive_fds({1}, sequence=1)))
+            receiving.start()
+            stranger = _start_sender(None, 1, "stranger", secret=bytes(32),
+                                     wrapper=elsewhere, listener=None, stderr=subprocess.PIPE)
+            _, said = stranger.communicate(timeout=30)
+            assert stranger.returncode != 0 and b"listener closed the connection" in said, said
+            legit = _start_sender(None, 1, "peer", wrapper=elsewhere, listener=None)
+            receiving.join(timeout=30)
         assert legit.wait(timeout=30) == 0
         with got[1] as fd:
             assert os.pread(fd.fileno(), 100, 0) == b"from peer"
