@@ -272,6 +272,9 @@ if [[ $G -ge 1 ]] && wants tests; then
   fi
   if [[ $G -ge 4 ]]; then
     tests_part 4 && step "pytest tests/gpu, 4 ranks" "$STEP_TIMEOUT_TESTS" pytest_run 4
+  fi
+  # Two ranks a GPU (8 on 4 GPUs, 4 on 2): every GPU shared, contexts taking turns.
+  if [[ $G -ge 2 ]]; then
     tests_part 2G && step "pytest tests/gpu, $((2 * G)) ranks on $G GPUs" "$STEP_TIMEOUT_TESTS" \
       pytest_run $((2 * G))
   fi
