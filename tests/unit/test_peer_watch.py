@@ -132,15 +132,20 @@ def test_an_interrupt_right_after_a_peers_death_is_the_launchers_notice():
 
     from ipcshare.liveness.pidfd_watch import PeerWatch
 
-    peer = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
-                            stdin=subprocess.PIPE)
+    # Python's own handler first, whatever an earlier test left: the watch replaces only
+    # that one. The peer is a process that cannot exit by itself before it is killed.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    peer = subprocess.Popen(["sleep", "600"])
     watch = PeerWatch(_OneHost(peer.pid), {os.pidfd_open(peer.pid): 1})
     try:
-        assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+        installed = signal.getsignal(signal.SIGINT)
+        assert installed is not signal.default_int_handler
+        assert getattr(installed, "__name__", "") == "interrupted"
+        assert peer.poll() is None
         with pytest.raises(KeyboardInterrupt):  # no death: Ctrl-C
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(1)
-        peer.stdin.close()
+        peer.kill()
         peer.wait(timeout=30)
         os.kill(os.getpid(), signal.SIGINT)   # the launcher's notice, even before the
         time.sleep(0.2)                       # watch thread has looked
@@ -152,7 +157,9 @@ def test_an_interrupt_right_after_a_peers_death_is_the_launchers_notice():
         watch.close()
         peer.kill()
         peer.wait()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        restored = signal.getsignal(signal.SIGINT)
+        signal.signal(signal.SIGINT, previous)
+    assert restored is signal.default_int_handler
 
 
 class _OneHost:
