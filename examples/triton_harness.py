@@ -216,9 +216,9 @@ def verify_and_time(torch, group, stream, *, ours: Callable[[], None],
 
 
 def verdict(what: str, wrong: int, nccl_wrong: int, ours_us: float, nccl_us: float | None,
-            no_nccl: str | None, checks: int) -> str:
-    """One line of an example's report."""
-    checked = (f"verified bit for bit in {checks} graph replays" if wrong == 0
+            no_nccl: str | None, checks: int, exactness: str = "bit for bit") -> str:
+    """One line of an example's report; ``exactness`` says how results were compared."""
+    checked = (f"verified {exactness} in {checks} graph replays" if wrong == 0
                else f"MISMATCH: #wrong {wrong} over all ranks")
     if nccl_us is None:
         return f"{what}: {checked}; Triton {ours_us:.2f} us per call (NCCL skipped: {no_nccl})"
@@ -249,7 +249,7 @@ class Setting:
 def sweep(group, torch, args, *, area: tuple[int, Any], sizes: list[int],
           measure: Callable[[Setting, int], tuple[int, int, float, float | None]],
           label: Callable[[int, float], str], skip_nccl: str | None = None,
-          ) -> tuple[bool, list[str]]:
+          exactness: str = "bit for bit") -> tuple[bool, list[str]]:
     """``measure(setting, size)`` for every size (verified, then timed: see
     ``verify_and_time``) in a communicator whose heap holds ``area`` (elements, torch
     dtype); a report line per size from ``label(size, our microseconds)``. NCCL is left
@@ -271,7 +271,7 @@ def sweep(group, torch, args, *, area: tuple[int, Any], sizes: list[int],
                 bad, nccl_bad, us, nccl_us = measure(setting, size)
                 ok = ok and bad == 0
                 lines.append(verdict(label(size, us), bad, nccl_bad, us, nccl_us, no_nccl,
-                                     args.checks))
+                                     args.checks, exactness))
             view.raise_kernel_error()
     finally:
         if dist is not None:
