@@ -335,36 +335,11 @@ class GpuStep:
 
 def _nccl_for_checks(group, torch):
     """``(torch.distributed, None)`` once NCCL runs over the MPI world, else ``(None,
-    why not)``: on every rank alike."""
-    reason = None
-    if group.shared_gpus:
-        reason = "ranks share a GPU, and NCCL needs a GPU of its own per rank"
-    else:
-        try:
-            import torch.distributed as dist
-        except ImportError:
-            dist = None
-        if dist is None or not dist.is_available() or not dist.is_nccl_available():
-            reason = "this torch has no torch.distributed with NCCL"
-    reasons = [r for r in group.world.comm.allgather(reason) if r]
-    if reasons:
-        return None, reasons[0]
-    try:
-        # The sibling example's rendezvous (this folder is on sys.path when run as a
-        # script): a TCP store whose address rank 0 broadcasts over MPI, no MASTER_ADDR.
-        from torch_grad_allreduce_graph import init_nccl
+    why not)``: on every rank alike (the sibling example's ``start_nccl``; this folder is
+    on sys.path when an example runs as a script)."""
+    from torch_grad_allreduce_graph import start_nccl
 
-        init_nccl(torch, group.world, group.backend.device)
-        error = None
-    except Exception as exc:   # whatever stops it, only the comparison is skipped
-        error = ("torch.distributed did not start: "
-                 f"{(str(exc).splitlines() or [type(exc).__name__])[0]}")
-    errors = [e for e in group.world.comm.allgather(error) if e]
-    if errors:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        return None, errors[0]
-    return dist, None
+    return start_nccl(group, torch)
 
 
 def _nccl_wrong(torch, dist, step: GpuStep, expected: Expected) -> int:

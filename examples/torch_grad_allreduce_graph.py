@@ -81,6 +81,37 @@ def init_nccl(torch, world, device: int) -> None:
                             device_id=torch.device("cuda", device))
 
 
+def start_nccl(group, torch):
+    """``(torch.distributed, None)`` once NCCL runs over the MPI world (``init_nccl``),
+    else ``(None, why not)``: on every rank alike, so that the other examples skip their
+    NCCL comparison together instead of one rank waiting in it."""
+    reason = dist = None
+    if group.shared_gpus:
+        reason = "ranks share a GPU, and NCCL needs a GPU of its own per rank"
+    else:
+        try:
+            import torch.distributed as dist
+        except ImportError:
+            dist = None
+        if dist is None or not dist.is_available() or not dist.is_nccl_available():
+            reason = "this torch has no torch.distributed with NCCL"
+    reasons = [r for r in group.world.comm.allgather(reason) if r]
+    if reasons:
+        return None, reasons[0]
+    try:
+        init_nccl(torch, group.world, group.backend.device)
+        error = None
+    except Exception as exc:   # whatever stops it, only the comparison is skipped
+        error = ("torch.distributed did not start: "
+                 f"{(str(exc).splitlines() or [type(exc).__name__])[0]}")
+    errors = [e for e in group.world.comm.allgather(error) if e]
+    if errors:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        return None, errors[0]
+    return dist, None
+
+
 def make_batch(torch, rank: int, step: int, device) -> tuple:
     """Rank ``rank``'s batch of ``step`` (different on every rank and step)."""
     generator = torch.Generator().manual_seed(1000 * step + rank)

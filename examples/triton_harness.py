@@ -117,33 +117,11 @@ def main(script: str, args: argparse.Namespace,
 
 def start_nccl(group, torch) -> tuple[Any, str | None]:
     """``(torch.distributed, None)`` once NCCL runs over the MPI world, else ``(None, why
-    not)``, on every rank alike."""
-    reason = None
-    if group.shared_gpus:
-        reason = "ranks share a GPU, and NCCL needs a GPU of its own per rank"
-    else:
-        import torch.distributed as dist
+    not)``, on every rank alike (the sibling example's; this folder is on sys.path when
+    an example runs as a script)."""
+    from torch_grad_allreduce_graph import start_nccl as start
 
-        if not dist.is_available() or not dist.is_nccl_available():
-            reason = "this torch has no torch.distributed with NCCL"
-    reasons = [r for r in group.world.comm.allgather(reason) if r]
-    if reasons:
-        return None, reasons[0]
-    error = None
-    try:
-        # The sibling example's rendezvous: a TCP store whose address rank 0 broadcasts
-        # over MPI (this folder is on sys.path when an example runs as a script).
-        from torch_grad_allreduce_graph import init_nccl
-
-        init_nccl(torch, group.world, group.backend.device)
-    except Exception as exc:   # whatever stops it, only the baseline is skipped
-        error = f"torch.distributed did not start: {(str(exc).splitlines() or [''])[0]}"
-    errors = [e for e in group.world.comm.allgather(error) if e]
-    if errors:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        return None, errors[0]
-    return dist, None
+    return start(group, torch)
 
 
 def capture(torch, stream, step: Callable[[], None], calls: int) -> Any:
