@@ -267,8 +267,9 @@ tests_part() {  # tests_part PART: whether TESTS_PARTS asks for PART (every part
 if [[ $G -ge 1 ]] && wants tests; then
   tests_part 2 && step "pytest tests/gpu, 2 ranks" "$STEP_TIMEOUT_TESTS" pytest_run 2
   if [[ $G -ge 2 ]] && tests_part examples; then  # they launch mpiexec: 2 ranks on 2 GPUs
-    step "pytest tests/gpu/test_examples.py" "$STEP_TIMEOUT_TESTS" \
-      "$PY" -m pytest -q -rs -s -m "gpu and not mpi" -p no:cacheprovider tests/gpu/test_examples.py
+    step "pytest tests/gpu/test_examples.py test_triton_examples.py" "$STEP_TIMEOUT_TESTS" \
+      "$PY" -m pytest -q -rs -s -m "gpu and not mpi" -p no:cacheprovider tests/gpu/test_examples.py \
+      tests/gpu/test_triton_examples.py
   fi
   if [[ $G -ge 4 ]]; then
     tests_part 4 && step "pytest tests/gpu, 4 ranks" "$STEP_TIMEOUT_TESTS" pytest_run 4
@@ -619,19 +620,32 @@ if [[ $G -ge 2 ]] && wants latency; then
     tools/launch_overhead_probe.py
   # auto (ll up to 512 KiB on 2 GPUs) and each kernel alone, against NCCL in the same
   # launch, in graphs and eager (bound calls; the host column is Python's time per call).
+  # Beyond 2 ranks auto does not pick ll yet, so ll runs alone there, 8 B to its 2 MiB.
+  pairs=("allgather auto 4M" "allreduce auto 4M" "reducescatter auto 4M")
+  [[ $G -gt 2 ]] && pairs+=("allgather ll 2M" "allreduce ll 2M" "reducescatter ll 2M")
+  pairs+=("allgather push 512K" "allreduce one-shot 512K" "reducescatter one-shot 512K")
   for mode in --graph ""; do
-    for pair in "allgather auto 4M" "allreduce auto 4M" "reducescatter auto 4M" \
-                "allgather push 512K" "allreduce one-shot 512K" "reducescatter one-shot 512K"; do
+    for pair in "${pairs[@]}"; do
       set -- $pair
       COLLECTIVE_MAX=$3 step "$1 $2 n=$G vs nccl $mode" "$STEP_TIMEOUT_BENCH" \
         collective_bench "$G" "$1" "$2" $mode --baseline nccl
     done
   done
-  # Where ll stops winning: 512 KiB to 2 MiB in graphs (its buffers take 2 MiB inputs).
-  for op in allgather allreduce reducescatter; do
-    COLLECTIVE_MIN=512K COLLECTIVE_MAX=2M step "$op ll n=$G 512K-2M vs nccl --graph" \
-      "$STEP_TIMEOUT_BENCH" collective_bench "$G" "$op" ll --graph --baseline nccl
-  done
+  if [[ $G -eq 2 ]]; then
+    # Where ll stops winning: 512 KiB to 2 MiB in graphs (its buffers take 2 MiB inputs).
+    for op in allgather allreduce reducescatter; do
+      COLLECTIVE_MIN=512K COLLECTIVE_MAX=2M step "$op ll n=$G 512K-2M vs nccl --graph" \
+        "$STEP_TIMEOUT_BENCH" collective_bench "$G" "$op" ll --graph --baseline nccl
+    done
+  else
+    # 3 ranks, in graphs: the rows auto needs for 3 ranks (ll against auto's kernels).
+    for op in allgather allreduce reducescatter; do
+      for algo in ll auto; do
+        COLLECTIVE_MAX=2M step "$op $algo n=3 vs nccl --graph" "$STEP_TIMEOUT_BENCH" \
+          collective_bench 3 "$op" "$algo" --graph --baseline nccl
+      done
+    done
+  fi
   # Latency timing in graphs: p50 and p95 per size, ours and NCCL's, 4 B to 1 MiB.
   for op in allgather allreduce; do
     COLLECTIVE_MIN=4 COLLECTIVE_MAX=1M COLLECTIVE_ITERS=200 step \
