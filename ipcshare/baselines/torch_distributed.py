@@ -22,6 +22,7 @@ from .gpu import (
     check_one_gpu_per_rank,
     import_torch_cuda,
 )
+from .torch_rendezvous import start_nccl_process_group
 
 __all__ = ["TorchBaseline", "torch_split_sizes"]
 
@@ -39,14 +40,6 @@ def torch_split_sizes(case: Any, plan: SizePlan, world_size: int, rank: int
         return {}
     return {"output_split_sizes": list(splits.receive),
             "input_split_sizes": list(splits.send)}
-
-
-def _free_port() -> int:
-    # Port 0: the kernel picks a free one. It is released before torch binds it, so
-    # another process could take it in between; a collision fails init loudly.
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("", 0))
-        return probe.getsockname()[1]
 
 
 class TorchBaseline(GpuBaseline):
@@ -89,17 +82,13 @@ class TorchBaseline(GpuBaseline):
         nccl_version = (".".join(str(part) for part in raw_version)
                         if isinstance(raw_version, tuple) else str(raw_version))
         self.version = f"NCCL {nccl_version} (torch {torch.__version__.split('+')[0]})"
-        address = None
-        if world.rank == 0:
-            host = "127.0.0.1" if world.node_count == 1 else socket.gethostname()
-            address = (host, _free_port())
-        host, port = world.comm.bcast(address, root=0)
+        host = "127.0.0.1" if world.node_count == 1 else socket.gethostname()
+        host = world.comm.bcast(host, root=0)
         # Another baseline of this process (a bench suite's) may have made it already.
         if not dist.is_initialized():
             with collective_step(world, "torch.distributed process group init"):
-                dist.init_process_group(
-                    backend="nccl", init_method=f"tcp://{host}:{port}", rank=world.rank,
-                    world_size=world.size, device_id=self.device)
+                start_nccl_process_group(dist, world.comm, rank=world.rank,
+                                         size=world.size, device=self.device, host=host)
                 self._group_ready = True
         # The first collective builds NCCL's communicators; keep it out of every timing.
         dist.barrier(device_ids=[self.device.index])

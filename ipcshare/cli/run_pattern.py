@@ -200,8 +200,8 @@ def _check_reduction_algo(command: str, algo: str, group) -> None:
 def _check_all_to_all_memory(group, pattern) -> None:
     """Refuse, before the table starts, what the library would refuse at the first call:
     all-to-all-v spanning nodes, all-to-all where ranks take turns on a GPU (its kernels
-    need every rank running at once); and leave out the in-place rows of all-to-all-v on
-    GPUs, which the library does not run there (its segments move)."""
+    need every rank running at once). (The case itself leaves out the in-place rows of
+    all-to-all-v on GPUs: AllToAllCase.fit_memory.)"""
     if group.world.node_count > 1 and pattern.collective == "all_to_all_v":
         raise ConfigError(f"--splits {pattern.splits}: all_to_all_v does not span nodes (this "
                           f"job spans {group.world.node_count}): use --splits even, which "
@@ -221,8 +221,6 @@ def _check_all_to_all_memory(group, pattern) -> None:
                           "on one GPU without MPS), and its kernels need every rank running "
                           "at once: give each rank a GPU, or start MPS "
                           "(nvidia-cuda-mps-control -d) first")
-    if pattern.collective == "all_to_all_v":
-        pattern.modes = ("out-of-place",)
 
 
 def _write_json(path: str, document: dict) -> None:

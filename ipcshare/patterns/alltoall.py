@@ -209,6 +209,12 @@ class AllToAll(Pattern):
             # -1 everywhere: a count the kernel failed to fill shows as wrong.
             engine.upload(received, np.full(received.nbytes, 0xFF, np.uint8))
 
+    def fit_memory(self, device_memory: bool) -> None:
+        # On GPUs all-to-all-v refuses to run in place (its segments move: the kernel
+        # would overwrite input a peer has not read yet), so it is timed out of place.
+        if device_memory and self.collective == "all_to_all_v":
+            self.modes = ("out-of-place",)
+
     def bind(self, window: Window, plan: SizePlan, mode: str) -> Callable[[], None]:
         n, me = window.world_size, window.rank
         heap = 0

@@ -63,6 +63,12 @@ class Pattern(abc.ABC):
             self._inter_engine = open_inter_engine(self.inter, group)
         return self._inter_engine
 
+    def fit_memory(self, device_memory: bool) -> None:
+        """Drop the modes this case cannot run on the group's memory (``device_memory``:
+        GPU memory); run_pattern calls it before its first size. Keeps every mode by
+        default."""
+        return None
+
     def close(self) -> None:
         """Collective: release what binding opened beyond the window (the engine
         between nodes). Idempotent."""

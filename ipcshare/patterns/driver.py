@@ -131,6 +131,7 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
     MPI = mpi()
     n = world.size
     say = emit if world.rank == 0 else (lambda _line: None)
+    pattern.fit_memory(group.backend.device_memory)
     plans = []
     for size in options.sizes():
         plan = pattern.plan(size, n, options.element_size)

@@ -33,6 +33,12 @@ CMP_GE = tl.constexpr(3)
 CMP_LT = tl.constexpr(4)
 CMP_LE = tl.constexpr(5)
 
+# The atomics' default ordering and scope. Defaults of a @triton.jit function called from
+# another one must be constexpr objects: Triton passes a plain string default through as
+# a value and fails to compile the call ("'str' object has no attribute 'type'").
+ACQ_REL = tl.constexpr("acq_rel")
+SYSTEM = tl.constexpr("sys")
+
 # The table's layout and the pad words, read from their owners (no copy to drift).
 _HEADER = tl.constexpr(_table.HEADER_WORDS)
 _RANK_WORD = tl.constexpr(_table.RANK_WORD)
@@ -113,7 +119,7 @@ def put(dst, src, peer, table, row: tl.constexpr = 1, mask=None):
 
 @triton.jit
 def atomic_add(ptr, value, peer, table, row: tl.constexpr = 1, mask=None,
-               sem: tl.constexpr = "acq_rel", scope: tl.constexpr = "sys"):
+               sem: tl.constexpr = ACQ_REL, scope: tl.constexpr = SYSTEM):
     """Atomic add on ``peer``'s memory; returns the old value. ``sem``: relaxed, acquire,
     release or acq_rel; ``scope``: sys (across GPUs, the default), gpu or cta."""
     return tl.atomic_add(translate(ptr, peer, table, row), value, mask=mask, sem=sem,
@@ -122,7 +128,7 @@ def atomic_add(ptr, value, peer, table, row: tl.constexpr = 1, mask=None,
 
 @triton.jit
 def atomic_cas(ptr, compare, value, peer, table, row: tl.constexpr = 1,
-               sem: tl.constexpr = "acq_rel", scope: tl.constexpr = "sys"):
+               sem: tl.constexpr = ACQ_REL, scope: tl.constexpr = SYSTEM):
     """Atomic compare-and-swap on ``peer``'s memory; returns the old value. ``compare``
     and ``value`` are cast to the pointer's element type."""
     there = translate(ptr, peer, table, row)
@@ -133,7 +139,7 @@ def atomic_cas(ptr, compare, value, peer, table, row: tl.constexpr = 1,
 
 @triton.jit
 def atomic_xchg(ptr, value, peer, table, row: tl.constexpr = 1, mask=None,
-                sem: tl.constexpr = "acq_rel", scope: tl.constexpr = "sys"):
+                sem: tl.constexpr = ACQ_REL, scope: tl.constexpr = SYSTEM):
     """Atomic exchange on ``peer``'s memory; returns the old value."""
     return tl.atomic_xchg(translate(ptr, peer, table, row), value, mask=mask, sem=sem,
                           scope=scope)

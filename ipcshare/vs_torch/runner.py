@@ -63,14 +63,6 @@ class _Refused(Exception):
     """Every rank's ipcshare refused the call: rank 0's reason."""
 
 
-def _free_port() -> int:
-    # Port 0: the kernel picks a free one; released before torch binds it, so a
-    # collision in between fails the init loudly rather than silently.
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _commit() -> str | None:
     """The checkout's commit (with ``+dirty`` for uncommitted changes), or None."""
     here = Path(__file__).resolve().parent
@@ -120,6 +112,7 @@ class TorchComparison:
             ConfigError: the run cannot start here (too many ranks, several nodes, ranks
                 sharing a GPU, no size with an element per rank), on every rank alike.
         """
+        from ..baselines.torch_rendezvous import start_nccl_process_group
         from ..patterns.driver import run_ceiling
         from ..runtime.nvlink_multicast import keep_multicast_off
         from ..window import Group
@@ -144,11 +137,8 @@ class TorchComparison:
                 raise ConfigError("ranks share a GPU: NCCL needs one GPU per rank")
             self.device = group.backend.device
             torch.cuda.set_device(self.device)
-            port = self.comm.bcast(_free_port() if self.rank == 0 else None, root=0)
-            os.environ["MASTER_ADDR"] = "127.0.0.1"
-            os.environ["MASTER_PORT"] = str(port)
-            dist.init_process_group("nccl", rank=self.rank, world_size=self.world,
-                                    device_id=torch.device("cuda", self.device))
+            start_nccl_process_group(dist, self.comm, rank=self.rank, size=self.world,
+                                     device=torch.device("cuda", self.device))
             try:
                 # The first collective builds NCCL's communicators: outside every timing.
                 dist.barrier(device_ids=[self.device])

@@ -17,7 +17,10 @@ from ..example_runs import MPIEXEC, inside_an_mpi_job, run_example
 
 pytestmark = pytest.mark.gpu
 
-_LINE = re.compile(r"(?P<what>.+): verified bit for bit in (?P<checks>\d+) graph replays; "
+# "verified bit for bit", or how it was checked where a part is not bit for bit (the
+# RMSNorm example: "verified (h bit for bit, y within one bfloat16 step of rms_norm)").
+_LINE = re.compile(r"(?P<what>.+): verified (bit for bit|\([^)]+\)) in (?P<checks>\d+) graph "
+                   r"replays; "
                    r"Triton (?P<ours>[\d.]+) us(, NCCL (?P<nccl>[\d.]+) us per call in CUDA "
                    r"graphs of \d+ calls; NCCL / Triton [\d.]+| per call \(NCCL skipped: .+\))")
 

@@ -77,6 +77,14 @@ if importlib.util.find_spec("triton") is not None:
         ipt.barrier_all(table)
         tl.store(words + 3, met.to(tl.int64))
 
+    @triton.jit
+    def atomics_by_default(words, table):
+        # Ordering and scope left to the defaults (the call the GPU test makes).
+        peer = (ipt.rank(table) + 1) % ipt.world_size(table)
+        old = ipt.atomic_add(words, 1, peer, table, 2)
+        ipt.atomic_cas(words + 1, 0, old + 1, peer, table, 2)
+        ipt.atomic_xchg(words + 2, old, peer, table, 2)
+
 
 _EVERY = {"x": "*fp32", "out": "*fp32", "words": "*i64", "table": "*i64", "n": "i32"}
 
@@ -93,6 +101,14 @@ def test_every_device_function_compiles_for_sm90_with_signal_cuh_s_ordering():
         assert instruction in ptx, instruction
     # The peer check costs nothing outside debug mode.
     assert "__assertfail" not in ptx
+
+
+def test_the_atomics_default_to_acq_rel_at_system_scope():
+    ptx = _compile(atomics_by_default, {"words": "*i64", "table": "*i64"}).asm["ptx"]
+    # (Triton spells compare-and-swap with the ordering first.)
+    for instruction in ("atom.global.sys.acq_rel.add", "atom.global.acq_rel.sys.cas",
+                        "atom.global.sys.acq_rel.exch"):
+        assert instruction in ptx, instruction
 
 
 def test_debug_mode_checks_the_peer_rank_with_device_assert():
