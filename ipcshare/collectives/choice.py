@@ -53,9 +53,8 @@ HOST_CHOICES: dict[str, dict[int, Choice]] = {
 # 3c30cab, `ipcshare allreduce --algo one-shot|two-shot -b 8 -e 32M -f 4 [--graph]`):
 # on 2 GPUs one-shot wins at every size (graph: 7.8 / 11.0 / 16.2 / 39.1 / 137 us at
 # 8 B / 512 KiB / 2 MiB / 8 MiB / 32 MiB against two-shot's 11.9 / 16.9 / 21.1 / 44.1 /
-# 144), since each rank reads one peer either way. The 3+ row is NCCL's and vLLM's
-# rule of thumb (two-shot from a few hundred KiB), not yet measured here: the 4-GPU node
-# kind was not lent.
+# 144), since each rank reads one peer either way. With 3 or more ranks two-shot runs
+# what ll does not (above 512 KiB; measured below).
 # The low-latency protocol (ll), 2 ranks on nvidia-h200-x2 (2026-11-23, commit 9809801,
 # `ipcshare allreduce|allgather --algo ll|one-shot|pull|push -b 8 -e 4M -f 4 --graph`):
 # all-reduce 3.2-4.0 us up to 32 KiB, 4.6 at 128 KiB, 7.3 at 512 KiB against one-shot's
@@ -67,9 +66,18 @@ HOST_CHOICES: dict[str, dict[int, Choice]] = {
 # 78dd026): all-gather ll 5.3 / 10.4 us at 512 KiB / 2 MiB gathered against pull
 # 12.9 / 14.5 and NCCL's 8.0 / 11.1, so ll runs all-gathers up to 2 MiB; all-reduce ll
 # 7.4 / 18.4 us against one-shot's 10.9 / 16.2, so all-reduce switches at 512 KiB.
-# With 3 or more ranks
-# each rank pushes its input to every peer: not measured yet (no 4-GPU node was lent), so
-# those rows keep the measured kernels until a run says where ll stops winning.
+# 3 and 4 ranks (nvidia-h200-x4, 2026-11-27, commit 6d3eb65, `tools/gpu-check.sh latency`:
+# `ipcshare allgather|allreduce|reducescatter --algo ll|auto|push|one-shot -b 8 -e 2M -f 4
+# [--graph] --baseline nccl`; docs/bench/gpu-check-h200-x4-2026-11-27/5-auto-rows-6d3eb65.md
+# is tools/auto_rows.py's reading): in graphs ll takes 5.0-5.8 us up to 32 KiB at 4 ranks
+# (4.0-5.1 at 3) where the kernels auto ran took 7.5-12 (NCCL: 3.7-4.6). At 4 ranks ll
+# stays ahead up to 512 KiB: all-gather 7.9 us against push's 10.5 (NCCL 8.6),
+# all-reduce 15.1 against one-shot's 16.0 and two-shot's 22.0 (NCCL 13.2), reduce-scatter
+# 8.2 against one-shot's 14.2 (NCCL 9.2), eager alike. At 2 MiB each rank's ll pushes
+# twice its bytes to every peer: all-gather 15.8 against push's 13.9, all-reduce 47.7
+# against two-shot's 26.8; reduce-scatter still wins there (15.6 against 17.8), as each
+# rank pushes only a block to each peer. 3 ranks tell the same (all-reduce at 2 MiB: ll
+# 32.6, two-shot 24.5). The 3-rank row serves 3 to 8 ranks; 5 or more have not run yet.
 # The copy-engine all-reduce (gpu_copy_engine.py) and the push all-reduce, reduce-scatter
 # and all-gather (gpu_push.py) have only run with ranks sharing one H100, where no speed
 # can be read; they join these rows once the bench suites of nvidia-h200-x2 / -x4 (and
@@ -78,17 +86,23 @@ HOST_CHOICES: dict[str, dict[int, Choice]] = {
 CUDA_CHOICES: dict[str, dict[int, Choice]] = {
     "all_gather": {1: Choice((), ("pull",)),
                    2: Choice((2048 * _KiB,), ("ll", "pull")),
-                   3: Choice((), ("pull",))},
+                   3: Choice((512 * _KiB,), ("ll", "pull"))},
     "reduce_scatter": {1: Choice((), ("one-shot",)),
                        2: Choice((512 * _KiB,), ("ll", "one-shot")),
-                       3: Choice((), ("one-shot",))},
+                       3: Choice((2048 * _KiB,), ("ll", "one-shot"))},
     "all_reduce": {1: Choice((), ("one-shot",)),
                    2: Choice((512 * _KiB,), ("ll", "one-shot")),
-                   3: Choice((256 * _KiB,), ("one-shot", "two-shot"))},
-    # pull (gpu_all_to_all.py) until GPU runs say where balanced
-    # (gpu_all_to_all_balanced.py) wins: it has compiled and been replayed on numpy only.
-    "all_to_all": {1: Choice((), ("pull",))},
-    "all_to_all_v": {1: Choice((), ("pull",))},
+                   3: Choice((512 * _KiB,), ("ll", "two-shot"))},
+    # All-to-all (nvidia-h200-x4, 2026-11-27, commit 6d3eb65, `tools/gpu-check.sh alltoall`
+    # with ALLTOALL_ALGOS="pull balanced", 2 and 4 ranks against NCCL; docs/BENCHMARKS.md,
+    # "All-to-all, balanced"). Uneven splits: balanced is 4-5x faster than pull from 8 MiB
+    # (4 ranks, random 32 MiB: 196 us against 1,038; NCCL 337) and ahead from 8 KiB, a
+    # little behind below that; all_to_all_v has one algorithm so that every rank picks
+    # the same whatever its own counts. Even splits: pull is ahead up to 8 MiB (4 ranks:
+    # 34-36 us against 39-41 there; 13.6 against 16.8 at 16 B in graphs), balanced from
+    # 32 MiB (110-112 against 121-123; 2 ranks 73 against 96).
+    "all_to_all": {1: Choice((8 << 20,), ("pull", "balanced"))},
+    "all_to_all_v": {1: Choice((), ("balanced",))},
 }
 _TABLES = {"host": HOST_CHOICES, "cuda": CUDA_CHOICES}
 

@@ -47,22 +47,26 @@ _MiB = 1 << 20
 # all-gather) takes 3.1-5.2 us in graphs up to 512 KiB where push takes 7.5-10.3, and 10.4
 # us at 2 MiB against push's 12.2 and NCCL's 11.1 (nvidia-h200-x2, 2026-11-23;
 # docs/BENCHMARKS.md, "Small messages"); bound eager calls cost a launch from Python either
-# way. 4 ranks: not measured yet, push stays.
+# way. 4 ranks (nvidia-h200-x4, 2026-11-27, commit 6d3eb65): ll 5.0-5.8 us in graphs up
+# to 128 KiB gathered and 7.9 at 512 KiB against push's 7.5-9.6 and 10.5, eager 7.0-9.1
+# against 9.5-12.7; at 2 MiB push is ahead (13.9 against 15.8: ll sends each byte twice
+# to three peers), so ll runs up to 512 KiB there, in place and in graphs too.
 _KiB = 1 << 10
 ALLGATHER_CHOICES = {
     2: AllGatherChoice(2, (2 * _MiB, 16 * _MiB), ("ll", "push", "copy-engine")),
-    4: AllGatherChoice(4, (128 * _MiB,), ("push", "copy-engine")),
+    4: AllGatherChoice(4, (512 * _KiB, 128 * _MiB), ("ll", "push", "copy-engine")),
 }
 # In place, after a kernel, the 4-GPU copy engine falls to 207-239 GB/s at 128 MiB-1 GiB
-# (back to back 326-376) while push keeps its rate: 4 or more ranks push at every size in
-# place. With 2 ranks (nvidia-h200-x2, 43c800a) push in place wins up to 32 MiB both ways:
+# (back to back 326-376) while push keeps its rate: 4 or more ranks push in place at
+# every size above ll's 512 KiB. With 2 ranks (nvidia-h200-x2, 43c800a) push in place
+# wins up to 32 MiB both ways:
 # 234.6 / 285.6 GB/s at 16 / 32 MiB against the copy engine's 223.5 / 279.2 back to back,
 # and 221.8 / 275.6 against 174.9 / 230.2 after a kernel. From 64 MiB the copy engine is
 # ahead back to back (335.5 vs 316.6) and within 5% after a kernel, and it keeps 361 / 384
 # GB/s after a kernel at 256 MiB / 1 GiB.
 IN_PLACE_ALLGATHER_CHOICES = {
     2: AllGatherChoice(2, (2 * _MiB, 32 * _MiB), ("ll", "push", "copy-engine")),
-    4: AllGatherChoice(4, (), ("push",)),
+    4: AllGatherChoice(4, (512 * _KiB,), ("ll", "push")),
 }
 # Inside CUDA graphs the copy engine loses its concurrency on 4 GPUs: the copies to three
 # peers, on three side streams when eager, ran at 203 / 215 / 229 GB/s busbw at 64 MiB /
@@ -71,11 +75,11 @@ IN_PLACE_ALLGATHER_CHOICES = {
 # copies forked onto side streams after the device_barrier kernel run at ~210 GB/s eagerly
 # too (tools/allgather_probe.py, variant full-kbar), while the stream-memop barrier, which
 # a replayed graph cannot use (its epochs come from the host), keeps them at full rate. So
-# graphs of 4 or more ranks push at every size; 2 ranks keep the eager row until a run
-# says otherwise.
+# graphs of 4 or more ranks push at every size above ll's 512 KiB; 2 ranks keep the
+# eager row until a run says otherwise.
 GRAPH_ALLGATHER_CHOICES = {
     2: ALLGATHER_CHOICES[2],
-    4: AllGatherChoice(4, (), ("push",)),
+    4: AllGatherChoice(4, (512 * _KiB,), ("ll", "push")),
 }
 
 
