@@ -39,6 +39,7 @@ def test_a_timer_on_another_stream_fails_every_row(comm, monkeypatch, op):
             monkeypatch.setattr(CudaEngine, "timer",
                                 lambda self: CudaTimer(self.on_stream(int(idle))))
             shared = bool(g.shared_gpus)
+            time_sliced = bool(g.time_sliced_gpus)
             result = run_pattern(g, make_pattern(op, datatype=datatype),
                                  _options(comm, datatype=datatype), emit=lambda _line: None)
         finally:
@@ -50,6 +51,11 @@ def test_a_timer_on_another_stream_fails_every_row(comm, monkeypatch, op):
         # Where ranks share GPUs the all-gather's calls wait on the host between steps:
         # any stream's timer then brackets the work, and its figures are right.
         return
+    if time_sliced:
+        # Ranks taking turns on a GPU: the host clock also runs while another context holds
+        # the GPU, so the driver checks only that no timer passes it (driver.py), and a
+        # timer that misses work is caught on runs with a GPU (or MPS) per rank.
+        pytest.skip("ranks take turns on a GPU: only the clocks' upper bound is checked")
     measured = [m for row in result.rows for m in row.modes.values()]
     assert errors and all(m.errors for m in measured), errors
     # It missed the work every time it was timed, not once: no host hiccup does that.

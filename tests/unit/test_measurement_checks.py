@@ -49,6 +49,18 @@ def test_the_offset_only_excuses_a_host_clock_that_reads_long():
     assert said is not None and "counted time that did not pass" in said
 
 
+def test_where_ranks_take_turns_on_a_gpu_only_the_upper_bound_holds():
+    # The driver's offset there is unbounded (math.inf): the host clock also runs while
+    # another context holds the GPU (4 ranks on 2 H200s, 2026-11-27: a 4.4 ms timer
+    # against a longer host clock failed a correct run).
+    import math
+
+    assert clock_disagreement(4358e-6, 20e-3, "x", offset_s=math.inf) is None
+    assert clock_disagreement(1e-6, 1.0, "x", offset_s=math.inf) is None
+    said = clock_disagreement(2e-3, 1e-3, "x", offset_s=math.inf)
+    assert said is not None and "counted time that did not pass" in said
+
+
 def test_a_disagreement_that_does_not_come_back_is_a_hiccup():
     class _Comm:   # a world of one
         def allgather(self, value):
