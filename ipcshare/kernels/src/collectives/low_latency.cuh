@@ -1,13 +1,10 @@
 // Low-latency (LL) one-shot collectives: every rank pushes its input, line by line with the
 // call's flag beside the data (ll.cuh), into its own slot of every peer's LL buffer, then
-// waits on its own buffer for every peer's lines, the lines of all peers in flight at once.
-// One kernel, no barrier, no fence: each line says itself whether it has arrived. Line 0
-// of a slot carries the sender's digest of the call, data start at line 1; a rank making
-// another call is found from it while a line is awaited, and every digest is confirmed
-// before the kernel ends (an output written by a call whose ranks disagreed is garbage:
-// the call fails). A rank reads only its own input and its own buffer, so an input or
-// output that is the user's memory (or the same array, in place) is safe, and nothing
-// waits before returning: the buffer a sender writes next is the other parity's.
+// waits on its own buffer for every peer's lines. One kernel, no barrier, no fence: each
+// line says itself whether it has arrived. Line 0 of a slot carries the sender's digest of
+// the call, data start at line 1. A rank reads only its own input and its own buffer, so
+// an input or output that is the user's memory (or the same array, in place) is safe, and
+// nothing waits before returning: the buffer a sender writes next is the other parity's.
 #pragma once
 
 #include <ipcshare/ll.cuh>
@@ -57,73 +54,37 @@ __device__ __forceinline__ void ll_push(const CollectiveArgs& a, const LLCall& c
     ll_push_to(a, call, (a.rank + step) % a.nranks, j, data);
 }
 
-// The ranks disagree about this call: record it (the first error of the call wins).
-__device__ __forceinline__ void ll_disagree(const CollectiveArgs& a, const LLCall& call) {
-  atomicCAS(a.pads[a.rank] + ipcshare::kErrorWord, 0ull,
-            kDisagreement | (call.epoch & 0xFFFFFFFFFFFFull));
-}
-
-// Wait for payload line j of every peer in our own buffer. Each round loads the line of
-// every peer still missing at once, so the lines of all peers cost one arrival and one
-// load's latency together, where waiting for them peer by peer cost one load's latency
-// per peer. data[r] gets rank r's payload (data[rank] is left alone). While a line is
-// missing, every 32nd round reads the missing peers' digest lines as well: a peer that
-// makes another call shows this call's flag beside another digest there, and the call
-// fails at once instead of waiting for lines that may never come; after timeout_ns
-// (0: never) the lowest missing peer is recorded as late.
-__device__ __forceinline__ bool ll_receive_all(const CollectiveArgs& a, const LLCall& call,
-                                               unsigned long long j, u64 (&data)[kMaxRanks]) {
-  const unsigned long long line = (j + 1) * ipcshare::kLineBytes;
-  unsigned pending = 0;
-#pragma unroll
-  for (int r = 0; r < kMaxRanks; ++r)
-    if (r < a.nranks && r != a.rank) pending |= 1u << r;
-  u64 start = 0;
-  for (unsigned round = 0;; ++round) {
-    ipcshare::LLLine got[kMaxRanks];
-#pragma unroll
-    for (int r = 0; r < kMaxRanks; ++r)
-      if ((pending >> r) & 1u) got[r] = ipcshare::ll_load(ll_slot(a, a.rank, call.parity, r) + line);
-#pragma unroll
-    for (int r = 0; r < kMaxRanks; ++r)
-      if (((pending >> r) & 1u) && ipcshare::ll_arrived(got[r], call.flag)) {
-        data[r] = ipcshare::ll_payload(got[r]);
-        pending &= ~(1u << r);
-      }
-    if (pending == 0) return true;
-    if ((round & 31u) != 31u) continue;
-#pragma unroll
-    for (int r = 0; r < kMaxRanks; ++r)
-      if ((pending >> r) & 1u) {
-        const ipcshare::LLLine digest = ipcshare::ll_load(ll_slot(a, a.rank, call.parity, r));
-        if (ipcshare::ll_arrived(digest, call.flag) && ipcshare::ll_payload(digest) != a.digest) {
-          ll_disagree(a, call);
-          return false;
-        }
-      }
-    if (a.timeout_ns != 0) {
-      const u64 now = ipcshare::now_ns();
-      if (start == 0) {
-        start = now;
-      } else if (now - start > a.timeout_ns) {
-        ipcshare::record_timeout(a.pads[a.rank], __ffs(pending) - 1, call.epoch);
-        return false;
-      }
+// Threads t < nranks of every block wait for rank t's digest line and compare it with
+// ours: a rank that makes another call is found here, before anyone waits for lines it
+// may never send. Every thread of the block gets the verdict.
+__device__ __forceinline__ void ll_check_digests(const CollectiveArgs& a, LLCall& call) {
+  __shared__ int failed;
+  if (threadIdx.x == 0) failed = 0;
+  __syncthreads();
+  const int t = threadIdx.x;
+  if (t < a.nranks && t != a.rank) {
+    u64 digest;
+    if (!ipcshare::ll_wait(ll_slot(a, a.rank, call.parity, t), call.flag, digest,
+                           a.timeout_ns)) {
+      ipcshare::record_timeout(a.pads[a.rank], t, call.epoch);
+      atomicOr(&failed, 1);
+    } else if (digest != a.digest) {
+      atomicCAS(a.pads[a.rank] + ipcshare::kErrorWord, 0ull,
+                kDisagreement | (call.epoch & 0xFFFFFFFFFFFFull));
+      atomicOr(&failed, 1);
     }
   }
+  __syncthreads();
+  call.failed = failed != 0;
 }
 
-// Before the kernel ends, threads t < nranks confirm rank t's digest: a peer that made
-// another call whose lines looked like ours is found here. Off the critical path: the
-// digest travelled first, so it has arrived with the data.
-__device__ __forceinline__ void ll_confirm_digests(const CollectiveArgs& a, const LLCall& call) {
-  const int t = threadIdx.x;
-  if (t >= a.nranks || t == a.rank) return;
-  u64 digest;
-  if (!ipcshare::ll_wait(ll_slot(a, a.rank, call.parity, t), call.flag, digest, a.timeout_ns))
-    ipcshare::record_timeout(a.pads[a.rank], t, call.epoch);
-  else if (digest != a.digest)
-    ll_disagree(a, call);
+// Wait for payload line j from `source` in our own buffer.
+__device__ __forceinline__ bool ll_receive(const CollectiveArgs& a, const LLCall& call,
+                                           int source, unsigned long long j, u64& data) {
+  const char* line = ll_slot(a, a.rank, call.parity, source) + (j + 1) * ipcshare::kLineBytes;
+  if (ipcshare::ll_wait(line, call.flag, data, a.timeout_ns)) return true;
+  ipcshare::record_timeout(a.pads[a.rank], source, call.epoch);
+  return false;
 }
 
 // Finish: the last block out publishes the LL call count and, every ll_clean_every calls
@@ -171,19 +132,17 @@ __device__ __forceinline__ void ll_reduce_lines(const CollectiveArgs& a, LLCall&
   const unsigned long long lines = (nbytes + ipcshare::kLinePayload - 1) / ipcshare::kLinePayload;
   const bool own_aligned = ((unsigned long long)own & 7ull) == 0;
   const bool out_aligned = ((unsigned long long)a.output & 7ull) == 0;
-  for (unsigned long long j = first; j < lines; j += stride) {
-    u64 got[kMaxRanks];
-    const u64 mine = ipcshare::load_payload(own, j, nbytes, own_aligned);
-#pragma unroll
-    for (int r = 0; r < kMaxRanks; ++r)  // constant indices keep got in registers
-      if (r == a.rank) got[r] = mine;
-    if (!ll_receive_all(a, call, j, got)) {
-      call.failed = true;
-      break;
-    }
+  for (unsigned long long j = first; j < lines && !call.failed; j += stride) {
     Line in[kMaxRanks];
-#pragma unroll
-    for (int r = 0; r < kMaxRanks; ++r) in[r].v = got[r];
+    for (int r = 0; r < a.nranks; ++r) {
+      if (r == a.rank) {
+        in[r].v = ipcshare::load_payload(own, j, nbytes, own_aligned);
+      } else if (!ll_receive(a, call, r, j, in[r].v)) {
+        call.failed = true;
+        break;
+      }
+    }
+    if (call.failed) break;
     Line out;
 #pragma unroll
     for (int k = 0; k < kLanes; ++k)
@@ -204,8 +163,8 @@ __device__ void all_reduce_ll(const CollectiveArgs& a) {
   LLCall call = ll_begin(a);
   for (unsigned long long j = first; j < lines; j += stride)
     ll_push(a, call, j, ipcshare::load_payload(a.input, j, nbytes, in_aligned));
+  ll_check_digests(a, call);
   ll_reduce_lines<T, OP>(a, call, a.input, nbytes, first, stride);
-  ll_confirm_digests(a, call);
   ll_end(a, call);
 }
 
@@ -227,8 +186,8 @@ __device__ void reduce_scatter_ll(const CollectiveArgs& a) {
     for (unsigned long long j = first; j < lines; j += stride)
       ll_push_to(a, call, peer, j, ipcshare::load_payload(block, j, nbytes, aligned));
   }
+  ll_check_digests(a, call);
   ll_reduce_lines<T, OP>(a, call, own_block, nbytes, first, stride);
-  ll_confirm_digests(a, call);
   ll_end(a, call);
 }
 
@@ -248,18 +207,19 @@ __device__ void all_gather_ll(const CollectiveArgs& a) {
     ll_push(a, call, j, data);
     if (!in_place) ipcshare::store_payload(own_block, j, nbytes, own_aligned, data);
   }
-  // Every output block starts 8-byte aligned when the output does and nbytes is a
-  // multiple of 8; otherwise some blocks are stored bytewise.
-  for (unsigned long long j = first; j < lines; j += stride) {
-    u64 got[kMaxRanks];
-    if (!ll_receive_all(a, call, j, got)) break;
-#pragma unroll
-    for (int r = 0; r < kMaxRanks; ++r) {
-      if (r >= a.nranks || r == a.rank) continue;
-      char* block = a.output + r * nbytes;
-      ipcshare::store_payload(block, j, nbytes, ((unsigned long long)block & 7ull) == 0, got[r]);
+  ll_check_digests(a, call);
+  for (int step = 1; step < a.nranks && !call.failed; ++step) {
+    const int source = (a.rank + step) % a.nranks;
+    char* block = a.output + source * nbytes;
+    const bool aligned = ((unsigned long long)block & 7ull) == 0;
+    for (unsigned long long j = first; j < lines; j += stride) {
+      u64 data;
+      if (!ll_receive(a, call, source, j, data)) {
+        call.failed = true;
+        break;
+      }
+      ipcshare::store_payload(block, j, nbytes, aligned, data);
     }
   }
-  ll_confirm_digests(a, call);
   ll_end(a, call);
 }
