@@ -24,12 +24,15 @@ pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
 _TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "int32": torch.int32}
 _BITS = {4: np.int32, 2: np.int16}
-ALGOS = {"all_reduce": ("one-shot", "two-shot", "ll", "stepped", "copy-engine", "push", "auto"),
+ALGOS = {"all_reduce": ("one-shot", "two-shot", "ll", "ll-two-shot", "stepped", "copy-engine",
+                        "push", "auto"),
          "reduce_scatter": ("one-shot", "ll", "stepped", "push", "auto"),
          "all_gather": ("pull", "ll", "stepped", "push", "auto")}
 # Bytes of one rank's all-gather input: the largest array of the shared communicator's
 # calls is the output, the ranks times the last of these (8,000,024 bytes at 8 ranks).
 GATHER_NBYTES = (1, 15, 4096, 1_000_003)
+# The algorithms of the low-latency protocol: inputs up to its buffers' LL_MAX_BYTES.
+LOW_LATENCY = ("ll", "ll-two-shot")
 
 
 def _to_device(values: np.ndarray, dtype: str, device: int) -> torch.Tensor:
@@ -89,7 +92,7 @@ def test_all_reduce_matches_the_reference(setup, dtype, op, algo, count):
     want = reference(dtype, op, inputs)
     tensor = _to_device(inputs[cm.rank], dtype, device)
     out = torch.full_like(tensor, 0)
-    if algo == "ll" and tensor.nbytes > LL_MAX_BYTES:
+    if algo in LOW_LATENCY and tensor.nbytes > LL_MAX_BYTES:
         with pytest.raises(CollectiveError, match="its buffers take inputs of up to"):
             cm.all_reduce(tensor, op=op, output=out, algo=algo)
         return
@@ -125,7 +128,7 @@ def test_reduce_scatter_matches_the_reference(setup, dtype, op, count, algo):
 @pytest.mark.parametrize("nbytes", GATHER_NBYTES)
 def test_all_gather_moves_every_byte(setup, nbytes, algo):
     group, cm = setup
-    if algo == "ll" and nbytes > LL_MAX_BYTES:
+    if algo in LOW_LATENCY and nbytes > LL_MAX_BYTES:
         pytest.skip("beyond the LL buffers (refusal tested with all_reduce)")
     device = group.backend.device
     blocks = [np.random.default_rng([nbytes, r]).integers(0, 256, nbytes, dtype=np.uint8)
@@ -234,7 +237,8 @@ def test_a_first_call_on_a_user_stream_may_be_made_inside_a_capture(setup):
     cm.synchronize(stream)
 
 
-@pytest.mark.parametrize("algo", ["ll", "one-shot", "two-shot", "stepped", "copy-engine", "push"])
+@pytest.mark.parametrize("algo", ["ll", "ll-two-shot", "one-shot", "two-shot", "stepped",
+                                  "copy-engine", "push"])
 def test_bound_calls_launch_again_on_new_data_and_in_graphs(setup, algo):
     group, cm = setup
     device = group.backend.device
@@ -315,7 +319,8 @@ def test_ranks_that_disagree_raise_on_every_rank(setup, comm):
     assert same.cpu().tolist() == [float(comm.size)] * 64
 
 
-@pytest.mark.parametrize("algo", ["one-shot", "two-shot", "ll", "stepped", "copy-engine", "push"])
+@pytest.mark.parametrize("algo", ["one-shot", "two-shot", "ll", "ll-two-shot", "stepped",
+                                  "copy-engine", "push"])
 def test_known_calls_made_out_of_step_are_found_on_the_gpu(comm, algo):
     """Both shapes agreed at first sight, then the ranks make different ones: the kernels
     compare the headers' digests, skip the work, and synchronize() raises on every rank

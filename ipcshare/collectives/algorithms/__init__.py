@@ -30,6 +30,7 @@ _REGISTRY: dict[tuple[str, str], dict[str, str]] = {
     ("cuda", "all_reduce"): {"one-shot": "gpu_one_shot:GpuOneShotAllReduce",
                              "two-shot": "gpu_two_shot:GpuTwoShotAllReduce",
                              "ll": "gpu_low_latency:GpuLowLatencyAllReduce",
+                             "ll-two-shot": "gpu_low_latency:GpuLowLatencyTwoShotAllReduce",
                              "stepped": "gpu_stepped:GpuSteppedAllReduce",
                              "copy-engine": "gpu_copy_engine:GpuCopyEngineAllReduce",
                              "push": "gpu_push:GpuPushAllReduce"},

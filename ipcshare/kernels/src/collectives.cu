@@ -1,13 +1,13 @@
 // The collectives of ipcshare.collectives on GPU memory: all-gather (pull, ll), all-reduce
-// (one-shot, two-shot, push, ll, copy-engine, stepped), reduce-scatter (one-shot, push,
-// ll, stepped), all-to-all and all-to-all-v (pull, balanced) over a communicator's
-// window. Each algorithm's kernels are one file of kernels/src/collectives/, beside its
-// Python half in collectives/algorithms/: args.cuh (the arguments and pad words),
-// reduce.cuh (element types, reductions), call.cuh (the call protocol every algorithm
-// shares), then one_shot, two_shot, stepped, copy_engine, push, low_latency, all_to_all
-// and all_to_all_balanced. This file puts them in one module and defines the entry points.
-// What follows describes the one-barrier kernels; push.cuh and low_latency.cuh describe
-// their own.
+// (one-shot, two-shot, push, ll, ll-two-shot, copy-engine, stepped), reduce-scatter
+// (one-shot, push, ll, stepped), all-to-all and all-to-all-v (pull, balanced) over a
+// communicator's window. Each algorithm's kernels are one file of kernels/src/collectives/,
+// beside its Python half in collectives/algorithms/: args.cuh (the arguments and pad
+// words), reduce.cuh (element types, reductions), call.cuh (the call protocol every
+// algorithm shares), two_shot_chunks.cuh (the two-shots' chunks), then one_shot, two_shot,
+// stepped, copy_engine, push, low_latency, all_to_all and all_to_all_balanced. This file
+// puts them in one module and defines the entry points. What follows describes the
+// one-barrier kernels; push.cuh and low_latency.cuh describe their own.
 //
 // One kernel per call, nothing else on the stream: every thread block copies its slice of
 // the user's input into this rank's staging area, publishes the call's header in its pad,
@@ -62,6 +62,7 @@ IPCSHARE_ALL_TYPES(all_reduce_one_shot)
 IPCSHARE_ALL_TYPES(all_reduce_two_shot)
 IPCSHARE_ALL_TYPES(reduce_scatter_one_shot)
 IPCSHARE_ALL_TYPES(all_reduce_ll)
+IPCSHARE_ALL_TYPES(all_reduce_ll_two_shot)
 IPCSHARE_ALL_TYPES(reduce_scatter_ll)
 IPCSHARE_ALL_TYPES(all_reduce_stepped)
 IPCSHARE_ALL_TYPES(reduce_scatter_stepped)

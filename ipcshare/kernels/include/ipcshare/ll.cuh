@@ -26,6 +26,11 @@ namespace ipcshare {
 constexpr int kLineBytes = 16;
 constexpr int kLinePayload = 8;
 
+// Lines that carry `nbytes` of payload (the last one partly).
+__device__ __forceinline__ unsigned long long payload_lines(unsigned long long nbytes) {
+  return (nbytes + kLinePayload - 1) / kLinePayload;
+}
+
 // Store one line: payload `data`, flag `flag` (volatile: reaches the peer's memory, is not
 // kept in a cache of this SM, and is not merged with other stores).
 __device__ __forceinline__ void ll_store(char* line, u64 data, unsigned flag) {
