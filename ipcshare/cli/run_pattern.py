@@ -212,6 +212,12 @@ def _check_all_to_all_memory(group, pattern) -> None:
     here = ("auto", *algorithm_names(memory, pattern.collective))
     if pattern.algo not in here:
         where = "GPU" if memory == "cuda" else "host"
+        if (pattern.collective == "all_to_all_v"
+                and pattern.algo in algorithm_names(memory, "all_to_all")):
+            raise ConfigError(f"--algo {pattern.algo} runs alltoall with --splits even only "
+                              f"(all_to_all); --splits {pattern.splits} calls all_to_all_v, "
+                              f"which it does not run on {where} memory; choose one of: "
+                              f"{', '.join(here)}")
         raise ConfigError(f"--algo {pattern.algo} does not run alltoall on {where} memory "
                           f"(backend {group.backend_name}); choose one of: {', '.join(here)}")
     if not group.backend.device_memory:

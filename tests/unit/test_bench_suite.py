@@ -352,7 +352,7 @@ def test_the_algorithm_table_is_the_collectives_layer_s():
     assert algorithms_of("allgather", "cuda-vmm") == (
         "auto", "copy-engine", "push", "pull", "ring", "ll")
     assert algorithms_of("ring", "cuda-ipc") == ("auto", "copy-engine")
-    assert set(ALGORITHMS["ll"]) == {"allgather", "allreduce", "reducescatter"}
+    assert set(ALGORITHMS["ll"]) == {"allgather", "allreduce", "reducescatter", "alltoall"}
     assert all(backends and "host" not in backends for backends in ALGORITHMS["ll"].values())
     assert ALGORITHMS["ll-two-shot"] == {"allreduce": ("cuda-ipc", "cuda-vmm")}
 
@@ -515,9 +515,10 @@ def test_all_to_all_expands_per_splits_graphed_on_gpus_with_the_library_s_algori
     assert [case.options.splits for case in suite.cases] == [
         "even", "even", "skewed", "skewed", "even", "even"]
     assert parse({"ops": ["alltoall"]}).cases[0].options.splits == "even"
+    # In ALGORITHMS' order, where all-gather's ll comes before balanced.
     for backend, memory in (("host", "host"), ("cuda-vmm", "cuda")):
-        assert algorithms_of("alltoall", backend) == ("auto",
-                                                      *algorithm_names(memory, "all_to_all"))
+        assert set(algorithms_of("alltoall", backend)) == {"auto",
+                                                           *algorithm_names(memory, "all_to_all")}
     graphed = parse({"ops": ["alltoall"], "backends": ["cuda-ipc"], "splits": ["random"],
                      "timing": ["graph", "latency"]})
     assert [driver_timing(case) for case in graphed.cases] == [("nccl-tests", True),

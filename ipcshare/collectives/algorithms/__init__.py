@@ -39,7 +39,8 @@ _REGISTRY: dict[tuple[str, str], dict[str, str]] = {
                                  "stepped": "gpu_stepped:GpuSteppedReduceScatter",
                                  "push": "gpu_push:GpuPushReduceScatter"},
     ("cuda", "all_to_all"): {"pull": "gpu_all_to_all:GpuPullAllToAll",
-                             "balanced": "gpu_all_to_all_balanced:GpuBalancedAllToAll"},
+                             "balanced": "gpu_all_to_all_balanced:GpuBalancedAllToAll",
+                             "ll": "gpu_all_to_all_ll:GpuLowLatencyAllToAll"},
     ("cuda", "all_to_all_v"): {"pull": "gpu_all_to_all:GpuPullAllToAllV",
                                "balanced": "gpu_all_to_all_balanced:GpuBalancedAllToAllV"},
 }

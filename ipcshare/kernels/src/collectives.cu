@@ -1,13 +1,14 @@
 // The collectives of ipcshare.collectives on GPU memory: all-gather (pull, ll), all-reduce
 // (one-shot, two-shot, push, ll, ll-two-shot, copy-engine, stepped), reduce-scatter
-// (one-shot, push, ll, stepped), all-to-all and all-to-all-v (pull, balanced) over a
-// communicator's window. Each algorithm's kernels are one file of kernels/src/collectives/,
-// beside its Python half in collectives/algorithms/: args.cuh (the arguments and pad
-// words), reduce.cuh (element types, reductions), call.cuh (the call protocol every
-// algorithm shares), two_shot_chunks.cuh (the two-shots' chunks), then one_shot, two_shot,
-// stepped, copy_engine, push, low_latency, all_to_all and all_to_all_balanced. This file
-// puts them in one module and defines the entry points. What follows describes the
-// one-barrier kernels; push.cuh and low_latency.cuh describe their own.
+// (one-shot, push, ll, stepped), all-to-all (pull, balanced, ll) and all-to-all-v (pull,
+// balanced) over a communicator's window. Each algorithm's kernels are one file of
+// kernels/src/collectives/, beside its Python half in collectives/algorithms/: args.cuh
+// (the arguments and pad words), reduce.cuh (element types, reductions), call.cuh (the
+// call protocol every algorithm shares), two_shot_chunks.cuh (the two-shots' chunks),
+// then one_shot, two_shot, stepped, copy_engine, push, low_latency, all_to_all,
+// all_to_all_balanced and all_to_all_ll. This file puts them in one module and defines
+// the entry points. What follows describes the one-barrier kernels; push.cuh,
+// low_latency.cuh and all_to_all_ll.cuh describe their own.
 //
 // One kernel per call, nothing else on the stream: every thread block copies its slice of
 // the user's input into this rank's staging area, publishes the call's header in its pad,
@@ -37,6 +38,7 @@
 #include "collectives/low_latency.cuh"
 #include "collectives/all_to_all.cuh"
 #include "collectives/all_to_all_balanced.cuh"
+#include "collectives/all_to_all_ll.cuh"
 
 // ---------------------------------------------------------------------------------------
 // Entry points: <collective>_<dtype>_<op>, e.g. all_reduce_one_shot_bfloat16_sum.
@@ -86,6 +88,7 @@ extern "C" __global__ void stage_and_publish_int32(CollectiveArgs a) { stage_and
 extern "C" __global__ void all_gather_ll_bytes(CollectiveArgs a) { all_gather_ll(a); }
 extern "C" __global__ void all_to_all_pull_bytes(CollectiveArgs a) { all_to_all_pull<false>(a); }
 extern "C" __global__ void all_to_all_v_pull_bytes(CollectiveArgs a) { all_to_all_pull<true>(a); }
+extern "C" __global__ void all_to_all_ll_bytes(CollectiveArgs a) { all_to_all_ll(a); }
 // 512 threads a block (gpu_kernel.py's THREADS): the bound keeps the copies' unrolled
 // loads within the registers a block of that size may have.
 extern "C" __global__ void __launch_bounds__(512, 1) all_to_all_balanced_bytes(CollectiveArgs a) {
