@@ -344,6 +344,34 @@ def test_known_calls_made_out_of_step_are_found_on_the_gpu(comm, algo):
             assert torch.equal(mine, before)  # the work was skipped
 
 
+def test_an_ll_all_gather_made_out_of_step_writes_no_output(comm):
+    """The all-gather of the LL protocol, as the all-reduces above: ranks that make
+    different calls (of as many lines) are found on the GPU, and the output, the rank's
+    own block included, keeps what it held."""
+    if comm.size < 2:
+        pytest.skip("needs 2 ranks")
+    with torch_communicator("cuda-vmm", 1 << 20) as (group, cm, stream):
+        device = f"cuda:{group.backend.device}"
+        # 1,000 and 1,004 bytes: 125 and 126 lines, so neither rank waits for a line the
+        # other never sends beyond what the digests already tell.
+        sizes = (1000, 1004)
+        for count in sizes:  # every rank makes both calls, in the same order
+            out = torch.zeros(comm.size * count, dtype=torch.uint8, device=device)
+            cm.all_gather(out, torch.full((count,), 7, dtype=torch.uint8, device=device),
+                          algo="ll", stream=stream)
+        cm.synchronize(stream)
+        assert out.cpu().tolist() == [7] * (comm.size * sizes[1])
+        count = sizes[comm.rank % 2]
+        out = torch.full((comm.size * count,), 0xA5, dtype=torch.uint8, device=device)
+        before = out.clone()
+        cm.all_gather(out, torch.full((count,), 3, dtype=torch.uint8, device=device),
+                      algo="ll", stream=stream)
+        with pytest.raises(CollectiveError, match="ranks disagree on a collective call "
+                                                  r"\(found on the GPU"):
+            cm.synchronize(stream)
+        assert torch.equal(out, before)  # nothing written, our own block included
+
+
 # Every algorithm of the barrier family, in an order that puts each after each other one.
 _FAMILY = ("push", "one-shot", "push", "two-shot", "push", "copy-engine", "one-shot",
            "two-shot", "copy-engine", "push", "push")

@@ -283,11 +283,8 @@ __device__ void all_gather_ll(const CollectiveArgs& a) {
   const bool in_place = own_block == a.input;
   const bool own_aligned = ((unsigned long long)own_block & 7ull) == 0;
   LLCall call = ll_begin(a);
-  for (unsigned long long j = first; j < lines; j += stride) {
-    const u64 data = ipcshare::load_payload(a.input, j, nbytes, in_aligned);
-    ll_push(a, call, j, data);
-    if (!in_place) ipcshare::store_payload(own_block, j, nbytes, own_aligned, data);
-  }
+  for (unsigned long long j = first; j < lines; j += stride)
+    ll_push(a, call, j, ipcshare::load_payload(a.input, j, nbytes, in_aligned));
   ll_check_digests(a, call);
   for (int step = 1; step < a.nranks && !call.failed; ++step) {
     const int source = (a.rank + step) % a.nranks;
@@ -302,5 +299,11 @@ __device__ void all_gather_ll(const CollectiveArgs& a) {
       ipcshare::store_payload(block, j, nbytes, aligned, data);
     }
   }
+  // Our own block last, and only for a call every rank agreed on: a call whose ranks
+  // disagree writes no output (its input is read again: it is local and was just read).
+  if (!call.failed && !in_place)
+    for (unsigned long long j = first; j < lines; j += stride)
+      ipcshare::store_payload(own_block, j, nbytes, own_aligned,
+                              ipcshare::load_payload(a.input, j, nbytes, in_aligned));
   ll_end(a, call);
 }
