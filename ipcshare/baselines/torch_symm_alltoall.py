@@ -19,8 +19,8 @@ from ..topology.world import World
 from .gpu import ALL_TO_ALL, all_to_all_splits, import_torch_cuda
 from .torch_symm import TorchSymmBaseline
 
-__all__ = ["TorchSymmAllToAllBaseline", "all_to_all_vdev_module", "vdev_blocks_per_peer",
-           "vdev_refusal"]
+__all__ = ["TorchSymmAllToAllBaseline", "all_to_all_vdev_module", "use_nvshmem",
+           "vdev_blocks_per_peer", "vdev_refusal"]
 
 _FLAG = "--baseline torch-symm"
 # The op, and its arguments in the torch releases this baseline knows (earlier ones took
@@ -113,7 +113,7 @@ class TorchSymmAllToAllBaseline(TorchSymmBaseline):
             symm_mem = all_to_all_vdev_module(torch)
         super().__init__(world, case, device)
         with collective_step(world, "torch-symm NVSHMEM backend"):
-            _use_nvshmem(symm_mem, self.device)
+            use_nvshmem(symm_mem, self.device)
         self._op = getattr(self._torch.ops.symm_mem, _OP)
         self._setting = os.environ.get(NBLOCKS_SETTING)
         self.version = (f"PyTorch {self._torch.__version__.split('+')[0]} symmetric memory "
@@ -189,7 +189,7 @@ def all_to_all_vdev_module(torch: Any) -> Any:
     return symm_mem
 
 
-def _use_nvshmem(symm_mem: Any, device: Any) -> None:
+def use_nvshmem(symm_mem: Any, device: Any) -> None:
     """Set symmetric memory's backend to NVSHMEM (the op's) before its first tensor.
 
     Raises:
