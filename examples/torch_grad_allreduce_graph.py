@@ -30,6 +30,7 @@ import sys
 
 import ipcshare
 from ipcshare import IpcShareError
+from ipcshare.baselines.torch_rendezvous import start_nccl_process_group
 from ipcshare.runtime.config import BACKENDS
 
 # Gradients are rounded to multiples of 2^-QUANTUM_BITS below 2^RANGE_BITS in magnitude:
@@ -62,23 +63,16 @@ def _check_job(group) -> None:
 
 
 def init_nccl(torch, world, device: int) -> None:
-    """torch.distributed over NCCL for the MPI world: rank 0 opens a TCP store on a free
-    port and broadcasts its address over MPI; every rank joins it."""
+    """torch.distributed over NCCL for the MPI world, met at a TCP store rank 0 opens on a
+    port the kernel picks (the library's rendezvous: ipcshare.baselines.torch_rendezvous)."""
     import torch.distributed as dist
 
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")   # never NVLink multicast here
     host = "127.0.0.1" if world.node_count == 1 else socket.gethostname()
-    timeout = datetime.timedelta(seconds=120)
-    store = None
-    if world.rank == 0:
-        # Port 0: the store picks a free one, so no other job can take it in between.
-        store = dist.TCPStore(host, 0, world.size, is_master=True, timeout=timeout,
-                              wait_for_workers=False)
-    host, port = world.comm.bcast((host, store.port if store else None), root=0)
-    if store is None:
-        store = dist.TCPStore(host, port, world.size, is_master=False, timeout=timeout)
-    dist.init_process_group("nccl", store=store, rank=world.rank, world_size=world.size,
-                            device_id=torch.device("cuda", device))
+    start_nccl_process_group(dist, world.comm, rank=world.rank, size=world.size,
+                             device=torch.device("cuda", device),
+                             host=world.comm.bcast(host, root=0),
+                             timeout=datetime.timedelta(seconds=120))
 
 
 def start_nccl(group, torch):
