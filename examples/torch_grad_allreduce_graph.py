@@ -11,8 +11,8 @@ the bucket lives in the communicator's window (``comm.empty``), so the all-reduc
 in place.
 
 Checked against NCCL (torch.distributed, initialised from the MPI world: rank and size
-from mpi4py, a TCP store rank 0 opens on a port the kernel picks, announced over MPI): the
-graph keeps a copy of each step's local bucket, NCCL all-reduces that copy, and the two results must
+from mpi4py, a TCP store whose address rank 0 broadcasts over MPI): the graph keeps a
+copy of each step's local bucket, NCCL all-reduces that copy, and the two results must
 be equal bit for bit. That holds because the step rounds gradients to multiples of
 2^-10 within (-2^10, 2^10): every partial sum of up to 8 ranks is then a float32 exactly,
 so NCCL's summation order (ring or tree) and ipcshare's (rank order) give the same bits.
@@ -23,6 +23,8 @@ addition being commutative). The parameters must also end bitwise equal on every
 from __future__ import annotations
 
 import argparse
+import datetime
+import os
 import socket
 import sys
 
@@ -30,7 +32,6 @@ import ipcshare
 from ipcshare import IpcShareError
 from ipcshare.baselines.torch_rendezvous import start_nccl_process_group
 from ipcshare.runtime.config import BACKENDS
-from ipcshare.runtime.nvlink_multicast import keep_multicast_off
 
 # Gradients are rounded to multiples of 2^-QUANTUM_BITS below 2^RANGE_BITS in magnitude:
 # 20 significant bits, so sums over up to 8 ranks (3 more bits) stay within float32's 24.
@@ -62,15 +63,16 @@ def _check_job(group) -> None:
 
 
 def init_nccl(torch, world, device: int) -> None:
-    """torch.distributed over NCCL for the MPI world, met at rank 0's store (the library's
-    race-free rendezvous: ipcshare.baselines.torch_rendezvous)."""
+    """torch.distributed over NCCL for the MPI world, met at a TCP store rank 0 opens on a
+    port the kernel picks (the library's rendezvous: ipcshare.baselines.torch_rendezvous)."""
     import torch.distributed as dist
 
-    keep_multicast_off()   # never NVLink multicast here
-    host = "127.0.0.1" if world.node_count == 1 else world.comm.bcast(socket.gethostname(),
-                                                                         root=0)
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")   # never NVLink multicast here
+    host = "127.0.0.1" if world.node_count == 1 else socket.gethostname()
     start_nccl_process_group(dist, world.comm, rank=world.rank, size=world.size,
-                             device=torch.device("cuda", device), host=host)
+                             device=torch.device("cuda", device),
+                             host=world.comm.bcast(host, root=0),
+                             timeout=datetime.timedelta(seconds=120))
 
 
 def start_nccl(group, torch):

@@ -27,11 +27,12 @@ class _Dist:
         dist = self
 
         class TCPStore:
-            def __init__(self, host, port, size, is_master, wait_for_workers=True):
+            def __init__(self, host, port, size, is_master, wait_for_workers=True,
+                         timeout=None):
                 if dist.refuse:
                     raise OSError(dist.refuse)
                 self.port = 41234 if port == 0 else port
-                dist.stores.append((host, port, size, is_master, wait_for_workers))
+                dist.stores.append((host, port, size, is_master, wait_for_workers, timeout))
 
         self.TCPStore = TCPStore
 
@@ -44,8 +45,8 @@ def test_rank_0_binds_port_0_and_the_others_join_the_port_it_got():
     start_nccl_process_group(root, _Comm(), rank=0, size=2, device="cuda:0")
     start_nccl_process_group(other, _Comm(sent=(41234, None)), rank=1, size=2,
                              device="cuda:1")
-    assert root.stores == [("127.0.0.1", 0, 2, True, False)]
-    assert other.stores == [("127.0.0.1", 41234, 2, False, True)]
+    assert root.stores == [("127.0.0.1", 0, 2, True, False, None)]
+    assert other.stores == [("127.0.0.1", 41234, 2, False, True, None)]
     for dist, rank, device in ((root, 0, "cuda:0"), (other, 1, "cuda:1")):
         [(backend, kwargs)] = dist.inits
         assert backend == "nccl"
@@ -64,3 +65,11 @@ def test_a_store_rank_0_cannot_open_fails_every_rank_with_its_reason():
         start_nccl_process_group(other, _Comm(sent=(None, "OSError: address already in use")),
                                  rank=1, size=2, device="cuda:1", host="h")
     assert other.stores == [] and other.inits == []
+
+
+def test_a_timeout_bounds_both_stores_waits():
+    root, other = _Dist(), _Dist()
+    start_nccl_process_group(root, _Comm(), rank=0, size=2, device="cuda:0", timeout=120)
+    start_nccl_process_group(other, _Comm(sent=(41234, None)), rank=1, size=2,
+                             device="cuda:1", timeout=120)
+    assert root.stores[0][-1] == other.stores[0][-1] == 120
