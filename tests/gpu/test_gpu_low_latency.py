@@ -203,6 +203,26 @@ def test_buffers_reflagged_every_few_calls_stay_correct(monkeypatch, algos):
 
 
 @pytest.mark.parametrize("algo", ALL_REDUCE_ALGOS)
+def test_a_communicator_sized_for_its_call_runs_it(algo):
+    # The command line sizes a communicator for each row; ll-two-shot's chunks of a tiny
+    # input need more lines than the input (2 float32 at 4 ranks: 1 line whole, two
+    # regions of 2): refused on 4 H200s, 2026-11-28, before the slots counted them.
+    with ipcshare.Group(backend="cuda-vmm") as group:
+        device = group.backend.device
+        torch.cuda.set_device(device)
+        stream = torch.cuda.Stream(device=device)
+        for count in (1, 2, 3, 5, 2 * group.size + 1):
+            with group.communicator(max_bytes=4 * count) as cm:
+                inputs = [seeded_values("float32", count, count, r) for r in range(cm.size)]
+                tensor = _to_device(inputs[cm.rank], device).view(torch.float32)
+                cm.all_reduce(tensor, algo=algo, stream=stream)
+                cm.synchronize(stream)
+                got = tensor.cpu().numpy()
+                assert mismatches("float32", "sum", got,
+                                  reference("float32", "sum", inputs)) == 0, count
+
+
+@pytest.mark.parametrize("algo", ALL_REDUCE_ALGOS)
 def test_a_silent_peer_is_named_by_the_timeout(comm, algo):
     if comm.size < 2:
         pytest.skip("needs 2 or more ranks")

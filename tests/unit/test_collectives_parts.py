@@ -267,13 +267,21 @@ def test_scratch_regions_and_headers_do_not_overlap(gpu):
 
 def test_ll_slots_hold_the_digest_line_and_the_largest_input_in_lines():
     assert ScratchLayout(1000, 0, 2).ll_slot_bytes == 0  # host windows carry none
-    for max_bytes in (1, 8, 9, 1000, LL_MAX_BYTES, 4 * LL_MAX_BYTES):
-        layout = ScratchLayout(max_bytes, 0, 2, gpu=True)
-        payload = min(max_bytes, LL_MAX_BYTES)
-        assert layout.ll_max_bytes == payload
-        lines = 1 + -(-payload // LL_LINE_PAYLOAD)
-        assert lines * LL_LINE_BYTES <= layout.ll_slot_bytes < lines * LL_LINE_BYTES + ALIGN
-        assert layout.ll_slot_bytes % ALIGN == 0
+    for size in (2, 3, 4, 8):
+        for max_bytes in (1, 8, 9, 1000, LL_MAX_BYTES, 4 * LL_MAX_BYTES):
+            layout = ScratchLayout(max_bytes, 0, size, gpu=True)
+            payload = min(max_bytes, LL_MAX_BYTES)
+            assert layout.ll_max_bytes == payload
+            whole = -(-payload // LL_LINE_PAYLOAD)
+            # The LL two-shot's two chunk regions: a chunk is ceil(bytes / n) rounded up
+            # to 16 bytes, plus up to 7 bytes of a partial element.
+            regions = 2 * (-(-(-(-payload // size) + 7) // 16) * 16 // LL_LINE_PAYLOAD)
+            lines = 1 + max(whole, regions)
+            assert lines * LL_LINE_BYTES <= layout.ll_slot_bytes < lines * LL_LINE_BYTES + ALIGN
+            assert layout.ll_slot_bytes % ALIGN == 0
+            # Full-sized buffers: the regions add at most 4 lines to the whole input.
+            if payload == LL_MAX_BYTES:
+                assert regions <= whole + 4
 
 
 @given(st.integers(0, 10_000), st.integers(1, 9))

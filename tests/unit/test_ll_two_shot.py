@@ -75,13 +75,15 @@ def _fits(count: int, dtype: str, size: int, layout: ScratchLayout) -> bool:
 @settings(max_examples=400, deadline=None)
 @given(st.integers(1, 3 * LL_MAX_BYTES), st.integers(2, 8), st.sampled_from(sorted(_DTYPES)),
        st.floats(0, 1))
-def test_every_accepted_input_fits_both_regions_in_a_slot(max_bytes, size, dtype, fraction):
+def test_every_input_up_to_the_buffers_is_taken_and_fits_both_regions(max_bytes, size, dtype,
+                                                                      fraction):
     layout = ScratchLayout(max_bytes, 0, size, gpu=True)
     two_shot = algorithm("cuda", "all_reduce", "ll-two-shot")
     largest = layout.ll_max_bytes // _DTYPES[dtype]
-    for count in {0, 1, largest, max(largest - 1, 0), int(fraction * largest)}:
-        if two_shot.unsupported(_call(count, dtype, size, layout)) is None:
-            assert _fits(count, dtype, size, layout), (count, dtype, size, max_bytes)
+    for count in {min(1, largest), largest, max(largest - 1, 0), int(fraction * largest)}:
+        assert two_shot.unsupported(_call(count, dtype, size, layout)) is None, (
+            count, dtype, size, max_bytes)
+        assert _fits(count, dtype, size, layout), (count, dtype, size, max_bytes)
 
 
 @pytest.mark.parametrize("size", [2, 3, 4, 5, 8])
@@ -103,17 +105,28 @@ def test_it_takes_every_input_the_one_shot_ll_takes_in_full_sized_buffers(size, 
     assert "its buffers take inputs of up to" in two_shot.unsupported(too_large)
 
 
-def test_inputs_whose_regions_do_not_fit_are_refused():
-    # Buffers of 1,000 bytes: 125 payload lines (ALIGN rounds the slot to 128 in all).
-    # 250 float32 on 2 ranks are 125 lines, but each chunk is 128 elements rounded to
-    # 16 bytes: two regions of 64 lines.
-    layout = ScratchLayout(1000, 0, 2, gpu=True)
-    assert layout.ll_slot_bytes == 128 * LL_LINE_BYTES
-    call = _call(250, "float32", 2, layout)
-    assert algorithm("cuda", "all_reduce", "ll").unsupported(call) is None
-    why = algorithm("cuda", "all_reduce", "ll-two-shot").unsupported(call)
-    assert why is not None and "this input's two chunks need 128" in why
-    assert not _fits(250, "float32", 2, layout)
+@pytest.mark.parametrize("size", [2, 3, 4, 5, 8])
+@pytest.mark.parametrize("dtype", sorted(_DTYPES))
+def test_a_communicator_sized_for_its_call_takes_it(size, dtype):
+    # The command line sizes its communicator for each row: 2 float32 (8 bytes) at 4
+    # ranks are 1 line whole but two regions of 2 lines in chunks, which slots sized
+    # for the whole input did not hold (refused on 4 H200s, 2026-11-28).
+    two_shot = algorithm("cuda", "all_reduce", "ll-two-shot")
+    for count in (*range(1, 70), 250, 1000, 4097):
+        layout = ScratchLayout(count * _DTYPES[dtype], 0, size, gpu=True)
+        assert two_shot.unsupported(_call(count, dtype, size, layout)) is None, count
+        assert _fits(count, dtype, size, layout), count
+
+
+def test_a_call_larger_than_its_layout_is_refused():
+    # A call that claims buffers larger than the layout's: the guard names both counts.
+    layout = ScratchLayout(8, 0, 4, gpu=True)
+    call = _call(4096, "float32", 4, ScratchLayout(16384, 0, 4, gpu=True))
+    call.ll_max_bytes = 16384
+    assert algorithm("cuda", "all_reduce", "ll-two-shot").unsupported(call) is None
+    small = _call(4096, "float32", 4, layout)
+    why = algorithm("cuda", "all_reduce", "ll-two-shot").unsupported(small)
+    assert why is not None and "its buffers take inputs of up to 8 bytes" in why
     # One rank sends no lines: nothing to fit.
     alone = ScratchLayout(1000, 0, 1, gpu=True)
     assert algorithm("cuda", "all_reduce", "ll-two-shot").unsupported(

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..agreement import Signature
-from ..scratch import LL_LINE_PAYLOAD, ll_payload_lines
+from ..scratch import LL_LINE_PAYLOAD, ll_slot_payload_lines
 from .gpu_kernel import GpuKernelAlgorithm
 from .gpu_two_shot import chunk_elements
 
@@ -110,9 +110,10 @@ class GpuLowLatencyTwoShotAllReduce(_LowLatency):
             return why
         signature = call.signature
         region = two_shot_region_lines(signature.count, signature.itemsize, call.size)
-        # A slot holds the digest line and at least this many (ScratchLayout.ll_slot_bytes);
-        # a rank alone sends no lines.
-        room = ll_payload_lines(call.ll_max_bytes)
+        # A slot holds the digest line and this many (ScratchLayout.ll_slot_bytes), which
+        # fit any input up to ll_max_bytes: a guard against a call and a layout that differ.
+        # A rank alone sends no lines.
+        room = ll_slot_payload_lines(call.ll_max_bytes, call.size)
         if call.size > 1 and 2 * region > room:
             return (f"its buffers hold {room} lines a rank after the digest and this input's "
                     f"two chunks need {2 * region} ({region * LL_LINE_PAYLOAD} bytes each); "
