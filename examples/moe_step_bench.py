@@ -41,6 +41,7 @@ every version that ran was right and its figure passed both checks.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -407,6 +408,7 @@ def run_bench(group, layer: moe.Layer, args: argparse.Namespace) -> dict[str, An
     progress = ProgressLine(enabled=group.rank == 0)
     dist, no_nccl = start_nccl(group, torch)
     rows = []
+    nvshmem_started = False
     try:
         symm_mem, no_symm = symm_refusal(torch, dist, group.world, layer, no_nccl)
         bench = Bench(torch, group, layer, args, progress)
@@ -420,8 +422,16 @@ def run_bench(group, layer: moe.Layer, args: argparse.Namespace) -> dict[str, An
             rows.append({"version": SYMM, "skipped": no_symm})
         else:
             rows.append(_symm_row(bench, torch, dist, symm_mem, layer))
+            nvshmem_started = "skipped" not in rows[-1]
     finally:
         progress.clear()
+        if nvshmem_started:
+            # Its tensors freed (the step's cycles collected), then NVSHMEM finalized
+            # while the process group it was started over still lives.
+            gc.collect()
+            torch.cuda.synchronize()
+            from ipcshare.baselines.torch_symm_alltoall import finalize_nvshmem
+            finalize_nvshmem(group.world.comm)
         if dist is not None:
             dist.destroy_process_group()
     ratios(rows)
