@@ -1,8 +1,9 @@
 // Low-latency (LL) collectives: in the one-shot ones every rank pushes its input, line by
 // line with the call's flag beside the data (ll.cuh), into its own slot of every peer's LL
 // buffer, then waits on its own buffer for every peer's lines (the two-shot all-reduce
-// makes two such rounds, all_reduce_ll_two_shot). One kernel, no barrier, no fence: each
-// line says itself whether it has arrived. Line 0 of a slot carries the sender's digest of
+// makes two such rounds, all_reduce_ll_two_shot), the lines of all peers awaited at once
+// (ll_receive_all). One kernel, no barrier, no fence: each line says itself whether it
+// has arrived. Line 0 of a slot carries the sender's digest of
 // the call, data start at line 1. A rank reads only its own input and its own buffer, so
 // an input or output that is the user's memory (or the same array, in place) is safe, and
 // nothing waits before returning: the buffer a sender writes next is the other parity's.
@@ -79,6 +80,46 @@ __device__ __forceinline__ void ll_check_digests(const CollectiveArgs& a, LLCall
   call.failed = failed != 0;
 }
 
+// Wait for payload line j from every rank of `sources` (a bit per rank) in our own
+// buffer, at once: each round loads the line of every source still missing, so the lines
+// of all peers cost one arrival and one load's latency together, where waiting for them
+// one source after another cost a load's latency per source. data[r] gets rank r's
+// payload. After timeout_ns (0: never) the lowest source still missing is recorded late.
+// Called after ll_check_digests: every source makes this call, so its lines will come.
+__device__ __forceinline__ bool ll_receive_all(const CollectiveArgs& a, const LLCall& call,
+                                               unsigned long long j, unsigned sources,
+                                               u64 (&data)[kMaxRanks]) {
+  const unsigned long long line = (j + 1) * ipcshare::kLineBytes;
+  unsigned pending = sources;
+  u64 start = 0;
+  for (unsigned round = 0;; ++round) {
+    ipcshare::LLLine got[kMaxRanks];
+#pragma unroll
+    for (int r = 0; r < kMaxRanks; ++r)
+      if ((pending >> r) & 1u) got[r] = ipcshare::ll_load(ll_slot(a, a.rank, call.parity, r) + line);
+#pragma unroll
+    for (int r = 0; r < kMaxRanks; ++r)
+      if (((pending >> r) & 1u) && ipcshare::ll_arrived(got[r], call.flag)) {
+        data[r] = ipcshare::ll_payload(got[r]);
+        pending &= ~(1u << r);
+      }
+    if (pending == 0) return true;
+    if ((round & 255u) != 255u || a.timeout_ns == 0) continue;
+    const u64 now = ipcshare::now_ns();
+    if (start == 0) {
+      start = now;
+    } else if (now - start > a.timeout_ns) {
+      ipcshare::record_timeout(a.pads[a.rank], __ffs(pending) - 1, call.epoch);
+      return false;
+    }
+  }
+}
+
+// Every rank but ourselves, a bit each.
+__device__ __forceinline__ unsigned ll_peers(const CollectiveArgs& a) {
+  return ((1u << a.nranks) - 1u) & ~(1u << a.rank);
+}
+
 // Wait for payload line j from `source` in our own buffer.
 __device__ __forceinline__ bool ll_receive(const CollectiveArgs& a, const LLCall& call,
                                            int source, unsigned long long j, u64& data) {
@@ -140,17 +181,17 @@ __device__ __forceinline__ void ll_reduce_lines(const CollectiveArgs& a, LLCall&
   const unsigned long long lines = ipcshare::payload_lines(nbytes);
   const bool own_aligned = ((unsigned long long)own & 7ull) == 0;
   const bool out_aligned = ((unsigned long long)out & 7ull) == 0;
+  const unsigned peers = ll_peers(a);
   for (unsigned long long j = first; j < lines && !call.failed; j += stride) {
-    Line in[kMaxRanks];
-    for (int r = 0; r < a.nranks; ++r) {
-      if (r == a.rank) {
-        in[r].v = ipcshare::load_payload(own, j, nbytes, own_aligned);
-      } else if (!ll_receive(a, call, r, j, in[r].v)) {
-        call.failed = true;
-        break;
-      }
+    u64 got[kMaxRanks];
+    const u64 mine = ipcshare::load_payload(own, j, nbytes, own_aligned);
+    if (!ll_receive_all(a, call, j, peers, got)) {
+      call.failed = true;
+      break;
     }
-    if (call.failed) break;
+    Line in[kMaxRanks];
+#pragma unroll
+    for (int r = 0; r < kMaxRanks; ++r) in[r].v = r == a.rank ? mine : got[r];
     Line sum;
 #pragma unroll
     for (int k = 0; k < kLanes; ++k)
@@ -231,20 +272,26 @@ __device__ void all_reduce_ll_two_shot(const CollectiveArgs& a) {
   const auto send_on = [&](unsigned long long j, u64 data) { ll_push(a, call, region + j, data); };
   ll_reduce_lines<T, OP>(a, call, a.input + own_offset, a.output + own_offset,
                          chunk_length(a.count, chunk, a.rank) * size, first, stride, send_on);
-  // Phase 2: every peer's reduced chunk, from region 1 of its slot in our buffer.
-  for (int step = 1; step < a.nranks && !call.failed; ++step) {
-    const int source = (a.rank + step) % a.nranks;
-    const unsigned long long nbytes = chunk_length(a.count, chunk, source) * size;
-    const unsigned long long lines = ipcshare::payload_lines(nbytes);
-    char* block = a.output + source * chunk_bytes;
-    for (unsigned long long j = first; j < lines; j += stride) {
-      u64 data;
-      if (!ll_receive(a, call, source, region + j, data)) {
-        call.failed = true;
-        break;
-      }
-      ipcshare::store_payload(block, j, nbytes, out_aligned, data);
+  // Phase 2: every peer's reduced chunk, from region 1 of its slot in our buffer, line j
+  // of every peer at once (a peer whose chunk is shorter sends no line j).
+  for (unsigned long long j = first; j < region && !call.failed; j += stride) {
+    unsigned sources = 0;
+#pragma unroll
+    for (int r = 0; r < kMaxRanks; ++r)
+      if (r < a.nranks && r != a.rank &&
+          j < ipcshare::payload_lines(chunk_length(a.count, chunk, r) * size))
+        sources |= 1u << r;
+    if (sources == 0) break;  // chunks only shorten with the rank: none has line j
+    u64 got[kMaxRanks];
+    if (!ll_receive_all(a, call, region + j, sources, got)) {
+      call.failed = true;
+      break;
     }
+#pragma unroll
+    for (int r = 0; r < kMaxRanks; ++r)
+      if ((sources >> r) & 1u)
+        ipcshare::store_payload(a.output + r * chunk_bytes, j,
+                                chunk_length(a.count, chunk, r) * size, out_aligned, got[r]);
   }
   ll_end(a, call);
 }
@@ -286,17 +333,18 @@ __device__ void all_gather_ll(const CollectiveArgs& a) {
   for (unsigned long long j = first; j < lines; j += stride)
     ll_push(a, call, j, ipcshare::load_payload(a.input, j, nbytes, in_aligned));
   ll_check_digests(a, call);
-  for (int step = 1; step < a.nranks && !call.failed; ++step) {
-    const int source = (a.rank + step) % a.nranks;
-    char* block = a.output + source * nbytes;
-    const bool aligned = ((unsigned long long)block & 7ull) == 0;
-    for (unsigned long long j = first; j < lines; j += stride) {
-      u64 data;
-      if (!ll_receive(a, call, source, j, data)) {
-        call.failed = true;
-        break;
-      }
-      ipcshare::store_payload(block, j, nbytes, aligned, data);
+  const unsigned peers = ll_peers(a);
+  for (unsigned long long j = first; j < lines && !call.failed; j += stride) {
+    u64 got[kMaxRanks];
+    if (!ll_receive_all(a, call, j, peers, got)) {
+      call.failed = true;
+      break;
+    }
+#pragma unroll
+    for (int r = 0; r < kMaxRanks; ++r) {
+      if (!((peers >> r) & 1u)) continue;
+      char* block = a.output + r * nbytes;
+      ipcshare::store_payload(block, j, nbytes, ((unsigned long long)block & 7ull) == 0, got[r]);
     }
   }
   // Our own block last, and only for a call every rank agreed on: a call whose ranks
