@@ -141,4 +141,5 @@ def test_every_dtype_and_op_has_its_kernel_entry():
             signature = Signature("all_reduce", 7, dtype, itemsize, op, "ll-two-shot")
             assert two_shot.entry(signature) in entries
     source = (_KERNELS / "src" / "collectives.cu").read_text()
-    assert "IPCSHARE_ALL_TYPES(all_reduce_ll_two_shot)" in source
+    # Every dtype and op, bound to the block (test_kernels checks its registers).
+    assert "IPCSHARE_TYPES(all_reduce_ll_two_shot, IPCSHARE_BOUNDED)" in source
