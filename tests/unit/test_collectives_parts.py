@@ -305,23 +305,34 @@ def test_two_gpus_run_small_calls_by_the_low_latency_protocol():
 
 
 def test_three_and_four_gpus_run_small_calls_by_the_low_latency_protocol():
-    # Measured on 4 GPUs (choice.py): ll up to 512 KiB, reduce-scatter up to 2 MiB.
+    # Measured on 4 GPUs (choice.py): ll up to 512 KiB, reduce-scatter up to 2 MiB; at 4
+    # ranks and more the all-reduce's ll stops at 128 KiB, its LL two-shot runs to 512.
     for op, limit, above in (("all_reduce", 512 << 10, "two-shot"),
                              ("all_gather", 512 << 10, "pull"),
                              ("reduce_scatter", 2 << 20, "one-shot")):
         for size in (3, 4, 8):
             assert choose("cuda", op, 1, size) == "ll"
-            assert choose("cuda", op, limit, size) == "ll"
+            low_latency = "ll-two-shot" if op == "all_reduce" and size >= 4 else "ll"
+            assert choose("cuda", op, limit, size) == low_latency
             assert choose("cuda", op, limit + 1, size) == above
         assert limit <= LL_MAX_BYTES
+    for size in (4, 8):
+        assert choose("cuda", "all_reduce", 128 << 10, size) == "ll"
+        assert choose("cuda", "all_reduce", (128 << 10) + 1, size) == "ll-two-shot"
+    assert choose("cuda", "all_reduce", (128 << 10) + 1, 3) == "ll"
 
 
-def test_all_to_all_v_runs_balanced_and_all_to_all_pulls_up_to_8_mib():
-    for size in (2, 4):
+def test_all_to_all_v_runs_balanced_and_all_to_all_ll_then_pull_up_to_8_mib():
+    for size in (2, 3, 4):
         assert choose("cuda", "all_to_all_v", 1, size) == "balanced"
         assert choose("cuda", "all_to_all_v", 1 << 30, size) == "balanced"
+        assert choose("cuda", "all_to_all", 1, size) == "ll"
+        assert choose("cuda", "all_to_all", 512 << 10, size) == "ll"
+        assert choose("cuda", "all_to_all", (512 << 10) + 1, size) == "pull"
         assert choose("cuda", "all_to_all", 8 << 20, size) == "pull"
         assert choose("cuda", "all_to_all", (8 << 20) + 1, size) == "balanced"
+    # A rank alone never waits on lines: it copies.
+    assert choose("cuda", "all_to_all", 1, 1) == "pull"
 
 
 def test_ranks_sharing_a_gpu_run_the_stepped_kernels_at_every_size():

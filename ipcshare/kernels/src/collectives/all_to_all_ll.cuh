@@ -52,21 +52,20 @@ __device__ void all_to_all_ll(const CollectiveArgs& a) {
   char* own_out = a.output + me * block;
   const bool own_in_aligned = ((unsigned long long)own_in & 7ull) == 0;
   const bool own_out_aligned = ((unsigned long long)own_out & 7ull) == 0;
-  const unsigned peers = ll_peers(a);
   for (unsigned long long j = first; j < lines && !call.failed; j += stride) {
     // Our own line is loaded first and stored last: its load is in flight while we wait.
     const u64 own = in_place ? 0 : ipcshare::load_payload(own_in, j, block, own_in_aligned);
-    u64 got[kMaxRanks];
-    if (!ll_receive_all(a, call, j, peers, got)) {  // every peer's line j at once
-      call.failed = true;
-      break;
-    }
-#pragma unroll
-    for (int r = 0; r < kMaxRanks; ++r) {
-      if (!((peers >> r) & 1u)) continue;
-      char* received = a.output + r * block;
+    for (int step = 1; step < n; ++step) {
+      // Rank me - step pushes to us at its step `step`: the earliest first.
+      const int source = (me - step + n) % n;
+      u64 data;
+      if (!ll_receive(a, call, source, j, data)) {
+        call.failed = true;
+        break;
+      }
+      char* received = a.output + source * block;
       ipcshare::store_payload(received, j, block, ((unsigned long long)received & 7ull) == 0,
-                              got[r]);
+                              data);
     }
     if (!call.failed && !in_place)
       ipcshare::store_payload(own_out, j, block, own_out_aligned, own);
