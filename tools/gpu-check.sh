@@ -40,8 +40,8 @@
 #   p2p     `ipcshare p2p` (one process over every GPU: peer pointers and cuMemcpyPeerAsync
 #           against IPC windows) 8 B - P2P_MAX (256M), its GPU tests, host-staged copies with
 #           peer access off, and doctor --quick with every rank under launch/bind-gpu.sh
-#   latency the low-latency protocol (algo ll): its GPU tests at 2, G and G+1 ranks, and
-#           8 B - 4 MiB sweeps of ll, the other kernels and NCCL, in graphs and eager
+#   latency the low-latency protocol (algo ll, ll-two-shot): its GPU tests at 2, G and G+1
+#           ranks, and 8 B - 4 MiB sweeps of ll, the other kernels and NCCL, in graphs and eager
 #   shared  G+1 and 2xG ranks on G GPUs (some share one; 2 ranks on a 1-GPU node): all-gather
 #           and ring at 1 MiB with auto, the copy engine under both shared-GPU barriers
 #           (host, stream), push and leader; the communicator's collectives at 8 KiB - 4 MiB
@@ -110,7 +110,9 @@
 # re-checked on the files it touches),
 # STEP_TIMEOUT_BENCH (per sweep, default 150), ALLTOALL_RANKS (default "2 4"), ALLTOALL_MAX
 # (default 256M), ALLTOALL_MIN (default 8), ALLTOALL_ITERS (default 20), ALLTOALL_ALGOS
-# (the library's algorithms to sweep, e.g. "pull balanced"; default auto), ALLTOALL_GRAPH=0
+# (the library's algorithms to sweep: pull, balanced, ll; default auto; ll runs even
+# splits only, blocks up to 2 MiB a peer: ALLTOALL_ALGOS=ll ALLTOALL_SPLITS=even
+# ALLTOALL_MAX=512K ALLTOALL_BASELINES=nccl), ALLTOALL_GRAPH=0
 # (eager sweeps only), ALLTOALL_SPLITS (default "even random
 # skewed"), ALLTOALL_BASELINES (default "nccl torch torch-symm"), ALLTOALL_SYMM_SPLITS
 # (default even), ALLTOALL_TESTS (default 0), STEP_TIMEOUT_ALLTOALL (per sweep, default
@@ -623,6 +625,8 @@ if [[ $G -ge 2 ]] && wants latency; then
   # Beyond 2 ranks auto does not pick ll yet, so ll runs alone there, 8 B to its 2 MiB.
   pairs=("allgather auto 4M" "allreduce auto 4M" "reducescatter auto 4M")
   [[ $G -gt 2 ]] && pairs+=("allgather ll 2M" "allreduce ll 2M" "reducescatter ll 2M")
+  # The LL two-shot all-reduce (not in auto's rows yet), at 2 ranks and G alike.
+  pairs+=("allreduce ll-two-shot 2M")
   pairs+=("allgather push 512K" "allreduce one-shot 512K" "reducescatter one-shot 512K")
   for mode in --graph ""; do
     for pair in "${pairs[@]}"; do

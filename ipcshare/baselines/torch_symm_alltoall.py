@@ -19,8 +19,8 @@ from ..topology.world import World
 from .gpu import ALL_TO_ALL, all_to_all_splits, import_torch_cuda
 from .torch_symm import TorchSymmBaseline
 
-__all__ = ["TorchSymmAllToAllBaseline", "all_to_all_vdev_module", "vdev_blocks_per_peer",
-           "vdev_refusal"]
+__all__ = ["TorchSymmAllToAllBaseline", "all_to_all_vdev_module", "finalize_nvshmem",
+           "use_nvshmem", "vdev_blocks_per_peer", "vdev_refusal"]
 
 _FLAG = "--baseline torch-symm"
 # The op, and its arguments in the torch releases this baseline knows (earlier ones took
@@ -113,7 +113,7 @@ class TorchSymmAllToAllBaseline(TorchSymmBaseline):
             symm_mem = all_to_all_vdev_module(torch)
         super().__init__(world, case, device)
         with collective_step(world, "torch-symm NVSHMEM backend"):
-            _use_nvshmem(symm_mem, self.device)
+            use_nvshmem(symm_mem, self.device)
         self._op = getattr(self._torch.ops.symm_mem, _OP)
         self._setting = os.environ.get(NBLOCKS_SETTING)
         self.version = (f"PyTorch {self._torch.__version__.split('+')[0]} symmetric memory "
@@ -189,7 +189,7 @@ def all_to_all_vdev_module(torch: Any) -> Any:
     return symm_mem
 
 
-def _use_nvshmem(symm_mem: Any, device: Any) -> None:
+def use_nvshmem(symm_mem: Any, device: Any) -> None:
     """Set symmetric memory's backend to NVSHMEM (the op's) before its first tensor.
 
     Raises:
@@ -207,3 +207,31 @@ def _use_nvshmem(symm_mem: Any, device: Any) -> None:
                           f"and torch refused it ({reason}); symmetric memory of another "
                           f"backend ({current}) may already live in this process: time "
                           "all-to-all in a process of its own") from None
+
+
+# NVSHMEM's host library as torch loads it (the nvidia-nvshmem wheel's soname).
+_NVSHMEM_HOST = "libnvshmem_host.so.3"
+
+
+def finalize_nvshmem(comm: Any) -> bool:
+    """Collective: finalize NVSHMEM where torch started it, once every rank's symmetric
+    tensors are gone. torch initializes NVSHMEM for symmetric memory and never finalizes
+    it (pytorch/pytorch#195499); its threads then outlive the teardown of the process,
+    and a process that exits can fault in ``libnvshmem_host`` (SIGSEGV after the MoE
+    step's table on 4 H200s, 2026-11-28). Symmetric memory of the NVSHMEM backend cannot
+    be used in this process afterwards. Returns whether it was finalized (False where
+    NVSHMEM was never loaded, or its library lacks ``nvshmemx_hostlib_finalize``)."""
+    import ctypes
+
+    try:  # RTLD_NOLOAD: only the library torch already loaded, never a new one
+        library = ctypes.CDLL(_NVSHMEM_HOST, mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL)
+    except OSError:
+        loaded = False
+    else:
+        loaded = hasattr(library, "nvshmemx_hostlib_finalize")
+    if not all(comm.allgather(loaded)):  # every rank alike, or none
+        return False
+    comm.Barrier()
+    library.nvshmemx_hostlib_finalize()
+    comm.Barrier()
+    return True

@@ -76,6 +76,8 @@ BACKEND_CHOICES = ("auto", "host", "cuda-ipc", "cuda-vmm")
 # symmetric memory (all-reduce only: skipped, with the reason, by the suites' ops).
 BASELINE_NAMES = ("mpi", "nccl", "torch", "torch-symm")
 _GPU = ("cuda-ipc", "cuda-vmm")
+# The algorithms of the low-latency protocol, whose buffers take inputs up to LL_MAX_BYTES.
+_LOW_LATENCY = ("ll", "ll-two-shot")
 # The ops of the collectives layer: each case names its reduction (-o) and datatype.
 REDUCTION_OPS = ("allreduce", "reducescatter")
 # P2P direct (one process over every rank's GPU) against IPC windows, per pattern of
@@ -340,12 +342,12 @@ def _expand(matrix: Mapping[str, Any], where: str, common: PatternOptions,
         for reduction, p2p_op, peer_access, registered, splits in _variants(op, lists, sweep):
             for backend in p2p_backends if p2p_op else backends:
                 for algorithm in chosen[backend][p2p_op or op]:
-                    if algorithm == "ll" and sweep.max_bytes > LL_MAX_BYTES:
+                    if algorithm in _LOW_LATENCY and sweep.max_bytes > LL_MAX_BYTES:
                         raise ConfigError(
-                            f"{where}: algorithm 'll' takes sizes up to "
+                            f"{where}: algorithm {algorithm!r} takes sizes up to "
                             f"{format_size(LL_MAX_BYTES)} (its buffers' limit), not max_bytes "
-                            f"{format_size(sweep.max_bytes)}: give ll a case of its own with "
-                            f"max_bytes <= {format_size(LL_MAX_BYTES)}")
+                            f"{format_size(sweep.max_bytes)}: give {algorithm} a case of its "
+                            f"own with max_bytes <= {format_size(LL_MAX_BYTES)}")
                     for timing in lists["timing"]:
                         _check_timing(timing, op, backend, where)
                         options = dataclasses.replace(sweep, backend=backend, op=reduction,

@@ -78,8 +78,9 @@ def _add_pattern_flags(parser: argparse.ArgumentParser) -> None:
                        "push | pull | ring (all-gather kernels, GPU only) | leader (one "
                        "kernel per GPU, for ranks sharing GPUs) | one-shot | two-shot "
                        "(all-reduce) | ll (low-latency all-gather / all-reduce, GPU only) | "
-                       "stepped (collectives whose kernels never spin, for ranks sharing "
-                       "GPUs; GPU only)")
+                       "ll-two-shot (low-latency two-shot all-reduce, GPU only) | stepped "
+                       "(collectives whose kernels never spin, for ranks sharing GPUs; GPU "
+                       "only)")
     add("--inter", help=INTER_HELP)
     add("--graph", action="store_true", default=None, help="CUDA-graph timing mode")
     add("--timing", help="nccl-tests (back-to-back operations, averaged; default) | latency "

@@ -135,7 +135,7 @@ def run_pattern_command(args: argparse.Namespace) -> int:
             check_plot(getattr(args, "plot", None))
             if args.command == "alltoall":
                 _check_all_to_all_memory(group, pattern)
-            elif (options.algo in ("push", "pull", "ring", "ll")
+            elif (options.algo in ("push", "pull", "ring", "ll", "ll-two-shot")
                   and not group.backend.has_kernels):
                 raise ConfigError(f"--algo {options.algo} runs GPU kernels: it needs a GPU "
                                   "backend (cuda-ipc or cuda-vmm), not host")
@@ -212,6 +212,12 @@ def _check_all_to_all_memory(group, pattern) -> None:
     here = ("auto", *algorithm_names(memory, pattern.collective))
     if pattern.algo not in here:
         where = "GPU" if memory == "cuda" else "host"
+        if (pattern.collective == "all_to_all_v"
+                and pattern.algo in algorithm_names(memory, "all_to_all")):
+            raise ConfigError(f"--algo {pattern.algo} runs alltoall with --splits even only "
+                              f"(all_to_all); --splits {pattern.splits} calls all_to_all_v, "
+                              f"which it does not run on {where} memory; choose one of: "
+                              f"{', '.join(here)}")
         raise ConfigError(f"--algo {pattern.algo} does not run alltoall on {where} memory "
                           f"(backend {group.backend_name}); choose one of: {', '.join(here)}")
     if not group.backend.device_memory:

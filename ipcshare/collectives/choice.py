@@ -78,6 +78,13 @@ HOST_CHOICES: dict[str, dict[int, Choice]] = {
 # against two-shot's 26.8; reduce-scatter still wins there (15.6 against 17.8), as each
 # rank pushes only a block to each peer. 3 ranks tell the same (all-reduce at 2 MiB: ll
 # 32.6, two-shot 24.5). The 3-rank row serves 3 to 8 ranks; 5 or more have not run yet.
+# The LL kernels waiting on every peer's line at once (2026-11-28, nvidia-h200-x4, 4 ranks,
+# branch ll-all-peers 0f21db3, in graphs): all-reduce 3.95-4.55 us up to 2 KiB (NCCL
+# 3.9-4.4), all-gather 4.4-4.8 (NCCL 3.9-4.5), reduce-scatter 4.5-5.1 (NCCL 4.0-4.7);
+# 7.5 / 14.4 us all-reduce at 128 / 512 KiB. The LL two-shot all-reduce, the same day
+# (445adee): 9.3 us at 128 KiB, 12.3 at 512 KiB (ll 14.4, NCCL 14.0), 27.1 at 2 MiB
+# (two-shot 26.8 on 2026-11-27, NCCL 20.6): so at 4 ranks (and more, not yet run) ll up
+# to 128 KiB, ll-two-shot to 512 KiB, then two-shot.
 # The copy-engine all-reduce (gpu_copy_engine.py) and the push all-reduce, reduce-scatter
 # and all-gather (gpu_push.py) have only run with ranks sharing one H100, where no speed
 # can be read; they join these rows once the bench suites of nvidia-h200-x2 / -x4 (and
@@ -92,7 +99,8 @@ CUDA_CHOICES: dict[str, dict[int, Choice]] = {
                        3: Choice((2048 * _KiB,), ("ll", "one-shot"))},
     "all_reduce": {1: Choice((), ("one-shot",)),
                    2: Choice((512 * _KiB,), ("ll", "one-shot")),
-                   3: Choice((512 * _KiB,), ("ll", "two-shot"))},
+                   3: Choice((512 * _KiB,), ("ll", "two-shot")),
+                   4: Choice((128 * _KiB, 512 * _KiB), ("ll", "ll-two-shot", "two-shot"))},
     # All-to-all (nvidia-h200-x4, 2026-11-27, commit 6d3eb65, `tools/gpu-check.sh alltoall`
     # with ALLTOALL_ALGOS="pull balanced", 2 and 4 ranks against NCCL; docs/BENCHMARKS.md,
     # "All-to-all, balanced"). Uneven splits: balanced is 4-5x faster than pull from 8 MiB
@@ -101,7 +109,14 @@ CUDA_CHOICES: dict[str, dict[int, Choice]] = {
     # the same whatever its own counts. Even splits: pull is ahead up to 8 MiB (4 ranks:
     # 34-36 us against 39-41 there; 13.6 against 16.8 at 16 B in graphs), balanced from
     # 32 MiB (110-112 against 121-123; 2 ranks 73 against 96).
-    "all_to_all": {1: Choice((8 << 20,), ("pull", "balanced"))},
+    # Even splits up to 512 KiB run ll (nvidia-h200-x4, 2026-11-28, gpu-next b2fef07 at 4
+    # ranks and 445adee at 2 and 3, `ipcshare alltoall --algo ll --splits even -b 8 -e 512K
+    # -f 4 --graph --baseline nccl`): in graphs 3.9-4.5 us up to 32 KiB at 2 ranks, 4.3-5.1
+    # at 3, 5.0-6.4 at 4, and 6.5 / 7.2 / 7.4 at 512 KiB, against NCCL's 6.4-10.4 at every
+    # row (1.06-1.75x) and pull's 13.6 at 16 B (4 ranks); eager at 4 ranks 7.2-8.5 us
+    # against NCCL's 24-38. Above 512 KiB it has not run (lines double the bytes).
+    "all_to_all": {1: Choice((8 << 20,), ("pull", "balanced")),
+                   2: Choice((512 * _KiB, 8 << 20), ("ll", "pull", "balanced"))},
     "all_to_all_v": {1: Choice((), ("balanced",))},
 }
 _TABLES = {"host": HOST_CHOICES, "cuda": CUDA_CHOICES}

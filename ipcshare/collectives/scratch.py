@@ -10,7 +10,8 @@ import dataclasses
 from ..window.layout import HEADER_WORDS, LL_CLEANED_SLOT, USER_SLOT_BASE, round_up
 
 __all__ = ["ScratchLayout", "ALIGN", "HEADER_WORDS", "LL_MAX_BYTES", "LL_LINE_BYTES",
-           "LL_LINE_PAYLOAD", "LL_CLEANED_SLOT"]
+           "LL_LINE_PAYLOAD", "LL_CLEANED_SLOT", "ll_payload_lines",
+           "ll_slot_payload_lines"]
 
 # Regions and heap blocks start at multiples of this many bytes (every dtype aligned,
 # and vector loads of the GPU kernels to come).
@@ -27,6 +28,27 @@ def _align(value: int) -> int:
     return round_up(value, ALIGN)
 
 
+def ll_payload_lines(nbytes: int) -> int:
+    """Lines that carry ``nbytes`` of payload, the last one partly (ll.cuh's
+    ``payload_lines``)."""
+    return -(-nbytes // LL_LINE_PAYLOAD)
+
+
+def ll_slot_payload_lines(max_bytes: int, world_size: int) -> int:
+    """Lines a slot holds after its digest line, for inputs of up to ``max_bytes`` over
+    ``world_size`` ranks: the whole input (the one-shot kernels), or the LL two-shot's
+    two regions of a chunk each, whichever is more. A chunk is ceil(count / n) elements
+    rounded up to 16 bytes (two_shot_chunks.cuh), at most ceil(bytes / n) plus 7 bytes of
+    a partial element of up to 8, rounded up to 16; small inputs need the two regions
+    (2 floats at 4 ranks: 1 line whole, 2 x 2 lines in chunks), so without them a
+    communicator sized for its call refused the two-shot's smallest calls."""
+    whole = ll_payload_lines(max_bytes)
+    if world_size < 2 or max_bytes <= 0:
+        return whole
+    chunk = round_up(-(-max_bytes // world_size) + 7, 16)
+    return max(whole, 2 * (chunk // LL_LINE_PAYLOAD))
+
+
 @dataclasses.dataclass(frozen=True)
 class ScratchLayout:
     """The window of a communicator for calls of up to ``max_bytes`` (the largest array
@@ -39,7 +61,8 @@ class ScratchLayout:
     rank's reduced chunk in a two-shot all-reduce (the copy-engine one gathers every
     rank's chunk in result 0, so it is as large as an input);
     LL ``p`` holds one slot per source rank, where that rank's lines of low-latency calls
-    of parity ``p`` land (a digest line, then the input, up to ``ll_max_bytes``);
+    of parity ``p`` land (a digest line, then the input, up to ``ll_max_bytes``; the LL
+    two-shot puts two regions of a chunk's lines there, which must fit in as many);
     splits ``p`` holds this rank's ``input_splits`` then ``output_splits`` (int64, one per
     rank each) of an all-to-all-v call of parity ``p``, which every peer reads after the
     entry barrier (the per-call check that the ranks' splits match); on GPUs three more
@@ -85,7 +108,7 @@ class ScratchLayout:
     def ll_slot_bytes(self) -> int:
         if not self.gpu:
             return 0
-        lines = 1 + -(-self.ll_max_bytes // LL_LINE_PAYLOAD)
+        lines = 1 + ll_slot_payload_lines(self.ll_max_bytes, self.world_size)
         return _align(lines * LL_LINE_BYTES)
 
     def ll_offset(self, parity: int) -> int:

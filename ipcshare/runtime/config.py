@@ -41,11 +41,12 @@ HANDLES = ("posix-fd", "fabric")
 # hierarchical: all-gather by IPC inside nodes and MPI between them (auto's choice when a
 # job spans nodes); push / pull / ring: all-gather kernels (GPU backends); one-shot /
 # two-shot: all-reduce (and one-shot reduce-scatter) of the collectives layer; ll: the
-# low-latency protocol of the collectives layer (all-gather and all-reduce, GPU backends);
-# stepped: the collectives layer's kernels that never spin (ranks sharing GPUs);
-# balanced: the all-to-all kernel that cuts its work by bytes (GPU backends).
+# low-latency protocol of the collectives layer (all-gather, all-reduce, reduce-scatter and
+# all-to-all of even splits, GPU backends), ll-two-shot its two-shot all-reduce; stepped:
+# the collectives layer's kernels that never spin (ranks sharing GPUs); balanced: the
+# all-to-all kernel that cuts its work by bytes (GPU backends).
 ALGOS = ("auto", "copy-engine", "hierarchical", "push", "pull", "ring", "one-shot",
-         "two-shot", "leader", "ll", "stepped", "balanced")
+         "two-shot", "leader", "ll", "ll-two-shot", "stepped", "balanced")
 # --timing of the op commands (patterns.timing.TIMING_MODES, kept in step by a test).
 TIMINGS = ("nccl-tests", "latency")
 # What carries the hierarchical collectives' step between nodes: NCCL through nccl4py

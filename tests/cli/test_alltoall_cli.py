@@ -56,7 +56,7 @@ def _errors(out) -> list[str]:
     (["alltoall", "--backend", "host", "--splits", "bogus"],
      "--splits bogus: unknown splits; choose one of: even, random, skewed"),
     (["alltoall", "--backend", "host", "--algo", "one-shot"],
-     "the alltoall op has no 'one-shot' algorithm; choose one of: auto, pull, balanced"),
+     "the alltoall op has no 'one-shot' algorithm; choose one of: auto, pull, balanced, ll"),
     # A GPU kernel's name on host memory: refused before the table, naming what runs here.
     (["alltoall", "--backend", "host", "--algo", "balanced", "--splits", "random"],
      "--algo balanced does not run alltoall on host memory (backend host); choose one of: "
@@ -113,8 +113,19 @@ def test_the_command_checks_gpu_memory_before_the_table():
 
     def group(device_memory, time_sliced=None, nodes=1):
         return SimpleNamespace(backend=SimpleNamespace(device_memory=device_memory),
+                               backend_name="cuda-vmm" if device_memory else "host",
                                time_sliced_gpus=time_sliced or {},
                                world=SimpleNamespace(node_count=nodes))
+
+    # ll runs all_to_all on GPUs (even splits), not all_to_all_v, nor on host memory.
+    _check_all_to_all_memory(group(True), AllToAll("ll"))
+    with pytest.raises(ConfigError, match=r"^--algo ll runs alltoall with --splits even only "
+                       r"\(all_to_all\); --splits random calls all_to_all_v, which it does "
+                       r"not run on GPU memory; choose one of: auto, pull, balanced$"):
+        _check_all_to_all_memory(group(True), AllToAll("ll", splits="random"))
+    with pytest.raises(ConfigError, match=r"^--algo ll does not run alltoall on host memory "
+                       r"\(backend host\); choose one of: auto, pull$"):
+        _check_all_to_all_memory(group(False), AllToAll("ll"))
 
     with pytest.raises(ConfigError, match=r"^--splits skewed: all_to_all_v does not span "
                        r"nodes \(this job spans 2\): use --splits even"):

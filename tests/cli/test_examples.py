@@ -164,3 +164,56 @@ def test_the_moe_example_refuses_experts_the_ranks_cannot_share_in_one_line(
     assert out.returncode == 1 and len(errors) == 2, out.stderr
     assert all("--experts 5 is not a multiple of the 2 ranks" in line for line in errors)
     assert "Traceback" not in out.stderr and out.stdout == ""
+
+
+_MOE_TOP_K = re.compile(r"MoE dispatch and combine of (\d+) tokens x (\d+) (\w+) per rank, "
+                        r"(\d+) experts \(top-(\d+)\) on (\d+) rank\(s\) \(host\): (\d+) steps "
+                        r"verified bit for bit against the local reference")
+
+
+@pytest.mark.parametrize("n,experts,topk,dtype", [(2, 8, 3, "float32"), (2, 4, 2, "bfloat16"),
+                                                  (3, 12, 9, "bfloat16"),
+                                                  (4, 8, 8, "bfloat16")])
+def test_the_moe_example_routes_each_token_to_its_top_k_experts_on_host_memory(
+        n, experts, topk, dtype, socket_dir):  # noqa: F811
+    out = run_example("moe_dispatch", "--backend", "host", "--tokens", "211", "--hidden", "19",
+                      "--steps", "2", "--experts", str(experts), "--topk", str(topk),
+                      "--dtype", dtype, n=n)
+    assert out.returncode == 0, out.stderr
+    match = _MOE_TOP_K.fullmatch(out.stdout.strip())
+    assert match, out.stdout
+    assert match.groups() == ("211", "19", dtype, str(experts), str(topk), str(n), "2")
+    assert list(socket_dir.iterdir()) == []
+
+
+@pytest.mark.parametrize("script", ["moe_dispatch", "moe_step_bench"])
+@pytest.mark.parametrize("flags,message", [
+    (["--topk", "10", "--dtype", "bfloat16"],
+     "--topk 10 with --dtype bfloat16: a token's 10 expert outputs may add up to 280, past "
+     "256"),
+    (["--topk", "0"], "--topk must be at least 1, got 0"),
+    (["--hidden", str((1 << 20) + 1)], "--hidden 1048577: a score adds")])
+def test_the_moe_scripts_refuse_flags_that_break_exactness_on_every_rank(script, flags,
+                                                                         message):
+    out = run_example(script, "--backend", "host", *flags, n=2)
+    errors = _errors(out, f"{script}.py")
+    assert out.returncode == 2 and len(errors) == 2, out.stderr
+    assert all(message in line for line in errors), errors
+    assert "Traceback" not in out.stderr and out.stdout == ""
+
+
+def test_the_moe_example_refuses_more_experts_per_token_than_experts_in_one_line(
+        socket_dir):  # noqa: F811
+    out = run_example("moe_dispatch", "--backend", "host", "--experts", "4", "--topk", "5", n=2)
+    errors = _errors(out, "moe_dispatch.py")
+    assert out.returncode == 1 and len(errors) == 2, out.stderr
+    assert all("--topk 5 is more than the 4 experts" in line for line in errors)
+
+
+def test_the_moe_benchmark_refuses_host_memory_in_one_line(socket_dir):  # noqa: F811
+    out = run_example("moe_step_bench", "--backend", "host", "--tokens", "64", "--hidden", "8",
+                      n=2)
+    errors = _errors(out, "moe_step_bench.py")
+    assert out.returncode == 1 and len(errors) == 2, out.stderr
+    assert all("needs GPUs (CUDA graphs, NCCL)" in line for line in errors)
+    assert "Traceback" not in out.stderr and out.stdout == ""

@@ -1,5 +1,6 @@
 """The GPU examples as users run them: 2 ranks under mpiexec, each on its own GPU (the
-mixture-of-experts step too: its CUDA graph replayed with device splits, against NCCL).
+mixture-of-experts step too: its CUDA graph replayed with device splits, against NCCL,
+and its benchmark against NCCL and PyTorch symmetric memory).
 
 Not under pytest-mpi (the test launches mpiexec itself); on a GPU node::
 
@@ -9,6 +10,7 @@ Not under pytest-mpi (the test launches mpiexec itself); on a GPU node::
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 
 import pytest
@@ -74,3 +76,30 @@ def test_the_moe_step_replays_in_one_graph_with_device_splits_and_matches_nccl(
         r"replays verified bit for bit against the local reference and NCCL "
         r"\(torch.distributed all_to_all_single\); per step, this example's timing \(not a "
         r"benchmark\): eager [\d.]+ us, CUDA graph [\d.]+ us", out.stdout.strip()), out.stdout
+
+
+def test_the_moe_step_benchmark_checks_every_version_then_times_it_against_nccl(tmp_path):
+    results, table = tmp_path / "moe.json", tmp_path / "moe.md"
+    out = run_example("moe_step_bench", "--backend", "cuda-vmm", "--tokens", "1024",
+                      "--hidden", "512", "--experts", "8", "--topk", "2", "--dtype",
+                      "bfloat16", "--checks", "2", "--iters", "5", "--json", str(results),
+                      "--markdown", str(table), n=2, timeout=300)
+    print(out.stdout)
+    assert out.returncode == 0, out.stderr
+    assert table.read_text() == out.stdout
+    document = json.loads(results.read_text())
+    assert document["ok"] and document["layer"]["topk"] == 2
+    rows = {row["version"]: row for row in document["rows"]}
+    assert list(rows) == ["ipcshare", "NCCL", "torch symm"]
+    ours, nccl, symm = rows["ipcshare"], rows["NCCL"], rows["torch symm"]
+    # Ours: 2 eager steps and 2 replays of its graph, all right, then timed as replays.
+    assert (ours["timing"], ours["checked_steps"], ours["over_ours"]) == ("one CUDA graph", 4,
+                                                                          1.0)
+    # NCCL's host splits keep it out of graphs: eager, checked, timed, divided by ours.
+    assert (nccl["timing"], nccl["checked_steps"]) == ("eager", 2)
+    assert nccl["over_ours"] > 0
+    for row in (ours, nccl):
+        assert row["wrong"] == 0 and row["errors"] == []
+        assert row["time_us"] > 0 and row["tokens_per_s"] > 0 and row["bytes_per_rank"] > 0
+    # torch symm: run and right where this torch has all_to_all_vdev, else the reason.
+    assert symm.get("skipped") or (symm["wrong"] == 0 and symm["checked_steps"] >= 2)

@@ -4,8 +4,12 @@ all-but-one-zero splits, in and out of place, arrays from empty() and registered
 splits from the host and from device arrays (the counts received filled on the device),
 bound calls and CUDA graphs replayed with new data and new device splits, and splits that
 do not match: the same one-line error on every rank, after which the communicator goes on.
-Every test runs each GPU algorithm (pull, balanced); arrays that start off a 16-byte
-boundary and all-to-one splits reach balanced's shifted copies and its cutting by bytes.
+Every test runs each GPU algorithm (pull, balanced, and ll where it runs: all_to_all, even
+splits); arrays that start off a 16-byte boundary and all-to-one splits reach balanced's
+shifted copies and its cutting by bytes. ll also: the largest block its slots take and
+the first they do not (refused, the communicator goes on), graphs of several LL calls
+replayed with new data, ranks that disagree (output untouched, in place too); its silent
+peer is test_gpu_communicator.py's.
 Run under mpiexec with one GPU per rank (or GPUs shared under MPS)."""
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ipcshare.collectives.scratch import LL_MAX_BYTES
 from ipcshare.patterns.alltoall import split_matrix
 from ipcshare.runtime.errors import CollectiveError
 
@@ -28,13 +33,20 @@ _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4, "uint8": 1, 
 # Elements each rank sends each rank (all-to-all), or each rank's input (all-to-all-v).
 BLOCKS = (1, 3, 4099, 65_537)
 LARGEST_INPUT_BYTES = 65_537 * 8
-# The GPU algorithms of all_to_all and all_to_all_v (algorithms/__init__.py).
-ALGOS = ("pull", "balanced")
+# The GPU algorithms of all_to_all, and those of all_to_all_v (algorithms/__init__.py).
+ALGOS = ("pull", "balanced", "ll")
+V_ALGOS = ("pull", "balanced")
 
 
 @pytest.fixture(params=ALGOS)
 def algo(request):
     return request.param
+
+
+def _needs_v(algo: str) -> None:
+    if algo not in V_ALGOS:
+        pytest.skip(f"algo {algo!r} runs all_to_all (even splits) only: no all_to_all_v of "
+                    "it is built")
 
 
 @pytest.fixture(scope="module")
@@ -152,12 +164,13 @@ def test_arrays_from_empty_and_registered_ones_are_read_in_place(setup, algo):
                 expect = np.concatenate([data[q][me * block * 4:(me + 1) * block * 4]
                                          for q in range(n)])
                 assert np.array_equal(_host_bytes(out), expect), call
-            # In place on memory peers read in place: staged first, and still right.
+            # In place on memory peers read in place: staged first, and still right (ll:
+            # no peer reads an input, so nothing is staged).
             source.copy_(_tensor(inputs[me], "float32", group.backend.device))
             before = comm.copies_in
             comm.all_to_all(source, source, algo=algo)
             comm.synchronize()
-            assert comm.copies_in == before + 1
+            assert comm.copies_in == before + (0 if algo == "ll" else 1)
             assert np.array_equal(_host_bytes(source), want)
     finally:
         comm.unregister(registered)
@@ -168,6 +181,7 @@ def test_arrays_from_empty_and_registered_ones_are_read_in_place(setup, algo):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "uint8", "int64"])
 @pytest.mark.parametrize("count", [0, 5, 4099, 65_537])
 def test_all_to_all_v_with_host_splits(setup, algo, kind, dtype, count):
+    _needs_v(algo)
     group, comm, _stream = setup
     n, me, device, item = comm.size, comm.rank, group.backend.device, _ITEMSIZE[dtype]
     m = _matrix(kind, count, n)
@@ -187,6 +201,7 @@ def test_all_to_all_v_with_host_splits(setup, algo, kind, dtype, count):
 @pytest.mark.parametrize("splits_dtype", ["int32", "int64"])
 def test_device_splits_are_read_on_the_gpu_and_the_received_counts_filled(setup, algo,
                                                                           splits_dtype):
+    _needs_v(algo)
     group, comm, _stream = setup
     n, me, device = comm.size, comm.rank, group.backend.device
     count = 30_011
@@ -209,8 +224,10 @@ def test_device_splits_are_read_on_the_gpu_and_the_received_counts_filled(setup,
 
 
 def test_graph_replays_take_new_data_and_new_device_splits(setup, algo):
+    """All-to-all-v beside all-to-all in one graph (ll: all-to-all alone)."""
     group, comm, stream = setup
     n, me, device = comm.size, comm.rank, group.backend.device
+    with_v = algo in V_ALGOS
     count, block = 20_000, 1_001
     source = torch.zeros(count, dtype=torch.int32, device=f"cuda:{device}")
     out = torch.zeros(count * n, dtype=torch.int32, device=f"cuda:{device}")
@@ -219,12 +236,14 @@ def test_graph_replays_take_new_data_and_new_device_splits(setup, algo):
     even_in = torch.zeros(n * block, dtype=torch.int32, device=f"cuda:{device}")
     even_out = torch.zeros_like(even_in)
     # Bound once outside the capture (agreement and binding), then captured.
-    v = comm.bind("all_to_all_v", out, source, received, sends, stream=stream, algo=algo)
+    v = comm.bind("all_to_all_v", out, source, received, sends, stream=stream,
+                  algo=algo) if with_v else None
     even = comm.bind("all_to_all", even_out, even_in, stream=stream, algo=algo)
     stream.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
-        v()
+        if v is not None:
+            v()
         even()
     for replay in range(15):
         kind = ("random", "skewed", "all-but-one-zero", "even", "all-to-one")[replay % 5]
@@ -237,15 +256,17 @@ def test_graph_replays_take_new_data_and_new_device_splits(setup, algo):
         stream.synchronize()
         graph.replay()
         comm.synchronize(stream)
-        assert received.cpu().tolist() == m[:, me].tolist(), replay
-        want = _expected(m, inputs, me, 4)
-        assert np.array_equal(_host_bytes(out)[:want.nbytes], want), replay
+        if with_v:
+            assert received.cpu().tolist() == m[:, me].tolist(), replay
+            want = _expected(m, inputs, me, 4)
+            assert np.array_equal(_host_bytes(out)[:want.nbytes], want), replay
         expect = np.concatenate([evens[q][me * block * 4:(me + 1) * block * 4]
                                  for q in range(n)])
         assert np.array_equal(_host_bytes(even_out), expect), replay
 
 
 def test_splits_that_do_not_match_stop_every_rank_alike_and_the_next_call_runs(setup, algo):
+    _needs_v(algo)
     group, comm, _stream = setup
     n, me, device = comm.size, comm.rank, group.backend.device
     count = 4096
@@ -289,7 +310,7 @@ def test_splits_that_do_not_match_stop_every_rank_alike_and_the_next_call_runs(s
                       algo=algo)
     comm.synchronize()
     assert received.cpu().tolist() == m[:, me].tolist()
-    other = ALGOS[(ALGOS.index(algo) + 1) % len(ALGOS)]
+    other = V_ALGOS[(V_ALGOS.index(algo) + 1) % len(V_ALGOS)]
     comm.all_to_all_v(out, source, received, torch.tensor(m[me], device=f"cuda:{device}"),
                       algo=other)
     comm.synchronize()
@@ -321,6 +342,8 @@ def test_arrays_off_a_16_byte_boundary_move_exactly(setup, algo, dtype, kind):
     """Inputs and outputs that start at odd element offsets of larger tensors, so neither
     they nor the segments in them share a 16-byte alignment: every byte arrives, nothing
     around the output is written (all-to-all, in place too, and all-to-all-v)."""
+    if kind != "even":
+        _needs_v(algo)
     group, comm, _stream = setup
     n, me, device, item = comm.size, comm.rank, group.backend.device, _ITEMSIZE[dtype]
     count = 3 * 4099 + n           # elements of each rank's input
@@ -374,10 +397,14 @@ def test_each_bench_row_reports_its_busiest_link_bound_and_blocks(setup, algo, s
     from ipcshare.patterns.driver import run_pattern
     from ipcshare.runtime.config import merge_options
 
+    if splits != "even":
+        _needs_v(algo)
     group, comm, _stream = setup
     pattern = make_pattern("alltoall", algo, splits=splits, datatype="float32")
+    # ll: blocks up to its slots' LL_MAX_BYTES at any world size (one rank included).
+    largest = LL_MAX_BYTES if algo == "ll" else 4 << 20
     options = merge_options({"backend": "cuda-vmm", "algo": algo, "iters": 3, "warmup": 1,
-                             "checks": 1, "min_bytes": 4096, "max_bytes": 4 << 20,
+                             "checks": 1, "min_bytes": 4096, "max_bytes": largest,
                              "step_factor": 32})
     try:
         result = run_pattern(group, pattern, options, emit=lambda _line: None)
@@ -391,3 +418,111 @@ def test_each_bench_row_reports_its_busiest_link_bound_and_blocks(setup, algo, s
         assert row.facts["blocks"] >= 1
         if n > 1:
             assert 0 < row.facts["bound_fraction"] <= 1, row.facts
+
+
+# -- ll: what its slots bound, and its one-round-trip protocol -----------------------------
+
+def _even_want(inputs: list[np.ndarray], me: int, block_bytes: int) -> np.ndarray:
+    """What rank ``me`` receives from an even all-to-all of ``inputs``."""
+    return np.concatenate([data[me * block_bytes:(me + 1) * block_bytes] for data in inputs])
+
+
+def test_ll_takes_blocks_as_large_as_its_slots_and_refuses_larger_ones_on_every_rank(setup):
+    """A block (the bytes a rank sends each rank) of LL_MAX_BYTES fills a slot to its
+    last line and arrives whole, out of place and in place, as does one with a short last
+    line; one of 8 bytes more is refused on every rank before anything runs, and the
+    communicator goes on with ll and with pull."""
+    _group, comm, _stream = setup
+    n, me = comm.size, comm.rank
+    with torch_communicator("cuda-vmm", 0, per_rank_bytes=LL_MAX_BYTES + 8) as (
+            group, cm, stream):
+        device = group.backend.device
+        for block in (LL_MAX_BYTES, LL_MAX_BYTES - 3):
+            inputs = [_bytes(block, r, n * block) for r in range(n)]
+            source = _tensor(inputs[me], "uint8", device)
+            out = torch.zeros_like(source)
+            cm.all_to_all(out, source, algo="ll", stream=stream)
+            cm.synchronize(stream)
+            assert np.array_equal(_host_bytes(out), _even_want(inputs, me, block)), block
+            cm.all_to_all(source, source, algo="ll", stream=stream)   # in place
+            cm.synchronize(stream)
+            assert np.array_equal(_host_bytes(source), _even_want(inputs, me, block)), block
+        large = LL_MAX_BYTES + 8
+        source = torch.zeros(n * large, dtype=torch.uint8, device=f"cuda:{device}")
+        with pytest.raises(CollectiveError, match=(
+                rf"^algo='ll' cannot run all_to_all of {n * large} uint8 .*: its buffers take "
+                rf"blocks \(the bytes a rank sends each rank\) of up to {LL_MAX_BYTES} bytes "
+                rf"and this call's are {large} \({n * large} bytes over {n} ranks\)")):
+            cm.all_to_all(torch.zeros_like(source), source, algo="ll", stream=stream)
+        inputs = [_bytes(5, r, n * large) for r in range(n)]
+        source.copy_(_tensor(inputs[me], "uint8", device))
+        out = torch.zeros_like(source)
+        cm.all_to_all(out, source, algo="pull", stream=stream)
+        small = torch.arange(4 * n, dtype=torch.int32, device=f"cuda:{device}") + 100 * me
+        small_out = torch.zeros_like(small)
+        cm.all_to_all(small_out, small, algo="ll", stream=stream)
+        cm.synchronize(stream)
+        assert np.array_equal(_host_bytes(out), _even_want(inputs, me, large))
+        assert small_out.cpu().tolist() == [100 * q + 4 * me + k for q in range(n)
+                                            for k in range(4)]
+
+
+def test_ll_graphs_of_several_ll_calls_take_new_data_every_replay(setup):
+    """Three LL calls per replay (so the buffers' parity changes from replay to replay):
+    an all-to-all, an all-reduce sharing its call counter, an in-place all-to-all of
+    another dtype and block; 200 replays, new data each, every one checked."""
+    group, comm, stream = setup
+    n, me, device = comm.size, comm.rank, group.backend.device
+    small, large = 3, 4099                      # elements of a block
+    a_in = torch.zeros(n * small, dtype=torch.int32, device=f"cuda:{device}")
+    a_out = torch.zeros_like(a_in)
+    b = torch.zeros(n * large, dtype=torch.bfloat16, device=f"cuda:{device}")
+    total = torch.zeros(1000, dtype=torch.int32, device=f"cuda:{device}")
+    calls = [comm.bind("all_to_all", a_out, a_in, stream=stream, algo="ll"),
+             comm.bind("all_reduce", total, stream=stream, algo="ll"),
+             comm.bind("all_to_all", b, b, stream=stream, algo="ll")]
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for call in calls:
+            call()
+    for replay in range(200):
+        a_data = [_bytes(1000 + replay, r, n * small * 4) for r in range(n)]
+        b_data = [_bytes(3000 + replay, r, n * large * 2) for r in range(n)]
+        a_in.copy_(_tensor(a_data[me], "int32", device))
+        b.copy_(_tensor(b_data[me], "bfloat16", device))
+        total.fill_(replay + me)
+        stream.synchronize()
+        graph.replay()
+        comm.synchronize(stream)
+        assert np.array_equal(_host_bytes(a_out), _even_want(a_data, me, small * 4)), replay
+        assert np.array_equal(_host_bytes(b), _even_want(b_data, me, large * 2)), replay
+        want = n * replay + n * (n - 1) // 2
+        assert bool(torch.all(total == want)), replay
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_ll_calls_made_out_of_step_leave_the_output_untouched(setup, comm, in_place):
+    """Both shapes agreed at first sight, then the ranks make different ones: every rank
+    finds the digests differ before it stores anything (a communicator of its own: the
+    error word stays set)."""
+    if comm.size < 2:
+        pytest.skip("needs 2 ranks")
+    n = comm.size
+    with torch_communicator("cuda-vmm", 1 << 20) as (group, cm, stream):
+        device = f"cuda:{group.backend.device}"
+        shapes = [torch.ones(n * 250, device=device), torch.ones(n * 251, device=device)]
+        for tensor in shapes:  # every rank makes both calls, in the same order
+            cm.all_to_all(tensor if in_place else torch.zeros_like(tensor), tensor,
+                          algo="ll", stream=stream)
+        cm.synchronize(stream)
+        mine = shapes[comm.rank % 2]
+        mine.copy_(torch.arange(mine.numel(), device=device) + 1000.0 * comm.rank)
+        out = mine if in_place else torch.full_like(mine, 7.0)
+        source_before, out_before = mine.clone(), out.clone()
+        cm.all_to_all(out, mine, algo="ll", stream=stream)
+        with pytest.raises(CollectiveError, match="ranks disagree on a collective call "
+                                                  r"\(found on the GPU"):
+            cm.synchronize(stream)
+        assert torch.equal(out, out_before)        # nothing stored
+        assert torch.equal(mine, source_before)

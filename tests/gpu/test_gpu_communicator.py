@@ -24,12 +24,15 @@ pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
 _TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "int32": torch.int32}
 _BITS = {4: np.int32, 2: np.int16}
-ALGOS = {"all_reduce": ("one-shot", "two-shot", "ll", "stepped", "copy-engine", "push", "auto"),
+ALGOS = {"all_reduce": ("one-shot", "two-shot", "ll", "ll-two-shot", "stepped", "copy-engine",
+                        "push", "auto"),
          "reduce_scatter": ("one-shot", "ll", "stepped", "push", "auto"),
          "all_gather": ("pull", "ll", "stepped", "push", "auto")}
 # Bytes of one rank's all-gather input: the largest array of the shared communicator's
 # calls is the output, the ranks times the last of these (8,000,024 bytes at 8 ranks).
 GATHER_NBYTES = (1, 15, 4096, 1_000_003)
+# The algorithms of the low-latency protocol: inputs up to its buffers' LL_MAX_BYTES.
+LOW_LATENCY = ("ll", "ll-two-shot")
 
 
 def _to_device(values: np.ndarray, dtype: str, device: int) -> torch.Tensor:
@@ -89,7 +92,7 @@ def test_all_reduce_matches_the_reference(setup, dtype, op, algo, count):
     want = reference(dtype, op, inputs)
     tensor = _to_device(inputs[cm.rank], dtype, device)
     out = torch.full_like(tensor, 0)
-    if algo == "ll" and tensor.nbytes > LL_MAX_BYTES:
+    if algo in LOW_LATENCY and tensor.nbytes > LL_MAX_BYTES:
         with pytest.raises(CollectiveError, match="its buffers take inputs of up to"):
             cm.all_reduce(tensor, op=op, output=out, algo=algo)
         return
@@ -125,7 +128,7 @@ def test_reduce_scatter_matches_the_reference(setup, dtype, op, count, algo):
 @pytest.mark.parametrize("nbytes", GATHER_NBYTES)
 def test_all_gather_moves_every_byte(setup, nbytes, algo):
     group, cm = setup
-    if algo == "ll" and nbytes > LL_MAX_BYTES:
+    if algo in LOW_LATENCY and nbytes > LL_MAX_BYTES:
         pytest.skip("beyond the LL buffers (refusal tested with all_reduce)")
     device = group.backend.device
     blocks = [np.random.default_rng([nbytes, r]).integers(0, 256, nbytes, dtype=np.uint8)
@@ -234,7 +237,8 @@ def test_a_first_call_on_a_user_stream_may_be_made_inside_a_capture(setup):
     cm.synchronize(stream)
 
 
-@pytest.mark.parametrize("algo", ["ll", "one-shot", "two-shot", "stepped", "copy-engine", "push"])
+@pytest.mark.parametrize("algo", ["ll", "ll-two-shot", "one-shot", "two-shot", "stepped",
+                                  "copy-engine", "push"])
 def test_bound_calls_launch_again_on_new_data_and_in_graphs(setup, algo):
     group, cm = setup
     device = group.backend.device
@@ -315,7 +319,8 @@ def test_ranks_that_disagree_raise_on_every_rank(setup, comm):
     assert same.cpu().tolist() == [float(comm.size)] * 64
 
 
-@pytest.mark.parametrize("algo", ["one-shot", "two-shot", "ll", "stepped", "copy-engine", "push"])
+@pytest.mark.parametrize("algo", ["one-shot", "two-shot", "ll", "ll-two-shot", "stepped",
+                                  "copy-engine", "push"])
 def test_known_calls_made_out_of_step_are_found_on_the_gpu(comm, algo):
     """Both shapes agreed at first sight, then the ranks make different ones: the kernels
     compare the headers' digests, skip the work, and synchronize() raises on every rank
@@ -337,6 +342,34 @@ def test_known_calls_made_out_of_step_are_found_on_the_gpu(comm, algo):
             cm.synchronize(stream)
         if algo != "copy-engine":  # its copies run whatever the kernel found
             assert torch.equal(mine, before)  # the work was skipped
+
+
+def test_an_ll_all_gather_made_out_of_step_writes_no_output(comm):
+    """The all-gather of the LL protocol, as the all-reduces above: ranks that make
+    different calls (of as many lines) are found on the GPU, and the output, the rank's
+    own block included, keeps what it held."""
+    if comm.size < 2:
+        pytest.skip("needs 2 ranks")
+    with torch_communicator("cuda-vmm", 1 << 20) as (group, cm, stream):
+        device = f"cuda:{group.backend.device}"
+        # 1,000 and 1,004 bytes: 125 and 126 lines, so neither rank waits for a line the
+        # other never sends beyond what the digests already tell.
+        sizes = (1000, 1004)
+        for count in sizes:  # every rank makes both calls, in the same order
+            out = torch.zeros(comm.size * count, dtype=torch.uint8, device=device)
+            cm.all_gather(out, torch.full((count,), 7, dtype=torch.uint8, device=device),
+                          algo="ll", stream=stream)
+        cm.synchronize(stream)
+        assert out.cpu().tolist() == [7] * (comm.size * sizes[1])
+        count = sizes[comm.rank % 2]
+        out = torch.full((comm.size * count,), 0xA5, dtype=torch.uint8, device=device)
+        before = out.clone()
+        cm.all_gather(out, torch.full((count,), 3, dtype=torch.uint8, device=device),
+                      algo="ll", stream=stream)
+        with pytest.raises(CollectiveError, match="ranks disagree on a collective call "
+                                                  r"\(found on the GPU"):
+            cm.synchronize(stream)
+        assert torch.equal(out, before)  # nothing written, our own block included
 
 
 # Every algorithm of the barrier family, in an order that puts each after each other one.
@@ -414,14 +447,17 @@ def test_a_copy_engine_call_waits_for_peers_still_reading_their_staging_area(com
 
 
 @pytest.mark.parametrize(("op", "algo"), [("all_reduce", "push"), ("reduce_scatter", "push"),
-                                          ("all_gather", "push"), ("all_reduce", "two-shot")])
+                                          ("all_gather", "push"), ("all_reduce", "two-shot"),
+                                          ("all_to_all", "ll")])
 def test_a_silent_peer_of_a_kernel_call_is_named_by_the_timeout(comm, op, algo):
     """Rank 0 never makes a call the others make: their blocks give up waiting at the
-    first tile (push) or barrier (two-shot), synchronize() names rank 0 on every other
-    rank, and every rank closes."""
+    first tile (push), barrier (two-shot) or digest line (ll), synchronize() names rank 0
+    on every other rank, and every rank closes."""
     if comm.size < 2:
         pytest.skip("needs 2 or more ranks")
     with ipcshare.Group(backend="cuda-vmm", timeout=2.0) as group:
+        if op == "all_to_all" and group.time_sliced_gpus:
+            pytest.skip("ranks here take turns on a GPU: all-to-all is refused there")
         device = group.backend.device
         torch.cuda.set_device(device)
         with group.communicator(max_bytes=max_bytes_for(group.size, 4096 * 4,
@@ -433,7 +469,8 @@ def test_a_silent_peer_of_a_kernel_call_is_named_by_the_timeout(comm, op, algo):
                 def make_call():
                     cm.all_reduce(whole, output=out, algo=algo)
             else:  # a block is the output of reduce-scatter and the input of all-gather
-                output, source = (out[:4096], whole) if op == "reduce_scatter" else (out, block)
+                output, source = {"reduce_scatter": (out[:4096], whole),
+                                  "all_gather": (out, block), "all_to_all": (out, whole)}[op]
 
                 def make_call():
                     getattr(cm, op)(output, source, algo=algo)

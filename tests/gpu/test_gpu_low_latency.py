@@ -1,8 +1,9 @@
-"""The low-latency protocol on GPUs (algo="ll"): all-gather stays bit-exact whatever the
-bytes (including every pattern that looks like a flag), all-reduce keeps -0.0, NaN and
-+-inf, inputs and outputs at any byte alignment, 1,000 graph replays with new data each
-time, the periodic re-flagging of the buffers, and a silent peer named by a timeout.
-Run under mpiexec with one GPU per rank (or shared GPUs)."""
+"""The low-latency protocol on GPUs (algo="ll", and "ll-two-shot" for all-reduce):
+all-gather stays bit-exact whatever the bytes (including every pattern that looks like a
+flag), all-reduce keeps -0.0, NaN and +-inf, inputs and outputs at any byte alignment,
+1,000 graph replays with new data each time, the periodic re-flagging of the buffers, and
+a silent peer named by a timeout. Run under mpiexec with one GPU per rank (or shared
+GPUs)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
 _TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "int32": torch.int32}
 _BITS = {4: np.int32, 2: np.int16}
+# The all-reduces of the protocol: one round of lines, or two (reduce-scatter, all-gather).
+ALL_REDUCE_ALGOS = ("ll", "ll-two-shot")
 
 
 def _to_device(values: np.ndarray, device: int) -> torch.Tensor:
@@ -74,7 +77,8 @@ def test_all_gather_is_bit_exact_for_flag_like_bytes(setup, nbytes):
 
 
 @pytest.mark.parametrize("shift", [(1, 3), (3, 0), (5, 7)])
-def test_inputs_and_outputs_at_any_byte_offset(setup, shift):
+@pytest.mark.parametrize("algo", ALL_REDUCE_ALGOS)
+def test_inputs_and_outputs_at_any_byte_offset(setup, shift, algo):
     group, cm, stream = setup
     device = group.backend.device
     nbytes = 1001
@@ -92,7 +96,7 @@ def test_inputs_and_outputs_at_any_byte_offset(setup, shift):
     count = 333
     inputs = [seeded_values("float16", count + 1, 9, r, specials=True) for r in range(cm.size)]
     tensor = _to_device(inputs[cm.rank], device).view(torch.float16)[1:]
-    cm.all_reduce(tensor, op="max", algo="ll", stream=stream)
+    cm.all_reduce(tensor, op="max", algo=algo, stream=stream)  # in place
     cm.synchronize(stream)
     want = reference("float16", "max", [x[1:] for x in inputs])
     assert mismatches("float16", "max", _host_bits(tensor, "float16"), want) == 0
@@ -100,7 +104,8 @@ def test_inputs_and_outputs_at_any_byte_offset(setup, shift):
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("op", ["sum", "max", "min"])
-def test_all_reduce_keeps_signed_zeros_nans_and_infinities(setup, dtype, op):
+@pytest.mark.parametrize("algo", ALL_REDUCE_ALGOS)
+def test_all_reduce_keeps_signed_zeros_nans_and_infinities(setup, dtype, op, algo):
     group, cm, stream = setup
     device = group.backend.device
     count = 4099
@@ -111,7 +116,7 @@ def test_all_reduce_keeps_signed_zeros_nans_and_infinities(setup, dtype, op):
     want = reference(dtype, op, inputs)
     tensor = _to_device(inputs[cm.rank], device).view(_TORCH[dtype])
     out = torch.zeros_like(tensor)
-    cm.all_reduce(tensor, op=op, output=out, algo="ll", stream=stream)
+    cm.all_reduce(tensor, op=op, output=out, algo=algo, stream=stream)
     cm.synchronize(stream)
     got = _host_bits(out, dtype)
     assert mismatches(dtype, op, got, want) == 0
@@ -133,8 +138,9 @@ def test_reduce_scatter_keeps_specials_at_odd_offsets(setup, op):
     assert mismatches("float16", op, _host_bits(out, "float16"), want) == 0
 
 
-@pytest.mark.parametrize("world_bytes", [4, 4096, 256 << 10])
-def test_a_thousand_graph_replays_with_new_data(setup, world_bytes):
+@pytest.mark.parametrize("world_bytes", [4, 4096, 256 << 10, (256 << 10) + 12])
+@pytest.mark.parametrize("algo", ALL_REDUCE_ALGOS)
+def test_a_thousand_graph_replays_with_new_data(setup, world_bytes, algo):
     group, cm, stream = setup
     device = group.backend.device
     count = world_bytes // 4
@@ -143,13 +149,17 @@ def test_a_thousand_graph_replays_with_new_data(setup, world_bytes):
     gathered_bytes = max(1, world_bytes // cm.size)
     source = torch.zeros(gathered_bytes, dtype=torch.uint8, device=f"cuda:{device}")
     gathered = torch.zeros(gathered_bytes * cm.size, dtype=torch.uint8, device=f"cuda:{device}")
-    cm.all_reduce(tensor, output=out, algo="ll", stream=stream)  # bind outside capture
+    cm.all_reduce(tensor, output=out, algo=algo, stream=stream)  # bind outside capture
     cm.all_gather(gathered, source, algo="ll", stream=stream)
+    cm.all_reduce(tensor, algo=algo, stream=stream)
     stream.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
-        cm.all_reduce(tensor, output=out, algo="ll", stream=stream)
+        cm.all_reduce(tensor, output=out, algo=algo, stream=stream)
         cm.all_gather(gathered, source, algo="ll", stream=stream)
+        # In place, after an all-gather: three LL calls a replay, so a replay's calls take
+        # each parity in turn, and consecutive replays start on different parities.
+        cm.all_reduce(tensor, algo=algo, stream=stream)
     inputs_all = [[seeded_values("float32", count, replay, r) for r in range(cm.size)]
                   for replay in range(8)]
     blocks_all = [_flag_like_blocks(gathered_bytes, cm.size, replay) for replay in range(8)]
@@ -163,6 +173,7 @@ def test_a_thousand_graph_replays_with_new_data(setup, world_bytes):
         if replay % 10 == 9 or replay < 20:
             stream.synchronize()
             wrong += mismatches("float32", "sum", out.cpu().numpy(), wants[which])
+            wrong += mismatches("float32", "sum", tensor.cpu().numpy(), wants[which])
             wrong += int(np.count_nonzero(gathered.cpu().numpy() !=
                                           np.concatenate(blocks_all[which])))
     stream.synchronize()
@@ -170,9 +181,11 @@ def test_a_thousand_graph_replays_with_new_data(setup, world_bytes):
     assert wrong == 0
 
 
-def test_buffers_reflagged_every_few_calls_stay_correct(monkeypatch):
+@pytest.mark.parametrize("algos", [("ll",), ("ll-two-shot",), ("ll", "ll-two-shot", "ll")])
+def test_buffers_reflagged_every_few_calls_stay_correct(monkeypatch, algos):
     # Re-flag every 3 calls of a parity instead of every 2**30: large calls leave lines
-    # that later small calls do not touch; correctness must not depend on them.
+    # that later small calls do not touch; correctness must not depend on them. (The
+    # two-shot's second region starts after a chunk's lines, so it moves with the size.)
     monkeypatch.setattr(gpu_path, "LL_CLEAN_EVERY", 3)
     with ipcshare.Group(backend="cuda-vmm") as group:
         device = group.backend.device
@@ -183,13 +196,34 @@ def test_buffers_reflagged_every_few_calls_stay_correct(monkeypatch):
                                           5, 65_536, 1, 4, 8, 12_345, 2, 65_536, 3] * 2):
                 inputs = [seeded_values("int32", count, call, r) for r in range(cm.size)]
                 tensor = _to_device(inputs[cm.rank], device).view(torch.int32)
-                cm.all_reduce(tensor, algo="ll", stream=stream)
+                cm.all_reduce(tensor, algo=algos[call % len(algos)], stream=stream)
                 cm.synchronize(stream)
                 got = tensor.cpu().numpy()
                 assert mismatches("int32", "sum", got, reference("int32", "sum", inputs)) == 0
 
 
-def test_a_silent_peer_is_named_by_the_timeout(comm):
+@pytest.mark.parametrize("algo", ALL_REDUCE_ALGOS)
+def test_a_communicator_sized_for_its_call_runs_it(algo):
+    # The command line sizes a communicator for each row; ll-two-shot's chunks of a tiny
+    # input need more lines than the input (2 float32 at 4 ranks: 1 line whole, two
+    # regions of 2): refused on 4 H200s, 2026-11-28, before the slots counted them.
+    with ipcshare.Group(backend="cuda-vmm") as group:
+        device = group.backend.device
+        torch.cuda.set_device(device)
+        stream = torch.cuda.Stream(device=device)
+        for count in (1, 2, 3, 5, 2 * group.size + 1):
+            with group.communicator(max_bytes=4 * count) as cm:
+                inputs = [seeded_values("float32", count, count, r) for r in range(cm.size)]
+                tensor = _to_device(inputs[cm.rank], device).view(torch.float32)
+                cm.all_reduce(tensor, algo=algo, stream=stream)
+                cm.synchronize(stream)
+                got = tensor.cpu().numpy()
+                assert mismatches("float32", "sum", got,
+                                  reference("float32", "sum", inputs)) == 0, count
+
+
+@pytest.mark.parametrize("algo", ALL_REDUCE_ALGOS)
+def test_a_silent_peer_is_named_by_the_timeout(comm, algo):
     if comm.size < 2:
         pytest.skip("needs 2 or more ranks")
     with ipcshare.Group(backend="cuda-vmm", timeout=2.0) as group:
@@ -198,4 +232,4 @@ def test_a_silent_peer_is_named_by_the_timeout(comm):
         with group.communicator(max_bytes=1 << 16) as cm:
             tensor = torch.ones(1024, device=f"cuda:{device}")
             assert_rank_zero_is_named_when_silent(
-                comm, group.rank, cm, lambda: cm.all_reduce(tensor, algo="ll"))
+                comm, group.rank, cm, lambda: cm.all_reduce(tensor, algo=algo))

@@ -17,19 +17,15 @@ from __future__ import annotations
 
 import ctypes
 import random
-import shutil
-import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import ipcshare.kernels
+from tests.host_kernels import build_for_host
 
 POISON = 0xA5
-_KERNELS = Path(ipcshare.kernels.__file__).parent
 _U64 = ctypes.c_ulonglong
 _SHIM = r"""
 #include <cstring>
@@ -98,18 +94,7 @@ void copy_bytes(unsigned char* dst, const unsigned char* src, u64 n, long long* 
 @pytest.fixture(scope="module")
 def plan(tmp_path_factory):
     """The plan's functions, compiled from the kernel headers for this host."""
-    compiler = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
-    if compiler is None:
-        pytest.skip("needs a C++ compiler to build the kernel's plan for the host")
-    folder = tmp_path_factory.mktemp("plan")
-    (folder / "shim.cpp").write_text(_SHIM)
-    library = folder / "plan.so"
-    subprocess.run([compiler, "-std=c++17", "-O1", "-shared", "-fPIC",
-                    f"-I{_KERNELS / 'include'}", f"-I{_KERNELS / 'src'}",
-                    str(folder / "shim.cpp"), "-o", str(library)],
-                   check=True, capture_output=True, text=True)
-    lib = ctypes.CDLL(str(library))
-    return lib
+    return build_for_host(tmp_path_factory.mktemp("plan"), _SHIM, "the kernel's plan")
 
 
 def _longs(values) -> ctypes.Array:

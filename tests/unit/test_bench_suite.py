@@ -107,6 +107,10 @@ def test_gpu_algorithms_resolve_per_backend():
     ({"ops": ["allreduce"], "backends": ["cuda-vmm"], "algorithms": ["auto", "ll"],
       "max_bytes": "4M"},
      "algorithm 'll' takes sizes up to 2M .*, not max_bytes 4M: give ll a case of its own"),
+    ({"ops": ["allreduce"], "backends": ["cuda-vmm"], "algorithms": ["ll-two-shot"],
+      "max_bytes": "4M"},
+     "algorithm 'll-two-shot' takes sizes up to 2M .*, not max_bytes 4M: give ll-two-shot a "
+     "case of its own"),
     ({"baselines": ["gloo"]}, "unknown baseline 'gloo'"),
     ({"baselines": ["none", "mpi"]}, "'none' cannot be combined"),
     ({"min_bytes": "1M", "max_bytes": "1K"},
@@ -180,13 +184,15 @@ def test_shipped_suites_are_valid(path):
         assert {case.timing for case in suite.cases} == {
             "nccl-tests", "graph", "latency", "after-kernel"}
         assert {case.algorithm for case in suite.cases} == {
-            "auto", "copy-engine", "push", "pull", "ring", "one-shot", "two-shot", "ll"}
+            "auto", "copy-engine", "push", "pull", "ring", "one-shot", "two-shot", "ll",
+            "ll-two-shot"}
         assert max(case.options.max_bytes for case in suite.cases) == 1 << 30
         assert min(case.options.min_bytes for case in suite.cases) == 1 << 10
         # ll on the three collectives; PyTorch symmetric memory beside every all-reduce
         # that is not ll's (it is skipped, saying so, for the other ops).
         assert {c.op for c in suite.cases if c.algorithm == "ll"} == {
             "allgather", "allreduce", "reducescatter"}
+        assert {c.op for c in suite.cases if c.algorithm == "ll-two-shot"} == {"allreduce"}
         assert all("torch-symm" in c.baselines for c in suite.cases if c.op == "allreduce")
         # The copy-engine all-reduce, eager and in graphs, from 1 MiB.
         assert {c.timing for c in suite.cases
@@ -346,8 +352,9 @@ def test_the_algorithm_table_is_the_collectives_layer_s():
     assert algorithms_of("allgather", "cuda-vmm") == (
         "auto", "copy-engine", "push", "pull", "ring", "ll")
     assert algorithms_of("ring", "cuda-ipc") == ("auto", "copy-engine")
-    assert set(ALGORITHMS["ll"]) == {"allgather", "allreduce", "reducescatter"}
+    assert set(ALGORITHMS["ll"]) == {"allgather", "allreduce", "reducescatter", "alltoall"}
     assert all(backends and "host" not in backends for backends in ALGORITHMS["ll"].values())
+    assert ALGORITHMS["ll-two-shot"] == {"allreduce": ("cuda-ipc", "cuda-vmm")}
 
 
 def test_reductions_are_graphed_and_sampled_by_graphs_on_gpus():
@@ -508,9 +515,10 @@ def test_all_to_all_expands_per_splits_graphed_on_gpus_with_the_library_s_algori
     assert [case.options.splits for case in suite.cases] == [
         "even", "even", "skewed", "skewed", "even", "even"]
     assert parse({"ops": ["alltoall"]}).cases[0].options.splits == "even"
+    # In ALGORITHMS' order, where all-gather's ll comes before balanced.
     for backend, memory in (("host", "host"), ("cuda-vmm", "cuda")):
-        assert algorithms_of("alltoall", backend) == ("auto",
-                                                      *algorithm_names(memory, "all_to_all"))
+        assert set(algorithms_of("alltoall", backend)) == {"auto",
+                                                           *algorithm_names(memory, "all_to_all")}
     graphed = parse({"ops": ["alltoall"], "backends": ["cuda-ipc"], "splits": ["random"],
                      "timing": ["graph", "latency"]})
     assert [driver_timing(case) for case in graphed.cases] == [("nccl-tests", True),

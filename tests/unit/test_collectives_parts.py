@@ -267,13 +267,21 @@ def test_scratch_regions_and_headers_do_not_overlap(gpu):
 
 def test_ll_slots_hold_the_digest_line_and_the_largest_input_in_lines():
     assert ScratchLayout(1000, 0, 2).ll_slot_bytes == 0  # host windows carry none
-    for max_bytes in (1, 8, 9, 1000, LL_MAX_BYTES, 4 * LL_MAX_BYTES):
-        layout = ScratchLayout(max_bytes, 0, 2, gpu=True)
-        payload = min(max_bytes, LL_MAX_BYTES)
-        assert layout.ll_max_bytes == payload
-        lines = 1 + -(-payload // LL_LINE_PAYLOAD)
-        assert lines * LL_LINE_BYTES <= layout.ll_slot_bytes < lines * LL_LINE_BYTES + ALIGN
-        assert layout.ll_slot_bytes % ALIGN == 0
+    for size in (2, 3, 4, 8):
+        for max_bytes in (1, 8, 9, 1000, LL_MAX_BYTES, 4 * LL_MAX_BYTES):
+            layout = ScratchLayout(max_bytes, 0, size, gpu=True)
+            payload = min(max_bytes, LL_MAX_BYTES)
+            assert layout.ll_max_bytes == payload
+            whole = -(-payload // LL_LINE_PAYLOAD)
+            # The LL two-shot's two chunk regions: a chunk is ceil(bytes / n) rounded up
+            # to 16 bytes, plus up to 7 bytes of a partial element.
+            regions = 2 * (-(-(-(-payload // size) + 7) // 16) * 16 // LL_LINE_PAYLOAD)
+            lines = 1 + max(whole, regions)
+            assert lines * LL_LINE_BYTES <= layout.ll_slot_bytes < lines * LL_LINE_BYTES + ALIGN
+            assert layout.ll_slot_bytes % ALIGN == 0
+            # Full-sized buffers: the regions add at most 4 lines to the whole input.
+            if payload == LL_MAX_BYTES:
+                assert regions <= whole + 4
 
 
 @given(st.integers(0, 10_000), st.integers(1, 9))
@@ -297,23 +305,34 @@ def test_two_gpus_run_small_calls_by_the_low_latency_protocol():
 
 
 def test_three_and_four_gpus_run_small_calls_by_the_low_latency_protocol():
-    # Measured on 4 GPUs (choice.py): ll up to 512 KiB, reduce-scatter up to 2 MiB.
+    # Measured on 4 GPUs (choice.py): ll up to 512 KiB, reduce-scatter up to 2 MiB; at 4
+    # ranks and more the all-reduce's ll stops at 128 KiB, its LL two-shot runs to 512.
     for op, limit, above in (("all_reduce", 512 << 10, "two-shot"),
                              ("all_gather", 512 << 10, "pull"),
                              ("reduce_scatter", 2 << 20, "one-shot")):
         for size in (3, 4, 8):
             assert choose("cuda", op, 1, size) == "ll"
-            assert choose("cuda", op, limit, size) == "ll"
+            low_latency = "ll-two-shot" if op == "all_reduce" and size >= 4 else "ll"
+            assert choose("cuda", op, limit, size) == low_latency
             assert choose("cuda", op, limit + 1, size) == above
         assert limit <= LL_MAX_BYTES
+    for size in (4, 8):
+        assert choose("cuda", "all_reduce", 128 << 10, size) == "ll"
+        assert choose("cuda", "all_reduce", (128 << 10) + 1, size) == "ll-two-shot"
+    assert choose("cuda", "all_reduce", (128 << 10) + 1, 3) == "ll"
 
 
-def test_all_to_all_v_runs_balanced_and_all_to_all_pulls_up_to_8_mib():
-    for size in (2, 4):
+def test_all_to_all_v_runs_balanced_and_all_to_all_ll_then_pull_up_to_8_mib():
+    for size in (2, 3, 4):
         assert choose("cuda", "all_to_all_v", 1, size) == "balanced"
         assert choose("cuda", "all_to_all_v", 1 << 30, size) == "balanced"
+        assert choose("cuda", "all_to_all", 1, size) == "ll"
+        assert choose("cuda", "all_to_all", 512 << 10, size) == "ll"
+        assert choose("cuda", "all_to_all", (512 << 10) + 1, size) == "pull"
         assert choose("cuda", "all_to_all", 8 << 20, size) == "pull"
         assert choose("cuda", "all_to_all", (8 << 20) + 1, size) == "balanced"
+    # A rank alone never waits on lines: it copies.
+    assert choose("cuda", "all_to_all", 1, 1) == "pull"
 
 
 def test_ranks_sharing_a_gpu_run_the_stepped_kernels_at_every_size():
@@ -420,7 +439,8 @@ def test_a_stepped_call_is_stage_meet_work_meet_with_both_flag_sets():
 
 
 @pytest.mark.parametrize("op,algo_name", [("all_reduce", "one-shot"), ("all_reduce", "two-shot"),
-                                          ("all_reduce", "ll"), ("all_reduce", "stepped"),
+                                          ("all_reduce", "ll"), ("all_reduce", "ll-two-shot"),
+                                          ("all_reduce", "stepped"),
                                           ("reduce_scatter", "one-shot"),
                                           ("all_gather", "pull"), ("all_gather", "stepped")])
 def test_grids_stay_within_the_share_of_ranks_on_one_gpu(op, algo_name):

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from ipcshare.collectives.agreement import Signature
 from ipcshare.collectives.algorithms import algorithm
-from ipcshare.collectives.algorithms.gpu_copy_engine import chunk_elements, chunk_spans
 from ipcshare.collectives.algorithms.gpu_kernel import GpuCall
+from ipcshare.collectives.algorithms.gpu_two_shot import chunk_elements, chunk_spans
 from ipcshare.collectives.scratch import ScratchLayout
 
 _DTYPES = {"float32": np.float32, "int32": np.int32, "float16": np.float16}

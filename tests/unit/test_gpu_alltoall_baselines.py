@@ -220,3 +220,47 @@ def test_uneven_splits_the_kernel_cannot_cut_are_refused_before_it_traps():
     # One block per peer takes any split; small inputs get one anyway.
     assert vdev_refusal(case, plan, 2, "2") is None
     assert vdev_refusal(case, _plan(case, 64 << 10, 2), 2, None) is None
+
+
+class _CountingComm:
+    """One rank's communicator: allgather returns what every rank gave (``others``
+    beside this rank's value); barriers are counted."""
+
+    def __init__(self, others: list[bool]) -> None:
+        self.others, self.barriers = others, 0
+
+    def allgather(self, value: bool) -> list[bool]:
+        return [value, *self.others]
+
+    def Barrier(self) -> None:
+        self.barriers += 1
+
+
+def test_nvshmem_is_finalized_only_where_every_rank_loaded_it(monkeypatch):
+    import ctypes
+
+    from ipcshare.baselines import torch_symm_alltoall
+
+    finalized = []
+
+    class Library:
+        def nvshmemx_hostlib_finalize(self) -> None:
+            finalized.append(True)
+
+    def no_library(name, mode=0):
+        raise OSError(f"{name}: not loaded")
+
+    # Not loaded in this process (RTLD_NOLOAD never loads it): nothing to finalize.
+    monkeypatch.setattr(ctypes, "CDLL", no_library)
+    comm = _CountingComm([True])
+    assert torch_symm_alltoall.finalize_nvshmem(comm) is False
+    assert comm.barriers == 0 and not finalized
+    # Loaded here but not on a peer: no rank finalizes alone (its peers would not meet it).
+    monkeypatch.setattr(ctypes, "CDLL", lambda name, mode=0: Library())
+    comm = _CountingComm([False])
+    assert torch_symm_alltoall.finalize_nvshmem(comm) is False
+    assert comm.barriers == 0 and not finalized
+    # Loaded everywhere: finalized between two barriers.
+    comm = _CountingComm([True, True])
+    assert torch_symm_alltoall.finalize_nvshmem(comm) is True
+    assert comm.barriers == 2 and finalized == [True]

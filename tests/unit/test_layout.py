@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import ipcshare.kernels
+from ipcshare.collectives.scratch import LL_LINE_BYTES, LL_LINE_PAYLOAD
 from ipcshare.kernels.launcher import MAX_KERNEL_RANKS
 from ipcshare.topology.peer_paths import all_direct
 from ipcshare.window import layout
@@ -62,6 +63,13 @@ def test_collective_call_header_matches_the_layout():
                    "kGuestImported": layout.GUEST_IMPORTED,
                    "kGuestCallSlot": layout.GUEST_CALL_SLOT}
     assert {name: source[name] for name in guest_words} == guest_words
+
+
+def test_low_latency_lines_match_the_scratch_layout():
+    # The LL slots are sized in lines of these (collectives/scratch.py).
+    lines = _constants("include/ipcshare/ll.cuh")
+    assert lines["kLineBytes"] == LL_LINE_BYTES
+    assert lines["kLinePayload"] == LL_LINE_PAYLOAD
 
 
 def test_pad_regions_do_not_overlap():

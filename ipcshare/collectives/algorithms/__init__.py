@@ -30,6 +30,7 @@ _REGISTRY: dict[tuple[str, str], dict[str, str]] = {
     ("cuda", "all_reduce"): {"one-shot": "gpu_one_shot:GpuOneShotAllReduce",
                              "two-shot": "gpu_two_shot:GpuTwoShotAllReduce",
                              "ll": "gpu_low_latency:GpuLowLatencyAllReduce",
+                             "ll-two-shot": "gpu_low_latency:GpuLowLatencyTwoShotAllReduce",
                              "stepped": "gpu_stepped:GpuSteppedAllReduce",
                              "copy-engine": "gpu_copy_engine:GpuCopyEngineAllReduce",
                              "push": "gpu_push:GpuPushAllReduce"},
@@ -38,7 +39,8 @@ _REGISTRY: dict[tuple[str, str], dict[str, str]] = {
                                  "stepped": "gpu_stepped:GpuSteppedReduceScatter",
                                  "push": "gpu_push:GpuPushReduceScatter"},
     ("cuda", "all_to_all"): {"pull": "gpu_all_to_all:GpuPullAllToAll",
-                             "balanced": "gpu_all_to_all_balanced:GpuBalancedAllToAll"},
+                             "balanced": "gpu_all_to_all_balanced:GpuBalancedAllToAll",
+                             "ll": "gpu_all_to_all_ll:GpuLowLatencyAllToAll"},
     ("cuda", "all_to_all_v"): {"pull": "gpu_all_to_all:GpuPullAllToAllV",
                                "balanced": "gpu_all_to_all_balanced:GpuBalancedAllToAllV"},
 }

@@ -27,29 +27,9 @@ from which size it wins (choice.py).
 from __future__ import annotations
 
 from .gpu_kernel import GpuCall
-from .gpu_two_shot import GpuTwoShotAllReduce
+from .gpu_two_shot import GpuTwoShotAllReduce, chunk_elements, chunk_spans
 
-__all__ = ["GpuCopyEngineAllReduce", "chunk_elements", "chunk_spans"]
-
-
-def chunk_elements(count: int, itemsize: int, size: int) -> int:
-    """Elements of a full chunk: ceil(count / size) rounded up to 16 bytes (the kernels'
-    ``two_shot_chunk``)."""
-    granule = 16 // itemsize
-    per_rank = -(-count // size)
-    return -(-per_rank // granule) * granule
-
-
-def chunk_spans(count: int, itemsize: int, size: int) -> list[tuple[int, int]]:
-    """``(byte offset, bytes)`` of each rank's chunk of a ``count``-element input, the
-    last chunks shorter or empty."""
-    chunk = chunk_elements(count, itemsize, size)
-    spans = []
-    for rank in range(size):
-        first = min(rank * chunk, count)
-        last = min(first + chunk, count)
-        spans.append((first * itemsize, (last - first) * itemsize))
-    return spans
+__all__ = ["GpuCopyEngineAllReduce"]
 
 
 class GpuCopyEngineAllReduce(GpuTwoShotAllReduce):

@@ -5,17 +5,30 @@ peers' LL buffers as 16-byte lines that carry the call's flag beside 8 bytes of 
 One kernel with no barrier: the time is a launch plus one NVLink write, which is what
 small calls are made of. Twice the bytes on the wire, so only for inputs up to the
 window's LL buffers (``ScratchLayout.ll_max_bytes``); ``auto`` picks it where measured
-faster (choice.py)."""
+faster (choice.py). The LL two-shot all-reduce makes two such rounds in one kernel (a
+reduce-scatter, then an all-gather of the reduced chunks), so each rank sends 2(n-1)/n
+of its input instead of n-1 times all of it: for the sizes where one-shot's bytes, not
+its latency, set the time."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from ..agreement import Signature
-from ..scratch import LL_LINE_PAYLOAD
+from ..scratch import LL_LINE_PAYLOAD, ll_slot_payload_lines
 from .gpu_kernel import GpuKernelAlgorithm
+from .gpu_two_shot import chunk_elements
 
-__all__ = ["GpuLowLatencyAllGather", "GpuLowLatencyAllReduce", "GpuLowLatencyReduceScatter"]
+__all__ = ["GpuLowLatencyAllGather", "GpuLowLatencyAllReduce", "GpuLowLatencyReduceScatter",
+           "GpuLowLatencyTwoShotAllReduce", "two_shot_region_lines"]
+
+
+def two_shot_region_lines(count: int, itemsize: int, size: int) -> int:
+    """Lines of each of the two regions an LL two-shot all-reduce of ``count`` elements
+    writes in a slot, after its digest line: a full chunk's (the GPU two-shots' chunks,
+    whole 16-byte granules, so whole lines), whatever the receiving rank's own chunk
+    holds (kernels/src/collectives/low_latency.cuh, ``all_reduce_ll_two_shot``)."""
+    return chunk_elements(count, itemsize, size) * itemsize // LL_LINE_PAYLOAD
 
 
 class _LowLatency(GpuKernelAlgorithm):
@@ -74,3 +87,35 @@ class GpuLowLatencyAllGather(_LowLatency):
 
     def entry(self, signature: Signature) -> str:
         return self.kernel
+
+
+class GpuLowLatencyTwoShotAllReduce(_LowLatency):
+    """Two-shot all-reduce in one kernel, by LL lines: rank p receives chunk p of every
+    rank's input (region 0 of each sender's slot), reduces it in rank order and sends the
+    result to every peer (region 1), which stores it. Each chunk is reduced by one rank,
+    so every rank gets the same bits, the one-shot's. Inputs up to the LL buffers'
+    ``ll_max_bytes`` whose two regions fit in a slot."""
+
+    name = "ll-two-shot"
+    op = "all_reduce"
+    kernel = "all_reduce_ll_two_shot"
+
+    def sliced_bytes(self, signature: Signature, size: int) -> int:
+        # Every loop of the kernel runs over one chunk's lines: one line per thread.
+        return chunk_elements(signature.count, signature.itemsize, size) * signature.itemsize
+
+    def unsupported(self, call: Any) -> str | None:
+        why = super().unsupported(call)
+        if why is not None:
+            return why
+        signature = call.signature
+        region = two_shot_region_lines(signature.count, signature.itemsize, call.size)
+        # A slot holds the digest line and this many (ScratchLayout.ll_slot_bytes), which
+        # fit any input up to ll_max_bytes: a guard against a call and a layout that differ.
+        # A rank alone sends no lines.
+        room = ll_slot_payload_lines(call.ll_max_bytes, call.size)
+        if call.size > 1 and 2 * region > room:
+            return (f"its buffers hold {room} lines a rank after the digest and this input's "
+                    f"two chunks need {2 * region} ({region * LL_LINE_PAYLOAD} bytes each); "
+                    "use algo='auto', or another algorithm for calls this large")
+        return None

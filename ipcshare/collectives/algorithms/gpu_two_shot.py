@@ -8,7 +8,27 @@ from __future__ import annotations
 from ..agreement import Signature
 from .gpu_kernel import GpuKernelAlgorithm
 
-__all__ = ["GpuTwoShotAllReduce"]
+__all__ = ["GpuTwoShotAllReduce", "chunk_elements", "chunk_spans"]
+
+
+def chunk_elements(count: int, itemsize: int, size: int) -> int:
+    """Elements of a full chunk of the GPU two-shots: ceil(count / size) rounded up to 16
+    bytes (kernels/src/collectives/two_shot_chunks.cuh, ``chunk_elements``)."""
+    granule = 16 // itemsize
+    per_rank = -(-count // size)
+    return -(-per_rank // granule) * granule
+
+
+def chunk_spans(count: int, itemsize: int, size: int) -> list[tuple[int, int]]:
+    """``(byte offset, bytes)`` of each rank's chunk of a ``count``-element input, the
+    last chunks shorter or empty (``chunk_length`` there)."""
+    chunk = chunk_elements(count, itemsize, size)
+    spans = []
+    for rank in range(size):
+        first = min(rank * chunk, count)
+        last = min(first + chunk, count)
+        spans.append((first * itemsize, (last - first) * itemsize))
+    return spans
 
 
 class GpuTwoShotAllReduce(GpuKernelAlgorithm):

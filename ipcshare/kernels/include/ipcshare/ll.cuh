@@ -26,6 +26,11 @@ namespace ipcshare {
 constexpr int kLineBytes = 16;
 constexpr int kLinePayload = 8;
 
+// Lines that carry `nbytes` of payload (the last one partly).
+__device__ __forceinline__ unsigned long long payload_lines(unsigned long long nbytes) {
+  return (nbytes + kLinePayload - 1) / kLinePayload;
+}
+
 // Store one line: payload `data`, flag `flag` (volatile: reaches the peer's memory, is not
 // kept in a cache of this SM, and is not merged with other stores).
 __device__ __forceinline__ void ll_store(char* line, u64 data, unsigned flag) {
@@ -34,15 +39,35 @@ __device__ __forceinline__ void ll_store(char* line, u64 data, unsigned flag) {
                : "memory");
 }
 
-// Whether `line` holds flag `flag` in both halves; if so its payload is in `data`.
-__device__ __forceinline__ bool ll_try_load(const char* line, unsigned flag, u64& data) {
+// A line as loaded: {data.lo, flag, data.hi, flag}.
+struct LLLine {
   unsigned lo, flag_lo, hi, flag_hi;
+};
+
+// Load `line` as it is now, with one 16-byte volatile load. Nothing waits on the result
+// until it is used, so a thread can have the lines of every peer in flight at once.
+__device__ __forceinline__ LLLine ll_load(const char* line) {
+  LLLine l;
   asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(lo), "=r"(flag_lo), "=r"(hi), "=r"(flag_hi)
+               : "=r"(l.lo), "=r"(l.flag_lo), "=r"(l.hi), "=r"(l.flag_hi)
                : "l"(line)
                : "memory");
-  data = ((u64)hi << 32) | lo;
-  return flag_lo == flag && flag_hi == flag;
+  return l;
+}
+
+__device__ __forceinline__ bool ll_arrived(const LLLine& l, unsigned flag) {
+  return l.flag_lo == flag && l.flag_hi == flag;
+}
+
+__device__ __forceinline__ u64 ll_payload(const LLLine& l) {
+  return ((u64)l.hi << 32) | l.lo;
+}
+
+// Whether `line` holds flag `flag` in both halves; if so its payload is in `data`.
+__device__ __forceinline__ bool ll_try_load(const char* line, unsigned flag, u64& data) {
+  const LLLine l = ll_load(line);
+  data = ll_payload(l);
+  return ll_arrived(l, flag);
 }
 
 // Wait until `line` holds `flag`, then return its payload in `data`. Gives up after

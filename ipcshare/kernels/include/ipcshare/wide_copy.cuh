@@ -19,11 +19,7 @@
 // discarded.
 #pragma once
 
-#if defined(__CUDACC__)
-#define IPCSHARE_HD __host__ __device__ __forceinline__
-#else
-#define IPCSHARE_HD inline
-#endif
+#include <ipcshare/host_device.cuh>
 
 namespace ipcshare {
 

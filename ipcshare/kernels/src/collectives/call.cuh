@@ -7,6 +7,7 @@
 #include <ipcshare/signal.cuh>
 
 #include "collectives/args.cuh"
+#include "collectives/two_shot_chunks.cuh"
 
 // Elements per 16 bytes: slices start at multiples of it, so vector loads stay aligned.
 template <class T>
@@ -140,10 +141,10 @@ __device__ __forceinline__ void leave(const CollectiveArgs& a, const Call& call)
   ipcshare::end_epoch(a.pads[a.rank], a.epoch_word, call.epoch);
 }
 
-// Chunk r of two-shot all-reduces: ceil(count / n) elements rounded up to a granule (the
-// last chunks shorter or empty); gpu_copy_engine.py cuts the copies alike.
+// Elements of chunk r of two-shot all-reduces (two_shot_chunks.cuh; the last chunks
+// shorter or empty); gpu_copy_engine.py cuts the copies alike.
 template <class T>
 __device__ __forceinline__ unsigned long long two_shot_chunk(const CollectiveArgs& a) {
-  const unsigned long long g = granule<T>();
-  return ((a.count + a.nranks - 1) / a.nranks + g - 1) / g * g;
+  return ipcshare::two_shot_chunks::chunk_elements(a.count, a.nranks,
+                                                   sizeof(typename T::Bits));
 }

@@ -1,7 +1,9 @@
-// Low-latency (LL) one-shot collectives: every rank pushes its input, line by line with the
-// call's flag beside the data (ll.cuh), into its own slot of every peer's LL buffer, then
-// waits on its own buffer for every peer's lines. One kernel, no barrier, no fence: each
-// line says itself whether it has arrived. Line 0 of a slot carries the sender's digest of
+// Low-latency (LL) collectives: in the one-shot ones every rank pushes its input, line by
+// line with the call's flag beside the data (ll.cuh), into its own slot of every peer's LL
+// buffer, then waits on its own buffer for every peer's lines (the two-shot all-reduce
+// makes two such rounds, all_reduce_ll_two_shot), the lines of all peers awaited at once
+// (ll_receive_all). One kernel, no barrier, no fence: each line says itself whether it
+// has arrived. Line 0 of a slot carries the sender's digest of
 // the call, data start at line 1. A rank reads only its own input and its own buffer, so
 // an input or output that is the user's memory (or the same array, in place) is safe, and
 // nothing waits before returning: the buffer a sender writes next is the other parity's.
@@ -78,6 +80,46 @@ __device__ __forceinline__ void ll_check_digests(const CollectiveArgs& a, LLCall
   call.failed = failed != 0;
 }
 
+// Wait for payload line j from every rank of `sources` (a bit per rank) in our own
+// buffer, at once: each round loads the line of every source still missing, so the lines
+// of all peers cost one arrival and one load's latency together, where waiting for them
+// one source after another cost a load's latency per source. data[r] gets rank r's
+// payload. After timeout_ns (0: never) the lowest source still missing is recorded late.
+// Called after ll_check_digests: every source makes this call, so its lines will come.
+__device__ __forceinline__ bool ll_receive_all(const CollectiveArgs& a, const LLCall& call,
+                                               unsigned long long j, unsigned sources,
+                                               u64 (&data)[kMaxRanks]) {
+  const unsigned long long line = (j + 1) * ipcshare::kLineBytes;
+  unsigned pending = sources;
+  u64 start = 0;
+  for (unsigned round = 0;; ++round) {
+    ipcshare::LLLine got[kMaxRanks];
+#pragma unroll
+    for (int r = 0; r < kMaxRanks; ++r)
+      if ((pending >> r) & 1u) got[r] = ipcshare::ll_load(ll_slot(a, a.rank, call.parity, r) + line);
+#pragma unroll
+    for (int r = 0; r < kMaxRanks; ++r)
+      if (((pending >> r) & 1u) && ipcshare::ll_arrived(got[r], call.flag)) {
+        data[r] = ipcshare::ll_payload(got[r]);
+        pending &= ~(1u << r);
+      }
+    if (pending == 0) return true;
+    if ((round & 255u) != 255u || a.timeout_ns == 0) continue;
+    const u64 now = ipcshare::now_ns();
+    if (start == 0) {
+      start = now;
+    } else if (now - start > a.timeout_ns) {
+      ipcshare::record_timeout(a.pads[a.rank], __ffs(pending) - 1, call.epoch);
+      return false;
+    }
+  }
+}
+
+// Every rank but ourselves, a bit each.
+__device__ __forceinline__ unsigned ll_peers(const CollectiveArgs& a) {
+  return ((1u << a.nranks) - 1u) & ~(1u << a.rank);
+}
+
 // Wait for payload line j from `source` in our own buffer.
 __device__ __forceinline__ bool ll_receive(const CollectiveArgs& a, const LLCall& call,
                                            int source, unsigned long long j, u64& data) {
@@ -118,36 +160,44 @@ __device__ __forceinline__ void ll_end(const CollectiveArgs& a, const LLCall& ca
   }
 }
 
+// For ll_reduce_lines' callers that only store.
+struct LLStoreOnly {
+  __device__ __forceinline__ void operator()(unsigned long long, u64) const {}
+};
+
 // Reduce this thread's lines (first, first + stride, ...) of an `nbytes` run: its own from
-// `own` (its input), every peer's from its slot in our buffer, in rank order, into the
-// output.
-template <class T, int OP>
+// `own` (its input), every peer's from its slot in our buffer, in rank order, into `out`.
+// `reduced(j, data)` sees each reduced line before it is stored (the LL two-shot sends it
+// on).
+template <class T, int OP, class Reduced>
 __device__ __forceinline__ void ll_reduce_lines(const CollectiveArgs& a, LLCall& call,
-                                                const char* own, unsigned long long nbytes,
+                                                const char* own, char* out,
+                                                unsigned long long nbytes,
                                                 unsigned long long first,
-                                                unsigned long long stride) {
+                                                unsigned long long stride, Reduced reduced) {
   typedef typename T::Bits Bits;
   constexpr int kLanes = ipcshare::kLinePayload / sizeof(Bits);
   union Line { u64 v; Bits lane[kLanes]; };
-  const unsigned long long lines = (nbytes + ipcshare::kLinePayload - 1) / ipcshare::kLinePayload;
+  const unsigned long long lines = ipcshare::payload_lines(nbytes);
   const bool own_aligned = ((unsigned long long)own & 7ull) == 0;
-  const bool out_aligned = ((unsigned long long)a.output & 7ull) == 0;
+  const bool out_aligned = ((unsigned long long)out & 7ull) == 0;
+  const unsigned peers = ll_peers(a);
   for (unsigned long long j = first; j < lines && !call.failed; j += stride) {
-    Line in[kMaxRanks];
-    for (int r = 0; r < a.nranks; ++r) {
-      if (r == a.rank) {
-        in[r].v = ipcshare::load_payload(own, j, nbytes, own_aligned);
-      } else if (!ll_receive(a, call, r, j, in[r].v)) {
-        call.failed = true;
-        break;
-      }
+    u64 got[kMaxRanks];
+    const u64 mine = ipcshare::load_payload(own, j, nbytes, own_aligned);
+    if (!ll_receive_all(a, call, j, peers, got)) {
+      call.failed = true;
+      break;
     }
-    if (call.failed) break;
-    Line out;
+    Line in[kMaxRanks];
+#pragma unroll
+    for (int r = 0; r < kMaxRanks; ++r) in[r].v = r == a.rank ? mine : got[r];
+    Line sum;
 #pragma unroll
     for (int k = 0; k < kLanes; ++k)
-      out.lane[k] = reduce_ranks<T, OP>([&](int r) { return in[r].lane[k]; }, a.nranks);
-    ipcshare::store_payload(a.output, j, nbytes, out_aligned, out.v);
+      sum.lane[k] = reduce_ranks<T, OP>([&](int r) { return in[r].lane[k]; }, a.nranks);
+    reduced(j, sum.v);
+    ipcshare::store_payload(out, j, nbytes, out_aligned, sum.v);
   }
 }
 
@@ -156,7 +206,7 @@ __device__ __forceinline__ void ll_reduce_lines(const CollectiveArgs& a, LLCall&
 template <class T, int OP>
 __device__ void all_reduce_ll(const CollectiveArgs& a) {
   const unsigned long long nbytes = a.count * sizeof(typename T::Bits);
-  const unsigned long long lines = (nbytes + ipcshare::kLinePayload - 1) / ipcshare::kLinePayload;
+  const unsigned long long lines = ipcshare::payload_lines(nbytes);
   const bool in_aligned = ((unsigned long long)a.input & 7ull) == 0;
   const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
   const unsigned long long first = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -164,7 +214,85 @@ __device__ void all_reduce_ll(const CollectiveArgs& a) {
   for (unsigned long long j = first; j < lines; j += stride)
     ll_push(a, call, j, ipcshare::load_payload(a.input, j, nbytes, in_aligned));
   ll_check_digests(a, call);
-  ll_reduce_lines<T, OP>(a, call, a.input, nbytes, first, stride);
+  ll_reduce_lines<T, OP>(a, call, a.input, a.output, nbytes, first, stride, LLStoreOnly());
+  ll_end(a, call);
+}
+
+// Two-shot all-reduce in one kernel, two LL round trips and no barrier (ll-two-shot).
+// The input is cut in the two-shot's chunks (two_shot_chunk: whole 16-byte granules, so a
+// chunk is whole lines, and line j of chunk p covers the same bytes of input and output).
+// After the digest line, a slot of rank o's buffer holds two regions of `region` lines
+// each (a full chunk's, whatever the chunk's own length; gpu_low_latency.py refuses
+// inputs whose two regions the slot cannot hold):
+//   region 0, phase 1: the sender's input chunk o, which rank o reduces in rank order
+//     (its own chunk from its input), pushes on and stores;
+//   region 1, phase 2: the sender's reduced chunk, which rank o stores.
+// The reduced chunk is computed by its owner alone, so every rank gets the same bits.
+//
+// Both phases carry the call's flag: their lines differ, so a line of this call's flag
+// is the line meant for it. The protocol's argument holds line for line
+// (docs/MEMORY-ORDERING.md, "Low-latency protocol"): a sender writes our buffer of parity
+// p for call e+2 only after finishing call e+1, whose digest check waited for our digest
+// line of e+1, which we write only after our call e is over, both phases included; and
+// every line a sender writes us in a call (digest, region 0 lines of our chunk, region 1
+// lines of its chunk) is one we wait for in that call, so once our blocks are done no
+// store of the call can land after ll_end's re-flagging (after a failed call one may,
+// carrying the very flag the re-flagging writes).
+//
+// In place (output == input): only this rank reads its input. Rank me never pushes its
+// own chunk in phase 1; it loads line j of it and stores the reduced line j, the same
+// bytes, in that order, in one thread. A line j of chunk p != me is pushed in phase 1 and
+// overwritten in phase 2 by the same thread (both loops hand line j to thread j mod
+// stride), in program order, the push's load first.
+template <class T, int OP>
+__device__ void all_reduce_ll_two_shot(const CollectiveArgs& a) {
+  using ipcshare::two_shot_chunks::chunk_length;
+  const unsigned long long size = sizeof(typename T::Bits);
+  const unsigned long long chunk = two_shot_chunk<T>(a);
+  const unsigned long long chunk_bytes = chunk * size;
+  const unsigned long long region = chunk_bytes / ipcshare::kLinePayload;
+  const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+  const unsigned long long first = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+  const bool in_aligned = ((unsigned long long)a.input & 7ull) == 0;
+  const bool out_aligned = ((unsigned long long)a.output & 7ull) == 0;
+  LLCall call = ll_begin(a);
+  // Phase 1: chunk p of our input to rank p, into region 0 of our slot there.
+  for (int step = 1; step < a.nranks; ++step) {
+    const int peer = (a.rank + step) % a.nranks;
+    const unsigned long long nbytes = chunk_length(a.count, chunk, peer) * size;
+    const unsigned long long lines = ipcshare::payload_lines(nbytes);
+    const char* block = a.input + peer * chunk_bytes;
+    for (unsigned long long j = first; j < lines; j += stride)
+      ll_push_to(a, call, peer, j, ipcshare::load_payload(block, j, nbytes, in_aligned));
+  }
+  ll_check_digests(a, call);
+  // Our chunk, reduced from every rank's lines; each reduced line goes to region 1 of our
+  // slot in every peer's buffer before we store it.
+  const unsigned long long own_offset = a.rank * chunk_bytes;
+  const auto send_on = [&](unsigned long long j, u64 data) { ll_push(a, call, region + j, data); };
+  ll_reduce_lines<T, OP>(a, call, a.input + own_offset, a.output + own_offset,
+                         chunk_length(a.count, chunk, a.rank) * size, first, stride, send_on);
+  // Phase 2: every peer's reduced chunk, from region 1 of its slot in our buffer, line j
+  // of every peer at once (a peer whose chunk is shorter sends no line j).
+  for (unsigned long long j = first; j < region && !call.failed; j += stride) {
+    unsigned sources = 0;
+#pragma unroll
+    for (int r = 0; r < kMaxRanks; ++r)
+      if (r < a.nranks && r != a.rank &&
+          j < ipcshare::payload_lines(chunk_length(a.count, chunk, r) * size))
+        sources |= 1u << r;
+    if (sources == 0) break;  // chunks only shorten with the rank: none has line j
+    u64 got[kMaxRanks];
+    if (!ll_receive_all(a, call, region + j, sources, got)) {
+      call.failed = true;
+      break;
+    }
+#pragma unroll
+    for (int r = 0; r < kMaxRanks; ++r)
+      if ((sources >> r) & 1u)
+        ipcshare::store_payload(a.output + r * chunk_bytes, j,
+                                chunk_length(a.count, chunk, r) * size, out_aligned, got[r]);
+  }
   ll_end(a, call);
 }
 
@@ -174,7 +302,7 @@ __device__ void all_reduce_ll(const CollectiveArgs& a) {
 template <class T, int OP>
 __device__ void reduce_scatter_ll(const CollectiveArgs& a) {
   const unsigned long long nbytes = a.count / a.nranks * sizeof(typename T::Bits);  // a block
-  const unsigned long long lines = (nbytes + ipcshare::kLinePayload - 1) / ipcshare::kLinePayload;
+  const unsigned long long lines = ipcshare::payload_lines(nbytes);
   const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
   const unsigned long long first = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
   const char* own_block = a.input + a.rank * nbytes;
@@ -187,14 +315,14 @@ __device__ void reduce_scatter_ll(const CollectiveArgs& a) {
       ll_push_to(a, call, peer, j, ipcshare::load_payload(block, j, nbytes, aligned));
   }
   ll_check_digests(a, call);
-  ll_reduce_lines<T, OP>(a, call, own_block, nbytes, first, stride);
+  ll_reduce_lines<T, OP>(a, call, own_block, a.output, nbytes, first, stride, LLStoreOnly());
   ll_end(a, call);
 }
 
 // All-gather (bytes): rank r's input goes to block r of every output.
 __device__ void all_gather_ll(const CollectiveArgs& a) {
   const unsigned long long nbytes = a.count;
-  const unsigned long long lines = (nbytes + ipcshare::kLinePayload - 1) / ipcshare::kLinePayload;
+  const unsigned long long lines = ipcshare::payload_lines(nbytes);
   const bool in_aligned = ((unsigned long long)a.input & 7ull) == 0;
   const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
   const unsigned long long first = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -202,24 +330,28 @@ __device__ void all_gather_ll(const CollectiveArgs& a) {
   const bool in_place = own_block == a.input;
   const bool own_aligned = ((unsigned long long)own_block & 7ull) == 0;
   LLCall call = ll_begin(a);
-  for (unsigned long long j = first; j < lines; j += stride) {
-    const u64 data = ipcshare::load_payload(a.input, j, nbytes, in_aligned);
-    ll_push(a, call, j, data);
-    if (!in_place) ipcshare::store_payload(own_block, j, nbytes, own_aligned, data);
-  }
+  for (unsigned long long j = first; j < lines; j += stride)
+    ll_push(a, call, j, ipcshare::load_payload(a.input, j, nbytes, in_aligned));
   ll_check_digests(a, call);
-  for (int step = 1; step < a.nranks && !call.failed; ++step) {
-    const int source = (a.rank + step) % a.nranks;
-    char* block = a.output + source * nbytes;
-    const bool aligned = ((unsigned long long)block & 7ull) == 0;
-    for (unsigned long long j = first; j < lines; j += stride) {
-      u64 data;
-      if (!ll_receive(a, call, source, j, data)) {
-        call.failed = true;
-        break;
-      }
-      ipcshare::store_payload(block, j, nbytes, aligned, data);
+  const unsigned peers = ll_peers(a);
+  for (unsigned long long j = first; j < lines && !call.failed; j += stride) {
+    u64 got[kMaxRanks];
+    if (!ll_receive_all(a, call, j, peers, got)) {
+      call.failed = true;
+      break;
+    }
+#pragma unroll
+    for (int r = 0; r < kMaxRanks; ++r) {
+      if (!((peers >> r) & 1u)) continue;
+      char* block = a.output + r * nbytes;
+      ipcshare::store_payload(block, j, nbytes, ((unsigned long long)block & 7ull) == 0, got[r]);
     }
   }
+  // Our own block last, and only for a call every rank agreed on: a call whose ranks
+  // disagree writes no output (its input is read again: it is local and was just read).
+  if (!call.failed && !in_place)
+    for (unsigned long long j = first; j < lines; j += stride)
+      ipcshare::store_payload(own_block, j, nbytes, own_aligned,
+                              ipcshare::load_payload(a.input, j, nbytes, in_aligned));
   ll_end(a, call);
 }
