@@ -96,9 +96,14 @@ class Timer(Protocol):
 
     ``wall_seconds`` (set by stop()) is a second clock: the host's seconds from start()
     to the moment all the engine's work, on every stream, was seen finished. The
-    harness holds the first against it on every timed row."""
+    harness holds the first against it on every timed row. ``wall_parts`` (set by
+    stop(), or None) splits that clock where it can: (seconds until stop() was called,
+    that is until the last enqueue returned; seconds until the timer's own end was seen
+    finished), the rest being the wait for the engine's other streams. A disagreement
+    names them, so that a slow host and work on another stream tell themselves apart."""
 
     wall_seconds: float | None
+    wall_parts: tuple[float, float] | None
 
     def start(self) -> None: ...
 

@@ -641,6 +641,7 @@ class CudaTimer:
         self._events: tuple[Any, Any] | None = None
         self._started = 0.0
         self.wall_seconds: float | None = None
+        self.wall_parts: tuple[float, float] | None = None
 
     def start(self) -> None:
         """Record the start event on the engine's stream.
@@ -658,7 +659,7 @@ class CudaTimer:
             raise
         self._events = (begin, end)
         self._engine._timers.add(self)  # the engine destroys live events when it closes
-        self.wall_seconds = None
+        self.wall_seconds = self.wall_parts = None
         check("cuEventRecord", driver.cuEventRecord(begin, self._engine._live_stream()))
         self._started = time.perf_counter()
 
@@ -673,17 +674,20 @@ class CudaTimer:
             raise CudaError("cuEventRecord -> timer stopped before it was started")
         begin, end = self._events
         try:
+            enqueued = time.perf_counter() - self._started
             check("cuEventRecord", driver.cuEventRecord(end, self._engine._live_stream()))
             spin_until = time.perf_counter() + _TIMER_SPIN_S
             query, ready = driver.cuEventQuery, cuda_driver.SUCCESS
             while query(end)[0] != ready and time.perf_counter() < spin_until:
                 pass
             self._engine._poll(lambda: query(end), "cuEventQuery")
+            end_seen = time.perf_counter() - self._started
             # The end event says the timer's stream is done; the context's other streams
             # (a side lane not joined back, a stream the work was wrongly put on) are
             # waited for too, and that wait belongs to the second clock.
             check("cuCtxSynchronize", driver.cuCtxSynchronize())
             self.wall_seconds = time.perf_counter() - self._started
+            self.wall_parts = (enqueued, end_seen)
             milliseconds = check("cuEventElapsedTime", driver.cuEventElapsedTime(begin, end))
         finally:
             self.close()

@@ -280,6 +280,8 @@ class HostTimer:
     def __init__(self) -> None:
         self._start = 0.0
         self.wall_seconds: float | None = None
+        # Host work is done when it returns: nothing to split.
+        self.wall_parts: tuple[float, float] | None = None
 
     def start(self) -> None:
         self.wall_seconds = None

@@ -20,6 +20,7 @@ from ..patterns.clock_check import (
     clock_disagreement,
     latency_clock_disagreement,
     torch_clock_offset,
+    torch_event_reading,
     torch_event_stretch,
 )
 from ..patterns.rotation import warmup_iterations
@@ -305,15 +306,16 @@ class GpuBaseline:
                 for operation in sequence:
                     operation()
 
-            def stretch() -> tuple[float, float]:
+            def stretch() -> tuple[float, float, tuple[float, float]]:
                 self._torch.cuda.synchronize(self.device)
                 self.world.comm.Barrier()
-                return torch_event_stretch(self._torch, self.device, self._stream,
+                return torch_event_reading(self._torch, self.device, self._stream,
                                            enqueue_all)
 
-            (elapsed, wall), error, again = agreed_stretch(
+            (elapsed, wall, _parts), error, again = agreed_stretch(
                 self.world.comm, stretch,
-                lambda reading: clock_disagreement(*reading, what, self._clock_offset()))
+                lambda reading: clock_disagreement(reading[0], reading[1], what,
+                                                   self._clock_offset(), parts=reading[2]))
             seconds, wall = mean_over_ranks(self.world.comm, [elapsed / iters, wall / iters])
             return seconds, error, wall, again
 

@@ -31,7 +31,8 @@ from .timing import percentile
 
 __all__ = ["CLOCK_TOLERANCE", "CLOCK_SLACK_S", "CLOCK_RETRIES", "clock_disagreement",
            "clock_offset", "engine_clock_offset", "latency_clock_disagreement",
-           "agreed_stretch", "torch_event_stretch", "torch_clock_offset", "ceiling_error",
+           "agreed_stretch", "torch_event_stretch", "torch_event_reading",
+           "torch_clock_offset", "ceiling_error",
            "agreed_errors"]
 
 # The two clocks may differ by this fraction of the host clock plus CLOCK_SLACK_S, once
@@ -57,7 +58,8 @@ CLOCK_RETRIES = 2
 
 
 def clock_disagreement(timer_s: float, wall_s: float | None, what: str,
-                       offset_s: float = 0.0) -> str | None:
+                       offset_s: float = 0.0, *,
+                       parts: tuple[float, float] | None = None) -> str | None:
     """None when ``timer_s`` (the timer's seconds for a timed stretch) agrees with
     ``wall_s`` (the host clock over the same stretch), else the error in words. No
     second clock (None) is no disagreement.
@@ -67,7 +69,10 @@ def clock_disagreement(timer_s: float, wall_s: float | None, what: str,
     host clock less ``offset_s`` (what the host clock reads over an empty stretch) by
     more than the tolerance (it missed work). The offset only ever excuses a host clock
     that reads long: where it was measured high (a GPU shared by turns), clocks that
-    agree still agree."""
+    agree still agree. ``parts`` (``Timer.wall_parts``: the host clock when the last
+    enqueue returned and when the timer's end was seen finished), where known, are
+    named in the error: a host slow to enqueue and work on another stream read alike in
+    the total, not in its parts."""
     if wall_s is None:
         return None
     if timer_s > wall_s * (1 + CLOCK_TOLERANCE) + CLOCK_SLACK_S:
@@ -80,9 +85,18 @@ def clock_disagreement(timer_s: float, wall_s: float | None, what: str,
         return None
     return (f"{what}: the timer gave {timer_s * 1e6:.2f} us but the host clock from the first "
             f"enqueue to a full synchronize {wall_s * 1e6:.2f} us, {offset_s * 1e6:.2f} us of "
-            f"it its offset (allowed: {CLOCK_TOLERANCE:.0%} + {CLOCK_SLACK_S * 1e6:g} us; "
-            f"the same on {CLOCK_RETRIES} more tries): work the timer did not see, as on a "
-            "stream the work is not on")
+            f"it its offset{_parts_in_words(wall_s, parts)} (allowed: {CLOCK_TOLERANCE:.0%} + "
+            f"{CLOCK_SLACK_S * 1e6:g} us; the same on {CLOCK_RETRIES} more tries): work the "
+            "timer did not see, as on a stream the work is not on")
+
+
+def _parts_in_words(wall_s: float, parts: tuple[float, float] | None) -> str:
+    if parts is None:
+        return ""
+    enqueued, end_seen = parts
+    return (f"; the last enqueue returned at {enqueued * 1e6:.2f} us, the timer's end was "
+            f"seen at {end_seen * 1e6:.2f} us, the other streams took "
+            f"{(wall_s - end_seen) * 1e6:.2f} us more")
 
 
 def clock_offset(stretch: Callable[[], tuple[float, float]]) -> float:
@@ -134,22 +148,36 @@ def agreed_stretch(comm: Any, stretch: Callable[[], Reading],
 
 def torch_event_stretch(torch: Any, device: Any, stream: Any,
                         enqueue: Callable[[], None]) -> tuple[float, float]:
-    """(timer, host clock) seconds of ``enqueue()`` on a torch ``stream``, read as
-    ``CudaTimer`` reads ours: two CUDA events on the stream, and the host's time from
-    before the first enqueue to a full synchronize of ``device``, the end event spun on
-    first (a synchronize that sleeps would add its wake-up to the host clock)."""
+    """(timer, host clock) seconds of ``enqueue()`` on a torch ``stream``: the first two
+    of ``torch_event_reading``."""
+    timer, wall, _parts = torch_event_reading(torch, device, stream, enqueue)
+    return timer, wall
+
+
+def torch_event_reading(torch: Any, device: Any, stream: Any, enqueue: Callable[[], None]
+                        ) -> tuple[float, float, tuple[float, float]]:
+    """(timer, host clock, its parts) seconds of ``enqueue()`` on a torch ``stream``,
+    read as ``CudaTimer`` reads ours: two CUDA events on the stream, and the host's time
+    from before the first enqueue to a full synchronize of ``device``, the end event spun
+    on first (a synchronize that sleeps would add its wake-up to the host clock). The
+    parts are ``CudaTimer.wall_parts``': when ``enqueue()`` returned, and when the end
+    event was seen done."""
     begin = torch.cuda.Event(enable_timing=True)
     end = torch.cuda.Event(enable_timing=True)
     begin.record(stream)
     started = time.perf_counter()
     enqueue()
+    enqueued = time.perf_counter() - started
     end.record(stream)
     spin_until = started + _SPIN_S
     while not end.query() and time.perf_counter() < spin_until:
         pass
+    end.synchronize()
+    end_seen = time.perf_counter() - started
     torch.cuda.synchronize(device)
     wall = time.perf_counter() - started
-    return begin.elapsed_time(end) / 1e3, wall   # elapsed_time is in milliseconds
+    # elapsed_time is in milliseconds
+    return begin.elapsed_time(end) / 1e3, wall, (enqueued, end_seen)
 
 
 def torch_clock_offset(torch: Any, device: Any, stream: Any) -> float:

@@ -398,7 +398,7 @@ def _back_to_back_seconds(world: World, engine: Any, operations: list[Callable[[
     sequence = [operations[i % len(operations)] for i in range(iters)]
     what = f"{iters} back-to-back operations"
 
-    def stretch() -> tuple[float, float, float]:
+    def stretch() -> tuple[float, float, float, tuple[float, float] | None]:
         world.comm.Barrier()
         with step("timing"):
             timer = engine.timer()
@@ -408,11 +408,12 @@ def _back_to_back_seconds(world: World, engine: Any, operations: list[Callable[[
                 operation()
             host = time.perf_counter() - started
             elapsed = timer.stop()
-        return elapsed, host, timer.wall_seconds if timer.wall_seconds is not None else elapsed
+        return (elapsed, host, timer.wall_seconds if timer.wall_seconds is not None else elapsed,
+                getattr(timer, "wall_parts", None))
 
-    (elapsed, host, wall), error, again = agreed_stretch(
-        world.comm, stretch, lambda reading: clock_disagreement(reading[0], reading[2], what,
-                                                                offset))
+    (elapsed, host, wall, _parts), error, again = agreed_stretch(
+        world.comm, stretch, lambda reading: clock_disagreement(
+            reading[0], reading[2], what, offset, parts=reading[3]))
     seconds, host, wall = mean_over_ranks(world.comm, [elapsed / iters, host / iters,
                                                        wall / iters])
     return seconds, host, wall, [error] if error else [], again
@@ -436,21 +437,23 @@ def _graph_seconds(world: World, engine: Any, operations: list[Callable[[], None
     with step("capture"):
         captured = engine.capture(enqueue_all)
 
-    def stretch() -> tuple[float, float]:
+    def stretch() -> tuple[float, float, tuple[float, float] | None]:
         world.comm.Barrier()
         with step("timing"):
             timer = engine.timer()
             timer.start()
             captured.launch()
             elapsed = timer.stop()
-        return elapsed, timer.wall_seconds if timer.wall_seconds is not None else elapsed
+        return (elapsed, timer.wall_seconds if timer.wall_seconds is not None else elapsed,
+                getattr(timer, "wall_parts", None))
 
     try:
         with step("warm launch"):
             captured.launch()
             engine.synchronize()
-        (elapsed, wall), error, again = agreed_stretch(
-            world.comm, stretch, lambda reading: clock_disagreement(*reading, what, offset))
+        (elapsed, wall, _parts), error, again = agreed_stretch(
+            world.comm, stretch, lambda reading: clock_disagreement(
+                reading[0], reading[1], what, offset, parts=reading[2]))
     finally:
         engine.synchronize()
         captured.close()

@@ -13,7 +13,7 @@ from ..patterns.clock_check import (
     agreed_stretch,
     clock_disagreement,
     torch_clock_offset,
-    torch_event_stretch,
+    torch_event_reading,
 )
 
 __all__ = ["EventClock", "clock_errors"]
@@ -59,12 +59,13 @@ class EventClock:
             for _ in range(times):
                 run()
 
-        def stretch() -> tuple[float, float]:
+        def stretch() -> tuple[float, float, tuple[float, float]]:
             torch.cuda.synchronize()
             self.comm.Barrier()
-            return torch_event_stretch(torch, None, self.stream, enqueue_all)
+            return torch_event_reading(torch, None, self.stream, enqueue_all)
 
-        reading, _error, again = agreed_stretch(
-            self.comm, stretch, lambda timed: clock_disagreement(*timed, "", offset))
+        (timer_s, wall_s, _parts), _error, again = agreed_stretch(
+            self.comm, stretch, lambda timed: clock_disagreement(
+                timed[0], timed[1], "", offset, parts=timed[2]))
         self.rechecks += again
-        return reading
+        return timer_s, wall_s

@@ -13,6 +13,7 @@ from ipcshare.patterns.clock_check import (
     ceiling_error,
     clock_disagreement,
     latency_clock_disagreement,
+    torch_event_reading,
 )
 from ipcshare.patterns.results import BaselineResult, Measurement, Row, RunResult
 from ipcshare.patterns.table import Table
@@ -59,6 +60,74 @@ def test_where_ranks_take_turns_on_a_gpu_only_the_upper_bound_holds():
     assert clock_disagreement(1e-6, 1.0, "x", offset_s=math.inf) is None
     said = clock_disagreement(2e-3, 1e-3, "x", offset_s=math.inf)
     assert said is not None and "counted time that did not pass" in said
+
+
+def test_a_disagreement_names_the_parts_of_the_host_clock():
+    # NCCL's graphs on 4 H200s (2026-11-28): 202 us of events against 881 us of host
+    # clock on one rank, three times. Whether the host was slow to enqueue or another
+    # stream held the synchronize, the parts say.
+    said = clock_disagreement(202e-6, 881e-6, "x", 15e-6, parts=(640e-6, 860e-6))
+    assert said is not None
+    assert "the last enqueue returned at 640.00 us" in said
+    assert "the timer's end was seen at 860.00 us" in said
+    assert "the other streams took 21.00 us more" in said
+    assert "work the timer did not see" in said
+    # Parts change no verdict: clocks that agree still agree.
+    assert clock_disagreement(1.0e-3, 1.05e-3, "x", parts=(1e-5, 1.0e-3)) is None
+    assert "enqueue returned" not in clock_disagreement(202e-6, 881e-6, "x", 15e-6)
+
+
+def test_a_torch_reading_orders_its_parts():
+    # A fake torch whose clock advances 10 us per call: the enqueue, the end event's
+    # first query (not yet done), its second, then the synchronize.
+    import time as real_time
+
+    from ipcshare.patterns import clock_check
+
+    now = [0.0]
+
+    class FakeEvent:
+        def __init__(self, enable_timing: bool) -> None:
+            self.queries = 0
+
+        def record(self, stream) -> None:
+            pass
+
+        def query(self) -> bool:
+            now[0] += 10e-6
+            self.queries += 1
+            return self.queries > 1
+
+        def synchronize(self) -> None:
+            now[0] += 10e-6
+
+        def elapsed_time(self, other) -> float:
+            return 0.05   # milliseconds
+
+    class Cuda:
+        Event = FakeEvent
+
+        @staticmethod
+        def synchronize(device) -> None:
+            now[0] += 30e-6
+
+    class Torch:
+        cuda = Cuda
+
+    def enqueue() -> None:
+        now[0] += 100e-6
+
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(clock_check.time, "perf_counter", lambda: now[0])
+    try:
+        timer, wall, (enqueued, end_seen) = torch_event_reading(Torch, None, None, enqueue)
+    finally:
+        monkey.undo()
+    assert clock_check.time is real_time
+    assert timer == pytest.approx(50e-6)
+    assert enqueued == pytest.approx(100e-6)
+    assert end_seen == pytest.approx(130e-6)
+    assert wall == pytest.approx(160e-6)
 
 
 def test_a_disagreement_that_does_not_come_back_is_a_hiccup():

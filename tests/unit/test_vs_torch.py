@@ -354,6 +354,9 @@ class _FakeEvent:
     def query(self):
         return True
 
+    def synchronize(self):
+        pass
+
     def elapsed_time(self, other):
         return (other.at - self.at) * 1e3   # milliseconds, as torch's
 
