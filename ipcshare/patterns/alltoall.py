@@ -268,6 +268,14 @@ class AllToAll(Pattern):
         algbw = plan.size / seconds / 1e9
         return algbw, algbw * allgather_busbw_factor(world_size)
 
+    def link_gbps(self, plan: SizePlan, seconds: float, world_size: int) -> tuple[float, str]:
+        """The busiest link's bytes over the time: busbw's (n-1)/n of the input with even
+        splits, and with uneven ones what the most loaded rank really sends or receives,
+        which busbw under- or overstates (a skew that sends 86 % of an input to one peer
+        asks 1.7x busbw of that link)."""
+        link = busiest_link_bytes(self.split_matrix(plan, world_size), plan.element_size)
+        return link / seconds / 1e9, "the busiest link's rate"
+
     def row_facts(self, plan: SizePlan, world_size: int, row: Any) -> dict[str, Any]:
         """The busiest link's bytes; on GPUs also the time they take at LINK_BOUND_GBPS
         (``bound_us``), the fraction of that bound the first mode reached

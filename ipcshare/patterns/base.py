@@ -101,6 +101,12 @@ class Pattern(abc.ABC):
     def bandwidth(self, plan: SizePlan, seconds: float, world_size: int) -> tuple[float, float]:
         """(algbw, busbw) in GB/s (1e9 bytes) for one operation of ``seconds``."""
 
+    def link_gbps(self, plan: SizePlan, seconds: float, world_size: int) -> tuple[float, str]:
+        """(GB/s, what it is) that one operation of ``seconds`` asks of the busiest rank's
+        link, which the ceiling check holds against what the path carries: busbw by
+        default (nccl-tests' accounting, what one rank's links carry per direction)."""
+        return self.bandwidth(plan, seconds, world_size)[1], "busbw"
+
     def row_facts(self, plan: SizePlan, world_size: int, row: Any) -> dict[str, Any]:
         """What this pattern adds to a measured row (``Row``) of ``plan``: JSON keys of the
         row and the note under it (``fact_lines``). None by default."""

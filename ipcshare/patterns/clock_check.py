@@ -192,11 +192,13 @@ def torch_clock_offset(torch: Any, device: Any, stream: Any) -> float:
 _SPIN_S = 0.05
 
 
-def ceiling_error(busbw: float, ceiling: Ceiling | None, what: str) -> str | None:
-    """None when ``busbw`` (GB/s) is within ``ceiling``, else the error in words."""
+def ceiling_error(busbw: float, ceiling: Ceiling | None, what: str,
+                  quantity: str = "busbw") -> str | None:
+    """None when ``busbw`` (GB/s; ``quantity`` says what rate it is) is within
+    ``ceiling``, else the error in words."""
     if ceiling is None or busbw <= ceiling.gbps:
         return None
-    return (f"{what}: busbw {busbw:.2f} GB/s is above the ceiling {ceiling.gbps:.2f} GB/s "
+    return (f"{what}: {quantity} {busbw:.2f} GB/s is above the ceiling {ceiling.gbps:.2f} GB/s "
             f"({ceiling.source}): no link can carry that; the timing is wrong")
 
 

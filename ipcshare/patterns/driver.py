@@ -279,7 +279,8 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
                 measured.clock_rechecks = again
                 measured.host_us = None if host is None else host * 1e6
                 measured.wall_us = wall * 1e6
-                over = ceiling_error(measured.busbw, ceiling, f"{format_size(plan.size)} {mode}")
+                over = _over_ceiling(pattern, plan, n, measured, ceiling,
+                                     f"{format_size(plan.size)} {mode}")
                 measured.errors = agreed_errors(world.comm, errors + ([over] if over else []))
                 modes[mode] = measured
                 for captured in graphs:
@@ -506,6 +507,16 @@ def _latency_measurement(pattern: Pattern, plan: SizePlan, world_size: int,
                        p95_us=summary.p95 * 1e6)
 
 
+def _over_ceiling(pattern: Pattern, plan: SizePlan, world_size: int, measured: Measurement,
+                  ceiling: Any, what: str) -> str | None:
+    """The ceiling check of a timed row: what its time asks of the busiest link
+    (``Pattern.link_gbps``) against what the path carries."""
+    if not measured.time_us or measured.time_us <= 0:
+        return None
+    gbps, quantity = pattern.link_gbps(plan, measured.time_us / 1e6, world_size)
+    return ceiling_error(gbps, ceiling, what, quantity)
+
+
 def _baseline_row(baseline: Any, pattern: Pattern, plan: SizePlan, world_size: int,
                   options: PatternOptions, timing: str, buffers: int, graph: bool,
                   ceiling: Any, world: World) -> Row:
@@ -539,7 +550,8 @@ def _baseline_row(baseline: Any, pattern: Pattern, plan: SizePlan, world_size: i
             measurement.wall_us = clock[1] * 1e6
         measurement.clock_rechecks = baseline.clock_rechecks
         over = (None if measurement.wrong else
-                ceiling_error(measurement.busbw, ceiling, f"{format_size(plan.size)} {mode}"))
+                _over_ceiling(pattern, plan, world_size, measurement, ceiling,
+                              f"{format_size(plan.size)} {mode}"))
         measurement.errors = agreed_errors(world.comm, mine + ([over] if over else []))
         modes[mode] = measurement
     return Row(plan.size, plan.count, modes)

@@ -43,3 +43,39 @@ def test_gpu_rows_carry_the_bound_its_fraction_and_the_blocks(splits):
     # A row that was wrong has no time to hold to the bound.
     wrong = Row(plan.size, plan.count, {"out-of-place": Measurement(40.0, 1.0, 1.0, 3)})
     assert "bound_fraction" not in case.row_facts(plan, 4, wrong)
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_the_ceiling_holds_the_busiest_links_rate(world_size):
+    # Even splits: the busiest link carries busbw's (n - 1) / n of the input. Uneven: what
+    # the most loaded rank sends or receives, more or less than busbw says; a 4 MiB
+    # skewed call on host memory (CI, 2026-11-28) kept most bytes at home, and its nominal
+    # busbw passed the host's measured ceiling.
+    seconds = 100e-6
+    for splits in ("even", "random", "skewed"):
+        case = AllToAll(splits=splits, datatype="float32")
+        plan = case.plan(4 << 20, world_size, 4)
+        gbps, quantity = case.link_gbps(plan, seconds, world_size)
+        link = busiest_link_bytes(case.split_matrix(plan, world_size), 4)
+        assert gbps == pytest.approx(link / seconds / 1e9)
+        assert quantity == "the busiest link's rate"
+        if splits == "even":
+            assert gbps == pytest.approx(case.bandwidth(plan, seconds, world_size)[1])
+
+
+def test_the_ceiling_check_names_the_busiest_links_rate():
+    from ipcshare.patterns.clock_check import ceiling_error
+    from ipcshare.topology.link_speed import Ceiling
+
+    # Skewed at 2 ranks, 4 MiB: rank 0 sends 86 % of its input to rank 1, so the busiest
+    # link carries 1.7x what busbw's half of the input says.
+    case = AllToAll(splits="skewed", datatype="float32")
+    plan = case.plan(4 << 20, 2, 4)
+    seconds = 100e-6
+    busbw = case.bandwidth(plan, seconds, 2)[1]
+    gbps, quantity = case.link_gbps(plan, seconds, 2)
+    assert gbps > 1.5 * busbw
+    ceiling = Ceiling((gbps + busbw) / 2, "a test's link")
+    assert ceiling_error(busbw, ceiling, "x") is None          # what busbw alone let pass
+    said = ceiling_error(gbps, ceiling, "x", quantity)
+    assert said is not None and said.startswith("x: the busiest link's rate")
