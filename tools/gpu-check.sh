@@ -41,7 +41,8 @@
 #           against IPC windows) 8 B - P2P_MAX (256M), its GPU tests, host-staged copies with
 #           peer access off, and doctor --quick with every rank under launch/bind-gpu.sh
 #   latency the low-latency protocol (algo ll, ll-two-shot): its GPU tests at 2, G and G+1
-#           ranks, and 8 B - 4 MiB sweeps of ll, the other kernels and NCCL, in graphs and eager
+#           ranks, and 8 B - 4 MiB sweeps of ll, the other kernels and NCCL, in graphs and eager;
+#           the LL all-to-all (even splits, 8 B - 512 KiB) in graphs at G and 2 ranks
 #   shared  G+1 and 2xG ranks on G GPUs (some share one; 2 ranks on a 1-GPU node): all-gather
 #           and ring at 1 MiB with auto, the copy engine under both shared-GPU barriers
 #           (host, stream), push and leader; the communicator's collectives at 8 KiB - 4 MiB
@@ -655,6 +656,21 @@ if [[ $G -ge 2 ]] && wants latency; then
     COLLECTIVE_MIN=4 COLLECTIVE_MAX=1M COLLECTIVE_ITERS=200 step \
       "$op auto n=$G latency graph vs nccl" "$STEP_TIMEOUT_BENCH" collective_bench "$G" "$op" \
       auto --graph --timing latency --baseline nccl
+  done
+  # The LL all-to-all (even splits; auto's choice up to 512 KiB) in graphs at G ranks and 2,
+  # against NCCL in the same launch (issue 42: at most 7 us up to 8 KiB).
+  ll_alltoall() {  # ll_alltoall N: one sweep, into $RESULTS
+    local json="$OUT/alltoall-ll-n$1.json" rc
+    "$MPIEXEC" -n "$1" --bind-to none "$PY" -m ipcshare alltoall --backend cuda-vmm --algo ll \
+      --splits even -b 8 -e 512K -f 4 -n 50 -w 5 -c 1 --graph --baseline nccl --json "$json" \
+      | grep -Ev "^#  Rank"
+    rc=${PIPESTATUS[0]}
+    append_result "$json" alltoall_case "n$1 even nccl ll graph"
+    return $rc
+  }
+  export -f ll_alltoall
+  for n in $(printf '%s\n' "$G" 2 | sort -un); do
+    step "alltoall ll n=$n vs nccl --graph" "$STEP_TIMEOUT_BENCH" ll_alltoall "$n"
   done
 elif wants latency; then
   log "latency: needs 2 GPUs; skipped"
