@@ -410,7 +410,7 @@ def _back_to_back_seconds(world: World, engine: Any, operations: list[Callable[[
             host = time.perf_counter() - started
             elapsed = timer.stop()
         return (elapsed, host, timer.wall_seconds if timer.wall_seconds is not None else elapsed,
-                getattr(timer, "wall_parts", None))
+                timer.wall_parts)
 
     (elapsed, host, wall, _parts), error, again = agreed_stretch(
         world.comm, stretch, lambda reading: clock_disagreement(
@@ -446,7 +446,7 @@ def _graph_seconds(world: World, engine: Any, operations: list[Callable[[], None
             captured.launch()
             elapsed = timer.stop()
         return (elapsed, timer.wall_seconds if timer.wall_seconds is not None else elapsed,
-                getattr(timer, "wall_parts", None))
+                timer.wall_parts)
 
     try:
         with step("warm launch"):

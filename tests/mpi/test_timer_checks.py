@@ -30,6 +30,7 @@ class _RankTimer:
 
     def __init__(self, seconds, wall):
         self.seconds, self.wall, self.wall_seconds = seconds, wall, None
+        self.wall_parts = None  # a fake: nothing to split
 
     def start(self):
         pass
