@@ -63,18 +63,37 @@ def test_where_ranks_take_turns_on_a_gpu_only_the_upper_bound_holds():
 
 
 def test_a_disagreement_names_the_parts_of_the_host_clock():
-    # NCCL's graphs on 4 H200s (2026-11-28): 202 us of events against 881 us of host
-    # clock on one rank, three times. Whether the host was slow to enqueue or another
-    # stream held the synchronize, the parts say.
-    said = clock_disagreement(202e-6, 881e-6, "x", 15e-6, parts=(640e-6, 860e-6))
+    # Work on another stream holds the final synchronize: 202 us of events, the end
+    # seen at 210 us, the synchronize returning at 881 us.
+    said = clock_disagreement(202e-6, 881e-6, "x", 15e-6, parts=(150e-6, 210e-6))
     assert said is not None
-    assert "the last enqueue returned at 640.00 us" in said
-    assert "the timer's end was seen at 860.00 us" in said
-    assert "the other streams took 21.00 us more" in said
+    assert "the last enqueue returned at 150.00 us" in said
+    assert "the timer's end was seen at 210.00 us" in said
+    assert "the other streams took 671.00 us more" in said
     assert "work the timer did not see" in said
-    # Parts change no verdict: clocks that agree still agree.
+    # Clocks that agree still agree, parts or none.
     assert clock_disagreement(1.0e-3, 1.05e-3, "x", parts=(1e-5, 1.0e-3)) is None
     assert "enqueue returned" not in clock_disagreement(202e-6, 881e-6, "x", 15e-6)
+
+
+def test_a_host_slow_before_the_end_was_seen_is_no_missed_work():
+    # NCCL's graphs on 4 H200s (2026-11-28): 202 us of events against 881 us of host
+    # clock on one rank, three times. Where the host's extra time all came before the
+    # timer's end was seen (a slow enqueue, a poll descheduled), no stream held the
+    # synchronize, so nothing was missed.
+    assert clock_disagreement(202e-6, 881e-6, "x", 15e-6, parts=(640e-6, 860e-6)) is None
+    assert clock_disagreement(202e-6, 881e-6, "x", 15e-6, parts=(100e-6, 820e-6)) is None
+    # The tail's allowance is the offset, the tolerance of the timer and the slack:
+    # 15 + 20.2 + 50 us here.
+    assert clock_disagreement(202e-6, 881e-6, "x", 15e-6, parts=(100e-6, 800e-6)) is None
+    assert clock_disagreement(202e-6, 881e-6, "x", 15e-6, parts=(100e-6, 790e-6)) is not None
+
+
+def test_a_timer_on_an_idle_stream_is_caught_by_its_tail():
+    # The shape of a timer pointed at a stream the work is not on: both events done as
+    # soon as recorded, the work holding the synchronize for 1 ms.
+    said = clock_disagreement(20e-6, 1.03e-3, "x", 15e-6, parts=(18e-6, 25e-6))
+    assert said is not None and "work the timer did not see" in said
 
 
 def test_a_torch_reading_orders_its_parts():

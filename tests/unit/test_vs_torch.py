@@ -409,8 +409,10 @@ def test_the_comparisons_clock_times_a_hiccup_again_and_keeps_a_miss():
     timer_s, wall_s = clock.timed(torch.work, 1)
     assert clock.rechecks == 1
     assert timer_s == pytest.approx(2e-3) and wall_s < 0.04
-    # A timer that misses the work every time: each retry disagrees, and it is kept.
-    missing = _FakeTorch(0.0, [])
+    # A timer that misses the work every time: the work is on another stream, so the
+    # full synchronize after the end event waits 20 ms for it on every try; each retry
+    # disagrees, and it is kept.
+    missing = _FakeTorch(0.0, [0.0] * 14 + [0.0, 0.02] * (1 + CLOCK_RETRIES))
     clock = EventClock(missing, stream=None, comm=_OneRank())
-    timer_s, wall_s = clock.timed(lambda: time.sleep(0.02), 1)
+    timer_s, wall_s = clock.timed(lambda: None, 1)
     assert clock.rechecks == CLOCK_RETRIES and timer_s == 0.0 and wall_s >= 0.02
