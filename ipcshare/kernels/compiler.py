@@ -7,9 +7,14 @@ while machine code for the exact architecture (sm_90 on H100/H200) always loads.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
+import sys
 import tempfile
+import threading
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 
@@ -135,12 +140,58 @@ def compile_kernel_source(source: str | os.PathLike, *, arch: str = "sm_90",
     key = hashlib.sha256("\0".join((text, _headers_digest(), *all_options)).encode())
     key = key.hexdigest()[:20]
     cached = cache_dir() / f"{Path(name).stem}-{key}-{arch}-nvrtc{major}.{minor}.cubin"
-    if use_cache and cached.is_file():
+    if not use_cache:
+        with _note_if_slow(name, arch, None):
+            return _compile(name, text, all_options, arch)
+    if cached.is_file():
         return cached.read_bytes()
-    cubin = _compile(name, text, all_options, arch)
-    if use_cache:
+    # Ranks of a node starting together on a cold cache: one compiles (and says so),
+    # the others wait for its file instead of each spending the same half minute.
+    with _compile_lock(cached):
+        if cached.is_file():
+            return cached.read_bytes()
+        with _note_if_slow(name, arch, cached.parent):
+            cubin = _compile(name, text, all_options, arch)
         _store(cached, cubin)
     return cubin
+
+
+# A compile still running after this long gets one line on stderr: collectives.cu takes
+# 30-60 s on a fresh machine (2026-11-28), which a user would otherwise take for a hang.
+COMPILE_NOTE_AFTER_S = 3.0
+
+
+@contextlib.contextmanager
+def _note_if_slow(name: str, arch: str, cache: Path | None) -> Iterator[None]:
+    def note() -> None:
+        kept = f"kept in {cache} for later runs" if cache is not None else "not cached"
+        sys.stderr.write(f"ipcshare: compiling {name} for {arch} with NVRTC (once per machine "
+                         f"and version, up to a minute; {kept})\n")
+        sys.stderr.flush()
+    timer = threading.Timer(COMPILE_NOTE_AFTER_S, note)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+@contextlib.contextmanager
+def _compile_lock(cached: Path) -> Iterator[None]:
+    """An exclusive lock beside ``cached`` (a ``.lock`` file it leaves in the cache for
+    the next cold start); no lock where the cache cannot be written."""
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(cached.with_name(cached.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def _compile(name: str, text: str, options: tuple[str, ...], arch: str) -> bytes:
