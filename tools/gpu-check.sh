@@ -99,6 +99,7 @@
 # phase without its tests, its per-algorithm sweeps, or its sweeps against NCCL),
 # COLLECTIVE_RANKS (ranks of its sweeps, default 2: 3 or 4 on the 4-GPU node), SHARED_MPS=0 (shared phase without its MPS half),
 # SHARED_QUICK=1 (shared phase: only the 1 MiB all-gather and ring at G and G + 1 ranks),
+# SHARED_MPS_TESTS=1 (with SHARED_QUICK=1: the GPU tests under MPS at 3 and 4 ranks too),
 # CSWEEP_RANKS (world sizes of the csweep phase), CSWEEP_MAX (its largest array, default
 # 1G), CSWEEP_SLICED=0 (csweep without its time-sliced run), CSWEEP_SLICED_MAX (its largest
 # array, default 1G), STEP_TIMEOUT_CSWEEP (seconds per sweep, default 400),
@@ -836,10 +837,11 @@ timeslice_probes() {  # what a hand-over of GPU 0 costs, by the work of the othe
       "$PY" tools/timeslice_probe.py --rounds 500 || return 1
   done
 }
-mps_collective_tests() {  # mps_collective_tests N: the collectives' GPU tests at N ranks
+mps_collective_tests() {  # mps_collective_tests N: the collectives' and Triton's GPU tests at N ranks
   "$MPIEXEC" -n "$1" --bind-to none -x CUDA_MPS_PIPE_DIRECTORY -x CUDA_MPS_LOG_DIRECTORY \
     "$PY" -m pytest -q -rs --with-mpi -m gpu -p no:cacheprovider \
-    tests/gpu/test_gpu_communicator.py tests/gpu/test_gpu_low_latency.py
+    tests/gpu/test_gpu_communicator.py tests/gpu/test_gpu_low_latency.py \
+    tests/gpu/test_triton_primitives.py
 }
 export -f shared_run shared_tests mps_collective_tests placement_probe timeslice_probes
 if wants shared; then
@@ -856,10 +858,12 @@ if wants shared; then
     log "MPS daemon started"
     shared_cases -mps
     # Under MPS the ranks on one GPU run side by side, so more ranks than GPUs exercise
-    # the collectives' 3- and 4-rank code on any node (correctness only, not speed).
+    # the collectives' and Triton's 3- and 4-rank code on any node (correctness only, not
+    # speed). SHARED_MPS_TESTS=1 runs them in a quick run too.
     for n in 3 4; do
-      [[ $n -le $G || ${SHARED_QUICK:-0} == 1 ]] && continue
-      step "shared-mps communicator and LL tests n=$n" "$STEP_TIMEOUT_TESTS" mps_collective_tests "$n"
+      [[ $n -le $G ]] && continue
+      [[ ${SHARED_QUICK:-0} == 1 && ${SHARED_MPS_TESTS:-0} != 1 ]] && continue
+      step "shared-mps communicator, LL and Triton tests n=$n" "$STEP_TIMEOUT_TESTS" mps_collective_tests "$n"
     done
     echo quit | nvidia-cuda-mps-control
     sleep 2
