@@ -180,7 +180,7 @@ def _note_if_slow(name: str, arch: str, cache: Path | None) -> Iterator[None]:
 @contextlib.contextmanager
 def _compile_lock(cached: Path) -> Iterator[None]:
     """An exclusive lock beside ``cached`` (a ``.lock`` file it leaves in the cache for
-    the next cold start); no lock where the cache cannot be written."""
+    the next cold start); no lock where the cache cannot be written or locked."""
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(cached.with_name(cached.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
@@ -188,7 +188,10 @@ def _compile_lock(cached: Path) -> Iterator[None]:
         yield
         return
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass  # a file system without locks (some NFS): every rank compiles, as before
         yield
     finally:
         os.close(fd)  # closing releases the lock

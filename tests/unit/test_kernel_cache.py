@@ -68,3 +68,12 @@ def test_an_unwritable_cache_still_compiles(slow_compiler, tmp_path, monkeypatch
     assert compiler.compile_kernel_source("barrier.cu").startswith(b"\x7fELF")
     assert compiler.compile_kernel_source("barrier.cu").startswith(b"\x7fELF")
     assert slow_compiler == ["barrier.cu", "barrier.cu"]
+
+
+def test_a_cache_that_cannot_be_locked_still_compiles(slow_compiler, monkeypatch):
+    def refuse(fd, operation):
+        raise OSError(37, "No locks available")
+    monkeypatch.setattr(compiler.fcntl, "flock", refuse)
+    assert compiler.compile_kernel_source("barrier.cu").startswith(b"\x7fELF")
+    assert compiler.compile_kernel_source("barrier.cu").startswith(b"\x7fELF")
+    assert slow_compiler == ["barrier.cu"]  # the second call read the cache
