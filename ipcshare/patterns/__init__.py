@@ -116,10 +116,13 @@ def _all_to_all_case(algo: str, splits: str, datatype: str):
     from .alltoall import AllToAll
 
     case = AllToAll(algo, splits=splits, datatype=datatype)
-    # Every memory's names: the run refuses one the group's memory lacks before the table
-    # starts (cli/run_pattern.py).
-    allowed = ("auto", *dict.fromkeys((*algorithm_names("host", case.collective),
-                                       *algorithm_names("cuda", case.collective))))
+    # Every name of either collective on either memory: the run refuses one that the
+    # group's memory or these splits lack before the table starts, saying which splits it
+    # takes (cli/run_pattern.py); `--algo ll --splits random` used to stop here with "no
+    # 'll' algorithm", though ll runs even splits.
+    allowed = ("auto", *dict.fromkeys(
+        name for collective in ("all_to_all", "all_to_all_v") for memory in ("host", "cuda")
+        for name in algorithm_names(memory, collective)))
     if algo not in allowed:
         raise ConfigError(f"the alltoall op has no {algo!r} algorithm; choose one of: "
                           f"{', '.join(allowed)}")

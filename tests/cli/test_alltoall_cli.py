@@ -57,6 +57,11 @@ def _errors(out) -> list[str]:
      "--splits bogus: unknown splits; choose one of: even, random, skewed"),
     (["alltoall", "--backend", "host", "--algo", "one-shot"],
      "the alltoall op has no 'one-shot' algorithm; choose one of: auto, pull, balanced, ll"),
+    # ll with uneven splits: the name is known (it runs even splits), so the refusal says
+    # what stops it here, not that no such algorithm exists.
+    (["alltoall", "--backend", "host", "--algo", "ll", "--splits", "random"],
+     "--algo ll does not run alltoall on host memory (backend host); choose one of: "
+     "auto, pull"),
     # A GPU kernel's name on host memory: refused before the table, naming what runs here.
     (["alltoall", "--backend", "host", "--algo", "balanced", "--splits", "random"],
      "--algo balanced does not run alltoall on host memory (backend host); choose one of: "
