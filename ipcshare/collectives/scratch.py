@@ -11,7 +11,7 @@ from ..window.layout import HEADER_WORDS, LL_CLEANED_SLOT, USER_SLOT_BASE, round
 
 __all__ = ["ScratchLayout", "ALIGN", "HEADER_WORDS", "LL_MAX_BYTES", "LL_LINE_BYTES",
            "LL_LINE_PAYLOAD", "LL_CLEANED_SLOT", "ll_payload_lines",
-           "ll_slot_payload_lines"]
+           "ll_slot_payload_lines", "split_row_words"]
 
 # Regions and heap blocks start at multiples of this many bytes (every dtype aligned,
 # and vector loads of the GPU kernels to come).
@@ -34,19 +34,28 @@ def ll_payload_lines(nbytes: int) -> int:
     return -(-nbytes // LL_LINE_PAYLOAD)
 
 
+def split_row_words(world_size: int) -> int:
+    """Words of a rank's split row on GPUs (all_to_all.cuh's ``split_row_words``): its
+    sends, the receives it expects, whether it said them, its input's and its output's
+    elements."""
+    return 2 * world_size + 3
+
+
 def ll_slot_payload_lines(max_bytes: int, world_size: int) -> int:
     """Lines a slot holds after its digest line, for inputs of up to ``max_bytes`` over
-    ``world_size`` ranks: the whole input (the one-shot kernels), or the LL two-shot's
-    two regions of a chunk each, whichever is more. A chunk is ceil(count / n) elements
-    rounded up to 16 bytes (two_shot_chunks.cuh), at most ceil(bytes / n) plus 7 bytes of
-    a partial element of up to 8, rounded up to 16; small inputs need the two regions
-    (2 floats at 4 ranks: 1 line whole, 2 x 2 lines in chunks), so without them a
-    communicator sized for its call refused the two-shot's smallest calls."""
+    ``world_size`` ranks: the whole input behind a split row (the one-shot kernels send
+    the input alone; the LL all-to-all-v sends the sender's split row, a line a word,
+    then its block, which may be the whole input), or the LL two-shot's two regions of a
+    chunk each, whichever is more. A chunk is ceil(count / n) elements rounded up to 16
+    bytes (two_shot_chunks.cuh), at most ceil(bytes / n) plus 7 bytes of a partial element
+    of up to 8, rounded up to 16; small inputs need the two regions (2 floats at 4 ranks:
+    1 line whole, 2 x 2 lines in chunks), so without them a communicator sized for its
+    call refused the two-shot's smallest calls."""
     whole = ll_payload_lines(max_bytes)
     if world_size < 2 or max_bytes <= 0:
         return whole
     chunk = round_up(-(-max_bytes // world_size) + 7, 16)
-    return max(whole, 2 * (chunk // LL_LINE_PAYLOAD))
+    return max(whole + split_row_words(world_size), 2 * (chunk // LL_LINE_PAYLOAD))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +71,8 @@ class ScratchLayout:
     rank's chunk in result 0, so it is as large as an input);
     LL ``p`` holds one slot per source rank, where that rank's lines of low-latency calls
     of parity ``p`` land (a digest line, then the input, up to ``ll_max_bytes``; the LL
-    two-shot puts two regions of a chunk's lines there, which must fit in as many);
+    all-to-all-v puts the sender's split row before its block, the LL two-shot two
+    regions of a chunk's lines, which must fit in as many);
     splits ``p`` holds this rank's ``input_splits`` then ``output_splits`` (int64, one per
     rank each) of an all-to-all-v call of parity ``p``, which every peer reads after the
     entry barrier (the per-call check that the ranks' splits match); on GPUs three more
@@ -118,7 +128,7 @@ class ScratchLayout:
     def splits_bytes(self) -> int:
         # Host: [input_splits, output_splits]; GPU kernels add three words (whether the
         # output_splits were given, the input's and the output's elements).
-        return _align(8 * (2 * self.world_size + 3))
+        return _align(8 * split_row_words(self.world_size))
 
     def splits_offset(self, parity: int) -> int:
         return self.ll_offset(2) + parity * self.splits_bytes

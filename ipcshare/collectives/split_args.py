@@ -11,13 +11,17 @@ from typing import Any
 from ..runtime.errors import CollectiveError
 from .algorithms.host_all_to_all import check_splits
 from .arrays import ArrayRef, describe_array, in_device_memory
+from .scratch import LL_MAX_BYTES
 
-__all__ = ["GpuSplits", "in_device_memory", "device_splits", "SPLITS_PROBLEM", "splits_problem"]
+__all__ = ["GpuSplits", "in_device_memory", "device_splits", "SPLITS_PROBLEM",
+           "SPLIT_TOO_LARGE_FOR_LL", "splits_problem"]
 
 _SPLIT_DTYPES = {"int32": 4, "int64": 8}
 # The error word's top 16 bits when the kernel found the splits wrong (kSplitsProblem in
 # all_to_all.cuh); then the problem (8 bits), two ranks (8 bits each), the call (24 bits).
 SPLITS_PROBLEM = 0xFFFE
+# The problem algo='ll' adds to pull's four (kSplitTooLargeForLL): a block past an LL slot.
+SPLIT_TOO_LARGE_FOR_LL = 5
 
 
 def splits_problem(word: int) -> str:
@@ -31,10 +35,14 @@ def splits_problem(word: int) -> str:
            f"input_splits[{first}] add up past it)",
         4: f"rank {first}'s output_splits[{second}] is not what rank {second} sends it "
            f"(its input_splits[{first}])",
+        5: f"rank {first} sends rank {second} more bytes (its input_splits[{second}]) than "
+           "algo='ll' carries from one rank to another (its LL buffers hold blocks of up to "
+           f"the communicator's max_bytes, {LL_MAX_BYTES >> 20} MiB at most)",
     }.get(problem, f"problem {problem} between ranks {first} and {second}")
+    advice = ("use algo='balanced' or 'auto' for blocks this large"
+              if problem == SPLIT_TOO_LARGE_FOR_LL else "every rank must pass splits that match")
     return (f"all_to_all_v: {what} (found on the GPU by every rank at call "
-            f"{word & 0xFFFFFF} of this communicator; no element moved): every rank must "
-            "pass splits that match")
+            f"{word & 0xFFFFFF} of this communicator; no element moved): {advice}")
 
 
 def device_splits(splits: Any, name: str, *, ranks: int, device: int,

@@ -36,7 +36,7 @@ KERNEL_SOURCES = {
     "collectives.cu": ("all_gather_pull_bytes", "all_gather_push_bytes", "all_gather_ll_bytes",
                        "all_gather_stepped_bytes",
                        *(f"all_to_all{v}_{algo}_bytes" for v in ("", "_v")
-                         for algo in ("pull", "balanced")), "all_to_all_ll_bytes",
+                         for algo in ("pull", "balanced", "ll")),
                        "publish_call",
                        *(f"stage_and_publish_{kind}"
                          for kind in ("bytes", "float32", "float16", "bfloat16", "int32")), *(

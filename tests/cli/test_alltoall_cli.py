@@ -122,12 +122,10 @@ def test_the_command_checks_gpu_memory_before_the_table():
                                time_sliced_gpus=time_sliced or {},
                                world=SimpleNamespace(node_count=nodes))
 
-    # ll runs all_to_all on GPUs (even splits), not all_to_all_v, nor on host memory.
+    # ll runs all_to_all and all_to_all_v on GPUs, not on host memory.
     _check_all_to_all_memory(group(True), AllToAll("ll"))
-    with pytest.raises(ConfigError, match=r"^--algo ll runs alltoall with --splits even only "
-                       r"\(all_to_all\); --splits random calls all_to_all_v, which it does "
-                       r"not run on GPU memory; choose one of: auto, pull, balanced$"):
-        _check_all_to_all_memory(group(True), AllToAll("ll", splits="random"))
+    _check_all_to_all_memory(group(True), AllToAll("ll", splits="random"))
+    _check_all_to_all_memory(group(True), AllToAll("ll", splits="skewed"))
     with pytest.raises(ConfigError, match=r"^--algo ll does not run alltoall on host memory "
                        r"\(backend host\); choose one of: auto, pull$"):
         _check_all_to_all_memory(group(False), AllToAll("ll"))

@@ -89,16 +89,19 @@ def test_the_grid_gives_each_thread_a_line_of_every_block_up_to_the_block_cap(si
         "all_to_all_ll_bytes")   # bytes move, whatever the dtype
 
 
-def test_ll_runs_all_to_all_only_and_reads_no_peer_s_input():
+def test_ll_runs_all_to_all_and_all_to_all_v_on_gpus_and_reads_no_peer_s_input():
     ll = algorithm("cuda", "all_to_all", "ll")
     assert (ll.name, ll.op, ll.memory) == ("ll", "all_to_all", "cuda")
     # Nothing staged, and in place with any input: a rank reads only its own input and
     # its own LL buffer.
     assert ll.aliasing_safe and not ll.stages_input
+    v = algorithm("cuda", "all_to_all_v", "ll")
+    assert (v.name, v.op, v.memory, v.kernel) == ("ll", "all_to_all_v", "cuda",
+                                                  "all_to_all_v_ll_bytes")
+    assert v.aliasing_safe and not v.stages_input
     assert "ll" in algorithm_names("cuda", "all_to_all")
-    assert "ll" not in algorithm_names("cuda", "all_to_all_v")
+    assert algorithm_names("cuda", "all_to_all_v") == ("pull", "balanced", "ll")
     assert "ll" not in algorithm_names("host", "all_to_all")
     with pytest.raises(CollectiveError, match="algo='ll' is not an algorithm of all_to_all_v "
-                                              "on cuda memory; choose one of: auto, pull, "
-                                              "balanced"):
-        algorithm("cuda", "all_to_all_v", "ll")
+                                              "on host memory; choose one of: auto, pull$"):
+        algorithm("host", "all_to_all_v", "ll")

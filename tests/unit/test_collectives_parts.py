@@ -265,7 +265,7 @@ def test_scratch_regions_and_headers_do_not_overlap(gpu):
     assert USER_SLOT_BASE <= min(words) < max(words) < ERROR_SLOT
 
 
-def test_ll_slots_hold_the_digest_line_and_the_largest_input_in_lines():
+def test_ll_slots_hold_the_digest_line_a_split_row_and_the_largest_input_in_lines():
     assert ScratchLayout(1000, 0, 2).ll_slot_bytes == 0  # host windows carry none
     for size in (2, 3, 4, 8):
         for max_bytes in (1, 8, 9, 1000, LL_MAX_BYTES, 4 * LL_MAX_BYTES):
@@ -273,10 +273,13 @@ def test_ll_slots_hold_the_digest_line_and_the_largest_input_in_lines():
             payload = min(max_bytes, LL_MAX_BYTES)
             assert layout.ll_max_bytes == payload
             whole = -(-payload // LL_LINE_PAYLOAD)
+            # The LL all-to-all-v sends its split row (2n + 3 words, a line each) before
+            # a block that may be the whole input.
+            row = 2 * size + 3
             # The LL two-shot's two chunk regions: a chunk is ceil(bytes / n) rounded up
             # to 16 bytes, plus up to 7 bytes of a partial element.
             regions = 2 * (-(-(-(-payload // size) + 7) // 16) * 16 // LL_LINE_PAYLOAD)
-            lines = 1 + max(whole, regions)
+            lines = 1 + max(row + whole, regions)
             assert lines * LL_LINE_BYTES <= layout.ll_slot_bytes < lines * LL_LINE_BYTES + ALIGN
             assert layout.ll_slot_bytes % ALIGN == 0
             # Full-sized buffers: the regions add at most 4 lines to the whole input.

@@ -42,7 +42,8 @@ _REGISTRY: dict[tuple[str, str], dict[str, str]] = {
                              "balanced": "gpu_all_to_all_balanced:GpuBalancedAllToAll",
                              "ll": "gpu_all_to_all_ll:GpuLowLatencyAllToAll"},
     ("cuda", "all_to_all_v"): {"pull": "gpu_all_to_all:GpuPullAllToAllV",
-                               "balanced": "gpu_all_to_all_balanced:GpuBalancedAllToAllV"},
+                               "balanced": "gpu_all_to_all_balanced:GpuBalancedAllToAllV",
+                               "ll": "gpu_all_to_all_ll:GpuLowLatencyAllToAllV"},
 }
 _INSTANCES: dict[tuple[str, str, str], Algorithm] = {}
 

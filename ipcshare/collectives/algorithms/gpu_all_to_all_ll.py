@@ -5,16 +5,34 @@ LL buffer as 16-byte lines carrying the call's flag, and waits on its own buffer
 r of every peer: no barrier, so a call costs a launch and one NVLink write, where pull and
 balanced meet their peers first (a round trip or two). Lines double the bytes on the wire,
 and a slot holds ``ScratchLayout.ll_max_bytes``: calls whose blocks are larger are refused.
-``auto`` runs it for even splits up to 512 KiB (measured at 2-4 ranks: choice.py)."""
+``auto`` runs it for even splits up to 512 KiB (measured at 2-4 ranks: choice.py).
+
+All-to-all-v (``GpuLowLatencyAllToAllV``, kernel ``all_to_all_v_ll`` in the same file):
+the splits stay on the device and are read at run time, so graphs replay with new ones.
+Each sender's slot carries its split row (a line a word) before its block; every rank
+checks every row as pull does, plus that no block is larger than a slot, so all ranks
+stop alike on the same problem and move nothing. ``auto`` does not pick it (not yet
+measured on GPUs)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from ..agreement import Signature
+from ..scratch import LL_LINE_BYTES, LL_LINE_PAYLOAD, split_row_words
+from .gpu_kernel import GpuCall, GpuKernelAlgorithm
 from .gpu_low_latency import GpuLowLatencyReduceScatter
 
-__all__ = ["GpuLowLatencyAllToAll"]
+__all__ = ["GpuLowLatencyAllToAll", "GpuLowLatencyAllToAllV", "all_to_all_v_block_capacity"]
+
+
+def all_to_all_v_block_capacity(ll_slot_bytes: int, world_size: int) -> int:
+    """The most bytes the LL all-to-all-v carries from one rank to another in a call:
+    what a slot of ``ll_slot_bytes`` holds after the digest line and the sender's split
+    row (all_to_all_ll.cuh's ``all_to_all_v_ll_capacity``). ScratchLayout makes it at
+    least ``ll_max_bytes``; the alignment of the slot may add a little."""
+    taken = 1 + split_row_words(world_size)
+    return max(0, ll_slot_bytes // LL_LINE_BYTES - taken) * LL_LINE_PAYLOAD
 
 
 class GpuLowLatencyAllToAll(GpuLowLatencyReduceScatter):
@@ -40,3 +58,36 @@ class GpuLowLatencyAllToAll(GpuLowLatencyReduceScatter):
                 f"{call.ll_max_bytes} bytes and this call's are {block} "
                 f"({call.signature.nbytes} bytes over {call.size} ranks); use algo='auto', "
                 "or another algorithm for calls this large")
+
+
+class GpuLowLatencyAllToAllV(GpuLowLatencyAllToAll):
+    """All-to-all-v by LL lines, splits on the device. Nothing on the host knows the
+    blocks (device splits), so nothing is refused here for its size: a block larger
+    than a slot is found by every rank in the rows (kSplitTooLargeForLL) and
+    synchronize() raises it on every rank, the output untouched. In place is refused
+    before any algorithm is asked (Communicator.all_to_all_v on GPUs: blocks move), and
+    time-sliced GPUs for every all-to-all (Communicator._refuse_all_to_all)."""
+
+    op = "all_to_all_v"
+    kernel = "all_to_all_v_ll_bytes"
+
+    def unsupported(self, call: Any) -> str | None:
+        # The world size only: the signature of an all-to-all-v has no count.
+        return GpuKernelAlgorithm.unsupported(self, call)
+
+    def grid_bytes(self, call: GpuCall) -> int:
+        """The bytes a line per thread must cover: a block this rank sends is at most its
+        input, one it receives at most its output, and none passes a slot. The ranks' grids
+        may differ: LL blocks never wait for blocks of a peer (only for its lines, whoever
+        pushes them), so each rank sizes its own from its own arrays and a small call
+        launches few blocks. Without the arrays, the LL buffers' size."""
+        args = call.args
+        if args is None or not hasattr(args, "output_count"):
+            return call.ll_max_bytes
+        largest = max(args.count, args.output_count) * args.itemsize
+        return min(largest, call.ll_max_bytes)
+
+    def run(self, call: GpuCall) -> None:
+        lines = -(-self.grid_bytes(call) // LL_LINE_PAYLOAD)
+        threads = self.bytes_per_block // LL_LINE_PAYLOAD
+        call.launch(self.entry(call.signature), max(1, min(call.max_blocks, -(-lines // threads))))

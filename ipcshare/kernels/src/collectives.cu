@@ -100,6 +100,9 @@ extern "C" __global__ void all_gather_ll_bytes(CollectiveArgs a) { all_gather_ll
 extern "C" __global__ void all_to_all_pull_bytes(CollectiveArgs a) { all_to_all_pull<false>(a); }
 extern "C" __global__ void all_to_all_v_pull_bytes(CollectiveArgs a) { all_to_all_pull<true>(a); }
 extern "C" __global__ void all_to_all_ll_bytes(CollectiveArgs a) { all_to_all_ll(a); }
+extern "C" __global__ void IPCSHARE_BOUNDED all_to_all_v_ll_bytes(CollectiveArgs a) {
+  all_to_all_v_ll(a);
+}
 // The balanced copies' unrolled loads are bound to the block too.
 extern "C" __global__ void IPCSHARE_BOUNDED all_to_all_balanced_bytes(CollectiveArgs a) {
   all_to_all_balanced<false>(a);

@@ -36,6 +36,8 @@ constexpr u64 kSplitNegative = 1;         // rank a's input_splits[b] < 0
 constexpr u64 kSplitSendsTooMany = 2;     // rank a's input_splits add up past its input
 constexpr u64 kSplitReceivesTooMany = 3;  // rank a receives more than its output holds
 constexpr u64 kSplitMismatch = 4;         // rank a's output_splits[b] != rank b's input_splits[a]
+constexpr u64 kSplitTooLargeForLL = 5;    // all_to_all_v_ll: rank a sends rank b more bytes
+                                          // than an LL slot holds
 
 // Words of a rank's split row in the splits area (ScratchLayout.splits_offset).
 __device__ __forceinline__ int split_row_words(int n) { return 2 * n + 3; }
@@ -52,21 +54,67 @@ __device__ __forceinline__ long long own_send_split(const CollectiveArgs& a, int
 // the receives it expects, whether it said them, and what its input and output hold.
 typedef long long SplitRow[2 * kMaxRanks + 3];
 
+// Word w of this rank's split row: sends, expected receives, flag, what the arrays hold.
+__device__ __forceinline__ long long split_row_word(const CollectiveArgs& a,
+                                                    const long long* sends, int w) {
+  const int n = a.nranks;
+  if (w < n) return sends[w];
+  if (w < 2 * n) return a.expect_receives ? a.splits_inline[1][w - n] : 0;
+  if (w == 2 * n) return a.expect_receives;
+  if (w == 2 * n + 1) return (long long)a.count;
+  return (long long)a.output_count;
+}
+
 // Write this rank's split row where peers read it: sends, expected receives, flags and
 // what the arrays hold (elements).
 __device__ __forceinline__ void publish_split_row(const CollectiveArgs& a, int parity,
                                                   const long long* sends) {
   long long* row = reinterpret_cast<long long*>(a.windows[a.rank] + a.splits_offset[parity]);
-  const int n = a.nranks;
-  for (int w = threadIdx.x; w < split_row_words(n); w += blockDim.x) {
-    long long value;
-    if (w < n) value = sends[w];
-    else if (w < 2 * n) value = a.expect_receives ? a.splits_inline[1][w - n] : 0;
-    else if (w == 2 * n) value = a.expect_receives;
-    else if (w == 2 * n + 1) value = (long long)a.count;
-    else value = (long long)a.output_count;
-    row[w] = value;
+  for (int w = threadIdx.x; w < split_row_words(a.nranks); w += blockDim.x)
+    row[w] = split_row_word(a, sends, w);
+}
+
+// The first problem of every rank's rows, in one fixed order (0: none), as the error
+// word's bits 24-47 hold it: every rank that checks the same rows finds the same one.
+// all_to_all_v_ll (all_to_all_ll.cuh) makes these checks and one more of its own after
+// them. Run by one thread.
+__device__ __forceinline__ u64 first_split_problem(const SplitRow* rows, int n) {
+  u64 problem = 0;
+  // 1. every row's counts are at least 0 and fit its sender's input
+  for (int q = 0; q < n && !problem; ++q) {
+    long long total = 0;
+    for (int r = 0; r < n && !problem; ++r) {
+      if (rows[q][r] < 0) problem = (kSplitNegative << 40) | ((u64)q << 32) | ((u64)r << 24);
+      // One count past the input is enough (and keeps the sum from overflowing).
+      else if (rows[q][r] > rows[q][2 * n + 1])
+        problem = (kSplitSendsTooMany << 40) | ((u64)q << 32);
+      total += rows[q][r];
+    }
+    if (!problem && total > rows[q][2 * n + 1])
+      problem = (kSplitSendsTooMany << 40) | ((u64)q << 32);
   }
+  // 2. what each rank receives fits its output
+  for (int r = 0; r < n && !problem; ++r) {
+    long long total = 0;
+    for (int q = 0; q < n; ++q) total += rows[q][r];
+    if (total > rows[r][2 * n + 2]) problem = (kSplitReceivesTooMany << 40) | ((u64)r << 32);
+  }
+  // 3. where a rank said what it expects, it is what is sent
+  for (int r = 0; r < n && !problem; ++r) {
+    if (!rows[r][2 * n]) continue;
+    for (int q = 0; q < n && !problem; ++q)
+      if (rows[r][n + q] != rows[q][r])
+        problem = (kSplitMismatch << 40) | ((u64)r << 32) | ((u64)q << 24);
+  }
+  return problem;
+}
+
+// Record a splits problem of the call of `epoch` in this rank's error word (the first
+// error of the call wins).
+__device__ __forceinline__ void record_split_problem(const CollectiveArgs& a, u64 problem,
+                                                     u64 epoch) {
+  atomicCAS(a.pads[a.rank] + ipcshare::kErrorWord, 0ull,
+            kSplitsProblem | problem | (epoch & 0xFFFFFFull));
 }
 
 // Every rank's row, read after the barrier, and the checks every rank makes alike.
@@ -83,36 +131,8 @@ __device__ __forceinline__ bool read_split_rows(const CollectiveArgs& a, const C
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    u64 problem = 0;
-    // 1. every row's counts are at least 0 and fit its sender's input
-    for (int q = 0; q < n && !problem; ++q) {
-      long long total = 0;
-      for (int r = 0; r < n && !problem; ++r) {
-        if (rows[q][r] < 0) problem = (kSplitNegative << 40) | ((u64)q << 32) | ((u64)r << 24);
-        // One count past the input is enough (and keeps the sum from overflowing).
-        else if (rows[q][r] > rows[q][2 * n + 1])
-          problem = (kSplitSendsTooMany << 40) | ((u64)q << 32);
-        total += rows[q][r];
-      }
-      if (!problem && total > rows[q][2 * n + 1])
-        problem = (kSplitSendsTooMany << 40) | ((u64)q << 32);
-    }
-    // 2. what each rank receives fits its output
-    for (int r = 0; r < n && !problem; ++r) {
-      long long total = 0;
-      for (int q = 0; q < n; ++q) total += rows[q][r];
-      if (total > rows[r][2 * n + 2]) problem = (kSplitReceivesTooMany << 40) | ((u64)r << 32);
-    }
-    // 3. where a rank said what it expects, it is what is sent
-    for (int r = 0; r < n && !problem; ++r) {
-      if (!rows[r][2 * n]) continue;
-      for (int q = 0; q < n && !problem; ++q)
-        if (rows[r][n + q] != rows[q][r])
-          problem = (kSplitMismatch << 40) | ((u64)r << 32) | ((u64)q << 24);
-    }
-    if (problem && !call.failed)
-      atomicCAS(a.pads[a.rank] + ipcshare::kErrorWord, 0ull,
-                kSplitsProblem | problem | (call.epoch & 0xFFFFFFull));
+    const u64 problem = first_split_problem(rows, n);
+    if (problem && !call.failed) record_split_problem(a, problem, call.epoch);
     verdict = problem ? 0 : 1;
   }
   __syncthreads();

@@ -30,6 +30,7 @@
 
 #include <ipcshare/ll.cuh>
 
+#include "collectives/all_to_all.cuh"
 #include "collectives/low_latency.cuh"
 
 __device__ void all_to_all_ll(const CollectiveArgs& a) {
@@ -69,6 +70,159 @@ __device__ void all_to_all_ll(const CollectiveArgs& a) {
     }
     if (!call.failed && !in_place)
       ipcshare::store_payload(own_out, j, block, own_out_aligned, own);
+  }
+  ll_end(a, call);
+}
+
+// All-to-all-v, low-latency (GpuLowLatencyAllToAllV): the even kernel above with the
+// splits on the device and no barrier. The counts are read at run time (own_send_split:
+// a device array or the host's), so a graph replays with new splits; count is the
+// input's elements, output_count the output's, itemsize their size.
+//
+// A slot of this call holds, after the digest line, the sender's whole split row
+// (split_row_words(n) payload lines, a word each: the row pull publishes in its splits
+// area) and then the lines of the block the sender sends the slot's owner (payload lines
+// R, R + 1, ...). ScratchLayout reserves the row's lines, so a block of up to
+// ll_max_bytes fits; all_to_all_v_ll_capacity is what fits exactly, from ll_slot_bytes,
+// which every rank has alike (a block past it is pushed nowhere, and every rank finds it
+// in the rows: kSplitTooLargeForLL).
+//
+// 1. Every block reads our sends (a prefix sum gives where each block starts in the
+//    input). Block 0 alone pushes our row to every peer (R lines, a thread a word): the
+//    rows are 19 lines at most, and pushed by every block they would cost 128 times the
+//    NVLink stores for nothing. Every thread pushes its lines of each peer's block whose
+//    block fits a slot, if our sends are sound (a row that is not stops every rank below
+//    before anyone waits for data).
+// 2. ll_check_digests, as in every LL kernel: a disagreeing call stops before any row is
+//    read or any byte stored.
+// 3. Every block waits for every peer's row lines in our own buffer (all peers at once,
+//    thread w for word w) and builds our own row as we pushed it; thread 0 checks all n
+//    rows with read_split_rows' checks in their order (first_split_problem), then one
+//    more: no block between two ranks is larger than a slot. Every rank checks the same
+//    rows, so every rank finds the same first problem, records it and moves no byte.
+// 4. Receive offsets: the blocks land packed in source order (what ranks below s send
+//    us comes first). Thread i waits for lines R + i, R + i + stride, ... of every source
+//    whose block has that line, at once, and stores each at its place; our own block
+//    goes from input to output directly. Block 0 fills output_splits where it is a
+//    device array.
+//
+// Every line a sender writes us in a call we wait for in that call, except the data of a
+// call that a problem stopped (they carry that call's flag; ll_end's re-flagging writes
+// the same flag, so a late one changes nothing, and the next call of the parity waits for
+// another flag), so the parity argument of ll.cuh holds as for the even kernel. In place
+// is refused on the host: blocks move, and a thread would overwrite input that another
+// has not pushed yet.
+__device__ __forceinline__ unsigned long long all_to_all_v_ll_capacity(const CollectiveArgs& a) {
+  const unsigned long long lines = a.ll_slot_bytes / ipcshare::kLineBytes;
+  const unsigned long long taken = 1 + split_row_words(a.nranks);
+  return lines > taken ? (lines - taken) * ipcshare::kLinePayload : 0;
+}
+
+__device__ void all_to_all_v_ll(const CollectiveArgs& a) {
+  const int n = a.nranks, me = a.rank, words = split_row_words(n);
+  const unsigned long long itemsize = (unsigned long long)a.itemsize;
+  const unsigned long long capacity = all_to_all_v_ll_capacity(a);
+  const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+  const unsigned long long first = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+  const unsigned peers = ll_peers(a);
+  __shared__ long long sends[kMaxRanks], send_at[kMaxRanks];
+  __shared__ SplitRow rows[kMaxRanks];
+  __shared__ unsigned long long recv_at[kMaxRanks], recv_bytes[kMaxRanks], recv_lines;
+  __shared__ int arrived, sound;  // every row came; the rows pass the checks
+  if (threadIdx.x == 0) arrived = sound = 1;  // read_own_sends' barriers order it first
+  LLCall call = ll_begin(a);
+  const bool own_ok = read_own_sends<true>(a, sends, send_at);
+  // 1. Our row to every peer (block 0), then our blocks' lines.
+  if (blockIdx.x == 0 && threadIdx.x < words) {
+    const u64 word = (u64)split_row_word(a, sends, threadIdx.x);
+    for (int step = 1; step < n; ++step)
+      ll_push_to(a, call, (me + step) % n, threadIdx.x, word);
+  }
+  if (own_ok) {
+    for (int step = 1; step < n; ++step) {
+      const int peer = (me + step) % n;
+      const unsigned long long nbytes = (unsigned long long)sends[peer] * itemsize;
+      if (nbytes > capacity) continue;  // never past a slot: the rows stop every rank
+      const char* sent = a.input + (unsigned long long)send_at[peer] * itemsize;
+      const bool aligned = ((unsigned long long)sent & 7ull) == 0;
+      const unsigned long long lines = ipcshare::payload_lines(nbytes);
+      for (unsigned long long j = first; j < lines; j += stride)
+        ll_push_to(a, call, peer, words + j, ipcshare::load_payload(sent, j, nbytes, aligned));
+    }
+  }
+  // 2. The digests.
+  ll_check_digests(a, call);
+  // 3. Every rank's row, and the checks.
+  if (!call.failed && threadIdx.x < words) {
+    rows[me][threadIdx.x] = split_row_word(a, sends, threadIdx.x);
+    u64 got[kMaxRanks];
+    if (peers != 0 && !ll_receive_all(a, call, threadIdx.x, peers, got)) {
+      atomicExch(&arrived, 0);  // a peer never came: recorded as late by ll_receive_all
+    } else {
+#pragma unroll
+      for (int r = 0; r < kMaxRanks; ++r)
+        if ((peers >> r) & 1u) rows[r][threadIdx.x] = (long long)got[r];
+    }
+  }
+  __syncthreads();
+  if (!arrived) call.failed = true;
+  if (!call.failed && threadIdx.x == 0) {
+    u64 problem = first_split_problem(rows, n);
+    // 4. (after read_split_rows' three) every block that travels fits a slot; a rank's
+    // block to itself never enters a slot. Counts are at least 0 and fit their inputs
+    // here, so the product does not overflow.
+    for (int q = 0; q < n && !problem; ++q)
+      for (int r = 0; r < n && !problem; ++r)
+        if (q != r && (unsigned long long)rows[q][r] * itemsize > capacity)
+          problem = (kSplitTooLargeForLL << 40) | ((u64)q << 32) | ((u64)r << 24);
+    if (problem) {
+      record_split_problem(a, problem, call.epoch);
+      sound = 0;
+    } else {
+      unsigned long long at = 0, most = 0;
+      for (int s = 0; s < n; ++s) {
+        const unsigned long long nbytes = (unsigned long long)rows[s][me] * itemsize;
+        recv_at[s] = at;
+        recv_bytes[s] = nbytes;
+        at += nbytes;
+        const unsigned long long lines = ipcshare::payload_lines(nbytes);
+        if (lines > most) most = lines;
+      }
+      recv_lines = most;
+    }
+  }
+  __syncthreads();
+  if (!sound) call.failed = true;
+  if (!call.failed) fill_receive_splits(a, rows);
+  // 5. The blocks: every source's line j at once, then our own.
+  const char* own_in = a.input + (unsigned long long)send_at[me] * itemsize;
+  const bool own_in_aligned = ((unsigned long long)own_in & 7ull) == 0;
+  for (unsigned long long j = first; !call.failed && j < recv_lines; j += stride) {
+    unsigned sources = 0;
+#pragma unroll
+    for (int r = 0; r < kMaxRanks; ++r)
+      if (((peers >> r) & 1u) && j < ipcshare::payload_lines(recv_bytes[r]))
+        sources |= 1u << r;
+    const unsigned long long own_bytes = recv_bytes[me];
+    const bool own_line = j < ipcshare::payload_lines(own_bytes);
+    // Our own line is loaded first: its load is in flight while we wait.
+    const u64 own = own_line ? ipcshare::load_payload(own_in, j, own_bytes, own_in_aligned) : 0;
+    u64 got[kMaxRanks];
+    if (sources != 0 && !ll_receive_all(a, call, words + j, sources, got)) {
+      call.failed = true;
+      break;
+    }
+#pragma unroll
+    for (int r = 0; r < kMaxRanks; ++r) {
+      if (!((sources >> r) & 1u)) continue;
+      char* block = a.output + recv_at[r];
+      ipcshare::store_payload(block, j, recv_bytes[r], ((unsigned long long)block & 7ull) == 0,
+                              got[r]);
+    }
+    if (own_line) {
+      char* block = a.output + recv_at[me];
+      ipcshare::store_payload(block, j, own_bytes, ((unsigned long long)block & 7ull) == 0, own);
+    }
   }
   ll_end(a, call);
 }
