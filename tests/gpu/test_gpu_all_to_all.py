@@ -4,12 +4,14 @@ all-but-one-zero splits, in and out of place, arrays from empty() and registered
 splits from the host and from device arrays (the counts received filled on the device),
 bound calls and CUDA graphs replayed with new data and new device splits, and splits that
 do not match: the same one-line error on every rank, after which the communicator goes on.
-Every test runs each GPU algorithm (pull, balanced, and ll where it runs: all_to_all, even
-splits); arrays that start off a 16-byte boundary and all-to-one splits reach balanced's
-shifted copies and its cutting by bytes. ll also: the largest block its slots take and
-the first they do not (refused, the communicator goes on), graphs of several LL calls
-replayed with new data, ranks that disagree (output untouched, in place too); its silent
-peer is test_gpu_communicator.py's.
+Every test runs each GPU algorithm (pull, balanced and ll, all-to-all and all-to-all-v;
+all-to-all-v in place is refused by all); arrays that start off a 16-byte boundary and
+all-to-one splits reach balanced's shifted copies and its cutting by bytes. ll also: the
+largest block its slots take and the first they do not (all-to-all: refused on the host;
+all-to-all-v: found by every rank on the GPU, output untouched; the communicator goes on
+both ways), graphs of several LL calls replayed with new data and new device splits, ranks
+that disagree (output untouched, in place too); its silent peer is
+test_gpu_communicator.py's.
 Run under mpiexec with one GPU per rank (or GPUs shared under MPS)."""
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ipcshare.collectives.scratch import LL_MAX_BYTES
+from ipcshare.collectives.algorithms.gpu_all_to_all_ll import all_to_all_v_block_capacity
+from ipcshare.collectives.scratch import LL_MAX_BYTES, ScratchLayout
 from ipcshare.patterns.alltoall import split_matrix
 from ipcshare.runtime.errors import CollectiveError
 
@@ -35,7 +38,7 @@ BLOCKS = (1, 3, 4099, 65_537)
 LARGEST_INPUT_BYTES = 65_537 * 8
 # The GPU algorithms of all_to_all, and those of all_to_all_v (algorithms/__init__.py).
 ALGOS = ("pull", "balanced", "ll")
-V_ALGOS = ("pull", "balanced")
+V_ALGOS = ("pull", "balanced", "ll")
 
 
 @pytest.fixture(params=ALGOS)
@@ -224,7 +227,7 @@ def test_device_splits_are_read_on_the_gpu_and_the_received_counts_filled(setup,
 
 
 def test_graph_replays_take_new_data_and_new_device_splits(setup, algo):
-    """All-to-all-v beside all-to-all in one graph (ll: all-to-all alone)."""
+    """All-to-all-v beside all-to-all in one graph."""
     group, comm, stream = setup
     n, me, device = comm.size, comm.rank, group.backend.device
     with_v = algo in V_ALGOS
@@ -526,3 +529,103 @@ def test_ll_calls_made_out_of_step_leave_the_output_untouched(setup, comm, in_pl
             cm.synchronize(stream)
         assert torch.equal(out, out_before)        # nothing stored
         assert torch.equal(mine, source_before)
+
+
+# -- ll all-to-all-v: the slot's bound, found on the GPU, and graphs of new device splits ---
+
+def test_ll_all_to_all_v_takes_blocks_up_to_its_slots_and_stops_every_rank_one_byte_past():
+    """Rank 0 sends the last rank a block that fills the slot to its last byte (it
+    arrives whole), then one byte more: every rank finds it in the split rows, raises the
+    same one-line error naming the pair and what to use, and moves nothing (outputs and
+    received counts untouched); then ll runs a small call and balanced the large one."""
+    with torch_communicator("cuda-vmm", 2 * LL_MAX_BYTES) as (group, cm, stream):
+        n, me, device = cm.size, cm.rank, f"cuda:{group.backend.device}"
+        if n < 2:
+            pytest.skip("needs 2 ranks: a rank's block to itself never enters a slot")
+        capacity = all_to_all_v_block_capacity(
+            ScratchLayout(cm.max_bytes, 0, n, gpu=True).ll_slot_bytes, n)
+        assert LL_MAX_BYTES <= capacity < LL_MAX_BYTES + 256
+
+        def run(big: int, algo: str):
+            m = np.full((n, n), 16, np.int64)
+            m[0, n - 1] = big
+            inputs = [_bytes(big, r, int(m[r].sum())) for r in range(n)]
+            source = _tensor(inputs[me], "uint8", device)
+            out = torch.full((int(m[:, me].sum()),), 0xA5, dtype=torch.uint8, device=device)
+            sends = torch.tensor(m[me], dtype=torch.int64, device=device)
+            received = torch.full((n,), -1, dtype=torch.int64, device=device)
+            cm.all_to_all_v(out, source, received, sends, algo=algo, stream=stream)
+            return m, inputs, out, received
+
+        m, inputs, out, received = run(capacity, "ll")
+        cm.synchronize(stream)
+        assert received.cpu().tolist() == m[:, me].tolist()
+        assert np.array_equal(_host_bytes(out), _expected(m, inputs, me, 1))
+        m, inputs, out, received = run(capacity + 1, "ll")
+        with pytest.raises(CollectiveError, match=(
+                rf"^all_to_all_v: rank 0 sends rank {n - 1} more bytes \(its input_splits"
+                rf"\[{n - 1}\]\) than algo='ll' carries .* no element moved\): use "
+                r"algo='balanced' or 'auto' for blocks this large$")):
+            cm.synchronize(stream)
+        assert bool(torch.all(out == 0xA5))              # no byte moved
+        assert received.cpu().tolist() == [-1] * n       # no count filled
+        small = torch.arange(4 * n, dtype=torch.int32, device=device) + 100 * me
+        small_out = torch.zeros_like(small)
+        cm.all_to_all_v(small_out, small, [4] * n, [4] * n, algo="ll", stream=stream)
+        m, inputs, out, received = run(capacity + 1, "balanced")
+        cm.synchronize(stream)
+        assert small_out.cpu().tolist() == [100 * q + 4 * me + k for q in range(n)
+                                            for k in range(4)]
+        assert np.array_equal(_host_bytes(out), _expected(m, inputs, me, 1))
+        assert received.cpu().tolist() == m[:, me].tolist()
+
+
+def test_ll_all_to_all_v_graphs_take_new_device_splits_every_replay(setup):
+    """Three LL calls per replay (so each call's parity changes from replay to replay):
+    an all-to-all-v of int32, an even all-to-all of bytes and an all-to-all-v of
+    bfloat16, both with device splits rewritten before every replay; 200 replays, every
+    output and every received count checked."""
+    group, comm, stream = setup
+    n, me, device = comm.size, comm.rank, f"cuda:{group.backend.device}"
+    kinds = ("random", "skewed", "all-but-one-zero", "even", "all-to-one")
+    counts = (300, 1_001)               # elements of each rank's inputs (int32, bfloat16)
+    sources = [torch.zeros(counts[0], dtype=torch.int32, device=device),
+               torch.zeros(counts[1], dtype=torch.bfloat16, device=device)]
+    outs = [torch.zeros(count * n, dtype=tensor.dtype, device=device)
+            for count, tensor in zip(counts, sources, strict=True)]
+    sends = [torch.zeros(n, dtype=torch.int64, device=device),
+             torch.zeros(n, dtype=torch.int32, device=device)]
+    received = [torch.zeros(n, dtype=torch.int64, device=device),
+                torch.zeros(n, dtype=torch.int32, device=device)]
+    even_in = torch.zeros(n * 37, dtype=torch.uint8, device=device)
+    even_out = torch.zeros_like(even_in)
+    calls = [comm.bind("all_to_all_v", outs[0], sources[0], received[0], sends[0],
+                       stream=stream, algo="ll"),
+             comm.bind("all_to_all", even_out, even_in, stream=stream, algo="ll"),
+             comm.bind("all_to_all_v", outs[1], sources[1], received[1], sends[1],
+                       stream=stream, algo="ll")]
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for call in calls:
+            call()
+    for replay in range(200):
+        matrices, wants = [], []
+        for k, (count, dtype, item) in enumerate(zip(counts, ("int32", "bfloat16"), (4, 2),
+                                                     strict=True)):
+            m = _matrix(kinds[(replay + k) % len(kinds)], count - replay % 7, n)
+            inputs = [_bytes(7000 + 10 * replay + k, r, count * item) for r in range(n)]
+            sources[k].copy_(_tensor(inputs[me], dtype, device))
+            sends[k].copy_(torch.tensor(m[me], dtype=sends[k].dtype))
+            matrices.append(m)
+            wants.append(_expected(m, inputs, me, item))
+        evens = [_bytes(9000 + replay, r, n * 37) for r in range(n)]
+        even_in.copy_(_tensor(evens[me], "uint8", device))
+        stream.synchronize()
+        graph.replay()
+        comm.synchronize(stream)
+        for k in range(2):
+            assert received[k].cpu().tolist() == matrices[k][:, me].tolist(), (replay, k)
+            got = _host_bytes(outs[k])[:wants[k].nbytes]
+            assert np.array_equal(got, wants[k]), (replay, k)
+        assert np.array_equal(_host_bytes(even_out), _even_want(evens, me, 37)), replay
