@@ -470,6 +470,16 @@ def test_ll_takes_blocks_as_large_as_its_slots_and_refuses_larger_ones_on_every_
                                             for k in range(4)]
 
 
+def _captured(calls, stream):
+    """A CUDA graph of the bound ``calls`` on ``stream``, in order."""
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for call in calls:
+            call()
+    return graph
+
+
 def test_ll_graphs_of_several_ll_calls_take_new_data_every_replay(setup):
     """Three LL calls per replay (so the buffers' parity changes from replay to replay):
     an all-to-all, an all-reduce sharing its call counter, an in-place all-to-all of
@@ -484,11 +494,7 @@ def test_ll_graphs_of_several_ll_calls_take_new_data_every_replay(setup):
     calls = [comm.bind("all_to_all", a_out, a_in, stream=stream, algo="ll"),
              comm.bind("all_reduce", total, stream=stream, algo="ll"),
              comm.bind("all_to_all", b, b, stream=stream, algo="ll")]
-    stream.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for call in calls:
-            call()
+    graph = _captured(calls, stream)
     for replay in range(200):
         a_data = [_bytes(1000 + replay, r, n * small * 4) for r in range(n)]
         b_data = [_bytes(3000 + replay, r, n * large * 2) for r in range(n)]
@@ -604,11 +610,7 @@ def test_ll_all_to_all_v_graphs_take_new_device_splits_every_replay(setup):
              comm.bind("all_to_all", even_out, even_in, stream=stream, algo="ll"),
              comm.bind("all_to_all_v", outs[1], sources[1], received[1], sends[1],
                        stream=stream, algo="ll")]
-    stream.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for call in calls:
-            call()
+    graph = _captured(calls, stream)
     for replay in range(200):
         matrices, wants = [], []
         for k, (count, dtype, item) in enumerate(zip(counts, ("int32", "bfloat16"), (4, 2),
