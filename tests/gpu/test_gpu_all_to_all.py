@@ -545,7 +545,8 @@ def test_ll_all_to_all_v_takes_blocks_up_to_its_slots_and_stops_every_rank_one_b
     same one-line error naming the pair and what to use, and moves nothing (outputs and
     received counts untouched); then ll runs a small call and balanced the large one."""
     with torch_communicator("cuda-vmm", 2 * LL_MAX_BYTES) as (group, cm, stream):
-        n, me, device = cm.size, cm.rank, f"cuda:{group.backend.device}"
+        n, me, ordinal = cm.size, cm.rank, group.backend.device
+        device = f"cuda:{ordinal}"  # _tensor takes the ordinal
         if n < 2:
             pytest.skip("needs 2 ranks: a rank's block to itself never enters a slot")
         capacity = all_to_all_v_block_capacity(
@@ -556,7 +557,7 @@ def test_ll_all_to_all_v_takes_blocks_up_to_its_slots_and_stops_every_rank_one_b
             m = np.full((n, n), 16, np.int64)
             m[0, n - 1] = big
             inputs = [_bytes(big, r, int(m[r].sum())) for r in range(n)]
-            source = _tensor(inputs[me], "uint8", device)
+            source = _tensor(inputs[me], "uint8", ordinal)
             out = torch.full((int(m[:, me].sum()),), 0xA5, dtype=torch.uint8, device=device)
             sends = torch.tensor(m[me], dtype=torch.int64, device=device)
             received = torch.full((n,), -1, dtype=torch.int64, device=device)
@@ -592,7 +593,8 @@ def test_ll_all_to_all_v_graphs_take_new_device_splits_every_replay(setup):
     bfloat16, both with device splits rewritten before every replay; 200 replays, every
     output and every received count checked."""
     group, comm, stream = setup
-    n, me, device = comm.size, comm.rank, f"cuda:{group.backend.device}"
+    n, me, ordinal = comm.size, comm.rank, group.backend.device
+    device = f"cuda:{ordinal}"  # _tensor takes the ordinal
     kinds = ("random", "skewed", "all-but-one-zero", "even", "all-to-one")
     counts = (300, 1_001)               # elements of each rank's inputs (int32, bfloat16)
     sources = [torch.zeros(counts[0], dtype=torch.int32, device=device),
@@ -617,12 +619,12 @@ def test_ll_all_to_all_v_graphs_take_new_device_splits_every_replay(setup):
                                                      strict=True)):
             m = _matrix(kinds[(replay + k) % len(kinds)], count - replay % 7, n)
             inputs = [_bytes(7000 + 10 * replay + k, r, count * item) for r in range(n)]
-            sources[k].copy_(_tensor(inputs[me], dtype, device))
+            sources[k].copy_(_tensor(inputs[me], dtype, ordinal))
             sends[k].copy_(torch.tensor(m[me], dtype=sends[k].dtype))
             matrices.append(m)
             wants.append(_expected(m, inputs, me, item))
         evens = [_bytes(9000 + replay, r, n * 37) for r in range(n)]
-        even_in.copy_(_tensor(evens[me], "uint8", device))
+        even_in.copy_(_tensor(evens[me], "uint8", ordinal))
         stream.synchronize()
         graph.replay()
         comm.synchronize(stream)
