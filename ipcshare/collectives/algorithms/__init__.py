@@ -40,7 +40,8 @@ _REGISTRY: dict[tuple[str, str], dict[str, str]] = {
                                  "push": "gpu_push:GpuPushReduceScatter"},
     ("cuda", "all_to_all"): {"pull": "gpu_all_to_all:GpuPullAllToAll",
                              "balanced": "gpu_all_to_all_balanced:GpuBalancedAllToAll",
-                             "ll": "gpu_all_to_all_ll:GpuLowLatencyAllToAll"},
+                             "ll": "gpu_all_to_all_ll:GpuLowLatencyAllToAll",
+                             "copy-engine": "gpu_all_to_all_copy_engine:GpuCopyEngineAllToAll"},
     ("cuda", "all_to_all_v"): {"pull": "gpu_all_to_all:GpuPullAllToAllV",
                                "balanced": "gpu_all_to_all_balanced:GpuBalancedAllToAllV"},
 }
