@@ -112,9 +112,10 @@
 # re-checked on the files it touches),
 # STEP_TIMEOUT_BENCH (per sweep, default 150), ALLTOALL_RANKS (default "2 4"), ALLTOALL_MAX
 # (default 256M), ALLTOALL_MIN (default 8), ALLTOALL_ITERS (default 20), ALLTOALL_ALGOS
-# (the library's algorithms to sweep: pull, balanced, ll; default auto; ll runs even
-# splits only, blocks up to 2 MiB a peer: ALLTOALL_ALGOS=ll ALLTOALL_SPLITS=even
-# ALLTOALL_MAX=512K ALLTOALL_BASELINES=nccl), ALLTOALL_GRAPH=0
+# (the library's algorithms to sweep: pull, balanced, ll, copy-engine; default auto; ll
+# runs even splits only, blocks up to 2 MiB a peer: ALLTOALL_ALGOS=ll ALLTOALL_SPLITS=even
+# ALLTOALL_MAX=512K ALLTOALL_BASELINES=nccl; copy-engine even splits only:
+# ALLTOALL_ALGOS=copy-engine ALLTOALL_SPLITS=even ALLTOALL_MIN=1M), ALLTOALL_GRAPH=0
 # (eager sweeps only), ALLTOALL_SPLITS (default "even random
 # skewed"), ALLTOALL_BASELINES (default "nccl torch torch-symm"), ALLTOALL_SYMM_SPLITS
 # (default even), ALLTOALL_TESTS (default 0), STEP_TIMEOUT_ALLTOALL (per sweep, default

@@ -56,7 +56,8 @@ def _errors(out) -> list[str]:
     (["alltoall", "--backend", "host", "--splits", "bogus"],
      "--splits bogus: unknown splits; choose one of: even, random, skewed"),
     (["alltoall", "--backend", "host", "--algo", "one-shot"],
-     "the alltoall op has no 'one-shot' algorithm; choose one of: auto, pull, balanced, ll"),
+     "the alltoall op has no 'one-shot' algorithm; choose one of: auto, pull, balanced, ll, "
+     "copy-engine"),
     # ll with uneven splits: the name is known (it runs even splits), so the refusal says
     # what stops it here, not that no such algorithm exists.
     (["alltoall", "--backend", "host", "--algo", "ll", "--splits", "random"],
@@ -66,6 +67,11 @@ def _errors(out) -> list[str]:
     (["alltoall", "--backend", "host", "--algo", "balanced", "--splits", "random"],
      "--algo balanced does not run alltoall on host memory (backend host); choose one of: "
      "auto, pull"),
+    # The copy-engine all-to-all runs even splits on GPUs only: named here for any splits,
+    # refused before the table with what runs on this memory.
+    (["alltoall", "--backend", "host", "--algo", "copy-engine", "--splits", "random"],
+     "--algo copy-engine does not run alltoall on host memory (backend host); choose one "
+     "of: auto, pull"),
     # The GPU baselines time all-to-all now: what stops them here is what they lack.
     pytest.param(["alltoall", "--backend", "host", "--baseline", "nccl"],
                  "--baseline nccl calls NCCL through nccl4py, which is not importable here",
@@ -129,6 +135,12 @@ def test_the_command_checks_gpu_memory_before_the_table():
     with pytest.raises(ConfigError, match=r"^--algo ll does not run alltoall on host memory "
                        r"\(backend host\); choose one of: auto, pull$"):
         _check_all_to_all_memory(group(False), AllToAll("ll"))
+    # copy-engine alike (even splits, GPUs).
+    _check_all_to_all_memory(group(True), AllToAll("copy-engine"))
+    with pytest.raises(ConfigError, match=r"^--algo copy-engine runs alltoall with --splits "
+                       r"even only \(all_to_all\); --splits skewed calls all_to_all_v, which "
+                       r"it does not run on GPU memory; choose one of: auto, pull, balanced$"):
+        _check_all_to_all_memory(group(True), AllToAll("copy-engine", splits="skewed"))
 
     with pytest.raises(ConfigError, match=r"^--splits skewed: all_to_all_v does not span "
                        r"nodes \(this job spans 2\): use --splits even"):

@@ -5,13 +5,15 @@ splits from the host and from device arrays (the counts received filled on the d
 bound calls and CUDA graphs replayed with new data and new device splits, and splits that
 do not match: the same one-line error on every rank, after which the communicator goes on.
 Every test runs each GPU algorithm (pull, balanced and ll, all-to-all and all-to-all-v;
-all-to-all-v in place is refused by all); arrays that start off a 16-byte boundary and
-all-to-one splits reach balanced's shifted copies and its cutting by bytes. ll also: the
-largest block its slots take and the first they do not (all-to-all: refused on the host;
-all-to-all-v: found by every rank on the GPU, output untouched; the communicator goes on
-both ways), graphs of several LL calls replayed with new data and new device splits, ranks
-that disagree (output untouched, in place too); its silent peer is
-test_gpu_communicator.py's.
+copy-engine for all_to_all with even splits; all-to-all-v in place is refused by all);
+arrays that start off a 16-byte boundary and all-to-one splits reach balanced's shifted
+copies and its cutting by bytes. ll also: the largest block its slots take and the first
+they do not (all-to-all: refused on the host; all-to-all-v: found by every rank on the GPU,
+output untouched; the communicator goes on both ways), graphs of several LL calls replayed
+with new data and new device splits, ranks that disagree (output untouched, in place too);
+its silent peer is test_gpu_communicator.py's. copy-engine also: an input of the
+communicator's whole max_bytes, calls right after other algorithms' calls that read their
+staging areas (and before them), and ranks that disagree (found on every rank).
 Run under mpiexec with one GPU per rank (or GPUs shared under MPS)."""
 
 from __future__ import annotations
@@ -37,8 +39,10 @@ _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4, "uint8": 1, 
 BLOCKS = (1, 3, 4099, 65_537)
 LARGEST_INPUT_BYTES = 65_537 * 8
 # The GPU algorithms of all_to_all, and those of all_to_all_v (algorithms/__init__.py).
-ALGOS = ("pull", "balanced", "ll")
+ALGOS = ("pull", "balanced", "ll", "copy-engine")
 V_ALGOS = ("pull", "balanced", "ll")
+# The algorithms no peer of which reads an input: nothing is ever copied in, in place too.
+NOTHING_STAGED = ("ll", "copy-engine")
 
 
 @pytest.fixture(params=ALGOS)
@@ -167,13 +171,13 @@ def test_arrays_from_empty_and_registered_ones_are_read_in_place(setup, algo):
                 expect = np.concatenate([data[q][me * block * 4:(me + 1) * block * 4]
                                          for q in range(n)])
                 assert np.array_equal(_host_bytes(out), expect), call
-            # In place on memory peers read in place: staged first, and still right (ll:
-            # no peer reads an input, so nothing is staged).
+            # In place on memory peers read in place: staged first, and still right (ll,
+            # copy-engine: no peer reads an input, so nothing is staged).
             source.copy_(_tensor(inputs[me], "float32", group.backend.device))
             before = comm.copies_in
             comm.all_to_all(source, source, algo=algo)
             comm.synchronize()
-            assert comm.copies_in == before + (0 if algo == "ll" else 1)
+            assert comm.copies_in == before + (0 if algo in NOTHING_STAGED else 1)
             assert np.array_equal(_host_bytes(source), want)
     finally:
         comm.unregister(registered)
@@ -511,10 +515,14 @@ def test_ll_graphs_of_several_ll_calls_take_new_data_every_replay(setup):
 
 
 @pytest.mark.parametrize("in_place", [False, True])
-def test_ll_calls_made_out_of_step_leave_the_output_untouched(setup, comm, in_place):
+@pytest.mark.parametrize("algo", ["ll", "copy-engine"])
+def test_calls_made_out_of_step_are_found_on_every_rank(setup, comm, algo, in_place):
     """Both shapes agreed at first sight, then the ranks make different ones: every rank
-    finds the digests differ before it stores anything (a communicator of its own: the
-    error word stays set)."""
+    finds that the digests differ and synchronize() raises on every rank (a communicator
+    of its own: the error word stays set). ll finds it before it stores anything, so the
+    output is left untouched (in place, the input too); copy-engine's finish_call compares
+    the digests after the copies, which run whatever the ranks called, so its output holds
+    what arrived."""
     if comm.size < 2:
         pytest.skip("needs 2 ranks")
     n = comm.size
@@ -523,18 +531,100 @@ def test_ll_calls_made_out_of_step_leave_the_output_untouched(setup, comm, in_pl
         shapes = [torch.ones(n * 250, device=device), torch.ones(n * 251, device=device)]
         for tensor in shapes:  # every rank makes both calls, in the same order
             cm.all_to_all(tensor if in_place else torch.zeros_like(tensor), tensor,
-                          algo="ll", stream=stream)
+                          algo=algo, stream=stream)
         cm.synchronize(stream)
         mine = shapes[comm.rank % 2]
         mine.copy_(torch.arange(mine.numel(), device=device) + 1000.0 * comm.rank)
         out = mine if in_place else torch.full_like(mine, 7.0)
         source_before, out_before = mine.clone(), out.clone()
-        cm.all_to_all(out, mine, algo="ll", stream=stream)
+        cm.all_to_all(out, mine, algo=algo, stream=stream)
         with pytest.raises(CollectiveError, match="ranks disagree on a collective call "
                                                   r"\(found on the GPU"):
             cm.synchronize(stream)
-        assert torch.equal(out, out_before)        # nothing stored
-        assert torch.equal(mine, source_before)
+        if algo == "ll":
+            assert torch.equal(out, out_before)        # nothing stored
+            assert torch.equal(mine, source_before)
+
+
+# -- copy-engine: the whole staging area, other algorithms' calls around it ----------
+
+def test_copy_engine_takes_an_input_of_the_communicators_whole_max_bytes(comm):
+    """Blocks of 3 MiB (copies large enough to run on side streams at once): an input of
+    exactly max_bytes lands in the inboxes whole, out of place, in place and in a graph
+    replayed with new data; one more element is refused on the calling rank."""
+    block = 3 << 20                     # a multiple of 64 KiB: max_bytes is n blocks
+    with torch_communicator("cuda-vmm", 0, per_rank_bytes=block) as (group, cm, stream):
+        n, me, device = cm.size, cm.rank, group.backend.device
+        assert cm.max_bytes == n * block
+        if group.time_sliced_gpus:
+            pytest.skip("ranks here take turns on a GPU: all-to-all is refused there")
+        inputs = [_bytes(11, r, n * block) for r in range(n)]
+        source = _tensor(inputs[me], "int64", device)
+        out = torch.zeros_like(source)
+        cm.all_to_all(out, source, algo="copy-engine", stream=stream)
+        cm.all_to_all(source, source, algo="copy-engine", stream=stream)   # in place
+        cm.synchronize(stream)
+        assert np.array_equal(_host_bytes(out), _even_want(inputs, me, block))
+        assert np.array_equal(_host_bytes(source), _even_want(inputs, me, block))
+        bound = cm.bind("all_to_all", out, source, stream=stream, algo="copy-engine")
+        stream.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            bound()
+        for replay in range(4):
+            data = [_bytes(20 + replay, r, n * block) for r in range(n)]
+            source.copy_(_tensor(data[me], "int64", device))
+            stream.synchronize()
+            graph.replay()
+            cm.synchronize(stream)
+            assert np.array_equal(_host_bytes(out), _even_want(data, me, block)), replay
+        larger = torch.zeros(n * block // 8 + n, dtype=torch.int64, device=f"cuda:{device}")
+        with pytest.raises(CollectiveError, match="more than this communicator's max_bytes"):
+            cm.all_to_all(torch.zeros_like(larger), larger, algo="copy-engine")
+
+
+# (collective, algorithm) of calls that read staging areas: a one-shot's staged input and
+# a push call's inbox (parity 0 every other call), the copy-engine all-reduce's inbox
+# (staging area 0 always), pull's and balanced's staged inputs.
+_NEIGHBOURS = [("all_reduce", "one-shot"), ("all_reduce", "push"),
+               ("all_reduce", "copy-engine"), ("all_to_all", "pull"),
+               ("all_to_all", "balanced")]
+
+
+@pytest.mark.parametrize(("op", "before"), _NEIGHBOURS)
+def test_copy_engine_calls_after_and_before_calls_that_read_staging_areas(comm, op, before):
+    """The copy-engine all-to-all copies into its peers' staging area 0 before any barrier,
+    where a slower peer may still read the call before (of parity 0, or the copy-engine
+    all-reduce's inbox). Rounds of five calls, the third and fourth copy-engine all-to-alls
+    and the others of ``before``, 8 MiB a rank; every output of every round checked."""
+    with torch_communicator("cuda-vmm", 12 << 20) as (group, cm, stream):
+        if group.time_sliced_gpus:
+            pytest.skip("ranks here take turns on a GPU: all-to-all is refused there")
+        n, me, device = cm.size, cm.rank, f"cuda:{group.backend.device}"
+        count = (2 << 20) // n * n             # int32 elements, 8 MiB or a little less
+        source = torch.zeros(count, dtype=torch.int32, device=device)
+        outs = [torch.zeros_like(source) for _ in range(5)]
+        ours = ("all_to_all", "copy-engine")
+        order = ((op, before), (op, before), ours, ours, (op, before))
+        for round_ in range(8):
+            # Small values: every sum is exact, whatever the order.
+            data = [np.random.default_rng([round_, r]).integers(-1000, 1000, count,
+                                                                dtype=np.int32)
+                    for r in range(n)]
+            source.copy_(torch.from_numpy(data[me]))
+            for out, (collective, algo) in zip(outs, order, strict=True):
+                if collective == "all_reduce":
+                    cm.all_reduce(source, output=out, algo=algo, stream=stream)
+                else:
+                    cm.all_to_all(out, source, algo=algo, stream=stream)
+            cm.synchronize(stream)
+            want = {"all_to_all": _even_want([d.view(np.uint8) for d in data], me,
+                                             count // n * 4),
+                    "all_reduce": np.sum(np.stack(data).astype(np.int64), axis=0)
+                    .astype(np.int32).view(np.uint8)}
+            for place, (out, (collective, algo)) in enumerate(zip(outs, order, strict=True)):
+                assert np.array_equal(_host_bytes(out), want[collective]), (round_, place, algo)
+
 
 
 # -- ll all-to-all-v: the slot's bound, found on the GPU, and graphs of new device splits ---

@@ -31,7 +31,11 @@ class StreamRecorder:
         for step in steps:
             assert step[0] in ("write", "wait") and isinstance(step[1], Pad)
         frozen = [(kind, pad.owner, slot, value) for kind, pad, slot, value, *_ in steps]
-        return lambda: self.items.append(("batch", frozen))
+
+        def enqueue() -> None:
+            if frozen:  # as CudaEngine's: no steps, no stream operation (a rank alone)
+                self.items.append(("batch", frozen))
+        return enqueue
 
     # The real composition of the flag barriers' steps, on this recorder.
     make_party_flag_barrier = CudaEngine.make_party_flag_barrier

@@ -19,32 +19,16 @@ from ipcshare.collectives.algorithms.gpu_kernel import GpuCall
 from ipcshare.collectives.algorithms.gpu_two_shot import chunk_elements, chunk_spans
 from ipcshare.collectives.scratch import ScratchLayout
 
+from .device_memory import DeviceMemory
+
 _DTYPES = {"float32": np.float32, "int32": np.int32, "float16": np.float16}
-
-
-class _Memory:
-    """Regions of bytes at made-up device addresses, far apart."""
-
-    def __init__(self) -> None:
-        self.regions: list[tuple[int, np.ndarray]] = []
-
-    def add(self, nbytes: int) -> int:
-        base = (len(self.regions) + 1) << 40
-        self.regions.append((base, np.zeros(nbytes, np.uint8)))
-        return base
-
-    def at(self, address: int, nbytes: int) -> np.ndarray:
-        for base, data in self.regions:
-            if base <= address and address + nbytes <= base + data.nbytes:
-                return data[address - base:address - base + nbytes]
-        raise AssertionError(f"{nbytes} bytes at {address:#x} fall outside every region")
 
 
 def _run(count: int, size: int, dtype: str, in_place: bool) -> None:
     itemsize = np.dtype(_DTYPES[dtype]).itemsize
     nbytes = count * itemsize
     layout = ScratchLayout(max(nbytes, 1), 0, size, gpu=True)
-    memory = _Memory()
+    memory = DeviceMemory()
     windows = [memory.add(layout.total_bytes) for _ in range(size)]
     rng = np.random.default_rng([count, size])
     inputs = [rng.integers(-50, 50, count).astype(_DTYPES[dtype]) for _ in range(size)]
@@ -92,9 +76,7 @@ def _run(count: int, size: int, dtype: str, in_place: bool) -> None:
                 if kind == "meet":
                     break
                 if kind == "copy":
-                    reads = [memory.at(src, n).copy() for _dst, src, n in what]
-                    for (dst, _src, n), data in zip(what, reads, strict=True):
-                        memory.at(dst, n)[:] = data
+                    memory.copy(what)
                 elif what.startswith("all_reduce_copy_engine"):
                     # What the kernel reads: our input's chunk, and slot r of our inbox.
                     offset, length = spans[rank]

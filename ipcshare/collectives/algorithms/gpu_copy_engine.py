@@ -29,7 +29,7 @@ from __future__ import annotations
 from .gpu_kernel import GpuCall
 from .gpu_two_shot import GpuTwoShotAllReduce, chunk_elements, chunk_spans
 
-__all__ = ["GpuCopyEngineAllReduce"]
+__all__ = ["GpuCopyEngineAllReduce", "merged_copies"]
 
 
 class GpuCopyEngineAllReduce(GpuTwoShotAllReduce):
@@ -59,13 +59,14 @@ class GpuCopyEngineAllReduce(GpuTwoShotAllReduce):
                        for peer in range(size) if peer != me])
         call.meet(1)
         result = args.windows[me] + args.result_offset[0]
-        call.copy(_merged([(args.output + offset, result + offset, nbytes)
+        call.copy(merged_copies([(args.output + offset, result + offset, nbytes)
                            for peer, (offset, nbytes) in enumerate(spans)
                            if peer != me and nbytes]))
 
 
-def _merged(jobs: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
-    """Copies of adjacent runs merged into one (the chunks before ours, and after)."""
+def merged_copies(jobs: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """Copies ``(dst, src, nbytes)`` of adjacent runs, each following the one before it in
+    both source and destination, merged into one (the chunks before ours, and after)."""
     merged: list[tuple[int, int, int]] = []
     for dst, src, nbytes in jobs:
         if merged:

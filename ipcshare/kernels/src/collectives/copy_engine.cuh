@@ -11,6 +11,10 @@
 // write are staging area 0, which a peer's previous call may still read if it was
 // another algorithm's call of parity 0 (a one-shot's staged input, a push call's inbox):
 // publish_call therefore waits until every peer has finished its previous call.
+//
+// The copy-engine all-to-all (collectives/algorithms/gpu_all_to_all_copy_engine.py) moves
+// every byte by copy engine and has no work for a kernel: publish_call opens its calls and
+// finish_call, below, closes them.
 #pragma once
 
 #include "collectives/call.cuh"
@@ -28,6 +32,20 @@ extern "C" __global__ void publish_call(CollectiveArgs a) {
   if (t < a.nranks && t != a.rank &&
       !ipcshare::wait_signal(a.pads[t] + a.epoch_word, call.epoch - 1, a.timeout_ns))
     ipcshare::record_timeout(a.pads[a.rank], t, call.epoch);
+}
+
+// The last kernel of a copy-engine call that has no kernel of its own (the all-to-all,
+// collectives/algorithms/gpu_all_to_all_copy_engine.py), launched after its last reads of
+// the inbox: compare every rank's digest of this call (a disagreement goes into our error
+// word, which synchronize() raises; every rank compares every header, so every rank
+// raises), then end the call: publish its epoch, which the next call's publish_call
+// waits for before its copies write into our inbox. The headers were published before the
+// peers' first flag barrier, which our stream has passed.
+extern "C" __global__ void finish_call(CollectiveArgs a) {
+  Call call;
+  begin_call(a, call);
+  read_headers(a, call, true);
+  ipcshare::end_epoch(a.pads[a.rank], a.epoch_word, call.epoch);
 }
 
 template <class T, int OP>
