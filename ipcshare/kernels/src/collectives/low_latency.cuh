@@ -49,6 +49,25 @@ __device__ __forceinline__ void ll_push_to(const CollectiveArgs& a, const LLCall
                      data, call.flag);
 }
 
+// Push line j of block r of `input` (n blocks of `nbytes`) to every peer r, every peer's
+// load issued before the first store: ll_store's asm clobbers memory, so a load after it
+// is not moved above it, and one peer at a time cost a load's latency per peer (the
+// reduce-scatter trailed the all-reduce, which loads one line for all peers).
+__device__ __forceinline__ void ll_push_blocks(const CollectiveArgs& a, const LLCall& call,
+                                               const char* input, unsigned long long nbytes,
+                                               unsigned long long j) {
+  u64 line[kMaxRanks];
+#pragma unroll
+  for (int r = 0; r < kMaxRanks; ++r) {
+    if (r >= a.nranks || r == a.rank) continue;
+    const char* block = input + r * nbytes;
+    line[r] = ipcshare::load_payload(block, j, nbytes, ((unsigned long long)block & 7ull) == 0);
+  }
+#pragma unroll
+  for (int r = 0; r < kMaxRanks; ++r)
+    if (r < a.nranks && r != a.rank) ll_push_to(a, call, r, j, line[r]);
+}
+
 // Push payload line j to every peer.
 __device__ __forceinline__ void ll_push(const CollectiveArgs& a, const LLCall& call,
                                         unsigned long long j, u64 data) {
@@ -307,13 +326,8 @@ __device__ void reduce_scatter_ll(const CollectiveArgs& a) {
   const unsigned long long first = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
   const char* own_block = a.input + a.rank * nbytes;
   LLCall call = ll_begin(a);
-  for (int step = 1; step < a.nranks; ++step) {
-    const int peer = (a.rank + step) % a.nranks;
-    const char* block = a.input + peer * nbytes;
-    const bool aligned = ((unsigned long long)block & 7ull) == 0;
-    for (unsigned long long j = first; j < lines; j += stride)
-      ll_push_to(a, call, peer, j, ipcshare::load_payload(block, j, nbytes, aligned));
-  }
+  for (unsigned long long j = first; j < lines; j += stride)
+    ll_push_blocks(a, call, a.input, nbytes, j);
   ll_check_digests(a, call);
   ll_reduce_lines<T, OP>(a, call, own_block, a.output, nbytes, first, stride, LLStoreOnly());
   ll_end(a, call);
