@@ -275,14 +275,25 @@ __device__ void all_reduce_ll_two_shot(const CollectiveArgs& a) {
   const bool in_aligned = ((unsigned long long)a.input & 7ull) == 0;
   const bool out_aligned = ((unsigned long long)a.output & 7ull) == 0;
   LLCall call = ll_begin(a);
-  // Phase 1: chunk p of our input to rank p, into region 0 of our slot there.
-  for (int step = 1; step < a.nranks; ++step) {
-    const int peer = (a.rank + step) % a.nranks;
-    const unsigned long long nbytes = chunk_length(a.count, chunk, peer) * size;
-    const unsigned long long lines = ipcshare::payload_lines(nbytes);
-    const char* block = a.input + peer * chunk_bytes;
-    for (unsigned long long j = first; j < lines; j += stride)
-      ll_push_to(a, call, peer, j, ipcshare::load_payload(block, j, nbytes, in_aligned));
+  // Phase 1: chunk p of our input to rank p, into region 0 of our slot there; line j of
+  // every peer's chunk loaded before the first is pushed (as ll_push_blocks: ll_store's
+  // asm would make each load wait for the previous store). Chunks only shorten with the
+  // rank, and a chunk's lines are at most a region's.
+  for (unsigned long long j = first; j < region; j += stride) {
+    u64 line[kMaxRanks];
+#pragma unroll
+    for (int r = 0; r < kMaxRanks; ++r) {
+      if (r >= a.nranks || r == a.rank) continue;
+      const unsigned long long nbytes = chunk_length(a.count, chunk, r) * size;
+      if (j < ipcshare::payload_lines(nbytes))
+        line[r] = ipcshare::load_payload(a.input + r * chunk_bytes, j, nbytes, in_aligned);
+    }
+#pragma unroll
+    for (int r = 0; r < kMaxRanks; ++r) {
+      if (r >= a.nranks || r == a.rank) continue;
+      if (j < ipcshare::payload_lines(chunk_length(a.count, chunk, r) * size))
+        ll_push_to(a, call, r, j, line[r]);
+    }
   }
   ll_check_digests(a, call);
   // Our chunk, reduced from every rank's lines; each reduced line goes to region 1 of our
