@@ -40,13 +40,8 @@ __device__ void all_to_all_ll(const CollectiveArgs& a) {
   const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
   const unsigned long long first = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
   LLCall call = ll_begin(a);
-  for (int step = 1; step < n; ++step) {
-    const int peer = (me + step) % n;
-    const char* sent = a.input + peer * block;
-    const bool aligned = ((unsigned long long)sent & 7ull) == 0;
-    for (unsigned long long j = first; j < lines; j += stride)
-      ll_push_to(a, call, peer, j, ipcshare::load_payload(sent, j, block, aligned));
-  }
+  for (unsigned long long j = first; j < lines; j += stride)
+    ll_push_blocks(a, call, a.input, block, j);  // every peer's line j, loads first
   ll_check_digests(a, call);
   const bool in_place = a.output == a.input;
   const char* own_in = a.input + me * block;

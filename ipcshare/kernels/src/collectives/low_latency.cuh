@@ -49,6 +49,25 @@ __device__ __forceinline__ void ll_push_to(const CollectiveArgs& a, const LLCall
                      data, call.flag);
 }
 
+// Push line j of block r of `input` (n blocks of `nbytes`) to every peer r, every peer's
+// load issued before the first store: ll_store's asm clobbers memory, so a load after it
+// is not moved above it, and one peer at a time cost a load's latency per peer (the
+// reduce-scatter trailed the all-reduce, which loads one line for all peers).
+__device__ __forceinline__ void ll_push_blocks(const CollectiveArgs& a, const LLCall& call,
+                                               const char* input, unsigned long long nbytes,
+                                               unsigned long long j) {
+  u64 line[kMaxRanks];
+#pragma unroll
+  for (int r = 0; r < kMaxRanks; ++r) {
+    if (r >= a.nranks || r == a.rank) continue;
+    const char* block = input + r * nbytes;
+    line[r] = ipcshare::load_payload(block, j, nbytes, ((unsigned long long)block & 7ull) == 0);
+  }
+#pragma unroll
+  for (int r = 0; r < kMaxRanks; ++r)
+    if (r < a.nranks && r != a.rank) ll_push_to(a, call, r, j, line[r]);
+}
+
 // Push payload line j to every peer.
 __device__ __forceinline__ void ll_push(const CollectiveArgs& a, const LLCall& call,
                                         unsigned long long j, u64 data) {
@@ -256,14 +275,25 @@ __device__ void all_reduce_ll_two_shot(const CollectiveArgs& a) {
   const bool in_aligned = ((unsigned long long)a.input & 7ull) == 0;
   const bool out_aligned = ((unsigned long long)a.output & 7ull) == 0;
   LLCall call = ll_begin(a);
-  // Phase 1: chunk p of our input to rank p, into region 0 of our slot there.
-  for (int step = 1; step < a.nranks; ++step) {
-    const int peer = (a.rank + step) % a.nranks;
-    const unsigned long long nbytes = chunk_length(a.count, chunk, peer) * size;
-    const unsigned long long lines = ipcshare::payload_lines(nbytes);
-    const char* block = a.input + peer * chunk_bytes;
-    for (unsigned long long j = first; j < lines; j += stride)
-      ll_push_to(a, call, peer, j, ipcshare::load_payload(block, j, nbytes, in_aligned));
+  // Phase 1: chunk p of our input to rank p, into region 0 of our slot there; line j of
+  // every peer's chunk loaded before the first is pushed (as ll_push_blocks: ll_store's
+  // asm would make each load wait for the previous store). Chunks only shorten with the
+  // rank, and a chunk's lines are at most a region's.
+  for (unsigned long long j = first; j < region; j += stride) {
+    u64 line[kMaxRanks];
+#pragma unroll
+    for (int r = 0; r < kMaxRanks; ++r) {
+      if (r >= a.nranks || r == a.rank) continue;
+      const unsigned long long nbytes = chunk_length(a.count, chunk, r) * size;
+      if (j < ipcshare::payload_lines(nbytes))
+        line[r] = ipcshare::load_payload(a.input + r * chunk_bytes, j, nbytes, in_aligned);
+    }
+#pragma unroll
+    for (int r = 0; r < kMaxRanks; ++r) {
+      if (r >= a.nranks || r == a.rank) continue;
+      if (j < ipcshare::payload_lines(chunk_length(a.count, chunk, r) * size))
+        ll_push_to(a, call, r, j, line[r]);
+    }
   }
   ll_check_digests(a, call);
   // Our chunk, reduced from every rank's lines; each reduced line goes to region 1 of our
@@ -307,13 +337,8 @@ __device__ void reduce_scatter_ll(const CollectiveArgs& a) {
   const unsigned long long first = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
   const char* own_block = a.input + a.rank * nbytes;
   LLCall call = ll_begin(a);
-  for (int step = 1; step < a.nranks; ++step) {
-    const int peer = (a.rank + step) % a.nranks;
-    const char* block = a.input + peer * nbytes;
-    const bool aligned = ((unsigned long long)block & 7ull) == 0;
-    for (unsigned long long j = first; j < lines; j += stride)
-      ll_push_to(a, call, peer, j, ipcshare::load_payload(block, j, nbytes, aligned));
-  }
+  for (unsigned long long j = first; j < lines; j += stride)
+    ll_push_blocks(a, call, a.input, nbytes, j);
   ll_check_digests(a, call);
   ll_reduce_lines<T, OP>(a, call, own_block, a.output, nbytes, first, stride, LLStoreOnly());
   ll_end(a, call);
@@ -333,8 +358,15 @@ __device__ void all_gather_ll(const CollectiveArgs& a) {
   for (unsigned long long j = first; j < lines; j += stride)
     ll_push(a, call, j, ipcshare::load_payload(a.input, j, nbytes, in_aligned));
   ll_check_digests(a, call);
+  // Only a call every rank agreed on gets here with call.failed clear (the digests were
+  // checked above), so our own block is stored beside the peers' lines: a call whose
+  // ranks disagree writes no output. Its line is loaded before the wait, so the load is
+  // in flight while the peers' lines arrive (stored after the loop, it was a load and a
+  // store after the last arrival: the all-gather trailed the all-reduce by 0.5-0.9 us at
+  // 4 ranks in graphs on 4 H200s, 2026-11-28).
   const unsigned peers = ll_peers(a);
   for (unsigned long long j = first; j < lines && !call.failed; j += stride) {
+    const u64 mine = in_place ? 0 : ipcshare::load_payload(a.input, j, nbytes, in_aligned);
     u64 got[kMaxRanks];
     if (!ll_receive_all(a, call, j, peers, got)) {
       call.failed = true;
@@ -346,12 +378,7 @@ __device__ void all_gather_ll(const CollectiveArgs& a) {
       char* block = a.output + r * nbytes;
       ipcshare::store_payload(block, j, nbytes, ((unsigned long long)block & 7ull) == 0, got[r]);
     }
+    if (!in_place) ipcshare::store_payload(own_block, j, nbytes, own_aligned, mine);
   }
-  // Our own block last, and only for a call every rank agreed on: a call whose ranks
-  // disagree writes no output (its input is read again: it is local and was just read).
-  if (!call.failed && !in_place)
-    for (unsigned long long j = first; j < lines; j += stride)
-      ipcshare::store_payload(own_block, j, nbytes, own_aligned,
-                              ipcshare::load_payload(a.input, j, nbytes, in_aligned));
   ll_end(a, call);
 }
