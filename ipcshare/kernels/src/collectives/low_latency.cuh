@@ -52,20 +52,30 @@ __device__ __forceinline__ void ll_push_to(const CollectiveArgs& a, const LLCall
 // Push line j of block r of `input` (n blocks of `nbytes`) to every peer r, every peer's
 // load issued before the first store: ll_store's asm clobbers memory, so a load after it
 // is not moved above it, and one peer at a time cost a load's latency per peer (the
-// reduce-scatter trailed the all-reduce, which loads one line for all peers).
+// reduce-scatter trailed the all-reduce, which loads one line for all peers). Peers go in
+// the order rank + 1, rank + 2, ... as the per-peer loops do, so the ranks' first stores
+// land on different GPUs rather than all on rank 0 (at 4 ranks, peer order 0, 1, 2, 3 took
+// the 2 MiB reduce-scatter from 14.6 to 18.0 us). Indexed by step, not by peer, so the
+// lines stay in registers.
+__device__ __forceinline__ int ll_peer_at(const CollectiveArgs& a, int step) {
+  const int peer = a.rank + step;
+  return peer < a.nranks ? peer : peer - a.nranks;
+}
+
 __device__ __forceinline__ void ll_push_blocks(const CollectiveArgs& a, const LLCall& call,
                                                const char* input, unsigned long long nbytes,
                                                unsigned long long j) {
   u64 line[kMaxRanks];
 #pragma unroll
-  for (int r = 0; r < kMaxRanks; ++r) {
-    if (r >= a.nranks || r == a.rank) continue;
-    const char* block = input + r * nbytes;
-    line[r] = ipcshare::load_payload(block, j, nbytes, ((unsigned long long)block & 7ull) == 0);
+  for (int step = 1; step < kMaxRanks; ++step) {
+    if (step >= a.nranks) continue;
+    const char* block = input + ll_peer_at(a, step) * nbytes;
+    line[step] = ipcshare::load_payload(block, j, nbytes,
+                                        ((unsigned long long)block & 7ull) == 0);
   }
 #pragma unroll
-  for (int r = 0; r < kMaxRanks; ++r)
-    if (r < a.nranks && r != a.rank) ll_push_to(a, call, r, j, line[r]);
+  for (int step = 1; step < kMaxRanks; ++step)
+    if (step < a.nranks) ll_push_to(a, call, ll_peer_at(a, step), j, line[step]);
 }
 
 // Push payload line j to every peer.
@@ -282,17 +292,19 @@ __device__ void all_reduce_ll_two_shot(const CollectiveArgs& a) {
   for (unsigned long long j = first; j < region; j += stride) {
     u64 line[kMaxRanks];
 #pragma unroll
-    for (int r = 0; r < kMaxRanks; ++r) {
-      if (r >= a.nranks || r == a.rank) continue;
+    for (int step = 1; step < kMaxRanks; ++step) {
+      if (step >= a.nranks) continue;
+      const int r = ll_peer_at(a, step);
       const unsigned long long nbytes = chunk_length(a.count, chunk, r) * size;
       if (j < ipcshare::payload_lines(nbytes))
-        line[r] = ipcshare::load_payload(a.input + r * chunk_bytes, j, nbytes, in_aligned);
+        line[step] = ipcshare::load_payload(a.input + r * chunk_bytes, j, nbytes, in_aligned);
     }
 #pragma unroll
-    for (int r = 0; r < kMaxRanks; ++r) {
-      if (r >= a.nranks || r == a.rank) continue;
+    for (int step = 1; step < kMaxRanks; ++step) {
+      if (step >= a.nranks) continue;
+      const int r = ll_peer_at(a, step);
       if (j < ipcshare::payload_lines(chunk_length(a.count, chunk, r) * size))
-        ll_push_to(a, call, r, j, line[r]);
+        ll_push_to(a, call, r, j, line[step]);
     }
   }
   ll_check_digests(a, call);
