@@ -285,27 +285,17 @@ __device__ void all_reduce_ll_two_shot(const CollectiveArgs& a) {
   const bool in_aligned = ((unsigned long long)a.input & 7ull) == 0;
   const bool out_aligned = ((unsigned long long)a.output & 7ull) == 0;
   LLCall call = ll_begin(a);
-  // Phase 1: chunk p of our input to rank p, into region 0 of our slot there; line j of
-  // every peer's chunk loaded before the first is pushed (as ll_push_blocks: ll_store's
-  // asm would make each load wait for the previous store). Chunks only shorten with the
-  // rank, and a chunk's lines are at most a region's.
-  for (unsigned long long j = first; j < region; j += stride) {
-    u64 line[kMaxRanks];
-#pragma unroll
-    for (int step = 1; step < kMaxRanks; ++step) {
-      if (step >= a.nranks) continue;
-      const int r = ll_peer_at(a, step);
-      const unsigned long long nbytes = chunk_length(a.count, chunk, r) * size;
-      if (j < ipcshare::payload_lines(nbytes))
-        line[step] = ipcshare::load_payload(a.input + r * chunk_bytes, j, nbytes, in_aligned);
-    }
-#pragma unroll
-    for (int step = 1; step < kMaxRanks; ++step) {
-      if (step >= a.nranks) continue;
-      const int r = ll_peer_at(a, step);
-      if (j < ipcshare::payload_lines(chunk_length(a.count, chunk, r) * size))
-        ll_push_to(a, call, r, j, line[step]);
-    }
+  // Phase 1: chunk p of our input to rank p, into region 0 of our slot there, one peer at
+  // a time. Loading every peer's line j before the first push (as ll_push_blocks) won
+  // 0.1-0.7 us up to 2 KiB on 4 H200s but lost 0.6-1.0 us from 32 KiB to 2 MiB, and this
+  // kernel runs only 128-512 KiB calls at 4 ranks (2026-11-28, docs/BENCHMARKS.md).
+  for (int step = 1; step < a.nranks; ++step) {
+    const int peer = (a.rank + step) % a.nranks;
+    const unsigned long long nbytes = chunk_length(a.count, chunk, peer) * size;
+    const unsigned long long lines = ipcshare::payload_lines(nbytes);
+    const char* block = a.input + peer * chunk_bytes;
+    for (unsigned long long j = first; j < lines; j += stride)
+      ll_push_to(a, call, peer, j, ipcshare::load_payload(block, j, nbytes, in_aligned));
   }
   ll_check_digests(a, call);
   // Our chunk, reduced from every rank's lines; each reduced line goes to region 1 of our
