@@ -117,6 +117,10 @@ CUDA_CHOICES: dict[str, dict[int, Choice]] = {
     # against NCCL's 24-38. Above 512 KiB it has not run (lines double the bytes).
     "all_to_all": {1: Choice((8 << 20,), ("pull", "balanced")),
                    2: Choice((512 * _KiB, 8 << 20), ("ll", "pull", "balanced"))},
+    # all_to_all_v's ll (nvidia-h200-x4, 2026-11-28, x4-next e8f3647, random and skewed
+    # splits, graphs): 11-15 us at 4 ranks and 7.4-9.7 at 2 up to 512 KiB against
+    # balanced's 17-25 and 11-16, but not here: every rank must pick the same algorithm
+    # whatever its own counts, and a block over ll's slot is found only on the GPU.
     "all_to_all_v": {1: Choice((), ("balanced",))},
 }
 _TABLES = {"host": HOST_CHOICES, "cuda": CUDA_CHOICES}
