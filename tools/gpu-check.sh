@@ -3,7 +3,7 @@
 # two ranks sharing one GPU, then ring / all-gather sweeps on both GPU backends against NCCL.
 #
 #   tools/gpu-check.sh [all|tests|bench|suite|sweep|csweep|doctor|faults|fallback|namespaces|shared|
-#                       collectives|p2p|latency|timer|nccl-tests|alltoall|torch-user|inter]...
+#                       collectives|p2p|latency|timer|nccl-tests|alltoall|torch-user|inter|ab]...
 #                       (default all)
 #
 #   tests   the GPU pytest suite at 2, 4 and 2xG ranks, and 2 ranks sharing one GPU;
@@ -88,6 +88,13 @@
 #           all-reduce and reduce-scatter sweeps INTER_MIN-INTER_MAX (default 1M-256M) with
 #           --inter nccl and --inter mpi against NCCL's flat collective over all ranks
 #           (--baseline nccl); results.jsonl rows carry "inter_case" (op-engine-2xL)
+#   ab      a change against the code it replaces, in one launch: each case of AB_CASES
+#           (cases split by ";", each "N OP ALGO MAX [FLAGS...]", default the three
+#           collectives' auto at G ranks to 2M in graphs) swept 8 B (AB_MIN) to MAX against
+#           NCCL, first in the checkout at AB_TREE (the base: e.g. `git archive main | tar -x
+#           -C ab-base`, an untracked folder that travels with the tree), then in this one;
+#           tools/ab_table.py puts them side by side ($OUT/ab.md; rows carry "ab_case" and
+#           "ab_side"); AB_BACKEND (cuda-vmm) and AB_BASELINE (nccl) pick the sweeps' flags
 #
 # Writes under ${OUT:-out}: gpu-check.log (everything), results.jsonl (one result document
 # per line), info.json (ipcshare info), summary.txt, and after collective sweeps
@@ -126,8 +133,8 @@ set -u
 
 phases=("${@:-all}")
 for phase in "${phases[@]}"; do
-  case "$phase" in all|tests|bench|suite|sweep|csweep|doctor|faults|fallback|namespaces|shared|collectives|p2p|latency|timer|nccl-tests|alltoall|torch-user|inter) ;;
-    *) echo "usage: $0 [all|tests|bench|suite|sweep|csweep|doctor|faults|fallback|namespaces|shared|collectives|p2p|latency|timer|nccl-tests|alltoall|torch-user|inter]..." >&2
+  case "$phase" in all|tests|bench|suite|sweep|csweep|doctor|faults|fallback|namespaces|shared|collectives|p2p|latency|timer|nccl-tests|alltoall|torch-user|inter|ab) ;;
+    *) echo "usage: $0 [all|tests|bench|suite|sweep|csweep|doctor|faults|fallback|namespaces|shared|collectives|p2p|latency|timer|nccl-tests|alltoall|torch-user|inter|ab]..." >&2
        exit 2 ;; esac
 done
 wants() {  # wants PHASE: whether PHASE was asked for (all = tests and bench)
@@ -704,6 +711,59 @@ if [[ $G -ge 2 ]] && wants timer; then
     "$RESULTS" --markdown "$OUT/timer-consistency.md"
 elif wants timer; then
   log "timer: needs 2 GPUs; skipped"
+fi
+
+ab_case_run() {  # ab_case_run SIDE CASE: CASE ("N OP ALGO MAX [FLAGS...]") in SIDE's tree
+  local side=$1 dir=$repo json="$OUT/ab-$1.json" n op algo max rest rc package
+  local -a flags
+  [[ $side == base ]] && dir=$AB_TREE
+  read -r n op algo max rest <<<"$2"
+  read -r -a flags <<<"$rest"
+  # The base's package first: python -m puts the working directory first on sys.path.
+  (cd "$dir" && PYTHONPATH="$dir:$PYTHONPATH" "$MPIEXEC" -n "$n" --bind-to none "$PY" -m \
+    ipcshare "$op" --backend "${AB_BACKEND:-cuda-vmm}" --algo "$algo" -b "${AB_MIN:-8}" -e "$max" \
+    -f 4 -n 50 -w 5 -c 1 --baseline "${AB_BASELINE:-nccl}" --json "$json" "${flags[@]}") \
+    | grep -Ev "^#  Rank"
+  rc=${PIPESTATUS[0]}
+  # Which package the side imported: ab_table.py refuses two sides that ran the same one.
+  package=$(cd "$dir" && PYTHONPATH="$dir:$PYTHONPATH" "$PY" -c 'import os, ipcshare
+print(os.path.dirname(os.path.abspath(ipcshare.__file__)))')
+  [[ -s $json ]] && "$PY" -c 'import json, sys
+d = json.load(open(sys.argv[1]))
+d["ab_case"], d["ab_side"], d["ab_package"] = sys.argv[2], sys.argv[3], sys.argv[4]
+print(json.dumps(d))' "$json" "$2" "$side" "$package" >>"$RESULTS"
+  rm -f "$json"
+  return $rc
+}
+ab_compile() {  # ab_compile DIR: the NVRTC kernels of DIR's tree into the kernel cache
+  (cd "$1" && PYTHONPATH="$1:$PYTHONPATH" "$PY" -c 'from ipcshare.kernels.compiler import compile_kernel_source as c
+for source in ("collectives.cu", "allgather.cu", "barrier.cu", "empty.cu"): c(source)')
+}
+export -f ab_case_run ab_compile
+if [[ $G -ge 2 ]] && wants ab; then
+  if [[ -z ${AB_TREE:-} || ! -d ${AB_TREE:-/nonexistent}/ipcshare ]]; then
+    log "ab: AB_TREE must name a checkout of the base (a folder holding ipcshare/); skipped"
+    failures=$((failures + 1))
+  else
+    AB_TREE=$(cd "$AB_TREE" && pwd)
+    export AB_TREE repo
+    # Both trees' kernels at once (a cold NVRTC compile takes 35-60 s each).
+    ab_compile "$AB_TREE" >"$OUT/ab-compile-base.log" 2>&1 &
+    step "ab: compile this tree's kernels" 300 ab_compile "$repo"
+    wait
+    IFS=';' read -r -a ab_cases <<<"${AB_CASES:-$G allreduce auto 2M --graph;$G allgather auto 2M --graph;$G reducescatter auto 2M --graph}"
+    for case in "${ab_cases[@]}"; do
+      case=$(xargs <<<"$case")   # trimmed
+      [[ -z $case ]] && continue
+      for side in base this; do
+        step "ab $side: $case" "$STEP_TIMEOUT_BENCH" ab_case_run "$side" "$case"
+      done
+    done
+    step "ab: this tree against the base ($OUT/ab.md)" 60 "$PY" tools/ab_table.py "$RESULTS" \
+      --markdown "$OUT/ab.md"
+  fi
+elif wants ab; then
+  log "ab: needs 2 GPUs; skipped"
 fi
 
 torch_user_run() {  # torch_user_run N: `ipcshare vs-torch` at N ranks, one GPU each
