@@ -91,8 +91,9 @@
 #   ab      a change against the code it replaces, in one launch: each case of AB_CASES
 #           (cases split by ";", each "N OP ALGO MAX [FLAGS...]", default the three
 #           collectives' auto at G ranks to 2M in graphs) swept 8 B (AB_MIN) to MAX against
-#           NCCL, first in the checkout at AB_TREE (the base: e.g. `git archive main | tar -x
-#           -C ab-base`, an untracked folder that travels with the tree), then in this one;
+#           NCCL, first in the checkout at AB_TREE (the base: e.g. `mkdir -p ab-base && git
+#           archive main | tar -x -C ab-base`, an untracked folder that travels with the
+#           tree), then in this one;
 #           tools/ab_table.py puts them side by side ($OUT/ab.md; rows carry "ab_case" and
 #           "ab_side"); AB_BACKEND (cuda-vmm) and AB_BASELINE (nccl) pick the sweeps' flags
 #
