@@ -481,10 +481,11 @@ if wants faults; then
   fi
 fi
 
-append_result() {  # append_result JSON KEY VALUE: JSON's document, tagged, onto $RESULTS
+append_result() {  # append_result JSON KEY VALUE [KEY VALUE...]: JSON's document, tagged, onto $RESULTS
   [[ -s "$1" ]] || return 0
-  "$PY" -c 'import json, sys; d = json.load(open(sys.argv[1])); d[sys.argv[2]] = sys.argv[3]; print(json.dumps(d))' \
-    "$1" "$2" "$3" >>"$RESULTS"
+  "$PY" -c 'import json, sys
+d = json.load(open(sys.argv[1])); d.update(zip(sys.argv[2::2], sys.argv[3::2])); print(json.dumps(d))' \
+    "$@" >>"$RESULTS"
   rm -f "$1"
 }
 export -f append_result
@@ -729,16 +730,12 @@ ab_case_run() {  # ab_case_run SIDE CASE: CASE ("N OP ALGO MAX [FLAGS...]") in S
   # Which package the side imported: ab_table.py refuses two sides that ran the same one.
   package=$(cd "$dir" && PYTHONPATH="$dir:$PYTHONPATH" "$PY" -c 'import os, ipcshare
 print(os.path.dirname(os.path.abspath(ipcshare.__file__)))')
-  [[ -s $json ]] && "$PY" -c 'import json, sys
-d = json.load(open(sys.argv[1]))
-d["ab_case"], d["ab_side"], d["ab_package"] = sys.argv[2], sys.argv[3], sys.argv[4]
-print(json.dumps(d))' "$json" "$2" "$side" "$package" >>"$RESULTS"
-  rm -f "$json"
+  append_result "$json" ab_case "$2" ab_side "$side" ab_package "$package"
   return $rc
 }
 ab_compile() {  # ab_compile DIR: the NVRTC kernels of DIR's tree into the kernel cache
-  (cd "$1" && PYTHONPATH="$1:$PYTHONPATH" "$PY" -c 'from ipcshare.kernels.compiler import compile_kernel_source as c
-for source in ("collectives.cu", "allgather.cu", "barrier.cu", "empty.cu"): c(source)')
+  (cd "$1" && PYTHONPATH="$1:$PYTHONPATH" "$PY" -c 'from ipcshare.kernels import KERNEL_SOURCES, compile_kernel_source
+for source in KERNEL_SOURCES: compile_kernel_source(source)')
 }
 export -f ab_case_run ab_compile
 if [[ $G -ge 2 ]] && wants ab; then
