@@ -49,19 +49,20 @@ __device__ __forceinline__ void ll_push_to(const CollectiveArgs& a, const LLCall
                      data, call.flag);
 }
 
-// Push line j of block r of `input` (n blocks of `nbytes`) to every peer r, every peer's
-// load issued before the first store: ll_store's asm clobbers memory, so a load after it
-// is not moved above it, and one peer at a time cost a load's latency per peer (the
-// reduce-scatter trailed the all-reduce, which loads one line for all peers). Peers go in
-// the order rank + 1, rank + 2, ... as the per-peer loops do, so the ranks' first stores
-// land on different GPUs rather than all on rank 0 (at 4 ranks, peer order 0, 1, 2, 3 took
-// the 2 MiB reduce-scatter from 14.6 to 18.0 us). Indexed by step, not by peer, so the
-// lines stay in registers.
+// The peer a rank reaches at `step` (1 to nranks - 1) of a push to every peer: rank + 1,
+// rank + 2, ..., wrapping, so the ranks' first stores land on different GPUs.
 __device__ __forceinline__ int ll_peer_at(const CollectiveArgs& a, int step) {
   const int peer = a.rank + step;
   return peer < a.nranks ? peer : peer - a.nranks;
 }
 
+// Push line j of block r of `input` (n blocks of `nbytes`) to every peer r, every peer's
+// load issued before the first store: ll_store's asm clobbers memory, so a load after it
+// is not moved above it, and one peer at a time cost a load's latency per peer (the
+// reduce-scatter trailed the all-reduce, which loads one line for all peers). Peers in
+// ll_peer_at's order (in the order 0, 1, 2, 3 every rank's first store went to one GPU:
+// the 2 MiB reduce-scatter took 18.0 us at 4 ranks against 14.6). Lines are indexed by
+// step, not by peer, so they stay in registers.
 __device__ __forceinline__ void ll_push_blocks(const CollectiveArgs& a, const LLCall& call,
                                                const char* input, unsigned long long nbytes,
                                                unsigned long long j) {
