@@ -95,6 +95,15 @@ def test_the_probe_kernels_compile_to_cubin():
         assert entry.encode() in cubin
 
 
+def test_the_link_probe_kernels_compile_to_cubin():
+    """tools/link_probe.py's copies (one process, plain peer pointers)."""
+    source = Path(__file__).resolve().parents[2] / "tools" / "link_probe_kernels.cu"
+    cubin = compile_kernel_source(source, arch="sm_90")
+    assert _is_cubin(cubin)
+    for unroll in (2, 4, 8, 16):
+        assert f"probe_u{unroll}".encode() in cubin
+
+
 def test_compiled_kernels_are_cached(tmp_path):
     first = compile_kernel_source("barrier.cu")
     files = list((tmp_path / "cache").glob("barrier-*-sm_90-nvrtc*.cubin"))
