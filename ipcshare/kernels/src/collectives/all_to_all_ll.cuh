@@ -92,9 +92,10 @@ __device__ void all_to_all_ll(const CollectiveArgs& a) {
 //    read or any byte stored.
 // 3. Every block waits for every peer's row lines in our own buffer (all peers at once,
 //    thread w for word w) and builds our own row as we pushed it; thread 0 checks all n
-//    rows with read_split_rows' checks in their order (first_split_problem), then one
-//    more: no block between two ranks is larger than a slot. Every rank checks the same
-//    rows, so every rank finds the same first problem, records it and moves no byte.
+//    rows (first_ll_split_problem, split_checks.cuh): read_split_rows' checks in their
+//    order, then one more: no block between two ranks is larger than a slot. Every rank
+//    checks the same rows, so every rank finds the same first problem, records it and
+//    moves no byte.
 // 4. Receive offsets: the blocks land packed in source order (what ranks below s send
 //    us comes first). Thread i waits for lines R + i, R + i + stride, ... of every source
 //    whose block has that line, at once, and stores each at its place; our own block
@@ -162,14 +163,7 @@ __device__ void all_to_all_v_ll(const CollectiveArgs& a) {
   __syncthreads();
   if (!arrived) call.failed = true;
   if (!call.failed && threadIdx.x == 0) {
-    u64 problem = first_split_problem(rows, n);
-    // 4. (after read_split_rows' three) every block that travels fits a slot; a rank's
-    // block to itself never enters a slot. Counts are at least 0 and fit their inputs
-    // here, so the product does not overflow.
-    for (int q = 0; q < n && !problem; ++q)
-      for (int r = 0; r < n && !problem; ++r)
-        if (q != r && (unsigned long long)rows[q][r] * itemsize > capacity)
-          problem = (kSplitTooLargeForLL << 40) | ((u64)q << 32) | ((u64)r << 24);
+    const u64 problem = first_ll_split_problem(rows, n, itemsize, capacity);
     if (problem) {
       record_split_problem(a, problem, call.epoch);
       sound = 0;
