@@ -55,9 +55,11 @@ def test_the_model_s_constants_are_the_kernel_s():
     assert re.search(r"int split_row_words\(int n\) \{ return 2 \* n \+ 3; \}", _A2A)
     assert [split_row_words(n) for n in (1, 2, 8)] == [5, 7, 19]
     assert TOO_LARGE == SPLIT_TOO_LARGE_FOR_LL
-    # The kernel makes read_split_rows' checks (first_split_problem), then its own
-    # (first_ll_split_problem, compiled for the host below).
+    # The kernel makes read_split_rows' checks (first_split_problem), then its own: its
+    # warp's verdict, and the serial checks where the verdict finds a problem (both
+    # compiled for the host below).
     body = _A2A_LL[_A2A_LL.index("__device__ void all_to_all_v_ll("):]
+    assert "split_lane_finds_problem(rows, n, itemsize, capacity, lane, 32)" in body
     assert "first_ll_split_problem(rows, n, itemsize, capacity)" in body
     serial = _CHECKS[_CHECKS.index("u64 first_ll_split_problem("):]
     serial = serial[:serial.index("\n}\n")]

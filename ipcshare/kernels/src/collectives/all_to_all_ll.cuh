@@ -90,17 +90,22 @@ __device__ void all_to_all_ll(const CollectiveArgs& a) {
 //    before anyone waits for data).
 // 2. ll_check_digests, as in every LL kernel: a disagreeing call stops before any row is
 //    read or any byte stored.
-// 3. Every block waits for every peer's row lines in our own buffer (all peers at once,
-//    thread w for word w) and builds our own row as we pushed it; thread 0 checks all n
-//    rows (first_ll_split_problem, split_checks.cuh): read_split_rows' checks in their
-//    order, then one more: no block between two ranks is larger than a slot. Every rank
-//    checks the same rows, so every rank finds the same first problem, records it and
-//    moves no byte.
-// 4. Receive offsets: the blocks land packed in source order (what ranks below s send
-//    us comes first). Thread i waits for lines R + i, R + i + stride, ... of every source
-//    whose block has that line, at once, and stores each at its place; our own block
-//    goes from input to output directly. Block 0 fills output_splits where it is a
-//    device array.
+// 3. Warp 0 waits for every peer's row lines in our own buffer (all peers at once, lane
+//    w for word w) and builds our own row as we pushed it; its lanes share the checks
+//    (split_lane_finds_problem) and __any_sync gives the verdict, true exactly where the
+//    serial checks find a problem (split_checks.cuh; tests/unit/test_all_to_all_v_ll.py
+//    compares the two on the host). Only on a call that has one does lane 0 run the
+//    serial checks (first_ll_split_problem: read_split_rows' checks in their order, then
+//    one more: no block between two ranks is larger than a slot) and record the first
+//    problem: every rank checks the same rows, so every rank finds the same first
+//    problem, records it and moves no byte. The same warp computes the receive offsets
+//    (used only where the rows pass): the blocks land packed in source order, lane s
+//    sums what ranks below s send us, and a shuffle gives the most lines of any block.
+//    The rows are written and read by warp 0 alone (__syncwarp); one barrier hands the
+//    verdict and the offsets to the block.
+// 4. Thread i waits for lines R + i, R + i + stride, ... of every source whose block has
+//    that line, at once, and stores each at its place; our own block goes from input to
+//    output directly. Block 0 fills output_splits where it is a device array.
 //
 // Every line a sender writes us in a call we wait for in that call, except the data of a
 // call that a problem stopped (they carry that call's flag; ll_end's re-flagging writes
@@ -114,18 +119,32 @@ __device__ __forceinline__ unsigned long long all_to_all_v_ll_capacity(const Col
   return lines > taken ? (lines - taken) * ipcshare::kLinePayload : 0;
 }
 
+// The largest `v` of a warp's lanes 0 .. kMaxRanks - 1, in each of them (lanes past them
+// take no part).
+__device__ __forceinline__ unsigned long long rank_lanes_max(unsigned long long v) {
+#pragma unroll
+  for (int d = kMaxRanks / 2; d > 0; d >>= 1) {
+    const unsigned long long other = __shfl_xor_sync(0xffffffffu, v, d);
+    if (other > v) v = other;
+  }
+  return v;
+}
+
 __device__ void all_to_all_v_ll(const CollectiveArgs& a) {
+  static_assert(2 * kMaxRanks + 3 <= 32, "a split row's words are lanes of warp 0");
   const int n = a.nranks, me = a.rank, words = split_row_words(n);
   const unsigned long long itemsize = (unsigned long long)a.itemsize;
   const unsigned long long capacity = all_to_all_v_ll_capacity(a);
   const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
   const unsigned long long first = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
   const unsigned peers = ll_peers(a);
+  const bool warp0 = threadIdx.x < 32;
+  const int lane = threadIdx.x;  // in warp 0
   __shared__ long long sends[kMaxRanks], send_at[kMaxRanks];
   __shared__ SplitRow rows[kMaxRanks];
   __shared__ unsigned long long recv_at[kMaxRanks], recv_bytes[kMaxRanks], recv_lines;
-  __shared__ int arrived, sound;  // every row came; the rows pass the checks
-  if (threadIdx.x == 0) arrived = sound = 1;  // read_own_sends' barriers order it first
+  __shared__ int sound;  // every row came and the rows pass the checks
+  if (threadIdx.x == 0) sound = 1;  // read_own_sends' barriers order it first
   LLCall call = ll_begin(a);
   const bool own_ok = read_own_sends<true>(a, sends, send_at);
   // 1. Our row to every peer (block 0), then our blocks' lines.
@@ -148,42 +167,48 @@ __device__ void all_to_all_v_ll(const CollectiveArgs& a) {
   }
   // 2. The digests.
   ll_check_digests(a, call);
-  // 3. Every rank's row, and the checks.
-  if (!call.failed && threadIdx.x < words) {
-    rows[me][threadIdx.x] = split_row_word(a, sends, threadIdx.x);
-    u64 got[kMaxRanks];
-    if (peers != 0 && !ll_receive_all(a, call, threadIdx.x, peers, got)) {
-      atomicExch(&arrived, 0);  // a peer never came: recorded as late by ll_receive_all
-    } else {
+  // 3. Every rank's row, the verdict and the receive offsets, in warp 0.
+  if (!call.failed && warp0) {
+    bool came = true;
+    if (lane < words) {
+      rows[me][lane] = split_row_word(a, sends, lane);
+      u64 got[kMaxRanks];
+      if (peers != 0 && !ll_receive_all(a, call, lane, peers, got)) {
+        came = false;  // a peer never came: recorded as late by ll_receive_all
+      } else {
 #pragma unroll
-      for (int r = 0; r < kMaxRanks; ++r)
-        if ((peers >> r) & 1u) rows[r][threadIdx.x] = (long long)got[r];
-    }
-  }
-  __syncthreads();
-  if (!arrived) call.failed = true;
-  if (!call.failed && threadIdx.x == 0) {
-    const u64 problem = first_ll_split_problem(rows, n, itemsize, capacity);
-    if (problem) {
-      record_split_problem(a, problem, call.epoch);
-      sound = 0;
-    } else {
-      unsigned long long at = 0, most = 0;
-      for (int s = 0; s < n; ++s) {
-        const unsigned long long nbytes = (unsigned long long)rows[s][me] * itemsize;
-        recv_at[s] = at;
-        recv_bytes[s] = nbytes;
-        at += nbytes;
-        const unsigned long long lines = ipcshare::payload_lines(nbytes);
-        if (lines > most) most = lines;
+        for (int r = 0; r < kMaxRanks; ++r)
+          if ((peers >> r) & 1u) rows[r][lane] = (long long)got[r];
       }
-      recv_lines = most;
+    }
+    __syncwarp();  // the rows, to every lane
+    unsigned long long lines = 0;
+    if (lane < n) {  // where source `lane`'s block lands
+      unsigned long long at = 0;
+      for (int q = 0; q < lane; ++q) at += (unsigned long long)rows[q][me] * itemsize;
+      const unsigned long long nbytes = (unsigned long long)rows[lane][me] * itemsize;
+      recv_at[lane] = at;
+      recv_bytes[lane] = nbytes;
+      lines = ipcshare::payload_lines(nbytes);
+    }
+    lines = rank_lanes_max(lines);
+    if (lane == 0) recv_lines = lines;
+    const bool bad = split_lane_finds_problem(rows, n, itemsize, capacity, lane, 32);
+    if (!__all_sync(0xffffffffu, came)) {
+      if (lane == 0) sound = 0;
+    } else if (__any_sync(0xffffffffu, bad)) {
+      if (lane == 0) {
+        const u64 problem = first_ll_split_problem(rows, n, itemsize, capacity);
+        // The verdict is the serial checks': there is a problem to record.
+        if (problem) record_split_problem(a, problem, call.epoch);
+        sound = 0;
+      }
     }
   }
   __syncthreads();
   if (!sound) call.failed = true;
   if (!call.failed) fill_receive_splits(a, rows);
-  // 5. The blocks: every source's line j at once, then our own.
+  // 4. The blocks: every source's line j at once, then our own.
   const char* own_in = a.input + (unsigned long long)send_at[me] * itemsize;
   const bool own_in_aligned = ((unsigned long long)own_in & 7ull) == 0;
   for (unsigned long long j = first; !call.failed && j < recv_lines; j += stride) {
