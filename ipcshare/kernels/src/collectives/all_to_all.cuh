@@ -121,6 +121,31 @@ __device__ __forceinline__ bool read_own_sends(const CollectiveArgs& a, long lon
   return own_ok != 0;
 }
 
+// read_own_sends<true>'s checks and offsets in one warp, with no barrier: called by every
+// lane of a warp, lane r < n holding this rank's input_splits[r] in `mine` (own_send_split,
+// read by the caller as early as it may). Returns, the same on every lane, whether the
+// sends are at least 0 and they and their sum fit the input; `at` gets where lane r's
+// block starts in the input (elements). The prefix sum is a shuffle scan over the first
+// kMaxRanks lanes, in unsigned arithmetic: the same bits as read_own_sends' serial sum,
+// which skips counts below 0 as this does.
+__device__ __forceinline__ bool warp_own_sends(const CollectiveArgs& a, long long mine,
+                                               unsigned long long& at) {
+  const int lane = threadIdx.x & 31;
+  const bool here = lane < a.nranks;
+  const bool wrong = here && (mine < 0 || (unsigned long long)mine > a.count);
+  const unsigned long long own = here && mine > 0 ? (unsigned long long)mine : 0;
+  unsigned long long upto = own;  // inclusive
+#pragma unroll
+  for (int d = 1; d < kMaxRanks; d <<= 1) {
+    const unsigned long long below = __shfl_up_sync(0xffffffffu, upto, d);
+    if (lane >= d) upto += below;
+  }
+  at = upto - own;
+  // Lanes n..kMaxRanks - 1 add 0: the last of them holds the sum of all n.
+  const unsigned long long total = __shfl_sync(0xffffffffu, upto, kMaxRanks - 1);
+  return !__any_sync(0xffffffffu, wrong) && total <= a.count;
+}
+
 // Block 0 fills the receive_splits device array, where given, with the counts each rank
 // sends this one (checked rows).
 __device__ __forceinline__ void fill_receive_splits(const CollectiveArgs& a,

@@ -82,12 +82,24 @@ __device__ void all_to_all_ll(const CollectiveArgs& a) {
 // which every rank has alike (a block past it is pushed nowhere, and every rank finds it
 // in the rows: kSplitTooLargeForLL).
 //
-// 1. Every block reads our sends (a prefix sum gives where each block starts in the
-//    input). Block 0 alone pushes our row to every peer (R lines, a thread a word): the
-//    rows are 19 lines at most, and pushed by every block they would cost 128 times the
-//    NVLink stores for nothing. Every thread pushes its lines of each peer's block whose
-//    block fits a slot, if our sends are sound (a row that is not stops every rank below
-//    before anyone waits for data).
+// Warp 0 of every block does the per-call bookkeeping (a row is 19 words at most, a lane
+// a word), and the block meets at two barriers of its own besides ll_check_digests' and
+// ll_end's: a thread-0 pass over the rows with a barrier on each side cost ~2.5 us a call
+// at 4 ranks, and read_own_sends' loads after ll_begin's stores, two barriers and a
+// thread-0 prefix loop ~0.7 us (estimates from the 4-H200 timings of 2026-11-28: the
+// kernel took 11.9-13 us up to 128 KiB a rank against 5.1-5.6 for the even one).
+//
+// 0. Warp 0 loads our sends (lane r: input_splits[r]) before ll_begin, so the loads are
+//    in flight while the call begins (ll_begin's digest stores are asm that clobbers
+//    memory: a load after them is issued after them); checks and sums them with a shuffle
+//    scan (warp_own_sends, read_own_sends' checks); and writes, for each peer, where its
+//    block starts and the bytes pushed to it (none where it is past a slot, or where our
+//    sends are not sound: a row that is not stops every rank in 3 before anyone waits for
+//    data). Block 0's warp 0 pushes our row to every peer (R lines, lane w word w) from
+//    its registers: pushed by every block the rows would cost 128 times the NVLink stores
+//    for nothing. One barrier.
+// 1. Every thread pushes its lines j of each peer's block, peer after peer in the order
+//    rank + 1, rank + 2, ... (ll_peer_at).
 // 2. ll_check_digests, as in every LL kernel: a disagreeing call stops before any row is
 //    read or any byte stored.
 // 3. Warp 0 waits for every peer's row lines in our own buffer (all peers at once, lane
@@ -140,30 +152,45 @@ __device__ void all_to_all_v_ll(const CollectiveArgs& a) {
   const unsigned peers = ll_peers(a);
   const bool warp0 = threadIdx.x < 32;
   const int lane = threadIdx.x;  // in warp 0
-  __shared__ long long sends[kMaxRanks], send_at[kMaxRanks];
+  __shared__ long long sends[kMaxRanks];
+  // Per destination: where its block starts in the input (bytes), and the bytes pushed to
+  // it (0: none).
+  __shared__ unsigned long long send_from[kMaxRanks], push_bytes[kMaxRanks];
   __shared__ SplitRow rows[kMaxRanks];
   __shared__ unsigned long long recv_at[kMaxRanks], recv_bytes[kMaxRanks], recv_lines;
   __shared__ int sound;  // every row came and the rows pass the checks
-  if (threadIdx.x == 0) sound = 1;  // read_own_sends' barriers order it first
+  // 0. Our sends, loaded before the call begins, then checked and summed.
+  const long long mine = threadIdx.x < n ? own_send_split(a, threadIdx.x) : 0;
   LLCall call = ll_begin(a);
-  const bool own_ok = read_own_sends<true>(a, sends, send_at);
-  // 1. Our row to every peer (block 0), then our blocks' lines.
-  if (blockIdx.x == 0 && threadIdx.x < words) {
-    const u64 word = (u64)split_row_word(a, sends, threadIdx.x);
-    for (int step = 1; step < n; ++step)
-      ll_push_to(a, call, (me + step) % n, threadIdx.x, word);
-  }
-  if (own_ok) {
-    for (int step = 1; step < n; ++step) {
-      const int peer = (me + step) % n;
-      const unsigned long long nbytes = (unsigned long long)sends[peer] * itemsize;
-      if (nbytes > capacity) continue;  // never past a slot: the rows stop every rank
-      const char* sent = a.input + (unsigned long long)send_at[peer] * itemsize;
-      const bool aligned = ((unsigned long long)sent & 7ull) == 0;
-      const unsigned long long lines = ipcshare::payload_lines(nbytes);
-      for (unsigned long long j = first; j < lines; j += stride)
-        ll_push_to(a, call, peer, words + j, ipcshare::load_payload(sent, j, nbytes, aligned));
+  if (warp0) {
+    unsigned long long at;
+    const bool own_ok = warp_own_sends(a, mine, at);
+    if (lane < n) {
+      const unsigned long long nbytes = (unsigned long long)mine * itemsize;
+      // Never past a slot: the rows stop every rank. (Sound sends fit the input, so the
+      // product does not overflow.)
+      const bool pushed = own_ok && lane != me && nbytes <= capacity;
+      sends[lane] = mine;
+      send_from[lane] = at * itemsize;
+      push_bytes[lane] = pushed ? nbytes : 0;
     }
+    if (lane == 0) sound = 1;
+    // Our row to every peer (block 0); words past the sends do not read `sends`.
+    if (blockIdx.x == 0 && lane < words) {
+      const u64 word = (u64)(lane < n ? mine : split_row_word(a, sends, lane));
+      for (int step = 1; step < n; ++step) ll_push_to(a, call, ll_peer_at(a, step), lane, word);
+    }
+  }
+  __syncthreads();
+  // 1. Our blocks' lines, one peer at a time.
+  for (int step = 1; step < n; ++step) {
+    const int peer = ll_peer_at(a, step);
+    const unsigned long long nbytes = push_bytes[peer];
+    const char* sent = a.input + send_from[peer];
+    const bool aligned = ((unsigned long long)sent & 7ull) == 0;
+    const unsigned long long lines = ipcshare::payload_lines(nbytes);
+    for (unsigned long long j = first; j < lines; j += stride)
+      ll_push_to(a, call, peer, words + j, ipcshare::load_payload(sent, j, nbytes, aligned));
   }
   // 2. The digests.
   ll_check_digests(a, call);
@@ -209,7 +236,7 @@ __device__ void all_to_all_v_ll(const CollectiveArgs& a) {
   if (!sound) call.failed = true;
   if (!call.failed) fill_receive_splits(a, rows);
   // 4. The blocks: every source's line j at once, then our own.
-  const char* own_in = a.input + (unsigned long long)send_at[me] * itemsize;
+  const char* own_in = a.input + send_from[me];
   const bool own_in_aligned = ((unsigned long long)own_in & 7ull) == 0;
   for (unsigned long long j = first; !call.failed && j < recv_lines; j += stride) {
     unsigned sources = 0;
