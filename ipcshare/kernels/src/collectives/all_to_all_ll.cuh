@@ -98,8 +98,12 @@ __device__ void all_to_all_ll(const CollectiveArgs& a) {
 //    data). Block 0's warp 0 pushes our row to every peer (R lines, lane w word w) from
 //    its registers: pushed by every block the rows would cost 128 times the NVLink stores
 //    for nothing. One barrier.
-// 1. Every thread pushes its lines j of each peer's block, peer after peer in the order
-//    rank + 1, rank + 2, ... (ll_peer_at).
+// 1. Every thread pushes its lines j of each peer's block, every peer's line j loaded
+//    before the first is stored, as ll_push_blocks does (ll_store's asm clobbers memory,
+//    so a load after a store is issued after it: one peer at a time cost a load's latency
+//    per peer, ~1.2 us at 4 ranks by the same estimate), peers in the order rank + 1,
+//    rank + 2, ... (ll_peer_at), lines indexed by step so they stay in registers. A peer
+//    whose block has no line j gets none.
 // 2. ll_check_digests, as in every LL kernel: a disagreeing call stops before any row is
 //    read or any byte stored.
 // 3. Warp 0 waits for every peer's row lines in our own buffer (all peers at once, lane
@@ -154,8 +158,8 @@ __device__ void all_to_all_v_ll(const CollectiveArgs& a) {
   const int lane = threadIdx.x;  // in warp 0
   __shared__ long long sends[kMaxRanks];
   // Per destination: where its block starts in the input (bytes), and the bytes pushed to
-  // it (0: none).
-  __shared__ unsigned long long send_from[kMaxRanks], push_bytes[kMaxRanks];
+  // it (0: none); the most lines of any block pushed.
+  __shared__ unsigned long long send_from[kMaxRanks], push_bytes[kMaxRanks], push_lines;
   __shared__ SplitRow rows[kMaxRanks];
   __shared__ unsigned long long recv_at[kMaxRanks], recv_bytes[kMaxRanks], recv_lines;
   __shared__ int sound;  // every row came and the rows pass the checks
@@ -165,6 +169,7 @@ __device__ void all_to_all_v_ll(const CollectiveArgs& a) {
   if (warp0) {
     unsigned long long at;
     const bool own_ok = warp_own_sends(a, mine, at);
+    unsigned long long lines = 0;
     if (lane < n) {
       const unsigned long long nbytes = (unsigned long long)mine * itemsize;
       // Never past a slot: the rows stop every rank. (Sound sends fit the input, so the
@@ -173,8 +178,13 @@ __device__ void all_to_all_v_ll(const CollectiveArgs& a) {
       sends[lane] = mine;
       send_from[lane] = at * itemsize;
       push_bytes[lane] = pushed ? nbytes : 0;
+      lines = pushed ? ipcshare::payload_lines(nbytes) : 0;
     }
-    if (lane == 0) sound = 1;
+    lines = rank_lanes_max(lines);
+    if (lane == 0) {
+      push_lines = lines;
+      sound = 1;
+    }
     // Our row to every peer (block 0); words past the sends do not read `sends`.
     if (blockIdx.x == 0 && lane < words) {
       const u64 word = (u64)(lane < n ? mine : split_row_word(a, sends, lane));
@@ -182,15 +192,24 @@ __device__ void all_to_all_v_ll(const CollectiveArgs& a) {
     }
   }
   __syncthreads();
-  // 1. Our blocks' lines, one peer at a time.
-  for (int step = 1; step < n; ++step) {
-    const int peer = ll_peer_at(a, step);
-    const unsigned long long nbytes = push_bytes[peer];
-    const char* sent = a.input + send_from[peer];
-    const bool aligned = ((unsigned long long)sent & 7ull) == 0;
-    const unsigned long long lines = ipcshare::payload_lines(nbytes);
-    for (unsigned long long j = first; j < lines; j += stride)
-      ll_push_to(a, call, peer, words + j, ipcshare::load_payload(sent, j, nbytes, aligned));
+  // 1. Our blocks' lines: line j of every peer's block loaded, then pushed.
+  for (unsigned long long j = first; j < push_lines; j += stride) {
+    u64 line[kMaxRanks];
+    unsigned has = 0;  // a bit per step
+#pragma unroll
+    for (int step = 1; step < kMaxRanks; ++step) {
+      if (step >= n) continue;
+      const int peer = ll_peer_at(a, step);
+      const unsigned long long nbytes = push_bytes[peer];
+      if (j >= ipcshare::payload_lines(nbytes)) continue;  // its block has no line j
+      const char* block = a.input + send_from[peer];
+      line[step] = ipcshare::load_payload(block, j, nbytes,
+                                          ((unsigned long long)block & 7ull) == 0);
+      has |= 1u << step;
+    }
+#pragma unroll
+    for (int step = 1; step < kMaxRanks; ++step)
+      if ((has >> step) & 1u) ll_push_to(a, call, ll_peer_at(a, step), words + j, line[step]);
   }
   // 2. The digests.
   ll_check_digests(a, call);
