@@ -18,7 +18,7 @@ __all__ = ["GpuSplits", "in_device_memory", "device_splits", "SPLITS_PROBLEM",
 
 _SPLIT_DTYPES = {"int32": 4, "int64": 8}
 # The error word's top 16 bits when the kernel found the splits wrong (kSplitsProblem in
-# all_to_all.cuh); then the problem (8 bits), two ranks (8 bits each), the call (24 bits).
+# split_checks.cuh); then the problem (8 bits), two ranks (8 bits each), the call (24 bits).
 SPLITS_PROBLEM = 0xFFFE
 # The problem algo='ll' adds to pull's four (kSplitTooLargeForLL): a block past an LL slot.
 SPLIT_TOO_LARGE_FOR_LL = 5

@@ -1,12 +1,17 @@
 """The LL all-to-all-v without a GPU: a numpy model of what all_to_all_v_ll
 (kernels/src/collectives/all_to_all_ll.cuh) pushes into each slot, which first problem
 every rank finds in the split rows, and where the received blocks land, run on random
-split matrices and windows; and the host half (algorithms/gpu_all_to_all_ll.py): the
-grid, the registry, the error it spells. Line sizes, row words and problem codes are read
-from the kernel's headers, so the model cannot drift from them unnoticed."""
+split matrices and windows; the kernel's own split checks (split_checks.cuh, compiled for
+the host): its serial checks find the model's first problem, and its parallel verdict (a
+warp's lanes' shares) is true exactly where they find one; and the host half
+(algorithms/gpu_all_to_all_ll.py): the grid, the registry, the error it spells. Line
+sizes, row words and problem codes are read from the kernel's headers, so the model cannot
+drift from them unnoticed."""
 
 from __future__ import annotations
 
+import ctypes
+import random
 import re
 import types
 from pathlib import Path
@@ -23,11 +28,13 @@ from ipcshare.collectives.algorithms.gpu_all_to_all_ll import all_to_all_v_block
 from ipcshare.collectives.algorithms.gpu_kernel import MAX_BLOCKS, THREADS, GpuCall
 from ipcshare.collectives.scratch import LL_MAX_BYTES, ScratchLayout, split_row_words
 from ipcshare.collectives.split_args import SPLIT_TOO_LARGE_FOR_LL, SPLITS_PROBLEM, splits_problem
+from tests.host_kernels import build_for_host
 
 _SOURCES = Path(ipcshare.kernels.__file__).parent
 _LL = (_SOURCES / "include" / "ipcshare" / "ll.cuh").read_text()
 _A2A = (_SOURCES / "src" / "collectives" / "all_to_all.cuh").read_text()
 _A2A_LL = (_SOURCES / "src" / "collectives" / "all_to_all_ll.cuh").read_text()
+_CHECKS = (_SOURCES / "src" / "collectives" / "split_checks.cuh").read_text()
 
 
 def _constant(text: str, kind: str, name: str) -> int:
@@ -39,7 +46,7 @@ def _constant(text: str, kind: str, name: str) -> int:
 LINE_BYTES = _constant(_LL, "int", "kLineBytes")
 PAYLOAD = _constant(_LL, "int", "kLinePayload")
 NEGATIVE, SENDS, RECEIVES, MISMATCH, TOO_LARGE = (
-    _constant(_A2A, "u64", name) for name in ("kSplitNegative", "kSplitSendsTooMany",
+    _constant(_CHECKS, "u64", name) for name in ("kSplitNegative", "kSplitSendsTooMany",
                                               "kSplitReceivesTooMany", "kSplitMismatch",
                                               "kSplitTooLargeForLL"))
 
@@ -48,9 +55,15 @@ def test_the_model_s_constants_are_the_kernel_s():
     assert re.search(r"int split_row_words\(int n\) \{ return 2 \* n \+ 3; \}", _A2A)
     assert [split_row_words(n) for n in (1, 2, 8)] == [5, 7, 19]
     assert TOO_LARGE == SPLIT_TOO_LARGE_FOR_LL
-    # The kernel makes read_split_rows' checks (first_split_problem), then its own.
+    # The kernel makes read_split_rows' checks (first_split_problem), then its own: its
+    # warp's verdict, and the serial checks where the verdict finds a problem (both
+    # compiled for the host below).
     body = _A2A_LL[_A2A_LL.index("__device__ void all_to_all_v_ll("):]
-    assert body.index("first_split_problem(rows, n)") < body.index("kSplitTooLargeForLL")
+    assert "split_lane_finds_problem(rows, n, itemsize, capacity, lane, 32)" in body
+    assert "first_ll_split_problem(rows, n, itemsize, capacity)" in body
+    serial = _CHECKS[_CHECKS.index("u64 first_ll_split_problem("):]
+    serial = serial[:serial.index("\n}\n")]
+    assert serial.index("first_split_problem(rows, n)") < serial.index("kSplitTooLargeForLL")
     read = _A2A[_A2A.index("bool read_split_rows("):]
     assert "first_split_problem(rows, n)" in read[:read.index("\n}\n")]
 
@@ -235,6 +248,150 @@ def test_a_block_one_byte_past_the_slot_is_the_problem_every_rank_finds():
         rows = [_row(m[q], [m[p][q] + (q == 1) for p in range(n)], capacity + 1,
                      capacity + 2) for q in range(n)]
         assert _first_problem(rows, 1, capacity)[0] == MISMATCH
+
+
+# -- the kernel's split checks, compiled for the host ------------------------------------
+
+_CHECKS_SHIM = r"""
+#include "collectives/split_checks.cuh"
+typedef long long Row[2 * 8 + 3];
+extern "C" {
+// rows: n rows of 2n + 3 words each, packed. serial: first_ll_split_problem's word;
+// returns whether some lane of `lanes` finds a problem (the kernel's warp: 32).
+int verdicts(const long long* packed, int n, u64 itemsize, u64 capacity, int lanes,
+             u64* serial) {
+  Row rows[8];
+  for (int q = 0; q < n; ++q)
+    for (int w = 0; w < 2 * n + 3; ++w) rows[q][w] = packed[q * (2 * n + 3) + w];
+  *serial = first_ll_split_problem(rows, n, itemsize, capacity);
+  bool any = false;
+  for (int lane = 0; lane < lanes; ++lane)
+    any |= split_lane_finds_problem(rows, n, itemsize, capacity, lane, lanes);
+  return any;
+}
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def checks(tmp_path_factory):
+    """split_checks.cuh's functions, compiled for this host."""
+    return build_for_host(tmp_path_factory.mktemp("checks"), _CHECKS_SHIM,
+                          "the kernel's split checks")
+
+
+def _kernel_checks(checks, rows, itemsize, capacity, lanes=32):
+    """(first_ll_split_problem as the model spells it, the lanes' verdict)."""
+    packed = [word for row in rows for word in row]
+    serial = ctypes.c_ulonglong()
+    found = checks.verdicts((ctypes.c_longlong * len(packed))(*packed), len(rows),
+                            ctypes.c_ulonglong(itemsize), ctypes.c_ulonglong(capacity),
+                            lanes, ctypes.byref(serial))
+    word = serial.value
+    problem = None if word == 0 else ((word >> 40) & 0xFF, (word >> 32) & 0xFF,
+                                      (word >> 24) & 0xFF)
+    return problem, bool(found)
+
+
+def _random_rows(rng: random.Random) -> tuple[list[list[int]], int, int]:
+    """Split rows of 1 to 8 ranks, right or wrong in one or more of the checks' ways
+    (counts below 0 or past the input, sums past the input or the output, expectations
+    that differ, blocks past or exactly at the slot, a rank's own block past it), with
+    an itemsize and a slot capacity."""
+    n = rng.randint(1, 8)
+    itemsize = rng.choice([1, 2, 4, 8])
+    m = [[rng.choice([0, 0, 1, 7, rng.randint(0, 40)]) for _ in range(n)] for _ in range(n)]
+    capacity = itemsize * rng.choice([0, 8, 39, 40, rng.randint(0, 40), 1 << 20])
+    counts = [sum(row) + rng.choice([0, 0, 1, 5]) for row in m]
+    outs = [sum(m[q][r] for q in range(n)) + rng.choice([0, 0, 2]) for r in range(n)]
+    expects = [[m[q][r] for q in range(n)] if rng.random() < 0.5 else None for r in range(n)]
+    for _ in range(rng.choice([0, 0, 1, 1, 2, 3])):
+        a, b = rng.randrange(n), rng.randrange(n)
+        fault = rng.choice(["negative", "past", "sends", "receives", "mismatch", "slot",
+                            "own", "edge"])
+        if fault == "negative":
+            m[a][b] = -rng.randint(1, 3)
+        elif fault == "past":
+            m[a][b] = counts[a] + rng.randint(1, 3)
+        elif fault == "sends":
+            counts[a] = max(0, sum(m[a]) - rng.randint(1, 3))
+        elif fault == "receives":
+            outs[a] = max(0, sum(m[q][a] for q in range(n)) - rng.randint(1, 3))
+        elif fault == "mismatch":
+            expects[a] = [m[q][a] for q in range(n)]
+            expects[a][b] += rng.choice([-1, 1])
+        elif fault == "slot" and a != b:
+            m[a][b] = capacity // itemsize + 1
+            counts[a] = max(counts[a], sum(m[a]))
+        elif fault == "own":
+            m[a][a] = capacity // itemsize + rng.randint(1, 3)
+            counts[a] = max(counts[a], sum(max(c, 0) for c in m[a]))
+            outs[a] = max(outs[a], sum(m[q][a] for q in range(n)))
+        else:   # right to the last element: sums equal to what the arrays hold
+            counts[a] = sum(m[a])
+            outs[b] = sum(m[q][b] for q in range(n))
+    rows = [_row(m[q], expects[q], counts[q], outs[q]) for q in range(n)]
+    return rows, itemsize, capacity
+
+
+def test_the_warp_s_verdict_is_the_serial_checks_and_they_find_the_model_s_problem(checks):
+    """all_to_all_v_ll tells whether a call's rows hold a problem by a warp's vote, each
+    lane making a share of the checks, and runs the serial checks (which name the first
+    problem, the one every rank records) only where the vote says so: the vote must be
+    true exactly where the serial checks find a problem, and they the model's first
+    problem, on every kind of row and 1 to 8 ranks (n x n up to 64 pairs: two a lane)."""
+    rng = random.Random(2026_11_29)
+    found = {}
+    for case in range(4000):
+        rows, itemsize, capacity = _random_rows(rng)
+        problem, vote = _kernel_checks(checks, rows, itemsize, capacity)
+        assert problem == _first_problem(rows, itemsize, capacity), (case, rows)
+        assert vote == (problem is not None), (case, rows, itemsize, capacity, problem)
+        if case % 10 == 0:   # other lane counts cut the pairs otherwise
+            for lanes in (1, 3, 64):
+                assert _kernel_checks(checks, rows, itemsize, capacity, lanes)[1] == vote
+        found[None if problem is None else problem[0]] = found.get(
+            None if problem is None else problem[0], 0) + 1
+    # Every problem came up often, and so did rows without one.
+    assert set(found) == {None, NEGATIVE, SENDS, RECEIVES, MISMATCH, TOO_LARGE}, found
+    assert min(found.values()) >= 100, found
+
+
+def test_the_warp_s_verdict_on_edge_rows(checks):
+    """One rank; every count 0; blocks exactly at a slot and one element past it; a
+    rank's own block past it; an empty slot; sums exactly what the arrays hold and one
+    element past; an expectation off by one in the last pair of 8 ranks."""
+    def verdict(m, itemsize=1, capacity=64, counts=None, outs=None, expects=None):
+        n = len(m)
+        counts = counts or [sum(row) for row in m]
+        outs = outs or [sum(m[q][r] for q in range(n)) for r in range(n)]
+        expects = expects or [None] * n
+        rows = [_row(m[q], expects[q], counts[q], outs[q]) for q in range(n)]
+        problem, vote = _kernel_checks(checks, rows, itemsize, capacity)
+        assert problem == _first_problem(rows, itemsize, capacity)
+        assert vote == (problem is not None)
+        return problem
+
+    assert verdict([[0]]) is None
+    assert verdict([[1 << 30]], capacity=0) is None          # to itself: never a slot
+    assert verdict([[-1]]) == (NEGATIVE, 0, 0)
+    for n in range(1, 9):
+        assert verdict([[0] * n for _ in range(n)], capacity=0) is None
+    assert verdict([[0, 8], [8, 0]], itemsize=8, capacity=64) is None
+    assert verdict([[0, 9], [8, 0]], itemsize=8, capacity=64) == (TOO_LARGE, 0, 1)
+    assert verdict([[0, 8], [9, 0]], itemsize=8, capacity=64) == (TOO_LARGE, 1, 0)
+    assert verdict([[0, 1], [0, 0]], capacity=0) == (TOO_LARGE, 0, 1)
+    assert verdict([[5, 3], [2, 4]], counts=[8, 5]) == (SENDS, 1, 0)
+    assert verdict([[5, 3], [2, 4]], counts=[8, 6], outs=[7, 7]) is None
+    assert verdict([[5, 3], [2, 4]], counts=[8, 6], outs=[7, 6]) == (RECEIVES, 1, 0)
+    m = [[r + q for r in range(8)] for q in range(8)]
+    expects = [[m[q][r] for q in range(8)] for r in range(8)]
+    assert verdict(m, capacity=1 << 10, expects=expects) is None
+    expects[7][7] += 1
+    assert verdict(m, capacity=1 << 10, expects=expects) == (MISMATCH, 7, 7)
+    expects[7][7] -= 1
+    m[7][6] = -1   # a negative count's sums are off too: the count is what is named
+    assert verdict(m, capacity=1 << 10, counts=[100] * 8, outs=[100] * 8) == (NEGATIVE, 7, 6)
 
 
 def test_the_new_problem_is_spelled_with_what_to_do():

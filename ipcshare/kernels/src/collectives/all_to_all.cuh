@@ -13,11 +13,12 @@
 // (splits_inline[0]). Every block writes this rank's split row (its sends, the receives
 // it expects where the host gave them, and what its arrays hold) into its window's splits
 // area of the call's parity before it signals, so each peer reads a whole row after the
-// barrier. Every rank then reads every row and checks all of them in one fixed order:
-// every rank finds the same first problem, records it in its error word and moves no
-// byte, so synchronize() raises the same error on every rank and no rank reads or writes
-// past an array. Where a device array was given for the receives, block 0 fills it with
-// the counts that came (no host copy needed to size the next step).
+// barrier. Every rank then reads every row and checks all of them in one fixed order
+// (first_split_problem, split_checks.cuh): every rank finds the same first problem,
+// records it in its error word and moves no byte, so synchronize() raises the same error
+// on every rank and no rank reads or writes past an array. Where a device array was
+// given for the receives, block 0 fills it with the counts that came (no host copy needed
+// to size the next step).
 //
 // In place (all-to-all): block b writes slice b of output segment q only after it has
 // staged slice b of input segment q itself, so a staged input may be the output. An
@@ -27,17 +28,7 @@
 #pragma once
 
 #include "collectives/call.cuh"
-
-// Error-word codes of all-to-all-v's split checks: the code in the top 16 bits, the
-// problem (kSplit*) in the next 8, then two ranks (8 bits each) and the call's epoch in
-// the low 24 bits. collectives/split_args.py spells them.
-constexpr u64 kSplitsProblem = 0xFFFEull << 48;
-constexpr u64 kSplitNegative = 1;         // rank a's input_splits[b] < 0
-constexpr u64 kSplitSendsTooMany = 2;     // rank a's input_splits add up past its input
-constexpr u64 kSplitReceivesTooMany = 3;  // rank a receives more than its output holds
-constexpr u64 kSplitMismatch = 4;         // rank a's output_splits[b] != rank b's input_splits[a]
-constexpr u64 kSplitTooLargeForLL = 5;    // all_to_all_v_ll: rank a sends rank b more bytes
-                                          // than an LL slot holds
+#include "collectives/split_checks.cuh"  // the problem codes, first_split_problem
 
 // Words of a rank's split row in the splits area (ScratchLayout.splits_offset).
 __device__ __forceinline__ int split_row_words(int n) { return 2 * n + 3; }
@@ -72,41 +63,6 @@ __device__ __forceinline__ void publish_split_row(const CollectiveArgs& a, int p
   long long* row = reinterpret_cast<long long*>(a.windows[a.rank] + a.splits_offset[parity]);
   for (int w = threadIdx.x; w < split_row_words(a.nranks); w += blockDim.x)
     row[w] = split_row_word(a, sends, w);
-}
-
-// The first problem of every rank's rows, in one fixed order (0: none), as the error
-// word's bits 24-47 hold it: every rank that checks the same rows finds the same one.
-// all_to_all_v_ll (all_to_all_ll.cuh) makes these checks and one more of its own after
-// them. Run by one thread.
-__device__ __forceinline__ u64 first_split_problem(const SplitRow* rows, int n) {
-  u64 problem = 0;
-  // 1. every row's counts are at least 0 and fit its sender's input
-  for (int q = 0; q < n && !problem; ++q) {
-    long long total = 0;
-    for (int r = 0; r < n && !problem; ++r) {
-      if (rows[q][r] < 0) problem = (kSplitNegative << 40) | ((u64)q << 32) | ((u64)r << 24);
-      // One count past the input is enough (and keeps the sum from overflowing).
-      else if (rows[q][r] > rows[q][2 * n + 1])
-        problem = (kSplitSendsTooMany << 40) | ((u64)q << 32);
-      total += rows[q][r];
-    }
-    if (!problem && total > rows[q][2 * n + 1])
-      problem = (kSplitSendsTooMany << 40) | ((u64)q << 32);
-  }
-  // 2. what each rank receives fits its output
-  for (int r = 0; r < n && !problem; ++r) {
-    long long total = 0;
-    for (int q = 0; q < n; ++q) total += rows[q][r];
-    if (total > rows[r][2 * n + 2]) problem = (kSplitReceivesTooMany << 40) | ((u64)r << 32);
-  }
-  // 3. where a rank said what it expects, it is what is sent
-  for (int r = 0; r < n && !problem; ++r) {
-    if (!rows[r][2 * n]) continue;
-    for (int q = 0; q < n && !problem; ++q)
-      if (rows[r][n + q] != rows[q][r])
-        problem = (kSplitMismatch << 40) | ((u64)r << 32) | ((u64)q << 24);
-  }
-  return problem;
 }
 
 // Record a splits problem of the call of `epoch` in this rank's error word (the first
@@ -163,6 +119,31 @@ __device__ __forceinline__ bool read_own_sends(const CollectiveArgs& a, long lon
   }
   __syncthreads();
   return own_ok != 0;
+}
+
+// read_own_sends<true>'s checks and offsets in one warp, with no barrier: called by every
+// lane of a warp, lane r < n holding this rank's input_splits[r] in `mine` (own_send_split,
+// read by the caller as early as it may). Returns, the same on every lane, whether the
+// sends are at least 0 and they and their sum fit the input; `at` gets where lane r's
+// block starts in the input (elements). The prefix sum is a shuffle scan over the first
+// kMaxRanks lanes, in unsigned arithmetic: the same bits as read_own_sends' serial sum,
+// which skips counts below 0 as this does.
+__device__ __forceinline__ bool warp_own_sends(const CollectiveArgs& a, long long mine,
+                                               unsigned long long& at) {
+  const int lane = threadIdx.x & 31;
+  const bool here = lane < a.nranks;
+  const bool wrong = here && (mine < 0 || (unsigned long long)mine > a.count);
+  const unsigned long long own = here && mine > 0 ? (unsigned long long)mine : 0;
+  unsigned long long upto = own;  // inclusive
+#pragma unroll
+  for (int d = 1; d < kMaxRanks; d <<= 1) {
+    const unsigned long long below = __shfl_up_sync(0xffffffffu, upto, d);
+    if (lane >= d) upto += below;
+  }
+  at = upto - own;
+  // Lanes n..kMaxRanks - 1 add 0: the last of them holds the sum of all n.
+  const unsigned long long total = __shfl_sync(0xffffffffu, upto, kMaxRanks - 1);
+  return !__any_sync(0xffffffffu, wrong) && total <= a.count;
 }
 
 // Block 0 fills the receive_splits device array, where given, with the counts each rank

@@ -82,24 +82,46 @@ __device__ void all_to_all_ll(const CollectiveArgs& a) {
 // which every rank has alike (a block past it is pushed nowhere, and every rank finds it
 // in the rows: kSplitTooLargeForLL).
 //
-// 1. Every block reads our sends (a prefix sum gives where each block starts in the
-//    input). Block 0 alone pushes our row to every peer (R lines, a thread a word): the
-//    rows are 19 lines at most, and pushed by every block they would cost 128 times the
-//    NVLink stores for nothing. Every thread pushes its lines of each peer's block whose
-//    block fits a slot, if our sends are sound (a row that is not stops every rank below
-//    before anyone waits for data).
+// Warp 0 of every block does the per-call bookkeeping (a row is 19 words at most, a lane
+// a word), and the block meets at two barriers of its own besides ll_check_digests' and
+// ll_end's: a thread-0 pass over the rows with a barrier on each side cost ~2.5 us a call
+// at 4 ranks, and read_own_sends' loads after ll_begin's stores, two barriers and a
+// thread-0 prefix loop ~0.7 us (estimates from the 4-H200 timings of 2026-11-28: the
+// kernel took 11.9-13 us up to 128 KiB a rank against 5.1-5.6 for the even one).
+//
+// 0. Warp 0 loads our sends (lane r: input_splits[r]) before ll_begin, so the loads are
+//    in flight while the call begins (ll_begin's digest stores are asm that clobbers
+//    memory: a load after them is issued after them); checks and sums them with a shuffle
+//    scan (warp_own_sends, read_own_sends' checks); and writes, for each peer, where its
+//    block starts and the bytes pushed to it (none where it is past a slot, or where our
+//    sends are not sound: a row that is not stops every rank in 3 before anyone waits for
+//    data). Block 0's warp 0 pushes our row to every peer (R lines, lane w word w) from
+//    its registers: pushed by every block the rows would cost 128 times the NVLink stores
+//    for nothing. One barrier.
+// 1. Every thread pushes its lines j of each peer's block, every peer's line j loaded
+//    before the first is stored, as ll_push_blocks does (ll_store's asm clobbers memory,
+//    so a load after a store is issued after it: one peer at a time cost a load's latency
+//    per peer, ~1.2 us at 4 ranks by the same estimate), peers in the order rank + 1,
+//    rank + 2, ... (ll_peer_at), lines indexed by step so they stay in registers. A peer
+//    whose block has no line j gets none.
 // 2. ll_check_digests, as in every LL kernel: a disagreeing call stops before any row is
 //    read or any byte stored.
-// 3. Every block waits for every peer's row lines in our own buffer (all peers at once,
-//    thread w for word w) and builds our own row as we pushed it; thread 0 checks all n
-//    rows with read_split_rows' checks in their order (first_split_problem), then one
-//    more: no block between two ranks is larger than a slot. Every rank checks the same
-//    rows, so every rank finds the same first problem, records it and moves no byte.
-// 4. Receive offsets: the blocks land packed in source order (what ranks below s send
-//    us comes first). Thread i waits for lines R + i, R + i + stride, ... of every source
-//    whose block has that line, at once, and stores each at its place; our own block
-//    goes from input to output directly. Block 0 fills output_splits where it is a
-//    device array.
+// 3. Warp 0 waits for every peer's row lines in our own buffer (all peers at once, lane
+//    w for word w) and builds our own row as we pushed it; its lanes share the checks
+//    (split_lane_finds_problem) and __any_sync gives the verdict, true exactly where the
+//    serial checks find a problem (split_checks.cuh; tests/unit/test_all_to_all_v_ll.py
+//    compares the two on the host). Only on a call that has one does lane 0 run the
+//    serial checks (first_ll_split_problem: read_split_rows' checks in their order, then
+//    one more: no block between two ranks is larger than a slot) and record the first
+//    problem: every rank checks the same rows, so every rank finds the same first
+//    problem, records it and moves no byte. The same warp computes the receive offsets
+//    (used only where the rows pass): the blocks land packed in source order, lane s
+//    sums what ranks below s send us, and a shuffle gives the most lines of any block.
+//    The rows are written and read by warp 0 alone (__syncwarp); one barrier hands the
+//    verdict and the offsets to the block.
+// 4. Thread i waits for lines R + i, R + i + stride, ... of every source whose block has
+//    that line, at once, and stores each at its place; our own block goes from input to
+//    output directly. Block 0 fills output_splits where it is a device array.
 //
 // Every line a sender writes us in a call we wait for in that call, except the data of a
 // call that a problem stopped (they carry that call's flag; ll_end's re-flagging writes
@@ -113,84 +135,127 @@ __device__ __forceinline__ unsigned long long all_to_all_v_ll_capacity(const Col
   return lines > taken ? (lines - taken) * ipcshare::kLinePayload : 0;
 }
 
+// The largest `v` of a warp's lanes 0 .. kMaxRanks - 1, in each of them (lanes past them
+// take no part).
+__device__ __forceinline__ unsigned long long rank_lanes_max(unsigned long long v) {
+#pragma unroll
+  for (int d = kMaxRanks / 2; d > 0; d >>= 1) {
+    const unsigned long long other = __shfl_xor_sync(0xffffffffu, v, d);
+    if (other > v) v = other;
+  }
+  return v;
+}
+
 __device__ void all_to_all_v_ll(const CollectiveArgs& a) {
+  static_assert(2 * kMaxRanks + 3 <= 32, "a split row's words are lanes of warp 0");
   const int n = a.nranks, me = a.rank, words = split_row_words(n);
   const unsigned long long itemsize = (unsigned long long)a.itemsize;
   const unsigned long long capacity = all_to_all_v_ll_capacity(a);
   const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
   const unsigned long long first = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
   const unsigned peers = ll_peers(a);
-  __shared__ long long sends[kMaxRanks], send_at[kMaxRanks];
+  const bool warp0 = threadIdx.x < 32;
+  const int lane = threadIdx.x;  // in warp 0
+  __shared__ long long sends[kMaxRanks];
+  // Per destination: where its block starts in the input (bytes), and the bytes pushed to
+  // it (0: none); the most lines of any block pushed.
+  __shared__ unsigned long long send_from[kMaxRanks], push_bytes[kMaxRanks], push_lines;
   __shared__ SplitRow rows[kMaxRanks];
   __shared__ unsigned long long recv_at[kMaxRanks], recv_bytes[kMaxRanks], recv_lines;
-  __shared__ int arrived, sound;  // every row came; the rows pass the checks
-  if (threadIdx.x == 0) arrived = sound = 1;  // read_own_sends' barriers order it first
+  __shared__ int sound;  // every row came and the rows pass the checks
+  // 0. Our sends, loaded before the call begins, then checked and summed.
+  const long long mine = threadIdx.x < n ? own_send_split(a, threadIdx.x) : 0;
   LLCall call = ll_begin(a);
-  const bool own_ok = read_own_sends<true>(a, sends, send_at);
-  // 1. Our row to every peer (block 0), then our blocks' lines.
-  if (blockIdx.x == 0 && threadIdx.x < words) {
-    const u64 word = (u64)split_row_word(a, sends, threadIdx.x);
-    for (int step = 1; step < n; ++step)
-      ll_push_to(a, call, (me + step) % n, threadIdx.x, word);
-  }
-  if (own_ok) {
-    for (int step = 1; step < n; ++step) {
-      const int peer = (me + step) % n;
-      const unsigned long long nbytes = (unsigned long long)sends[peer] * itemsize;
-      if (nbytes > capacity) continue;  // never past a slot: the rows stop every rank
-      const char* sent = a.input + (unsigned long long)send_at[peer] * itemsize;
-      const bool aligned = ((unsigned long long)sent & 7ull) == 0;
-      const unsigned long long lines = ipcshare::payload_lines(nbytes);
-      for (unsigned long long j = first; j < lines; j += stride)
-        ll_push_to(a, call, peer, words + j, ipcshare::load_payload(sent, j, nbytes, aligned));
+  if (warp0) {
+    unsigned long long at;
+    const bool own_ok = warp_own_sends(a, mine, at);
+    unsigned long long lines = 0;
+    if (lane < n) {
+      const unsigned long long nbytes = (unsigned long long)mine * itemsize;
+      // Never past a slot: the rows stop every rank. (Sound sends fit the input, so the
+      // product does not overflow.)
+      const bool pushed = own_ok && lane != me && nbytes <= capacity;
+      sends[lane] = mine;
+      send_from[lane] = at * itemsize;
+      push_bytes[lane] = pushed ? nbytes : 0;
+      lines = pushed ? ipcshare::payload_lines(nbytes) : 0;
     }
-  }
-  // 2. The digests.
-  ll_check_digests(a, call);
-  // 3. Every rank's row, and the checks.
-  if (!call.failed && threadIdx.x < words) {
-    rows[me][threadIdx.x] = split_row_word(a, sends, threadIdx.x);
-    u64 got[kMaxRanks];
-    if (peers != 0 && !ll_receive_all(a, call, threadIdx.x, peers, got)) {
-      atomicExch(&arrived, 0);  // a peer never came: recorded as late by ll_receive_all
-    } else {
-#pragma unroll
-      for (int r = 0; r < kMaxRanks; ++r)
-        if ((peers >> r) & 1u) rows[r][threadIdx.x] = (long long)got[r];
+    lines = rank_lanes_max(lines);
+    if (lane == 0) {
+      push_lines = lines;
+      sound = 1;
+    }
+    // Our row to every peer (block 0); words past the sends do not read `sends`.
+    if (blockIdx.x == 0 && lane < words) {
+      const u64 word = (u64)(lane < n ? mine : split_row_word(a, sends, lane));
+      for (int step = 1; step < n; ++step) ll_push_to(a, call, ll_peer_at(a, step), lane, word);
     }
   }
   __syncthreads();
-  if (!arrived) call.failed = true;
-  if (!call.failed && threadIdx.x == 0) {
-    u64 problem = first_split_problem(rows, n);
-    // 4. (after read_split_rows' three) every block that travels fits a slot; a rank's
-    // block to itself never enters a slot. Counts are at least 0 and fit their inputs
-    // here, so the product does not overflow.
-    for (int q = 0; q < n && !problem; ++q)
-      for (int r = 0; r < n && !problem; ++r)
-        if (q != r && (unsigned long long)rows[q][r] * itemsize > capacity)
-          problem = (kSplitTooLargeForLL << 40) | ((u64)q << 32) | ((u64)r << 24);
-    if (problem) {
-      record_split_problem(a, problem, call.epoch);
-      sound = 0;
-    } else {
-      unsigned long long at = 0, most = 0;
-      for (int s = 0; s < n; ++s) {
-        const unsigned long long nbytes = (unsigned long long)rows[s][me] * itemsize;
-        recv_at[s] = at;
-        recv_bytes[s] = nbytes;
-        at += nbytes;
-        const unsigned long long lines = ipcshare::payload_lines(nbytes);
-        if (lines > most) most = lines;
+  // 1. Our blocks' lines: line j of every peer's block loaded, then pushed.
+  for (unsigned long long j = first; j < push_lines; j += stride) {
+    u64 line[kMaxRanks];
+    unsigned has = 0;  // a bit per step
+#pragma unroll
+    for (int step = 1; step < kMaxRanks; ++step) {
+      if (step >= n) continue;
+      const int peer = ll_peer_at(a, step);
+      const unsigned long long nbytes = push_bytes[peer];
+      if (j >= ipcshare::payload_lines(nbytes)) continue;  // its block has no line j
+      const char* block = a.input + send_from[peer];
+      line[step] = ipcshare::load_payload(block, j, nbytes,
+                                          ((unsigned long long)block & 7ull) == 0);
+      has |= 1u << step;
+    }
+#pragma unroll
+    for (int step = 1; step < kMaxRanks; ++step)
+      if ((has >> step) & 1u) ll_push_to(a, call, ll_peer_at(a, step), words + j, line[step]);
+  }
+  // 2. The digests.
+  ll_check_digests(a, call);
+  // 3. Every rank's row, the verdict and the receive offsets, in warp 0.
+  if (!call.failed && warp0) {
+    bool came = true;
+    if (lane < words) {
+      rows[me][lane] = split_row_word(a, sends, lane);
+      u64 got[kMaxRanks];
+      if (peers != 0 && !ll_receive_all(a, call, lane, peers, got)) {
+        came = false;  // a peer never came: recorded as late by ll_receive_all
+      } else {
+#pragma unroll
+        for (int r = 0; r < kMaxRanks; ++r)
+          if ((peers >> r) & 1u) rows[r][lane] = (long long)got[r];
       }
-      recv_lines = most;
+    }
+    __syncwarp();  // the rows, to every lane
+    unsigned long long lines = 0;
+    if (lane < n) {  // where source `lane`'s block lands
+      unsigned long long at = 0;
+      for (int q = 0; q < lane; ++q) at += (unsigned long long)rows[q][me] * itemsize;
+      const unsigned long long nbytes = (unsigned long long)rows[lane][me] * itemsize;
+      recv_at[lane] = at;
+      recv_bytes[lane] = nbytes;
+      lines = ipcshare::payload_lines(nbytes);
+    }
+    lines = rank_lanes_max(lines);
+    if (lane == 0) recv_lines = lines;
+    const bool bad = split_lane_finds_problem(rows, n, itemsize, capacity, lane, 32);
+    if (!__all_sync(0xffffffffu, came)) {
+      if (lane == 0) sound = 0;
+    } else if (__any_sync(0xffffffffu, bad)) {
+      if (lane == 0) {
+        const u64 problem = first_ll_split_problem(rows, n, itemsize, capacity);
+        // The verdict is the serial checks': there is a problem to record.
+        if (problem) record_split_problem(a, problem, call.epoch);
+        sound = 0;
+      }
     }
   }
   __syncthreads();
   if (!sound) call.failed = true;
   if (!call.failed) fill_receive_splits(a, rows);
-  // 5. The blocks: every source's line j at once, then our own.
-  const char* own_in = a.input + (unsigned long long)send_at[me] * itemsize;
+  // 4. The blocks: every source's line j at once, then our own.
+  const char* own_in = a.input + send_from[me];
   const bool own_in_aligned = ((unsigned long long)own_in & 7ull) == 0;
   for (unsigned long long j = first; !call.failed && j < recv_lines; j += stride) {
     unsigned sources = 0;
