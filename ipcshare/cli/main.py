@@ -120,10 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_pattern_flags(command)
         command.add_argument("-o", "--op", dest="op", choices=("sum", "max", "min"),
                              help="reduction (default sum)")
-        command.add_argument("-R", "--register", dest="register", type=int, choices=(0, 1),
-                             help="1: register the arrays with the communicator "
-                                  "(Communicator.register), so calls read them in place "
-                                  "instead of copying them in (default 0)")
+        _add_register_flag(command)
     alltoall = commands.add_parser(
         "alltoall", help="block r of every rank's input to rank r (library "
                          "Communicator.all_to_all / all_to_all_v; host memory for now)")
@@ -133,7 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
                                "elements to one rank): how each rank's input is split "
                                "between the ranks; random and skewed run all_to_all_v on "
                                "seeded splits, zero-size ones among them (default even)")
-    alltoall.set_defaults(op=None, register=None)
+    _add_register_flag(alltoall)
+    alltoall.set_defaults(op=None)
     from .bench import add_bench_flags
 
     add_bench_flags(commands.add_parser(
@@ -159,6 +157,13 @@ def build_parser() -> argparse.ArgumentParser:
         command = commands.choices[name]
         command.set_defaults(option_flags=flag_names(command))
     return parser
+
+
+def _add_register_flag(command) -> None:
+    command.add_argument("-R", "--register", dest="register", type=int, choices=(0, 1),
+                         help="1: register the arrays with the communicator "
+                              "(Communicator.register), so calls read them in place "
+                              "instead of copying them in (default 0)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

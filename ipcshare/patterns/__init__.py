@@ -19,8 +19,9 @@ def make_pattern(name: str, algo: str = "auto", *, op: str = "sum",
     ``auto``: for all-gather on one node's GPUs the measured choice by size and world
     size (patterns.choice), hierarchical across nodes, engine copies otherwise.
     ``inter`` names what crosses nodes (config.INTER_ENGINES: auto, nccl, mpi).
-    ``register`` (allreduce and reducescatter): 1 registers the case's arrays with its
-    communicator, so calls read them in place. ``splits`` (alltoall): ``even`` runs
+    ``register`` (allreduce, reducescatter, alltoall): 1 registers the case's arrays with
+    its communicator, so calls read them in place (and the push all-to-all stores into
+    the peers' outputs). ``splits`` (alltoall): ``even`` runs
     all_to_all, ``random`` and ``skewed`` all_to_all_v on seeded splits."""
     from ..runtime.config import INTER_ENGINES
     from ..runtime.errors import ConfigError
@@ -37,9 +38,9 @@ def make_pattern(name: str, algo: str = "auto", *, op: str = "sum",
         pattern = _make(name, algo, op, datatype)
     pattern.inter = inter
     if register:
-        if name not in ("allreduce", "reducescatter"):
-            raise ConfigError(f"register applies to the allreduce and reducescatter ops "
-                              f"(their communicator's arrays), not to {name}")
+        if name not in ("allreduce", "reducescatter", "alltoall"):
+            raise ConfigError(f"register applies to the allreduce, reducescatter and alltoall "
+                              f"ops (their communicator's arrays), not to {name}")
         pattern.register = True
     return pattern
 

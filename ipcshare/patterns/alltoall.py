@@ -133,6 +133,11 @@ class AllToAll(Pattern):
         self._matrices: dict[tuple[int, int], np.ndarray] = {}
         # Thread blocks of the bound calls by size (GPU memory; the rows report them).
         self._blocks: dict[int, int] = {}
+        # -R 1: the driver's window is registered with each communicator made (held until
+        # that communicator closes), so peers read the inputs and the push all-to-all
+        # stores into the outputs where they lie.
+        self.register = False
+        self._registered_with: Any = None
 
     @property
     def inter_engine_name(self) -> str | None:
@@ -225,9 +230,18 @@ class AllToAll(Pattern):
             # to the window at most.
             base = getattr(window, "window", None) or window
             heap = 2 * len(self.modes) * base.nbytes + _SCRATCH_SLACK
+        if self.register and window.world.node_count > 1:
+            raise ConfigError("-R 1 registers arrays with a communicator of one node; "
+                              f"this job spans {window.world.node_count} nodes: use -R 0")
         communicator = self._communicator = communicator_for(
             self._communicator, window, self.array_bytes(plan, n), heap,
             getattr(self, "inter", "auto"))
+        if self.register and self._registered_with is not communicator:
+            # The whole window (its regions and views share it): every array of every
+            # size and mode lies in it.
+            base = getattr(window, "window", None) or window
+            communicator.register(typed_view(base.local, communicator.memory, "uint8"))
+            self._registered_with = communicator
         inputs = typed_view(self._input(window, plan, mode), communicator.memory, self._dtype)
         output = (inputs if mode == "in-place" else
                   typed_view(self._output(window, plan, mode), communicator.memory,

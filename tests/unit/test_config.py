@@ -141,14 +141,16 @@ def test_timing_modes_of_the_cli_are_the_drivers():
         merge_options({}, {"timing": "fast"})
 
 
-def test_only_the_reductions_register_their_arrays():
+def test_the_communicators_cases_register_their_arrays():
     from ipcshare.patterns import make_pattern
 
     assert make_pattern("allreduce", register=1).register
     assert make_pattern("reducescatter", register=1).register
+    assert make_pattern("alltoall", register=1, splits="random").register
     assert not make_pattern("allreduce").register
-    with pytest.raises(ConfigError, match="register applies to the allreduce and "
-                                          "reducescatter ops .* not to allgather"):
+    assert not make_pattern("alltoall").register
+    with pytest.raises(ConfigError, match="register applies to the allreduce, reducescatter "
+                                          "and alltoall ops .* not to allgather"):
         make_pattern("allgather", register=1)
 
 
