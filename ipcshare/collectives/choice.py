@@ -115,8 +115,16 @@ CUDA_CHOICES: dict[str, dict[int, Choice]] = {
     # at 3, 5.0-6.4 at 4, and 6.5 / 7.2 / 7.4 at 512 KiB, against NCCL's 6.4-10.4 at every
     # row (1.06-1.75x) and pull's 13.6 at 16 B (4 ranks); eager at 4 ranks 7.2-8.5 us
     # against NCCL's 24-38. Above 512 KiB it has not run (lines double the bytes).
+    # Push above 32 MiB at 2 ranks (nvidia-h200-x2, 2026-11-28, `ipcshare alltoall --algo
+    # push|balanced --splits even -b 1M -e 256M -f 4 [--graph] --baseline nccl`, plain
+    # arrays): in graphs 403 us at 256 MiB against balanced's 484 and NCCL's 436-437, 126
+    # against 131 and 134-136 at 64 MiB; level with balanced at 4-16 MiB (20.2 / 40.5
+    # against 19.7 / 40.6) and behind at 1 MiB (16.0 against 13.7). Balanced stages a plain
+    # input in a pass of its own before any peer reads it; push stores straight from it.
+    # 3 and more ranks keep balanced until push has run there.
     "all_to_all": {1: Choice((8 << 20,), ("pull", "balanced")),
-                   2: Choice((512 * _KiB, 8 << 20), ("ll", "pull", "balanced"))},
+                   2: Choice((512 * _KiB, 8 << 20, 32 << 20), ("ll", "pull", "balanced", "push")),
+                   3: Choice((512 * _KiB, 8 << 20), ("ll", "pull", "balanced"))},
     # all_to_all_v's ll (nvidia-h200-x4, 2026-11-28, x4-next e8f3647, random and skewed
     # splits, graphs): 11-15 us at 4 ranks and 7.4-9.7 at 2 up to 512 KiB against
     # balanced's 17-25 and 11-16, but not here: every rank must pick the same algorithm

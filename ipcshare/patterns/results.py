@@ -197,7 +197,7 @@ class RunResult:
     # How the all-to-all split each rank's input (even, random, skewed); None for others.
     splits: str | None = None
     # The all-to-all's algorithm as asked for (``--algo``: auto, pull, balanced, ll,
-    # copy-engine); None for the other ops.
+    # copy-engine, push); None for the other ops.
     algo: str | None = None
     # Results were verified (-c > 0); otherwise the document says "wrong": null.
     checked: bool = True

@@ -57,7 +57,7 @@ def _errors(out) -> list[str]:
      "--splits bogus: unknown splits; choose one of: even, random, skewed"),
     (["alltoall", "--backend", "host", "--algo", "one-shot"],
      "the alltoall op has no 'one-shot' algorithm; choose one of: auto, pull, balanced, ll, "
-     "copy-engine"),
+     "copy-engine, push"),
     # ll with uneven splits: the name is known (it runs even splits), so the refusal says
     # what stops it here, not that no such algorithm exists.
     (["alltoall", "--backend", "host", "--algo", "ll", "--splits", "random"],
@@ -93,6 +93,18 @@ def test_bad_alltoall_input_fails_on_every_rank_in_one_line(socket_dir, args, me
     assert len(errors) == n and len(set(errors)) == 1, out.stderr
     assert message in errors[0]
     assert "Traceback" not in out.stderr
+
+
+@needs_mpiexec
+@pytest.mark.parametrize("splits", ["even", "random"])
+def test_registered_arrays_verify_and_say_so(tmp_path, socket_dir, splits):
+    out = run(["alltoall", "--backend", "host", "-R", "1", "--splits", splits, "-b", "4K",
+               "-e", "64K", "-f", "4", "-n", "2", "-w", "1", "-c", "2",
+               "--json", str(tmp_path / "r.json")], n=2)
+    assert out.returncode == EXIT_OK, out.stderr
+    assert "arrays: registered with the communicator (-R 1)" in out.stdout
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["registered"] is True and doc["wrong_total"] == 0
 
 
 @needs_mpiexec

@@ -39,10 +39,10 @@ _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4, "uint8": 1, 
 BLOCKS = (1, 3, 4099, 65_537)
 LARGEST_INPUT_BYTES = 65_537 * 8
 # The GPU algorithms of all_to_all, and those of all_to_all_v (algorithms/__init__.py).
-ALGOS = ("pull", "balanced", "ll", "copy-engine")
+ALGOS = ("pull", "balanced", "ll", "copy-engine", "push")
 V_ALGOS = ("pull", "balanced", "ll")
 # The algorithms no peer of which reads an input: nothing is ever copied in, in place too.
-NOTHING_STAGED = ("ll", "copy-engine")
+NOTHING_STAGED = ("ll", "copy-engine", "push")
 
 
 @pytest.fixture(params=ALGOS)
@@ -514,13 +514,62 @@ def test_ll_graphs_of_several_ll_calls_take_new_data_every_replay(setup):
         assert bool(torch.all(total == want)), replay
 
 
+def test_push_stores_into_outputs_peers_reach_and_into_inboxes_tile_by_tile(setup,
+                                                                           monkeypatch):
+    """Tiles of 4 KiB, so every block signals several: outputs from empty() and registered
+    ones (the peers store into them), a plain one (into the inbox), and in place on each
+    (a rank in place takes its tiles in its inbox, never in its output: a peer's store
+    there would overwrite input not yet sent), over calls with new data and a graph
+    replayed with new data. Blocks of 10,007 float32 start off 16-byte boundaries."""
+    from ipcshare.collectives.algorithms import gpu_all_to_all_push
+
+    monkeypatch.setattr(gpu_all_to_all_push.GpuPushAllToAll, "tile_bytes", 4 << 10)
+    group, comm, stream = setup
+    n, me, device, block = comm.size, comm.rank, group.backend.device, 10_007
+    width = block * 4
+    registered = torch.zeros(n * block, dtype=torch.float32, device=f"cuda:{device}")
+    comm.register(registered)
+    try:
+        reached = torch.from_dlpack(comm.empty((n * block,), "float32"))
+        plain = torch.zeros(n * block, dtype=torch.float32, device=f"cuda:{device}")
+        source = torch.zeros_like(plain)
+        for out in (reached, registered, plain):
+            for call in range(3):
+                data = [_bytes(300 + call, r, n * width) for r in range(n)]
+                source.copy_(_tensor(data[me], "float32", device))
+                out.fill_(-1.0)
+                comm.all_to_all(out, source, algo="push")
+                comm.synchronize()
+                assert np.array_equal(_host_bytes(out), _even_want(data, me, width)), call
+            data = [_bytes(400, r, n * width) for r in range(n)]
+            out.copy_(_tensor(data[me], "float32", device))
+            comm.all_to_all(out, out, algo="push")                 # in place
+            comm.synchronize()
+            assert np.array_equal(_host_bytes(out), _even_want(data, me, width))
+        bound = comm.bind("all_to_all", reached, source, stream=stream, algo="push")
+        stream.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            bound()
+            bound()      # twice: the second call's stores follow the first's in the graph
+        for replay in range(5):
+            data = [_bytes(600 + replay, r, n * width) for r in range(n)]
+            source.copy_(_tensor(data[me], "float32", device))
+            stream.synchronize()
+            graph.replay()
+            comm.synchronize(stream)
+            assert np.array_equal(_host_bytes(reached), _even_want(data, me, width)), replay
+    finally:
+        comm.unregister(registered)
+
+
 @pytest.mark.parametrize("in_place", [False, True])
-@pytest.mark.parametrize("algo", ["ll", "copy-engine"])
+@pytest.mark.parametrize("algo", ["ll", "copy-engine", "push"])
 def test_calls_made_out_of_step_are_found_on_every_rank(setup, comm, algo, in_place):
     """Both shapes agreed at first sight, then the ranks make different ones: every rank
     finds that the digests differ and synchronize() raises on every rank (a communicator
-    of its own: the error word stays set). ll finds it before it stores anything, so the
-    output is left untouched (in place, the input too); copy-engine's finish_call compares
+    of its own: the error word stays set). ll and push find it before they store anything,
+    so the output is left untouched (in place, the input too); copy-engine's finish_call compares
     the digests after the copies, which run whatever the ranks called, so its output holds
     what arrived."""
     if comm.size < 2:
@@ -541,7 +590,7 @@ def test_calls_made_out_of_step_are_found_on_every_rank(setup, comm, algo, in_pl
         with pytest.raises(CollectiveError, match="ranks disagree on a collective call "
                                                   r"\(found on the GPU"):
             cm.synchronize(stream)
-        if algo == "ll":
+        if algo in ("ll", "push"):
             assert torch.equal(out, out_before)        # nothing stored
             assert torch.equal(mine, source_before)
 

@@ -274,4 +274,4 @@ def test_the_cli_takes_it_for_even_splits_on_gpus_and_says_what_it_runs_elsewher
     with pytest.raises(ConfigError) as refused:
         make_pattern("alltoall", "two-shot", splits="random")
     assert str(refused.value) == ("the alltoall op has no 'two-shot' algorithm; choose one "
-                                  "of: auto, pull, balanced, ll, copy-engine")
+                                  "of: auto, pull, balanced, ll, copy-engine, push")

@@ -334,6 +334,12 @@ def test_all_to_all_v_runs_balanced_and_all_to_all_ll_then_pull_up_to_8_mib():
         assert choose("cuda", "all_to_all", (512 << 10) + 1, size) == "pull"
         assert choose("cuda", "all_to_all", 8 << 20, size) == "pull"
         assert choose("cuda", "all_to_all", (8 << 20) + 1, size) == "balanced"
+    # Push above 32 MiB where it was measured ahead (2 ranks); balanced at 3 and more.
+    assert choose("cuda", "all_to_all", 32 << 20, 2) == "balanced"
+    assert choose("cuda", "all_to_all", (32 << 20) + 1, 2) == "push"
+    assert choose("cuda", "all_to_all", 1 << 30, 2) == "push"
+    for size in (3, 4, 8):
+        assert choose("cuda", "all_to_all", 1 << 30, size) == "balanced"
     # A rank alone never waits on lines: it copies.
     assert choose("cuda", "all_to_all", 1, 1) == "pull"
 

@@ -144,6 +144,27 @@ __device__ __forceinline__ void result_places(const CollectiveArgs& a, const Cal
   __syncthreads();
 }
 
+// The meeting of the push kernels that store into peers' outputs before any signal (the
+// all-gather, the all-to-all): publish the header and where our output lies (out of reach
+// unless `output_reachable`: then peers store into our inbox), meet the same block of
+// every peer on words 1, read the peers' headers, and learn where to store into each
+// (result_places, with each peer's inbox, its staging area of the call's parity, where its
+// output is out of reach). `places` is the caller's __shared__ array.
+__device__ __forceinline__ void push_meet(const CollectiveArgs& a, Call& call,
+                                          bool output_reachable, char** places) {
+  if (threadIdx.x == 0) {
+    publish_header(a, call.parity);
+    publish_output(a, call.parity);
+    if (!output_reachable) header(a.pads[a.rank], a, call.parity)[kHeaderOutputFlags] = 0;
+  }
+  const int entered = barrier_slots(a, 1);
+  ipcshare::block_signal(a.pads, a.rank, a.nranks, entered, barrier_value(call.epoch, 1));
+  read_headers(a, call, ipcshare::block_wait(a.pads, a.rank, a.nranks, entered,
+                                             barrier_value(call.epoch, 1), a.timeout_ns,
+                                             call.epoch));
+  if (!call.failed) result_places(a, call, a.staging_offset[call.parity], places);
+}
+
 template <class T, int OP>
 __device__ void all_reduce_push(const CollectiveArgs& a) {
   const unsigned long long size = sizeof(typename T::Bits), g = granule<T>();
@@ -269,17 +290,8 @@ __device__ void all_gather_push(const CollectiveArgs& a) {
   const Tiles tiles(block_slice(nbytes, 16), 16, 1, a.push_tile_bytes);
   Call call;
   begin_call(a, call);
-  if (threadIdx.x == 0) {
-    publish_header(a, call.parity);
-    publish_output(a, call.parity);
-  }
-  const int entered = barrier_slots(a, 1);
-  ipcshare::block_signal(a.pads, a.rank, a.nranks, entered, barrier_value(call.epoch, 1));
-  read_headers(a, call, ipcshare::block_wait(a.pads, a.rank, a.nranks, entered,
-                                             barrier_value(call.epoch, 1), a.timeout_ns,
-                                             call.epoch));
   __shared__ char* places[kMaxRanks];
-  if (!call.failed) result_places(a, call, a.staging_offset[call.parity], places);
+  push_meet(a, call, true, places);
   char* own_block = a.output + a.rank * nbytes;
   const char* inbox = a.windows[a.rank] + a.staging_offset[call.parity];
   // Step j: store tile j everywhere; wait for the peers' tile j - 1 and copy it from the
