@@ -117,10 +117,11 @@ CUDA_CHOICES: dict[str, dict[int, Choice]] = {
     # against NCCL's 24-38. Above 512 KiB it has not run (lines double the bytes).
     # Push above 32 MiB at 2 ranks (nvidia-h200-x2, 2026-11-28, `ipcshare alltoall --algo
     # push|balanced --splits even -b 1M -e 256M -f 4 [--graph] --baseline nccl`, plain
-    # arrays): in graphs 403 us at 256 MiB against balanced's 484 and NCCL's 436-437, 126
-    # against 131 and 134-136 at 64 MiB; level with balanced at 4-16 MiB (20.2 / 40.5
-    # against 19.7 / 40.6) and behind at 1 MiB (16.0 against 13.7). Balanced stages a plain
-    # input in a pass of its own before any peer reads it; push stores straight from it.
+    # arrays, tiles of 64 KiB; docs/bench/gpu-check-h200-x2-2026-11-28/6-* to 8-*): in
+    # graphs 396 us at 256 MiB against balanced's 484 and NCCL's 436-438, 114 against 131
+    # and 134-135 at 64 MiB; level with balanced at 4-16 MiB (20.5 / 40.9 against 19.7 /
+    # 40.6) and behind at 1 MiB (14.7 against 13.7). Balanced stages a plain input in a
+    # pass of its own before any peer reads it; push stores straight from it.
     # 3 and more ranks keep balanced until push has run there.
     "all_to_all": {1: Choice((8 << 20,), ("pull", "balanced")),
                    2: Choice((512 * _KiB, 8 << 20, 32 << 20), ("ll", "pull", "balanced", "push")),

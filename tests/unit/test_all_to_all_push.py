@@ -48,7 +48,7 @@ def test_the_registry_lists_it_for_gpu_all_to_all_only():
 def test_one_kernel_a_call_its_grid_from_the_bytes_of_a_block(nbytes, size, blocks):
     launched, tile = _launches(nbytes, size)
     assert launched == [("all_to_all_push_bytes", blocks)]
-    assert tile == 256 << 10
+    assert tile == 64 << 10
 
 
 def test_ranks_sharing_a_gpu_get_their_share_of_the_grid():

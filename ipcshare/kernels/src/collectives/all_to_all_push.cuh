@@ -6,16 +6,16 @@
 //
 // Rank r's input is n blocks of `block` bytes (count / n); block q goes to block r of rank
 // q's output. Each thread block takes the same slice of every block (block_slice of
-// `block`) and cuts it into tiles (push.cuh's Tiles). The blocks first meet once on their
-// words 1, as the push all-gather does (push_meet): each publishes its header and where
-// its output lies, then learns the peers'. Step j: store tile j of block q into rank q's output where
-// rank q's header says we can reach it (its heap, or a registered array), else into slot r
-// of its inbox (its staging area of the call's parity, slots laid out as the output's
-// blocks); copy tile j of our own block from input to output (none in place); wait for
-// the peers' tile j - 1 (words 0) and copy it from our inbox where they could not reach
-// our output; signal tile j (push_signal, after that copy: the fence then finds the
-// stores mostly landed). Copies are block_copy_wide's: a block's byte offset need not be
-// a multiple of 16.
+// `block`) and cuts it into tiles (push.cuh's Tiles, of the size gpu_all_to_all_push.py
+// sets). The blocks first meet once on their words 1, as the push all-gather does
+// (push_meet): each publishes its header and where its output lies, then learns the
+// peers'. Step j: store tile j of block q into rank q's output where rank q's header says
+// we can reach it (its heap, or a registered array), else into slot r of its inbox (its
+// staging area of the call's parity, slots laid out as the output's blocks); copy tile j
+// of our own block from input to output (none in place); wait for the peers' tile j - 1
+// (words 0) and copy it from our inbox where they could not reach our output; signal
+// tile j (push_signal, after that copy: the fence then finds the stores mostly landed).
+// Copies are block_copy_wide's: a block's byte offset need not be a multiple of 16.
 //
 // In place the output is the input: a peer storing tile t into our block q could overwrite
 // bytes of our block q before we have stored them to rank q. So a rank in place says its
