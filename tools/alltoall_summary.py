@@ -10,7 +10,9 @@ alltoall_perf, where its log is given.
 Speedup is the baseline's time over ours at one size (above 1: ours faster), as the
 console table and the bench summary give it. Out-of-place rows (the in-place rows of even
 splits are in the JSON). A row with wrong elements shows ``wrong`` and no time; one with
-measurement errors carries a ``!``. Exits 1 when no all-to-all sweep is found.
+measurement errors carries a ``!``. Beside NCCL's speedup, each row says whether it meets
+issue 42's target for its size and splits (a dash where the issue sets none). Exits 1 when
+no all-to-all sweep is found.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from ipcshare.patterns.results import read_result_lines
 TAG = "alltoall_case"
 # The baselines' columns in this order; others after them, by name.
 ORDER = ("nccl", "torch", "torch-symm")
+_KiB, _MiB = 1 << 10, 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,11 +39,13 @@ class Key:
     splits: str
     timing: str
     algo: str = "auto"
+    registered: bool = False
 
     def title(self) -> str:
         algo = "" if self.algo == "auto" else f", --algo {self.algo}"
+        registered = ", registered arrays (-R 1)" if self.registered else ""
         return (f"all-to-all, {self.world_size} ranks, {self.splits} splits, "
-                f"{self.timing}{algo}")
+                f"{self.timing}{algo}{registered}")
 
 
 @dataclasses.dataclass
@@ -73,7 +78,8 @@ def load(paths: list[Path]) -> dict[Key, list[Launch]]:
             if TAG not in document or document.get("op") != "alltoall":
                 continue
             key = Key(document["world_size"], document.get("splits", "even"),
-                      document["timing"], document.get("algo", "auto"))
+                      document["timing"], document.get("algo", "auto"),
+                      bool(document.get("registered", False)))
             baseline = document.get("baseline") or {}
             tables.setdefault(key, []).append(Launch(
                 baseline=baseline.get("name", "none"),
@@ -105,6 +111,42 @@ def _figure(row: dict | None) -> tuple[str, float | None]:
     return f"{row['time_us']:.1f} / {row['busbw']:.1f}{path}{mark}", row["time_us"]
 
 
+def target(key: Key, size: int, ours: dict | None, theirs: dict | None) -> str:
+    """Issue 42's target for this row against NCCL in the same launch, and whether the row
+    meets it: uneven splits from 1 MiB, at least 1.2x NCCL's speed and at most 1.25 times
+    the busiest link's bound (``bound_us``) + 10 µs; even splits in graphs up to 8 KiB at
+    most 7 µs; even splits at 1-16 MiB at most 0.9x NCCL's time; from 64 MiB at least
+    1.05x NCCL's busbw with plain arrays, 1.15x registered. A dash where it sets none, or
+    where a side has no usable time."""
+    _, our_time = _figure(ours)
+    _, their_time = _figure(theirs)
+    if our_time is None or their_time is None:
+        return "—"
+    speedup = their_time / our_time
+    missed = []
+    if key.splits != "even":
+        if size < _MiB:
+            return "—"
+        if speedup < 1.2:
+            missed.append(f"{speedup:.2f}x < 1.20x")
+        bound = ours.get("bound_us")
+        if bound is not None and our_time > 1.25 * bound + 10:
+            missed.append(f"{our_time:.1f} > {1.25 * bound + 10:.1f} µs")
+    elif size <= 8 * _KiB and key.timing == "graph":
+        if our_time > 7:
+            missed.append(f"{our_time:.1f} > 7 µs")
+    elif _MiB <= size <= 16 * _MiB:
+        if our_time > 0.9 * their_time:
+            missed.append(f"{our_time / their_time:.2f}x NCCL's time > 0.90x")
+    elif size >= 64 * _MiB:
+        need = 1.15 if key.registered else 1.05
+        if speedup < need:
+            missed.append(f"{speedup:.2f}x < {need:.2f}x")
+    else:
+        return "—"
+    return "missed: " + ", ".join(missed) if missed else "met"
+
+
 def table(key: Key, launches: list[Launch]) -> str:
     """One Markdown table: per size, ours (from the first launch: NCCL's where there is
     one) and each baseline with its speedup against ours of its own launch."""
@@ -114,6 +156,8 @@ def table(key: Key, launches: list[Launch]) -> str:
     header = ["size", f"ours µs / busbw GB/s ({first.baseline} launch)"]
     for launch in timed:
         header += [f"{launch.baseline} µs / busbw", f"{launch.baseline} speedup"]
+        if launch.baseline == "nccl":
+            header.append("issue 42 target")
     lines = [f"### {key.title()}", ""]
     lines += [f"- {launch.baseline}: {launch.label}, {launch.version}" for launch in timed]
     lines += ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -125,6 +169,8 @@ def table(key: Key, launches: list[Launch]) -> str:
             _ours, our_time = _figure(launch.ours.get(size))
             speedup = (f"{their_time / our_time:.2f}" if their_time and our_time else "—")
             cells += [theirs, speedup]
+            if launch.baseline == "nccl":
+                cells.append(target(key, size, launch.ours.get(size), launch.theirs.get(size)))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
