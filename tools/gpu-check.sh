@@ -124,7 +124,9 @@
 # runs even splits only, blocks up to 2 MiB a peer: ALLTOALL_ALGOS=ll ALLTOALL_SPLITS=even
 # ALLTOALL_MAX=512K ALLTOALL_BASELINES=nccl; copy-engine even splits only:
 # ALLTOALL_ALGOS=copy-engine ALLTOALL_SPLITS=even ALLTOALL_MIN=1M), ALLTOALL_GRAPH=0
-# (eager sweeps only), ALLTOALL_SPLITS (default "even random
+# (eager sweeps only), ALLTOALL_REGISTER=1 (the sweeps' arrays registered with the
+# communicator, -R 1: peers read the inputs in place and the push all-to-all stores into
+# the outputs), ALLTOALL_SPLITS (default "even random
 # skewed"), ALLTOALL_BASELINES (default "nccl torch torch-symm"), ALLTOALL_SYMM_SPLITS
 # (default even), ALLTOALL_TESTS (default 0), STEP_TIMEOUT_ALLTOALL (per sweep, default
 # 150), TORCH_USER_MIN, TORCH_USER_MAX, TORCH_USER_FACTOR (torch-user sizes, default 8K,
@@ -1032,15 +1034,19 @@ fi
 alltoall_case() {
   local n=$1 splits=$2 baseline=$3 algo=${ALGO:-auto} json rc tag
   shift 3
+  local -a register=()
   tag=${algo/#auto/}
-  json="$OUT/alltoall-n$n-$splits-$baseline${tag:+-$tag}${1:+-graph}.json"
+  [[ ${ALLTOALL_REGISTER:-0} == 1 ]] && register=(-R 1)
+  json="$OUT/alltoall-n$n-$splits-$baseline${tag:+-$tag}${register:+-registered}${1:+-graph}.json"
   "$MPIEXEC" -n "$n" --bind-to none "$PY" -m ipcshare alltoall --backend cuda-vmm \
     --algo "$algo" \
     --splits "$splits" -b "${ALLTOALL_MIN:-8}" -e "${ALLTOALL_MAX:-256M}" -f 4 \
     -n "${ALLTOALL_ITERS:-20}" -w 5 \
-    -c 1 --baseline "$baseline" --json "$json" "$@" | grep -Ev "^#  Rank"
+    -c 1 --baseline "$baseline" --json "$json" ${register[@]+"${register[@]}"} "$@" \
+    | grep -Ev "^#  Rank"
   rc=${PIPESTATUS[0]}
-  append_result "$json" alltoall_case "n$n $splits $baseline${tag:+ $tag}${1:+ graph}"
+  append_result "$json" alltoall_case \
+    "n$n $splits $baseline${tag:+ $tag}${register:+ registered}${1:+ graph}"
   return $rc
 }
 # alltoall_tests N FILE: one GPU test file of the all-to-all baselines, a pytest of its own
