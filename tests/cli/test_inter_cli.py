@@ -36,8 +36,10 @@ def test_inter_nccl_without_gpu_is_one_line_on_every_rank(socket_dir):  # noqa: 
     assert "Traceback" not in out.stderr
 
 
-def test_registered_arrays_across_nodes_are_one_line_on_every_rank(socket_dir):  # noqa: F811
-    out = run_on_virtual_nodes(2, ["allreduce", "--backend", "host", "-R", "1", "-b", "1K",
+@pytest.mark.parametrize("command", ["allreduce", "alltoall"])
+def test_registered_arrays_across_nodes_are_one_line_on_every_rank(socket_dir,  # noqa: F811
+                                                                    command):
+    out = run_on_virtual_nodes(2, [command, "--backend", "host", "-R", "1", "-b", "1K",
                                    "-e", "1K"], n=2)
     assert out.returncode == 1
     errors = [line for line in out.stderr.splitlines() if line.startswith("ipcshare: error:")]
