@@ -17,7 +17,7 @@ from ..runtime.errors import ConfigError
 from ..window import Window
 from .allgather import allgather_busbw_factor
 from .base import Pattern, SizePlan, align
-from .collective_case import communicator_for
+from .collective_case import communicator_for, refuse_registered_across_nodes, register_window
 from .seeding import count_wrong, poison, seeded_bytes
 
 __all__ = ["AllToAll", "split_matrix", "busiest_link_bytes", "LINK_BOUND_GBPS"]
@@ -230,17 +230,13 @@ class AllToAll(Pattern):
             # to the window at most.
             base = getattr(window, "window", None) or window
             heap = 2 * len(self.modes) * base.nbytes + _SCRATCH_SLACK
-        if self.register and window.world.node_count > 1:
-            raise ConfigError("-R 1 registers arrays with a communicator of one node; "
-                              f"this job spans {window.world.node_count} nodes: use -R 0")
+        if self.register:
+            refuse_registered_across_nodes(window)
         communicator = self._communicator = communicator_for(
             self._communicator, window, self.array_bytes(plan, n), heap,
             getattr(self, "inter", "auto"))
         if self.register and self._registered_with is not communicator:
-            # The whole window (its regions and views share it): every array of every
-            # size and mode lies in it.
-            base = getattr(window, "window", None) or window
-            communicator.register(typed_view(base.local, communicator.memory, "uint8"))
+            register_window(communicator, window, "uint8")
             self._registered_with = communicator
         inputs = typed_view(self._input(window, plan, mode), communicator.memory, self._dtype)
         output = (inputs if mode == "in-place" else

@@ -18,7 +18,8 @@ from ..window import Window
 from .base import Pattern, SizePlan, align
 from .seeding import count_wrong, poison, seeded_small_integers
 
-__all__ = ["CommunicatorCase", "exact_bytes", "communicator_for"]
+__all__ = ["CommunicatorCase", "exact_bytes", "communicator_for", "refuse_registered_across_nodes",
+           "register_window"]
 
 
 def communicator_for(current: Any, window: Window, nbytes: int, heap_bytes: int = 0,
@@ -33,6 +34,25 @@ def communicator_for(current: Any, window: Window, nbytes: int, heap_bytes: int 
     if current is not None:
         current.close()
     return window.group.communicator(max_bytes=nbytes, heap_bytes=heap_bytes, inter=inter)
+
+
+def refuse_registered_across_nodes(window: Window) -> None:
+    """-R 1 on a job spanning nodes: a communicator of one node registers arrays.
+
+    Raises:
+        ConfigError: the job spans nodes.
+    """
+    if window.world.node_count > 1:
+        raise ConfigError("-R 1 registers arrays with a communicator of one node; "
+                          f"this job spans {window.world.node_count} nodes: use -R 0")
+
+
+def register_window(communicator: Any, window: Window, dtype: str) -> None:
+    """-R 1: register the driver's whole window (its regions and views share it: every
+    array of every size and mode lies in it) with ``communicator``, which holds it until
+    it closes."""
+    base = getattr(window, "window", None) or window
+    communicator.register(typed_view(base.local, communicator.memory, dtype))
 
 
 def exact_bytes(values: np.ndarray, datatype: str) -> np.ndarray:
@@ -155,18 +175,14 @@ class CommunicatorCase(Pattern):
     def bind(self, window: Window, plan: SizePlan, mode: str) -> Callable[[], None]:
         if window.world.node_count > 1:
             if self.register:
-                raise ConfigError("-R 1 registers arrays with a communicator of one node; "
-                                  f"this job spans {window.world.node_count} nodes: use -R 0")
+                refuse_registered_across_nodes(window)
             from .hierarchical_reduction import bind_hierarchical_reduction
 
             return bind_hierarchical_reduction(self, window, plan, mode)
         communicator = self._communicator = communicator_for(self._communicator, window,
                                                              plan.size)
         if self.register and self._registered_with is not communicator:
-            # The whole window (its regions and views share it): every array of every
-            # size and mode lies in it.
-            base = getattr(window, "window", None) or window
-            communicator.register(self._typed(base.local, communicator.memory))
+            register_window(communicator, window, self.datatype)
             self._registered_with = communicator
         inputs = self._typed(window.local.slice(0, plan.size), communicator.memory)
         output = self._typed(self._output(window, plan, mode), communicator.memory)
