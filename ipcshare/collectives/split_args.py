@@ -14,7 +14,7 @@ from .arrays import ArrayRef, describe_array, in_device_memory
 from .scratch import LL_MAX_BYTES
 
 __all__ = ["GpuSplits", "in_device_memory", "device_splits", "SPLITS_PROBLEM",
-           "SPLIT_TOO_LARGE_FOR_LL", "splits_problem"]
+           "SPLIT_TOO_LARGE_FOR_LL", "SPLIT_TOO_LARGE_FOR_INBOX", "splits_problem"]
 
 _SPLIT_DTYPES = {"int32": 4, "int64": 8}
 # The error word's top 16 bits when the kernel found the splits wrong (kSplitsProblem in
@@ -22,6 +22,9 @@ _SPLIT_DTYPES = {"int32": 4, "int64": 8}
 SPLITS_PROBLEM = 0xFFFE
 # The problem algo='ll' adds to pull's four (kSplitTooLargeForLL): a block past an LL slot.
 SPLIT_TOO_LARGE_FOR_LL = 5
+# algo='push''s (kSplitTooLargeForInbox): a rank whose output the peers cannot reach would
+# receive more than its inbox (its staging area, the communicator's max_bytes) holds.
+SPLIT_TOO_LARGE_FOR_INBOX = 6
 
 
 def splits_problem(word: int) -> str:
@@ -38,9 +41,17 @@ def splits_problem(word: int) -> str:
         5: f"rank {first} sends rank {second} more bytes (its input_splits[{second}]) than "
            "algo='ll' carries from one rank to another (its LL buffers hold blocks of up to "
            f"the communicator's max_bytes, {LL_MAX_BYTES >> 20} MiB at most)",
+        6: f"rank {first} would receive more bytes than algo='push' can land in its window "
+           "(its output is out of the peers' reach, so they store into its inbox, which "
+           "holds the communicator's max_bytes)",
     }.get(problem, f"problem {problem} between ranks {first} and {second}")
-    advice = ("use algo='balanced' or 'auto' for blocks this large"
-              if problem == SPLIT_TOO_LARGE_FOR_LL else "every rank must pass splits that match")
+    if problem == SPLIT_TOO_LARGE_FOR_LL:
+        advice = "use algo='balanced' or 'auto' for blocks this large"
+    elif problem == SPLIT_TOO_LARGE_FOR_INBOX:
+        advice = (f"register rank {first}'s output (Communicator.register) or allocate it "
+                  "with Communicator.empty(), or use algo='balanced' or 'auto'")
+    else:
+        advice = "every rank must pass splits that match"
     return (f"all_to_all_v: {what} (found on the GPU by every rank at call "
             f"{word & 0xFFFFFF} of this communicator; no element moved): {advice}")
 

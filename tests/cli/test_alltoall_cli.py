@@ -151,7 +151,8 @@ def test_the_command_checks_gpu_memory_before_the_table():
     _check_all_to_all_memory(group(True), AllToAll("copy-engine"))
     with pytest.raises(ConfigError, match=r"^--algo copy-engine runs alltoall with --splits "
                        r"even only \(all_to_all\); --splits skewed calls all_to_all_v, which "
-                       r"it does not run on GPU memory; choose one of: auto, pull, balanced, ll$"):
+                       r"it does not run on GPU memory; choose one of: auto, pull, balanced, "
+                       r"ll, push$"):
         _check_all_to_all_memory(group(True), AllToAll("copy-engine", splits="skewed"))
 
     with pytest.raises(ConfigError, match=r"^--splits skewed: all_to_all_v does not span "

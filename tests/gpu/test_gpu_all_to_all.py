@@ -4,8 +4,9 @@ all-but-one-zero splits, in and out of place, arrays from empty() and registered
 splits from the host and from device arrays (the counts received filled on the device),
 bound calls and CUDA graphs replayed with new data and new device splits, and splits that
 do not match: the same one-line error on every rank, after which the communicator goes on.
-Every test runs each GPU algorithm (pull, balanced and ll, all-to-all and all-to-all-v;
-copy-engine for all_to_all with even splits; all-to-all-v in place is refused by all);
+Every test runs each GPU algorithm (pull, balanced, ll and push, all-to-all and
+all-to-all-v; copy-engine for all_to_all with even splits; all-to-all-v in place is
+refused by all);
 arrays that start off a 16-byte boundary and all-to-one splits reach balanced's shifted
 copies and its cutting by bytes. ll also: the largest block its slots take and the first
 they do not (all-to-all: refused on the host; all-to-all-v: found by every rank on the GPU,
@@ -13,7 +14,9 @@ output untouched; the communicator goes on both ways), graphs of several LL call
 with new data and new device splits, ranks that disagree (output untouched, in place too);
 its silent peer is test_gpu_communicator.py's. copy-engine also: an input of the
 communicator's whole max_bytes, calls right after other algorithms' calls that read their
-staging areas (and before them), and ranks that disagree (found on every rank).
+staging areas (and before them), and ranks that disagree (found on every rank). push
+also: small tiles into reachable outputs and inboxes, and (all-to-all-v) a receiver out
+of reach that would get more than its inbox holds, found by every rank.
 Run under mpiexec with one GPU per rank (or GPUs shared under MPS)."""
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ BLOCKS = (1, 3, 4099, 65_537)
 LARGEST_INPUT_BYTES = 65_537 * 8
 # The GPU algorithms of all_to_all, and those of all_to_all_v (algorithms/__init__.py).
 ALGOS = ("pull", "balanced", "ll", "copy-engine", "push")
-V_ALGOS = ("pull", "balanced", "ll")
+V_ALGOS = ("pull", "balanced", "ll", "push")
 # The algorithms no peer of which reads an input: nothing is ever copied in, in place too.
 NOTHING_STAGED = ("ll", "copy-engine", "push")
 
@@ -561,6 +564,98 @@ def test_push_stores_into_outputs_peers_reach_and_into_inboxes_tile_by_tile(setu
             assert np.array_equal(_host_bytes(reached), _even_want(data, me, width)), replay
     finally:
         comm.unregister(registered)
+
+
+def test_push_all_to_all_v_lands_in_outputs_peers_reach_and_in_inboxes_tile_by_tile(
+        setup, monkeypatch):
+    """Tiles of 1 KiB, so every block's part has several: outputs from empty() and
+    registered ones (the senders store into them), a plain one (into the inbox, copied out
+    tile by tile), random, skewed and all-to-one device splits over calls with new data,
+    and a graph replayed with new splits. Counts are odd, so segments start anywhere."""
+    from ipcshare.collectives.algorithms import gpu_all_to_all_push
+
+    monkeypatch.setattr(gpu_all_to_all_push.GpuPushAllToAllV, "tile_bytes", 1 << 10)
+    group, comm, stream = setup
+    n, me, device = comm.size, comm.rank, group.backend.device
+    count = 100_003
+    width = n * count                       # the most any rank receives (all-to-one)
+    registered = torch.zeros(width, dtype=torch.float32, device=f"cuda:{device}")
+    comm.register(registered)
+    try:
+        reached = torch.from_dlpack(comm.empty((width,), "float32"))
+        plain = torch.zeros(width, dtype=torch.float32, device=f"cuda:{device}")
+        source = torch.zeros(count, dtype=torch.float32, device=f"cuda:{device}")
+        sends = torch.zeros(n, dtype=torch.int64, device=f"cuda:{device}")
+        received = torch.zeros(n, dtype=torch.int64, device=f"cuda:{device}")
+        for out in (reached, registered, plain):
+            for call, kind in enumerate(("random", "skewed", "all-to-one")):
+                m = _matrix(kind, count - call, n)
+                data = [_bytes(700 + call, r, count * 4) for r in range(n)]
+                source.copy_(_tensor(data[me], "float32", device))
+                sends.copy_(torch.tensor(m[me], dtype=torch.int64))
+                out.fill_(-1.0)
+                comm.all_to_all_v(out, source, received, sends, algo="push")
+                comm.synchronize()
+                assert received.cpu().tolist() == m[:, me].tolist(), kind
+                want = _expected(m, data, me, 4)
+                got = _host_bytes(out)
+                assert np.array_equal(got[:want.nbytes], want), kind
+                assert np.all(out[want.nbytes // 4:].cpu().numpy() == -1.0), kind
+        bound = comm.bind("all_to_all_v", reached, source, received, sends, stream=stream,
+                          algo="push")
+        stream.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            bound()
+        for replay in range(6):
+            kind = ("random", "skewed", "all-but-one-zero")[replay % 3]
+            m = _matrix(kind, count - 7 * replay, n)
+            data = [_bytes(800 + replay, r, count * 4) for r in range(n)]
+            source.copy_(_tensor(data[me], "float32", device))
+            sends.copy_(torch.tensor(m[me], dtype=torch.int64))
+            stream.synchronize()
+            graph.replay()
+            comm.synchronize(stream)
+            want = _expected(m, data, me, 4)
+            assert np.array_equal(_host_bytes(reached)[:want.nbytes], want), replay
+    finally:
+        comm.unregister(registered)
+
+
+def test_push_all_to_all_v_past_an_inbox_stops_every_rank_and_a_registered_output_takes_it(
+        setup):
+    """Every rank sends all its input (max_bytes) to the last rank, whose plain output
+    cannot be reached: more than its inbox holds, found by every rank before any byte
+    moves; the same call into registered outputs lands in them, and the communicator
+    goes on."""
+    _group, comm, _stream = setup
+    if comm.size < 2:
+        pytest.skip("needs 2 ranks")
+    with torch_communicator("cuda-vmm", 1 << 20) as (group, cm, stream):
+        n, me, device = cm.size, cm.rank, group.backend.device
+        count = cm.max_bytes // 4
+        m = np.zeros((n, n), np.int64)
+        m[:, n - 1] = count
+        data = [_bytes(900, r, count * 4) for r in range(n)]
+        source = _tensor(data[me], "float32", device)
+        out = torch.full((n * count,), 7.0, dtype=torch.float32, device=f"cuda:{device}")
+        sends = torch.tensor(m[me], device=f"cuda:{device}")
+        received = torch.zeros(n, dtype=torch.int64, device=f"cuda:{device}")
+        cm.all_to_all_v(out, source, received, sends, algo="push", stream=stream)
+        with pytest.raises(CollectiveError, match=rf"^all_to_all_v: rank {n - 1} would "
+                                                  r"receive more bytes than algo='push' can "
+                                                  r"land in its window .*Communicator\.register"):
+            cm.synchronize(stream)
+        assert bool(torch.all(out == 7.0))     # no element moved
+        cm.register(out)
+        try:
+            cm.all_to_all_v(out, source, received, sends, algo="push", stream=stream)
+            cm.synchronize(stream)
+            assert received.cpu().tolist() == m[:, me].tolist()
+            want = _expected(m, data, me, 4)
+            assert np.array_equal(_host_bytes(out)[:want.nbytes], want)
+        finally:
+            cm.unregister(out)
 
 
 @pytest.mark.parametrize("in_place", [False, True])

@@ -23,6 +23,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.block_replay import run_in_random_order
 from tests.host_kernels import build_for_host
 
 POISON = 0xA5
@@ -165,16 +166,7 @@ def replay(plan, m: np.ndarray, item: int, parts: int, rng: random.Random, *,
 
     tasks = [sender(q, b) for q in range(n) for b in range(parts)]
     tasks += [receiver(r, b) for r in range(n) for b in range(parts)]
-    waiting: list[tuple] = [(task, None) for task in tasks]
-    while waiting:
-        ready = [i for i, (_, need) in enumerate(waiting) if need is None or need in signalled]
-        assert ready, "every block waits: the plan deadlocks"
-        index = rng.choice(ready)
-        task, _ = waiting[index]
-        try:
-            waiting[index] = (task, next(task))
-        except StopIteration:
-            waiting.pop(index)
+    run_in_random_order(tasks, lambda need: need in signalled, rng)
     return outputs, inputs
 
 

@@ -91,12 +91,20 @@ def _word(problem, first, second=0, call=7):
                   "input_splits[0] add up past it)"),
     (_word(4, 3, 1), "rank 3's output_splits[1] is not what rank 1 sends it (its "
                      "input_splits[3])"),
+    (_word(6, 1), "rank 1 would receive more bytes than algo='push' can land in its window"),
 ])
 def test_the_kernels_splits_problems_read_as_one_line(word, said):
     message = splits_problem(word)
-    assert message.startswith(f"all_to_all_v: {said} (found on the GPU by every rank at "
-                              "call 7 of this communicator; no element moved)")
+    assert message.startswith(f"all_to_all_v: {said}")
+    assert ("(found on the GPU by every rank at call 7 of this communicator; no element "
+            "moved)") in message
     assert "\n" not in message
+
+
+def test_a_push_receiver_past_its_inbox_is_told_how_to_make_room():
+    message = splits_problem(_word(6, 2))
+    assert message.endswith("register rank 2's output (Communicator.register) or allocate it "
+                            "with Communicator.empty(), or use algo='balanced' or 'auto'")
 
 
 @pytest.mark.parametrize("ranks", range(1, MAX_KERNEL_RANKS + 1))

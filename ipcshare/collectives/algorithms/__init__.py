@@ -45,7 +45,8 @@ _REGISTRY: dict[tuple[str, str], dict[str, str]] = {
                              "push": "gpu_all_to_all_push:GpuPushAllToAll"},
     ("cuda", "all_to_all_v"): {"pull": "gpu_all_to_all:GpuPullAllToAllV",
                                "balanced": "gpu_all_to_all_balanced:GpuBalancedAllToAllV",
-                               "ll": "gpu_all_to_all_ll:GpuLowLatencyAllToAllV"},
+                               "ll": "gpu_all_to_all_ll:GpuLowLatencyAllToAllV",
+                               "push": "gpu_all_to_all_push:GpuPushAllToAllV"},
 }
 _INSTANCES: dict[tuple[str, str, str], Algorithm] = {}
 

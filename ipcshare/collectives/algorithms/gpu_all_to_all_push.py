@@ -7,17 +7,27 @@ first store needs the peer's place), no staging of the input and no exit barrier
 Why stores: on 2 H200s (tools/link_probe.py, 2026-11-28, both GPUs moving 128 MiB each
 way at once) the SMs' stores crossed NVLink at 362 GB/s a direction where their loads came
 back at 331, and the pull kernels first stage a plain input, a whole local pass before any
-peer may read. The all-to-all-v keeps pulling: its counts may be known only on the GPU,
-so no sender knows where its bytes go in a receiver's inbox before a meeting."""
+peer may read.
+
+All-to-all-v (``GpuPushAllToAllV``, kernels/src/collectives/all_to_all_v_push.cuh): the
+counts may be known only on the GPU, so no sender knows where its bytes land in a
+receiver before it has read every rank's split row. Each block meets its peers once,
+loads every header and row in one pass and checks them as pull does; then each sender's
+block b stores part b of the bytes it sends (cut by bytes, as balanced cuts them) tile by
+tile, and each receiver's block b waits for and copies out the tiles of part b of every
+sender. A receiver whose output is out of reach takes its bytes in its inbox, which holds
+the communicator's ``max_bytes``: a call that brings such a rank more is found by every
+rank before any byte moves (kSplitTooLargeForInbox)."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from ..agreement import Signature
+from .gpu_kernel import GpuCall, GpuKernelAlgorithm
 from .gpu_push import _Push
 
-__all__ = ["GpuPushAllToAll"]
+__all__ = ["GpuPushAllToAll", "GpuPushAllToAllV"]
 
 
 class GpuPushAllToAll(_Push):
@@ -41,3 +51,22 @@ class GpuPushAllToAll(_Push):
 
     def sliced_bytes(self, signature: Signature, size: int) -> int:
         return signature.nbytes // max(size, 1)
+
+
+class GpuPushAllToAllV(GpuPushAllToAll):
+    """The counts of each call may only be known on the GPU, and every rank must cut the
+    same parts of every sender: the grid follows the communicator's ``max_bytes``, as
+    pull's and balanced's. Nothing on the host knows the counts, so nothing is refused
+    here for them; in place is refused before any algorithm is asked (blocks move)."""
+
+    op = "all_to_all_v"
+    kernel = "all_to_all_v_push_bytes"
+
+    def unsupported(self, call: Any) -> str | None:
+        # The world size only: the signature of an all-to-all-v has no count.
+        return GpuKernelAlgorithm.unsupported(self, call)
+
+    def run(self, call: GpuCall) -> None:
+        call.args.push_tile_bytes = self.tile_bytes
+        blocks = max(1, min(call.max_blocks, -(-call.max_bytes // self.bytes_per_block)))
+        call.launch(self.entry(call.signature), blocks)

@@ -28,6 +28,9 @@ constexpr u64 kSplitReceivesTooMany = 3;  // rank a receives more than its outpu
 constexpr u64 kSplitMismatch = 4;         // rank a's output_splits[b] != rank b's input_splits[a]
 constexpr u64 kSplitTooLargeForLL = 5;    // all_to_all_v_ll: rank a sends rank b more bytes
                                           // than an LL slot holds
+constexpr u64 kSplitTooLargeForInbox = 6; // all_to_all_v_push: rank a, whose output the peers
+                                          // cannot reach, receives more bytes than its inbox
+                                          // holds
 
 // The first problem of every rank's rows, in one fixed order (0: none), as the error
 // word's bits 24-47 hold it: every rank that checks the same rows finds the same one.
@@ -77,6 +80,25 @@ IPCSHARE_HD u64 first_ll_split_problem(const Row* rows, int n, u64 itemsize, u64
     for (int r = 0; r < n && !problem; ++r)
       if (q != r && (u64)rows[q][r] * itemsize > capacity)
         problem = (kSplitTooLargeForLL << 40) | ((u64)q << 32) | ((u64)r << 24);
+  return problem;
+}
+
+// all_to_all_v_push's first problem: first_split_problem's, then
+// 5. what each rank whose output is out of the peers' reach (bit r of `reachable` clear)
+//    receives fits its inbox (`capacity` bytes, every rank's alike): the bytes land there
+//    at their place in the output, so the whole received run must fit. Counts are at
+//    least 0 and fit their inputs here, so the sums do not overflow.
+// Run by one thread.
+template <class Row>
+IPCSHARE_HD u64 first_push_split_problem(const Row* rows, int n, u64 itemsize, u64 capacity,
+                                         unsigned reachable) {
+  u64 problem = first_split_problem(rows, n);
+  for (int r = 0; r < n && !problem; ++r) {
+    if ((reachable >> r) & 1u) continue;
+    u64 received = 0;
+    for (int q = 0; q < n; ++q) received += (u64)rows[q][r];
+    if (received * itemsize > capacity) problem = (kSplitTooLargeForInbox << 40) | ((u64)r << 32);
+  }
   return problem;
 }
 
