@@ -6,6 +6,8 @@ from __future__ import annotations
 import bisect
 import dataclasses
 
+from .scratch import LL_MAX_BYTES
+
 __all__ = ["Choice", "HOST_CHOICES", "CUDA_CHOICES", "SHARED_GPU_CHOICE", "choose"]
 
 
@@ -126,11 +128,20 @@ CUDA_CHOICES: dict[str, dict[int, Choice]] = {
     "all_to_all": {1: Choice((8 << 20,), ("pull", "balanced")),
                    2: Choice((512 * _KiB, 8 << 20, 32 << 20), ("ll", "pull", "balanced", "push")),
                    3: Choice((512 * _KiB, 8 << 20), ("ll", "pull", "balanced"))},
-    # all_to_all_v's ll (nvidia-h200-x4, 2026-11-28, x4-next e8f3647, random and skewed
-    # splits, graphs): 11-15 us at 4 ranks and 7.4-9.7 at 2 up to 512 KiB against
-    # balanced's 17-25 and 11-16, but not here: every rank must pick the same algorithm
-    # whatever its own counts, and a block over ll's slot is found only on the GPU.
-    "all_to_all_v": {1: Choice((), ("balanced",))},
+    # all_to_all_v: every rank must pick the same algorithm whatever its own counts, so
+    # its nbytes here is the communicator's max_bytes (Communicator._signature), which
+    # every rank agreed on. Up to LL_MAX_BYTES every block of every call fits an LL slot
+    # (ScratchLayout: a slot holds min(max_bytes, LL_MAX_BYTES)), so ll refuses nothing.
+    # ll against balanced, in graphs, random / skewed splits: 2 ranks (nvidia-h200-x2,
+    # 2026-11-28, main 1dd430c, `ipcshare alltoall --algo ll|balanced --splits random|
+    # skewed -b 128K|512K -e 2M|32M -f 4 [--graph] --baseline nccl`, two launches) 8.7 /
+    # 8.6 us at 512 KiB against balanced's 15.5 / 16.2 (NCCL 11.1-11.4), 14.9 / 17.6 at
+    # 2 MiB against 16.7 / 18.2 (NCCL 13.2-15.9); eager 16.7 / 20.2 against 19.1 / 20.2.
+    # 4 ranks (nvidia-h200-x4, 2026-11-28, x4-next e8f3647): 11-15 us up to 512 KiB
+    # against balanced's 17-25; above that ll has not run at 3 or more ranks.
+    "all_to_all_v": {1: Choice((), ("balanced",)),
+                     2: Choice((LL_MAX_BYTES,), ("ll", "balanced")),
+                     3: Choice((512 * _KiB,), ("ll", "balanced"))},
 }
 _TABLES = {"host": HOST_CHOICES, "cuda": CUDA_CHOICES}
 
@@ -145,7 +156,8 @@ SHARED_GPU_CHOICE = "stepped"
 def choose(memory: str, op: str, nbytes: int, world_size: int, *,
            shared_gpus: bool = False) -> str:
     """The algorithm ``auto`` runs for ``op`` over ``world_size`` ranks on ``memory``
-    when the call's largest array has ``nbytes`` (and ``shared_gpus``: some ranks of the
+    when the call's largest array has ``nbytes`` (all-to-all-v: the communicator's
+    max_bytes, the one size every rank shares) (and ``shared_gpus``: some ranks of the
     group share a GPU whose contexts take turns, ``Group.time_sliced_gpus``). The same on
     every rank for the same arguments (it is part of the call's signature)."""
     if shared_gpus and memory == "cuda":

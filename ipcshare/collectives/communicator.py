@@ -605,7 +605,10 @@ class Communicator:
 
     def _signature(self, call: _Call) -> tuple[Signature, Any]:
         """The call's signature and algorithm (``auto`` resolved), built once per shape."""
-        name = choose(self.memory, call.op, call.nbytes, self.size,
+        # An all-to-all-v's arrays and counts differ from rank to rank; the communicator's
+        # max_bytes, which bounds them all, is the same everywhere.
+        nbytes = self.max_bytes if call.op == "all_to_all_v" else call.nbytes
+        name = choose(self.memory, call.op, nbytes, self.size,
                       shared_gpus=self._time_sliced) if call.algo == "auto" else call.algo
         inp = call.inp
         # All-to-all-v counts differ from rank to rank: its calls agree on the rest, and

@@ -325,9 +325,16 @@ def test_three_and_four_gpus_run_small_calls_by_the_low_latency_protocol():
     assert choose("cuda", "all_reduce", (128 << 10) + 1, 3) == "ll"
 
 
-def test_all_to_all_v_runs_balanced_and_all_to_all_ll_then_pull_up_to_8_mib():
+def test_all_to_all_v_runs_ll_on_small_communicators_and_all_to_all_ll_then_pull():
+    # all_to_all_v: nbytes is the communicator's max_bytes. Up to LL_MAX_BYTES every block
+    # fits an LL slot; ll where it was measured ahead (2 MiB at 2 ranks, 512 KiB at 4).
+    assert choose("cuda", "all_to_all_v", 1, 1) == "balanced"
+    assert choose("cuda", "all_to_all_v", LL_MAX_BYTES, 2) == "ll"
+    assert choose("cuda", "all_to_all_v", LL_MAX_BYTES + 1, 2) == "balanced"
+    for size in (3, 4, 8):
+        assert choose("cuda", "all_to_all_v", 512 << 10, size) == "ll"
+        assert choose("cuda", "all_to_all_v", (512 << 10) + 1, size) == "balanced"
     for size in (2, 3, 4):
-        assert choose("cuda", "all_to_all_v", 1, size) == "balanced"
         assert choose("cuda", "all_to_all_v", 1 << 30, size) == "balanced"
         assert choose("cuda", "all_to_all", 1, size) == "ll"
         assert choose("cuda", "all_to_all", 512 << 10, size) == "ll"
@@ -462,3 +469,24 @@ def test_grids_stay_within_the_share_of_ranks_on_one_gpu(op, algo_name):
         assert max(blocks for entry, blocks in steps if entry != "meet") == max_blocks
     small = _recorded(algo_name, op, dtype, 64, 4, 32)
     assert all(blocks == 1 for entry, blocks in small if entry != "meet")
+
+
+def test_auto_all_to_all_v_is_chosen_by_the_communicators_max_bytes_not_the_call(monkeypatch):
+    """Ranks' inputs differ in an all-to-all-v: a choice by the call's own bytes could
+    differ from rank to rank; by max_bytes every rank picks the same."""
+    import types
+
+    from ipcshare.collectives import communicator as module
+
+    asked = []
+    monkeypatch.setattr(module, "choose", lambda memory, op, nbytes, size, **_: (
+        asked.append((op, nbytes)) or "ll"))
+    fake = types.SimpleNamespace(memory="cuda", size=2, max_bytes=1 << 20,
+                                 _time_sliced=False, _signatures={})
+    for op, nbytes in (("all_to_all_v", 4096), ("all_to_all", 4096)):
+        call = types.SimpleNamespace(op=op, algo="auto", nbytes=nbytes, redop=None,
+                                     inp=types.SimpleNamespace(count=1024, dtype="float32",
+                                                               itemsize=4))
+        signature, chosen = module.Communicator._signature(fake, call)
+        assert (signature.algo, chosen.name) == ("ll", "ll")
+    assert asked == [("all_to_all_v", 1 << 20), ("all_to_all", 4096)]

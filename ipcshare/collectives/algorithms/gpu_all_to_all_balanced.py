@@ -14,7 +14,8 @@ destination are not aligned alike (kernels/include/ipcshare/wide_copy.cuh).
 Everything pull keeps is kept: device splits read at run time, ``output_splits`` filled on
 the device, the same split checks on every rank with nothing moved, graphs replayed with
 new splits, inputs from ``empty()`` and registered arrays read in place. ``auto`` runs
-it for every all-to-all-v and for all-to-alls above 8 MiB, but above 32 MiB at 2 ranks,
+it for the all-to-all-v of communicators whose max_bytes passes ll's reach (2 MiB at 2
+ranks, 512 KiB at more), and for all-to-alls above 8 MiB, but above 32 MiB at 2 ranks,
 where push runs them (choice.py has the figures)."""
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ All-to-all-v (``GpuLowLatencyAllToAllV``, kernel ``all_to_all_v_ll`` in the same
 the splits stay on the device and are read at run time, so graphs replay with new ones.
 Each sender's slot carries its split row (a line a word) before its block; every rank
 checks every row as pull does, plus that no block is larger than a slot, so all ranks
-stop alike on the same problem and move nothing. ``auto`` does not pick it (not yet
-measured on GPUs)."""
+stop alike on the same problem and move nothing. ``auto`` picks it on communicators whose
+max_bytes is at most 2 MiB at 2 ranks and 512 KiB at more: every block of every call then
+fits a slot, whatever the counts (choice.py has the figures)."""
 
 from __future__ import annotations
 
