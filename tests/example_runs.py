@@ -27,9 +27,10 @@ def inside_an_mpi_job() -> bool:
         "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "PMIX_RANK", "MPI_LOCALNRANKS"))
 
 
-def load_example(name: str) -> ModuleType:
-    """``examples/<name>.py`` as a module (its ``main`` is not run)."""
-    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+def load_example(name: str, folder: Path = EXAMPLES) -> ModuleType:
+    """``examples/<name>.py`` (or ``<folder>/<name>.py``: a tool) as a module (its
+    ``main`` is not run)."""
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     # Registered first, as an import would: dataclasses look their module up by name.
     sys.modules[name] = module

@@ -72,8 +72,10 @@ class DeviceBackend(Backend):
         if source not in self._kernels:
             from ..kernels.compiler import compile_kernel_source, device_arch
             from ..kernels.launcher import LoadedKernels
+            from ..kernels.trace import build_options
 
-            cubin = compile_kernel_source(source, arch=device_arch(self.device))
+            cubin = compile_kernel_source(source, arch=device_arch(self.device),
+                                          options=build_options(source))
             self._context.make_current()
             self._kernels[source] = LoadedKernels(cubin)
         return self._kernels[source]

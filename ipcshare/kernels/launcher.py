@@ -129,6 +129,19 @@ class LoadedKernels:
                 "cuModuleGetFunction", driver.cuModuleGetFunction(self._module, name.encode()))
         return self._functions[name]
 
+    def global_array(self, name: str) -> tuple[int, int]:
+        """``(device address, bytes)`` of the module's ``__device__`` variable ``name``
+        (one with C linkage, such as trace.cuh's ``ipcshare_trace``).
+
+        Raises:
+            CudaError: no such variable (CUDA_ERROR_NOT_FOUND), e.g. a build without it.
+        """
+        if self._module is None:
+            raise ValueError("kernels were unloaded")
+        ptr, nbytes = check("cuModuleGetGlobal",
+                            driver.cuModuleGetGlobal(self._module, name.encode()))
+        return int(ptr), int(nbytes)
+
     def launcher(self, name: str, args: ctypes.Structure, *, grid: int, block: int,
                  stream: Any):
         """A callable launching ``name`` with the current contents of ``args``.

@@ -16,13 +16,14 @@ from .errors import SettingError
 __all__ = [
     "Setting", "SETTINGS", "raw", "seconds", "log_level", "debug", "max_ranks_per_gpu",
     "disabled_p2p_pairs", "shared_gpu_barrier", "SHARED_GPU_BARRIERS", "mpi_cuda_aware",
-    "socket_dir", "kernel_cache", "doctor_test_death", "exchange_timeout", "signal_timeout",
+    "socket_dir", "kernel_cache", "kernel_trace", "doctor_test_death", "exchange_timeout",
+    "signal_timeout",
     "DEFAULT_EXCHANGE_TIMEOUT_S", "DEFAULT_SIGNAL_TIMEOUT_S", "MIN_SECONDS", "MAX_SECONDS",
     "LOG", "DEBUG", "VIRTUAL_NODES", "MAX_RANKS_PER_GPU",
     "DISABLE_P2P", "P2P_FALLBACK", "P2P_CHUNK", "SHARED_GPU_BARRIER", "MPI_CUDA_AWARE",
     "SIGNAL_TIMEOUT", "EXCHANGE_TIMEOUT",
     "ARRIVAL_TIMEOUT", "PEER_EXIT_GRACE", "DOCTOR_TIMEOUT", "SOCKET_DIR", "KERNEL_CACHE",
-    "DOCTOR_TEST_DIE_RANK", "DOCTOR_TEST_DIE_STAGE",
+    "KERNEL_TRACE", "DOCTOR_TEST_DIE_RANK", "DOCTOR_TEST_DIE_STAGE",
 ]
 
 LOG = "IPCSHARE_LOG"
@@ -41,6 +42,7 @@ PEER_EXIT_GRACE = "IPCSHARE_PEER_EXIT_GRACE"
 DOCTOR_TIMEOUT = "IPCSHARE_DOCTOR_TIMEOUT"
 SOCKET_DIR = "IPCSHARE_SOCKET_DIR"
 KERNEL_CACHE = "IPCSHARE_KERNEL_CACHE"
+KERNEL_TRACE = "IPCSHARE_KERNEL_TRACE"
 DOCTOR_TEST_DIE_RANK = "IPCSHARE_DOCTOR_TEST_DIE_RANK"
 DOCTOR_TEST_DIE_STAGE = "IPCSHARE_DOCTOR_TEST_DIE_STAGE"
 
@@ -89,6 +91,8 @@ SETTINGS = (
     Setting(KERNEL_CACHE, "$XDG_CACHE_HOME/ipcshare/kernels, else "
             "~/.cache/ipcshare/kernels", "where compiled kernels (CUBIN) are kept, one file "
             "per kernel, architecture and NVRTC version"),
+    Setting(KERNEL_TRACE, "0", "1: build the collective kernels with phase stamps for "
+            "tools/kernel_trace.py (a CUBIN of its own; results the same)"),
     Setting(DOCTOR_TEST_DIE_RANK, "unset", "tests only: the rank that dies during doctor"),
     Setting(DOCTOR_TEST_DIE_STAGE, "matrix", "tests only: the doctor stage at which it dies"),
 )
@@ -249,6 +253,20 @@ def socket_dir() -> str | None:
 def kernel_cache() -> str | None:
     """``IPCSHARE_KERNEL_CACHE``, or None when unset or empty."""
     return raw(KERNEL_CACHE) or None
+
+
+def kernel_trace() -> bool:
+    """``IPCSHARE_KERNEL_TRACE``: whether the collective kernels are built with their phase
+    stamps (kernels/include/ipcshare/trace.cuh); False when unset.
+
+    Raises:
+        SettingError: set to something other than 0 or 1.
+    """
+    text = _text(KERNEL_TRACE)
+    if text not in ("", "0", "1"):
+        raise SettingError(f"{KERNEL_TRACE}={text!r}: use 1 (kernels with phase stamps, for "
+                           "tools/kernel_trace.py) or 0", setting=KERNEL_TRACE, value=text)
+    return text == "1"
 
 
 def doctor_test_death() -> tuple[str, str]:

@@ -5,7 +5,6 @@ element (GPU cases run on the GPU nodes, tools/gpu-check.sh csweep)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from ipcshare.collectives.algorithms import algorithm_names
+from tests.example_runs import load_example
 
 from .test_cli import MPIEXEC, needs_mpiexec
 
@@ -22,10 +22,7 @@ TOOL = Path(__file__).resolve().parents[2] / "tools" / "collective_sweep.py"
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("collective_sweep", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("collective_sweep", TOOL.parent)
 
 
 def test_sizes_run_from_one_block_to_the_largest_with_an_odd_one_before_it():

@@ -38,17 +38,27 @@ _REGISTERS_PER_BLOCK = 65536
 _EIFMT_SVAL, _EIATTR_REGCOUNT = 4, 0x2F
 
 
-def _registers_per_thread(cubin: bytes) -> dict[str, int]:
-    """{kernel: registers a thread} from a CUBIN (ELF64): the REGCOUNT attributes of its
-    .nv.info section, each naming its kernel by a .symtab index."""
+def _section_headers(cubin: bytes) -> tuple[list[tuple], dict[str, tuple]]:
+    """A CUBIN's (ELF64) section headers, in order and by name."""
     shoff, = struct.unpack_from("<Q", cubin, 0x28)
     entsize, count, names_index = struct.unpack_from("<HHH", cubin, 0x3A)
     headers = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * entsize)
                for i in range(count)]
+    names_at = headers[names_index][4]
+    return headers, {_text(cubin, names_at + header[0]): header for header in headers}
+
+
+def _text(cubin: bytes, offset: int) -> str:
+    return cubin[offset:cubin.index(b"\0", offset)].decode()
+
+
+def _registers_per_thread(cubin: bytes) -> dict[str, int]:
+    """{kernel: registers a thread} from a CUBIN (ELF64): the REGCOUNT attributes of its
+    .nv.info section, each naming its kernel by a .symtab index."""
+    headers, sections = _section_headers(cubin)
 
     def text(offset: int) -> str:
-        return cubin[offset:cubin.index(b"\0", offset)].decode()
-    sections = {text(headers[names_index][4] + header[0]): header for header in headers}
+        return _text(cubin, offset)
     symtab = sections[".symtab"]
     strtab_offset = headers[symtab[6]][4]
 
@@ -172,3 +182,25 @@ def test_user_kernels_can_use_the_low_latency_lines():
     }
     """
     assert _is_cubin(compile_kernel_source("user_ll.cu", code=code, use_cache=False))
+
+
+def test_the_phase_stamps_are_only_in_the_traced_build_and_it_still_fits_a_block():
+    """kernels/include/ipcshare/trace.cuh: the usual build has no stamps buffer and the
+    kernels are the machine code they were without marks (a kernel without marks is the
+    same in both builds); the traced build (IPCSHARE_KERNEL_TRACE=1) has the buffer, and
+    every kernel still fits a block of THREADS."""
+    from ipcshare.kernels.trace import TRACE_SYMBOL
+
+    usual = compile_kernel_source("collectives.cu")
+    traced = compile_kernel_source("collectives.cu", options=("-DIPCSHARE_KERNEL_TRACE",))
+    assert TRACE_SYMBOL.encode() not in usual and TRACE_SYMBOL.encode() in traced
+    registers = _registers_per_thread(traced)
+    for entry in KERNEL_SOURCES["collectives.cu"]:
+        assert 0 < registers[entry] * THREADS <= _REGISTERS_PER_BLOCK, (entry, registers[entry])
+
+    def code(cubin: bytes, kernel: str) -> bytes:
+        header = _section_headers(cubin)[1][f".text.{kernel}"]
+        return cubin[header[4]:header[4] + header[5]]
+    assert code(usual, "all_reduce_one_shot_float32_sum") == code(
+        traced, "all_reduce_one_shot_float32_sum")
+    assert code(usual, "all_to_all_v_push_bytes") != code(traced, "all_to_all_v_push_bytes")

@@ -108,6 +108,18 @@ def test_mpi_cuda_aware(monkeypatch):
         settings.mpi_cuda_aware()
 
 
+def test_kernel_trace_is_off_unless_1_and_refuses_other_words(monkeypatch):
+    monkeypatch.delenv(settings.KERNEL_TRACE, raising=False)
+    assert settings.kernel_trace() is False
+    for text, expected in (("1", True), (" 1 ", True), ("0", False), ("", False)):
+        monkeypatch.setenv(settings.KERNEL_TRACE, text)
+        assert settings.kernel_trace() is expected
+    monkeypatch.setenv(settings.KERNEL_TRACE, "yes")
+    with pytest.raises(ConfigError, match=r"IPCSHARE_KERNEL_TRACE='yes': use 1 \(kernels "
+                                          r"with phase stamps"):
+        settings.kernel_trace()
+
+
 def test_texts_and_flags(monkeypatch):
     for name in (settings.LOG, settings.DEBUG, settings.SOCKET_DIR, settings.KERNEL_CACHE,
                  settings.DOCTOR_TEST_DIE_RANK, settings.DOCTOR_TEST_DIE_STAGE):

@@ -27,6 +27,8 @@
 // (its segments move, so a block would overwrite what another block has not staged).
 #pragma once
 
+#include <ipcshare/trace.cuh>
+
 #include "collectives/call.cuh"
 #include "collectives/split_checks.cuh"  // the problem codes, first_split_problem
 
@@ -185,6 +187,7 @@ __device__ __forceinline__ void all_to_all_pull(const CollectiveArgs& a) {
   const unsigned long long itemsize = kVariable ? (unsigned long long)a.itemsize : 1ull;
   Call call;
   begin_call(a, call);
+  IPCSHARE_MARK(0);  // begun
   // This rank's sends, and where each segment starts in its input (elements).
   __shared__ long long sends[kMaxRanks], send_at[kMaxRanks];
   const bool own_ok = read_own_sends<kVariable>(a, sends, send_at);
@@ -197,10 +200,14 @@ __device__ __forceinline__ void all_to_all_pull(const CollectiveArgs& a) {
       stage(a, call, first + s.begin, first + s.end, input_bytes);
     }
   }
+  IPCSHARE_MARK(1);  // staged
   meet(a, call);
+  IPCSHARE_MARK(2);  // met, headers read
   // rows[q][r]: the elements rank q sends rank r.
   __shared__ SplitRow rows[kMaxRanks];
-  if (read_rows<kVariable>(a, call, rows, sends)) {
+  const bool rows_ok = read_rows<kVariable>(a, call, rows, sends);
+  IPCSHARE_MARK(3);  // rows read
+  if (rows_ok) {
     // Segments land packed in rank order; rank q's for us starts after what rank q
     // sends lower ranks.
     for (int step = 0; step < n; ++step) {
@@ -216,5 +223,7 @@ __device__ __forceinline__ void all_to_all_pull(const CollectiveArgs& a) {
       ipcshare::block_copy(dst, src, s.end - s.begin);
     }
   }
+  IPCSHARE_MARK(4);  // read
   leave(a, call);
+  IPCSHARE_MARK(5);  // ended
 }

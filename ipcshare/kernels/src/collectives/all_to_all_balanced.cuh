@@ -37,6 +37,7 @@
 // (aliasing_safe is false), as for pull.
 #pragma once
 
+#include <ipcshare/trace.cuh>
 #include <ipcshare/wide_copy.cuh>
 
 #include "collectives/all_to_all.cuh"
@@ -90,6 +91,7 @@ __device__ __forceinline__ void all_to_all_balanced(const CollectiveArgs& a) {
   const unsigned long long parts = gridDim.x, part = blockIdx.x;
   Call call;
   begin_call(a, call);
+  IPCSHARE_MARK(0);  // begun
   __shared__ long long sends[kMaxRanks];
   const bool own_ok = read_own_sends<kVariable>(a, sends, nullptr);
   if (kVariable) publish_split_row(a, call.parity, sends);
@@ -101,15 +103,20 @@ __device__ __forceinline__ void all_to_all_balanced(const CollectiveArgs& a) {
                         ipcshare::block_copy_wide(staging + at, a.input + at, nbytes);
                       });
   }
+  IPCSHARE_MARK(1);  // staged
   if (threadIdx.x == 0) publish_header(a, call.parity);
   const u64 value = barrier_value(call.epoch, 0);
   signal_part(a, value);
+  IPCSHARE_MARK(2);  // part signalled
   // Part b of every sender: the meeting after which the headers and rows are read.
   const bool met = ipcshare::block_wait(a.pads, me, n, barrier_slots(a, 0), value,
                                         a.timeout_ns, call.epoch);
+  IPCSHARE_MARK(3);  // met
   read_headers(a, call, met);
   __shared__ SplitRow rows[kMaxRanks];
-  if (read_rows<kVariable>(a, call, rows, sends)) {
+  const bool rows_ok = read_rows<kVariable>(a, call, rows, sends);
+  IPCSHARE_MARK(4);  // headers and rows read
+  if (rows_ok) {
     const bool in_place = !kVariable && a.output == a.input;
     bool going = true;
     plan::plan_reads(&rows[0][0], 2 * kMaxRanks + 3, n, me, itemsize, parts, part,
@@ -130,5 +137,7 @@ __device__ __forceinline__ void all_to_all_balanced(const CollectiveArgs& a) {
                      });
     if (!going) call.failed = true;
   }
+  IPCSHARE_MARK(5);  // read
   leave(a, call);
+  IPCSHARE_MARK(6);  // ended
 }

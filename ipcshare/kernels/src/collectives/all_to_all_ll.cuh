@@ -29,6 +29,7 @@
 #pragma once
 
 #include <ipcshare/ll.cuh>
+#include <ipcshare/trace.cuh>
 
 #include "collectives/all_to_all.cuh"
 #include "collectives/low_latency.cuh"
@@ -40,9 +41,12 @@ __device__ void all_to_all_ll(const CollectiveArgs& a) {
   const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
   const unsigned long long first = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
   LLCall call = ll_begin(a);
+  IPCSHARE_MARK(0);  // begun
   for (unsigned long long j = first; j < lines; j += stride)
     ll_push_blocks(a, call, a.input, block, j);  // every peer's line j, loads first
+  IPCSHARE_MARK(1);  // pushed
   ll_check_digests(a, call);
+  IPCSHARE_MARK(2);  // digests checked
   const bool in_place = a.output == a.input;
   const char* own_in = a.input + me * block;
   char* own_out = a.output + me * block;
@@ -66,7 +70,9 @@ __device__ void all_to_all_ll(const CollectiveArgs& a) {
     if (!call.failed && !in_place)
       ipcshare::store_payload(own_out, j, block, own_out_aligned, own);
   }
+  IPCSHARE_MARK(3);  // received
   ll_end(a, call);
+  IPCSHARE_MARK(4);  // ended
 }
 
 // All-to-all-v, low-latency (GpuLowLatencyAllToAllV): the even kernel above with the
@@ -166,6 +172,7 @@ __device__ void all_to_all_v_ll(const CollectiveArgs& a) {
   // 0. Our sends, loaded before the call begins, then checked and summed.
   const long long mine = threadIdx.x < n ? own_send_split(a, threadIdx.x) : 0;
   LLCall call = ll_begin(a);
+  IPCSHARE_MARK(0);  // begun
   if (warp0) {
     unsigned long long at;
     const bool own_ok = warp_own_sends(a, mine, at);
@@ -211,8 +218,10 @@ __device__ void all_to_all_v_ll(const CollectiveArgs& a) {
     for (int step = 1; step < kMaxRanks; ++step)
       if ((has >> step) & 1u) ll_push_to(a, call, ll_peer_at(a, step), words + j, line[step]);
   }
+  IPCSHARE_MARK(1);  // pushed
   // 2. The digests.
   ll_check_digests(a, call);
+  IPCSHARE_MARK(2);  // digests checked
   // 3. Every rank's row, the verdict and the receive offsets, in warp 0.
   if (!call.failed && warp0) {
     bool came = true;
@@ -252,6 +261,7 @@ __device__ void all_to_all_v_ll(const CollectiveArgs& a) {
     }
   }
   __syncthreads();
+  IPCSHARE_MARK(3);  // rows read and checked
   if (!sound) call.failed = true;
   if (!call.failed) fill_receive_splits(a, rows);
   // 4. The blocks: every source's line j at once, then our own.
@@ -284,5 +294,7 @@ __device__ void all_to_all_v_ll(const CollectiveArgs& a) {
       ipcshare::store_payload(block, j, own_bytes, ((unsigned long long)block & 7ull) == 0, own);
     }
   }
+  IPCSHARE_MARK(4);  // received
   ll_end(a, call);
+  IPCSHARE_MARK(5);  // ended
 }

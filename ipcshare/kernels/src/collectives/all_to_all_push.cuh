@@ -30,6 +30,7 @@
 // way when the call ends.
 #pragma once
 
+#include <ipcshare/trace.cuh>
 #include <ipcshare/wide_copy.cuh>
 
 #include "collectives/push.cuh"
@@ -41,8 +42,10 @@ __device__ void all_to_all_push(const CollectiveArgs& a) {
   const Tiles tiles(block_slice(block, 16), 16, 1, a.push_tile_bytes);
   Call call;
   begin_call(a, call);
+  IPCSHARE_MARK(0);  // begun
   __shared__ char* places[kMaxRanks];
   push_meet(a, call, !in_place, places);
+  IPCSHARE_MARK(1);  // met, headers read
   const bool from_inbox = a.output_mapped == 0 || in_place;
   const char* inbox = a.windows[me] + a.staging_offset[call.parity];
   for (unsigned long long step = 0; step < tiles.count + 1 && !call.failed; ++step) {
@@ -59,11 +62,13 @@ __device__ void all_to_all_push(const CollectiveArgs& a) {
         ipcshare::block_copy_wide(a.output + me * block + tile.begin,
                                   a.input + me * block + tile.begin, nbytes);
       pushed = step + 1;
+      if (step == 0) IPCSHARE_MARK(2);  // tile 0 stored
     }
     if (step >= 1) {
       const unsigned long long t = step - 1;
       push_wait(a, call, 0, t, /*headers_read=*/true);
       if (call.failed) break;
+      if (t == 0) IPCSHARE_MARK(4);  // the peers' tile 0 came
       if (from_inbox) {
         const Slice tile = tiles.tile(t);
         for (int i = 1; i < n; ++i) {
@@ -74,6 +79,9 @@ __device__ void all_to_all_push(const CollectiveArgs& a) {
       }
     }
     if (pushed != 0) push_signal(a, call, pushed, 0);
+    if (step == 0) IPCSHARE_MARK(3);  // tile 0 signalled
   }
+  IPCSHARE_MARK(5);  // every step done
   ipcshare::end_epoch(a.pads[a.rank], a.epoch_word, call.epoch);
+  IPCSHARE_MARK(6);  // ended
 }

@@ -33,6 +33,7 @@
 // place is refused on the host.
 #pragma once
 
+#include <ipcshare/trace.cuh>
 #include <ipcshare/wide_copy.cuh>
 
 #include "collectives/all_to_all.cuh"
@@ -62,6 +63,7 @@ __device__ __forceinline__ bool push_v_meet(const CollectiveArgs& a, Call& call,
   const bool met = ipcshare::block_wait(a.pads, a.rank, n, entered,
                                         barrier_value(call.epoch, 1), a.timeout_ns,
                                         call.epoch);
+  IPCSHARE_MARK(2);  // met
   __shared__ u64 heads[kMaxRanks][kHeaderWords];
   __shared__ int verdict;
   if (met) {
@@ -150,14 +152,17 @@ __device__ void all_to_all_v_push(const CollectiveArgs& a) {
   const u64 tile = a.push_tile_bytes != 0 ? a.push_tile_bytes : kPushTileBytes;
   Call call;
   begin_call(a, call);
+  IPCSHARE_MARK(0);  // begun
   __shared__ long long sends[kMaxRanks];
   // A bad row is found by every rank in the meeting's checks, which stop all before any
   // byte moves; the counts need no check of their own here.
   read_own_sends<true>(a, sends, nullptr);
   publish_split_row(a, call.parity, sends);
+  IPCSHARE_MARK(1);  // row published
   __shared__ SplitRow rows[kMaxRanks];
   __shared__ char* places[kMaxRanks];
   if (push_v_meet(a, call, rows, places)) {
+    IPCSHARE_MARK(3);  // rows read and checked
     const long long* flat = &rows[0][0];
     const bool from_inbox = a.output_mapped == 0;
     const char* inbox = a.windows[me] + a.staging_offset[call.parity];
@@ -177,6 +182,7 @@ __device__ void all_to_all_v_push(const CollectiveArgs& a) {
                           ipcshare::block_copy_wide(base + dst, a.input + src, nbytes);
                         });
         pushed = step + 1;
+        if (step == 0) IPCSHARE_MARK(4);  // tile 0 stored
       }
       if (step >= 1) {
         const u64 t = step - 1;
@@ -184,6 +190,7 @@ __device__ void all_to_all_v_push(const CollectiveArgs& a) {
           call.failed = true;
           break;
         }
+        if (t == 0) IPCSHARE_MARK(6);  // the peers' tile 0 came
         if (from_inbox) {
           for (int i = 1; i < n; ++i) {
             const int q = (me + i) % n;
@@ -196,7 +203,10 @@ __device__ void all_to_all_v_push(const CollectiveArgs& a) {
         }
       }
       if (pushed != 0) push_signal(a, call, pushed, 0);
+      if (step == 0) IPCSHARE_MARK(5);  // tile 0 signalled
     }
+    IPCSHARE_MARK(7);  // every step done
   }
   ipcshare::end_epoch(a.pads[a.rank], a.epoch_word, call.epoch);
+  IPCSHARE_MARK(8);  // ended
 }

@@ -1,0 +1,173 @@
+"""The collective kernels' phase stamps (kernels/include/ipcshare/trace.cuh) on the host:
+which build carries them, reading them after a call, and what they say.
+
+A traced build (``IPCSHARE_KERNEL_TRACE=1`` when the backend first compiles
+collectives.cu) stamps two clocks at each mark a kernel reaches, from thread 0 of its
+first TRACE_BLOCKS blocks: the SM's cycle counter and the GPU's globaltimer. Cycles time a
+phase exactly but only within one SM; the globaltimer is comparable everywhere but its
+resolution depends on the GPU. So offsets are cycles, converted to nanoseconds at the
+ratio the two clocks show over many calls at once (``ns_per_cycle``), where a coarse
+globaltimer's error spreads over a long span. tools/kernel_trace.py runs a collective
+and prints what each phase cost."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..runtime import settings
+
+__all__ = ["TRACE_BLOCKS", "TRACE_MARKS", "TRACE_SYMBOL", "KERNEL_MARKS", "build_options",
+           "KernelTrace", "ns_per_cycle", "mark_offsets_ns", "MarkRow", "summarize"]
+
+# trace.cuh's kTraceBlocks and kTraceMarks (tests/unit/test_kernel_trace.py compares them).
+TRACE_BLOCKS = 4
+TRACE_MARKS = 16
+TRACE_SYMBOL = "ipcshare_trace"
+_TRACE_DEFINE = "-DIPCSHARE_KERNEL_TRACE"
+# The sources whose kernels carry marks.
+_TRACED_SOURCES = ("collectives.cu",)
+
+# The marks each entry point stamps, in the order it stamps them (its marks in its .cuh).
+_PULL = ("begun", "staged", "met, headers read", "rows read", "read", "ended")
+_BALANCED = ("begun", "staged", "part signalled", "met", "headers and rows read", "read",
+             "ended")
+KERNEL_MARKS: dict[str, tuple[str, ...]] = {
+    "all_to_all_pull_bytes": _PULL,
+    "all_to_all_v_pull_bytes": _PULL,
+    "all_to_all_balanced_bytes": _BALANCED,
+    "all_to_all_v_balanced_bytes": _BALANCED,
+    "all_to_all_ll_bytes": ("begun", "pushed", "digests checked", "received", "ended"),
+    "all_to_all_v_ll_bytes": ("begun", "pushed", "digests checked", "rows read and checked",
+                              "received", "ended"),
+    "all_to_all_push_bytes": ("begun", "met, headers read", "tile 0 stored",
+                              "tile 0 signalled", "the peers' tile 0 came", "every step done",
+                              "ended"),
+    "all_to_all_v_push_bytes": ("begun", "row published", "met", "rows read and checked",
+                                "tile 0 stored", "tile 0 signalled", "the peers' tile 0 came",
+                                "every step done", "ended"),
+}
+
+
+def build_options(source: str) -> tuple[str, ...]:
+    """NVRTC options for ``source``: the trace's define where the setting asks for it
+    and the source carries marks, else none (the usual build)."""
+    if source in _TRACED_SOURCES and settings.kernel_trace():
+        return (_TRACE_DEFINE,)
+    return ()
+
+
+class KernelTrace:
+    """The stamps of a traced module (``LoadedKernels``): ``reset()`` before a call,
+    ``read()`` after the call has finished (the caller synchronizes).
+
+    Raises:
+        RuntimeError: the module was built without stamps.
+    """
+
+    def __init__(self, kernels: Any) -> None:
+        from ..runtime.errors import CudaError
+
+        try:
+            self.ptr, self.nbytes = kernels.global_array(TRACE_SYMBOL)
+        except CudaError:
+            raise RuntimeError("the collective kernels were built without phase stamps: set "
+                               "IPCSHARE_KERNEL_TRACE=1 before the group is made") from None
+        expected = TRACE_BLOCKS * TRACE_MARKS * 2 * 8
+        if self.nbytes != expected:
+            raise RuntimeError(f"{TRACE_SYMBOL} holds {self.nbytes} bytes, expected {expected}: "
+                               "trace.cuh and kernels/trace.py disagree")
+
+    def reset(self) -> None:
+        from ..runtime.cuda_driver import check, driver
+
+        check("cuMemsetD8", driver.cuMemsetD8(self.ptr, 0, self.nbytes))
+
+    def read(self) -> np.ndarray:
+        """``[block, mark, clock]`` (clock 0: cycles, 1: globaltimer ns); 0 where a mark
+        was not reached."""
+        from ..runtime.cuda_driver import check, driver
+
+        out = np.zeros((TRACE_BLOCKS, TRACE_MARKS, 2), np.uint64)
+        check("cuMemcpyDtoH", driver.cuMemcpyDtoH(out.ctypes.data, self.ptr, self.nbytes))
+        return out
+
+
+def _reached(stamps: np.ndarray) -> np.ndarray:
+    """[block, mark]: whether the mark was stamped (a zero globaltimer never is)."""
+    return stamps[:, :, 1] != 0
+
+
+def ns_per_cycle(calls: Sequence[np.ndarray]) -> float:
+    """The ratio of globaltimer nanoseconds to cycles over every block's span (its first
+    to its last reached mark) of every call, pooled: the longer the sum, the less a coarse
+    globaltimer matters. NaN where no block spans two marks with time between them."""
+    cycles = nanoseconds = 0
+    for stamps in calls:
+        reached = _reached(stamps)
+        for block in range(stamps.shape[0]):
+            marks = np.flatnonzero(reached[block])
+            if marks.size < 2:
+                continue
+            first, last = stamps[block, marks[0]], stamps[block, marks[-1]]
+            if last[0] > first[0] and last[1] >= first[1]:
+                cycles += int(last[0] - first[0])
+                nanoseconds += int(last[1] - first[1])
+    return nanoseconds / cycles if cycles and nanoseconds else float("nan")
+
+
+def mark_offsets_ns(stamps: np.ndarray, scale: float) -> np.ndarray:
+    """[block, mark]: nanoseconds from the block's mark 0 to each mark, from cycles at
+    ``scale`` ns a cycle; NaN where the mark (or the block's mark 0) was not reached."""
+    reached = _reached(stamps)
+    cycles = stamps[:, :, 0].astype(np.float64)
+    offsets = (cycles - cycles[:, :1]) * scale
+    offsets[~reached] = np.nan
+    offsets[~reached[:, 0]] = np.nan
+    return offsets
+
+
+@dataclasses.dataclass(frozen=True)
+class MarkRow:
+    """One mark over the calls: the median (and 10th / 90th percentiles) of block 0's
+    time from mark 0 to it, the median of the slowest traced block's, the median step
+    from the mark before it (block 0), and in how many calls block 0 reached it."""
+
+    name: str
+    median_us: float
+    p10_us: float
+    p90_us: float
+    slowest_us: float
+    step_us: float
+    reached: int
+
+
+def summarize(calls: Sequence[np.ndarray], names: Sequence[str]) -> tuple[float,
+                                                                             list[MarkRow]]:
+    """(ns a cycle, a row per named mark) over ``calls`` (each ``KernelTrace.read()``)."""
+    scale = ns_per_cycle(calls)
+    if not calls:
+        return scale, []
+    offsets = np.stack([mark_offsets_ns(stamps, scale) for stamps in calls])  # call, block, mark
+    rows = []
+    for mark, name in enumerate(names[:TRACE_MARKS]):
+        first = offsets[:, 0, mark]
+        seen = first[~np.isnan(first)]
+        # The slowest traced block of each call that any block reached the mark in.
+        slowest = np.array([np.max(blocks[~np.isnan(blocks)])
+                            for blocks in offsets[:, :, mark] if not np.all(np.isnan(blocks))])
+        step = first - offsets[:, 0, mark - 1] if mark else first
+        step = step[~np.isnan(step)]
+        if seen.size == 0:
+            rows.append(MarkRow(name, *(float("nan"),) * 5, 0))
+            continue
+        rows.append(MarkRow(name, float(np.median(seen)) / 1e3,
+                            float(np.percentile(seen, 10)) / 1e3,
+                            float(np.percentile(seen, 90)) / 1e3,
+                            float(np.median(slowest)) / 1e3 if slowest.size else float("nan"),
+                            float(np.median(step)) / 1e3 if step.size else float("nan"),
+                            int(seen.size)))
+    return scale, rows

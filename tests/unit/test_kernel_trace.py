@@ -1,0 +1,164 @@
+"""The kernels' phase stamps (kernels/include/ipcshare/trace.cuh, kernels/trace.py,
+tools/kernel_trace.py) without a GPU: the build that carries them is asked for only by
+IPCSHARE_KERNEL_TRACE=1 and only for collectives.cu; the usual build's kernels are the same
+machine code as if the marks were not there, and it has no stamps buffer; the traced build
+has one, of the size the host reads, and its kernels still fit a block; every traced kernel
+stamps exactly the marks the host names for it, in order; and the summary turns stamps into
+the right microseconds (made-up stamps: offsets, percentiles, the slowest block, steps,
+marks not reached, the cycle-to-nanosecond ratio pooled over calls). The two builds are
+compiled and compared in test_kernels.py."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ipcshare.kernels import trace
+from ipcshare.runtime import settings
+from ipcshare.runtime.errors import CudaError
+from tests.example_runs import load_example
+
+_ROOT = Path(__file__).resolve().parents[2]
+_SRC = _ROOT / "ipcshare" / "kernels" / "src" / "collectives"
+_HEADER = _ROOT / "ipcshare" / "kernels" / "include" / "ipcshare" / "trace.cuh"
+_TOOL = _ROOT / "tools" / "kernel_trace.py"
+
+
+def test_the_host_reads_the_buffer_the_header_defines():
+    text = _HEADER.read_text()
+    assert int(re.search(r"kTraceBlocks = (\d+);", text).group(1)) == trace.TRACE_BLOCKS
+    assert int(re.search(r"kTraceMarks = (\d+);", text).group(1)) == trace.TRACE_MARKS
+    assert f"unsigned long long {trace.TRACE_SYMBOL}[" in text
+
+
+def test_the_traced_build_is_asked_for_by_the_setting_and_only_for_the_collectives(
+        monkeypatch):
+    monkeypatch.delenv(settings.KERNEL_TRACE, raising=False)
+    assert trace.build_options("collectives.cu") == ()
+    monkeypatch.setenv(settings.KERNEL_TRACE, "1")
+    assert trace.build_options("collectives.cu") == ("-DIPCSHARE_KERNEL_TRACE",)
+    for other in ("allgather.cu", "barrier.cu", "p2p_direct.cu"):
+        assert trace.build_options(other) == ()
+    monkeypatch.setenv(settings.KERNEL_TRACE, "0")
+    assert trace.build_options("collectives.cu") == ()
+
+
+# (file, the kernel function whose body holds the marks, the entry points it runs).
+_KERNELS = [
+    ("all_to_all.cuh", "all_to_all_pull", ("all_to_all_pull_bytes", "all_to_all_v_pull_bytes")),
+    ("all_to_all_balanced.cuh", "all_to_all_balanced",
+     ("all_to_all_balanced_bytes", "all_to_all_v_balanced_bytes")),
+    ("all_to_all_ll.cuh", "all_to_all_ll", ("all_to_all_ll_bytes",)),
+    ("all_to_all_ll.cuh", "all_to_all_v_ll", ("all_to_all_v_ll_bytes",)),
+    ("all_to_all_push.cuh", "all_to_all_push", ("all_to_all_push_bytes",)),
+    ("all_to_all_v_push.cuh", "all_to_all_v_push", ("all_to_all_v_push_bytes",)),
+]
+
+
+def _marks_of(text: str, function: str) -> list[int]:
+    """The IPCSHARE_MARK numbers of ``function``'s body (to the next function at column
+    0), and of the helpers it calls in the same file that stamp (push_v_meet)."""
+    start = re.search(rf"^__device__[^\n]*\b{function}\(", text, re.MULTILINE).start()
+    following = re.search(r"^(__device__|template|// [A-Z])", text[start + 1:], re.MULTILINE)
+    body = text[start:start + 1 + following.start()] if following else text[start:]
+    marks = [int(k) for k in re.findall(r"IPCSHARE_MARK\((\d+)\)", body)]
+    for helper in re.findall(r"\b(push_v_meet)\(", body[body.index("{"):]):
+        marks += _marks_of(text, helper)
+    return sorted(marks)
+
+
+@pytest.mark.parametrize(("source", "function", "entries"), _KERNELS)
+def test_every_traced_kernel_stamps_the_marks_the_host_names(source, function, entries):
+    marks = _marks_of((_SRC / source).read_text(), function)
+    for entry in entries:
+        names = trace.KERNEL_MARKS[entry]
+        assert marks == list(range(len(names))), (entry, marks)
+        assert len(names) <= trace.TRACE_MARKS
+
+
+def test_every_entry_the_host_names_is_traced_above():
+    assert set(trace.KERNEL_MARKS) == {entry for _, _, entries in _KERNELS for entry in entries}
+
+
+class _Kernels:
+    def __init__(self, found):
+        self.found = found
+
+    def global_array(self, name):
+        if self.found is None:
+            raise CudaError("cuModuleGetGlobal failed: CUDA_ERROR_NOT_FOUND")
+        return self.found
+
+
+def test_a_module_without_stamps_is_refused_with_what_to_set():
+    with pytest.raises(RuntimeError, match=r"built without phase stamps: set "
+                                           r"IPCSHARE_KERNEL_TRACE=1 before the group is made"):
+        trace.KernelTrace(_Kernels(None))
+    with pytest.raises(RuntimeError, match=r"holds 8 bytes, expected 1024"):
+        trace.KernelTrace(_Kernels((0x1000, 8)))
+    assert trace.KernelTrace(_Kernels((0x1000, 1024))).nbytes == 1024
+
+
+def _stamps(marks_cycles: dict[int, list[int]], scale: float = 0.5,
+            gt0: int = 10_000) -> np.ndarray:
+    """Stamps of one call: block -> cycles at marks 0, 1, ... (None: not reached), with a
+    globaltimer that runs at ``scale`` ns a cycle from ``gt0``."""
+    out = np.zeros((trace.TRACE_BLOCKS, trace.TRACE_MARKS, 2), np.uint64)
+    for block, cycles in marks_cycles.items():
+        for mark, cycle in enumerate(cycles):
+            if cycle is not None:
+                out[block, mark] = (cycle, gt0 + int(round((cycle - cycles[0]) * scale)))
+    return out
+
+
+def test_offsets_are_cycles_at_the_pooled_ratio_and_unreached_marks_are_missing():
+    calls = [_stamps({0: [1_000, 3_000, 7_000], 1: [5_000, 5_400, 13_000]}),
+             _stamps({0: [2_000, 4_000, 8_000, None], 2: [0 + 100, 900, 2_100]}),
+             _stamps({0: [1_000, 5_000, 9_000]})]
+    scale = trace.ns_per_cycle(calls)
+    assert scale == pytest.approx(0.5, rel=1e-3)
+    offsets = trace.mark_offsets_ns(calls[0], scale)
+    assert offsets[0, :3] == pytest.approx([0, 1_000, 3_000], rel=1e-3)
+    assert offsets[1, :3] == pytest.approx([0, 200, 4_000], rel=1e-3)
+    assert np.all(np.isnan(offsets[3]))             # a block that stamped nothing
+    assert np.isnan(trace.mark_offsets_ns(calls[1], scale)[0, 3])
+    _, rows = trace.summarize(calls, ("begun", "met", "read", "ended"))
+    begun, met, read, ended = rows
+    assert (begun.median_us, begun.reached) == (0.0, 3)
+    # Block 0's offsets: met at 1.0, 1.0, 2.0 us; read at 3.0, 3.0, 4.0 us.
+    assert (met.median_us, met.step_us) == pytest.approx((1.0, 1.0))
+    assert (read.median_us, read.step_us) == pytest.approx((3.0, 2.0))
+    assert read.p10_us == pytest.approx(3.0) and read.p90_us == pytest.approx(3.8)
+    # The slowest traced block of each call: 4.0 (block 1), 3.0 (block 0; block 2 at
+    # 1.0), 4.0 -> median 4.0.
+    assert read.slowest_us == pytest.approx(4.0)
+    assert ended.reached == 0 and np.isnan(ended.median_us)
+
+
+def test_no_span_gives_no_ratio_and_no_call_no_rows():
+    assert np.isnan(trace.ns_per_cycle([_stamps({0: [5_000]})]))
+    assert np.isnan(trace.ns_per_cycle([]))
+    assert trace.summarize([], ("begun",))[1] == []
+
+
+def _tool():
+    return load_example("kernel_trace", _TOOL.parent)
+
+
+def test_the_tool_checks_against_what_each_rank_receives_and_prints_a_table():
+    tool = _tool()
+    m = np.array([[1, 2], [3, 0]])
+    inputs = [np.arange(12, dtype=np.uint8), np.arange(100, 112, dtype=np.uint8)]
+    # Rank 1 receives rank 0's elements 1-2 (bytes 4-11) and nothing from itself.
+    assert np.array_equal(tool._expected(m, inputs, 1, 4), np.arange(4, 12, dtype=np.uint8))
+    assert np.array_equal(tool._expected(m, inputs, 0, 4),
+                          np.concatenate([np.arange(0, 4), np.arange(100, 112)]).astype(
+                              np.uint8))
+    _, rows = trace.summarize([_stamps({0: [0, 2_000]})], ("begun", "met"))
+    text = tool.table(1, "all_to_all_v_push_bytes", 0.5, rows, 12.5)
+    assert text.splitlines()[0] == ("rank 1: all_to_all_v_push_bytes, 1 calls, 0.5000 ns a "
+                                    "cycle, 12.50 us a call by CUDA events")
+    assert "| met | 1.00 | 1.00 | 1.00 | 1.00 | 1.00 | 1 |" in text

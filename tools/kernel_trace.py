@@ -1,0 +1,139 @@
+"""Where an all-to-all kernel's microseconds go: each phase of one algorithm (its meeting,
+its first store, a fence, the peers' first tile, the end), stamped on the GPU by a build
+of the kernels with phase stamps (kernels/include/ipcshare/trace.cuh) and read after
+every call.
+
+Run under mpiexec with a GPU per rank, e.g.
+``mpiexec -n 2 python tools/kernel_trace.py --algo push --splits random --bytes 2M``.
+It builds the stamped kernels itself (IPCSHARE_KERNEL_TRACE=1: a CUBIN of its own, up to
+a minute the first time), makes each call eagerly on torch tensors (``--register``:
+registered with the communicator), checks every call's output bit for bit, and prints per
+rank a table: each mark's time from the kernel's first mark on block 0 (median, 10th and
+90th percentiles), the slowest of the traced blocks, and the step from the mark before,
+beside the call's time by CUDA events. ``--json`` keeps every rank's rows."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+
+def _expected(m: np.ndarray, inputs: list[np.ndarray], me: int, item: int) -> np.ndarray:
+    """What rank ``me`` receives: from each rank q the ``m[q, me]`` elements after those q
+    sends lower ranks, packed in rank order."""
+    return np.concatenate([data[int(m[q, :me].sum()) * item:int(m[q, :me + 1].sum()) * item]
+                           for q, data in enumerate(inputs)])
+
+
+def table(rank: int, kernel: str, scale: float, rows, event_us: float) -> str:
+    lines = [f"rank {rank}: {kernel}, {len(rows) and rows[0].reached} calls, "
+             f"{scale:.4f} ns a cycle, {event_us:.2f} us a call by CUDA events",
+             "| mark | block 0 median us | p10 | p90 | slowest traced block | step from the "
+             "mark before | calls reaching it |",
+             "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row.name} | {row.median_us:.2f} | {row.p10_us:.2f} | "
+                     f"{row.p90_us:.2f} | {row.slowest_us:.2f} | {row.step_us:.2f} | "
+                     f"{row.reached} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--algo", required=True,
+                        help="pull, balanced, ll or push (the traced all-to-all kernels)")
+    parser.add_argument("--splits", default="even",
+                        help="even (all_to_all), or random / skewed (all_to_all_v)")
+    parser.add_argument("--bytes", default="1M", help="each rank's input (K/M/G suffixes)")
+    parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--register", action="store_true",
+                        help="register the arrays with the communicator (-R 1)")
+    parser.add_argument("--backend", default="cuda-vmm")
+    parser.add_argument("--json", help="every rank's rows, written by rank 0")
+    args = parser.parse_args()
+    os.environ["IPCSHARE_KERNEL_TRACE"] = "1"   # read when the kernels are first built
+
+    import torch
+
+    import ipcshare
+    from ipcshare.collectives.algorithms import algorithm
+    from ipcshare.kernels.trace import KERNEL_MARKS, KernelTrace, summarize
+    from ipcshare.patterns.alltoall import split_matrix
+    from ipcshare.runtime.config import parse_size
+
+    nbytes = parse_size(args.bytes, what="--bytes")
+    op = "all_to_all" if args.splits == "even" else "all_to_all_v"
+    kernel = algorithm("cuda", op, args.algo).kernel
+    names = KERNEL_MARKS.get(kernel)
+    if names is None:
+        sys.exit(f"kernel_trace.py: {kernel} carries no marks; trace one of: "
+                 f"{', '.join(sorted(KERNEL_MARKS))}")
+    with ipcshare.Group(backend=args.backend) as group:
+        n, me, device = group.world.size, group.world.rank, group.backend.device
+        torch.cuda.set_device(device)
+        stream = torch.cuda.Stream(device=device)
+        count = nbytes // 4 // n * n
+        m = split_matrix(args.splits, count, n)
+        inputs = [np.random.default_rng([q, 9]).integers(0, 256, count * 4, dtype=np.uint8)
+                  for q in range(n)]
+        want = _expected(m, inputs, me, 4)
+        width = max(count, int(m.sum(axis=0).max()))
+        with group.communicator(max_bytes=max(width, count) * 4) as comm, \
+                torch.cuda.stream(stream):
+            trace = KernelTrace(group.backend.kernels("collectives.cu"))
+            source = torch.from_numpy(inputs[me].copy()).to(f"cuda:{device}").view(torch.float32)
+            out = torch.zeros(width, dtype=torch.float32, device=f"cuda:{device}")
+            if args.register:
+                comm.register(source)
+                comm.register(out)
+
+            def call() -> None:
+                if op == "all_to_all":
+                    comm.all_to_all(out[:count], source, algo=args.algo, stream=stream)
+                else:
+                    comm.all_to_all_v(out, source, m[:, me].tolist(), m[me].tolist(),
+                                      algo=args.algo, stream=stream)
+
+            calls, times = [], []
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            for i in range(args.warmup + args.iters):
+                out.zero_()
+                trace.reset()
+                group.barrier()
+                start.record(stream)
+                call()
+                end.record(stream)
+                comm.synchronize(stream)
+                got = out.view(torch.uint8).cpu().numpy()[:want.nbytes]
+                if not np.array_equal(got, want):
+                    sys.exit(f"kernel_trace.py: rank {me}: call {i} delivered wrong bytes")
+                if i >= args.warmup:
+                    calls.append(trace.read())
+                    times.append(start.elapsed_time(end) * 1e3)
+            scale, rows = summarize(calls, names)
+            text = table(me, kernel, scale, rows, float(np.median(times)))
+            everyone = group.collective("kernel trace", (text, [row.__dict__ for row in rows]))
+            if me == 0:
+                print(f"{args.algo} ({kernel}), {args.splits} splits, {nbytes} bytes a rank, "
+                      f"{n} ranks{', registered' if args.register else ''}")
+                for rank_text, _ in everyone:
+                    print(rank_text)
+                    print()
+                if args.json:
+                    with open(args.json, "w") as f:
+                        json.dump({"algo": args.algo, "kernel": kernel, "splits": args.splits,
+                                   "bytes": nbytes, "ranks": n, "registered": args.register,
+                                   "rows": [rows for _, rows in everyone]}, f, indent=1)
+            if args.register:
+                comm.unregister(source)
+                comm.unregister(out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
