@@ -103,7 +103,7 @@ def main() -> int:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             for i in range(args.warmup + args.iters):
                 out.zero_()
-                trace.reset()
+                trace.reset(stream.cuda_stream)
                 group.barrier()
                 start.record(stream)
                 call()

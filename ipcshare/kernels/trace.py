@@ -61,8 +61,8 @@ def build_options(source: str) -> tuple[str, ...]:
 
 
 class KernelTrace:
-    """The stamps of a traced module (``LoadedKernels``): ``reset()`` before a call,
-    ``read()`` after the call has finished (the caller synchronizes).
+    """The stamps of a traced module (``LoadedKernels``): ``reset(stream)`` before a call
+    on that stream, ``read()`` after the call has finished (the caller synchronizes).
 
     Raises:
         RuntimeError: the module was built without stamps.
@@ -81,10 +81,20 @@ class KernelTrace:
             raise RuntimeError(f"{TRACE_SYMBOL} holds {self.nbytes} bytes, expected {expected}: "
                                "trace.cuh and kernels/trace.py disagree")
 
-    def reset(self) -> None:
+    def reset(self, stream: Any = None) -> None:
+        """Zero the stamps, on ``stream`` (any stream the communicator takes) before the call's
+        kernel, or at once with the context synchronized (None): a plain memset goes on
+        the legacy stream, which a non-blocking stream (torch's) does not wait for."""
         from ..runtime.cuda_driver import check, driver
 
+        if stream is not None:
+            from ..backends.cuda_streams import stream_handle
+
+            handle = driver.CUstream(stream_handle(stream))
+            check("cuMemsetD8Async", driver.cuMemsetD8Async(self.ptr, 0, self.nbytes, handle))
+            return
         check("cuMemsetD8", driver.cuMemsetD8(self.ptr, 0, self.nbytes))
+        check("cuCtxSynchronize", driver.cuCtxSynchronize())
 
     def read(self) -> np.ndarray:
         """``[block, mark, clock]`` (clock 0: cycles, 1: globaltimer ns); 0 where a mark

@@ -60,7 +60,7 @@ def test_every_traced_kernel_reaches_its_marks_in_order_and_moves_every_byte(tra
                       device=f"cuda:{device}")
     calls = []
     for _ in range(3):
-        trace.reset()
+        trace.reset(stream.cuda_stream)
         if op == "all_to_all":
             comm.all_to_all(out[:count], source, algo=algo, stream=stream)
         else:
