@@ -58,8 +58,6 @@ def main() -> int:
     args = parser.parse_args()
     os.environ["IPCSHARE_KERNEL_TRACE"] = "1"   # read when the kernels are first built
 
-    import torch
-
     import ipcshare
     from ipcshare.collectives.algorithms import algorithm
     from ipcshare.kernels.trace import KERNEL_MARKS, KernelTrace, summarize
@@ -68,11 +66,18 @@ def main() -> int:
 
     nbytes = parse_size(args.bytes, what="--bytes")
     op = "all_to_all" if args.splits == "even" else "all_to_all_v"
+    if args.algo == "auto":
+        sys.exit("kernel_trace.py: --algo auto: name the algorithm to trace (pull, balanced, "
+                 "ll, push)")
     kernel = algorithm("cuda", op, args.algo).kernel
     names = KERNEL_MARKS.get(kernel)
     if names is None:
         sys.exit(f"kernel_trace.py: {kernel} carries no marks; trace one of: "
                  f"{', '.join(sorted(KERNEL_MARKS))}")
+    try:
+        import torch
+    except ImportError:
+        sys.exit("kernel_trace.py: needs torch (its tensors and CUDA events): pip install torch")
     with ipcshare.Group(backend=args.backend) as group:
         n, me, device = group.world.size, group.world.rank, group.backend.device
         torch.cuda.set_device(device)
@@ -136,4 +141,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from ipcshare.runtime.errors import IpcShareError
+
+    try:
+        raise SystemExit(main())
+    except (IpcShareError, RuntimeError) as exc:  # one line, on every rank
+        raise SystemExit(f"kernel_trace.py: {exc}") from None

@@ -162,3 +162,21 @@ def test_the_tool_checks_against_what_each_rank_receives_and_prints_a_table():
     assert text.splitlines()[0] == ("rank 1: all_to_all_v_push_bytes, 1 calls, 0.5000 ns a "
                                     "cycle, 12.50 us a call by CUDA events")
     assert "| met | 1.00 | 1.00 | 1.00 | 1.00 | 1.00 | 1 |" in text
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--algo", "auto"], "kernel_trace.py: --algo auto: name the algorithm to trace"),
+    (["--algo", "copy-engine", "--splits", "random"],
+     "kernel_trace.py: algo='copy-engine' is not an algorithm of all_to_all_v on cuda "
+     "memory"),
+    (["--algo", "push", "--bytes", "lots"], "kernel_trace.py: "),
+])
+def test_the_tool_refuses_what_it_cannot_trace_in_one_line_before_any_gpu(args, said):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, str(_TOOL), *args], capture_output=True, text=True,
+                          cwd=_ROOT, timeout=60)
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(said), done.stderr
