@@ -10,7 +10,15 @@ from __future__ import annotations
 from ..agreement import Signature
 from .gpu_kernel import GpuCall, GpuKernelAlgorithm
 
-__all__ = ["GpuPullAllToAll", "GpuPullAllToAllV"]
+__all__ = ["GpuPullAllToAll", "GpuPullAllToAllV", "max_bytes_grid"]
+
+
+def max_bytes_grid(call: GpuCall, bytes_per_block: int) -> int:
+    """The grid of an all-to-all-v whose kernel cuts every rank's bytes alike on every
+    rank (pull, balanced, push): one block per ``bytes_per_block`` of the communicator's
+    ``max_bytes`` (the counts may be known only on the GPU, and ranks' arrays differ),
+    1 to ``call.max_blocks``."""
+    return max(1, min(call.max_blocks, -(-call.max_bytes // bytes_per_block)))
 
 
 class GpuPullAllToAll(GpuKernelAlgorithm):
@@ -38,5 +46,4 @@ class GpuPullAllToAllV(GpuPullAllToAll):
     kernel = "all_to_all_v_pull_bytes"
 
     def run(self, call: GpuCall) -> None:
-        blocks = max(1, min(call.max_blocks, -(-call.max_bytes // self.bytes_per_block)))
-        call.launch(self.entry(call.signature), blocks)
+        call.launch(self.entry(call.signature), max_bytes_grid(call, self.bytes_per_block))

@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from ..agreement import Signature
+from .gpu_all_to_all import max_bytes_grid
 from .gpu_kernel import GpuCall, GpuKernelAlgorithm
 from .gpu_push import _Push
 
@@ -68,5 +69,4 @@ class GpuPushAllToAllV(GpuPushAllToAll):
 
     def run(self, call: GpuCall) -> None:
         call.args.push_tile_bytes = self.tile_bytes
-        blocks = max(1, min(call.max_blocks, -(-call.max_bytes // self.bytes_per_block)))
-        call.launch(self.entry(call.signature), blocks)
+        call.launch(self.entry(call.signature), max_bytes_grid(call, self.bytes_per_block))

@@ -46,6 +46,8 @@ __device__ __forceinline__ long long own_send_split(const CollectiveArgs& a, int
 // A rank's split row as every rank reads it after the barrier: sends to each rank, then
 // the receives it expects, whether it said them, and what its input and output hold.
 typedef long long SplitRow[2 * kMaxRanks + 3];
+// Words apart of two ranks' rows in a SplitRow array (the plans' `stride`).
+constexpr int kSplitRowStride = 2 * kMaxRanks + 3;
 
 // Word w of this rank's split row: sends, expected receives, flag, what the arrays hold.
 __device__ __forceinline__ long long split_row_word(const CollectiveArgs& a,

@@ -119,7 +119,7 @@ __device__ __forceinline__ void all_to_all_balanced(const CollectiveArgs& a) {
   if (rows_ok) {
     const bool in_place = !kVariable && a.output == a.input;
     bool going = true;
-    plan::plan_reads(&rows[0][0], 2 * kMaxRanks + 3, n, me, itemsize, parts, part,
+    plan::plan_reads(&rows[0][0], kSplitRowStride, n, me, itemsize, parts, part,
                      [&](int q, unsigned long long dst, unsigned long long src,
                          unsigned long long nbytes, unsigned long long first,
                          unsigned long long last, unsigned long long own_first,

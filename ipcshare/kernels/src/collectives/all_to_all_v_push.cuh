@@ -43,9 +43,6 @@
 static_assert(ipcshare::push_v_plan::kMostTiles == (1ull << kStepBits) - 2,
               "a tile's step must fit the barrier value's step bits");
 
-// Words apart of two ranks' rows in a SplitRow array.
-constexpr int kSplitRowStride = 2 * kMaxRanks + 3;
-
 // The push all-to-all-v's meeting (this rank's split row is published): publish the header
 // and where our output lies, meet the same block of every peer on words 1, load every
 // rank's header and split row at once, and check them. `places[r]`: byte 0 of rank r's
@@ -81,8 +78,7 @@ __device__ __forceinline__ bool push_v_meet(const CollectiveArgs& a, Call& call,
     verdict = met ? 0 : 1;
     for (int q = 0; q < n && met; ++q) {
       if (heads[q][kHeaderDigest] != a.digest) {
-        atomicCAS(a.pads[a.rank] + ipcshare::kErrorWord, 0ull,
-                  kDisagreement | (call.epoch & 0xFFFFFFFFFFFFull));
+        record_disagreement(a.pads[a.rank], call.epoch);
         verdict = 1;
         break;
       }

@@ -90,6 +90,12 @@ __device__ __forceinline__ void publish_header(const CollectiveArgs& a, int pari
   h[kHeaderRegistration] = a.zero_copy == 2 ? a.registration_row : 0;
 }
 
+// Record in our error word (in `own_pad`) that the ranks' calls of `epoch` differ (the
+// first error of the call wins).
+__device__ __forceinline__ void record_disagreement(u64* own_pad, u64 epoch) {
+  atomicCAS(own_pad + ipcshare::kErrorWord, 0ull, kDisagreement | (epoch & 0xFFFFFFFFFFFFull));
+}
+
 // After the peers have published (`met`: false if a peer never came): read every rank's
 // header, learn where its input lies and whether the ranks agree. Every thread of the
 // block gets the same Call.
@@ -114,8 +120,7 @@ __device__ __forceinline__ void read_headers(const CollectiveArgs& a, Call& call
         : a.windows[threadIdx.x];
     if (flags & kFlagZeroCopy) atomicOr(&hold, 1);
     if (digest != a.digest) {
-      atomicCAS(own + ipcshare::kErrorWord, 0ull,
-                kDisagreement | (call.epoch & 0xFFFFFFFFFFFFull));
+      record_disagreement(own, call.epoch);
       atomicOr(&failed, 1);
     }
   }

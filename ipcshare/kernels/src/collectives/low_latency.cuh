@@ -101,8 +101,7 @@ __device__ __forceinline__ void ll_check_digests(const CollectiveArgs& a, LLCall
       ipcshare::record_timeout(a.pads[a.rank], t, call.epoch);
       atomicOr(&failed, 1);
     } else if (digest != a.digest) {
-      atomicCAS(a.pads[a.rank] + ipcshare::kErrorWord, 0ull,
-                kDisagreement | (call.epoch & 0xFFFFFFFFFFFFull));
+      record_disagreement(a.pads[a.rank], call.epoch);
       atomicOr(&failed, 1);
     }
   }

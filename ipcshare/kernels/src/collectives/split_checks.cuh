@@ -83,11 +83,11 @@ IPCSHARE_HD u64 first_ll_split_problem(const Row* rows, int n, u64 itemsize, u64
   return problem;
 }
 
-// all_to_all_v_push's first problem: first_split_problem's, then
-// 5. what each rank whose output is out of the peers' reach (bit r of `reachable` clear)
-//    receives fits its inbox (`capacity` bytes, every rank's alike): the bytes land there
-//    at their place in the output, so the whole received run must fit. Counts are at
-//    least 0 and fit their inputs here, so the sums do not overflow.
+// all_to_all_v_push's first problem: first_split_problem's, then one more (problem
+// kSplitTooLargeForInbox): what each rank whose output is out of the peers' reach (bit r
+// of `reachable` clear) receives fits its inbox (`capacity` bytes, every rank's alike).
+// The bytes land there at their place in the output, so the whole received run must fit.
+// Counts are at least 0 and fit their inputs here, so the sums do not overflow.
 // Run by one thread.
 template <class Row>
 IPCSHARE_HD u64 first_push_split_problem(const Row* rows, int n, u64 itemsize, u64 capacity,
