@@ -34,8 +34,11 @@ Each rank's host clock over the same samples must agree with its events
 that time may not pass its links' rate: a figure failing either is an error, not a
 result. The table (Markdown on stdout, ``--markdown``, ``--json``) gives per version µs
 per step, the host clock's median, tokens per second (all ranks' tokens), the bytes the
-busiest rank sends its peers per step, and the time over ipcshare's. Exit status 0 when
-every version that ran was right and its figure passed both checks.
+busiest rank sends its peers per step, and the time over ipcshare's. Exit status as the
+``ipcshare`` commands' (docs/CLI.md): 0 when every version that ran was right and its
+figure passed both checks, 3 for a wrong element, 1 for a version that failed to run, 5
+for a figure that failed a check (a baseline's included: its time is then no ratio's
+denominator, and the table says why).
 """
 
 from __future__ import annotations
@@ -224,7 +227,22 @@ def ratios(rows: list[dict[str, Any]]) -> None:
 
 
 def _clean(row: dict[str, Any]) -> bool:
-    return row.get("time_us") is not None and not row["wrong"] and not row["errors"]
+    return (row.get("time_us") is not None and not row["wrong"] and not row["errors"]
+            and not row.get("measurement_errors"))
+
+
+def exit_status(rows: list[dict[str, Any]]) -> int:
+    """The ``ipcshare`` commands' status for these rows: a wrong element first (3), then a
+    version that failed to run (1), then a figure that failed its checks (5), else 0."""
+    from ipcshare.cli.exit_codes import EXIT_ERROR, EXIT_MEASUREMENT, EXIT_OK, EXIT_WRONG
+
+    if any(row.get("wrong") for row in rows):
+        return EXIT_WRONG
+    if any(row.get("errors") for row in rows):
+        return EXIT_ERROR
+    if any(row.get("measurement_errors") for row in rows):
+        return EXIT_MEASUREMENT
+    return EXIT_OK
 
 
 def _si(value: float, unit: str, digits: int) -> str:
@@ -261,7 +279,8 @@ def render_markdown(results: dict[str, Any]) -> str:
                      + f" | {ratio} |")
         if row.get("note"):
             notes.append(f"{row['version']}: {row['note']}")
-        notes += [f"{row['version']}: ERROR: {error}" for error in row["errors"]]
+        notes += [f"{row['version']}: ERROR: {error}"
+                  for error in row["errors"] + row.get("measurement_errors", [])]
     if notes:
         lines += [""] + [f"- {note}" for note in notes]
     return "\n".join(lines) + "\n"
@@ -389,7 +408,8 @@ class Bench:
         row["bytes_per_rank"] = busiest
         row["gbps"] = busiest / seconds / 1e9
         ceiling = ceiling_error(row["gbps"], self.ceiling, f"{name} step")
-        row["errors"] += agreed_errors(self.comm, mine + ([ceiling] if ceiling else []))
+        row["measurement_errors"] = agreed_errors(self.comm,
+                                                  mine + ([ceiling] if ceiling else []))
 
 
 def run_bench(group, layer: moe.Layer, args: argparse.Namespace) -> dict[str, Any]:
@@ -482,7 +502,9 @@ def _results(torch, group, layer: moe.Layer, args, rows) -> dict[str, Any]:
         "samples": args.iters, "warmup": args.warmup, "checks": args.checks,
         "statistic": "median over samples of the slowest rank's time per step",
         "rows": rows,
-        "ok": all(not row.get("wrong") and not row.get("errors") for row in rows),
+        "ok": all(not row.get("wrong") and not row.get("errors")
+                  and not row.get("measurement_errors") for row in rows),
+        "exit_status": exit_status(rows),
     }
 
 
@@ -521,7 +543,7 @@ def main(argv: list[str] | None = None) -> int:
     except (moe.Refused, IpcShareError) as exc:  # every rank alike: one line each, no hang
         sys.stderr.write(f"{SCRIPT}: error: {exc}\n")
         return 1
-    return 0 if results["ok"] else 1
+    return results["exit_status"]
 
 
 if __name__ == "__main__":

@@ -85,11 +85,15 @@ def test_the_moe_step_benchmark_checks_every_version_then_times_it_against_nccl(
                       "bfloat16", "--checks", "2", "--iters", "5", "--json", str(results),
                       "--markdown", str(table), n=2, timeout=300)
     print(out.stdout)
-    assert out.returncode == 0, out.stderr
-    assert table.read_text() == out.stdout
     document = json.loads(results.read_text())
-    assert document["ok"] and document["layer"]["topk"] == 2
     rows = {row["version"]: row for row in document["rows"]}
+    # Status 5 only for a baseline's figure that failed its clock or ceiling check, which
+    # the table lists: PyTorch symmetric memory's step on some nodes runs work its stream's
+    # events do not see (4.1 ms by events, 7.9 ms by the host clock, on x2 2026-11-28).
+    symm_measured = bool(rows["torch symm"].get("measurement_errors"))
+    assert out.returncode == (5 if symm_measured else 0), out.stderr
+    assert table.read_text() == out.stdout
+    assert document["ok"] is not symm_measured and document["layer"]["topk"] == 2
     assert list(rows) == ["ipcshare", "NCCL", "torch symm"]
     ours, nccl, symm = rows["ipcshare"], rows["NCCL"], rows["torch symm"]
     # Ours: 2 eager steps and 2 replays of its graph, all right, then timed as replays.
@@ -99,7 +103,8 @@ def test_the_moe_step_benchmark_checks_every_version_then_times_it_against_nccl(
     assert (nccl["timing"], nccl["checked_steps"]) == ("eager", 2)
     assert nccl["over_ours"] > 0
     for row in (ours, nccl):
-        assert row["wrong"] == 0 and row["errors"] == []
+        assert row["wrong"] == 0 and row["errors"] == [] and row["measurement_errors"] == []
         assert row["time_us"] > 0 and row["tokens_per_s"] > 0 and row["bytes_per_rank"] > 0
     # torch symm: run and right where this torch has all_to_all_vdev, else the reason.
-    assert symm.get("skipped") or (symm["wrong"] == 0 and symm["checked_steps"] >= 2)
+    assert symm.get("skipped") or (symm["wrong"] == 0 and symm["errors"] == []
+                                   and symm["checked_steps"] >= 2)

@@ -11,9 +11,9 @@ moe = load_example("moe_dispatch")
 bench = load_example("moe_step_bench")
 
 
-def _row(version, time_us=None, wrong=0, errors=()):
+def _row(version, time_us=None, wrong=0, errors=(), measurement_errors=()):
     row = {"version": version, "timing": "eager", "checked_steps": 2, "wrong": wrong,
-           "errors": list(errors)}
+           "errors": list(errors), "measurement_errors": list(measurement_errors)}
     if time_us is not None:
         row.update(time_us=time_us, host_clock_us=time_us + 10, tokens_per_s=8.2e6,
                    bytes_per_rank=469_762_048, gbps=400.0)
@@ -33,10 +33,28 @@ def test_ratios_are_over_ours_and_only_between_right_checked_figures():
     wrong = [_row("ipcshare", 1000.0), _row("NCCL", 1850.0, wrong=3)]
     bench.ratios(wrong)
     assert [row["over_ours"] for row in wrong] == [1.0, None]
-    clock = [_row("ipcshare", 1000.0, errors=["rank 1: the timer gave ..."]),
+    clock = [_row("ipcshare", 1000.0, measurement_errors=["rank 1: the timer gave ..."]),
              _row("NCCL", 1850.0)]
     bench.ratios(clock)
     assert [row["over_ours"] for row in clock] == [None, None]
+    baseline_clock = [_row("ipcshare", 1000.0),
+                      _row("torch symm", 4077.0, measurement_errors=["rank 0: ..."])]
+    bench.ratios(baseline_clock)
+    assert [row["over_ours"] for row in baseline_clock] == [1.0, None]
+
+
+def test_exit_status_is_the_commands_wrong_then_failed_then_measurement():
+    clean = [_row("ipcshare", 1000.0), {"version": "torch symm", "skipped": "no NVSHMEM"}]
+    assert bench.exit_status(clean) == 0
+    # A baseline whose figure failed the clock check: right, but no figure to divide by.
+    symm_clock = [_row("ipcshare", 1000.0),
+                  _row("torch symm", 4077.0, measurement_errors=["rank 0: the timer ..."])]
+    assert bench.exit_status(symm_clock) == 5
+    failed = symm_clock + [_row("NCCL", errors=["rank 1: NCCL error"])]
+    assert bench.exit_status(failed) == 1
+    assert bench.exit_status(failed + [_row("NCCL", 900.0, wrong=2)]) == 3
+    text = bench.render_markdown(_results(symm_clock))
+    assert "- torch symm: ERROR: rank 0: the timer ..." in text.splitlines()
 
 
 def test_the_table_shows_each_version_and_why_one_did_not_run_or_was_wrong():
