@@ -45,7 +45,8 @@ def table(rank: int, kernel: str, scale: float, rows, event_us: float) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--algo", required=True,
-                        help="pull, balanced, ll or push (the traced all-to-all kernels)")
+                        help="pull, balanced, ll, push or eager (the traced all-to-all "
+                        "kernels)")
     parser.add_argument("--splits", default="even",
                         help="even (all_to_all), or random / skewed (all_to_all_v)")
     parser.add_argument("--bytes", default="1M", help="each rank's input (K/M/G suffixes)")
@@ -59,16 +60,18 @@ def main() -> int:
     os.environ["IPCSHARE_KERNEL_TRACE"] = "1"   # read when the kernels are first built
 
     import ipcshare
-    from ipcshare.collectives.algorithms import algorithm
+    from ipcshare.collectives.algorithms import algorithm, algorithm_names
     from ipcshare.kernels.trace import KERNEL_MARKS, KernelTrace, summarize
     from ipcshare.patterns.alltoall import split_matrix
     from ipcshare.runtime.config import parse_size
 
     nbytes = parse_size(args.bytes, what="--bytes")
-    op = "all_to_all" if args.splits == "even" else "all_to_all_v"
     if args.algo == "auto":
         sys.exit("kernel_trace.py: --algo auto: name the algorithm to trace (pull, balanced, "
-                 "ll, push)")
+                 "ll, push, eager)")
+    # Even splits run all_to_all where the algorithm has one (eager: all_to_all_v only).
+    even = args.splits == "even" and args.algo in algorithm_names("cuda", "all_to_all")
+    op = "all_to_all" if even else "all_to_all_v"
     kernel = algorithm("cuda", op, args.algo).kernel
     names = KERNEL_MARKS.get(kernel)
     if names is None:

@@ -14,7 +14,8 @@ from .arrays import ArrayRef, describe_array, in_device_memory
 from .scratch import LL_MAX_BYTES
 
 __all__ = ["GpuSplits", "in_device_memory", "device_splits", "SPLITS_PROBLEM",
-           "SPLIT_TOO_LARGE_FOR_LL", "SPLIT_TOO_LARGE_FOR_INBOX", "splits_problem"]
+           "SPLIT_TOO_LARGE_FOR_LL", "SPLIT_TOO_LARGE_FOR_INBOX", "SPLIT_TOO_LARGE_FOR_SLOT",
+           "splits_problem"]
 
 _SPLIT_DTYPES = {"int32": 4, "int64": 8}
 # The error word's top 16 bits when the kernel found the splits wrong (kSplitsProblem in
@@ -25,6 +26,9 @@ SPLIT_TOO_LARGE_FOR_LL = 5
 # algo='push''s (kSplitTooLargeForInbox): a rank whose output the peers cannot reach would
 # receive more than its inbox (its staging area, the communicator's max_bytes) holds.
 SPLIT_TOO_LARGE_FOR_INBOX = 6
+# algo='eager''s (kSplitTooLargeForSlot): a block past the sender's slot of the receiver's
+# inbox (the staging area cut into one slot per peer).
+SPLIT_TOO_LARGE_FOR_SLOT = 7
 
 
 def splits_problem(word: int) -> str:
@@ -44,9 +48,14 @@ def splits_problem(word: int) -> str:
         6: f"rank {first} would receive more bytes than algo='push' can land in its window "
            "(its output is out of the peers' reach, so they store into its inbox, which "
            "holds the communicator's max_bytes)",
+        7: f"rank {first} sends rank {second} more bytes (its input_splits[{second}]) than "
+           "algo='eager' lands in one slot of a rank's inbox (the communicator's max_bytes "
+           "over the ranks but one)",
     }.get(problem, f"problem {problem} between ranks {first} and {second}")
     if problem == SPLIT_TOO_LARGE_FOR_LL:
         advice = "use algo='balanced' or 'auto' for blocks this large"
+    elif problem == SPLIT_TOO_LARGE_FOR_SLOT:
+        advice = "use algo='push', 'balanced' or 'auto' for blocks this large"
     elif problem == SPLIT_TOO_LARGE_FOR_INBOX:
         advice = (f"register rank {first}'s output (Communicator.register) or allocate it "
                   "with Communicator.empty(), or use algo='balanced' or 'auto'")

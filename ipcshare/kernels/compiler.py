@@ -37,8 +37,8 @@ KERNEL_SOURCES = {
                        "all_gather_stepped_bytes",
                        *(f"all_to_all{v}_{algo}_bytes" for v in ("", "_v")
                          for algo in ("pull", "balanced", "ll")),
-                       "all_to_all_push_bytes", "all_to_all_v_push_bytes", "publish_call",
-                       "finish_call",
+                       "all_to_all_push_bytes", "all_to_all_v_push_bytes",
+                       "all_to_all_v_eager_bytes", "publish_call", "finish_call",
                        *(f"stage_and_publish_{kind}"
                          for kind in ("bytes", "float32", "float16", "bfloat16", "int32")), *(
         f"{name}_{dtype}_{op}" for name in _REDUCING_COLLECTIVES

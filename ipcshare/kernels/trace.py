@@ -49,6 +49,9 @@ KERNEL_MARKS: dict[str, tuple[str, ...]] = {
     "all_to_all_v_push_bytes": ("begun", "row published", "met", "rows read and checked",
                                 "tile 0 stored", "tile 0 signalled", "the peers' tile 0 came",
                                 "every step done", "ended"),
+    "all_to_all_v_eager_bytes": ("begun", "row pushed", "digests checked",
+                                 "rows read and checked", "tile 0 stored", "tile 0 signalled",
+                                 "the peers' tile 0 came", "every step done", "ended"),
 }
 
 

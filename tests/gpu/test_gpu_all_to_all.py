@@ -42,8 +42,8 @@ _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4, "uint8": 1, 
 BLOCKS = (1, 3, 4099, 65_537)
 LARGEST_INPUT_BYTES = 65_537 * 8
 # The GPU algorithms of all_to_all, and those of all_to_all_v (algorithms/__init__.py).
-ALGOS = ("pull", "balanced", "ll", "copy-engine", "push")
-V_ALGOS = ("pull", "balanced", "ll", "push")
+ALGOS = ("pull", "balanced", "ll", "copy-engine", "push", "eager")
+V_ALGOS = ("pull", "balanced", "ll", "push", "eager")
 # The algorithms no peer of which reads an input: nothing is ever copied in, in place too.
 NOTHING_STAGED = ("ll", "copy-engine", "push")
 
@@ -57,6 +57,15 @@ def _needs_v(algo: str) -> None:
     if algo not in V_ALGOS:
         pytest.skip(f"algo {algo!r} runs all_to_all (even splits) only: no all_to_all_v of "
                     "it is built")
+
+
+# The algorithms that run all_to_all (eager runs all_to_all_v alone).
+EVEN_ALGOS = tuple(algo for algo in ALGOS if algo != "eager")
+
+
+def _needs_even(algo: str) -> None:
+    if algo not in EVEN_ALGOS:
+        pytest.skip(f"algo {algo!r} runs all_to_all_v only: no all_to_all of it is built")
 
 
 @pytest.fixture(scope="module")
@@ -82,9 +91,11 @@ def test_ranks_taking_turns_on_a_gpu_are_refused_on_every_rank_in_one_line(share
         pytest.skip("every rank here runs its kernels at once (a GPU each, or MPS)")
     n, device = comm.size, group.backend.device
     array = torch.zeros(4 * n, dtype=torch.float32, device=f"cuda:{device}")
-    for call in (lambda: comm.all_to_all(torch.zeros_like(array), array, algo=algo),
-                 lambda: comm.all_to_all_v(torch.zeros_like(array), array, [4] * n, [4] * n,
-                                           algo=algo)):
+    calls = [lambda: comm.all_to_all_v(torch.zeros_like(array), array, [4] * n, [4] * n,
+                                       algo=algo)]
+    if algo in EVEN_ALGOS:
+        calls.append(lambda: comm.all_to_all(torch.zeros_like(array), array, algo=algo))
+    for call in calls:
         with pytest.raises(CollectiveError, match=r"ranks of this group take turns on a GPU "
                                                   r".*nvidia-cuda-mps-control -d"):
             call()
@@ -136,6 +147,7 @@ def _matrix(kind: str, count: int, n: int) -> np.ndarray:
 @pytest.mark.parametrize("dtype", sorted(_TORCH))
 @pytest.mark.parametrize("block", BLOCKS)
 def test_all_to_all_moves_every_block(setup, algo, dtype, block):
+    _needs_even(algo)
     group, comm, _stream = setup
     n, me, device, item = comm.size, comm.rank, group.backend.device, _ITEMSIZE[dtype]
     inputs = [_bytes(block, r, n * block * item) for r in range(n)]
@@ -153,6 +165,7 @@ def test_all_to_all_moves_every_block(setup, algo, dtype, block):
 
 
 def test_arrays_from_empty_and_registered_ones_are_read_in_place(setup, algo):
+    _needs_even(algo)
     group, comm, _stream = setup
     n, me, block = comm.size, comm.rank, 10_007
     inputs = [_bytes(7, r, n * block * 4) for r in range(n)]
@@ -248,7 +261,9 @@ def test_graph_replays_take_new_data_and_new_device_splits(setup, algo):
     # Bound once outside the capture (agreement and binding), then captured.
     v = comm.bind("all_to_all_v", out, source, received, sends, stream=stream,
                   algo=algo) if with_v else None
-    even = comm.bind("all_to_all", even_out, even_in, stream=stream, algo=algo)
+    # eager runs all_to_all_v alone: the all-to-all beside it is auto's.
+    even = comm.bind("all_to_all", even_out, even_in, stream=stream,
+                     algo=algo if algo in EVEN_ALGOS else "auto")
     stream.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
@@ -354,6 +369,8 @@ def test_arrays_off_a_16_byte_boundary_move_exactly(setup, algo, dtype, kind):
     around the output is written (all-to-all, in place too, and all-to-all-v)."""
     if kind != "even":
         _needs_v(algo)
+    else:
+        _needs_even(algo)
     group, comm, _stream = setup
     n, me, device, item = comm.size, comm.rank, group.backend.device, _ITEMSIZE[dtype]
     count = 3 * 4099 + n           # elements of each rank's input
@@ -409,7 +426,12 @@ def test_each_bench_row_reports_its_busiest_link_bound_and_blocks(setup, algo, s
 
     if splits != "even":
         _needs_v(algo)
+    else:
+        _needs_even(algo)
     group, comm, _stream = setup
+    if algo == "eager" and comm.size > 2:
+        pytest.skip("eager's slots hold max_bytes over the ranks but one, and the case's "
+                    "random and skewed calls send more than that to a rank at 3 ranks and up")
     pattern = make_pattern("alltoall", algo, splits=splits, datatype="float32")
     # ll: blocks up to its slots' LL_MAX_BYTES at any world size (one rank included).
     largest = LL_MAX_BYTES if algo == "ll" else 4 << 20
@@ -566,12 +588,14 @@ def test_push_stores_into_outputs_peers_reach_and_into_inboxes_tile_by_tile(setu
         comm.unregister(registered)
 
 
+@pytest.mark.parametrize("algo", ["push", "eager"])
 def test_push_all_to_all_v_lands_in_outputs_peers_reach_and_in_inboxes_tile_by_tile(
-        setup, monkeypatch):
+        setup, monkeypatch, algo):
     """Tiles of 1 KiB, so every block's part has several: outputs from empty() and
-    registered ones (the senders store into them), a plain one (into the inbox, copied out
-    tile by tile), random, skewed and all-to-one device splits over calls with new data,
-    and a graph replayed with new splits. Counts are odd, so segments start anywhere."""
+    registered ones (push's senders store into them; eager's always into their slots), a
+    plain one (into the inbox, copied out tile by tile), random, skewed and all-to-one
+    device splits over calls with new data, and a graph replayed with new splits. Counts
+    are odd, so segments start anywhere."""
     from ipcshare.collectives.algorithms import gpu_all_to_all_push
 
     monkeypatch.setattr(gpu_all_to_all_push.GpuPushAllToAllV, "tile_bytes", 1 << 10)
@@ -594,7 +618,7 @@ def test_push_all_to_all_v_lands_in_outputs_peers_reach_and_in_inboxes_tile_by_t
                 source.copy_(_tensor(data[me], "float32", device))
                 sends.copy_(torch.tensor(m[me], dtype=torch.int64))
                 out.fill_(-1.0)
-                comm.all_to_all_v(out, source, received, sends, algo="push")
+                comm.all_to_all_v(out, source, received, sends, algo=algo)
                 comm.synchronize()
                 assert received.cpu().tolist() == m[:, me].tolist(), kind
                 want = _expected(m, data, me, 4)
@@ -602,7 +626,7 @@ def test_push_all_to_all_v_lands_in_outputs_peers_reach_and_in_inboxes_tile_by_t
                 assert np.array_equal(got[:want.nbytes], want), kind
                 assert np.all(out[want.nbytes // 4:].cpu().numpy() == -1.0), kind
         bound = comm.bind("all_to_all_v", reached, source, received, sends, stream=stream,
-                          algo="push")
+                          algo=algo)
         stream.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=stream):
@@ -622,6 +646,22 @@ def test_push_all_to_all_v_lands_in_outputs_peers_reach_and_in_inboxes_tile_by_t
         comm.unregister(registered)
 
 
+def _all_to_one(cm, device: int, seed: int):
+    """Every rank's whole input (the communicator's max_bytes, float32) to the last rank,
+    splits on the device: (m, every rank's bytes, source, an output of 7.0 as large as
+    all that comes, sends, received)."""
+    n, me = cm.size, cm.rank
+    count = cm.max_bytes // 4
+    m = np.zeros((n, n), np.int64)
+    m[:, n - 1] = count
+    data = [_bytes(seed, r, count * 4) for r in range(n)]
+    source = _tensor(data[me], "float32", device)
+    out = torch.full((n * count,), 7.0, dtype=torch.float32, device=f"cuda:{device}")
+    sends = torch.tensor(m[me], device=f"cuda:{device}")
+    received = torch.zeros(n, dtype=torch.int64, device=f"cuda:{device}")
+    return m, data, source, out, sends, received
+
+
 def test_push_all_to_all_v_past_an_inbox_stops_every_rank_and_a_registered_output_takes_it(
         setup):
     """Every rank sends all its input (max_bytes) to the last rank, whose plain output
@@ -632,15 +672,8 @@ def test_push_all_to_all_v_past_an_inbox_stops_every_rank_and_a_registered_outpu
     if comm.size < 2:
         pytest.skip("needs 2 ranks")
     with torch_communicator("cuda-vmm", 1 << 20) as (group, cm, stream):
-        n, me, device = cm.size, cm.rank, group.backend.device
-        count = cm.max_bytes // 4
-        m = np.zeros((n, n), np.int64)
-        m[:, n - 1] = count
-        data = [_bytes(900, r, count * 4) for r in range(n)]
-        source = _tensor(data[me], "float32", device)
-        out = torch.full((n * count,), 7.0, dtype=torch.float32, device=f"cuda:{device}")
-        sends = torch.tensor(m[me], device=f"cuda:{device}")
-        received = torch.zeros(n, dtype=torch.int64, device=f"cuda:{device}")
+        n, me = cm.size, cm.rank
+        m, data, source, out, sends, received = _all_to_one(cm, group.backend.device, 900)
         cm.all_to_all_v(out, source, received, sends, algo="push", stream=stream)
         with pytest.raises(CollectiveError, match=rf"^all_to_all_v: rank {n - 1} would "
                                                   r"receive more bytes than algo='push' can "
@@ -656,6 +689,33 @@ def test_push_all_to_all_v_past_an_inbox_stops_every_rank_and_a_registered_outpu
             assert np.array_equal(_host_bytes(out)[:want.nbytes], want)
         finally:
             cm.unregister(out)
+
+
+def test_eager_segments_past_a_slot_stop_every_rank_and_the_communicator_goes_on(setup):
+    """At 3 ranks and more a slot is the staging area over the peers: every rank sends
+    its whole input (max_bytes) to the last rank, more than a slot, found by every rank
+    before any byte moves; a call within the slots runs after it."""
+    _group, comm, _stream = setup
+    if comm.size < 3:
+        pytest.skip("at 2 ranks a slot is the whole staging area: every call fits")
+    with torch_communicator("cuda-vmm", 1 << 20) as (group, cm, stream):
+        n, me, device = cm.size, cm.rank, group.backend.device
+        m, data, source, out, sends, received = _all_to_one(cm, device, 950)
+        count = int(m[0, n - 1])
+        cm.all_to_all_v(out, source, received, sends, algo="eager", stream=stream)
+        with pytest.raises(CollectiveError, match=r"^all_to_all_v: rank 0 sends rank "
+                                                  rf"{n - 1} more bytes .* than "
+                                                  r"algo='eager' lands in one slot"):
+            cm.synchronize(stream)
+        assert bool(torch.all(out == 7.0))     # no element moved
+        m = _matrix("random", count // n, n)
+        sends = torch.tensor(m[me], device=f"cuda:{device}")
+        cm.all_to_all_v(out, source[:count // n], received, sends, algo="eager",
+                        stream=stream)
+        cm.synchronize(stream)
+        part = [d[:count // n * 4] for d in data]
+        want = _expected(m, part, me, 4)
+        assert np.array_equal(_host_bytes(out)[:want.nbytes], want)
 
 
 @pytest.mark.parametrize("in_place", [False, True])

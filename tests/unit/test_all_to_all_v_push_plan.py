@@ -10,8 +10,11 @@ until written), our own bytes into our output; wait for tile j - 1 of part b of 
 sender whose tile holds bytes for us, and copy those bytes out of the inbox where our
 output is out of reach; signal tile j. A copy of a byte no signalled tile stored shows as
 poison, the scheduler finds any circular wait, and every output is compared with what
-its rank must receive, nothing past it written. Mutations (no waits, a wait one tile
-short, landing after the wrong ranks) must fail, so the replay can.
+its rank must receive, nothing past it written. The eager all-to-all-v
+(all_to_all_v_eager.cuh) runs the same plan through slots: each receiver's inbox is one
+slot per peer, and every byte goes through its sender's. Mutations (no waits, a wait one
+tile short, landing after the wrong ranks, slots in another order) must fail, so the
+replay can.
 
 The check every rank makes before any byte moves (first_push_split_problem in
 split_checks.cuh: pull's checks, then that a rank out of reach can take what it receives
@@ -106,12 +109,16 @@ class Plan:
 
 def replay(lib, m: np.ndarray, item: int, parts: int, tile: int, rng: random.Random, *,
            reachable: list[bool], wait_shift: int = 0, waits: bool = True,
-           landing_after_own: bool = False) -> tuple[list[np.ndarray], list[np.ndarray]]:
+           landing_after_own: bool = False, slots: bool = False,
+           slot_order: int = -1) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Every rank's blocks on numpy in an order drawn from ``rng``; returns (what each
     rank's output holds, the inputs). ``reachable[r]``: peers store into r's output
-    itself. Mutations: ``waits`` False (no waits for tiles), ``wait_shift`` 1 (wait for
-    one tile fewer than the bytes copied need), ``landing_after_own`` (a sender lands its
-    bytes after what it sends the receiver itself too)."""
+    itself. ``slots``: the eager all-to-all-v (all_to_all_v_eager.cuh): every receiver's
+    inbox is n - 1 slots of the largest segment, sender q's at index (q - r - 1) mod n,
+    and its bytes land there at their offset in its segment. Mutations: ``waits`` False
+    (no waits for tiles), ``wait_shift`` 1 (wait for one tile fewer than the bytes copied
+    need), ``landing_after_own`` (a sender lands its bytes after what it sends the
+    receiver itself too), ``slot_order`` 0 (slots at index (q - r) mod n)."""
     n = len(m)
     p = Plan(lib, m, item, parts, tile)
     sent = m.sum(axis=1) * item
@@ -120,6 +127,15 @@ def replay(lib, m: np.ndarray, item: int, parts: int, tile: int, rng: random.Ran
               .copy() for q in range(n)]
     outputs = [np.full(int(received.max()) + 3, POISON, np.uint8) for _ in range(n)]
     inboxes = [np.full(int(received.max()) + 3, POISON, np.uint8) for _ in range(n)]
+    slot = -(-max(int(m.max()) * item, 1) // 16) * 16
+    if slots:
+        inboxes = [np.full((n - 1) * slot, POISON, np.uint8) for _ in range(n)]
+
+    def landing(q: int, r: int) -> int:
+        return int(m[:q, r].sum()) * item
+
+    def slot_at(q: int, r: int) -> int:
+        return ((q - r + slot_order) % n) * slot
     met: set[tuple[int, int]] = set()                 # (rank, block) has entered
     signalled: dict[tuple[int, int], int] = {}        # (sender, block) -> tiles signalled
 
@@ -134,6 +150,12 @@ def replay(lib, m: np.ndarray, item: int, parts: int, tile: int, rng: random.Ran
                 for r, src, dst, nbytes in p.pushes(me, b, step):
                     if landing_after_own and r != me:
                         dst += int(m[me, r]) * item
+                    if slots and r != me:
+                        dst = slot_at(me, r) + dst - landing(me, r)
+                        assert dst + nbytes <= inboxes[r].size, "a store past the inbox"
+                        inboxes[r][dst:dst + nbytes] = inputs[me][src:src + nbytes]
+                        yield None
+                        continue
                     place = outputs[r] if r == me or reachable[r] else inboxes[r]
                     place[dst:dst + nbytes] = inputs[me][src:src + nbytes]
                     yield None
@@ -147,10 +169,12 @@ def replay(lib, m: np.ndarray, item: int, parts: int, tile: int, rng: random.Ran
                     if lo < hi:
                         if waits and t - wait_shift >= 0:
                             yield ("tile", q, b, t - wait_shift + 1)
-                        pieces.append((lo, hi))
-                if not reachable[me]:
-                    for lo, hi in pieces:
-                        outputs[me][lo:hi] = inboxes[me][lo:hi]
+                        at = slot_at(q, me) + lo - landing(q, me) if slots else lo
+                        pieces.append((lo, hi, at))
+                if slots or not reachable[me]:
+                    for lo, hi, at in pieces:
+                        assert at + hi - lo <= inboxes[me].size, "a copy past the inbox"
+                        outputs[me][lo:hi] = inboxes[me][at:at + hi - lo]
                         yield None
             if step < own:
                 signalled[(me, b)] = step + 1
@@ -216,6 +240,19 @@ def test_every_byte_lands_where_its_receiver_expects_it_in_any_order(plan, case)
         want = expected(m, inputs, me, item)
         assert np.array_equal(out[:want.nbytes], want), me
         assert np.all(out[want.nbytes:] == POISON), me   # nothing past the received
+
+
+@settings(max_examples=200, deadline=None)
+@given(_CASES)
+def test_eager_lands_every_byte_in_its_senders_slot_and_delivers_it_in_any_order(plan, case):
+    """The eager all-to-all-v: the same plan, every byte through the sender's slot of the
+    receiver's inbox (outputs in reach or not, it makes no difference there)."""
+    n, m, item, parts, tile, reachable, rng = case
+    outputs, inputs = replay(plan, m, item, parts, tile, rng, reachable=reachable, slots=True)
+    for me, out in enumerate(outputs):
+        want = expected(m, inputs, me, item)
+        assert np.array_equal(out[:want.nbytes], want), me
+        assert np.all(out[want.nbytes:] == POISON), me
 
 
 @settings(max_examples=120, deadline=None)
@@ -288,6 +325,10 @@ def test_receivers_that_wait_for_one_tile_fewer_copy_poison(plan):
 
 def test_senders_landing_after_the_wrong_ranks_are_found(plan):
     _mutation_fails(plan, landing_after_own=True)
+
+
+def test_eager_slots_in_another_order_are_found(plan):
+    _mutation_fails(plan, slots=True, slot_order=0)
 
 
 def _model_problem(m: np.ndarray, inputs: list[int], outputs: list[int], expect, item: int,

@@ -92,6 +92,8 @@ def _word(problem, first, second=0, call=7):
     (_word(4, 3, 1), "rank 3's output_splits[1] is not what rank 1 sends it (its "
                      "input_splits[3])"),
     (_word(6, 1), "rank 1 would receive more bytes than algo='push' can land in its window"),
+    (_word(7, 2, 0), "rank 2 sends rank 0 more bytes (its input_splits[0]) than algo='eager' "
+                     "lands in one slot of a rank's inbox"),
 ])
 def test_the_kernels_splits_problems_read_as_one_line(word, said):
     message = splits_problem(word)

@@ -55,24 +55,42 @@ _KERNELS = [
     ("all_to_all_ll.cuh", "all_to_all_v_ll", ("all_to_all_v_ll_bytes",)),
     ("all_to_all_push.cuh", "all_to_all_push", ("all_to_all_push_bytes",)),
     ("all_to_all_v_push.cuh", "all_to_all_v_push", ("all_to_all_v_push_bytes",)),
+    ("all_to_all_v_eager.cuh", "all_to_all_v_eager", ("all_to_all_v_eager_bytes",)),
 ]
 
 
-def _marks_of(text: str, function: str) -> list[int]:
-    """The IPCSHARE_MARK numbers of ``function``'s body (to the next function at column
-    0), and of the helpers it calls in the same file that stamp (push_v_meet)."""
-    start = re.search(rf"^__device__[^\n]*\b{function}\(", text, re.MULTILINE).start()
-    following = re.search(r"^(__device__|template|// [A-Z])", text[start + 1:], re.MULTILINE)
-    body = text[start:start + 1 + following.start()] if following else text[start:]
+_HELPERS = ("push_v_meet", "push_v_steps")   # helpers that stamp, called by kernels
+
+
+def _body(function: str) -> str:
+    """``function``'s text in the collectives' headers: from its signature to the next
+    function, template or section comment at column 0."""
+    for path in sorted(_SRC.glob("*.cuh")):
+        text = path.read_text()
+        found = re.search(rf"^__device__[^\n]*\b{function}\(", text, re.MULTILINE)
+        if found:
+            start = found.start()
+            following = re.search(r"^(__device__|template|// [A-Z])", text[start + 1:],
+                                  re.MULTILINE)
+            return text[start:start + 1 + following.start()] if following else text[start:]
+    raise AssertionError(f"{function} is in no header")
+
+
+def _marks_of(function: str) -> list[int]:
+    """The IPCSHARE_MARK numbers of ``function``'s body and of the stamping helpers it
+    calls."""
+    body = _body(function)
     marks = [int(k) for k in re.findall(r"IPCSHARE_MARK\((\d+)\)", body)]
-    for helper in re.findall(r"\b(push_v_meet)\(", body[body.index("{"):]):
-        marks += _marks_of(text, helper)
+    for helper in _HELPERS:
+        if re.search(rf"\b{helper}\(", body[body.index("{"):]):
+            marks += _marks_of(helper)
     return sorted(marks)
 
 
 @pytest.mark.parametrize(("source", "function", "entries"), _KERNELS)
 def test_every_traced_kernel_stamps_the_marks_the_host_names(source, function, entries):
-    marks = _marks_of((_SRC / source).read_text(), function)
+    assert (_SRC / source).read_text().count(f" {function}(") >= 1
+    marks = _marks_of(function)
     for entry in entries:
         names = trace.KERNEL_MARKS[entry]
         assert marks == list(range(len(names))), (entry, marks)

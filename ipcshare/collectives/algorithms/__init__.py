@@ -46,7 +46,8 @@ _REGISTRY: dict[tuple[str, str], dict[str, str]] = {
     ("cuda", "all_to_all_v"): {"pull": "gpu_all_to_all:GpuPullAllToAllV",
                                "balanced": "gpu_all_to_all_balanced:GpuBalancedAllToAllV",
                                "ll": "gpu_all_to_all_ll:GpuLowLatencyAllToAllV",
-                               "push": "gpu_all_to_all_push:GpuPushAllToAllV"},
+                               "push": "gpu_all_to_all_push:GpuPushAllToAllV",
+                               "eager": "gpu_all_to_all_eager:GpuEagerAllToAllV"},
 }
 _INSTANCES: dict[tuple[str, str, str], Algorithm] = {}
 

@@ -152,6 +152,31 @@ __device__ __forceinline__ unsigned long long rank_lanes_max(unsigned long long 
   return v;
 }
 
+// Warp 0, every lane: lane w < the row's words puts word w of our row (from `sends`) into
+// rows[rank] and word w of every peer's row (its LL lines after the digest, `peers` a bit
+// each) into rows[peer]; then the warp synchronizes, so every lane sees every row.
+// Returns whether this lane's words came from every peer (a peer that never came is
+// recorded as late by ll_receive_all). The eager all-to-all-v gathers its rows so too.
+__device__ __forceinline__ bool ll_gather_rows(const CollectiveArgs& a, const LLCall& call,
+                                               const long long* sends, unsigned peers,
+                                               SplitRow* rows) {
+  const int lane = threadIdx.x;
+  bool came = true;
+  if (lane < split_row_words(a.nranks)) {
+    rows[a.rank][lane] = split_row_word(a, sends, lane);
+    u64 got[kMaxRanks];
+    if (peers != 0 && !ll_receive_all(a, call, lane, peers, got)) {
+      came = false;
+    } else {
+#pragma unroll
+      for (int r = 0; r < kMaxRanks; ++r)
+        if ((peers >> r) & 1u) rows[r][lane] = (long long)got[r];
+    }
+  }
+  __syncwarp();  // the rows, to every lane
+  return came;
+}
+
 __device__ void all_to_all_v_ll(const CollectiveArgs& a) {
   static_assert(2 * kMaxRanks + 3 <= 32, "a split row's words are lanes of warp 0");
   const int n = a.nranks, me = a.rank, words = split_row_words(n);
@@ -224,19 +249,7 @@ __device__ void all_to_all_v_ll(const CollectiveArgs& a) {
   IPCSHARE_MARK(2);  // digests checked
   // 3. Every rank's row, the verdict and the receive offsets, in warp 0.
   if (!call.failed && warp0) {
-    bool came = true;
-    if (lane < words) {
-      rows[me][lane] = split_row_word(a, sends, lane);
-      u64 got[kMaxRanks];
-      if (peers != 0 && !ll_receive_all(a, call, lane, peers, got)) {
-        came = false;  // a peer never came: recorded as late by ll_receive_all
-      } else {
-#pragma unroll
-        for (int r = 0; r < kMaxRanks; ++r)
-          if ((peers >> r) & 1u) rows[r][lane] = (long long)got[r];
-      }
-    }
-    __syncwarp();  // the rows, to every lane
+    const bool came = ll_gather_rows(a, call, sends, peers, rows);
     unsigned long long lines = 0;
     if (lane < n) {  // where source `lane`'s block lands
       unsigned long long at = 0;

@@ -140,11 +140,60 @@ __device__ __forceinline__ bool push_v_wait(const CollectiveArgs& a, const Call&
   return __syncthreads_and(came) != 0;
 }
 
-// count: the input's elements, itemsize their size (all-to-all-v's arguments).
-__device__ void all_to_all_v_push(const CollectiveArgs& a) {
+// The steps after the rows are known (this file's and all_to_all_v_eager.cuh's): step j
+// stores tile j of this block's part, store(r, src, dst, nbytes) for each run (bytes
+// [src, src + nbytes) of our input to bytes [dst, ...) of rank r's output, r == me our own);
+// waits for tile j - 1 of part b of every sender with bytes for us and, where `copy_out`,
+// copies them into our output from source(q, at), where sender q's bytes for output byte
+// `at` lie; signals tile j.
+template <class Store, class Source>
+__device__ __forceinline__ void push_v_steps(const CollectiveArgs& a, Call& call,
+                                             const SplitRow* rows, u64 tile, bool copy_out,
+                                             Store&& store, Source&& source) {
   namespace plan = ipcshare::push_v_plan;
   const int n = a.nranks, me = a.rank;
   const u64 itemsize = (u64)a.itemsize, parts = gridDim.x, part = blockIdx.x;
+  const long long* flat = &rows[0][0];
+  // Steps: our own tiles, and one past the last tile of any sender's part (its wait).
+  u64 own_tiles = 0, steps = 0;
+  for (int q = 0; q < n; ++q) {
+    const u64 tiles = plan::tiles_of(flat, kSplitRowStride, n, q, itemsize, parts, part, tile);
+    if (q == me) own_tiles = tiles;
+    if (tiles > steps) steps = tiles;
+  }
+  for (u64 step = 0; step <= steps && !call.failed; ++step) {
+    u64 pushed = 0;
+    if (step < own_tiles) {
+      plan::plan_push(flat, kSplitRowStride, n, me, itemsize, parts, part, tile, step, store);
+      pushed = step + 1;
+      if (step == 0) IPCSHARE_MARK(4);  // tile 0 stored
+    }
+    if (step >= 1) {
+      const u64 t = step - 1;
+      if (!push_v_wait(a, call, rows, tile, t)) {
+        call.failed = true;
+        break;
+      }
+      if (t == 0) IPCSHARE_MARK(6);  // the peers' tile 0 came
+      if (copy_out) {
+        for (int i = 1; i < n; ++i) {
+          const int q = (me + i) % n;
+          const plan::Range got = plan::plan_receive(flat, kSplitRowStride, n, me, q,
+                                                     itemsize, parts, part, tile, t);
+          if (got.begin < got.end)
+            ipcshare::block_copy_wide(a.output + got.begin, source(q, got.begin),
+                                      got.end - got.begin);
+        }
+      }
+    }
+    if (pushed != 0) push_signal(a, call, pushed, 0);
+    if (step == 0) IPCSHARE_MARK(5);  // tile 0 signalled
+  }
+}
+
+// count: the input's elements, itemsize their size (all-to-all-v's arguments).
+__device__ void all_to_all_v_push(const CollectiveArgs& a) {
+  const int me = a.rank;
   const u64 tile = a.push_tile_bytes != 0 ? a.push_tile_bytes : kPushTileBytes;
   Call call;
   begin_call(a, call);
@@ -159,48 +208,13 @@ __device__ void all_to_all_v_push(const CollectiveArgs& a) {
   __shared__ char* places[kMaxRanks];
   if (push_v_meet(a, call, rows, places)) {
     IPCSHARE_MARK(3);  // rows read and checked
-    const long long* flat = &rows[0][0];
-    const bool from_inbox = a.output_mapped == 0;
     const char* inbox = a.windows[me] + a.staging_offset[call.parity];
-    // Steps: our own tiles, and one past the last tile of any sender's part (its wait).
-    u64 own_tiles = 0, steps = 0;
-    for (int q = 0; q < n; ++q) {
-      const u64 tiles = plan::tiles_of(flat, kSplitRowStride, n, q, itemsize, parts, part, tile);
-      if (q == me) own_tiles = tiles;
-      if (tiles > steps) steps = tiles;
-    }
-    for (u64 step = 0; step <= steps && !call.failed; ++step) {
-      u64 pushed = 0;
-      if (step < own_tiles) {
-        plan::plan_push(flat, kSplitRowStride, n, me, itemsize, parts, part, tile, step,
-                        [&](int r, u64 src, u64 dst, u64 nbytes) {
-                          char* base = r == me ? a.output : places[r];
-                          ipcshare::block_copy_wide(base + dst, a.input + src, nbytes);
-                        });
-        pushed = step + 1;
-        if (step == 0) IPCSHARE_MARK(4);  // tile 0 stored
-      }
-      if (step >= 1) {
-        const u64 t = step - 1;
-        if (!push_v_wait(a, call, rows, tile, t)) {
-          call.failed = true;
-          break;
-        }
-        if (t == 0) IPCSHARE_MARK(6);  // the peers' tile 0 came
-        if (from_inbox) {
-          for (int i = 1; i < n; ++i) {
-            const int q = (me + i) % n;
-            const plan::Range got = plan::plan_receive(flat, kSplitRowStride, n, me, q,
-                                                       itemsize, parts, part, tile, t);
-            if (got.begin < got.end)
-              ipcshare::block_copy_wide(a.output + got.begin, inbox + got.begin,
-                                        got.end - got.begin);
-          }
-        }
-      }
-      if (pushed != 0) push_signal(a, call, pushed, 0);
-      if (step == 0) IPCSHARE_MARK(5);  // tile 0 signalled
-    }
+    push_v_steps(a, call, rows, tile, /*copy_out=*/a.output_mapped == 0,
+                 [&](int r, u64 src, u64 dst, u64 nbytes) {
+                   char* base = r == me ? a.output : places[r];
+                   ipcshare::block_copy_wide(base + dst, a.input + src, nbytes);
+                 },
+                 [&](int, u64 at) { return inbox + at; });
     IPCSHARE_MARK(7);  // every step done
   }
   ipcshare::end_epoch(a.pads[a.rank], a.epoch_word, call.epoch);
