@@ -44,9 +44,10 @@ HANDLES = ("posix-fd", "fabric")
 # low-latency protocol of the collectives layer (all-gather, all-reduce, reduce-scatter and
 # all-to-all of even splits, GPU backends), ll-two-shot its two-shot all-reduce; stepped:
 # the collectives layer's kernels that never spin (ranks sharing GPUs); balanced: the
-# all-to-all kernel that cuts its work by bytes (GPU backends).
+# all-to-all kernel that cuts its work by bytes (GPU backends); eager: the all-to-all-v
+# kernel that stores into its peers' inbox slots without a meeting (GPU backends).
 ALGOS = ("auto", "copy-engine", "hierarchical", "push", "pull", "ring", "one-shot",
-         "two-shot", "leader", "ll", "ll-two-shot", "stepped", "balanced")
+         "two-shot", "leader", "ll", "ll-two-shot", "stepped", "balanced", "eager")
 # --timing of the op commands (patterns.timing.TIMING_MODES, kept in step by a test).
 TIMINGS = ("nccl-tests", "latency")
 # What carries the hierarchical collectives' step between nodes: NCCL through nccl4py

@@ -86,3 +86,12 @@ def test_two_ranks_take_the_low_latency_protocol_up_to_2_mib(graph, in_place):
     # 4 ranks (measured on 4 GPUs): ll up to 512 KiB gathered, then push.
     assert choose_allgather(512 << 10, 4, graph=graph, in_place=in_place) == "ll"
     assert choose_allgather((512 << 10) + 1, 4, graph=graph, in_place=in_place) == "push"
+
+
+def test_every_registered_algorithm_is_an_option():
+    """--algo accepts every name the collectives' registry has, on every memory and op:
+    an algorithm missing from the option list is refused before it can run."""
+    from ipcshare.collectives.algorithms import _REGISTRY
+
+    registered = {name for names in _REGISTRY.values() for name in names}
+    assert registered <= set(ALGOS) - {"auto"}, sorted(registered - set(ALGOS))
