@@ -125,7 +125,8 @@
 # re-checked on the files it touches),
 # STEP_TIMEOUT_BENCH (per sweep, default 150), ALLTOALL_RANKS (default "2 4"), ALLTOALL_MAX
 # (default 256M), ALLTOALL_MIN (default 8), ALLTOALL_ITERS (default 20), ALLTOALL_ALGOS
-# (the library's algorithms to sweep: pull, balanced, ll, copy-engine, push; default auto; ll
+# (the library's algorithms to sweep: pull, balanced, ll, copy-engine, push, eager (uneven
+# splits only); default auto; ll
 # runs even splits only, blocks up to 2 MiB a peer: ALLTOALL_ALGOS=ll ALLTOALL_SPLITS=even
 # ALLTOALL_MAX=512K ALLTOALL_BASELINES=nccl; copy-engine even splits only:
 # ALLTOALL_ALGOS=copy-engine ALLTOALL_SPLITS=even ALLTOALL_MIN=1M), ALLTOALL_GRAPH=0
@@ -133,7 +134,9 @@
 # communicator, -R 1: peers read the inputs in place and the push all-to-all stores into
 # the outputs), ALLTOALL_SPLITS (default "even random
 # skewed"), ALLTOALL_BASELINES (default "nccl torch torch-symm"), ALLTOALL_SYMM_SPLITS
-# (default even), ALLTOALL_TESTS (default 0), STEP_TIMEOUT_ALLTOALL (per sweep, default
+# (default even), ALLTOALL_TESTS (default 0), ALLTOALL_NCCL_TESTS (default 1: nccl-tests'
+# alltoall_perf beside the sweeps, from the carried .nccl-tests/; 0 leaves it out),
+# STEP_TIMEOUT_ALLTOALL (per sweep, default
 # 150), TORCH_USER_MIN, TORCH_USER_MAX, TORCH_USER_FACTOR (torch-user sizes, default 8K,
 # 256M, 2), STEP_TIMEOUT_TORCH_USER (seconds per torch-user run, default 300), PYTHON,
 # MPIEXEC.
@@ -1128,9 +1131,11 @@ all_to_all_vdev_module(torch)' 2>&1); then
       done
     done
   done
-  # NCCL's own harness beside them, at the same rank counts.
+  # NCCL's own harness beside them, at the same rank counts (ALLTOALL_NCCL_TESTS=0: not).
   alltoall_logs=()
-  if nccl_tests_setup; then
+  if [[ ${ALLTOALL_NCCL_TESTS:-1} == 0 ]]; then
+    log "alltoall: nccl-tests' alltoall_perf not run (ALLTOALL_NCCL_TESTS=0)"
+  elif nccl_tests_setup; then
     : >"$OUT/nccl-tests/alltoall_perf.log"
     step "nccl-tests build alltoall_perf" 600 nccl_tests_build alltoall_perf
     if [[ -x $NCCL_TESTS_BUILD/alltoall_perf ]]; then

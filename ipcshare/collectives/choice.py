@@ -125,8 +125,14 @@ CUDA_CHOICES: dict[str, dict[int, Choice]] = {
     # 40.6) and behind at 1 MiB (14.7 against 13.7). Balanced stages a plain input in a
     # pass of its own before any peer reads it; push stores straight from it.
     # 3 and more ranks keep balanced until push has run there.
+    # ll up to 1 MiB at 2 ranks (nvidia-h200-x2, 2026-11-28, main 07fd5ca, `ipcshare
+    # alltoall --algo ll|pull --splits even -b 1M -e 4M -f 4 [--graph] --baseline nccl`;
+    # docs/bench/gpu-check-h200-x2-2026-11-28/13-*): 1 MiB in graphs 7.5 us against pull's
+    # 12.8 and NCCL's 13.3, eager 9.4 against 14.0 and 16.6; at 4 MiB pull is ahead (17.6
+    # against 18.7 in graphs). Every call up to 1 MiB fits an LL slot (ll_max_bytes is
+    # min(max_bytes, 2 MiB) and a call is at most max_bytes).
     "all_to_all": {1: Choice((8 << 20,), ("pull", "balanced")),
-                   2: Choice((512 * _KiB, 8 << 20, 32 << 20), ("ll", "pull", "balanced", "push")),
+                   2: Choice((1 << 20, 8 << 20, 32 << 20), ("ll", "pull", "balanced", "push")),
                    3: Choice((512 * _KiB, 8 << 20), ("ll", "pull", "balanced"))},
     # all_to_all_v: every rank must pick the same algorithm whatever its own counts, so
     # its nbytes here is the communicator's max_bytes (Communicator._signature), which
