@@ -9,7 +9,9 @@ output where the rows put them.
 A slot holds the communicator's max_bytes over the ranks but one (at 2 ranks all of it,
 so any call fits): a segment larger is found by every rank in the rows
 (kSplitTooLargeForSlot), and synchronize() raises it on every rank, no byte moved.
-``auto`` does not pick it until it has been timed on GPUs."""
+``auto`` does not pick it: on two H200s it was the fastest only at random splits of
+32 MiB, and ``auto`` cannot tell random splits from skewed ones on the host
+(docs/COLLECTIVES.md, "eager")."""
 
 from __future__ import annotations
 
