@@ -107,18 +107,15 @@ def test_ll_runs_all_to_all_and_all_to_all_v_on_gpus_and_reads_no_peer_s_input()
         algorithm("host", "all_to_all_v", "ll")
 
 
-def test_auto_runs_ll_for_even_splits_up_to_where_it_was_measured_ahead():
+def test_every_call_auto_gives_ll_fits_the_slots():
+    """auto runs ll for even splits up to 1 MiB at 2 ranks (test_collectives_parts.py):
+    such a call fits the LL slots of every communicator that takes it (max_bytes at least
+    the call)."""
     from ipcshare.collectives.choice import choose
 
-    # 2 ranks: up to 1 MiB (x2, 2026-11-28: 7.5 us against pull's 12.8 at 1 MiB).
-    assert choose("cuda", "all_to_all", 1 << 20, 2) == "ll"
-    assert choose("cuda", "all_to_all", (1 << 20) + 1, 2) == "pull"
-    # 3 and more ranks: up to 512 KiB, as measured on x4.
-    for size in (3, 4, 8):
-        assert choose("cuda", "all_to_all", 512 << 10, size) == "ll"
-        assert choose("cuda", "all_to_all", (512 << 10) + 1, size) == "pull"
-    # Every call auto gives ll fits the slots of a communicator that takes it.
     ll = algorithm("cuda", "all_to_all", "ll")
-    for max_bytes in (1 << 20, 4 << 20):
-        layout = ScratchLayout(max_bytes, 0, 2, gpu=True)
-        assert ll.unsupported(_call(1 << 20, 2, layout)) is None
+    for size, nbytes in ((2, 1 << 20), (3, (512 << 10) // 3 * 3), (4, 512 << 10)):
+        assert choose("cuda", "all_to_all", nbytes, size) == "ll"
+        for max_bytes in (nbytes, 4 << 20, 64 << 20):
+            layout = ScratchLayout(max_bytes, 0, size, gpu=True)
+            assert ll.unsupported(_call(nbytes, size, layout)) is None, (size, max_bytes)

@@ -334,11 +334,13 @@ def test_all_to_all_v_runs_ll_on_small_communicators_and_all_to_all_ll_then_pull
     for size in (3, 4, 8):
         assert choose("cuda", "all_to_all_v", 512 << 10, size) == "ll"
         assert choose("cuda", "all_to_all_v", (512 << 10) + 1, size) == "balanced"
+    # all_to_all: ll to 1 MiB at 2 ranks, 512 KiB at more.
     for size in (2, 3, 4):
+        ll_limit = (1 << 20) if size == 2 else (512 << 10)
         assert choose("cuda", "all_to_all_v", 1 << 30, size) == "balanced"
         assert choose("cuda", "all_to_all", 1, size) == "ll"
-        assert choose("cuda", "all_to_all", 512 << 10, size) == "ll"
-        assert choose("cuda", "all_to_all", (512 << 10) + 1, size) == "pull"
+        assert choose("cuda", "all_to_all", ll_limit, size) == "ll"
+        assert choose("cuda", "all_to_all", ll_limit + 1, size) == "pull"
         assert choose("cuda", "all_to_all", 8 << 20, size) == "pull"
         assert choose("cuda", "all_to_all", (8 << 20) + 1, size) == "balanced"
     # Push above 32 MiB where it was measured ahead (2 ranks); balanced at 3 and more.
