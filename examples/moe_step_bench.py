@@ -502,8 +502,7 @@ def _results(torch, group, layer: moe.Layer, args, rows) -> dict[str, Any]:
         "samples": args.iters, "warmup": args.warmup, "checks": args.checks,
         "statistic": "median over samples of the slowest rank's time per step",
         "rows": rows,
-        "ok": all(not row.get("wrong") and not row.get("errors")
-                  and not row.get("measurement_errors") for row in rows),
+        "ok": exit_status(rows) == 0,
         "exit_status": exit_status(rows),
     }
 

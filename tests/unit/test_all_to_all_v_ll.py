@@ -27,7 +27,12 @@ from ipcshare.collectives.algorithms import algorithm
 from ipcshare.collectives.algorithms.gpu_all_to_all_ll import all_to_all_v_block_capacity
 from ipcshare.collectives.algorithms.gpu_kernel import MAX_BLOCKS, THREADS, GpuCall
 from ipcshare.collectives.scratch import LL_MAX_BYTES, ScratchLayout, split_row_words
-from ipcshare.collectives.split_args import SPLIT_TOO_LARGE_FOR_LL, SPLITS_PROBLEM, splits_problem
+from ipcshare.collectives.split_args import (
+    SPLIT_TOO_LARGE_FOR_LL,
+    SPLIT_TOO_LARGE_FOR_SLOT,
+    SPLITS_PROBLEM,
+    splits_problem,
+)
 from tests.host_kernels import build_for_host
 
 _SOURCES = Path(ipcshare.kernels.__file__).parent
@@ -63,7 +68,8 @@ def test_the_model_s_constants_are_the_kernel_s():
     assert "first_ll_split_problem(rows, n, itemsize, capacity)" in body
     serial = _CHECKS[_CHECKS.index("u64 first_ll_split_problem("):]
     serial = serial[:serial.index("\n}\n")]
-    assert serial.index("first_split_problem(rows, n)") < serial.index("kSplitTooLargeForLL")
+    assert "u64 too_large = kSplitTooLargeForLL" in serial   # LL's problem by default
+    assert serial.index("first_split_problem(rows, n)") < serial.index("(too_large << 40)")
     read = _A2A[_A2A.index("bool read_split_rows("):]
     assert "first_split_problem(rows, n)" in read[:read.index("\n}\n")]
 
@@ -269,6 +275,13 @@ int verdicts(const long long* packed, int n, u64 itemsize, u64 capacity, int lan
     any |= split_lane_finds_problem(rows, n, itemsize, capacity, lane, lanes);
   return any;
 }
+// The eager all-to-all-v's word for the same rows: a block past a slot is its problem.
+u64 eager_problem(const long long* packed, int n, u64 itemsize, u64 capacity) {
+  Row rows[8];
+  for (int q = 0; q < n; ++q)
+    for (int w = 0; w < 2 * n + 3; ++w) rows[q][w] = packed[q * (2 * n + 3) + w];
+  return first_ll_split_problem(rows, n, itemsize, capacity, kSplitTooLargeForSlot);
+}
 }
 """
 
@@ -355,6 +368,32 @@ def test_the_warp_s_verdict_is_the_serial_checks_and_they_find_the_model_s_probl
     # Every problem came up often, and so did rows without one.
     assert set(found) == {None, NEGATIVE, SENDS, RECEIVES, MISMATCH, TOO_LARGE}, found
     assert min(found.values()) >= 100, found
+
+
+def test_eager_names_the_same_first_problem_with_a_slot_for_the_ll_slot(checks):
+    """The eager all-to-all-v checks its rows as the LL all-to-all-v does, a segment past
+    its inbox slot being problem 7 (kSplitTooLargeForSlot) where LL's is problem 5: the
+    same word otherwise, bit for bit."""
+    rng = random.Random(2026_11_28)
+    slot = 0
+    for case in range(2000):
+        rows, itemsize, capacity = _random_rows(rng)
+        packed = [word for row in rows for word in row]
+        ll_word = ctypes.c_ulonglong()
+        checks.verdicts((ctypes.c_longlong * len(packed))(*packed), len(rows),
+                        ctypes.c_ulonglong(itemsize), ctypes.c_ulonglong(capacity), 32,
+                        ctypes.byref(ll_word))
+        checks.eager_problem.restype = ctypes.c_ulonglong
+        eager = checks.eager_problem((ctypes.c_longlong * len(packed))(*packed), len(rows),
+                                     ctypes.c_ulonglong(itemsize),
+                                     ctypes.c_ulonglong(capacity))
+        ll = ll_word.value
+        if (ll >> 40) & 0xFF == TOO_LARGE:
+            slot += 1
+            assert eager == (ll & ~(0xFF << 40)) | (SPLIT_TOO_LARGE_FOR_SLOT << 40), case
+        else:
+            assert eager == ll, case
+    assert slot >= 50
 
 
 def test_the_warp_s_verdict_on_edge_rows(checks):

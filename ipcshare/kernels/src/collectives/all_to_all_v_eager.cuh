@@ -92,9 +92,8 @@ __device__ void all_to_all_v_eager(const CollectiveArgs& a) {
       if (lane == 0) sound = 0;
     } else if (__any_sync(0xffffffffu, bad)) {
       if (lane == 0) {
-        u64 problem = first_ll_split_problem(rows, n, itemsize, capacity);
-        if (((problem >> 40) & 0xFF) == kSplitTooLargeForLL)
-          problem = (problem & ~(0xFFull << 40)) | (kSplitTooLargeForSlot << 40);
+        const u64 problem =
+            first_ll_split_problem(rows, n, itemsize, capacity, kSplitTooLargeForSlot);
         if (problem) record_split_problem(a, problem, call.epoch);
         sound = 0;
       }

@@ -73,15 +73,17 @@ IPCSHARE_HD u64 first_split_problem(const Row* rows, int n) {
 // all_to_all_v_ll's first problem: first_split_problem's, then
 // 4. every block that travels fits an LL slot (`capacity` bytes, every rank's alike); a
 //    rank's block to itself never enters a slot. Counts are at least 0 and fit their
-//    inputs here, so the product does not overflow.
+//    inputs here, so the product does not overflow. A block past it is problem
+//    `too_large` (the eager all-to-all-v's slots are its inbox's: kSplitTooLargeForSlot).
 // Run by one thread, and only on a call that has a problem (split_lane_finds_problem).
 template <class Row>
-IPCSHARE_HD u64 first_ll_split_problem(const Row* rows, int n, u64 itemsize, u64 capacity) {
+IPCSHARE_HD u64 first_ll_split_problem(const Row* rows, int n, u64 itemsize, u64 capacity,
+                                       u64 too_large = kSplitTooLargeForLL) {
   u64 problem = first_split_problem(rows, n);
   for (int q = 0; q < n && !problem; ++q)
     for (int r = 0; r < n && !problem; ++r)
       if (q != r && (u64)rows[q][r] * itemsize > capacity)
-        problem = (kSplitTooLargeForLL << 40) | ((u64)q << 32) | ((u64)r << 24);
+        problem = (too_large << 40) | ((u64)q << 32) | ((u64)r << 24);
   return problem;
 }
 
