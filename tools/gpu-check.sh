@@ -91,8 +91,9 @@
 #           (--baseline nccl); results.jsonl rows carry "inter_case" (op-engine-2xL)
 #   trace   where each all-to-all kernel's microseconds go: tools/kernel_trace.py (the kernels
 #           built with phase stamps, IPCSHARE_KERNEL_TRACE=1) at 2 ranks for pull, balanced,
-#           ll and push (TRACE_ALGOS), even and random splits, TRACE_BYTES a rank (default
-#           "2M 32M"; ll to 2 MiB only); the tables in $OUT/kernel-trace.md
+#           ll, push and eager (TRACE_ALGOS), even and random splits, TRACE_BYTES a rank
+#           (default "2M 32M"; ll to 2 MiB only), in CUDA graphs of TRACE_GRAPH calls
+#           (default 4; 0: eager calls); the tables in $OUT/kernel-trace.md
 #   ab      a change against the code it replaces, in one launch: each case of AB_CASES
 #           (cases split by ";", each "N OP ALGO MAX [FLAGS...]", default the three
 #           collectives' auto at G ranks to 2M in graphs) swept 8 B (AB_MIN) to MAX against
@@ -750,18 +751,22 @@ for source in KERNEL_SOURCES: compile_kernel_source(source)')
 export -f ab_case_run ab_compile
 # trace: where each all-to-all kernel's microseconds go (tools/kernel_trace.py, the kernels
 # built with phase stamps), at 2 ranks, TRACE_BYTES a rank (default "2M 32M"), even and
-# random splits, each algorithm of TRACE_ALGOS (default "pull balanced ll push"; ll up to
-# 2 MiB); the tables in $OUT/kernel-trace.md.
+# random splits, each algorithm of TRACE_ALGOS (default "pull balanced ll push eager"; ll up
+# to 2 MiB), graphs of TRACE_GRAPH calls (default 4, 0: eager calls); the tables in
+# $OUT/kernel-trace.md.
 kernel_trace_run() {  # kernel_trace_run ALGO SPLITS BYTES
+  local -a graph=()
+  [[ ${TRACE_GRAPH:-4} != 0 ]] && graph=(--graph "${TRACE_GRAPH:-4}")
   "$MPIEXEC" -n 2 --bind-to none "$PY" tools/kernel_trace.py --algo "$1" --splits "$2" \
-    --bytes "$3" --json "$OUT/kernel-trace-$1-$2-$3.json" | tee -a "$OUT/kernel-trace.md"
+    --bytes "$3" "${graph[@]}" --json "$OUT/kernel-trace-$1-$2-$3.json" \
+    | tee -a "$OUT/kernel-trace.md"
 }
 export -f kernel_trace_run
 if [[ $G -ge 2 ]] && wants trace; then
   : >"$OUT/kernel-trace.md"
   for bytes in ${TRACE_BYTES:-2M 32M}; do
     for splits in even random; do
-      for algo in ${TRACE_ALGOS:-pull balanced ll push}; do
+      for algo in ${TRACE_ALGOS:-pull balanced ll push eager}; do
         [[ $algo == ll && $("$PY" -c "from ipcshare.runtime.config import parse_size as p
 print(int(p('$bytes') > 2 * 2**20))") == 1 ]] && continue
         step "trace $algo $splits $bytes" 120 kernel_trace_run "$algo" "$splits" "$bytes"

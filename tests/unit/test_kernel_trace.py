@@ -27,11 +27,18 @@ _HEADER = _ROOT / "ipcshare" / "kernels" / "include" / "ipcshare" / "trace.cuh"
 _TOOL = _ROOT / "tools" / "kernel_trace.py"
 
 
-def test_the_host_reads_the_buffer_the_header_defines():
+def test_the_host_reads_the_buffers_the_header_defines():
     text = _HEADER.read_text()
-    assert int(re.search(r"kTraceBlocks = (\d+);", text).group(1)) == trace.TRACE_BLOCKS
-    assert int(re.search(r"kTraceMarks = (\d+);", text).group(1)) == trace.TRACE_MARKS
-    assert f"unsigned long long {trace.TRACE_SYMBOL}[" in text
+    for name, value in (("kTraceBlocks", trace.TRACE_BLOCKS), ("kTraceMarks", trace.TRACE_MARKS),
+                        ("kTraceCalls", trace.TRACE_CALLS),
+                        ("kTraceSpanBlocks", trace.TRACE_SPAN_BLOCKS)):
+        assert int(re.search(rf"{name} = (\d+);", text).group(1)) == value, name
+    flat = " ".join(text.split())
+    assert (f"unsigned long long {trace.TRACE_SYMBOL}[ipcshare::kTraceCalls]"
+            "[ipcshare::kTraceBlocks][ipcshare::kTraceMarks][2];") in flat
+    assert (f"unsigned long long {trace.TRACE_SPAN_SYMBOL}[ipcshare::kTraceCalls] "
+            "[ipcshare::kTraceSpanBlocks][2];") in flat
+    assert f"unsigned long long {trace.TRACE_CALLS_SYMBOL}[ipcshare::kTraceSpanBlocks];" in flat
 
 
 def test_the_traced_build_is_asked_for_by_the_setting_and_only_for_the_collectives(
@@ -101,23 +108,32 @@ def test_every_entry_the_host_names_is_traced_above():
     assert set(trace.KERNEL_MARKS) == {entry for _, _, entries in _KERNELS for entry in entries}
 
 
+_SIZES = {trace.TRACE_SYMBOL: 8 * 4 * 16 * 2 * 8, trace.TRACE_SPAN_SYMBOL: 8 * 1024 * 2 * 8,
+          trace.TRACE_CALLS_SYMBOL: 1024 * 8}
+
+
 class _Kernels:
-    def __init__(self, found):
-        self.found = found
+    def __init__(self, sizes):
+        self.sizes = sizes
 
     def global_array(self, name):
-        if self.found is None:
+        if name not in self.sizes:
             raise CudaError("cuModuleGetGlobal failed: CUDA_ERROR_NOT_FOUND")
-        return self.found
+        return 0x1000, self.sizes[name]
 
 
 def test_a_module_without_stamps_is_refused_with_what_to_set():
     with pytest.raises(RuntimeError, match=r"built without phase stamps: set "
                                            r"IPCSHARE_KERNEL_TRACE=1 before the group is made"):
-        trace.KernelTrace(_Kernels(None))
-    with pytest.raises(RuntimeError, match=r"holds 8 bytes, expected 1024"):
-        trace.KernelTrace(_Kernels((0x1000, 8)))
-    assert trace.KernelTrace(_Kernels((0x1000, 1024))).nbytes == 1024
+        trace.KernelTrace(_Kernels({}))
+    with pytest.raises(RuntimeError, match=r"built without phase stamps"):
+        trace.KernelTrace(_Kernels({trace.TRACE_SYMBOL: _SIZES[trace.TRACE_SYMBOL]}))
+    # A buffer of another shape (one call's stamps, as before the slots) is named.
+    with pytest.raises(RuntimeError, match=r"ipcshare_trace holds 1024 bytes, expected 8192: "
+                                           r"trace.cuh and kernels/trace.py disagree"):
+        trace.KernelTrace(_Kernels({**_SIZES, trace.TRACE_SYMBOL: 1024}))
+    arrays = trace.KernelTrace(_Kernels(_SIZES)).arrays
+    assert {name: nbytes for name, (_, nbytes) in arrays.items()} == _SIZES
 
 
 def _stamps(marks_cycles: dict[int, list[int]], scale: float = 0.5,
@@ -162,6 +178,37 @@ def test_no_span_gives_no_ratio_and_no_call_no_rows():
     assert trace.summarize([], ("begun",))[1] == []
 
 
+def _spans(calls: list[dict[int, tuple[int, int]]]) -> np.ndarray:
+    """Spans of one read: per slot, block -> (its mark 0, its latest mark) in ns."""
+    out = np.zeros((trace.TRACE_CALLS, trace.TRACE_SPAN_BLOCKS, 2), np.uint64)
+    for slot, blocks in enumerate(calls):
+        for block, edges in blocks.items():
+            out[slot, block] = edges
+    return out
+
+
+def test_a_call_spans_from_its_first_block_to_its_last_and_gaps_are_between_calls():
+    # A graph replay of three calls: blocks 0-2 begin and end at different times.
+    replay = _spans([{0: (1_000, 9_000), 1: (1_200, 11_000), 7: (1_100, 10_500)},
+                     {0: (12_000, 20_000), 1: (12_500, 19_000)},
+                     {0: (21_500, 30_000), 3: (22_000, 31_000)}])
+    assert trace.call_spans(replay)[:4] == [(1_000, 11_000, 3), (12_000, 20_000, 2),
+                                             (21_500, 31_000, 2), None]
+    summary = trace.summarize_spans([replay], skip=1)
+    # Spans of the second and third calls (8.0 and 9.5 us), gaps 1.0 and 1.5 us (the
+    # first call's gap counts: it is the launch of the second that it measures).
+    assert (summary.spans, summary.gaps) == (2, 2)
+    assert summary.span_us == pytest.approx(8.75) and summary.gap_us == pytest.approx(1.25)
+    assert summary.span_p90_us == pytest.approx(9.35)
+    assert summary.blocks == (2, 2)
+    # Eager calls read one at a time: spans, no gaps.
+    single = trace.summarize_spans([_spans([{0: (500, 4_500)}]), _spans([{0: (700, 6_700)}])])
+    assert (single.span_us, single.gaps, single.blocks) == (5.0, 0, (1, 1))
+    assert np.isnan(single.gap_us)
+    empty = trace.summarize_spans([])
+    assert (empty.spans, empty.blocks) == (0, (0, 0)) and np.isnan(empty.span_us)
+
+
 def _tool():
     return load_example("kernel_trace", _TOOL.parent)
 
@@ -180,6 +227,16 @@ def test_the_tool_checks_against_what_each_rank_receives_and_prints_a_table():
     assert text.splitlines()[0] == ("rank 1: all_to_all_v_push_bytes, 1 calls, 0.5000 ns a "
                                     "cycle, 12.50 us a call by CUDA events")
     assert "| met | 1.00 | 1.00 | 1.00 | 1.00 | 1.00 | 1 |" in text
+    assert "kernel span" not in text
+    replay = _spans([{0: (1_000, 9_000)}, {0: (10_000, 18_000), 5: (10_100, 19_000)},
+                     {0: (20_000, 27_000), 5: (20_200, 26_000)}])
+    lines = tool.table(1, "all_to_all_v_push_bytes", 0.5, rows, 12.5,
+                       trace.summarize_spans([replay], skip=1)).splitlines()
+    assert lines[-2:] == [
+        "kernel span, first block's start to any block's last mark (2 blocks): median 8.00 "
+        "us, p90 8.80",
+        "gap from a call's last mark to the next call's first (in the graph): median 1.00 us, "
+        "p90 1.00"]
 
 
 @pytest.mark.parametrize(("args", "said"), [
@@ -188,6 +245,8 @@ def test_the_tool_checks_against_what_each_rank_receives_and_prints_a_table():
      "kernel_trace.py: algo='copy-engine' is not an algorithm of all_to_all_v on cuda "
      "memory"),
     (["--algo", "push", "--bytes", "lots"], "kernel_trace.py: "),
+    (["--algo", "push", "--graph", "9"], "kernel_trace.py: --graph 9: a graph of 2 to 8 calls"),
+    (["--algo", "push", "--graph", "1"], "kernel_trace.py: --graph 1: a graph of 2 to 8 calls"),
 ])
 def test_the_tool_refuses_what_it_cannot_trace_in_one_line_before_any_gpu(args, said):
     import subprocess

@@ -189,11 +189,12 @@ def test_the_phase_stamps_are_only_in_the_traced_build_and_it_still_fits_a_block
     kernels are the machine code they were without marks (a kernel without marks is the
     same in both builds); the traced build (IPCSHARE_KERNEL_TRACE=1) has the buffer, and
     every kernel still fits a block of THREADS."""
-    from ipcshare.kernels.trace import TRACE_SYMBOL
+    from ipcshare.kernels.trace import TRACE_CALLS_SYMBOL, TRACE_SPAN_SYMBOL, TRACE_SYMBOL
 
     usual = compile_kernel_source("collectives.cu")
     traced = compile_kernel_source("collectives.cu", options=("-DIPCSHARE_KERNEL_TRACE",))
-    assert TRACE_SYMBOL.encode() not in usual and TRACE_SYMBOL.encode() in traced
+    for symbol in (TRACE_SYMBOL, TRACE_SPAN_SYMBOL, TRACE_CALLS_SYMBOL):
+        assert symbol.encode() not in usual and symbol.encode() in traced, symbol
     registers = _registers_per_thread(traced)
     for entry in KERNEL_SOURCES["collectives.cu"]:
         assert 0 < registers[entry] * THREADS <= _REGISTERS_PER_BLOCK, (entry, registers[entry])
