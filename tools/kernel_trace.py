@@ -34,9 +34,13 @@ def _expected(m: np.ndarray, inputs: list[np.ndarray], me: int, item: int) -> np
                            for q, data in enumerate(inputs)])
 
 
-def table(rank: int, kernel: str, scale: float, rows, event_us: float, spans=None) -> str:
+def table(rank: int, kernel: str, scale: float, rows, event_us: float, spans=None,
+          graph: int = 0) -> str:
+    # Eager, the events bracket one call, its wait for peers that arrive later included.
+    timing = (f"in graphs of {graph} calls" if graph else
+              "its wait for later peers included")
     lines = [f"rank {rank}: {kernel}, {len(rows) and rows[0].reached} calls, "
-             f"{scale:.4f} ns a cycle, {event_us:.2f} us a call by CUDA events",
+             f"{scale:.4f} ns a cycle, {event_us:.2f} us a call by CUDA events ({timing})",
              "| mark | block 0 median us | p10 | p90 | slowest traced block | step from the "
              "mark before | calls reaching it |",
              "|---|---|---|---|---|---|---|"]
@@ -161,7 +165,8 @@ def main() -> int:
                     times.append(start.elapsed_time(end) * 1e3 / per_run)
             scale, rows = summarize(calls, names)
             span_summary = summarize_spans(spans, skip=first)
-            text = table(me, kernel, scale, rows, float(np.median(times)), span_summary)
+            text = table(me, kernel, scale, rows, float(np.median(times)), span_summary,
+                         args.graph)
             everyone = group.collective("kernel trace", (text, [row.__dict__ for row in rows],
                                                             span_summary.__dict__))
             if me == 0:

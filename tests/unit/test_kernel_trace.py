@@ -225,13 +225,15 @@ def test_the_tool_checks_against_what_each_rank_receives_and_prints_a_table():
     _, rows = trace.summarize([_stamps({0: [0, 2_000]})], ("begun", "met"))
     text = tool.table(1, "all_to_all_v_push_bytes", 0.5, rows, 12.5)
     assert text.splitlines()[0] == ("rank 1: all_to_all_v_push_bytes, 1 calls, 0.5000 ns a "
-                                    "cycle, 12.50 us a call by CUDA events")
+                                    "cycle, 12.50 us a call by CUDA events (its wait for "
+                                    "later peers included)")
     assert "| met | 1.00 | 1.00 | 1.00 | 1.00 | 1.00 | 1 |" in text
     assert "kernel span" not in text
     replay = _spans([{0: (1_000, 9_000)}, {0: (10_000, 18_000), 5: (10_100, 19_000)},
                      {0: (20_000, 27_000), 5: (20_200, 26_000)}])
     lines = tool.table(1, "all_to_all_v_push_bytes", 0.5, rows, 12.5,
-                       trace.summarize_spans([replay], skip=1)).splitlines()
+                       trace.summarize_spans([replay], skip=1), graph=3).splitlines()
+    assert lines[0].endswith("12.50 us a call by CUDA events (in graphs of 3 calls)")
     assert lines[-2:] == [
         "kernel span, first block's start to any block's last mark (2 blocks): median 8.00 "
         "us, p90 8.80",
