@@ -47,7 +47,7 @@ _TRACE_DEFINE = "-DIPCSHARE_KERNEL_TRACE"
 _TRACED_SOURCES = ("collectives.cu",)
 
 # The marks each entry point stamps, in the order it stamps them (its marks in its .cuh).
-_PULL = ("begun", "staged", "met, headers read", "rows read", "read", "ended")
+_PULL = ("begun", "staged", "met", "headers and rows read", "read", "ended")
 _BALANCED = ("begun", "staged", "part signalled", "met", "headers and rows read", "read",
              "ended")
 KERNEL_MARKS: dict[str, tuple[str, ...]] = {

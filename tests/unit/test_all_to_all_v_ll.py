@@ -60,7 +60,7 @@ def test_the_model_s_constants_are_the_kernel_s():
     assert re.search(r"int split_row_words\(int n\) \{ return 2 \* n \+ 3; \}", _A2A)
     assert [split_row_words(n) for n in (1, 2, 8)] == [5, 7, 19]
     assert TOO_LARGE == SPLIT_TOO_LARGE_FOR_LL
-    # The kernel makes read_split_rows' checks (first_split_problem), then its own: its
+    # The kernel makes read_headers_and_rows' checks (first_split_problem), then its own: its
     # warp's verdict, and the serial checks where the verdict finds a problem (both
     # compiled for the host below).
     body = _A2A_LL[_A2A_LL.index("__device__ void all_to_all_v_ll("):]
@@ -70,7 +70,7 @@ def test_the_model_s_constants_are_the_kernel_s():
     serial = serial[:serial.index("\n}\n")]
     assert "u64 too_large = kSplitTooLargeForLL" in serial   # LL's problem by default
     assert serial.index("first_split_problem(rows, n)") < serial.index("(too_large << 40)")
-    read = _A2A[_A2A.index("bool read_split_rows("):]
+    read = _A2A[_A2A.index("bool read_headers_and_rows("):]
     assert "first_split_problem(rows, n)" in read[:read.index("\n}\n")]
 
 

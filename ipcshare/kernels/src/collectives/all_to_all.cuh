@@ -13,7 +13,8 @@
 // (splits_inline[0]). Every block writes this rank's split row (its sends, the receives
 // it expects where the host gave them, and what its arrays hold) into its window's splits
 // area of the call's parity before it signals, so each peer reads a whole row after the
-// barrier. Every rank then reads every row and checks all of them in one fixed order
+// barrier. Every rank then reads every row, with every header, in one pass
+// (read_headers_and_rows: one round trip), and checks all of them in one fixed order
 // (first_split_problem, split_checks.cuh): every rank finds the same first problem,
 // records it in its error word and moves no byte, so synchronize() raises the same error
 // on every rank and no rank reads or writes past an array. Where a device array was
@@ -75,28 +76,6 @@ __device__ __forceinline__ void record_split_problem(const CollectiveArgs& a, u6
                                                      u64 epoch) {
   atomicCAS(a.pads[a.rank] + ipcshare::kErrorWord, 0ull,
             kSplitsProblem | problem | (epoch & 0xFFFFFFull));
-}
-
-// Every rank's row, read after the barrier, and the checks every rank makes alike.
-// Returns whether they pass (the same answer in every block of every rank).
-__device__ __forceinline__ bool read_split_rows(const CollectiveArgs& a, const Call& call,
-                                                SplitRow* rows) {
-  const int n = a.nranks, words = split_row_words(n);
-  __shared__ int verdict;
-  for (int i = threadIdx.x; i < n * words; i += blockDim.x) {
-    const int q = i / words, w = i % words;
-    const volatile long long* row = reinterpret_cast<const volatile long long*>(
-        a.windows[q] + a.splits_offset[call.parity]);
-    rows[q][w] = row[w];
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const u64 problem = first_split_problem(rows, n);
-    if (problem && !call.failed) record_split_problem(a, problem, call.epoch);
-    verdict = problem ? 0 : 1;
-  }
-  __syncthreads();
-  return verdict != 0;
 }
 
 // This rank's sends into `sends` (elements per destination; all-to-all: count / n bytes
@@ -162,21 +141,82 @@ __device__ __forceinline__ void fill_receive_splits(const CollectiveArgs& a,
     reinterpret_cast<long long*>(a.receive_splits)[threadIdx.x] = got;
 }
 
-// After the meeting: every rank's row into `rows` (all-to-all: every count sends[0]),
-// checked, and block 0 fills receive_splits. Returns whether the block may move bytes
-// (the call did not fail and the rows pass): the same on every thread of every block.
-template <bool kVariable>
-__device__ __forceinline__ bool read_rows(const CollectiveArgs& a, const Call& call,
-                                          SplitRow* rows, const long long* sends) {
-  const int n = a.nranks;
-  bool ok = true;
-  if (kVariable) {
-    ok = read_split_rows(a, call, rows);
-  } else {
-    for (int i = threadIdx.x; i < n * n; i += blockDim.x) rows[i / n][i % n] = sends[0];
-    __syncthreads();
+// After the meeting (`met`: false if a peer never came): every rank's header and, for
+// all-to-all-v, its split row, loaded in one pass (one round trip; read_headers' acquire
+// load and then a pass for the rows took three). The meeting's acquire polls and the block
+// barrier after them already order these loads after the peers' stores, so plain volatile
+// loads do. Then read_headers' results (where each input lies, whether the ranks agree,
+// whether inputs are read in place) and the rows' checks (first_split_problem: the same
+// first problem on every rank); all-to-all's rows are every count sends[0]. Block 0 fills
+// receive_splits. Returns whether the block may move bytes (the call did not fail and the
+// rows pass): the same on every thread of every block.
+// Every rank's first kWords header words into heads[q] and the first `words` words of its
+// split row into rows[q], in one pass over the block's threads: one round trip. Plain
+// volatile loads: call it after a meeting, whose acquire polls and block barrier order
+// them after the peers' stores. The caller synchronizes the block before reading them.
+template <int kWords>
+__device__ __forceinline__ void load_headers_and_rows(const CollectiveArgs& a, int parity,
+                                                      int words, u64 (*heads)[kWords],
+                                                      SplitRow* rows) {
+  const int per = kWords + words;
+  for (int i = threadIdx.x; i < a.nranks * per; i += blockDim.x) {
+    const int q = i / per, w = i % per;
+    if (w < kWords)
+      heads[q][w] = reinterpret_cast<const volatile u64*>(header(a.pads[q], a, parity))[w];
+    else
+      rows[q][w - kWords] = reinterpret_cast<const volatile long long*>(
+          a.windows[q] + a.splits_offset[parity])[w - kWords];
   }
-  if (call.failed || !ok) return false;
+}
+
+template <bool kVariable>
+__device__ __forceinline__ bool read_headers_and_rows(const CollectiveArgs& a, Call& call,
+                                                      bool met, SplitRow* rows,
+                                                      const long long* sends) {
+  static_assert(kHeaderDigest < 4 && kHeaderInput < 4 && kHeaderFlags < 4 &&
+                    kHeaderRegistration < 4,
+                "the header words read here are its first four");
+  constexpr int kRead = 4;
+  const int n = a.nranks;
+  __shared__ u64 heads[kMaxRanks][kRead];
+  __shared__ int failed, hold, rows_ok;
+  if (met)
+    load_headers_and_rows<kRead>(a, call.parity, kVariable ? split_row_words(n) : 0, heads,
+                                 rows);
+  if (!kVariable)
+    for (int i = threadIdx.x; i < n * n; i += blockDim.x) rows[i / n][i % n] = sends[0];
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    failed = met ? 0 : 1;
+    hold = 0;
+    rows_ok = 1;
+    for (int q = 0; q < n && met; ++q) {
+      if (heads[q][kHeaderFlags] & kFlagZeroCopy) hold = 1;
+      if (heads[q][kHeaderDigest] != a.digest && !failed) {
+        record_disagreement(a.pads[a.rank], call.epoch);
+        failed = 1;
+      }
+    }
+    if (kVariable && met) {
+      const u64 problem = first_split_problem(rows, n);
+      if (problem && !failed) record_split_problem(a, problem, call.epoch);
+      rows_ok = problem ? 0 : 1;
+    }
+  }
+  __syncthreads();
+  call.failed = failed != 0;
+  call.hold_inputs = hold != 0;
+  if (met) {
+    for (int r = 0; r < n; ++r) {
+      const u64 flags = heads[r][kHeaderFlags];
+      const char* base = (flags & kFlagRegistered)
+          ? reinterpret_cast<const char*>(
+                a.registrations[heads[r][kHeaderRegistration] * kMaxRanks + r])
+          : a.windows[r];
+      call.sources[r] = base + heads[r][kHeaderInput];
+    }
+  }
+  if (call.failed || !rows_ok) return false;
   if (kVariable) fill_receive_splits(a, rows);
   return true;
 }
@@ -203,12 +243,15 @@ __device__ __forceinline__ void all_to_all_pull(const CollectiveArgs& a) {
     }
   }
   IPCSHARE_MARK(1);  // staged
-  meet(a, call);
-  IPCSHARE_MARK(2);  // met, headers read
+  if (threadIdx.x == 0) publish_header(a, call.parity);
+  // call_barrier fences and syncs the block before any signal leaves: the staged bytes,
+  // the header and the split row are visible to a peer that has seen our signal.
+  const bool met = call_barrier(a, call.epoch, 0);
+  IPCSHARE_MARK(2);  // met
   // rows[q][r]: the elements rank q sends rank r.
   __shared__ SplitRow rows[kMaxRanks];
-  const bool rows_ok = read_rows<kVariable>(a, call, rows, sends);
-  IPCSHARE_MARK(3);  // rows read
+  const bool rows_ok = read_headers_and_rows<kVariable>(a, call, met, rows, sends);
+  IPCSHARE_MARK(3);  // headers and rows read
   if (rows_ok) {
     // Segments land packed in rank order; rank q's for us starts after what rank q
     // sends lower ranks.

@@ -112,9 +112,8 @@ __device__ __forceinline__ void all_to_all_balanced(const CollectiveArgs& a) {
   const bool met = ipcshare::block_wait(a.pads, me, n, barrier_slots(a, 0), value,
                                         a.timeout_ns, call.epoch);
   IPCSHARE_MARK(3);  // met
-  read_headers(a, call, met);
   __shared__ SplitRow rows[kMaxRanks];
-  const bool rows_ok = read_rows<kVariable>(a, call, rows, sends);
+  const bool rows_ok = read_headers_and_rows<kVariable>(a, call, met, rows, sends);
   IPCSHARE_MARK(4);  // headers and rows read
   if (rows_ok) {
     const bool in_place = !kVariable && a.output == a.input;

@@ -117,12 +117,13 @@ __device__ void all_to_all_ll(const CollectiveArgs& a) {
 //    (split_lane_finds_problem) and __any_sync gives the verdict, true exactly where the
 //    serial checks find a problem (split_checks.cuh; tests/unit/test_all_to_all_v_ll.py
 //    compares the two on the host). Only on a call that has one does lane 0 run the
-//    serial checks (first_ll_split_problem: read_split_rows' checks in their order, then
-//    one more: no block between two ranks is larger than a slot) and record the first
-//    problem: every rank checks the same rows, so every rank finds the same first
-//    problem, records it and moves no byte. The same warp computes the receive offsets
-//    (used only where the rows pass): the blocks land packed in source order, lane s
-//    sums what ranks below s send us, and a shuffle gives the most lines of any block.
+//    serial checks (first_ll_split_problem: read_headers_and_rows' checks in their
+//    order, then one more: no block between two ranks is larger than a slot) and record
+//    the first problem: every rank checks the same rows, so every rank finds the same
+//    first problem, records it and moves no byte. The same warp computes the receive
+//    offsets (used only where the rows pass): the blocks land packed in source order,
+//    lane s sums what ranks below s send us, and a shuffle gives the most lines of any
+//    block.
 //    The rows are written and read by warp 0 alone (__syncwarp); one barrier hands the
 //    verdict and the offsets to the block.
 // 4. Thread i waits for lines R + i, R + i + stride, ... of every source whose block has

@@ -50,7 +50,7 @@ static_assert(ipcshare::push_v_plan::kMostTiles == (1ull << kStepBits) - 2,
 // the block may move bytes; a peer that never came sets call.failed.
 __device__ __forceinline__ bool push_v_meet(const CollectiveArgs& a, Call& call,
                                             SplitRow* rows, char** places) {
-  const int n = a.nranks, words = split_row_words(n), per = kHeaderWords + words;
+  const int n = a.nranks, words = split_row_words(n);
   if (threadIdx.x == 0) {
     publish_header(a, call.parity);
     publish_output(a, call.parity);
@@ -63,16 +63,7 @@ __device__ __forceinline__ bool push_v_meet(const CollectiveArgs& a, Call& call,
   IPCSHARE_MARK(2);  // met
   __shared__ u64 heads[kMaxRanks][kHeaderWords];
   __shared__ int verdict;
-  if (met) {
-    for (int i = threadIdx.x; i < n * per; i += blockDim.x) {
-      const int q = i / per, w = i % per;
-      if (w < kHeaderWords)
-        heads[q][w] = reinterpret_cast<const volatile u64*>(header(a.pads[q], a, call.parity))[w];
-      else
-        rows[q][w - kHeaderWords] = reinterpret_cast<const volatile long long*>(
-            a.windows[q] + a.splits_offset[call.parity])[w - kHeaderWords];
-    }
-  }
+  if (met) load_headers_and_rows<kHeaderWords>(a, call.parity, words, heads, rows);
   __syncthreads();
   if (threadIdx.x == 0) {
     verdict = met ? 0 : 1;
