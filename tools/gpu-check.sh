@@ -290,10 +290,12 @@ tests_part() {  # tests_part PART: whether TESTS_PARTS asks for PART (every part
 }
 if [[ $G -ge 1 ]] && wants tests; then
   tests_part 2 && step "pytest tests/gpu, 2 ranks" "$STEP_TIMEOUT_TESTS" pytest_run 2
-  if [[ $G -ge 2 ]] && tests_part examples; then  # they launch mpiexec: 2 ranks on 2 GPUs
-    step "pytest tests/gpu/test_examples.py test_triton_examples.py" "$STEP_TIMEOUT_TESTS" \
-      "$PY" -m pytest -q -rs -s -m "gpu and not mpi" -p no:cacheprovider tests/gpu/test_examples.py \
-      tests/gpu/test_triton_examples.py
+  # They launch mpiexec (2 ranks on 2 GPUs), or drive both GPUs from one process.
+  if [[ $G -ge 2 ]] && tests_part examples; then
+    step "pytest tests/gpu/test_examples.py test_triton_examples.py test_line_probe_gpu.py" \
+      "$STEP_TIMEOUT_TESTS" "$PY" -m pytest -q -rs -s -m "gpu and not mpi" \
+      -p no:cacheprovider tests/gpu/test_examples.py tests/gpu/test_triton_examples.py \
+      tests/gpu/test_line_probe_gpu.py
   fi
   if [[ $G -ge 4 ]]; then
     tests_part 4 && step "pytest tests/gpu, 4 ranks" "$STEP_TIMEOUT_TESTS" pytest_run 4

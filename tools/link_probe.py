@@ -24,7 +24,6 @@ every variant's output is checked once against its source, byte for byte.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import ctypes
 import sys
 from pathlib import Path
@@ -34,9 +33,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ipcshare.kernels.compiler import compile_kernel_source, device_arch  # noqa: E402
-from ipcshare.kernels.launcher import LoadedKernels  # noqa: E402
-from ipcshare.p2p.gpus import GpuSet  # noqa: E402
+from ipcshare.p2p.gpus import GpuHandles, GpuSet  # noqa: E402
 from ipcshare.p2p.peer_access import disable_peer_access, enable_peer_access  # noqa: E402
 from ipcshare.runtime.config import parse_size  # noqa: E402
 from ipcshare.runtime.cuda_driver import check, driver  # noqa: E402
@@ -53,29 +50,23 @@ class ProbeArgs(ctypes.Structure):
                 ("vectors", ctypes.c_ulonglong * 2), ("split", ctypes.c_int)]
 
 
-class Probe:
+class Probe(GpuHandles):
     """Buffers, kernels, a second stream and timing events on GPUs 0 and 1 (one owner:
     ``close`` releases all of it, idempotently)."""
 
     def __init__(self, gpus: GpuSet, nbytes: int) -> None:
-        self.gpus, self.nbytes = gpus, nbytes
-        self._undo = contextlib.ExitStack()
+        super().__init__(gpus)
+        self.nbytes = nbytes
         try:
             self.kernels, self.side, self.events = [], [], []
             self.source, self.output, self.local = [], [], []
             for gpu in range(2):
-                gpus.activate(gpu)
-                kernels = LoadedKernels(compile_kernel_source(KERNELS, arch=device_arch(gpu)))
-                self._undo.callback(self._release, gpu, kernels.close)
-                self.kernels.append(kernels)
-                side = check("cuStreamCreate", driver.cuStreamCreate(
-                    int(driver.CUstream_flags.CU_STREAM_NON_BLOCKING)))
-                self._undo.callback(self._release, gpu, driver.cuStreamDestroy, side)
-                self.side.append(side)
+                self.kernels.append(self.load_kernels(gpu, KERNELS))
+                self.side.append(self.new_stream(gpu))
                 pair = []
                 for _ in range(2):
                     event = check("cuEventCreate", driver.cuEventCreate(0))
-                    self._undo.callback(self._release, gpu, driver.cuEventDestroy, event)
+                    self.own(gpu, driver.cuEventDestroy, event)
                     pair.append(event)
                 self.events.append(pair)
                 # source: what goes to the peer (and the local copy's source);
@@ -86,16 +77,8 @@ class Probe:
                 pattern = np.random.default_rng(gpu).integers(0, 256, nbytes, np.uint8)
                 gpus.upload(gpu, self.source[gpu], pattern)
         except BaseException:
-            self._undo.close()
+            self.close()
             raise
-
-    def _release(self, gpu: int, release, *handle) -> None:
-        with contextlib.suppress(Exception):
-            self.gpus.activate(gpu)
-            release(*handle)
-
-    def close(self) -> None:
-        self._undo.close()
 
     def _launch(self, gpu: int, unroll: int, grid: int, pairs: list[tuple[int, int]],
                 split: int, stream) -> None:

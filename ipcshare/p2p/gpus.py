@@ -18,7 +18,7 @@ from ..runtime import cuda_driver
 from ..runtime.cuda_driver import check, driver
 from ..runtime.errors import BackendUnavailable
 
-__all__ = ["GpuSet", "PushArgs", "P2P_MAX_TARGETS", "visible_gpus"]
+__all__ = ["GpuSet", "GpuHandles", "PushArgs", "P2P_MAX_TARGETS", "visible_gpus"]
 
 P2P_MAX_TARGETS = 8  # P2P_MAX_TARGETS in kernels/src/p2p_direct.cu
 _THREADS = 512
@@ -191,3 +191,44 @@ class GpuSet:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class GpuHandles:
+    """Handles a tool makes on a GpuSet's GPUs (modules, streams, events), each released
+    with its own GPU's context current, in the reverse order of their making, once:
+    ``close`` is idempotent, and a release that fails does not stop the others. A
+    constructor that fails half-way calls ``close`` and so undoes itself."""
+
+    def __init__(self, gpus: GpuSet) -> None:
+        self.gpus = gpus
+        self._undo = contextlib.ExitStack()
+
+    def own(self, gpu: int, release: Any, *handle: Any) -> None:
+        """Release ``handle`` with ``release(*handle)`` on ``gpu`` at ``close``."""
+        self._undo.callback(self._release, gpu, release, *handle)
+
+    def load_kernels(self, gpu: int, source: Any) -> Any:
+        """``source`` (a kernels file) compiled for ``gpu`` and loaded there, owned."""
+        from ..kernels.compiler import compile_kernel_source, device_arch
+        from ..kernels.launcher import LoadedKernels
+
+        self.gpus.activate(gpu)
+        kernels = LoadedKernels(compile_kernel_source(source, arch=device_arch(gpu)))
+        self.own(gpu, kernels.close)
+        return kernels
+
+    def new_stream(self, gpu: int) -> Any:
+        """A non-blocking stream on ``gpu``, owned."""
+        self.gpus.activate(gpu)
+        stream = check("cuStreamCreate", driver.cuStreamCreate(
+            int(driver.CUstream_flags.CU_STREAM_NON_BLOCKING)))
+        self.own(gpu, driver.cuStreamDestroy, stream)
+        return stream
+
+    def _release(self, gpu: int, release: Any, *handle: Any) -> None:
+        with contextlib.suppress(Exception):
+            self.gpus.activate(gpu)
+            release(*handle)
+
+    def close(self) -> None:
+        self._undo.close()

@@ -49,3 +49,27 @@ def test_direct_sizes_are_those_of_the_ipc_runs(count):
         plans = [pattern.plan(size, count, direct.ELEMENT_SIZE) for size in sweep.sizes()]
         assert all(plan.block_bytes % direct.ELEMENT_SIZE == 0 for plan in plans)
     assert direct.events_needed(count) == count + 1
+
+
+def test_gpu_handles_release_in_reverse_on_their_gpu_once_and_past_a_failure():
+    from ipcshare.p2p.gpus import GpuHandles
+
+    log = []
+
+    class Gpus:
+        def activate(self, gpu):
+            log.append(("on", gpu))
+
+    def fail(name):
+        log.append(("release", name))
+        raise RuntimeError("already gone")
+
+    handles = GpuHandles(Gpus())
+    handles.own(0, lambda name: log.append(("release", name)), "kernels 0")
+    handles.own(1, fail, "stream 1")
+    handles.own(1, lambda name: log.append(("release", name)), "event 1")
+    handles.close()
+    assert log == [("on", 1), ("release", "event 1"), ("on", 1), ("release", "stream 1"),
+                   ("on", 0), ("release", "kernels 0")]
+    handles.close()   # idempotent: nothing released twice
+    assert len(log) == 6
