@@ -263,6 +263,12 @@ class AllToAll(Pattern):
 
     def check(self, window: Window, plan: SizePlan, mode: str, iteration: int) -> int:
         n, me = window.world_size, window.rank
+        if self._communicator is not None and self._communicator.memory != "host":
+            # A kernel that refused the splits (every rank finds the same first problem
+            # and moves nothing: the eager all-to-all-v's slot at 3+ ranks), gave up on a
+            # peer, or ranks that disagreed: raise with the cause here. Untouched outputs
+            # would otherwise be counted as wrong elements.
+            self._communicator.synchronize(window.engine.stream)
         got = window.engine.download(self._output(window, plan, mode))
         received = self.received_bytes(plan, me, n)
         wrong = count_wrong(got[:received], self.expected_bytes(plan, me, n, iteration),

@@ -79,3 +79,41 @@ def test_the_ceiling_check_names_the_busiest_links_rate():
     assert ceiling_error(busbw, ceiling, "x") is None          # what busbw alone let pass
     said = ceiling_error(gbps, ceiling, "x", quantity)
     assert said is not None and said.startswith("x: the busiest link's rate")
+
+
+class _RefusingCommunicator:
+    """A GPU communicator whose kernel refused the call's splits: synchronize raises."""
+
+    memory = "cuda"
+
+    def __init__(self) -> None:
+        self.streams: list = []
+
+    def synchronize(self, stream=None) -> None:
+        self.streams.append(stream)
+        from ipcshare.runtime.errors import CollectiveError
+        raise CollectiveError("rank 1 sends rank 2 more than a slot holds")
+
+
+class _Window:
+    world_size, rank = 4, 0
+
+    class engine:  # the window's engine, as the driver passes it
+        stream = "the window's stream"
+
+        @staticmethod
+        def download(_buffer):
+            raise AssertionError("the output was read after the kernel refused the call")
+
+
+def test_a_refused_call_raises_its_cause_before_any_element_is_counted():
+    # 4 ranks, random splits (x4, 2026-11-28): the eager kernel refused every size and
+    # moved nothing, and the sweep reported every element wrong instead of the refusal.
+    from ipcshare.runtime.errors import CollectiveError
+
+    case = AllToAll("eager", splits="random", datatype="float32")
+    case._communicator = communicator = _RefusingCommunicator()
+    plan = case.plan(1 << 20, 4, 4)
+    with pytest.raises(CollectiveError, match="more than a slot holds"):
+        case.check(_Window(), plan, "out-of-place", 0)
+    assert communicator.streams == ["the window's stream"]
