@@ -17,8 +17,9 @@ check, as NCCL's LL128 reader does. --both runs the other direction at the same 
 After the last round every line must hold it exactly.
 
 Prints a row per width, reload and direction; exit status 1 if any line was seen torn or
-misplaced or the buffer is wrong at the end, 2 if the GPUs have no peer access. Evidence
-for or against a protocol, not a benchmark."""
+misplaced or the buffer is wrong at the end, 2 if the GPUs have no peer access, 3 if a
+reader saw no flagged line at all (that row answers nothing). Evidence for or against a
+protocol, not a benchmark."""
 
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ THREADS = 256
 WIDTHS = (16, 128)
 MAX_ROUNDS = 0xFFFF   # a 16-byte line's data words carry the round in 16 bits
 COUNTS = ("seen", "torn", "ahead", "misplaced")
+ENTRIES = tuple(f"{side}{width}" for width in WIDTHS for side in ("read", "write"))
 
 
 class LineArgs(ctypes.Structure):
@@ -80,6 +82,12 @@ class LineProbe(GpuHandles):
             self.kernels, self.buffers, self.counts, self.writers = [], [], [], []
             for gpu in range(2):
                 self.kernels.append(self.load_kernels(gpu, KERNELS))
+                # Every entry now: under lazy loading (CUDA's default) a kernel is loaded
+                # at its first cuModuleGetFunction, which may wait for the kernels running
+                # on that GPU. With --both a GPU's first writer then waited for its own
+                # reader's whole budget, and that reader saw nothing (x4, 2026-11-28).
+                for entry in ENTRIES:
+                    self.kernels[gpu].function(entry)
                 # The writer's stream: with --both a GPU writes while it reads.
                 self.writers.append(self.new_stream(gpu))
                 self.buffers.append(gpus.allocate(gpu, nbytes))
@@ -138,9 +146,11 @@ def _list(text: str, kind=int) -> list:
 
 
 def verdict(row: dict) -> str:
+    """FAILED (a torn or misplaced word, or a wrong buffer at the end), whole, or
+    INCONCLUSIVE: the reader saw no flagged line, so the row says nothing of tearing."""
     if row["torn"] or row["misplaced"] or not row["final_ok"]:
         return "FAILED"
-    return "whole" if row["seen"] else "nothing seen"
+    return "whole" if row["seen"] else "INCONCLUSIVE (nothing seen)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--rounds: 1 to {MAX_ROUNDS}")
     if args.budget_ms <= 0 or args.grid < 1:
         parser.error("--budget-ms and --grid: above 0")
-    failed = False
+    failed = unanswered = False
     with GpuSet(2) as gpus:
         pairs = enable_peer_access(gpus)
         try:
@@ -187,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
                                          (1, 0) if args.both else (1,))
                         for row in rows:
                             failed |= verdict(row) == "FAILED"
+                            unanswered |= not row["seen"]
                             print(f"{width:>5} {reload:>6} "
                                   f"{row['writer']:>9}->{row['reader']:<4} {row['seen']:>12} "
                                   f"{row['torn']:>6} {row['ahead']:>10} "
@@ -196,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                 probe.close()
         finally:
             disable_peer_access(gpus, pairs)
-    return 1 if failed else 0
+    return 1 if failed else 3 if unanswered else 0
 
 
 if __name__ == "__main__":
