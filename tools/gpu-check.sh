@@ -275,9 +275,11 @@ fi
 pytest_run() {  # pytest_run N [extra mpiexec args...]
   local n=$1
   shift
+  # The slowest tests listed (--durations): the shared-GPU runs outlast a device call, and
+  # the list says where their time goes.
   # shellcheck disable=SC2086 # TESTS_FILES is a list of paths
   "$MPIEXEC" -n "$n" --bind-to none "$@" "$PY" -m pytest -q -rs --with-mpi -m gpu \
-    -p no:cacheprovider ${TESTS_FILES:-tests/gpu}
+    -p no:cacheprovider --durations=25 ${TESTS_FILES:-tests/gpu}
 }
 export -f pytest_run
 mpi_suite_run() {  # mpi_suite_run N: tests/mpi under the node's MPI
