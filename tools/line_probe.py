@@ -84,8 +84,9 @@ class LineProbe(GpuHandles):
                 self.kernels.append(self.load_kernels(gpu, KERNELS))
                 # Every entry now: under lazy loading (CUDA's default) a kernel is loaded
                 # at its first cuModuleGetFunction, which may wait for the kernels running
-                # on that GPU. With --both a GPU's first writer then waited for its own
-                # reader's whole budget, and that reader saw nothing (x4, 2026-11-28).
+                # on that GPU; with --both a GPU's first writer could then wait out its own
+                # reader's budget (likely why the first run of each width saw nothing on
+                # x4, 2026-11-28).
                 for entry in ENTRIES:
                     self.kernels[gpu].function(entry)
                 # The writer's stream: with --both a GPU writes while it reads.
@@ -196,13 +197,14 @@ def main(argv: list[str] | None = None) -> int:
                                          int(args.budget_ms * 1e6), args.grid,
                                          (1, 0) if args.both else (1,))
                         for row in rows:
-                            failed |= verdict(row) == "FAILED"
-                            unanswered |= not row["seen"]
+                            said = verdict(row)
+                            failed |= said == "FAILED"
+                            unanswered |= said.startswith("INCONCLUSIVE")
                             print(f"{width:>5} {reload:>6} "
                                   f"{row['writer']:>9}->{row['reader']:<4} {row['seen']:>12} "
                                   f"{row['torn']:>6} {row['ahead']:>10} "
                                   f"{row['misplaced']:>9} {'ok' if row['final_ok'] else 'WRONG':>6}"
-                                  f"  {verdict(row)}", flush=True)
+                                  f"  {said}", flush=True)
             finally:
                 probe.close()
         finally:

@@ -10,6 +10,7 @@ import pytest
 
 from ipcshare.patterns.alltoall import LINK_BOUND_GBPS, AllToAll, busiest_link_bytes
 from ipcshare.patterns.results import Measurement, Row
+from ipcshare.runtime.errors import CollectiveError
 
 
 def test_the_busiest_link_is_the_most_any_rank_sends_or_receives_remotely():
@@ -91,7 +92,6 @@ class _RefusingCommunicator:
 
     def synchronize(self, stream=None) -> None:
         self.streams.append(stream)
-        from ipcshare.runtime.errors import CollectiveError
         raise CollectiveError("rank 1 sends rank 2 more than a slot holds")
 
 
@@ -109,8 +109,6 @@ class _Window:
 def test_a_refused_call_raises_its_cause_before_any_element_is_counted():
     # 4 ranks, random splits (x4, 2026-11-28): the eager kernel refused every size and
     # moved nothing, and the sweep reported every element wrong instead of the refusal.
-    from ipcshare.runtime.errors import CollectiveError
-
     case = AllToAll("eager", splits="random", datatype="float32")
     case._communicator = communicator = _RefusingCommunicator()
     plan = case.plan(1 << 20, 4, 4)
