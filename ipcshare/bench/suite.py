@@ -77,7 +77,7 @@ BACKEND_CHOICES = ("auto", "host", "cuda-ipc", "cuda-vmm")
 BASELINE_NAMES = ("mpi", "nccl", "torch", "torch-symm")
 _GPU = ("cuda-ipc", "cuda-vmm")
 # The algorithms of the low-latency protocol, whose buffers take inputs up to LL_MAX_BYTES.
-_LOW_LATENCY = ("ll", "ll-two-shot")
+_LOW_LATENCY = ("ll", "ll-two-shot", "ll128")
 # The ops of the collectives layer: each case names its reduction (-o) and datatype.
 REDUCTION_OPS = ("allreduce", "reducescatter")
 # P2P direct (one process over every rank's GPU) against IPC windows, per pattern of
@@ -118,6 +118,7 @@ def _algorithm_table() -> dict[str, dict[str, tuple[str, ...]]]:
         "copy-engine": {"allgather": [*_GPU], "ring": [*_GPU]},
         "push": {"allgather": [*_GPU]}, "pull": {"allgather": [*_GPU]},
         "ring": {"allgather": [*_GPU]}, "ll": {"allgather": [*_GPU]},
+        "ll128": {"allgather": [*_GPU]},
     }
     for op, collective in _COLLECTIVES.items():
         for backend in ("host", *_GPU):

@@ -127,6 +127,9 @@ class GpuPath:
             template.ll_epoch_word, template.ll_cleaned_word = LL_EPOCH_SLOT, LL_CLEANED_SLOT
             template.ll_offset[0], template.ll_offset[1] = layout.ll_offset(0), layout.ll_offset(1)
             template.ll_slot_bytes = layout.ll_slot_bytes
+            template.ll128_offset[0] = layout.ll128_offset(0)
+            template.ll128_offset[1] = layout.ll128_offset(1)
+            template.ll128_slot_bytes = layout.ll128_slot_bytes
             template.ll_clean_every = LL_CLEAN_EVERY
             self._clear_ll_buffers()
             # Where every rank's registered arrays are mapped here (see registered()).
@@ -170,17 +173,18 @@ class GpuPath:
         self._rows: dict[int, int] = {}          # registration number -> table row
 
     def _clear_ll_buffers(self) -> None:
-        """Zero this rank's LL buffers before any peer may write them: no line may hold a
-        flag that a call could take for its own (allocations are not zeroed). Collective:
-        no rank returns before every rank has cleared its own."""
+        """Zero this rank's LL and LL128 buffers before any peer may write them: no line
+        may hold a flag that a call could take for its own (allocations are not zeroed).
+        Collective: no rank returns before every rank has cleared its own."""
         import numpy as np
 
         layout, window = self.layout, self.window
-        first = layout.ll_offset(0)
-        nbytes = layout.ll_offset(2) - first
-        if nbytes:
-            window.engine.upload(window.local.slice(first, nbytes), np.zeros(nbytes, np.uint8))
-            window.engine.synchronize()
+        for first, end in ((layout.ll_offset(0), layout.ll_offset(2)),
+                           (layout.ll128_offset(0), layout.ll128_offset(2))):
+            if end > first:
+                window.engine.upload(window.local.slice(first, end - first),
+                                     np.zeros(end - first, np.uint8))
+        window.engine.synchronize()
         self.group.barrier()
 
     # -- arrays ------------------------------------------------------------------------

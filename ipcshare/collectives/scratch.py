@@ -10,8 +10,8 @@ import dataclasses
 from ..window.layout import HEADER_WORDS, LL_CLEANED_SLOT, USER_SLOT_BASE, round_up
 
 __all__ = ["ScratchLayout", "ALIGN", "HEADER_WORDS", "LL_MAX_BYTES", "LL_LINE_BYTES",
-           "LL_LINE_PAYLOAD", "LL_CLEANED_SLOT", "ll_payload_lines",
-           "ll_slot_payload_lines", "split_row_words"]
+           "LL_LINE_PAYLOAD", "LL_CLEANED_SLOT", "LL128_LINE_BYTES", "LL128_LINE_PAYLOAD",
+           "ll_payload_lines", "ll128_lines", "ll_slot_payload_lines", "split_row_words"]
 
 # Regions and heap blocks start at multiples of this many bytes (every dtype aligned,
 # and vector loads of the GPU kernels to come).
@@ -22,6 +22,11 @@ ALIGN = 256
 LL_LINE_BYTES = 16
 LL_LINE_PAYLOAD = 8
 LL_MAX_BYTES = 2 << 20
+# 128-byte lines (kernels/include/ipcshare/ll128.cuh): 120 payload bytes and a 64-bit flag,
+# after a 128-byte head (the LL digest travels in the LL slot). Buffers of their own: an
+# LL line read where an LL128 line left payload could take payload for its flag.
+LL128_LINE_BYTES = 128
+LL128_LINE_PAYLOAD = 120
 
 
 def _align(value: int) -> int:
@@ -32,6 +37,11 @@ def ll_payload_lines(nbytes: int) -> int:
     """Lines that carry ``nbytes`` of payload, the last one partly (ll.cuh's
     ``payload_lines``)."""
     return -(-nbytes // LL_LINE_PAYLOAD)
+
+
+def ll128_lines(nbytes: int) -> int:
+    """128-byte lines that carry ``nbytes`` of payload (ll128.cuh's ``ll128_lines``)."""
+    return -(-nbytes // LL128_LINE_PAYLOAD)
 
 
 def split_row_words(world_size: int) -> int:
@@ -64,6 +74,7 @@ class ScratchLayout:
     of a call) over ``world_size`` ranks, with ``heap_bytes`` for ``empty()``:
 
     ``[heap][staging 0][staging 1][result 0][result 1][LL 0][LL 1][splits 0][splits 1]``
+    ``[LL128 0][LL128 1]``
 
     Staging ``p`` holds the copied-in input of calls of parity ``p`` (staging 0 is also
     the copy-engine all-reduce's inbox: one chunk per source rank); result ``p`` holds this
@@ -76,7 +87,9 @@ class ScratchLayout:
     splits ``p`` holds this rank's ``input_splits`` then ``output_splits`` (int64, one per
     rank each) of an all-to-all-v call of parity ``p``, which every peer reads after the
     entry barrier (the per-call check that the ranks' splits match); on GPUs three more
-    words follow (kernels/src/collectives/all_to_all.cuh).
+    words follow (kernels/src/collectives/all_to_all.cuh); LL128 ``p`` holds one slot
+    per source rank for the 128-byte lines of the ``ll128`` calls of parity ``p`` (a
+    128-byte head, then an input of up to ``ll_max_bytes``).
     """
 
     max_bytes: int
@@ -134,8 +147,17 @@ class ScratchLayout:
         return self.ll_offset(2) + parity * self.splits_bytes
 
     @property
+    def ll128_slot_bytes(self) -> int:
+        if not self.gpu:
+            return 0
+        return _align(LL128_LINE_BYTES * (1 + ll128_lines(self.ll_max_bytes)))
+
+    def ll128_offset(self, parity: int) -> int:
+        return self.splits_offset(2) + parity * self.world_size * self.ll128_slot_bytes
+
+    @property
     def total_bytes(self) -> int:
-        return self.splits_offset(2)
+        return self.ll128_offset(2)
 
     def in_heap(self, offset: int, nbytes: int) -> bool:
         """Whether ``[offset, offset + nbytes)`` of the window lies in the heap."""

@@ -87,6 +87,8 @@ class CollectiveArgs(ctypes.Structure):
         ("receive_splits_itemsize", ctypes.c_int),
         ("expect_receives", ctypes.c_int),
         ("itemsize", ctypes.c_int),
+        ("ll128_offset", ctypes.c_ulonglong * 2),
+        ("ll128_slot_bytes", ctypes.c_ulonglong),
     ]
 
 

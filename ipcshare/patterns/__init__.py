@@ -67,7 +67,7 @@ def _make(name: str, algo: str, op: str, datatype: str):
             from .allgather_kernels import KernelAllGather
 
             return KernelAllGather(algo)
-        if algo in ("ll", "stepped"):
+        if algo in ("ll", "ll128", "stepped"):
             from .allgather_library import LibraryAllGather
 
             return LibraryAllGather(algo)

@@ -1,8 +1,9 @@
 """All-gather by one of the collectives layer's GPU algorithms (``Communicator.all_gather``
 with ``algo=``): the driver's all-gather window, data and checks, with the bytes moved by
 the library. ``--algo ll``: one kernel that pushes lines carrying their own arrival flags
-(docs/COLLECTIVES.md); ``--algo stepped``: two kernels with the stream's own barriers
-between them, none of them spinning (for ranks sharing a GPU; docs/GPU.md)."""
+(docs/COLLECTIVES.md), ``--algo ll128`` the same with 128-byte lines; ``--algo stepped``:
+two kernels with the stream's own barriers between them, none of them spinning (for ranks
+sharing a GPU; docs/GPU.md)."""
 
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ def _bytes_array(buffer: Any) -> DeviceArray:
 
 class LibraryAllGather(AllGather):
     warm_before_capture = True
-    """``--algo ll`` (each rank's block within the LL buffers) or ``--algo stepped``: GPU
-    backends, one node."""
+    """``--algo ll`` or ``ll128`` (each rank's block within the LL buffers) or ``--algo
+    stepped``: GPU backends, one node."""
 
     def __init__(self, algo: str) -> None:
         super().__init__(algo)

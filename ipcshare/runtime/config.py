@@ -45,9 +45,10 @@ HANDLES = ("posix-fd", "fabric")
 # all-to-all of even splits, GPU backends), ll-two-shot its two-shot all-reduce; stepped:
 # the collectives layer's kernels that never spin (ranks sharing GPUs); balanced: the
 # all-to-all kernel that cuts its work by bytes (GPU backends); eager: the all-to-all-v
-# kernel that stores into its peers' inbox slots without a meeting (GPU backends).
+# kernel that stores into its peers' inbox slots without a meeting (GPU backends); ll128:
+# the all-gather by 128-byte lines (GPU backends).
 ALGOS = ("auto", "copy-engine", "hierarchical", "push", "pull", "ring", "one-shot",
-         "two-shot", "leader", "ll", "ll-two-shot", "stepped", "balanced", "eager")
+         "two-shot", "leader", "ll", "ll-two-shot", "stepped", "balanced", "eager", "ll128")
 # --timing of the op commands (patterns.timing.TIMING_MODES, kept in step by a test).
 TIMINGS = ("nccl-tests", "latency")
 # What carries the hierarchical collectives' step between nodes: NCCL through nccl4py

@@ -27,6 +27,8 @@ _TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 _BITS = {4: np.int32, 2: np.int16}
 # The all-reduces of the protocol: one round of lines, or two (reduce-scatter, all-gather).
 ALL_REDUCE_ALGOS = ("ll", "ll-two-shot")
+# The all-gathers: 16-byte lines, or 128-byte ones (ll128.cuh).
+ALL_GATHER_ALGOS = ("ll", "ll128")
 
 
 def _to_device(values: np.ndarray, device: int) -> torch.Tensor:
@@ -63,22 +65,25 @@ def _flag_like_blocks(nbytes: int, size: int, call: int) -> list[np.ndarray]:
     return blocks
 
 
-@pytest.mark.parametrize("nbytes", [1, 3, 8, 9, 4095, 65_541, LL_MAX_BYTES])
-def test_all_gather_is_bit_exact_for_flag_like_bytes(setup, nbytes):
+@pytest.mark.parametrize("nbytes", [1, 3, 8, 9, 119, 121, 4095, 65_541, LL_MAX_BYTES])
+@pytest.mark.parametrize("algo", ALL_GATHER_ALGOS)
+def test_all_gather_is_bit_exact_for_flag_like_bytes(setup, nbytes, algo):
+    # (For ll128 the flag is a 64-bit call count: 4-byte words of call counts beside
+    # zeros make 8-byte words that look like it.)
     group, cm, stream = setup
     device = group.backend.device
     for call in range(1, 6):
         blocks = _flag_like_blocks(nbytes, cm.size, call)
         source = _to_device(blocks[cm.rank], device)
         out = torch.zeros(nbytes * cm.size, dtype=torch.uint8, device=f"cuda:{device}")
-        cm.all_gather(out, source, algo="ll", stream=stream)
+        cm.all_gather(out, source, algo=algo, stream=stream)
         cm.synchronize(stream)
         assert np.array_equal(out.cpu().numpy(), np.concatenate(blocks)), call
 
 
 @pytest.mark.parametrize("shift", [(1, 3), (3, 0), (5, 7)])
-@pytest.mark.parametrize("algo", ALL_REDUCE_ALGOS)
-def test_inputs_and_outputs_at_any_byte_offset(setup, shift, algo):
+@pytest.mark.parametrize("algo", ALL_GATHER_ALGOS)
+def test_all_gather_inputs_and_outputs_at_any_byte_offset(setup, shift, algo):
     group, cm, stream = setup
     device = group.backend.device
     nbytes = 1001
@@ -88,10 +93,24 @@ def test_inputs_and_outputs_at_any_byte_offset(setup, shift, algo):
     source.copy_(torch.from_numpy(blocks[cm.rank]))
     out_backing = torch.zeros(nbytes * cm.size + 8, dtype=torch.uint8, device=f"cuda:{device}")
     out = out_backing[shift[1]:shift[1] + nbytes * cm.size]
-    cm.all_gather(out, source, algo="ll", stream=stream)
+    cm.all_gather(out, source, algo=algo, stream=stream)
     cm.synchronize(stream)
     assert np.array_equal(out.cpu().numpy(), np.concatenate(blocks))
     assert not out_backing[:shift[1]].any() and not out_backing[shift[1] + out.numel():].any()
+    # In place: our block of the output is the input.
+    gathered = torch.from_numpy(np.zeros(nbytes * cm.size, np.uint8)).to(f"cuda:{device}")
+    mine = gathered[cm.rank * nbytes:(cm.rank + 1) * nbytes]
+    mine.copy_(torch.from_numpy(blocks[cm.rank]))
+    cm.all_gather(gathered, mine, algo=algo, stream=stream)
+    cm.synchronize(stream)
+    assert np.array_equal(gathered.cpu().numpy(), np.concatenate(blocks))
+
+
+@pytest.mark.parametrize("algo", ALL_REDUCE_ALGOS)
+def test_an_all_reduce_in_place_at_an_odd_element_offset(setup, algo):
+    # (The all-gathers' byte offsets: test_all_gather_inputs_and_outputs_at_any_byte_offset.)
+    group, cm, stream = setup
+    device = group.backend.device
     # float16 at an odd element offset: 2-byte aligned, not 8-byte aligned.
     count = 333
     inputs = [seeded_values("float16", count + 1, 9, r, specials=True) for r in range(cm.size)]
@@ -139,8 +158,9 @@ def test_reduce_scatter_keeps_specials_at_odd_offsets(setup, op):
 
 
 @pytest.mark.parametrize("world_bytes", [4, 4096, 256 << 10, (256 << 10) + 12])
-@pytest.mark.parametrize("algo", ALL_REDUCE_ALGOS)
-def test_a_thousand_graph_replays_with_new_data(setup, world_bytes, algo):
+@pytest.mark.parametrize(("algo", "gather_algo"), [("ll", "ll"), ("ll-two-shot", "ll"),
+                                                   ("ll", "ll128")])
+def test_a_thousand_graph_replays_with_new_data(setup, world_bytes, algo, gather_algo):
     group, cm, stream = setup
     device = group.backend.device
     count = world_bytes // 4
@@ -150,13 +170,13 @@ def test_a_thousand_graph_replays_with_new_data(setup, world_bytes, algo):
     source = torch.zeros(gathered_bytes, dtype=torch.uint8, device=f"cuda:{device}")
     gathered = torch.zeros(gathered_bytes * cm.size, dtype=torch.uint8, device=f"cuda:{device}")
     cm.all_reduce(tensor, output=out, algo=algo, stream=stream)  # bind outside capture
-    cm.all_gather(gathered, source, algo="ll", stream=stream)
+    cm.all_gather(gathered, source, algo=gather_algo, stream=stream)
     cm.all_reduce(tensor, algo=algo, stream=stream)
     stream.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
         cm.all_reduce(tensor, output=out, algo=algo, stream=stream)
-        cm.all_gather(gathered, source, algo="ll", stream=stream)
+        cm.all_gather(gathered, source, algo=gather_algo, stream=stream)
         # In place, after an all-gather: three LL calls a replay, so a replay's calls take
         # each parity in turn, and consecutive replays start on different parities.
         cm.all_reduce(tensor, algo=algo, stream=stream)
@@ -222,8 +242,9 @@ def test_a_communicator_sized_for_its_call_runs_it(algo):
                                   reference("float32", "sum", inputs)) == 0, count
 
 
-@pytest.mark.parametrize("algo", ALL_REDUCE_ALGOS)
-def test_a_silent_peer_is_named_by_the_timeout(comm, algo):
+@pytest.mark.parametrize(("op", "algo"), [("all_reduce", "ll"), ("all_reduce", "ll-two-shot"),
+                                         ("all_gather", "ll128")])
+def test_a_silent_peer_is_named_by_the_timeout(comm, op, algo):
     if comm.size < 2:
         pytest.skip("needs 2 or more ranks")
     with ipcshare.Group(backend="cuda-vmm", timeout=2.0) as group:
@@ -231,5 +252,11 @@ def test_a_silent_peer_is_named_by_the_timeout(comm, algo):
         torch.cuda.set_device(device)
         with group.communicator(max_bytes=1 << 16) as cm:
             tensor = torch.ones(1024, device=f"cuda:{device}")
-            assert_rank_zero_is_named_when_silent(
-                comm, group.rank, cm, lambda: cm.all_reduce(tensor, algo=algo))
+            gathered = torch.zeros(1024 * cm.size, device=f"cuda:{device}")
+            if op == "all_reduce":
+                def call():
+                    cm.all_reduce(tensor, algo=algo)
+            else:
+                def call():
+                    cm.all_gather(gathered, tensor, algo=algo)
+            assert_rank_zero_is_named_when_silent(comm, group.rank, cm, call)

@@ -78,7 +78,7 @@ def test_gpu_algorithms_resolve_per_backend():
     ({"backends": ["warp-drive"]}, "unknown backend 'warp-drive'"),
     ({"algorithms": ["tree"]},
      "unknown algorithm 'tree'; choose one of: single-copy, auto, copy-engine, push, pull, "
-     "ring, ll, one-shot, two-shot"),
+     "ring, ll, ll128, one-shot, two-shot"),
     ({"backends": ["host"], "algorithms": ["copy-engine"]},
      "backend 'host' runs none of the algorithms copy-engine for allgather; it runs "
      "single-copy"),
@@ -350,7 +350,7 @@ def test_the_algorithm_table_is_the_collectives_layer_s():
                                                        *algorithm_names("cuda", collective)}
     assert algorithms_of("allgather", "host") == ("single-copy",)
     assert algorithms_of("allgather", "cuda-vmm") == (
-        "auto", "copy-engine", "push", "pull", "ring", "ll")
+        "auto", "copy-engine", "push", "pull", "ring", "ll", "ll128")
     assert algorithms_of("ring", "cuda-ipc") == ("auto", "copy-engine")
     assert set(ALGORITHMS["ll"]) == {"allgather", "allreduce", "reducescatter", "alltoall"}
     assert all(backends and "host" not in backends for backends in ALGORITHMS["ll"].values())

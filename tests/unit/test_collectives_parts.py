@@ -250,6 +250,10 @@ def test_scratch_regions_and_headers_do_not_overlap(gpu):
     regions += [(layout.ll_offset(p) + r * layout.ll_slot_bytes, layout.ll_slot_bytes)
                 for p in (0, 1) for r in range(3)]
     regions += [(layout.splits_offset(p), layout.splits_bytes) for p in (0, 1)]
+    # The LL128 slots (GPU windows: a 128-byte head, then 1000 bytes in 120-byte lines).
+    regions += [(layout.ll128_offset(p) + r * layout.ll128_slot_bytes, layout.ll128_slot_bytes)
+                for p in (0, 1) for r in range(3)]
+    assert layout.ll128_slot_bytes == (-(-128 * (1 + 9) // ALIGN) * ALIGN if gpu else 0)
     assert layout.splits_bytes >= 2 * 8 * 3  # input and output splits, int64 per rank
     for (a, la), (b, _lb) in zip(regions, regions[1:], strict=False):
         assert a + la <= b

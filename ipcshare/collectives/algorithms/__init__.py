@@ -26,6 +26,7 @@ _REGISTRY: dict[tuple[str, str], dict[str, str]] = {
     ("cuda", "all_gather"): {"pull": "gpu_pull_all_gather:GpuPullAllGather",
                              "push": "gpu_push:GpuPushAllGather",
                              "ll": "gpu_low_latency:GpuLowLatencyAllGather",
+                             "ll128": "gpu_ll128:GpuLL128AllGather",
                              "stepped": "gpu_stepped:GpuSteppedAllGather"},
     ("cuda", "all_reduce"): {"one-shot": "gpu_one_shot:GpuOneShotAllReduce",
                              "two-shot": "gpu_two_shot:GpuTwoShotAllReduce",

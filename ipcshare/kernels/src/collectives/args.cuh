@@ -107,4 +107,8 @@ struct CollectiveArgs {
   int receive_splits_itemsize;
   int expect_receives;
   int itemsize;
+  // 128-byte lines (ll128.cuh): where the buffers of each parity lie in every window (one
+  // slot of ll128_slot_bytes per source rank). Their calls count with the LL ones.
+  unsigned long long ll128_offset[2];
+  unsigned long long ll128_slot_bytes;
 };

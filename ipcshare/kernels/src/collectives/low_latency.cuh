@@ -109,6 +109,22 @@ __device__ __forceinline__ void ll_check_digests(const CollectiveArgs& a, LLCall
   call.failed = failed != 0;
 }
 
+// Whether a wait that has polled `round + 1` rounds and still misses `pending` (a bit per
+// rank) gives up: every 256 rounds it reads the clock (the first reading starts it, in
+// `start`), and past timeout_ns (0: never) it records the lowest missing rank late.
+__device__ __forceinline__ bool ll_gave_up(const CollectiveArgs& a, const LLCall& call,
+                                           unsigned round, unsigned pending, u64& start) {
+  if ((round & 255u) != 255u || a.timeout_ns == 0) return false;
+  const u64 now = ipcshare::now_ns();
+  if (start == 0) {
+    start = now;
+    return false;
+  }
+  if (now - start <= a.timeout_ns) return false;
+  ipcshare::record_timeout(a.pads[a.rank], __ffs(pending) - 1, call.epoch);
+  return true;
+}
+
 // Wait for payload line j from every rank of `sources` (a bit per rank) in our own
 // buffer, at once: each round loads the line of every source still missing, so the lines
 // of all peers cost one arrival and one load's latency together, where waiting for them
@@ -133,14 +149,7 @@ __device__ __forceinline__ bool ll_receive_all(const CollectiveArgs& a, const LL
         pending &= ~(1u << r);
       }
     if (pending == 0) return true;
-    if ((round & 255u) != 255u || a.timeout_ns == 0) continue;
-    const u64 now = ipcshare::now_ns();
-    if (start == 0) {
-      start = now;
-    } else if (now - start > a.timeout_ns) {
-      ipcshare::record_timeout(a.pads[a.rank], __ffs(pending) - 1, call.epoch);
-      return false;
-    }
+    if (ll_gave_up(a, call, round, pending, start)) return false;
   }
 }
 

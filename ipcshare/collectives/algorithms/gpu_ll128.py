@@ -1,0 +1,33 @@
+"""GPU all-gather by 128-byte lines (``algo="ll128"``): the low-latency all-gather
+(gpu_low_latency.py) with lines of 120 payload bytes and a 64-bit flag, eight threads
+storing each line together, as NCCL's LL128 (kernels/include/ipcshare/ll128.cuh,
+kernels/src/collectives/all_gather_ll128.cuh). The wire carries 1.07 times the input
+where LL's 16-byte lines carry twice it, for the sizes where LL's bytes, not its one
+NVLink trip, set the time. The call counts and checks its digest as an LL call; its data
+land in buffers of their own (ScratchLayout.ll128_offset). Inputs up to the window's
+``ll_max_bytes``. Not in ``auto`` until measured on GPUs against ``ll``, ``push`` and
+NCCL; it rests on 128-byte lines arriving whole, which tools/line_probe.py checks."""
+
+from __future__ import annotations
+
+from ..agreement import Signature
+from ..scratch import LL128_LINE_PAYLOAD
+from .gpu_low_latency import GpuLowLatencyAllGather
+
+__all__ = ["GpuLL128AllGather"]
+
+# Threads per block (gpu_kernel.THREADS) over the eight that move a line.
+_LINES_PER_BLOCK = 512 // 8
+
+
+class GpuLL128AllGather(GpuLowLatencyAllGather):
+    """All-gather of any dtype (bytes move); ``signature.nbytes`` is one rank's input.
+    Refused above ``ll_max_bytes``, as ``ll``: the LL128 slots hold that much."""
+
+    name = "ll128"
+    kernel = "all_gather_ll128_bytes"
+    # One line per group of eight threads in every block, each on its own SM's stores.
+    bytes_per_block = _LINES_PER_BLOCK * LL128_LINE_PAYLOAD
+
+    def entry(self, signature: Signature) -> str:
+        return self.kernel
