@@ -29,12 +29,12 @@ __all__ = ["KERNEL_SOURCES", "include_dir", "nvrtc_version", "compile_kernel_sou
 _REDUCING_COLLECTIVES = ("all_reduce_one_shot", "all_reduce_two_shot", "reduce_scatter_one_shot",
                          "all_reduce_ll", "all_reduce_ll_two_shot", "reduce_scatter_ll",
                          "all_reduce_stepped", "reduce_scatter_stepped", "all_reduce_copy_engine",
-                         "all_reduce_push", "reduce_scatter_push")
+                         "all_reduce_push", "reduce_scatter_push", "reduce_scatter_ll128")
 KERNEL_SOURCES = {
     "allgather.cu": ("allgather_push", "allgather_pull", "allgather_ring", "allgather_scatter"),
     # collectives/gpu_path.py names them <collective>_<dtype>_<op>.
     "collectives.cu": ("all_gather_pull_bytes", "all_gather_push_bytes", "all_gather_ll_bytes",
-                       "all_gather_stepped_bytes",
+                       "all_gather_ll128_bytes", "all_gather_stepped_bytes",
                        *(f"all_to_all{v}_{algo}_bytes" for v in ("", "_v")
                          for algo in ("pull", "balanced", "ll")),
                        "all_to_all_push_bytes", "all_to_all_v_push_bytes",

@@ -1,4 +1,5 @@
-"""The low-latency protocol on GPUs (algo="ll", and "ll-two-shot" for all-reduce):
+"""The low-latency protocol on GPUs (algo="ll", "ll-two-shot" for all-reduce, and "ll128",
+its 128-byte lines, for all-gather and reduce-scatter):
 all-gather stays bit-exact whatever the bytes (including every pattern that looks like a
 flag), all-reduce keeps -0.0, NaN and +-inf, inputs and outputs at any byte alignment,
 1,000 graph replays with new data each time, the periodic re-flagging of the buffers, and
@@ -27,8 +28,8 @@ _TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 _BITS = {4: np.int32, 2: np.int16}
 # The all-reduces of the protocol: one round of lines, or two (reduce-scatter, all-gather).
 ALL_REDUCE_ALGOS = ("ll", "ll-two-shot")
-# The all-gathers: 16-byte lines, or 128-byte ones (ll128.cuh).
-ALL_GATHER_ALGOS = ("ll", "ll128")
+# The all-gathers and reduce-scatters: by 16-byte lines, or by 128-byte ones (ll128.cuh).
+LINE_ALGOS = ("ll", "ll128")
 
 
 def _to_device(values: np.ndarray, device: int) -> torch.Tensor:
@@ -66,7 +67,7 @@ def _flag_like_blocks(nbytes: int, size: int, call: int) -> list[np.ndarray]:
 
 
 @pytest.mark.parametrize("nbytes", [1, 3, 8, 9, 119, 121, 4095, 65_541, LL_MAX_BYTES])
-@pytest.mark.parametrize("algo", ALL_GATHER_ALGOS)
+@pytest.mark.parametrize("algo", LINE_ALGOS)
 def test_all_gather_is_bit_exact_for_flag_like_bytes(setup, nbytes, algo):
     # (For ll128 the flag is a 64-bit call count: 4-byte words of call counts beside
     # zeros make 8-byte words that look like it.)
@@ -82,7 +83,7 @@ def test_all_gather_is_bit_exact_for_flag_like_bytes(setup, nbytes, algo):
 
 
 @pytest.mark.parametrize("shift", [(1, 3), (3, 0), (5, 7)])
-@pytest.mark.parametrize("algo", ALL_GATHER_ALGOS)
+@pytest.mark.parametrize("algo", LINE_ALGOS)
 def test_all_gather_inputs_and_outputs_at_any_byte_offset(setup, shift, algo):
     group, cm, stream = setup
     device = group.backend.device
@@ -143,7 +144,8 @@ def test_all_reduce_keeps_signed_zeros_nans_and_infinities(setup, dtype, op, alg
 
 
 @pytest.mark.parametrize("op", ["sum", "min"])
-def test_reduce_scatter_keeps_specials_at_odd_offsets(setup, op):
+@pytest.mark.parametrize("algo", LINE_ALGOS)
+def test_reduce_scatter_keeps_specials_at_odd_offsets(setup, op, algo):
     group, cm, stream = setup
     device = group.backend.device
     count = 1001  # per rank's block: odd, so blocks of float16 are not 8-byte aligned
@@ -151,7 +153,7 @@ def test_reduce_scatter_keeps_specials_at_odd_offsets(setup, op):
               for r in range(cm.size)]
     tensor = _to_device(inputs[cm.rank], device).view(torch.float16)[1:]
     out = torch.zeros(count, dtype=torch.float16, device=f"cuda:{device}")
-    cm.reduce_scatter(out, tensor, op=op, algo="ll", stream=stream)
+    cm.reduce_scatter(out, tensor, op=op, algo=algo, stream=stream)
     cm.synchronize(stream)
     want = reference("float16", op, [x[1:] for x in inputs])[cm.rank * count:][:count]
     assert mismatches("float16", op, _host_bits(out, "float16"), want) == 0

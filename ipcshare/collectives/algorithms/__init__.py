@@ -37,6 +37,7 @@ _REGISTRY: dict[tuple[str, str], dict[str, str]] = {
                              "push": "gpu_push:GpuPushAllReduce"},
     ("cuda", "reduce_scatter"): {"one-shot": "gpu_one_shot:GpuOneShotReduceScatter",
                                  "ll": "gpu_low_latency:GpuLowLatencyReduceScatter",
+                                 "ll128": "gpu_ll128:GpuLL128ReduceScatter",
                                  "stepped": "gpu_stepped:GpuSteppedReduceScatter",
                                  "push": "gpu_push:GpuPushReduceScatter"},
     ("cuda", "all_to_all"): {"pull": "gpu_all_to_all:GpuPullAllToAll",

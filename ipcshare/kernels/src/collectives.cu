@@ -38,7 +38,7 @@
 #include "collectives/copy_engine.cuh"
 #include "collectives/push.cuh"
 #include "collectives/low_latency.cuh"
-#include "collectives/all_gather_ll128.cuh"
+#include "collectives/low_latency_128.cuh"
 #include "collectives/all_to_all.cuh"
 #include "collectives/all_to_all_balanced.cuh"
 #include "collectives/all_to_all_ll.cuh"
@@ -83,6 +83,7 @@ IPCSHARE_ALL_TYPES(reduce_scatter_one_shot)
 IPCSHARE_ALL_TYPES(all_reduce_ll)
 IPCSHARE_TYPES(all_reduce_ll_two_shot, IPCSHARE_BOUNDED)
 IPCSHARE_ALL_TYPES(reduce_scatter_ll)
+IPCSHARE_TYPES(reduce_scatter_ll128, IPCSHARE_BOUNDED)
 IPCSHARE_ALL_TYPES(all_reduce_stepped)
 IPCSHARE_ALL_TYPES(reduce_scatter_stepped)
 IPCSHARE_ALL_TYPES(all_reduce_copy_engine)
@@ -103,7 +104,9 @@ extern "C" __global__ void stage_and_publish_float16(CollectiveArgs a) { stage_a
 extern "C" __global__ void stage_and_publish_bfloat16(CollectiveArgs a) { stage_and_publish<BF16>(a); }
 extern "C" __global__ void stage_and_publish_int32(CollectiveArgs a) { stage_and_publish<I32>(a); }
 extern "C" __global__ void all_gather_ll_bytes(CollectiveArgs a) { all_gather_ll(a); }
-extern "C" __global__ void all_gather_ll128_bytes(CollectiveArgs a) { all_gather_ll128(a); }
+extern "C" __global__ void IPCSHARE_BOUNDED all_gather_ll128_bytes(CollectiveArgs a) {
+  all_gather_ll128(a);
+}
 extern "C" __global__ void all_to_all_pull_bytes(CollectiveArgs a) { all_to_all_pull<false>(a); }
 extern "C" __global__ void all_to_all_v_pull_bytes(CollectiveArgs a) { all_to_all_pull<true>(a); }
 extern "C" __global__ void all_to_all_ll_bytes(CollectiveArgs a) { all_to_all_ll(a); }
