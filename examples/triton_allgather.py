@@ -7,7 +7,8 @@ and timed against NCCL's all_gather_into_tensor, both captured in CUDA graphs.
 The output lies in the communicator's heap (``comm.empty``), so every rank reaches every
 rank's output through one peer table (``ipcshare.triton.device_view(comm)``). Program p
 of each rank stores its tiles of the input straight into block ``rank`` of every rank's
-output (``ipt.store`` through a translated pointer); programs meet their peers' on entry
+output (``ipt.store`` through a translated pointer, vectorised: ``align`` is the view's
+``alignment()``, 16 bytes on mapped memory); programs meet their peers' on entry
 and when done (triton_harness.py says how, and why a graph replays it with no reset).
 Sizes are each rank's input in bytes (int32 elements: all-gather moves bits). Exit status
 0 when every check passed on every rank.
@@ -30,7 +31,8 @@ if triton is not None:
     import ipcshare.triton as ipt
 
     @triton.jit
-    def all_gather_kernel(out, inp, flags, table, count, BLOCK: tl.constexpr):
+    def all_gather_kernel(out, inp, flags, table, count, BLOCK: tl.constexpr,
+                          ALIGN: tl.constexpr):
         me = ipt.rank(table)
         world = ipt.world_size(table)
         epoch = call_count(flags, world)
@@ -41,7 +43,7 @@ if triton is not None:
             mask = offsets < count
             data = tl.load(inp + offsets, mask=mask)
             for peer in range(0, world):
-                ipt.store(mine + offsets, data, peer, table, mask=mask)
+                ipt.store(mine + offsets, data, peer, table, mask=mask, align=ALIGN)
         meet(flags, table, 2 * epoch, "all")       # every rank's tiles have landed here
         end_call(flags, world, epoch)
 
@@ -68,7 +70,7 @@ def measure(setting, count: int) -> tuple[int, int, float, float | None]:
 
     def ours() -> None:
         all_gather_kernel[grid](out, inp, setting.flags, setting.view.table, count,
-                                BLOCK=BLOCK)
+                                BLOCK=BLOCK, ALIGN=setting.view.alignment())
 
     def theirs() -> None:
         dist.all_gather_into_tensor(nccl_out, inp)

@@ -44,8 +44,9 @@ if triton is not None:
 
     @triton.jit
     def all_reduce_rmsnorm_kernel(y, h, x, residual, weight, flags, table, rows, hidden, eps,
-                                  BLOCK: tl.constexpr):
-        world = ipt.world_size(table)
+                                  BLOCK: tl.constexpr, WORLD: tl.constexpr,
+                                  ALIGN: tl.constexpr):
+        world = ipt.world_size(table)   # == WORLD, the group's size the launch names
         epoch = call_count(flags, world)
         meet(flags, table, 2 * epoch - 1, "all")   # every rank's x of this call is written
         cols = tl.arange(0, BLOCK)
@@ -53,10 +54,15 @@ if triton is not None:
         w = tl.load(weight + cols, mask=mask, other=0.0).to(tl.float32)
         for row in range(tl.program_id(0), rows, tl.num_programs(0)):
             offsets = row.to(tl.int64) * hidden + cols
+            # Unrolled over the ranks (WORLD is a compile-time constant): the loads of
+            # every rank's row are independent of the sums, so they are all in flight
+            # before the first sum waits (one NVLink round trip a row where a loop over a
+            # runtime count waited once per rank). The sums stay in rank order: the same
+            # bits everywhere.
             total = tl.zeros([BLOCK], dtype=tl.float32)
-            for peer in range(0, world):           # rank order: the same bits everywhere
-                total += ipt.load(x + offsets, peer, table, mask=mask, other=0.0).to(
-                    tl.float32)
+            for peer in tl.static_range(WORLD):
+                total += ipt.load(x + offsets, peer, table, mask=mask, other=0.0,
+                                  align=ALIGN).to(tl.float32)
             total += tl.load(residual + offsets, mask=mask, other=0.0).to(tl.float32)
             rounded = total.to(h.dtype.element_ty)
             tl.store(h + offsets, rounded, mask=mask)
@@ -97,7 +103,8 @@ def measure(setting, rows: int) -> tuple[int, int, float, float | None]:
 
     def ours() -> None:
         all_reduce_rmsnorm_kernel[grid](y, h, x, residual, weight, setting.flags,
-                                        setting.view.table, rows, hidden, EPS, BLOCK=block)
+                                        setting.view.table, rows, hidden, EPS, BLOCK=block,
+                                        WORLD=size, ALIGN=setting.view.alignment())
 
     def theirs() -> None:
         nccl_buffer.copy_(x)
