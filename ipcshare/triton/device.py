@@ -22,7 +22,8 @@ from . import table as _table
 __all__ = ["CMP_EQ", "CMP_NE", "CMP_GT", "CMP_GE", "CMP_LT", "CMP_LE", "USER_WORD", "rank",
            "world_size",
            "check_peer", "translate", "load", "store", "get", "put", "atomic_add",
-           "atomic_cas", "atomic_xchg", "pad", "signal", "wait_until", "barrier_all",
+           "atomic_cas", "atomic_xchg", "pad", "signal", "release_fence", "signal_relaxed",
+           "wait_until", "barrier_all",
            "barrier_all_kernel"]
 
 # Comparisons of wait_until (NVSHMEM's order).
@@ -178,6 +179,19 @@ def _fence_and_store_release(address, value):
 
 
 @triton.jit
+def _fence_system():
+    tl.inline_asm_elementwise("fence.sc.sys;\n\tmov.u32 $0, 0;", "=r", [], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
+@triton.jit
+def _store_relaxed(address, value):
+    tl.inline_asm_elementwise("st.relaxed.sys.global.u64 [$1], $2;\n\tmov.u32 $0, 0;",
+                              "=r,l,l", [address, value], dtype=tl.int32, is_pure=False,
+                              pack=1)
+
+
+@triton.jit
 def _load_acquire(address):
     # signal.cuh's load_acquire.
     return tl.inline_asm_elementwise("ld.acquire.sys.global.u64 $0, [$1];", "=l,l", [address],
@@ -199,6 +213,26 @@ def signal(pad, word, value):
     larger value each time, and never reset a word a peer may still signal."""
     tl.debug_barrier()
     _fence_and_store_release(pad + word, tl.cast(value, tl.uint64))
+
+
+@triton.jit
+def release_fence():
+    """The release of ``signal``, once for several signals: the program's threads meet
+    (``tl.debug_barrier``) and fence at system scope (``fence.sc.sys``). Each
+    ``signal_relaxed`` after it then publishes every store the program made before it
+    (PTX's release pattern: a fence, then a strong store). Where a program signals k
+    peers, ``signal`` pays k fences, and each fence but the first also waits for the
+    previous signal to reach its peer: one NVLink round trip per peer."""
+    tl.debug_barrier()
+    _fence_system()
+
+
+@triton.jit
+def signal_relaxed(pad, word, value):
+    """Store ``value`` into word ``word`` of ``pad`` (a strong relaxed store at system
+    scope). After ``release_fence`` it is a signal; alone it publishes nothing. Call it
+    from the whole program, as ``signal``."""
+    _store_relaxed(pad + word, tl.cast(value, tl.uint64))
 
 
 @triton.jit
@@ -249,9 +283,10 @@ def barrier_all(table):
     world = tl.load(table + _WORLD_WORD)
     own = pad(me, table)
     epoch = tl.load(own + _EPOCH_WORD, volatile=True) + 1
+    release_fence()   # one release for every peer's signal (not one round trip each)
     for peer in range(0, world):
         if peer != me:
-            signal(pad(peer, table), _BARRIER_BASE + me, epoch)
+            signal_relaxed(pad(peer, table), _BARRIER_BASE + me, epoch)
     timeout = tl.load(table + _TIMEOUT_WORD)
     for peer in range(0, world):
         if peer != me:

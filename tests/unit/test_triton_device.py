@@ -81,6 +81,8 @@ if importlib.util.find_spec("triton") is not None:
         ipt.atomic_cas(words + 1, 0, 5, peer, table, 2, sem="acquire", scope="gpu")
         ipt.atomic_xchg(words + 2, old, peer, table, 2, sem="release", scope="sys")
         ipt.signal(ipt.pad(peer, table), 449, 7)
+        ipt.release_fence()
+        ipt.signal_relaxed(ipt.pad(peer, table), 450, 8)
         met = ipt.wait_until(ipt.pad(me, table), 449, ipt.CMP_GE, 7, 1000)
         ipt.barrier_all(table)
         tl.store(words + 3, met.to(tl.int64))
@@ -103,6 +105,7 @@ def test_every_device_function_compiles_for_sm90_with_signal_cuh_s_ordering():
     ptx = compiled.asm["ptx"]
     assert compiled.asm["cubin"]
     for instruction in (*_SIGNAL_CUH_ORDERING, "fence.sc.sys", "bar.sync",
+                        "st.relaxed.sys.global.u64",   # signal_relaxed, after release_fence
                         # the atomics with the semantics and scopes the kernel asked for
                         "atom.global.sys.relaxed.add", "atom.global.acquire.gpu.cas",
                         "atom.global.sys.release.exch"):
@@ -153,7 +156,29 @@ def test_the_examples_kernels_compile_for_sm90(example, monkeypatch):
     module = load_example(example)
     name, signature, constexprs = _EXAMPLE_KERNELS[example]
     ptx = _compile(getattr(module, name), signature, constexprs).asm["ptx"]
-    assert all(instruction in ptx for instruction in _SIGNAL_CUH_ORDERING)
+    assert _releases_and_acquires(ptx)
+
+
+def _releases_and_acquires(ptx: str) -> bool:
+    """Whether ``ptx`` waits with signal.cuh's acquire load and signals with a release:
+    signal.cuh's release store, or a system-scope fence and then relaxed stores at system
+    scope (release_fence and signal_relaxed: PTX's release pattern)."""
+    release_store, acquire_load = _SIGNAL_CUH_ORDERING
+    if acquire_load not in ptx:
+        return False
+    fence = ptx.find("fence.sc.sys")
+    relaxed = ptx.find("st.relaxed.sys.global.u64", fence + 1)
+    return release_store in ptx or (fence >= 0 and relaxed > fence)
+
+
+def test_barrier_all_fences_once_for_every_peer():
+    import ipcshare.triton as ipt
+
+    ptx = _compile(ipt.barrier_all_kernel, {"table": "*i64"}).asm["ptx"]
+    assert _releases_and_acquires(ptx)
+    # One fence before the loop over peers; no release store (its fence would wait for
+    # the previous peer's signal to land: a round trip per peer).
+    assert ptx.count("fence.sc.sys") == 1 and _SIGNAL_CUH_ORDERING[0] not in ptx
 
 
 def test_the_interpreter_runs_the_data_functions_between_two_tensors():
