@@ -4,14 +4,19 @@ and timed against NCCL's all_gather_into_tensor, both captured in CUDA graphs.
     mpiexec -n 2 python examples/triton_allgather.py [--sizes 8K,64K,512K,4M]
             [--iters N] [--checks K] [--backend auto|cuda-ipc|cuda-vmm]
 
-The output lies in the communicator's heap (``comm.empty``), so every rank reaches every
-rank's output through one peer table (``ipcshare.triton.device_view(comm)``). Program p
-of each rank stores its tiles of the input straight into block ``rank`` of every rank's
-output (``ipt.store`` through a translated pointer, vectorised: ``align`` is the view's
-``alignment()``, 16 bytes on mapped memory); programs meet their peers' on entry
-and when done (triton_harness.py says how, and why a graph replays it with no reset).
-Sizes are each rank's input in bytes (int32 elements: all-gather moves bits). Exit status
-0 when every check passed on every rank.
+One meeting a call. Two landing zones lie in the communicator's heap (``comm.empty``), so
+every rank reaches every rank's zones through one peer table
+(``ipcshare.triton.device_view(comm)``). Program p of each rank stores its tiles of the
+input into block ``rank`` of every peer's zone of the call's parity (``ipt.store``
+through a translated pointer, vectorised: ``align`` is the view's ``alignment()``, 16
+bytes on mapped memory) and into its own output; it meets its peers' program p once
+(triton_harness.py says how, and why a graph replays it with no reset), then copies the
+peers' blocks from its zone into its output. Nobody writes a peer's output, so no
+meeting on entry guards it; a zone of parity p that a peer fills in call k was last read
+in call k - 2, which that peer's call k - 1 meeting finished. Calls of another size (or
+grid) must come after every rank's stream has finished the last one, as between the
+sizes here. Sizes are each rank's input in bytes (int32 elements: all-gather moves bits).
+Exit status 0 when every check passed on every rank.
 """
 
 from __future__ import annotations
@@ -31,20 +36,31 @@ if triton is not None:
     import ipcshare.triton as ipt
 
     @triton.jit
-    def all_gather_kernel(out, inp, flags, table, count, BLOCK: tl.constexpr,
-                          ALIGN: tl.constexpr):
+    def all_gather_kernel(out, zones, inp, flags, table, count, zone_elements,
+                          BLOCK: tl.constexpr, ALIGN: tl.constexpr):
         me = ipt.rank(table)
         world = ipt.world_size(table)
         epoch = call_count(flags, world)
-        meet(flags, table, 2 * epoch - 1, "all")   # every rank's output may be written
-        mine = out + me.to(tl.int64) * count       # our block, in our output
-        for start in range(tl.program_id(0) * BLOCK, count, tl.num_programs(0) * BLOCK):
+        zone = zones + (epoch % 2) * zone_elements   # this call's landing zone
+        mine = me.to(tl.int64) * count               # our block's place, in zones and out
+        first, step = tl.program_id(0) * BLOCK, tl.num_programs(0) * BLOCK
+        for start in range(first, count, step):
             offsets = start + tl.arange(0, BLOCK)
             mask = offsets < count
             data = tl.load(inp + offsets, mask=mask)
+            tl.store(out + mine + offsets, data, mask=mask)
             for peer in range(0, world):
-                ipt.store(mine + offsets, data, peer, table, mask=mask, align=ALIGN)
-        meet(flags, table, 2 * epoch, "all")       # every rank's tiles have landed here
+                if peer != me:
+                    ipt.store(zone + mine + offsets, data, peer, table, mask=mask,
+                              align=ALIGN)
+        meet(flags, table, epoch, "all")   # every peer's tiles of this program are here
+        for start in range(first, count, step):
+            offsets = start + tl.arange(0, BLOCK)
+            mask = offsets < count
+            for peer in range(0, world):
+                if peer != me:
+                    block = peer.to(tl.int64) * count + offsets
+                    tl.store(out + block, tl.load(zone + block, mask=mask), mask=mask)
         end_call(flags, world, epoch)
 
 
@@ -59,7 +75,9 @@ def measure(setting, count: int) -> tuple[int, int, float, float | None]:
     torch, dist = setting.torch, setting.dist
     size, rank, device = setting.group.size, setting.group.rank, setting.group.backend.device
     inp = torch.empty(count, dtype=torch.int32, device=device)
-    out = setting.area[:size * count]
+    out = torch.empty(size * count, dtype=torch.int32, device=device)
+    zones = setting.area   # two zones of the largest size's output, in the heap
+    zone_elements = zones.numel() // 2
     nccl_out = torch.empty_like(out)
     grid = (programs_for(count, BLOCK),)
     expected = [None]
@@ -69,8 +87,8 @@ def measure(setting, count: int) -> tuple[int, int, float, float | None]:
         expected[0] = torch.cat([values(torch, r, check, count, device) for r in range(size)])
 
     def ours() -> None:
-        all_gather_kernel[grid](out, inp, setting.flags, setting.view.table, count,
-                                BLOCK=BLOCK, ALIGN=setting.view.alignment())
+        all_gather_kernel[grid](out, zones, inp, setting.flags, setting.view.table, count,
+                                zone_elements, BLOCK=BLOCK, ALIGN=setting.view.alignment())
 
     def theirs() -> None:
         dist.all_gather_into_tensor(nccl_out, inp)
@@ -87,7 +105,7 @@ def cli(argv: list[str] | None = None) -> int:
     counts = [size // 4 for size in sizes]
 
     def run(group, torch, args):
-        return sweep(group, torch, args, area=(group.size * max(counts), torch.int32),
+        return sweep(group, torch, args, area=(2 * group.size * max(counts), torch.int32),
                      sizes=counts, measure=measure,
                      label=lambda count, us: f"all-gather of {format_size(count * 4)} per "
                                              f"rank on {group.size} ranks")

@@ -31,11 +31,13 @@ _SIGNAL_CUH_ORDERING = tuple(re.findall(
     (Path(ipcshare.kernels.__file__).parent / "include/ipcshare/signal.cuh").read_text()))
 _EXAMPLE_KERNELS = {
     "triton_allgather": ("all_gather_kernel", {
-        "out": "*i32", "inp": "*i32", "flags": "*i64", "table": "*i64", "count": "i32"},
+        "out": "*i32", "zones": "*i32", "inp": "*i32", "flags": "*i64", "table": "*i64",
+        "count": "i32", "zone_elements": "i32"},
         {"BLOCK": 2048, "ALIGN": 16}),
     "triton_allreduce_rmsnorm": ("all_reduce_rmsnorm_kernel", {
-        "y": "*bf16", "h": "*bf16", "x": "*bf16", "residual": "*bf16", "weight": "*bf16",
-        "flags": "*i64", "table": "*i64", "rows": "i32", "hidden": "i32", "eps": "fp32"},
+        "y": "*bf16", "h": "*bf16", "x": "*bf16", "zones": "*bf16", "residual": "*bf16",
+        "weight": "*bf16", "flags": "*i64", "table": "*i64", "rows": "i32", "hidden": "i32",
+        "zone_elements": "i32", "eps": "fp32"},
         {"BLOCK": 4096, "WORLD": 4, "ALIGN": 16}),
     "triton_ring": ("ring_kernel", {
         "received": "*i32", "source": "*i32", "flags": "*i64", "table": "*i64",
