@@ -33,7 +33,7 @@ _EXAMPLE_KERNELS = {
     "triton_allgather": ("all_gather_kernel", {
         "out": "*i32", "zones": "*i32", "inp": "*i32", "flags": "*i64", "table": "*i64",
         "count": "i32", "zone_elements": "i32"},
-        {"BLOCK": 2048, "ALIGN": 16}),
+        {"BLOCK": 2048, "ALIGN": 16, "ZONES": True}),
     "triton_allreduce_rmsnorm": ("all_reduce_rmsnorm_kernel", {
         "y": "*bf16", "h": "*bf16", "x": "*bf16", "zones": "*bf16", "residual": "*bf16",
         "weight": "*bf16", "flags": "*i64", "table": "*i64", "rows": "i32", "hidden": "i32",
