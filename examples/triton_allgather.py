@@ -4,13 +4,21 @@ and timed against NCCL's all_gather_into_tensor, both captured in CUDA graphs.
     mpiexec -n 2 python examples/triton_allgather.py [--sizes 8K,64K,512K,4M]
             [--iters N] [--checks K] [--backend auto|cuda-ipc|cuda-vmm]
 
-The output lies in the communicator's heap (``comm.empty``), so every rank reaches every
-rank's output through one peer table (``ipcshare.triton.device_view(comm)``). Program p
-of each rank stores its tiles of the input straight into block ``rank`` of every rank's
-output (``ipt.store`` through a translated pointer); programs meet their peers' on entry
-and when done (triton_harness.py says how, and why a graph replays it with no reset).
-Sizes are each rank's input in bytes (int32 elements: all-gather moves bits). Exit status
-0 when every check passed on every rank.
+Every rank's output and two landing zones lie in the communicator's heap (``comm.empty``),
+so every rank reaches every rank's through one peer table
+(``ipcshare.triton.device_view(comm)``). Program p of each rank stores its tiles of the
+input into block ``rank`` of every peer (``ipt.store`` through a translated pointer,
+vectorised: ``align`` is the view's ``alignment()``, 16 bytes on mapped memory) and of its
+own output, and meets its peers' program p when done (triton_harness.py says how, and
+why a graph replays it with no reset). Up to ZONE_MAX_BYTES a rank, the tiles land in the
+peer's zone of the call's parity and each rank copies them into its output after that
+one meeting: nobody writes a peer's output, so no meeting on entry guards it, and a zone
+a peer fills in call k was last read in call k - 2, which the meeting of call k - 1 shows
+finished. Larger inputs go straight into the peers' outputs after a meeting on entry
+(every rank's output may be written), where the copy would cost more than the meeting.
+Calls of another size (or grid) come after every rank's stream finished the last one, as
+between the sizes here. Sizes are each rank's input in bytes (int32 elements: all-gather
+moves bits). Exit status 0 when every check passed on every rank.
 """
 
 from __future__ import annotations
@@ -22,6 +30,10 @@ from triton_harness import main, measure_with, parse_args, parser_for, programs_
 from ipcshare.runtime.config import format_size
 
 BLOCK = 2048   # int32 per tile: 8 KiB
+# Inputs up to this size go through the landing zones (one meeting, then a local copy);
+# larger ones straight into the outputs (two meetings, no copy), where the copy of the
+# peers' blocks would cost more than the meeting it saves.
+ZONE_MAX_BYTES = 1 << 20
 
 if triton is not None:
     import triton.language as tl
@@ -30,19 +42,36 @@ if triton is not None:
     import ipcshare.triton as ipt
 
     @triton.jit
-    def all_gather_kernel(out, inp, flags, table, count, BLOCK: tl.constexpr):
+    def all_gather_kernel(out, zones, inp, flags, table, count, zone_elements,
+                          BLOCK: tl.constexpr, ALIGN: tl.constexpr, ZONES: tl.constexpr):
         me = ipt.rank(table)
         world = ipt.world_size(table)
         epoch = call_count(flags, world)
-        meet(flags, table, 2 * epoch - 1, "all")   # every rank's output may be written
-        mine = out + me.to(tl.int64) * count       # our block, in our output
-        for start in range(tl.program_id(0) * BLOCK, count, tl.num_programs(0) * BLOCK):
+        mine = me.to(tl.int64) * count   # our block's place, in a zone and in out
+        if ZONES:   # into the peers' landing zone of this call's parity
+            target = zones + (epoch % 2) * zone_elements
+        else:       # straight into the peers' outputs, once every rank's may be written
+            meet(flags, table, 2 * epoch - 1, "all")
+            target = out
+        first, step = tl.program_id(0) * BLOCK, tl.num_programs(0) * BLOCK
+        for start in range(first, count, step):
             offsets = start + tl.arange(0, BLOCK)
             mask = offsets < count
             data = tl.load(inp + offsets, mask=mask)
+            tl.store(out + mine + offsets, data, mask=mask)
             for peer in range(0, world):
-                ipt.store(mine + offsets, data, peer, table, mask=mask)
-        meet(flags, table, 2 * epoch, "all")       # every rank's tiles have landed here
+                if peer != me:
+                    ipt.store(target + mine + offsets, data, peer, table, mask=mask,
+                              align=ALIGN)
+        meet(flags, table, 2 * epoch, "all")   # every peer's tiles of this program are here
+        if ZONES:   # the peers' blocks, from our zone into our output
+            for start in range(first, count, step):
+                offsets = start + tl.arange(0, BLOCK)
+                mask = offsets < count
+                for peer in range(0, world):
+                    if peer != me:
+                        block = peer.to(tl.int64) * count + offsets
+                        tl.store(out + block, tl.load(target + block, mask=mask), mask=mask)
         end_call(flags, world, epoch)
 
 
@@ -57,7 +86,12 @@ def measure(setting, count: int) -> tuple[int, int, float, float | None]:
     torch, dist = setting.torch, setting.dist
     size, rank, device = setting.group.size, setting.group.rank, setting.group.backend.device
     inp = torch.empty(count, dtype=torch.int32, device=device)
+    # The heap's area: every rank's output (the peers store into it on large calls), then
+    # two landing zones, each as large.
+    third = setting.area.numel() // 3
     out = setting.area[:size * count]
+    zones = setting.area[third:]
+    zone_elements = third
     nccl_out = torch.empty_like(out)
     grid = (programs_for(count, BLOCK),)
     expected = [None]
@@ -67,8 +101,9 @@ def measure(setting, count: int) -> tuple[int, int, float, float | None]:
         expected[0] = torch.cat([values(torch, r, check, count, device) for r in range(size)])
 
     def ours() -> None:
-        all_gather_kernel[grid](out, inp, setting.flags, setting.view.table, count,
-                                BLOCK=BLOCK)
+        all_gather_kernel[grid](out, zones, inp, setting.flags, setting.view.table, count,
+                                zone_elements, BLOCK=BLOCK, ALIGN=setting.view.alignment(),
+                                ZONES=count * 4 <= ZONE_MAX_BYTES)
 
     def theirs() -> None:
         dist.all_gather_into_tensor(nccl_out, inp)
@@ -85,7 +120,7 @@ def cli(argv: list[str] | None = None) -> int:
     counts = [size // 4 for size in sizes]
 
     def run(group, torch, args):
-        return sweep(group, torch, args, area=(group.size * max(counts), torch.int32),
+        return sweep(group, torch, args, area=(3 * group.size * max(counts), torch.int32),
                      sizes=counts, measure=measure,
                      label=lambda count, us: f"all-gather of {format_size(count * 4)} per "
                                              f"rank on {group.size} ranks")

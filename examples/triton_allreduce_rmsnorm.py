@@ -8,13 +8,17 @@ graphs.
 
 What a transformer layer does after a tensor-parallel matmul: ``h = all_reduce(x) +
 residual``, ``y = rms_norm(h) * weight``, both h and y kept. A library call cannot fuse
-the reduction with what follows; a kernel on ipcshare's memory can. ``x`` lies in the
-communicator's heap (``comm.empty``), so program p of every rank reads its rows of every
-rank's ``x`` in place (``ipt.load`` through the peer table), sums them in rank order in
-float32, adds the residual, writes h and normalises it, all in one pass; the programs
-meet their peers' on entry and when done (triton_harness.py). NCCL's all-reduce works in
-place, so its step first copies x into NCCL's buffer (a framework must, when x is still
-needed); that copy is timed with it.
+the reduction with what follows; a kernel on ipcshare's memory can. Two landing zones
+lie in the communicator's heap (``comm.empty``). Program p of every rank stores its rows
+of ``x`` into block ``rank`` of every rank's zone of the call's parity (``ipt.store``
+through the peer table, vectorised by the view's ``alignment()``), meets its peers'
+program p once (triton_harness.py), then sums its rows of every rank's block in rank
+order in float32, adds the residual, writes h and normalises it. Nobody reads a peer's
+``x``, so no meeting guards it on exit; a zone of parity p that a peer fills in call k
+was last read in call k - 2, which the meeting of call k - 1 shows finished. Calls of
+another size (or grid) come after every rank's stream finished the last one, as between
+the sizes here. NCCL's all-reduce works in place, so its step first copies x into
+NCCL's buffer (a framework must, when x is still needed); that copy is timed with it.
 
 Exact on purpose: x and the residual are bfloat16 multiples of 1/4 in [-2, 2), so every
 sum over up to 8 ranks is a bfloat16 exactly whatever the order: h is compared bit for
@@ -43,19 +47,33 @@ if triton is not None:
     import ipcshare.triton as ipt
 
     @triton.jit
-    def all_reduce_rmsnorm_kernel(y, h, x, residual, weight, flags, table, rows, hidden, eps,
-                                  BLOCK: tl.constexpr):
-        world = ipt.world_size(table)
+    def all_reduce_rmsnorm_kernel(y, h, x, zones, residual, weight, flags, table, rows,
+                                  hidden, zone_elements, eps, BLOCK: tl.constexpr,
+                                  WORLD: tl.constexpr, ALIGN: tl.constexpr):
+        me = ipt.rank(table)
+        world = ipt.world_size(table)   # == WORLD, the group's size the launch names
         epoch = call_count(flags, world)
-        meet(flags, table, 2 * epoch - 1, "all")   # every rank's x of this call is written
+        zone = zones + (epoch % 2) * zone_elements   # this call's landing zone
+        block = rows.to(tl.int64) * hidden           # one rank's x in a zone
         cols = tl.arange(0, BLOCK)
         mask = cols < hidden
+        # Our rows into block `me` of every rank's zone, ours included (stores: NVLink
+        # carries them faster than loads come back).
+        for row in range(tl.program_id(0), rows, tl.num_programs(0)):
+            offsets = row.to(tl.int64) * hidden + cols
+            mine = tl.load(x + offsets, mask=mask)
+            for peer in tl.static_range(WORLD):
+                ipt.store(zone + me * block + offsets, mine, peer, table, mask=mask,
+                          align=ALIGN)
+        meet(flags, table, epoch, "all")   # every rank's rows of this program are here
         w = tl.load(weight + cols, mask=mask, other=0.0).to(tl.float32)
         for row in range(tl.program_id(0), rows, tl.num_programs(0)):
             offsets = row.to(tl.int64) * hidden + cols
+            # Summed in rank order (unrolled: every rank's row is loaded before the first
+            # sum waits): the same bits on every rank.
             total = tl.zeros([BLOCK], dtype=tl.float32)
-            for peer in range(0, world):           # rank order: the same bits everywhere
-                total += ipt.load(x + offsets, peer, table, mask=mask, other=0.0).to(
+            for peer in tl.static_range(WORLD):
+                total += tl.load(zone + peer * block + offsets, mask=mask, other=0.0).to(
                     tl.float32)
             total += tl.load(residual + offsets, mask=mask, other=0.0).to(tl.float32)
             rounded = total.to(h.dtype.element_ty)
@@ -63,7 +81,6 @@ if triton is not None:
             value = rounded.to(tl.float32)
             scale = tl.rsqrt(tl.sum(value * value, axis=0) / hidden + eps)
             tl.store(y + offsets, (value * scale * w).to(y.dtype.element_ty), mask=mask)
-        meet(flags, table, 2 * epoch, "all")       # no rank still reads our x
         end_call(flags, world, epoch)
 
 
@@ -79,7 +96,9 @@ def measure(setting, rows: int) -> tuple[int, int, float, float | None]:
     torch, dist, hidden = setting.torch, setting.dist, setting.args.hidden
     size, rank, device = setting.group.size, setting.group.rank, setting.group.backend.device
     shape = (rows, hidden)
-    x = setting.area[:rows * hidden].view(shape)
+    x = torch.empty(shape, dtype=torch.bfloat16, device=device)
+    zones = setting.area   # two zones of every rank's x at the largest size, in the heap
+    zone_elements = zones.numel() // 2
     residual = torch.empty(shape, dtype=torch.bfloat16, device=device)
     weight = (torch.arange(hidden, device=device) % 5 + 3).to(torch.bfloat16) / 4
     h, y = torch.empty_like(residual), torch.empty_like(residual)
@@ -96,8 +115,10 @@ def measure(setting, rows: int) -> tuple[int, int, float, float | None]:
         expected[0] = (total + residual.float()).to(torch.bfloat16)
 
     def ours() -> None:
-        all_reduce_rmsnorm_kernel[grid](y, h, x, residual, weight, setting.flags,
-                                        setting.view.table, rows, hidden, EPS, BLOCK=block)
+        all_reduce_rmsnorm_kernel[grid](y, h, x, zones, residual, weight, setting.flags,
+                                        setting.view.table, rows, hidden, zone_elements, EPS,
+                                        BLOCK=block, WORLD=size,
+                                        ALIGN=setting.view.alignment())
 
     def theirs() -> None:
         nccl_buffer.copy_(x)
@@ -126,7 +147,8 @@ def cli(argv: list[str] | None = None) -> int:
     row_counts = [size // (2 * args.hidden) for size in sizes]
 
     def run(group, torch, args):
-        return sweep(group, torch, args, area=(max(row_counts) * args.hidden, torch.bfloat16),
+        return sweep(group, torch, args,
+                     area=(2 * group.size * max(row_counts) * args.hidden, torch.bfloat16),
                      sizes=row_counts, measure=measure,
                      exactness="(h bit for bit, y within one bfloat16 step of rms_norm)",
                      label=lambda rows, us: f"all-reduce + residual + RMSNorm of "

@@ -289,9 +289,10 @@ if triton is not None:
         world = ipt.world_size(table)
         base = tl.program_id(0) * world
         if route == "all":
+            ipt.release_fence()   # one release for all peers: no round trip between signals
             for peer in range(0, world):
                 if peer != me:
-                    ipt.signal(ipt.translate(flags, peer, table), base + me, value)
+                    ipt.signal_relaxed(ipt.translate(flags, peer, table), base + me, value)
             for peer in range(0, world):
                 if peer != me:
                     ipt.wait_until(flags, base + peer, ipt.CMP_GE, value)

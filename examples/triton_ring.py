@@ -31,7 +31,8 @@ if triton is not None:
     import ipcshare.triton as ipt
 
     @triton.jit
-    def ring_kernel(received, source, flags, table, count, BLOCK: tl.constexpr):
+    def ring_kernel(received, source, flags, table, count, BLOCK: tl.constexpr,
+                    ALIGN: tl.constexpr):
         me = ipt.rank(table)
         world = ipt.world_size(table)
         epoch = call_count(flags, world)
@@ -40,7 +41,8 @@ if triton is not None:
         for start in range(tl.program_id(0) * BLOCK, count, tl.num_programs(0) * BLOCK):
             offsets = start + tl.arange(0, BLOCK)
             mask = offsets < count
-            ipt.put(received + offsets, source + offsets, ahead, table, mask=mask)
+            ipt.put(received + offsets, source + offsets, ahead, table, mask=mask,
+                    align=ALIGN)
         meet(flags, table, 2 * epoch, "next")           # the previous rank's data is here
         end_call(flags, world, epoch)
 
@@ -68,7 +70,7 @@ def measure(setting, count: int) -> tuple[int, int, float, float | None]:
 
     def ours() -> None:
         ring_kernel[grid](received, source, setting.flags, setting.view.table, count,
-                          BLOCK=BLOCK)
+                          BLOCK=BLOCK, ALIGN=setting.view.alignment())
 
     def theirs() -> None:
         for request in dist.batch_isend_irecv([

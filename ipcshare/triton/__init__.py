@@ -18,8 +18,8 @@ from .view import MIN_TRITON, DeviceView, device_view, require_triton
 
 _DEVICE_NAMES = ("CMP_EQ", "CMP_NE", "CMP_GT", "CMP_GE", "CMP_LT", "CMP_LE", "USER_WORD", "rank",
                  "world_size", "check_peer", "translate", "load", "store", "get", "put",
-                 "atomic_add", "atomic_cas", "atomic_xchg", "pad", "signal", "wait_until",
-                 "barrier_all", "barrier_all_kernel")
+                 "atomic_add", "atomic_cas", "atomic_xchg", "pad", "signal", "release_fence",
+                 "signal_relaxed", "wait_until", "barrier_all", "barrier_all_kernel")
 
 __all__ = ["MIN_TRITON", "DeviceView", "device_view", "require_triton", "TableDescription",
            "pack_table", "PAD_ROW", "WINDOW_ROW", "FIRST_REGISTRATION_ROW", *_DEVICE_NAMES]

@@ -22,7 +22,8 @@ from . import table as _table
 __all__ = ["CMP_EQ", "CMP_NE", "CMP_GT", "CMP_GE", "CMP_LT", "CMP_LE", "USER_WORD", "rank",
            "world_size",
            "check_peer", "translate", "load", "store", "get", "put", "atomic_add",
-           "atomic_cas", "atomic_xchg", "pad", "signal", "wait_until", "barrier_all",
+           "atomic_cas", "atomic_xchg", "pad", "signal", "release_fence", "signal_relaxed",
+           "wait_until", "barrier_all",
            "barrier_all_kernel"]
 
 # Comparisons of wait_until (NVSHMEM's order).
@@ -45,6 +46,7 @@ _RANK_WORD = tl.constexpr(_table.RANK_WORD)
 _WORLD_WORD = tl.constexpr(_table.WORLD_WORD)
 _TIMEOUT_WORD = tl.constexpr(_table.TIMEOUT_WORD)
 _PAD_ROW = tl.constexpr(_table.PAD_ROW)
+
 _BARRIER_BASE = tl.constexpr(_layout.TRITON_BARRIER_SLOT_BASE)
 _EPOCH_WORD = tl.constexpr(_layout.TRITON_EPOCH_SLOT)
 _ERROR_WORD = tl.constexpr(_layout.ERROR_SLOT)
@@ -79,42 +81,56 @@ def _row(table, row):
 
 
 @triton.jit
-def translate(ptr, peer, table, row: tl.constexpr = 1):
+def translate(ptr, peer, table, row: tl.constexpr = 1, align: tl.constexpr = 0):
     """``ptr`` (a pointer or a block of pointers into this rank's memory of ``row``) as
-    the same place in ``peer``'s memory of that row, mapped here."""
+    the same place in ``peer``'s memory of that row, mapped here.
+
+    ``align``: bytes by which this rank's base of the row and every peer's are known to
+    differ (``DeviceView.alignment(row)``, 16 on mapped memory; 0: nothing known). With
+    it the place is ``ptr`` plus a whole number of elements that Triton knows to be a
+    multiple of ``align``, so it keeps what it knows of ``ptr`` (contiguity, alignment)
+    and vectorises the loads and stores made through it: 16-byte accesses where it would
+    otherwise make one per element. Without it the place is moved in bytes."""
     check_peer(peer, table)
     bases = _row(table, row)
     here = tl.load(bases + tl.load(table + _RANK_WORD))
     there = tl.load(bases + peer)
-    return (ptr.to(tl.int64) - here + there).to(ptr.dtype)
+    size: tl.constexpr = ptr.dtype.element_ty.primitive_bitwidth // 8
+    if align >= size:
+        tl.static_assert(align % size == 0, "align must be a multiple of the element size")
+        return ptr + tl.multiple_of((there - here) // size, align // size)
+    else:
+        return (ptr.to(tl.int64) - here + there).to(ptr.dtype)
 
 
 @triton.jit
-def load(ptr, peer, table, row: tl.constexpr = 1, mask=None, other=None):
+def load(ptr, peer, table, row: tl.constexpr = 1, mask=None, other=None,
+         align: tl.constexpr = 0):
     """``tl.load`` of ``peer``'s memory at the place ``ptr`` names in ours (weak: order it
-    with ``wait_until`` or an acquire atomic first)."""
-    return tl.load(translate(ptr, peer, table, row), mask=mask, other=other)
+    with ``wait_until`` or an acquire atomic first). ``align``: as ``translate``'s."""
+    return tl.load(translate(ptr, peer, table, row, align), mask=mask, other=other)
 
 
 @triton.jit
-def store(ptr, value, peer, table, row: tl.constexpr = 1, mask=None):
+def store(ptr, value, peer, table, row: tl.constexpr = 1, mask=None,
+          align: tl.constexpr = 0):
     """``tl.store`` of ``value`` into ``peer``'s memory at the place ``ptr`` names in ours
-    (weak: a later ``signal`` publishes it)."""
-    tl.store(translate(ptr, peer, table, row), value, mask=mask)
+    (weak: a later ``signal`` publishes it). ``align``: as ``translate``'s."""
+    tl.store(translate(ptr, peer, table, row, align), value, mask=mask)
 
 
 @triton.jit
-def get(dst, src, peer, table, row: tl.constexpr = 1, mask=None):
+def get(dst, src, peer, table, row: tl.constexpr = 1, mask=None, align: tl.constexpr = 0):
     """Block copy from ``peer``: ``dst[i] = peer's src[i]``; ``src`` points into our memory
-    of ``row``, ``dst`` anywhere local."""
-    tl.store(dst, tl.load(translate(src, peer, table, row), mask=mask), mask=mask)
+    of ``row``, ``dst`` anywhere local. ``align``: as ``translate``'s."""
+    tl.store(dst, tl.load(translate(src, peer, table, row, align), mask=mask), mask=mask)
 
 
 @triton.jit
-def put(dst, src, peer, table, row: tl.constexpr = 1, mask=None):
+def put(dst, src, peer, table, row: tl.constexpr = 1, mask=None, align: tl.constexpr = 0):
     """Block copy to ``peer``: ``peer's dst[i] = src[i]``; ``dst`` points into our memory
-    of ``row``, ``src`` anywhere local."""
-    tl.store(translate(dst, peer, table, row), tl.load(src, mask=mask), mask=mask)
+    of ``row``, ``src`` anywhere local. ``align``: as ``translate``'s."""
+    tl.store(translate(dst, peer, table, row, align), tl.load(src, mask=mask), mask=mask)
 
 
 @triton.jit
@@ -163,6 +179,19 @@ def _fence_and_store_release(address, value):
 
 
 @triton.jit
+def _fence_system():
+    tl.inline_asm_elementwise("fence.sc.sys;\n\tmov.u32 $0, 0;", "=r", [], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
+@triton.jit
+def _store_relaxed(address, value):
+    tl.inline_asm_elementwise("st.relaxed.sys.global.u64 [$1], $2;\n\tmov.u32 $0, 0;",
+                              "=r,l,l", [address, value], dtype=tl.int32, is_pure=False,
+                              pack=1)
+
+
+@triton.jit
 def _load_acquire(address):
     # signal.cuh's load_acquire.
     return tl.inline_asm_elementwise("ld.acquire.sys.global.u64 $0, [$1];", "=l,l", [address],
@@ -184,6 +213,26 @@ def signal(pad, word, value):
     larger value each time, and never reset a word a peer may still signal."""
     tl.debug_barrier()
     _fence_and_store_release(pad + word, tl.cast(value, tl.uint64))
+
+
+@triton.jit
+def release_fence():
+    """The release of ``signal``, once for several signals: the program's threads meet
+    (``tl.debug_barrier``) and fence at system scope (``fence.sc.sys``). Each
+    ``signal_relaxed`` after it then publishes every store the program made before it
+    (PTX's release pattern: a fence, then a strong store). Where a program signals k
+    peers, ``signal`` pays k fences, and each fence but the first also waits for the
+    previous signal to reach its peer: one NVLink round trip per peer."""
+    tl.debug_barrier()
+    _fence_system()
+
+
+@triton.jit
+def signal_relaxed(pad, word, value):
+    """Store ``value`` into word ``word`` of ``pad`` (a strong relaxed store at system
+    scope). After ``release_fence`` it is a signal; alone it publishes nothing. Call it
+    from the whole program, as ``signal``."""
+    _store_relaxed(pad + word, tl.cast(value, tl.uint64))
 
 
 @triton.jit
@@ -234,9 +283,10 @@ def barrier_all(table):
     world = tl.load(table + _WORLD_WORD)
     own = pad(me, table)
     epoch = tl.load(own + _EPOCH_WORD, volatile=True) + 1
+    release_fence()   # one release for every peer's signal (not one round trip each)
     for peer in range(0, world):
         if peer != me:
-            signal(pad(peer, table), _BARRIER_BASE + me, epoch)
+            signal_relaxed(pad(peer, table), _BARRIER_BASE + me, epoch)
     timeout = tl.load(table + _TIMEOUT_WORD)
     for peer in range(0, world):
         if peer != me:

@@ -6,12 +6,13 @@ read these constants, and the host builds the array here without Triton or a GPU
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
 __all__ = ["HEADER_WORDS", "RANK_WORD", "WORLD_WORD", "ROWS_WORD", "TIMEOUT_WORD", "PAD_ROW",
-           "WINDOW_ROW", "FIRST_REGISTRATION_ROW", "TableDescription", "pack_table", "row_offset",
-           "translate_address"]
+           "WINDOW_ROW", "FIRST_REGISTRATION_ROW", "MAX_ALIGNMENT", "TableDescription",
+           "pack_table", "row_offset", "translate_address"]
 
 # Header words: [rank, world size, rows, timeout in ns]; then `rows` rows of `world size`
 # words. The timeout is how long barrier_all waits for a peer before it records the peer
@@ -24,6 +25,9 @@ RANK_WORD, WORLD_WORD, ROWS_WORD, TIMEOUT_WORD = 0, 1, 2, 3
 PAD_ROW = 0
 WINDOW_ROW = 1
 FIRST_REGISTRATION_ROW = 2
+# The most ``TableDescription.alignment`` reports: 16 bytes, the widest access a thread
+# makes (a vector of four 32-bit words).
+MAX_ALIGNMENT = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +63,24 @@ class TableDescription:
             if missing:
                 raise ValueError(f"row {row} has no address for rank(s) {missing}: every "
                                  "rank must be mapped here (one node, peer access)")
+
+
+    def alignment(self, row: int) -> int:
+        """The largest power of two up to ``MAX_ALIGNMENT`` bytes that divides the distance
+        from this rank's base of ``row`` to every rank's: what ``translate`` may promise
+        Triton about the place it computes (its ``align``), so that loads and stores
+        through it are vectorised. 16 for mappings (every base is at least 256-byte
+        aligned); an array's own alignment or less for one at an arbitrary address.
+
+        Raises:
+            ValueError: no such row.
+        """
+        rows = (self.pads, *self.memories)
+        if not 0 <= row < len(rows):
+            raise ValueError(f"row {row} is not in this table (rows 0 to {len(rows) - 1})")
+        here = rows[row][self.rank]
+        distances = [abs(base - here) for base in rows[row]]
+        return math.gcd(MAX_ALIGNMENT, *distances)   # a divisor of 16: a power of two
 
 
 def row_offset(row: int, world_size: int) -> int:

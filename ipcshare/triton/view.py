@@ -13,7 +13,7 @@ import numpy as np
 
 from ..runtime.errors import CollectiveError, Unsupported, WindowError
 from ..window.layout import TRITON_BARRIER_RANKS
-from .table import FIRST_REGISTRATION_ROW, TableDescription, pack_table
+from .table import FIRST_REGISTRATION_ROW, WINDOW_ROW, TableDescription, pack_table
 
 __all__ = ["MIN_TRITON", "DeviceView", "device_view", "require_triton", "describe",
            "check_can_spin", "addresses"]
@@ -207,6 +207,18 @@ class DeviceView:
                 return FIRST_REGISTRATION_ROW + index
         raise ValueError("this registration is not in the view: "
                          "device_view(comm, registration, ...)")
+
+    def alignment(self, row: int = WINDOW_ROW) -> int:
+        """Bytes (1 to 16, a power of two) by which this rank's base of ``row`` and every
+        peer's differ, at the least: pass it as the ``align`` of ``translate``, ``load``,
+        ``store``, ``get`` and ``put`` (a ``tl.constexpr`` of the kernel) so that Triton
+        vectorises the accesses they make. 16 for the window and the heap on mapped
+        memory; smaller for a registered array an allocator placed at such an address.
+
+        Raises:
+            ValueError: no such row in this view.
+        """
+        return self.description.alignment(row)
 
     def raise_kernel_error(self) -> None:
         """Raise SignalTimeout if a ``barrier_all`` on this rank gave up on a peer (call it

@@ -11,6 +11,7 @@ with the reason, without a GPU, Triton or torch.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 
 import numpy as np
 import pytest
@@ -36,27 +37,35 @@ BLOCK = 1024
 PROGRAMS = 8          # programs of the atomics kernel, every one adding at every rank
 ADDS = 50             # atomic adds per program and peer
 REPLAYS = 1000
+# The exchange's signal values, growing over every run of it on a communicator (a word
+# with one writer is a counter): the same sequence on every rank.
+_EXCHANGES = itertools.count(1)
 
 
 @triton.jit
 def exchange(inbox, stored, outbox, fetched, loaded, table, word, value,
-             BLOCK: tl.constexpr):
+             BLOCK: tl.constexpr, ALIGN: tl.constexpr, FENCE_ONCE: tl.constexpr):
     """Into the next rank: ``put`` our source block and ``store`` a computed one, then
-    ``signal``; once the previous rank's signal is here, ``get`` and ``load`` its outbox
-    (which it wrote before launching). ``inbox``, ``stored`` and ``outbox`` lie in the
-    communicator's heap; ``fetched`` and ``loaded`` are local."""
+    ``signal`` (or ``release_fence`` and ``signal_relaxed``); once the previous rank's
+    signal is here, ``get`` and ``load`` its outbox (which it wrote before launching).
+    ``inbox``, ``stored`` and ``outbox`` lie in the communicator's heap; ``fetched`` and
+    ``loaded`` are local. ALIGN: the data functions' ``align`` (0, or the view's)."""
     me = ipt.rank(table)
     world = ipt.world_size(table)
     ahead = (me + 1) % world
     behind = (me + world - 1) % world
     offsets = tl.arange(0, BLOCK)
     mine = tl.load(outbox + offsets)
-    ipt.put(inbox + offsets, outbox + offsets, ahead, table)
-    ipt.store(stored + offsets, mine * 3 + 1, ahead, table)
-    ipt.signal(ipt.pad(ahead, table), word, value)
+    ipt.put(inbox + offsets, outbox + offsets, ahead, table, align=ALIGN)
+    ipt.store(stored + offsets, mine * 3 + 1, ahead, table, align=ALIGN)
+    if FENCE_ONCE:
+        ipt.release_fence()
+        ipt.signal_relaxed(ipt.pad(ahead, table), word, value)
+    else:
+        ipt.signal(ipt.pad(ahead, table), word, value)
     ipt.wait_until(ipt.pad(me, table), word, ipt.CMP_GE, value)
-    ipt.get(fetched + offsets, outbox + offsets, behind, table)
-    tl.store(loaded + offsets, ipt.load(outbox + offsets, behind, table))
+    ipt.get(fetched + offsets, outbox + offsets, behind, table, align=ALIGN)
+    tl.store(loaded + offsets, ipt.load(outbox + offsets, behind, table, align=ALIGN))
 
 
 @triton.jit
@@ -128,9 +137,14 @@ def _heap(comm, count, dtype):
     return torch.from_dlpack(comm.empty((count,), dtype))
 
 
-def test_every_data_function_moves_what_one_rank_wrote_to_another(comm, setup):
+@pytest.mark.parametrize(("aligned", "fence_once"), [(False, False), (True, True)])
+def test_every_data_function_moves_what_one_rank_wrote_to_another(comm, setup, aligned,
+                                                                   fence_once):
     group, communicator, stream, view = setup
     size, rank = group.size, group.rank
+    # The heap is mapped memory: every rank's base is at least 256-byte aligned.
+    assert view.alignment() == 16
+    align = view.alignment() if aligned else 0
     inbox, stored, outbox = (_heap(communicator, BLOCK, torch.int32) for _ in range(3))
     fetched = torch.empty(BLOCK, dtype=torch.int32, device="cuda")
     loaded = torch.empty_like(fetched)
@@ -138,7 +152,8 @@ def test_every_data_function_moves_what_one_rank_wrote_to_another(comm, setup):
     for step in range(1, 6):
         outbox.copy_(torch.from_numpy((base * 31 + 1000 * rank + step).astype(np.int32)))
         exchange[(1,)](inbox, stored, outbox, fetched, loaded, view.table,
-                       TRITON_USER_SLOT_BASE, step, BLOCK=BLOCK)
+                       TRITON_USER_SLOT_BASE, next(_EXCHANGES), BLOCK=BLOCK,
+                       ALIGN=align, FENCE_ONCE=fence_once)
         stream.synchronize()
         behind = (rank - 1) % size
         theirs = (base * 31 + 1000 * behind + step).astype(np.int32)

@@ -31,25 +31,28 @@ _SIGNAL_CUH_ORDERING = tuple(re.findall(
     (Path(ipcshare.kernels.__file__).parent / "include/ipcshare/signal.cuh").read_text()))
 _EXAMPLE_KERNELS = {
     "triton_allgather": ("all_gather_kernel", {
-        "out": "*i32", "inp": "*i32", "flags": "*i64", "table": "*i64", "count": "i32"},
-        2048),
+        "out": "*i32", "zones": "*i32", "inp": "*i32", "flags": "*i64", "table": "*i64",
+        "count": "i32", "zone_elements": "i32"},
+        {"BLOCK": 2048, "ALIGN": 16, "ZONES": True}),
     "triton_allreduce_rmsnorm": ("all_reduce_rmsnorm_kernel", {
-        "y": "*bf16", "h": "*bf16", "x": "*bf16", "residual": "*bf16", "weight": "*bf16",
-        "flags": "*i64", "table": "*i64", "rows": "i32", "hidden": "i32", "eps": "fp32"},
-        4096),
+        "y": "*bf16", "h": "*bf16", "x": "*bf16", "zones": "*bf16", "residual": "*bf16",
+        "weight": "*bf16", "flags": "*i64", "table": "*i64", "rows": "i32", "hidden": "i32",
+        "zone_elements": "i32", "eps": "fp32"},
+        {"BLOCK": 4096, "WORLD": 4, "ALIGN": 16}),
     "triton_ring": ("ring_kernel", {
         "received": "*i32", "source": "*i32", "flags": "*i64", "table": "*i64",
-        "count": "i32"}, 4096),
+        "count": "i32"}, {"BLOCK": 4096, "ALIGN": 16}),
 }
 
 
-def _compile(fn, signature, constexprs=None, **options):
+def _compile(fn, signature, constexprs=None, attrs=None, **options):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     signature = dict(signature, **{name: "constexpr" for name in constexprs or {}})
-    source = ASTSource(fn=fn, signature=signature, constexprs=constexprs or {})
+    # attrs: what Triton's launcher specialises on at run time (16-divisible arguments).
+    source = ASTSource(fn=fn, signature=signature, constexprs=constexprs or {}, attrs=attrs)
     return triton.compile(source, target=GPUTarget(*_SM90), options=options or None)
 
 
@@ -58,6 +61,13 @@ if importlib.util.find_spec("triton") is not None:
     import triton.language as tl
 
     import ipcshare.triton as ipt
+
+    @triton.jit
+    def peer_row_copy(out, x, table, hidden, BLOCK: tl.constexpr, ALIGN: tl.constexpr):
+        cols = tl.arange(0, BLOCK)
+        mask = cols < hidden
+        row = ipt.load(x + cols, 1, table, mask=mask, other=0.0, align=ALIGN)
+        ipt.store(out + cols, row, 1, table, mask=mask, align=ALIGN)
 
     @triton.jit
     def every_function(x, out, words, table, n, BLOCK: tl.constexpr):
@@ -73,6 +83,8 @@ if importlib.util.find_spec("triton") is not None:
         ipt.atomic_cas(words + 1, 0, 5, peer, table, 2, sem="acquire", scope="gpu")
         ipt.atomic_xchg(words + 2, old, peer, table, 2, sem="release", scope="sys")
         ipt.signal(ipt.pad(peer, table), 449, 7)
+        ipt.release_fence()
+        ipt.signal_relaxed(ipt.pad(peer, table), 450, 8)
         met = ipt.wait_until(ipt.pad(me, table), 449, ipt.CMP_GE, 7, 1000)
         ipt.barrier_all(table)
         tl.store(words + 3, met.to(tl.int64))
@@ -95,6 +107,7 @@ def test_every_device_function_compiles_for_sm90_with_signal_cuh_s_ordering():
     ptx = compiled.asm["ptx"]
     assert compiled.asm["cubin"]
     for instruction in (*_SIGNAL_CUH_ORDERING, "fence.sc.sys", "bar.sync",
+                        "st.relaxed.sys.global.u64",   # signal_relaxed, after release_fence
                         # the atomics with the semantics and scopes the kernel asked for
                         "atom.global.sys.relaxed.add", "atom.global.acquire.gpu.cas",
                         "atom.global.sys.release.exch"):
@@ -118,6 +131,21 @@ def test_debug_mode_checks_the_peer_rank_with_device_assert():
         "peer rank out of range" in compiled.asm["ptx"]
 
 
+@pytest.mark.parametrize(("align", "width"), [(0, "b16"), (2, "b16"), (8, "v2.b32"),
+                                              (16, "v4.b32")])
+def test_align_lets_triton_vectorise_the_peers_accesses(align, width):
+    # 4,096 bf16 from a peer and back, 128 threads: 32 elements a thread. Without align
+    # the translated place is an integer turned pointer and every element is a load of
+    # its own; with the view's alignment (16 on mapped memory) a thread makes 16-byte ones.
+    divisible = {(i,): [["tt.divisibility", 16]] for i in range(4)}
+    ptx = _compile(peer_row_copy, {"out": "*bf16", "x": "*bf16", "table": "*i64",
+                                   "hidden": "i32"}, {"BLOCK": 4096, "ALIGN": align},
+                   attrs=divisible).asm["ptx"]
+    per_thread = 32 * 2 // {"b16": 2, "v2.b32": 8, "v4.b32": 16}[width]
+    assert len(re.findall(rf"ld\.global\.{width}\b", ptx)) == per_thread
+    assert len(re.findall(rf"st\.global\.{width}\b", ptx)) == per_thread
+
+
 def test_the_barrier_kernel_compiles_for_sm90():
     import ipcshare.triton as ipt
 
@@ -128,9 +156,31 @@ def test_the_barrier_kernel_compiles_for_sm90():
 def test_the_examples_kernels_compile_for_sm90(example, monkeypatch):
     monkeypatch.syspath_prepend(str(EXAMPLES))
     module = load_example(example)
-    name, signature, block = _EXAMPLE_KERNELS[example]
-    ptx = _compile(getattr(module, name), signature, {"BLOCK": block}).asm["ptx"]
-    assert all(instruction in ptx for instruction in _SIGNAL_CUH_ORDERING)
+    name, signature, constexprs = _EXAMPLE_KERNELS[example]
+    ptx = _compile(getattr(module, name), signature, constexprs).asm["ptx"]
+    assert _releases_and_acquires(ptx)
+
+
+def _releases_and_acquires(ptx: str) -> bool:
+    """Whether ``ptx`` waits with signal.cuh's acquire load and signals with a release:
+    signal.cuh's release store, or a system-scope fence and then relaxed stores at system
+    scope (release_fence and signal_relaxed: PTX's release pattern)."""
+    release_store, acquire_load = _SIGNAL_CUH_ORDERING
+    if acquire_load not in ptx:
+        return False
+    fence = ptx.find("fence.sc.sys")
+    relaxed = ptx.find("st.relaxed.sys.global.u64", fence + 1)
+    return release_store in ptx or (fence >= 0 and relaxed > fence)
+
+
+def test_barrier_all_fences_once_for_every_peer():
+    import ipcshare.triton as ipt
+
+    ptx = _compile(ipt.barrier_all_kernel, {"table": "*i64"}).asm["ptx"]
+    assert _releases_and_acquires(ptx)
+    # One fence before the loop over peers; no release store (its fence would wait for
+    # the previous peer's signal to land: a round trip per peer).
+    assert ptx.count("fence.sc.sys") == 1 and _SIGNAL_CUH_ORDERING[0] not in ptx
 
 
 def test_the_interpreter_runs_the_data_functions_between_two_tensors():

@@ -62,6 +62,18 @@ def test_translate_is_pointer_minus_my_base_plus_the_peers(row):
     assert tt.translate_address(table, bases[1] + 5, 1, row) == bases[1] + 5
 
 
+def test_the_alignment_of_a_row_is_what_divides_every_distance_from_our_base():
+    description = _description()
+    # Pads 64 KiB apart, windows 1 GiB apart, registrations 4 KiB apart: 16 at most.
+    assert [description.alignment(row) for row in range(3)] == [16, 16, 16]
+    odd = tt.TableDescription(0, (0x1000, 0x2000), ((0x10000, 0x20008), (0x3002, 0x4000)))
+    assert odd.alignment(tt.WINDOW_ROW) == 8                  # 0x10008 apart
+    assert odd.alignment(tt.FIRST_REGISTRATION_ROW) == 2      # 0xFFE apart
+    assert tt.TableDescription(0, (0x1001,), ((0x1003,),)).alignment(1) == 16   # alone
+    with pytest.raises(ValueError, match="row 3 is not in this table"):
+        description.alignment(3)
+
+
 def test_translate_refuses_a_peer_or_row_outside_the_table():
     table = tt.pack_table(_description())
     with pytest.raises(ValueError, match="peer rank 3 is outside a world of 3"):
