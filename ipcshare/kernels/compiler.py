@@ -122,6 +122,16 @@ def _headers_digest() -> str:
     return digest.hexdigest()
 
 
+def _cache_key(text: str, options: tuple[str, ...]) -> str:
+    """The CUBIN's cache key: source, headers and options, where our own include folders
+    count by their headers' content (the digest), not by where the package lies. One tree
+    checked out twice, or unpacked on another machine, then finds the same CUBINs."""
+    own = {f"--include-path={include_dir()}": "--include-path=<ipcshare include>",
+           f"--include-path={_source_dir()}": "--include-path=<ipcshare sources>"}
+    placed = (own.get(option, option) for option in options)
+    return hashlib.sha256("\0".join((text, _headers_digest(), *placed)).encode()).hexdigest()[:20]
+
+
 def compile_kernel_source(source: str | os.PathLike, *, arch: str = "sm_90",
                           code: str | None = None, options: tuple[str, ...] = (),
                           use_cache: bool = True) -> bytes:
@@ -138,8 +148,7 @@ def compile_kernel_source(source: str | os.PathLike, *, arch: str = "sm_90",
     all_options = (f"--gpu-architecture={arch}", *_OPTIONS,
                    f"--include-path={include_dir()}", f"--include-path={_source_dir()}",
                    *options)
-    key = hashlib.sha256("\0".join((text, _headers_digest(), *all_options)).encode())
-    key = key.hexdigest()[:20]
+    key = _cache_key(text, all_options)
     cached = cache_dir() / f"{Path(name).stem}-{key}-{arch}-nvrtc{major}.{minor}.cubin"
     if not use_cache:
         with _note_if_slow(name, arch, None):

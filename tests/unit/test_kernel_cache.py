@@ -77,3 +77,22 @@ def test_a_cache_that_cannot_be_locked_still_compiles(slow_compiler, monkeypatch
     assert compiler.compile_kernel_source("barrier.cu").startswith(b"\x7fELF")
     assert compiler.compile_kernel_source("barrier.cu").startswith(b"\x7fELF")
     assert slow_compiler == ["barrier.cu"]  # the second call read the cache
+
+
+def test_the_cache_key_does_not_depend_on_where_the_package_lies(slow_compiler, tmp_path,
+                                                                monkeypatch):
+    """A checkout elsewhere with the same kernels finds the CUBINs another compiled; a
+    changed header does not."""
+    import shutil
+
+    compiler.compile_kernel_source("barrier.cu")
+    moved = tmp_path / "elsewhere"
+    shutil.copytree(compiler._package_dir(), moved)
+    monkeypatch.setattr(compiler, "_package_dir", lambda: moved)
+    assert compiler.include_dir() == moved / "include"
+    compiler.compile_kernel_source("barrier.cu")
+    assert slow_compiler == ["barrier.cu"]  # found in the cache
+    header = next((moved / "include").rglob("*.cuh"))
+    header.write_text(header.read_text() + "\n// changed\n")
+    compiler.compile_kernel_source("barrier.cu")
+    assert slow_compiler == ["barrier.cu", "barrier.cu"]
