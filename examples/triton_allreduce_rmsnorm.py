@@ -54,7 +54,8 @@ if triton is not None:
         world = ipt.world_size(table)   # == WORLD, the group's size the launch names
         epoch = call_count(flags, world)
         zone = zones + (epoch % 2) * zone_elements   # this call's landing zone
-        block = rows.to(tl.int64) * hidden           # one rank's x in a zone
+        # tl.cast: the launcher passes rows == 1 as a plain int (no .to)
+        block = tl.cast(rows, tl.int64) * hidden     # one rank's x in a zone
         cols = tl.arange(0, BLOCK)
         mask = cols < hidden
         # Our rows into block `me` of every rank's zone, ours included (stores: NVLink

@@ -161,6 +161,20 @@ def test_the_examples_kernels_compile_for_sm90(example, monkeypatch):
     assert _releases_and_acquires(ptx)
 
 
+@pytest.mark.parametrize("example", sorted(_EXAMPLE_KERNELS))
+def test_the_examples_kernels_compile_with_any_integer_argument_equal_to_one(example,
+                                                                            monkeypatch):
+    """Triton's launcher passes an integer argument equal to 1 as a constant (no tensor
+    methods then): one row, one element or one zone must still compile. The fused
+    all-reduce's first 4-rank run met it with one row (``rows.to``)."""
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    module = load_example(example)
+    name, signature, constexprs = _EXAMPLE_KERNELS[example]
+    for argument in [name for name, kind in signature.items() if kind == "i32"]:
+        rest = {key: kind for key, kind in signature.items() if key != argument}
+        _compile(getattr(module, name), rest, dict(constexprs, **{argument: 1}))
+
+
 def _releases_and_acquires(ptx: str) -> bool:
     """Whether ``ptx`` waits with signal.cuh's acquire load and signals with a release:
     signal.cuh's release store, or a system-scope fence and then relaxed stores at system
