@@ -120,10 +120,13 @@
 # BENCH_MAX (largest size, default 1G), BENCH_ITERS (default 20), BENCH_BASELINE (nccl,
 # mpi or none; default nccl), STEP_TIMEOUT_TESTS (seconds per pytest run, default 420:
 # on 4 H200s, 2026-11-28, tests/gpu took 246 s at 4 ranks and 145 s at 2; 8 ranks on 4
-# GPUs ran 88 % in 270 s and 2 ranks sharing GPU 0 92 % in 200 s, so about 310 and 220 s
-# whole: the 2G and shared parts want a device call each), TESTS_PARTS
-# (which runs of the tests phase: any of "2 examples 4 2G shared mpi", default all; the
-# whole phase outlasts one 10-minute device call on 4 GPUs, so split it in two),
+# GPUs ran 88 % in 270 s and 2 ranks sharing GPU 0 92 % in 200 s; later the same day 2 ranks
+# sharing one GPU took 294 s whole and 8 ranks on 4 GPUs ran 93 % in 390 s: the shared part
+# wants a device call of its own, and 2G two: 2G-1 and 2G-2), TESTS_PARTS
+# (which runs of the tests phase: any of "2 examples 4 2G 2G-1 2G-2 shared mpi"; default
+# "2 examples 4 2G shared mpi"; 2G-1 and 2G-2 are the 2G run over every other test file,
+# from the first or the second; the whole phase outlasts one 10-minute device call on
+# 4 GPUs, so split it),
 # TESTS_FILES (the GPU test files or folders those runs take, default tests/gpu: a fix
 # re-checked on the files it touches),
 # STEP_TIMEOUT_BENCH (per sweep, default 150), ALLTOALL_RANKS (default "2 4"), ALLTOALL_MAX
@@ -290,6 +293,19 @@ mpi_suite_run() {  # mpi_suite_run N: tests/mpi under the node's MPI
 export -f mpi_suite_run
 export PY MPIEXEC OUT RESULTS TESTS_FILES BENCH_MAX BENCH_ITERS BENCH_BASELINE
 
+test_files_half() {  # test_files_half 1|2: every other test file of TESTS_FILES (folders
+  # expanded, sorted), from the first or the second: two runs of about equal length
+  local entry files=() i
+  # shellcheck disable=SC2086 # TESTS_FILES is a list of paths
+  for entry in ${TESTS_FILES:-tests/gpu}; do
+    if [[ -d $entry ]]; then
+      while IFS= read -r file; do files+=("$file"); done < <(find "$entry" -name 'test_*.py' | sort)
+    else
+      files+=("$entry")
+    fi
+  done
+  for ((i = $1 - 1; i < ${#files[@]}; i += 2)); do printf '%s ' "${files[i]}"; done
+}
 tests_part() {  # tests_part PART: whether TESTS_PARTS asks for PART (every part by default)
   [[ " ${TESTS_PARTS:-2 examples 4 2G shared mpi} " == *" $1 "* ]]
 }
@@ -309,6 +325,12 @@ if [[ $G -ge 1 ]] && wants tests; then
   if [[ $G -ge 2 ]]; then
     tests_part 2G && step "pytest tests/gpu, $((2 * G)) ranks on $G GPUs" "$STEP_TIMEOUT_TESTS" \
       pytest_run $((2 * G))
+    # The same in two halves of the test files, each within one device call.
+    for half in 1 2; do
+      tests_part "2G-$half" && TESTS_FILES="$(test_files_half "$half")" step \
+        "pytest tests/gpu, $((2 * G)) ranks on $G GPUs, files half $half" "$STEP_TIMEOUT_TESTS" \
+        pytest_run $((2 * G))
+    done
   fi
   # Open MPI passes -x variables to every rank explicitly.
   tests_part shared && CUDA_VISIBLE_DEVICES=0 step "pytest tests/gpu, 2 ranks sharing GPU 0" \
