@@ -394,7 +394,8 @@ class GpuPath:
         algorithm.run(GpuCall(signature, self.size, record_kernel,
                               self.layout.ll_max_bytes, meet=recorded.append,
                               copy=recorded.append, args=args, max_blocks=self._max_blocks,
-                              max_bytes=self.layout.max_bytes, time_sliced=time_sliced))
+                              max_bytes=self.layout.max_bytes, time_sliced=time_sliced,
+                              ll128_max_bytes=self.layout.ll128_max_bytes))
         params = (ctypes.c_void_p * 1)(ctypes.addressof(args))
         address, cu_stream, launch = ctypes.addressof(params), bound.stream, self._launch_kernel
         steps = [step if callable(step)
@@ -555,7 +556,9 @@ class GpuPath:
         args.digest = signature.digest
         bound = _BoundCall(args, cu_stream)
         ll_max_bytes = self.layout.ll_max_bytes
-        why = algorithm.unsupported(GpuCall(signature, self.size, lambda *_: None, ll_max_bytes))
+        ll128_max_bytes = self.layout.ll128_max_bytes
+        why = algorithm.unsupported(GpuCall(signature, self.size, lambda *_: None, ll_max_bytes,
+                                            ll128_max_bytes=ll128_max_bytes))
         if why is not None:
             raise CollectiveError(f"algo={algorithm.name!r} cannot run {signature.describe()}: "
                                   f"{why}")
@@ -568,7 +571,8 @@ class GpuPath:
                              copy=lambda jobs: self.copier(engine, jobs)(), args=bound.args,
                              max_blocks=self._max_blocks, max_bytes=self.layout.max_bytes,
                              time_sliced=self._time_sliced_steps(
-                                 algorithm, engine, bound.args, launch_on_stream, _run_now))
+                                 algorithm, engine, bound.args, launch_on_stream, _run_now),
+                             ll128_max_bytes=ll128_max_bytes)
         return bound
 
     def synchronize(self, stream: Any = None) -> None:

@@ -11,7 +11,8 @@ from ..window.layout import HEADER_WORDS, LL_CLEANED_SLOT, USER_SLOT_BASE, round
 
 __all__ = ["ScratchLayout", "ALIGN", "HEADER_WORDS", "LL_MAX_BYTES", "LL_LINE_BYTES",
            "LL_LINE_PAYLOAD", "LL_CLEANED_SLOT", "LL128_LINE_BYTES", "LL128_LINE_PAYLOAD",
-           "ll_payload_lines", "ll128_lines", "ll_slot_payload_lines", "split_row_words"]
+           "LL128_MAX_BYTES", "ll_payload_lines", "ll128_lines", "ll_slot_payload_lines",
+           "split_row_words"]
 
 # Regions and heap blocks start at multiples of this many bytes (every dtype aligned,
 # and vector loads of the GPU kernels to come).
@@ -24,9 +25,14 @@ LL_LINE_PAYLOAD = 8
 LL_MAX_BYTES = 2 << 20
 # 128-byte lines (kernels/include/ipcshare/ll128.cuh): 120 payload bytes and a 64-bit flag,
 # after a 128-byte head (the LL digest travels in the LL slot). Buffers of their own: an
-# LL line read where an LL128 line left payload could take payload for its flag.
+# LL line read where an LL128 line left payload could take payload for its flag. They hold
+# inputs (blocks, for all-to-all) of up to LL128_MAX_BYTES: the wire carries 1.07x the
+# bytes, so LL128 stays worth its one NVLink trip for larger calls than LL, up to where the
+# copy kernels reach the link's rate (an uneven all-to-all-v of 8 MiB at 2 ranks still
+# missed issue 42's bound with every copy kernel).
 LL128_LINE_BYTES = 128
 LL128_LINE_PAYLOAD = 120
+LL128_MAX_BYTES = 8 << 20
 
 
 def _align(value: int) -> int:
@@ -89,7 +95,7 @@ class ScratchLayout:
     entry barrier (the per-call check that the ranks' splits match); on GPUs three more
     words follow (kernels/src/collectives/all_to_all.cuh); LL128 ``p`` holds one slot
     per source rank for the 128-byte lines of the ``ll128`` calls of parity ``p`` (a
-    128-byte head, then an input of up to ``ll_max_bytes``).
+    128-byte head, then an input of up to ``ll128_max_bytes``).
     """
 
     max_bytes: int
@@ -147,10 +153,15 @@ class ScratchLayout:
         return self.ll_offset(2) + parity * self.splits_bytes
 
     @property
+    def ll128_max_bytes(self) -> int:
+        """The largest input (all-to-all: block) an ``ll128`` call may have (0: none)."""
+        return min(self.max_bytes, LL128_MAX_BYTES) if self.gpu else 0
+
+    @property
     def ll128_slot_bytes(self) -> int:
         if not self.gpu:
             return 0
-        return _align(LL128_LINE_BYTES * (1 + ll128_lines(self.ll_max_bytes)))
+        return _align(LL128_LINE_BYTES * (1 + ll128_lines(self.ll128_max_bytes)))
 
     def ll128_offset(self, parity: int) -> int:
         return self.splits_offset(2) + parity * self.world_size * self.ll128_slot_bytes

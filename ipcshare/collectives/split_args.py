@@ -11,11 +11,11 @@ from typing import Any
 from ..runtime.errors import CollectiveError
 from .algorithms.host_all_to_all import check_splits
 from .arrays import ArrayRef, describe_array, in_device_memory
-from .scratch import LL_MAX_BYTES
+from .scratch import LL128_MAX_BYTES, LL_MAX_BYTES
 
 __all__ = ["GpuSplits", "in_device_memory", "device_splits", "SPLITS_PROBLEM",
            "SPLIT_TOO_LARGE_FOR_LL", "SPLIT_TOO_LARGE_FOR_INBOX", "SPLIT_TOO_LARGE_FOR_SLOT",
-           "splits_problem"]
+           "SPLIT_TOO_LARGE_FOR_LL128", "splits_problem"]
 
 _SPLIT_DTYPES = {"int32": 4, "int64": 8}
 # The error word's top 16 bits when the kernel found the splits wrong (kSplitsProblem in
@@ -29,6 +29,8 @@ SPLIT_TOO_LARGE_FOR_INBOX = 6
 # algo='eager''s (kSplitTooLargeForSlot): a block past the sender's slot of the receiver's
 # inbox (the staging area cut into one slot per peer).
 SPLIT_TOO_LARGE_FOR_SLOT = 7
+# algo='ll128''s (kSplitTooLargeForLL128): a block past an LL128 slot.
+SPLIT_TOO_LARGE_FOR_LL128 = 8
 
 
 def splits_problem(word: int) -> str:
@@ -51,8 +53,11 @@ def splits_problem(word: int) -> str:
         7: f"rank {first} sends rank {second} more bytes (its input_splits[{second}]) than "
            "algo='eager' lands in one slot of a rank's inbox (the communicator's max_bytes "
            "over the ranks but one)",
+        8: f"rank {first} sends rank {second} more bytes (its input_splits[{second}]) than "
+           "algo='ll128' carries from one rank to another (its LL128 buffers hold blocks of "
+           f"up to the communicator's max_bytes, {LL128_MAX_BYTES >> 20} MiB at most)",
     }.get(problem, f"problem {problem} between ranks {first} and {second}")
-    if problem == SPLIT_TOO_LARGE_FOR_LL:
+    if problem in (SPLIT_TOO_LARGE_FOR_LL, SPLIT_TOO_LARGE_FOR_LL128):
         advice = "use algo='balanced' or 'auto' for blocks this large"
     elif problem == SPLIT_TOO_LARGE_FOR_SLOT:
         advice = "use algo='push', 'balanced' or 'auto' for blocks this large"

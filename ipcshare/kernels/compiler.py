@@ -36,7 +36,7 @@ KERNEL_SOURCES = {
     "collectives.cu": ("all_gather_pull_bytes", "all_gather_push_bytes", "all_gather_ll_bytes",
                        "all_gather_ll128_bytes", "all_gather_stepped_bytes",
                        *(f"all_to_all{v}_{algo}_bytes" for v in ("", "_v")
-                         for algo in ("pull", "balanced", "ll")),
+                         for algo in ("pull", "balanced", "ll", "ll128")),
                        "all_to_all_push_bytes", "all_to_all_v_push_bytes",
                        "all_to_all_v_eager_bytes", "publish_call", "finish_call",
                        *(f"stage_and_publish_{kind}"

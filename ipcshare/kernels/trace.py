@@ -50,14 +50,17 @@ _TRACED_SOURCES = ("collectives.cu",)
 _PULL = ("begun", "staged", "met", "headers and rows read", "read", "ended")
 _BALANCED = ("begun", "staged", "part signalled", "met", "headers and rows read", "read",
              "ended")
+_LL = ("begun", "pushed", "digests checked", "received", "ended")
+_LL_V = ("begun", "pushed", "digests checked", "rows read and checked", "received", "ended")
 KERNEL_MARKS: dict[str, tuple[str, ...]] = {
     "all_to_all_pull_bytes": _PULL,
     "all_to_all_v_pull_bytes": _PULL,
     "all_to_all_balanced_bytes": _BALANCED,
     "all_to_all_v_balanced_bytes": _BALANCED,
-    "all_to_all_ll_bytes": ("begun", "pushed", "digests checked", "received", "ended"),
-    "all_to_all_v_ll_bytes": ("begun", "pushed", "digests checked", "rows read and checked",
-                              "received", "ended"),
+    "all_to_all_ll_bytes": _LL,
+    "all_to_all_v_ll_bytes": _LL_V,
+    "all_to_all_ll128_bytes": _LL,
+    "all_to_all_v_ll128_bytes": _LL_V,
     "all_to_all_push_bytes": ("begun", "met, headers read", "tile 0 stored",
                               "tile 0 signalled", "the peers' tile 0 came", "every step done",
                               "ended"),

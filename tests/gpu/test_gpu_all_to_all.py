@@ -4,19 +4,20 @@ all-but-one-zero splits, in and out of place, arrays from empty() and registered
 splits from the host and from device arrays (the counts received filled on the device),
 bound calls and CUDA graphs replayed with new data and new device splits, and splits that
 do not match: the same one-line error on every rank, after which the communicator goes on.
-Every test runs each GPU algorithm (pull, balanced, ll and push, all-to-all and
+Every test runs each GPU algorithm (pull, balanced, ll, ll128 and push, all-to-all and
 all-to-all-v; copy-engine for all_to_all with even splits; all-to-all-v in place is
 refused by all);
 arrays that start off a 16-byte boundary and all-to-one splits reach balanced's shifted
-copies and its cutting by bytes. ll also: the largest block its slots take and the first
-they do not (all-to-all: refused on the host; all-to-all-v: found by every rank on the GPU,
-output untouched; the communicator goes on both ways), graphs of several LL calls replayed
-with new data and new device splits, ranks that disagree (output untouched, in place too);
-its silent peer is test_gpu_communicator.py's. copy-engine also: an input of the
-communicator's whole max_bytes, calls right after other algorithms' calls that read their
-staging areas (and before them), and ranks that disagree (found on every rank). push
-also: small tiles into reachable outputs and inboxes, and (all-to-all-v) a receiver out
-of reach that would get more than its inbox holds, found by every rank.
+copies and its cutting by bytes. ll and ll128 also: the largest block their slots take
+and the first they do not (all-to-all: refused on the host; all-to-all-v: found by every
+rank on the GPU, output untouched; the communicator goes on both ways), graphs of several
+LL calls replayed with new data and new device splits, ranks that disagree (output
+untouched, in place too); ll's silent peer is test_gpu_communicator.py's. copy-engine
+also: an input of the communicator's whole max_bytes, calls right after other
+algorithms' calls that read their staging areas (and before them), and ranks that
+disagree (found on every rank). push also: small tiles into reachable outputs and
+inboxes, and (all-to-all-v) a receiver out of reach that would get more than its inbox
+holds, found by every rank.
 Run under mpiexec with one GPU per rank (or GPUs shared under MPS)."""
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ import numpy as np
 import pytest
 
 from ipcshare.collectives.algorithms.gpu_all_to_all_ll import all_to_all_v_block_capacity
-from ipcshare.collectives.scratch import LL_MAX_BYTES, ScratchLayout
+from ipcshare.collectives.algorithms.gpu_ll128 import all_to_all_v_ll128_capacity
+from ipcshare.collectives.scratch import LL128_MAX_BYTES, LL_MAX_BYTES, ScratchLayout
 from ipcshare.patterns.alltoall import split_matrix
 from ipcshare.runtime.errors import CollectiveError
 
@@ -42,10 +44,13 @@ _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4, "uint8": 1, 
 BLOCKS = (1, 3, 4099, 65_537)
 LARGEST_INPUT_BYTES = 65_537 * 8
 # The GPU algorithms of all_to_all, and those of all_to_all_v (algorithms/__init__.py).
-ALGOS = ("pull", "balanced", "ll", "copy-engine", "push", "eager")
-V_ALGOS = ("pull", "balanced", "ll", "push", "eager")
+ALGOS = ("pull", "balanced", "ll", "copy-engine", "push", "eager", "ll128")
+V_ALGOS = ("pull", "balanced", "ll", "push", "eager", "ll128")
 # The algorithms no peer of which reads an input: nothing is ever copied in, in place too.
-NOTHING_STAGED = ("ll", "copy-engine", "push")
+NOTHING_STAGED = ("ll", "copy-engine", "push", "ll128")
+# The low-latency all-to-alls and the most bytes their slots take from one rank (the
+# communicator's max_bytes, at most this).
+SLOT_LIMIT = {"ll": LL_MAX_BYTES, "ll128": LL128_MAX_BYTES}
 
 
 @pytest.fixture(params=ALGOS)
@@ -433,8 +438,8 @@ def test_each_bench_row_reports_its_busiest_link_bound_and_blocks(setup, algo, s
         pytest.skip("eager's slots hold max_bytes over the ranks but one, and the case's "
                     "random and skewed calls send more than that to a rank at 3 ranks and up")
     pattern = make_pattern("alltoall", algo, splits=splits, datatype="float32")
-    # ll: blocks up to its slots' LL_MAX_BYTES at any world size (one rank included).
-    largest = LL_MAX_BYTES if algo == "ll" else 4 << 20
+    # ll, ll128: blocks up to their slots' limit at any world size (one rank included).
+    largest = min(SLOT_LIMIT.get(algo, 4 << 20), 4 << 20)
     options = merge_options({"backend": "cuda-vmm", "algo": algo, "iters": 3, "warmup": 1,
                              "checks": 1, "min_bytes": 4096, "max_bytes": largest,
                              "step_factor": 32})
@@ -459,40 +464,42 @@ def _even_want(inputs: list[np.ndarray], me: int, block_bytes: int) -> np.ndarra
     return np.concatenate([data[me * block_bytes:(me + 1) * block_bytes] for data in inputs])
 
 
-def test_ll_takes_blocks_as_large_as_its_slots_and_refuses_larger_ones_on_every_rank(setup):
-    """A block (the bytes a rank sends each rank) of LL_MAX_BYTES fills a slot to its
+@pytest.mark.parametrize("low", ["ll", "ll128"])
+def test_ll_takes_blocks_as_large_as_its_slots_and_refuses_larger_ones_on_every_rank(setup,
+                                                                                     low):
+    """A block (the bytes a rank sends each rank) of the slots' limit fills a slot to its
     last line and arrives whole, out of place and in place, as does one with a short last
     line; one of 8 bytes more is refused on every rank before anything runs, and the
-    communicator goes on with ll and with pull."""
+    communicator goes on with the algorithm and with pull."""
     _group, comm, _stream = setup
-    n, me = comm.size, comm.rank
-    with torch_communicator("cuda-vmm", 0, per_rank_bytes=LL_MAX_BYTES + 8) as (
+    n, me, limit = comm.size, comm.rank, SLOT_LIMIT[low]
+    with torch_communicator("cuda-vmm", 0, per_rank_bytes=limit + 8) as (
             group, cm, stream):
         device = group.backend.device
-        for block in (LL_MAX_BYTES, LL_MAX_BYTES - 3):
+        for block in (limit, limit - 3):
             inputs = [_bytes(block, r, n * block) for r in range(n)]
             source = _tensor(inputs[me], "uint8", device)
             out = torch.zeros_like(source)
-            cm.all_to_all(out, source, algo="ll", stream=stream)
+            cm.all_to_all(out, source, algo=low, stream=stream)
             cm.synchronize(stream)
             assert np.array_equal(_host_bytes(out), _even_want(inputs, me, block)), block
-            cm.all_to_all(source, source, algo="ll", stream=stream)   # in place
+            cm.all_to_all(source, source, algo=low, stream=stream)   # in place
             cm.synchronize(stream)
             assert np.array_equal(_host_bytes(source), _even_want(inputs, me, block)), block
-        large = LL_MAX_BYTES + 8
+        large = limit + 8
         source = torch.zeros(n * large, dtype=torch.uint8, device=f"cuda:{device}")
         with pytest.raises(CollectiveError, match=(
-                rf"^algo='ll' cannot run all_to_all of {n * large} uint8 .*: its buffers take "
-                rf"blocks \(the bytes a rank sends each rank\) of up to {LL_MAX_BYTES} bytes "
+                rf"^algo='{low}' cannot run all_to_all of {n * large} uint8 .*: its buffers "
+                rf"take blocks \(the bytes a rank sends each rank\) of up to {limit} bytes "
                 rf"and this call's are {large} \({n * large} bytes over {n} ranks\)")):
-            cm.all_to_all(torch.zeros_like(source), source, algo="ll", stream=stream)
+            cm.all_to_all(torch.zeros_like(source), source, algo=low, stream=stream)
         inputs = [_bytes(5, r, n * large) for r in range(n)]
         source.copy_(_tensor(inputs[me], "uint8", device))
         out = torch.zeros_like(source)
         cm.all_to_all(out, source, algo="pull", stream=stream)
         small = torch.arange(4 * n, dtype=torch.int32, device=f"cuda:{device}") + 100 * me
         small_out = torch.zeros_like(small)
-        cm.all_to_all(small_out, small, algo="ll", stream=stream)
+        cm.all_to_all(small_out, small, algo=low, stream=stream)
         cm.synchronize(stream)
         assert np.array_equal(_host_bytes(out), _even_want(inputs, me, large))
         assert small_out.cpu().tolist() == [100 * q + 4 * me + k for q in range(n)
@@ -509,10 +516,12 @@ def _captured(calls, stream):
     return graph
 
 
-def test_ll_graphs_of_several_ll_calls_take_new_data_every_replay(setup):
+@pytest.mark.parametrize("low", ["ll", "ll128"])
+def test_ll_graphs_of_several_ll_calls_take_new_data_every_replay(setup, low):
     """Three LL calls per replay (so the buffers' parity changes from replay to replay):
-    an all-to-all, an all-reduce sharing its call counter, an in-place all-to-all of
-    another dtype and block; 200 replays, new data each, every one checked."""
+    an all-to-all (ll or ll128), an ll all-reduce sharing its call counter, an in-place
+    all-to-all of another dtype and block; 200 replays, new data each, every one
+    checked."""
     group, comm, stream = setup
     n, me, device = comm.size, comm.rank, group.backend.device
     small, large = 3, 4099                      # elements of a block
@@ -520,9 +529,9 @@ def test_ll_graphs_of_several_ll_calls_take_new_data_every_replay(setup):
     a_out = torch.zeros_like(a_in)
     b = torch.zeros(n * large, dtype=torch.bfloat16, device=f"cuda:{device}")
     total = torch.zeros(1000, dtype=torch.int32, device=f"cuda:{device}")
-    calls = [comm.bind("all_to_all", a_out, a_in, stream=stream, algo="ll"),
+    calls = [comm.bind("all_to_all", a_out, a_in, stream=stream, algo=low),
              comm.bind("all_reduce", total, stream=stream, algo="ll"),
-             comm.bind("all_to_all", b, b, stream=stream, algo="ll")]
+             comm.bind("all_to_all", b, b, stream=stream, algo=low)]
     graph = _captured(calls, stream)
     for replay in range(200):
         a_data = [_bytes(1000 + replay, r, n * small * 4) for r in range(n)]
@@ -719,7 +728,7 @@ def test_eager_segments_past_a_slot_stop_every_rank_and_the_communicator_goes_on
 
 
 @pytest.mark.parametrize("in_place", [False, True])
-@pytest.mark.parametrize("algo", ["ll", "copy-engine", "push"])
+@pytest.mark.parametrize("algo", ["ll", "ll128", "copy-engine", "push"])
 def test_calls_made_out_of_step_are_found_on_every_rank(setup, comm, algo, in_place):
     """Both shapes agreed at first sight, then the ranks make different ones: every rank
     finds that the digests differ and synchronize() raises on every rank (a communicator
@@ -745,7 +754,7 @@ def test_calls_made_out_of_step_are_found_on_every_rank(setup, comm, algo, in_pl
         with pytest.raises(CollectiveError, match="ranks disagree on a collective call "
                                                   r"\(found on the GPU"):
             cm.synchronize(stream)
-        if algo in ("ll", "push"):
+        if algo in ("ll", "ll128", "push"):
             assert torch.equal(out, out_before)        # nothing stored
             assert torch.equal(mine, source_before)
 
@@ -833,12 +842,21 @@ def test_copy_engine_calls_after_and_before_calls_that_read_staging_areas(comm, 
 
 # -- ll all-to-all-v: the slot's bound, found on the GPU, and graphs of new device splits ---
 
-def test_ll_all_to_all_v_takes_blocks_up_to_its_slots_and_stops_every_rank_one_byte_past():
+def _v_slot_capacity(low: str, layout: ScratchLayout) -> int:
+    if low == "ll":
+        return all_to_all_v_block_capacity(layout.ll_slot_bytes, layout.world_size)
+    return all_to_all_v_ll128_capacity(layout.ll128_slot_bytes)
+
+
+@pytest.mark.parametrize("low", ["ll", "ll128"])
+def test_ll_all_to_all_v_takes_blocks_up_to_its_slots_and_stops_every_rank_one_byte_past(low):
     """Rank 0 sends the last rank a block that fills the slot to its last byte (it
     arrives whole), then one byte more: every rank finds it in the split rows, raises the
     same one-line error naming the pair and what to use, and moves nothing (outputs and
-    received counts untouched); then ll runs a small call and balanced the large one."""
-    with torch_communicator("cuda-vmm", 2 * LL_MAX_BYTES) as (group, cm, stream):
+    received counts untouched); then the algorithm runs a small call and balanced the
+    large one."""
+    limit = SLOT_LIMIT[low]
+    with torch_communicator("cuda-vmm", 2 * limit) as (group, cm, stream):
         n, me, ordinal = cm.size, cm.rank, group.backend.device
         device = f"cuda:{ordinal}"  # _tensor takes the ordinal
         if n < 2:
@@ -846,9 +864,8 @@ def test_ll_all_to_all_v_takes_blocks_up_to_its_slots_and_stops_every_rank_one_b
         if group.time_sliced_gpus:  # the refusal is tested above
             pytest.skip("ranks here take turns on a GPU (no MPS): the all-to-all kernels spin "
                         "on their peers and are refused")
-        capacity = all_to_all_v_block_capacity(
-            ScratchLayout(cm.max_bytes, 0, n, gpu=True).ll_slot_bytes, n)
-        assert LL_MAX_BYTES <= capacity < LL_MAX_BYTES + 256
+        capacity = _v_slot_capacity(low, ScratchLayout(cm.max_bytes, 0, n, gpu=True))
+        assert limit <= capacity < limit + 256 + 120
 
         def run(big: int, algo: str):
             m = np.full((n, n), 16, np.int64)
@@ -861,21 +878,21 @@ def test_ll_all_to_all_v_takes_blocks_up_to_its_slots_and_stops_every_rank_one_b
             cm.all_to_all_v(out, source, received, sends, algo=algo, stream=stream)
             return m, inputs, out, received
 
-        m, inputs, out, received = run(capacity, "ll")
+        m, inputs, out, received = run(capacity, low)
         cm.synchronize(stream)
         assert received.cpu().tolist() == m[:, me].tolist()
         assert np.array_equal(_host_bytes(out), _expected(m, inputs, me, 1))
-        m, inputs, out, received = run(capacity + 1, "ll")
+        m, inputs, out, received = run(capacity + 1, low)
         with pytest.raises(CollectiveError, match=(
                 rf"^all_to_all_v: rank 0 sends rank {n - 1} more bytes \(its input_splits"
-                rf"\[{n - 1}\]\) than algo='ll' carries .* no element moved\): use "
+                rf"\[{n - 1}\]\) than algo='{low}' carries .* no element moved\): use "
                 r"algo='balanced' or 'auto' for blocks this large$")):
             cm.synchronize(stream)
         assert bool(torch.all(out == 0xA5))              # no byte moved
         assert received.cpu().tolist() == [-1] * n       # no count filled
         small = torch.arange(4 * n, dtype=torch.int32, device=device) + 100 * me
         small_out = torch.zeros_like(small)
-        cm.all_to_all_v(small_out, small, [4] * n, [4] * n, algo="ll", stream=stream)
+        cm.all_to_all_v(small_out, small, [4] * n, [4] * n, algo=low, stream=stream)
         m, inputs, out, received = run(capacity + 1, "balanced")
         cm.synchronize(stream)
         assert small_out.cpu().tolist() == [100 * q + 4 * me + k for q in range(n)
@@ -884,8 +901,10 @@ def test_ll_all_to_all_v_takes_blocks_up_to_its_slots_and_stops_every_rank_one_b
         assert received.cpu().tolist() == m[:, me].tolist()
 
 
-def test_ll_all_to_all_v_graphs_take_new_device_splits_every_replay(setup):
-    """Three LL calls per replay (so each call's parity changes from replay to replay):
+@pytest.mark.parametrize("low", ["ll", "ll128"])
+def test_ll_all_to_all_v_graphs_take_new_device_splits_every_replay(setup, low):
+    """Three LL (or LL128) calls per replay (so each call's parity changes from replay to
+    replay):
     an all-to-all-v of int32, an even all-to-all of bytes and an all-to-all-v of
     bfloat16, both with device splits rewritten before every replay; 200 replays, every
     output and every received count checked."""
@@ -905,10 +924,10 @@ def test_ll_all_to_all_v_graphs_take_new_device_splits_every_replay(setup):
     even_in = torch.zeros(n * 37, dtype=torch.uint8, device=device)
     even_out = torch.zeros_like(even_in)
     calls = [comm.bind("all_to_all_v", outs[0], sources[0], received[0], sends[0],
-                       stream=stream, algo="ll"),
-             comm.bind("all_to_all", even_out, even_in, stream=stream, algo="ll"),
+                       stream=stream, algo=low),
+             comm.bind("all_to_all", even_out, even_in, stream=stream, algo=low),
              comm.bind("all_to_all_v", outs[1], sources[1], received[1], sends[1],
-                       stream=stream, algo="ll")]
+                       stream=stream, algo=low)]
     graph = _captured(calls, stream)
     for replay in range(200):
         matrices, wants = [], []

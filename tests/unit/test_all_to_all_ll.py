@@ -100,7 +100,8 @@ def test_ll_runs_all_to_all_and_all_to_all_v_on_gpus_and_reads_no_peer_s_input()
                                                   "all_to_all_v_ll_bytes")
     assert v.aliasing_safe and not v.stages_input
     assert "ll" in algorithm_names("cuda", "all_to_all")
-    assert algorithm_names("cuda", "all_to_all_v") == ("pull", "balanced", "ll", "push", "eager")
+    assert algorithm_names("cuda", "all_to_all_v") == ("pull", "balanced", "ll", "push", "eager",
+                                                       "ll128")
     assert "ll" not in algorithm_names("host", "all_to_all")
     with pytest.raises(CollectiveError, match="algo='ll' is not an algorithm of all_to_all_v "
                                               "on host memory; choose one of: auto, pull$"):

@@ -63,9 +63,14 @@ def test_the_model_s_constants_are_the_kernel_s():
     # The kernel makes read_headers_and_rows' checks (first_split_problem), then its own: its
     # warp's verdict, and the serial checks where the verdict finds a problem (both
     # compiled for the host below).
+    # (ll_plan_receives, shared with the LL128 kernel, which passes its own problem code).
+    plan = _A2A_LL[_A2A_LL.index("void ll_plan_receives("):]
+    plan = plan[:plan.index("\n}\n")]
+    assert "split_lane_finds_problem(plan.rows, n, itemsize, capacity, lane, 32)" in plan
+    assert "first_ll_split_problem(plan.rows, n, itemsize, capacity, too_large)" in plan
     body = _A2A_LL[_A2A_LL.index("__device__ void all_to_all_v_ll("):]
-    assert "split_lane_finds_problem(rows, n, itemsize, capacity, lane, 32)" in body
-    assert "first_ll_split_problem(rows, n, itemsize, capacity)" in body
+    assert re.search(r"ll_plan_after_push<ipcshare::kLinePayload>\(a, call, peers, capacity, "
+                     r"kSplitTooLargeForLL,", body)
     serial = _CHECKS[_CHECKS.index("u64 first_ll_split_problem("):]
     serial = serial[:serial.index("\n}\n")]
     assert "u64 too_large = kSplitTooLargeForLL" in serial   # LL's problem by default

@@ -94,6 +94,9 @@ def _word(problem, first, second=0, call=7):
     (_word(6, 1), "rank 1 would receive more bytes than algo='push' can land in its window"),
     (_word(7, 2, 0), "rank 2 sends rank 0 more bytes (its input_splits[0]) than algo='eager' "
                      "lands in one slot of a rank's inbox"),
+    (_word(8, 0, 1), "rank 0 sends rank 1 more bytes (its input_splits[1]) than algo='ll128' "
+                     "carries from one rank to another (its LL128 buffers hold blocks of up "
+                     "to the communicator's max_bytes, 8 MiB at most)"),
 ])
 def test_the_kernels_splits_problems_read_as_one_line(word, said):
     message = splits_problem(word)
@@ -101,6 +104,12 @@ def test_the_kernels_splits_problems_read_as_one_line(word, said):
     assert ("(found on the GPU by every rank at call 7 of this communicator; no element "
             "moved)") in message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize("problem", [5, 8])
+def test_a_block_past_a_low_latency_slot_is_told_what_to_use(problem):
+    assert splits_problem(_word(problem, 0, 1)).endswith(
+        "use algo='balanced' or 'auto' for blocks this large")
 
 
 def test_a_push_receiver_past_its_inbox_is_told_how_to_make_room():

@@ -60,13 +60,16 @@ _KERNELS = [
      ("all_to_all_balanced_bytes", "all_to_all_v_balanced_bytes")),
     ("all_to_all_ll.cuh", "all_to_all_ll", ("all_to_all_ll_bytes",)),
     ("all_to_all_ll.cuh", "all_to_all_v_ll", ("all_to_all_v_ll_bytes",)),
+    ("all_to_all_ll128.cuh", "all_to_all_ll128", ("all_to_all_ll128_bytes",)),
+    ("all_to_all_ll128.cuh", "all_to_all_v_ll128", ("all_to_all_v_ll128_bytes",)),
     ("all_to_all_push.cuh", "all_to_all_push", ("all_to_all_push_bytes",)),
     ("all_to_all_v_push.cuh", "all_to_all_v_push", ("all_to_all_v_push_bytes",)),
     ("all_to_all_v_eager.cuh", "all_to_all_v_eager", ("all_to_all_v_eager_bytes",)),
 ]
 
 
-_HELPERS = ("push_v_meet", "push_v_steps")   # helpers that stamp, called by kernels
+# Helpers that stamp, called by kernels.
+_HELPERS = ("push_v_meet", "push_v_steps", "ll_plan_after_push")
 
 
 def _body(function: str) -> str:
@@ -89,7 +92,7 @@ def _marks_of(function: str) -> list[int]:
     body = _body(function)
     marks = [int(k) for k in re.findall(r"IPCSHARE_MARK\((\d+)\)", body)]
     for helper in _HELPERS:
-        if re.search(rf"\b{helper}\(", body[body.index("{"):]):
+        if re.search(rf"\b{helper}(<[^>(]*>)?\(", body[body.index("{"):]):
             marks += _marks_of(helper)
     return sorted(marks)
 

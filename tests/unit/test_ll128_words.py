@@ -50,7 +50,9 @@ def shim(tmp_path_factory):
 
 
 @pytest.mark.parametrize("nbytes", [1, 7, 8, 9, 119, 120, 121, 240, 1000, 4099, 65536])
-@pytest.mark.parametrize(("src_shift", "dst_shift"), [(0, 0), (3, 0), (0, 5), (1, 7)])
+# 4: the two-halves path of a word at a 4-byte boundary, on either side or both.
+@pytest.mark.parametrize(("src_shift", "dst_shift"), [(0, 0), (3, 0), (0, 5), (1, 7), (4, 0),
+                                                      (0, 4), (4, 4), (4, 2)])
 def test_lanes_carry_every_byte_once_and_store_nothing_past_the_run(shim, nbytes, src_shift,
                                                                     dst_shift):
     lines = shim.lines(nbytes)

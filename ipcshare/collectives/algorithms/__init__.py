@@ -44,12 +44,14 @@ _REGISTRY: dict[tuple[str, str], dict[str, str]] = {
                              "balanced": "gpu_all_to_all_balanced:GpuBalancedAllToAll",
                              "ll": "gpu_all_to_all_ll:GpuLowLatencyAllToAll",
                              "copy-engine": "gpu_all_to_all_copy_engine:GpuCopyEngineAllToAll",
-                             "push": "gpu_all_to_all_push:GpuPushAllToAll"},
+                             "push": "gpu_all_to_all_push:GpuPushAllToAll",
+                             "ll128": "gpu_ll128:GpuLL128AllToAll"},
     ("cuda", "all_to_all_v"): {"pull": "gpu_all_to_all:GpuPullAllToAllV",
                                "balanced": "gpu_all_to_all_balanced:GpuBalancedAllToAllV",
                                "ll": "gpu_all_to_all_ll:GpuLowLatencyAllToAllV",
                                "push": "gpu_all_to_all_push:GpuPushAllToAllV",
-                               "eager": "gpu_all_to_all_eager:GpuEagerAllToAllV"},
+                               "eager": "gpu_all_to_all_eager:GpuEagerAllToAllV",
+                               "ll128": "gpu_ll128:GpuLL128AllToAllV"},
 }
 _INSTANCES: dict[tuple[str, str, str], Algorithm] = {}
 

@@ -53,10 +53,11 @@ class GpuLowLatencyAllToAll(GpuLowLatencyReduceScatter):
         # Reduce-scatter's answer, in words of all-to-all where the slot is what refuses.
         why = super().unsupported(call)
         block = self.input_bytes(call.signature, call.size)
-        if why is None or block <= call.ll_max_bytes:
+        room = self.buffer_bytes(call)
+        if why is None or block <= room:
             return why
         return (f"its buffers take blocks (the bytes a rank sends each rank) of up to "
-                f"{call.ll_max_bytes} bytes and this call's are {block} "
+                f"{room} bytes and this call's are {block} "
                 f"({call.signature.nbytes} bytes over {call.size} ranks); use algo='auto', "
                 "or another algorithm for calls this large")
 
@@ -84,11 +85,11 @@ class GpuLowLatencyAllToAllV(GpuLowLatencyAllToAll):
         launches few blocks. Without the arrays, the LL buffers' size."""
         args = call.args
         if args is None or not hasattr(args, "output_count"):
-            return call.ll_max_bytes
+            return self.buffer_bytes(call)
         largest = max(args.count, args.output_count) * args.itemsize
-        return min(largest, call.ll_max_bytes)
+        return min(largest, self.buffer_bytes(call))
 
     def run(self, call: GpuCall) -> None:
-        lines = -(-self.grid_bytes(call) // LL_LINE_PAYLOAD)
-        threads = self.bytes_per_block // LL_LINE_PAYLOAD
-        call.launch(self.entry(call.signature), max(1, min(call.max_blocks, -(-lines // threads))))
+        # One line per thread (LL) or per group of eight (LL128): bytes_per_block's lines.
+        call.launch(self.entry(call.signature),
+                    max(1, min(call.max_blocks, -(-self.grid_bytes(call) // self.bytes_per_block))))

@@ -28,7 +28,8 @@ MAX_BLOCKS = 128
 class GpuCall:
     """One call as a GPU algorithm sees it: its signature, the world size,
     ``launch(entry, blocks)`` enqueuing a kernel with the call's arguments, the largest
-    input the window's low-latency buffers take, ``meet(turn)`` enqueuing a barrier
+    input the window's low-latency buffers take (``ll128_max_bytes``: the LL128 ones'),
+    ``meet(turn)`` enqueuing a barrier
     with every peer made of stream memory operations on flag set ``turn`` (0 or 1; the
     two sets must alternate on the stream, as gpu_stepped.py explains), and
     ``copy([(dst, src, nbytes), ...])`` enqueuing copy-engine copies between device
@@ -50,6 +51,7 @@ class GpuCall:
     # (``guest`` True: ``hand_over()``) or the leader's (``take_guests``, ``launch``,
     # ``meet`` and ``release_guests`` for itself and its guests); None elsewhere.
     time_sliced: Any = None
+    ll128_max_bytes: int = 0
 
 
 class GpuKernelAlgorithm(Algorithm):

@@ -1,36 +1,53 @@
-"""GPU all-gather and reduce-scatter by 128-byte lines (``algo="ll128"``): the
-low-latency kernels (gpu_low_latency.py) with lines of 120 payload bytes and a 64-bit
-flag, eight threads storing each line together, as NCCL's LL128 (kernels/include/ipcshare/ll128.cuh,
-kernels/src/collectives/low_latency_128.cuh). The wire carries 1.07 times the input
-where LL's 16-byte lines carry twice it, for the sizes where LL's bytes, not its one
-NVLink trip, set the time. The call counts and checks its digest as an LL call; its data
-land in buffers of their own (ScratchLayout.ll128_offset). Inputs up to the window's
-``ll_max_bytes``. Not in ``auto`` until measured on GPUs against ``ll``, ``push`` and
-NCCL; it rests on 128-byte lines arriving whole, which tools/line_probe.py checks."""
+"""GPU all-gather, reduce-scatter, all-to-all and all-to-all-v by 128-byte lines
+(``algo="ll128"``): the low-latency kernels (gpu_low_latency.py, gpu_all_to_all_ll.py)
+with lines of 120 payload bytes and a 64-bit flag, eight threads storing each line
+together, as NCCL's LL128 (kernels/include/ipcshare/ll128.cuh,
+kernels/src/collectives/low_latency_128.cuh, all_to_all_ll128.cuh). The wire carries 1.07
+times the input where LL's 16-byte lines carry twice it, for the sizes where LL's bytes,
+not its one NVLink trip, set the time. The call counts and checks its digest as an LL call
+(the all-to-all-v's split rows travel as LL lines too); its data land in buffers of their
+own (ScratchLayout.ll128_offset), which take inputs (blocks, for the all-to-alls) of up to
+the window's ``ll128_max_bytes``. It rests on 128-byte lines arriving whole, which
+tools/line_probe.py checks on every node kind."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..agreement import Signature
-from ..scratch import LL128_LINE_PAYLOAD
+from ..scratch import LL128_LINE_BYTES, LL128_LINE_PAYLOAD
+from .gpu_all_to_all_ll import GpuLowLatencyAllToAll, GpuLowLatencyAllToAllV
 from .gpu_low_latency import GpuLowLatencyAllGather, GpuLowLatencyReduceScatter
 
-__all__ = ["GpuLL128AllGather", "GpuLL128ReduceScatter"]
+__all__ = ["GpuLL128AllGather", "GpuLL128ReduceScatter", "GpuLL128AllToAll",
+           "GpuLL128AllToAllV", "all_to_all_v_ll128_capacity"]
 
-# Threads per block (gpu_kernel.THREADS) over the eight that move a line.
+# Threads per block (gpu_kernel.THREADS) over the eight that move a line: one line per
+# group of eight in every block, each block on its own SM's stores.
 _LINES_PER_BLOCK = 512 // 8
+_BYTES_PER_BLOCK = _LINES_PER_BLOCK * LL128_LINE_PAYLOAD
+
+
+def all_to_all_v_ll128_capacity(ll128_slot_bytes: int) -> int:
+    """The most bytes the LL128 all-to-all-v carries from one rank to another in a call:
+    the payload of a slot's lines after its 128-byte head (all_to_all_ll128.cuh's
+    ``all_to_all_v_ll128_capacity``), at least ``ll128_max_bytes``."""
+    return max(0, ll128_slot_bytes // LL128_LINE_BYTES - 1) * LL128_LINE_PAYLOAD
 
 
 class GpuLL128AllGather(GpuLowLatencyAllGather):
     """All-gather of any dtype (bytes move); ``signature.nbytes`` is one rank's input.
-    Refused above ``ll_max_bytes``, as ``ll``: the LL128 slots hold that much."""
+    Refused above ``ll128_max_bytes``: the LL128 slots hold that much."""
 
     name = "ll128"
     kernel = "all_gather_ll128_bytes"
-    # One line per group of eight threads in every block, each on its own SM's stores.
-    bytes_per_block = _LINES_PER_BLOCK * LL128_LINE_PAYLOAD
+    bytes_per_block = _BYTES_PER_BLOCK
 
     def entry(self, signature: Signature) -> str:
         return self.kernel
+
+    def buffer_bytes(self, call: Any) -> int:
+        return call.ll128_max_bytes
 
 
 class GpuLL128ReduceScatter(GpuLowLatencyReduceScatter):
@@ -39,4 +56,36 @@ class GpuLL128ReduceScatter(GpuLowLatencyReduceScatter):
 
     name = "ll128"
     kernel = "reduce_scatter_ll128"
-    bytes_per_block = _LINES_PER_BLOCK * LL128_LINE_PAYLOAD
+    bytes_per_block = _BYTES_PER_BLOCK
+
+    def buffer_bytes(self, call: Any) -> int:
+        return call.ll128_max_bytes
+
+
+class GpuLL128AllToAll(GpuLowLatencyAllToAll):
+    """Even all-to-all of any dtype: block p of each rank's input travels to rank p alone,
+    as 128-byte lines, and lands at block r of rank p's output. Nothing staged; in place
+    is safe (a group of eight stores an output line only after it pushed that line of the
+    input). Blocks up to ``ll128_max_bytes``."""
+
+    name = "ll128"
+    kernel = "all_to_all_ll128_bytes"
+    bytes_per_block = _BYTES_PER_BLOCK
+
+    def buffer_bytes(self, call: Any) -> int:
+        return call.ll128_max_bytes
+
+
+class GpuLL128AllToAllV(GpuLowLatencyAllToAllV):
+    """All-to-all-v by 128-byte lines, splits on the device and read at run time (graphs
+    replay with new ones). Each sender's split row travels as LL lines in its LL slot, its
+    block as LL128 lines in its LL128 slot; every rank checks every row, plus that no
+    block passes a slot (kSplitTooLargeForLL128), so all ranks stop alike and move
+    nothing."""
+
+    name = "ll128"
+    kernel = "all_to_all_v_ll128_bytes"
+    bytes_per_block = _BYTES_PER_BLOCK
+
+    def buffer_bytes(self, call: Any) -> int:
+        return call.ll128_max_bytes

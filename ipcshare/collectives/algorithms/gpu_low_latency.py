@@ -46,13 +46,18 @@ class _LowLatency(GpuKernelAlgorithm):
     def sliced_bytes(self, signature: Signature, size: int) -> int:
         return self.input_bytes(signature, size)
 
+    def buffer_bytes(self, call: Any) -> int:
+        """The largest input (reduce-scatter, all-to-all: block) the call's buffers take."""
+        return call.ll_max_bytes
+
     def unsupported(self, call: Any) -> str | None:
         why = super().unsupported(call)
         if why is not None:
             return why
         nbytes = self.input_bytes(call.signature, call.size)
-        if nbytes > call.ll_max_bytes:
-            return (f"its buffers take inputs of up to {call.ll_max_bytes} bytes and this "
+        room = self.buffer_bytes(call)
+        if nbytes > room:
+            return (f"its buffers take inputs of up to {room} bytes and this "
                     f"input has {nbytes}; use algo='auto', or another algorithm for calls "
                     "this large")
         return None

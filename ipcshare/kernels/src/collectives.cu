@@ -1,16 +1,18 @@
-// The collectives of ipcshare.collectives on GPU memory: all-gather (pull, ll), all-reduce
-// (one-shot, two-shot, push, ll, ll-two-shot, copy-engine, stepped), reduce-scatter
-// (one-shot, push, ll, stepped), all-to-all (pull, balanced, ll, copy-engine, push) and
-// all-to-all-v (pull, balanced, ll, push, eager) over a communicator's window. Each algorithm's
-// kernels are one file of kernels/src/collectives/ (the copy-engine all-to-all has no
-// kernel of its own: copy_engine.cuh's publish_call and finish_call frame its copies),
-// beside its Python half in collectives/algorithms/: args.cuh (the arguments and pad
-// words), reduce.cuh (element types, reductions), call.cuh (the call protocol every
-// algorithm shares), two_shot_chunks.cuh (the two-shots' chunks), then one_shot, two_shot,
-// stepped, copy_engine, push, low_latency, all_to_all, all_to_all_balanced, all_to_all_ll,
-// all_to_all_push, all_to_all_v_push and all_to_all_v_eager. This file puts them in one
-// module and defines the entry points. What follows describes the one-barrier kernels;
-// push.cuh, low_latency.cuh and the all-to-all files describe their own.
+// The collectives of ipcshare.collectives on GPU memory: all-gather (pull, ll, ll128),
+// all-reduce (one-shot, two-shot, push, ll, ll-two-shot, copy-engine, stepped),
+// reduce-scatter (one-shot, push, ll, ll128, stepped), all-to-all (pull, balanced, ll,
+// ll128, copy-engine, push) and all-to-all-v (pull, balanced, ll, ll128, push, eager) over
+// a communicator's window. Each algorithm's kernels are one file of
+// kernels/src/collectives/ (the copy-engine all-to-all has no kernel of its own:
+// copy_engine.cuh's publish_call and finish_call frame its copies), beside its Python half
+// in collectives/algorithms/: args.cuh (the arguments and pad words), reduce.cuh (element
+// types, reductions), call.cuh (the call protocol every algorithm shares),
+// two_shot_chunks.cuh (the two-shots' chunks), then one_shot, two_shot, stepped,
+// copy_engine, push, low_latency, low_latency_128, all_to_all, all_to_all_balanced,
+// all_to_all_ll, all_to_all_ll128, all_to_all_push, all_to_all_v_push and
+// all_to_all_v_eager. This file puts them in one module and defines the entry points. What
+// follows describes the one-barrier kernels; push.cuh, low_latency.cuh and the all-to-all
+// files describe their own.
 //
 // One kernel per call, nothing else on the stream: every thread block copies its slice of
 // the user's input into this rank's staging area, publishes the call's header in its pad,
@@ -42,6 +44,7 @@
 #include "collectives/all_to_all.cuh"
 #include "collectives/all_to_all_balanced.cuh"
 #include "collectives/all_to_all_ll.cuh"
+#include "collectives/all_to_all_ll128.cuh"
 #include "collectives/all_to_all_push.cuh"
 #include "collectives/all_to_all_v_push.cuh"
 #include "collectives/all_to_all_v_eager.cuh"
@@ -112,6 +115,12 @@ extern "C" __global__ void all_to_all_v_pull_bytes(CollectiveArgs a) { all_to_al
 extern "C" __global__ void all_to_all_ll_bytes(CollectiveArgs a) { all_to_all_ll(a); }
 extern "C" __global__ void IPCSHARE_BOUNDED all_to_all_v_ll_bytes(CollectiveArgs a) {
   all_to_all_v_ll(a);
+}
+extern "C" __global__ void IPCSHARE_BOUNDED all_to_all_ll128_bytes(CollectiveArgs a) {
+  all_to_all_ll128(a);
+}
+extern "C" __global__ void IPCSHARE_BOUNDED all_to_all_v_ll128_bytes(CollectiveArgs a) {
+  all_to_all_v_ll128(a);
 }
 // The balanced copies' unrolled loads are bound to the block too.
 extern "C" __global__ void IPCSHARE_BOUNDED all_to_all_balanced_bytes(CollectiveArgs a) {

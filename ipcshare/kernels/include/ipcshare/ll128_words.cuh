@@ -22,12 +22,18 @@ IPCSHARE_HD int ll128_words(int k) { return k == kLL128Lanes - 1 ? 1 : 2; }
 
 // Payload word w (0 .. 14) of line j of a run of `nbytes` at `base`: bytes
 // 120 j + 8 w .. + 7, one 8-byte load where `aligned` (base is 8-byte aligned) and the
-// word is whole, else byte by byte, zero past the end.
+// word is whole, two 4-byte loads where the word is whole at a 4-byte boundary (an
+// all-to-all-v block of 4-byte elements starts at one as often as at an 8-byte one), else
+// byte by byte, zero past the end.
 IPCSHARE_HD unsigned long long ll128_load_word(const char* base, unsigned long long j, int w,
                                                unsigned long long nbytes, bool aligned) {
   const unsigned long long first = j * kLL128Payload + 8ull * w;
   if (aligned && first + 8 <= nbytes)
     return *reinterpret_cast<const unsigned long long*>(base + first);
+  if (first + 8 <= nbytes && ((unsigned long long)(base + first) & 3ull) == 0) {
+    const unsigned* half = reinterpret_cast<const unsigned*>(base + first);
+    return (unsigned long long)half[0] | (unsigned long long)half[1] << 32;
+  }
   unsigned long long data = 0;
   for (int b = 0; b < 8 && first + b < nbytes; ++b)
     data |= (unsigned long long)(unsigned char)base[first + b] << (8 * b);
@@ -41,6 +47,12 @@ IPCSHARE_HD void ll128_store_word(char* base, unsigned long long j, int w,
   const unsigned long long first = j * kLL128Payload + 8ull * w;
   if (aligned && first + 8 <= nbytes) {
     *reinterpret_cast<unsigned long long*>(base + first) = data;
+    return;
+  }
+  if (first + 8 <= nbytes && ((unsigned long long)(base + first) & 3ull) == 0) {
+    unsigned* half = reinterpret_cast<unsigned*>(base + first);
+    half[0] = (unsigned)data;
+    half[1] = (unsigned)(data >> 32);
     return;
   }
   for (int b = 0; b < 8 && first + b < nbytes; ++b) base[first + b] = (char)(data >> (8 * b));

@@ -178,64 +178,140 @@ __device__ __forceinline__ bool ll_gather_rows(const CollectiveArgs& a, const LL
   return came;
 }
 
+// What warp 0 works out of the split rows for the other threads of its block (shared
+// memory): our sends, where each block starts in our input (bytes) and the bytes pushed to
+// each peer (0: none), the most lines of any block pushed; every rank's row; where each
+// source's block lands in our output, its bytes and the most lines of any; and whether
+// every row came and the rows pass the checks. kPayload is the payload bytes of a line:
+// 8 for LL lines, 120 for LL128 ones (all_to_all_ll128.cuh), which share this bookkeeping.
+struct LLSplitPlan {
+  long long sends[kMaxRanks];
+  unsigned long long send_from[kMaxRanks], push_bytes[kMaxRanks], push_lines;
+  SplitRow rows[kMaxRanks];
+  unsigned long long recv_at[kMaxRanks], recv_bytes[kMaxRanks], recv_lines;
+  int sound;
+};
+
+template <int kPayload>
+__device__ __forceinline__ unsigned long long lines_of(unsigned long long nbytes) {
+  return (nbytes + kPayload - 1) / kPayload;
+}
+
+// Step 0 of the LL all-to-all-vs, by warp 0 (lane r < n holds our input_splits[r] in
+// `mine`): check and sum our sends (warp_own_sends), fill the plan's send side (a block
+// past `capacity`, or any block where our sends are not sound, is pushed nowhere: the rows
+// stop every rank in step 3 before anyone waits for data), and, in block 0, push our row
+// to every peer as LL lines 0 .. R - 1 of our LL slot, from registers.
+template <int kPayload>
+__device__ __forceinline__ void ll_plan_sends(const CollectiveArgs& a, const LLCall& call,
+                                              long long mine, unsigned long long capacity,
+                                              LLSplitPlan& plan) {
+  const int n = a.nranks, me = a.rank, lane = threadIdx.x;
+  const unsigned long long itemsize = (unsigned long long)a.itemsize;
+  unsigned long long at;
+  const bool own_ok = warp_own_sends(a, mine, at);
+  unsigned long long lines = 0;
+  if (lane < n) {
+    const unsigned long long nbytes = (unsigned long long)mine * itemsize;
+    // Never past a slot: the rows stop every rank. (Sound sends fit the input, so the
+    // product does not overflow.)
+    const bool pushed = own_ok && lane != me && nbytes <= capacity;
+    plan.sends[lane] = mine;
+    plan.send_from[lane] = at * itemsize;
+    plan.push_bytes[lane] = pushed ? nbytes : 0;
+    lines = pushed ? lines_of<kPayload>(nbytes) : 0;
+  }
+  lines = rank_lanes_max(lines);
+  if (lane == 0) {
+    plan.push_lines = lines;
+    plan.sound = 1;
+  }
+  // Our row to every peer (block 0); words past the sends do not read `sends`.
+  if (blockIdx.x == 0 && lane < split_row_words(n)) {
+    const u64 word = (u64)(lane < n ? mine : split_row_word(a, plan.sends, lane));
+    for (int step = 1; step < n; ++step) ll_push_to(a, call, ll_peer_at(a, step), lane, word);
+  }
+}
+
+// Step 3, by warp 0 after ll_check_digests: every rank's row, the verdict and the receive
+// offsets (the blocks land packed in source order). Only on a call that has a problem
+// does lane 0 run the serial checks and record the first, `too_large` for a block past
+// `capacity`: every rank checks the same rows, so every rank records the same problem.
+template <int kPayload>
+__device__ __forceinline__ void ll_plan_receives(const CollectiveArgs& a, const LLCall& call,
+                                                 unsigned peers, unsigned long long capacity,
+                                                 u64 too_large, LLSplitPlan& plan) {
+  const int n = a.nranks, me = a.rank, lane = threadIdx.x;
+  const unsigned long long itemsize = (unsigned long long)a.itemsize;
+  const bool came = ll_gather_rows(a, call, plan.sends, peers, plan.rows);
+  unsigned long long lines = 0;
+  if (lane < n) {  // where source `lane`'s block lands
+    unsigned long long at = 0;
+    for (int q = 0; q < lane; ++q) at += (unsigned long long)plan.rows[q][me] * itemsize;
+    const unsigned long long nbytes = (unsigned long long)plan.rows[lane][me] * itemsize;
+    plan.recv_at[lane] = at;
+    plan.recv_bytes[lane] = nbytes;
+    lines = lines_of<kPayload>(nbytes);
+  }
+  lines = rank_lanes_max(lines);
+  if (lane == 0) plan.recv_lines = lines;
+  const bool bad = split_lane_finds_problem(plan.rows, n, itemsize, capacity, lane, 32);
+  if (!__all_sync(0xffffffffu, came)) {
+    if (lane == 0) plan.sound = 0;
+  } else if (__any_sync(0xffffffffu, bad)) {
+    if (lane == 0) {
+      const u64 problem = first_ll_split_problem(plan.rows, n, itemsize, capacity, too_large);
+      // The verdict is the serial checks': there is a problem to record.
+      if (problem) record_split_problem(a, problem, call.epoch);
+      plan.sound = 0;
+    }
+  }
+}
+
+// Steps 2 and 3 of the LL all-to-all-vs, after every thread pushed its lines: the digests
+// (a disagreeing call stops before any row is read or any byte stored), the plan's
+// receive side in warp 0, one barrier, and the verdict in `call`; block 0 fills
+// output_splits where the rows pass.
+template <int kPayload>
+__device__ __forceinline__ void ll_plan_after_push(const CollectiveArgs& a, LLCall& call,
+                                                   unsigned peers, unsigned long long capacity,
+                                                   u64 too_large, LLSplitPlan& plan) {
+  ll_check_digests(a, call);
+  IPCSHARE_MARK(2);  // digests checked
+  if (!call.failed && threadIdx.x < 32)
+    ll_plan_receives<kPayload>(a, call, peers, capacity, too_large, plan);
+  __syncthreads();
+  IPCSHARE_MARK(3);  // rows read and checked
+  if (!plan.sound) call.failed = true;
+  if (!call.failed) fill_receive_splits(a, plan.rows);
+}
+
 __device__ void all_to_all_v_ll(const CollectiveArgs& a) {
   static_assert(2 * kMaxRanks + 3 <= 32, "a split row's words are lanes of warp 0");
   const int n = a.nranks, me = a.rank, words = split_row_words(n);
-  const unsigned long long itemsize = (unsigned long long)a.itemsize;
   const unsigned long long capacity = all_to_all_v_ll_capacity(a);
   const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
   const unsigned long long first = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
   const unsigned peers = ll_peers(a);
   const bool warp0 = threadIdx.x < 32;
-  const int lane = threadIdx.x;  // in warp 0
-  __shared__ long long sends[kMaxRanks];
-  // Per destination: where its block starts in the input (bytes), and the bytes pushed to
-  // it (0: none); the most lines of any block pushed.
-  __shared__ unsigned long long send_from[kMaxRanks], push_bytes[kMaxRanks], push_lines;
-  __shared__ SplitRow rows[kMaxRanks];
-  __shared__ unsigned long long recv_at[kMaxRanks], recv_bytes[kMaxRanks], recv_lines;
-  __shared__ int sound;  // every row came and the rows pass the checks
+  __shared__ LLSplitPlan plan;
   // 0. Our sends, loaded before the call begins, then checked and summed.
   const long long mine = threadIdx.x < n ? own_send_split(a, threadIdx.x) : 0;
   LLCall call = ll_begin(a);
   IPCSHARE_MARK(0);  // begun
-  if (warp0) {
-    unsigned long long at;
-    const bool own_ok = warp_own_sends(a, mine, at);
-    unsigned long long lines = 0;
-    if (lane < n) {
-      const unsigned long long nbytes = (unsigned long long)mine * itemsize;
-      // Never past a slot: the rows stop every rank. (Sound sends fit the input, so the
-      // product does not overflow.)
-      const bool pushed = own_ok && lane != me && nbytes <= capacity;
-      sends[lane] = mine;
-      send_from[lane] = at * itemsize;
-      push_bytes[lane] = pushed ? nbytes : 0;
-      lines = pushed ? ipcshare::payload_lines(nbytes) : 0;
-    }
-    lines = rank_lanes_max(lines);
-    if (lane == 0) {
-      push_lines = lines;
-      sound = 1;
-    }
-    // Our row to every peer (block 0); words past the sends do not read `sends`.
-    if (blockIdx.x == 0 && lane < words) {
-      const u64 word = (u64)(lane < n ? mine : split_row_word(a, sends, lane));
-      for (int step = 1; step < n; ++step) ll_push_to(a, call, ll_peer_at(a, step), lane, word);
-    }
-  }
+  if (warp0) ll_plan_sends<ipcshare::kLinePayload>(a, call, mine, capacity, plan);
   __syncthreads();
   // 1. Our blocks' lines: line j of every peer's block loaded, then pushed.
-  for (unsigned long long j = first; j < push_lines; j += stride) {
+  for (unsigned long long j = first; j < plan.push_lines; j += stride) {
     u64 line[kMaxRanks];
     unsigned has = 0;  // a bit per step
 #pragma unroll
     for (int step = 1; step < kMaxRanks; ++step) {
       if (step >= n) continue;
       const int peer = ll_peer_at(a, step);
-      const unsigned long long nbytes = push_bytes[peer];
+      const unsigned long long nbytes = plan.push_bytes[peer];
       if (j >= ipcshare::payload_lines(nbytes)) continue;  // its block has no line j
-      const char* block = a.input + send_from[peer];
+      const char* block = a.input + plan.send_from[peer];
       line[step] = ipcshare::load_payload(block, j, nbytes,
                                           ((unsigned long long)block & 7ull) == 0);
       has |= 1u << step;
@@ -245,49 +321,19 @@ __device__ void all_to_all_v_ll(const CollectiveArgs& a) {
       if ((has >> step) & 1u) ll_push_to(a, call, ll_peer_at(a, step), words + j, line[step]);
   }
   IPCSHARE_MARK(1);  // pushed
-  // 2. The digests.
-  ll_check_digests(a, call);
-  IPCSHARE_MARK(2);  // digests checked
-  // 3. Every rank's row, the verdict and the receive offsets, in warp 0.
-  if (!call.failed && warp0) {
-    const bool came = ll_gather_rows(a, call, sends, peers, rows);
-    unsigned long long lines = 0;
-    if (lane < n) {  // where source `lane`'s block lands
-      unsigned long long at = 0;
-      for (int q = 0; q < lane; ++q) at += (unsigned long long)rows[q][me] * itemsize;
-      const unsigned long long nbytes = (unsigned long long)rows[lane][me] * itemsize;
-      recv_at[lane] = at;
-      recv_bytes[lane] = nbytes;
-      lines = ipcshare::payload_lines(nbytes);
-    }
-    lines = rank_lanes_max(lines);
-    if (lane == 0) recv_lines = lines;
-    const bool bad = split_lane_finds_problem(rows, n, itemsize, capacity, lane, 32);
-    if (!__all_sync(0xffffffffu, came)) {
-      if (lane == 0) sound = 0;
-    } else if (__any_sync(0xffffffffu, bad)) {
-      if (lane == 0) {
-        const u64 problem = first_ll_split_problem(rows, n, itemsize, capacity);
-        // The verdict is the serial checks': there is a problem to record.
-        if (problem) record_split_problem(a, problem, call.epoch);
-        sound = 0;
-      }
-    }
-  }
-  __syncthreads();
-  IPCSHARE_MARK(3);  // rows read and checked
-  if (!sound) call.failed = true;
-  if (!call.failed) fill_receive_splits(a, rows);
+  // 2, 3. The digests; every rank's row, the verdict and the receive offsets.
+  ll_plan_after_push<ipcshare::kLinePayload>(a, call, peers, capacity, kSplitTooLargeForLL,
+                                             plan);
   // 4. The blocks: every source's line j at once, then our own.
-  const char* own_in = a.input + send_from[me];
+  const char* own_in = a.input + plan.send_from[me];
   const bool own_in_aligned = ((unsigned long long)own_in & 7ull) == 0;
-  for (unsigned long long j = first; !call.failed && j < recv_lines; j += stride) {
+  for (unsigned long long j = first; !call.failed && j < plan.recv_lines; j += stride) {
     unsigned sources = 0;
 #pragma unroll
     for (int r = 0; r < kMaxRanks; ++r)
-      if (((peers >> r) & 1u) && j < ipcshare::payload_lines(recv_bytes[r]))
+      if (((peers >> r) & 1u) && j < ipcshare::payload_lines(plan.recv_bytes[r]))
         sources |= 1u << r;
-    const unsigned long long own_bytes = recv_bytes[me];
+    const unsigned long long own_bytes = plan.recv_bytes[me];
     const bool own_line = j < ipcshare::payload_lines(own_bytes);
     // Our own line is loaded first: its load is in flight while we wait.
     const u64 own = own_line ? ipcshare::load_payload(own_in, j, own_bytes, own_in_aligned) : 0;
@@ -299,12 +345,12 @@ __device__ void all_to_all_v_ll(const CollectiveArgs& a) {
 #pragma unroll
     for (int r = 0; r < kMaxRanks; ++r) {
       if (!((sources >> r) & 1u)) continue;
-      char* block = a.output + recv_at[r];
-      ipcshare::store_payload(block, j, recv_bytes[r], ((unsigned long long)block & 7ull) == 0,
-                              got[r]);
+      char* block = a.output + plan.recv_at[r];
+      ipcshare::store_payload(block, j, plan.recv_bytes[r],
+                              ((unsigned long long)block & 7ull) == 0, got[r]);
     }
     if (own_line) {
-      char* block = a.output + recv_at[me];
+      char* block = a.output + plan.recv_at[me];
       ipcshare::store_payload(block, j, own_bytes, ((unsigned long long)block & 7ull) == 0, own);
     }
   }

@@ -33,6 +33,8 @@ constexpr u64 kSplitTooLargeForInbox = 6; // all_to_all_v_push: rank a, whose ou
                                           // holds
 constexpr u64 kSplitTooLargeForSlot = 7;  // all_to_all_v_eager: rank a sends rank b more bytes
                                           // than a slot of b's inbox holds
+constexpr u64 kSplitTooLargeForLL128 = 8; // all_to_all_v_ll128: rank a sends rank b more
+                                          // bytes than an LL128 slot holds
 
 // The first problem of every rank's rows, in one fixed order (0: none), as the error
 // word's bits 24-47 hold it: every rank that checks the same rows finds the same one.
