@@ -57,7 +57,7 @@ def _errors(out) -> list[str]:
      "--splits bogus: unknown splits; choose one of: even, random, skewed"),
     (["alltoall", "--backend", "host", "--algo", "one-shot"],
      "the alltoall op has no 'one-shot' algorithm; choose one of: auto, pull, balanced, ll, "
-     "copy-engine, push, eager"),
+     "copy-engine, push, ll128, eager"),
     # ll with uneven splits: the name is known (it runs even splits), so the refusal says
     # what stops it here, not that no such algorithm exists.
     (["alltoall", "--backend", "host", "--algo", "ll", "--splits", "random"],
@@ -152,7 +152,7 @@ def test_the_command_checks_gpu_memory_before_the_table():
     with pytest.raises(ConfigError, match=r"^--algo copy-engine runs alltoall with --splits "
                        r"even only \(all_to_all\); --splits skewed calls all_to_all_v, which "
                        r"it does not run on GPU memory; choose one of: auto, pull, balanced, "
-                       r"ll, push, eager$"):
+                       r"ll, push, eager, ll128$"):
         _check_all_to_all_memory(group(True), AllToAll("copy-engine", splits="skewed"))
 
     with pytest.raises(ConfigError, match=r"^--splits skewed: all_to_all_v does not span "

@@ -214,7 +214,7 @@ def test_the_registry_lists_it_for_gpu_all_to_all_only():
     assert "copy-engine" not in algorithm_names("host", "all_to_all_v")
     with pytest.raises(CollectiveError, match=r"^algo='copy-engine' is not an algorithm of "
                                               r"all_to_all_v on cuda memory; choose one of: "
-                                              r"auto, pull, balanced, ll, push, eager$"):
+                                              r"auto, pull, balanced, ll, push, eager, ll128$"):
         algorithm("cuda", "all_to_all_v", "copy-engine")
     with pytest.raises(CollectiveError, match=r"^algo='copy-engine' is not an algorithm of "
                                               r"all_to_all on host memory; choose one of: "
@@ -266,7 +266,7 @@ def test_the_cli_takes_it_for_even_splits_on_gpus_and_says_what_it_runs_elsewher
         assert str(refused.value) == (
             f"--algo copy-engine runs alltoall with --splits even only (all_to_all); "
             f"--splits {splits} calls all_to_all_v, which it does not run on GPU memory; "
-            "choose one of: auto, pull, balanced, ll, push, eager")
+            "choose one of: auto, pull, balanced, ll, push, eager, ll128")
     with pytest.raises(ConfigError) as refused:
         _check_all_to_all_memory(_gpu_group(device_memory=False), even)
     assert str(refused.value) == ("--algo copy-engine does not run alltoall on host memory "
@@ -274,4 +274,4 @@ def test_the_cli_takes_it_for_even_splits_on_gpus_and_says_what_it_runs_elsewher
     with pytest.raises(ConfigError) as refused:
         make_pattern("alltoall", "two-shot", splits="random")
     assert str(refused.value) == ("the alltoall op has no 'two-shot' algorithm; choose one "
-                                  "of: auto, pull, balanced, ll, copy-engine, push, eager")
+                                  "of: auto, pull, balanced, ll, copy-engine, push, ll128, eager")
