@@ -5,8 +5,10 @@ kernels/src/collectives/low_latency_128.cuh). The wire carries 1.07 times the in
 where LL's 16-byte lines carry twice it, for the sizes where LL's bytes, not its one
 NVLink trip, set the time. The call counts and checks its digest as an LL call; its data
 land in buffers of their own (ScratchLayout.ll128_offset). Inputs up to the window's
-``ll_max_bytes``. Not in ``auto`` until measured on GPUs against ``ll``, ``push`` and
-NCCL; it rests on 128-byte lines arriving whole, which tools/line_probe.py checks."""
+``ll_max_bytes``. ``auto`` runs it where it was measured ahead of ``ll``, ``pull`` and
+``one-shot`` (choice.py: all-gathers above 256-512 KiB up to 2 MiB gathered,
+reduce-scatters above 1 MiB up to 4 MiB at 4 ranks and more); it rests on 128-byte lines
+arriving whole, which tools/line_probe.py checks."""
 
 from __future__ import annotations
 
