@@ -24,6 +24,7 @@ class Choice:
 
 
 _KiB = 1 << 10
+_MiB = 1 << 20
 # Host memory, by world size (the row of the nearest world size at or below is used).
 # All-gather and reduce-scatter have one host algorithm each. All-reduce was measured on
 # the 2-core development VM (Intel Xeon, 2026-11-23), float32 arrays outside the window:
@@ -49,14 +50,15 @@ HOST_CHOICES: dict[str, dict[int, Choice]] = {
 }
 
 
-# GPU memory (kernels of kernels/src/collectives/). All-gather and reduce-scatter have
-# one algorithm each. All-reduce: one-shot reads n times the bytes two-shot reads but
-# meets its peers once instead of twice. Measured on nvidia-h200-x2 (2026-11-23, commit
+# GPU memory (kernels of kernels/src/collectives/). Small calls run the low-latency
+# protocols (ll, ll-two-shot, ll128), middle sizes the one-shot / two-shot / pull kernels,
+# the largest reductions push. All-reduce: one-shot reads n times the bytes two-shot reads
+# but meets its peers once instead of twice. Measured on nvidia-h200-x2 (2026-11-23, commit
 # 3c30cab, `ipcshare allreduce --algo one-shot|two-shot -b 8 -e 32M -f 4 [--graph]`):
-# on 2 GPUs one-shot wins at every size (graph: 7.8 / 11.0 / 16.2 / 39.1 / 137 us at
-# 8 B / 512 KiB / 2 MiB / 8 MiB / 32 MiB against two-shot's 11.9 / 16.9 / 21.1 / 44.1 /
+# on 2 GPUs one-shot beats two-shot at every size (graph: 7.8 / 11.0 / 16.2 / 39.1 / 137 us
+# at 8 B / 512 KiB / 2 MiB / 8 MiB / 32 MiB against two-shot's 11.9 / 16.9 / 21.1 / 44.1 /
 # 144), since each rank reads one peer either way. With 3 or more ranks two-shot runs
-# what ll does not (above 512 KiB; measured below).
+# what ll does not (above 512 KiB; measured below), up to push's rows at 4 and more.
 # The low-latency protocol (ll), 2 ranks on nvidia-h200-x2 (2026-11-23, commit 9809801,
 # `ipcshare allreduce|allgather --algo ll|one-shot|pull|push -b 8 -e 4M -f 4 --graph`):
 # all-reduce 3.2-4.0 us up to 32 KiB, 4.6 at 128 KiB, 7.3 at 512 KiB against one-shot's
@@ -66,8 +68,9 @@ HOST_CHOICES: dict[str, dict[int, Choice]] = {
 # 10.0 and 10.7 (and NCCL's 3.7-4.6, 6.4, 7.8). Its buffers take inputs of up to
 # 2 MiB (scratch.LL_MAX_BYTES). From 512 KiB to 2 MiB (same node kind and day, commit
 # 78dd026): all-gather ll 5.3 / 10.4 us at 512 KiB / 2 MiB gathered against pull
-# 12.9 / 14.5 and NCCL's 8.0 / 11.1, so ll runs all-gathers up to 2 MiB; all-reduce ll
-# 7.4 / 18.4 us against one-shot's 10.9 / 16.2, so all-reduce switches at 512 KiB.
+# 12.9 / 14.5 and NCCL's 8.0 / 11.1, so ll ran 2-rank all-gathers up to 2 MiB (ll128
+# since, below); all-reduce ll 7.4 / 18.4 us against one-shot's 10.9 / 16.2, so
+# all-reduce switches at 512 KiB.
 # 3 and 4 ranks (nvidia-h200-x4, 2026-11-27, commit 6d3eb65, `tools/gpu-check.sh latency`:
 # `ipcshare allgather|allreduce|reducescatter --algo ll|auto|push|one-shot -b 8 -e 2M -f 4
 # [--graph] --baseline nccl`; docs/bench/gpu-check-h200-x4-2026-11-27/5-auto-rows-6d3eb65.md
@@ -79,30 +82,61 @@ HOST_CHOICES: dict[str, dict[int, Choice]] = {
 # twice its bytes to every peer: all-gather 15.8 against push's 13.9, all-reduce 47.7
 # against two-shot's 26.8; reduce-scatter still wins there (15.6 against 17.8), as each
 # rank pushes only a block to each peer. 3 ranks tell the same (all-reduce at 2 MiB: ll
-# 32.6, two-shot 24.5). The 3-rank row serves 3 to 8 ranks; 5 or more have not run yet.
+# 32.6, two-shot 24.5). For these three collectives the 3-rank rows serve 3 ranks, the
+# 4-rank rows 4 to 8 (5 or more have not run yet).
 # The LL kernels waiting on every peer's line at once (2026-11-28, nvidia-h200-x4, 4 ranks,
 # branch ll-all-peers 0f21db3, in graphs): all-reduce 3.95-4.55 us up to 2 KiB (NCCL
 # 3.9-4.4), all-gather 4.4-4.8 (NCCL 3.9-4.5), reduce-scatter 4.5-5.1 (NCCL 4.0-4.7);
 # 7.5 / 14.4 us all-reduce at 128 / 512 KiB. The LL two-shot all-reduce, the same day
 # (445adee): 9.3 us at 128 KiB, 12.3 at 512 KiB (ll 14.4, NCCL 14.0), 27.1 at 2 MiB
 # (two-shot 26.8 on 2026-11-27, NCCL 20.6): so at 4 ranks (and more, not yet run) ll up
-# to 128 KiB, ll-two-shot to 512 KiB, then two-shot.
-# The copy-engine all-reduce (gpu_copy_engine.py) and the push all-reduce, reduce-scatter
-# and all-gather (gpu_push.py) have only run with ranks sharing one H100, where no speed
-# can be read; they join these rows once the bench suites of nvidia-h200-x2 / -x4 (and
-# tools/gpu-check.sh collectives, against NCCL in the same launch) say from which size
-# they beat one-shot and two-shot.
+# to 128 KiB, ll-two-shot to 512 KiB, then two-shot (to 2 MiB, push above: below).
+# ll128 and push (nvidia-h200-x4, 2026-11-28, commits b346a7f and 6f1249c; docs/BENCHMARKS.md,
+# "4 GPUs: ll128, the Triton examples ...": `ipcshare allgather|reducescatter --algo
+# ll128|ll|auto -b 32K -e 8M|4M -f 2 --graph --baseline nccl` at 4 | 2 ranks and `ipcshare
+# allreduce|reducescatter --algo push|auto -b 512K -e 256M -f 4 --graph --baseline nccl`;
+# float32, NCCL in the same launch; sizes are the larger array, the gathered output or the
+# reduce-scatter's input):
+# - ll128 is the fastest of ours from about 512 KiB to 2 MiB of all-gather: at 4 ranks
+#   11.5 us at 2 MiB against ll's 14.6, auto's (pull) 13.7 and NCCL's 12.2; at 2 ranks 7.0
+#   at 1 MiB against NCCL's 10.1, 10.5 at 2 MiB against 11.5. Below 512 KiB it is 1-2 us
+#   slower than ll (4 ranks, 32-128 KiB: 6.9-7.0 against 5.0-5.4; 2 ranks level at 256 KiB,
+#   ll 5.4-6.1 in two runs against 5.6), and at 4 MiB pull leads (18.3 against 19.4 at 4
+#   ranks, 14.0 against 15.0 at 2).
+# - 4-rank reduce-scatter: ll and ll128 level at 1 MiB (10.1), then ll128 ahead: 12.5 us
+#   at 2 MiB against NCCL's 12.7 (ll 15.1), 20.1 at 4 MiB against NCCL's 20.9 and auto's
+#   (one-shot) 24.2. At 8 MiB push and ll128 are level (33.3 / 33.4), auto 35.9.
+# - 2-rank reduce-scatter: ll is as fast as ll128 up to 2 MiB (12.2 / 12.3 at 2 MiB) and
+#   3.5 us faster than one-shot at 1 MiB (8.2 against 11.7): the old switch to one-shot at
+#   512 KiB was stale, so ll runs it to 2 MiB; one-shot leads at 4 and 8 MiB (17.1 against
+#   ll128's 18.1; 25.4 against push's 26.0).
+# - push beats what auto ran by 6-16 % from 8 MiB at 4 ranks (all-reduce 56.6 / 178.0 /
+#   651.2 us at 8 / 32 / 128 MiB against two-shot's 61.4 / 197.6 / 719.3; reduce-scatter
+#   33.3 / 103.9 / 373.8 against one-shot's 36.1 / 116.8 / 411.7) and level at 2 MiB
+#   (all-reduce 26.7 against 27.0); at 2 ranks from 32 MiB (all-reduce 120.5 / 434.2
+#   against one-shot's 135.5 / 505.5, reduce-scatter 80.5 / 288.6 against 87.5 / 304.8),
+#   a little behind at 8 MiB (40.1 against 38.0; 26.0 against 25.4).
+# Every low-latency row fits the buffers of a communicator that takes the call
+# (ScratchLayout.ll_max_bytes = min(max_bytes, LL_MAX_BYTES), max_bytes at least the
+# call's largest array): an all-gather's input is nbytes / n (at most 1 MiB here), a
+# reduce-scatter's block nbytes / n (at most 1 MiB: 2 MiB over 2 ranks, 4 MiB over 4),
+# an all-reduce's input at most 512 KiB (tests/unit/test_collectives_parts.py checks it).
+# The copy-engine all-reduce (gpu_copy_engine.py) and the push all-gather (gpu_push.py)
+# are not in these rows: they have not been measured against them on GPUs of their own.
 CUDA_CHOICES: dict[str, dict[int, Choice]] = {
     "all_gather": {1: Choice((), ("pull",)),
-                   2: Choice((2048 * _KiB,), ("ll", "pull")),
-                   3: Choice((512 * _KiB,), ("ll", "pull"))},
+                   2: Choice((256 * _KiB, 2 * _MiB), ("ll", "ll128", "pull")),
+                   3: Choice((512 * _KiB,), ("ll", "pull")),
+                   4: Choice((512 * _KiB, 2 * _MiB), ("ll", "ll128", "pull"))},
     "reduce_scatter": {1: Choice((), ("one-shot",)),
-                       2: Choice((512 * _KiB,), ("ll", "one-shot")),
-                       3: Choice((2048 * _KiB,), ("ll", "one-shot"))},
+                       2: Choice((2 * _MiB, 8 * _MiB), ("ll", "one-shot", "push")),
+                       3: Choice((2048 * _KiB,), ("ll", "one-shot")),
+                       4: Choice((1 * _MiB, 4 * _MiB), ("ll", "ll128", "push"))},
     "all_reduce": {1: Choice((), ("one-shot",)),
-                   2: Choice((512 * _KiB,), ("ll", "one-shot")),
+                   2: Choice((512 * _KiB, 8 * _MiB), ("ll", "one-shot", "push")),
                    3: Choice((512 * _KiB,), ("ll", "two-shot")),
-                   4: Choice((128 * _KiB, 512 * _KiB), ("ll", "ll-two-shot", "two-shot"))},
+                   4: Choice((128 * _KiB, 512 * _KiB, 2 * _MiB),
+                             ("ll", "ll-two-shot", "two-shot", "push"))},
     # All-to-all (nvidia-h200-x4, 2026-11-27, commit 6d3eb65, `tools/gpu-check.sh alltoall`
     # with ALLTOALL_ALGOS="pull balanced", 2 and 4 ranks against NCCL; docs/BENCHMARKS.md,
     # "All-to-all, balanced"). Uneven splits: balanced is 4-5x faster than pull from 8 MiB

@@ -302,31 +302,189 @@ DIGEST = 0x80F2C549A7032D31
 
 
 def test_two_gpus_run_small_calls_by_the_low_latency_protocol():
-    for op, limit in (("all_reduce", 512 << 10), ("all_gather", 2 << 20),
-                      ("reduce_scatter", 512 << 10)):
+    # ll up to 512 KiB of all-reduce, 256 KiB of all-gather (ll128 above, to 2 MiB) and
+    # 2 MiB of reduce-scatter (choice.py).
+    for op, limit in (("all_reduce", 512 << 10), ("all_gather", 256 << 10),
+                      ("reduce_scatter", 2 << 20)):
         assert choose("cuda", op, 1, 2) == "ll"
         assert choose("cuda", op, limit, 2) == "ll"
         assert choose("cuda", op, limit + 1, 2) != "ll"
-        assert LL_MAX_BYTES >= 512 << 10  # auto never asks more of the buffers than they take
-
+        assert LL_MAX_BYTES >= limit  # auto never asks more of the buffers than they take
 
 
 def test_three_and_four_gpus_run_small_calls_by_the_low_latency_protocol():
-    # Measured on 4 GPUs (choice.py): ll up to 512 KiB, reduce-scatter up to 2 MiB; at 4
-    # ranks and more the all-reduce's ll stops at 128 KiB, its LL two-shot runs to 512.
+    # Measured on 4 GPUs (choice.py): at 3 ranks ll up to 512 KiB, reduce-scatter up to
+    # 2 MiB. At 4 ranks and more the all-reduce's ll stops at 128 KiB, its LL two-shot runs
+    # to 512; the all-gather's ll to 512 KiB, the reduce-scatter's to 1 MiB, then ll128.
     for op, limit, above in (("all_reduce", 512 << 10, "two-shot"),
                              ("all_gather", 512 << 10, "pull"),
                              ("reduce_scatter", 2 << 20, "one-shot")):
-        for size in (3, 4, 8):
-            assert choose("cuda", op, 1, size) == "ll"
-            low_latency = "ll-two-shot" if op == "all_reduce" and size >= 4 else "ll"
-            assert choose("cuda", op, limit, size) == low_latency
-            assert choose("cuda", op, limit + 1, size) == above
+        assert choose("cuda", op, 1, 3) == "ll"
+        assert choose("cuda", op, limit, 3) == "ll"
+        assert choose("cuda", op, limit + 1, 3) == above
         assert limit <= LL_MAX_BYTES
+    for op, limit, above in (("all_reduce", 128 << 10, "ll-two-shot"),
+                             ("all_gather", 512 << 10, "ll128"),
+                             ("reduce_scatter", 1 << 20, "ll128")):
+        for size in (4, 8):
+            assert choose("cuda", op, 1, size) == "ll"
+            assert choose("cuda", op, limit, size) == "ll"
+            assert choose("cuda", op, limit + 1, size) == above
     for size in (4, 8):
-        assert choose("cuda", "all_reduce", 128 << 10, size) == "ll"
-        assert choose("cuda", "all_reduce", (128 << 10) + 1, size) == "ll-two-shot"
+        assert choose("cuda", "all_reduce", 512 << 10, size) == "ll-two-shot"
+        assert choose("cuda", "all_reduce", (512 << 10) + 1, size) == "two-shot"
     assert choose("cuda", "all_reduce", (128 << 10) + 1, 3) == "ll"
+
+
+_KiB, _MiB = 1 << 10, 1 << 20
+# The algorithms whose lines land in the LL / LL128 buffers, which take inputs of up to
+# ScratchLayout.ll_max_bytes.
+_LOW_LATENCY = ("ll", "ll128", "ll-two-shot")
+
+
+def _switches(op: str, size: int) -> list[tuple[int | None, str]]:
+    """``auto``'s GPU choice for ``op`` over ``size`` ranks as read off choose(): each run
+    of sizes with one algorithm as (its largest size, the algorithm), the last with None.
+    Every switch of the tables lies at a power of two, so choose() is asked at each power
+    of two from 1 byte to 1 GiB and one byte above it."""
+    runs: list[tuple[int | None, str]] = []
+    previous = None
+    for shift in range(31):
+        for nbytes in (1 << shift, (1 << shift) + 1):
+            algo = choose("cuda", op, nbytes, size)
+            if previous is not None and algo != previous[1]:
+                runs.append(previous)
+            previous = (nbytes, algo)
+    runs.append((None, previous[1]))
+    return runs
+
+
+def test_auto_switches_where_4_h200s_measured_it_on_2026_11_28():
+    # choice.py: ll128 from 256-512 KiB to 2 MiB of all-gather and (4 ranks) from 1 to
+    # 4 MiB of reduce-scatter; push for the largest reductions (4 ranks above 2 / 4 MiB,
+    # 2 ranks above 8 MiB); ll for 2-rank reduce-scatters up to 2 MiB.
+    two = {"all_gather": [(256 * _KiB, "ll"), (2 * _MiB, "ll128"), (None, "pull")],
+           "reduce_scatter": [(2 * _MiB, "ll"), (8 * _MiB, "one-shot"), (None, "push")],
+           "all_reduce": [(512 * _KiB, "ll"), (8 * _MiB, "one-shot"), (None, "push")]}
+    three = {"all_gather": [(512 * _KiB, "ll"), (None, "pull")],
+             "reduce_scatter": [(2 * _MiB, "ll"), (None, "one-shot")],
+             "all_reduce": [(512 * _KiB, "ll"), (None, "two-shot")]}
+    four = {"all_gather": [(512 * _KiB, "ll"), (2 * _MiB, "ll128"), (None, "pull")],
+            "reduce_scatter": [(1 * _MiB, "ll"), (4 * _MiB, "ll128"), (None, "push")],
+            "all_reduce": [(128 * _KiB, "ll"), (512 * _KiB, "ll-two-shot"),
+                           (2 * _MiB, "two-shot"), (None, "push")]}
+    alone = {"all_gather": [(None, "pull")], "reduce_scatter": [(None, "one-shot")],
+             "all_reduce": [(None, "one-shot")]}
+    for op in OPS:
+        assert _switches(op, 1) == alone[op]
+        assert _switches(op, 2) == two[op], op
+        assert _switches(op, 3) == three[op], op
+        # 5 to 8 ranks have not run: the 4-rank row serves them.
+        for size in range(4, 9):
+            assert _switches(op, size) == four[op], (op, size)
+    # Just below and above each switch, by choose() itself.
+    assert [choose("cuda", "all_gather", n, 2) for n in
+            (0, 256 * _KiB, 256 * _KiB + 1, 2 * _MiB, 2 * _MiB + 1)] == [
+        "ll", "ll", "ll128", "ll128", "pull"]
+    assert [choose("cuda", "reduce_scatter", n, 4) for n in
+            (1 * _MiB, 1 * _MiB + 1, 4 * _MiB, 4 * _MiB + 1)] == ["ll", "ll128", "ll128", "push"]
+    assert [choose("cuda", "all_reduce", n, 4) for n in
+            (2 * _MiB, 2 * _MiB + 1, 1 << 30)] == ["two-shot", "push", "push"]
+    assert [choose("cuda", "all_reduce", n, 2) for n in
+            (8 * _MiB, 8 * _MiB + 1)] == ["one-shot", "push"]
+    assert choose("cuda", "reduce_scatter", 8 * _MiB + 1, 2) == "push"
+    # 3 ranks keep their row: no ll128 nor push has been timed there at these sizes.
+    for nbytes in (1 * _MiB, 2 * _MiB, 64 * _MiB):
+        assert choose("cuda", "all_gather", nbytes, 3) == "pull"
+        assert choose("cuda", "all_reduce", nbytes, 3) == "two-shot"
+    assert choose("cuda", "reduce_scatter", 64 * _MiB, 3) == "one-shot"
+
+
+def _calls(op: str, nbytes: int, size: int):
+    """Calls of ``op`` over ``size`` ranks whose largest array has about ``nbytes``, as
+    (signature without its algorithm, largest array's bytes): a few counts around it, in
+    a 1-, 2- and 4-byte dtype where the op takes it. The largest array is an all-gather's
+    output (size x input) and a reduce-scatter's input (size x output)."""
+    dtypes = ((("uint8", 1), ("float16", 2), ("float32", 4)) if op == "all_gather" else
+              (("float16", 2), ("float32", 4)))
+    redop = None if op == "all_gather" else "sum"
+    for dtype, itemsize in dtypes:
+        per = itemsize * (1 if op == "all_reduce" else size)  # bytes per element of count
+        middle = nbytes // per
+        for elements in {middle - 1, middle, middle + 1}:
+            if elements < 1:
+                continue
+            # Signature.count is the input's: a reduce-scatter's input holds size blocks.
+            count = elements * size if op == "reduce_scatter" else elements
+            yield (op, count, dtype, itemsize, redop), elements * per
+
+
+def _overflows() -> list:
+    """Every call of world sizes 2 to 8 for which ``auto`` picks a low-latency algorithm
+    that the smallest communicator taking the call (max_bytes = its largest array) cannot
+    run: asked of the algorithm itself, as the GPU path asks before a call
+    (gpu_path._bind), and of the slots' sizes. Sizes: every limit of every GPU row, a
+    byte either side, and the powers of two from 8 B to 64 MiB."""
+    from ipcshare.collectives.algorithms.gpu_kernel import GpuCall
+    from ipcshare.collectives.choice import CUDA_CHOICES
+    from ipcshare.collectives.scratch import LL128_LINE_BYTES, ll128_lines
+
+    limits = {limit for op in OPS for row in CUDA_CHOICES[op].values() for limit in row.limits}
+    sizes = sorted({n + d for n in limits for d in (-1, 0, 1)} |
+                   {1 << shift for shift in range(3, 27)})
+    found = []
+    for size in range(2, 9):
+        for op in OPS:
+            for target in sizes:
+                for (op_, count, dtype, itemsize, redop), largest in _calls(op, target, size):
+                    algo = choose("cuda", op, largest, size)
+                    if algo not in _LOW_LATENCY:
+                        continue
+                    layout = ScratchLayout(max_bytes=largest, heap_bytes=0, world_size=size,
+                                           gpu=True)
+                    signature = Signature(op_, count, dtype, itemsize, redop, algo)
+                    call = GpuCall(signature, size, lambda *_: None, layout.ll_max_bytes,
+                                   ll128_max_bytes=layout.ll128_max_bytes)
+                    why = algorithm("cuda", op, algo).unsupported(call)
+                    # What one sender's lines carry into a slot: its input, or one block.
+                    payload = count * itemsize // (size if op == "reduce_scatter" else 1)
+                    if why is None and algo == "ll128":
+                        head_and_lines = LL128_LINE_BYTES * (1 + ll128_lines(payload))
+                        if head_and_lines > layout.ll128_slot_bytes:
+                            why = f"{head_and_lines} bytes of lines, slot of " \
+                                  f"{layout.ll128_slot_bytes}"
+                    if why is None and algo == "ll" and payload > layout.ll_max_bytes:
+                        why = f"{payload} bytes, LL slots take {layout.ll_max_bytes}"
+                    if why is not None:
+                        found.append((op, size, largest, dtype, algo, why))
+    return found
+
+
+def test_every_low_latency_choice_fits_the_buffers_of_a_communicator_that_takes_the_call():
+    assert _overflows() == []
+
+
+def test_the_fit_check_catches_a_row_that_outgrows_the_buffers(monkeypatch):
+    # A 4-rank all-gather row running ll128 up to 64 MiB gathered: 16 MiB inputs, twice
+    # what the LL128 slots (ll128_max_bytes: 8 MiB) hold.
+    from ipcshare.collectives.choice import CUDA_CHOICES, Choice
+    from ipcshare.collectives.scratch import LL128_MAX_BYTES
+
+    monkeypatch.setitem(CUDA_CHOICES["all_gather"], 4,
+                        Choice((512 * _KiB, 64 * _MiB), ("ll", "ll128", "pull")))
+    found = _overflows()
+    assert found
+    assert {(op, algo) for op, _size, _largest, _dtype, algo, _why in found} == {
+        ("all_gather", "ll128")}
+    assert any(size == 4 and largest == 64 * _MiB for _op, size, largest, *_ in found)
+    # Only where an input passes the 8 MiB the slots hold (5 to 8 ranks share the row).
+    assert all(largest // size > LL128_MAX_BYTES for _op, size, largest, *_ in found)
+    # The same rows with ll at 2 ranks up to 8 MiB of reduce-scatter: 4 MiB blocks.
+    monkeypatch.undo()
+    monkeypatch.setitem(CUDA_CHOICES["reduce_scatter"], 2,
+                        Choice((8 * _MiB,), ("ll", "push")))
+    assert {(op, size, algo) for op, size, _l, _d, algo, _w in _overflows()} == {
+        ("reduce_scatter", 2, "ll")}
 
 
 def test_all_to_all_v_runs_ll_on_small_communicators_and_all_to_all_ll_then_pull():

@@ -7,8 +7,11 @@ times the input where LL's 16-byte lines carry twice it, for the sizes where LL'
 not its one NVLink trip, set the time. The call counts and checks its digest as an LL call
 (the all-to-all-v's split rows travel as LL lines too); its data land in buffers of their
 own (ScratchLayout.ll128_offset), which take inputs (blocks, for the all-to-alls) of up to
-the window's ``ll128_max_bytes``. It rests on 128-byte lines arriving whole, which
-tools/line_probe.py checks on every node kind."""
+the window's ``ll128_max_bytes``. ``auto`` runs it where it was measured ahead of ``ll``,
+``pull`` and ``one-shot`` (choice.py: all-gathers above 256-512 KiB up to 2 MiB gathered,
+reduce-scatters above 1 MiB up to 4 MiB at 4 ranks and more; not yet the all-to-alls).
+It rests on 128-byte lines arriving whole, which tools/line_probe.py checks on every node
+kind."""
 
 from __future__ import annotations
 

@@ -10,8 +10,10 @@ stores the result into every peer's output where the peer's header says it can r
 (the peer's heap, or a registered array), else into the peer's result area, from which
 the peer copies it into its output. Reduce-scatter is its first half. Each rank moves
 (n - 1) / n of the input out and in, as two-shot does, with no barrier between phases and
-nothing staged: the algorithm for the bandwidth-bound sizes, where ``auto`` takes it once
-runs on several GPUs have said from which size it wins (choice.py). All-gather stores
+nothing staged: the algorithm for the bandwidth-bound sizes, where ``auto`` runs both
+(choice.py: the all-reduce above 2 MiB at 4 ranks and more and above 8 MiB at 2, the
+reduce-scatter above 4 MiB and 8 MiB; not at 3 ranks, where push has not been timed at
+these sizes). All-gather stores
 each tile of the input, loaded once, into every peer's output where reachable, else into
 its inbox, after one meeting at the start (the first store needs the peer's place)."""
 
