@@ -38,34 +38,37 @@ def all_to_all_v_ll128_capacity(ll128_slot_bytes: int) -> int:
     return max(0, ll128_slot_bytes // LL128_LINE_BYTES - 1) * LL128_LINE_PAYLOAD
 
 
-class GpuLL128AllGather(GpuLowLatencyAllGather):
+class _LL128Buffers:
+    """What every ll128 algorithm shares: a line per group of eight threads, and the
+    LL128 buffers' limit (``ll128_max_bytes``) where the LL kernels have ``ll_max_bytes``.
+    Listed first among the bases, so it overrides theirs."""
+
+    bytes_per_block = _BYTES_PER_BLOCK
+
+    def buffer_bytes(self, call: Any) -> int:
+        return call.ll128_max_bytes
+
+
+class GpuLL128AllGather(_LL128Buffers, GpuLowLatencyAllGather):
     """All-gather of any dtype (bytes move); ``signature.nbytes`` is one rank's input.
     Refused above ``ll128_max_bytes``: the LL128 slots hold that much."""
 
     name = "ll128"
     kernel = "all_gather_ll128_bytes"
-    bytes_per_block = _BYTES_PER_BLOCK
 
     def entry(self, signature: Signature) -> str:
         return self.kernel
 
-    def buffer_bytes(self, call: Any) -> int:
-        return call.ll128_max_bytes
 
-
-class GpuLL128ReduceScatter(GpuLowLatencyReduceScatter):
+class GpuLL128ReduceScatter(_LL128Buffers, GpuLowLatencyReduceScatter):
     """Rank p receives block p of every rank's input as 128-byte lines and reduces it in
     rank order (the same bits as ``ll``'s); a slot holds one block."""
 
     name = "ll128"
     kernel = "reduce_scatter_ll128"
-    bytes_per_block = _BYTES_PER_BLOCK
-
-    def buffer_bytes(self, call: Any) -> int:
-        return call.ll128_max_bytes
 
 
-class GpuLL128AllToAll(GpuLowLatencyAllToAll):
+class GpuLL128AllToAll(_LL128Buffers, GpuLowLatencyAllToAll):
     """Even all-to-all of any dtype: block p of each rank's input travels to rank p alone,
     as 128-byte lines, and lands at block r of rank p's output. Nothing staged; in place
     is safe (a group of eight stores an output line only after it pushed that line of the
@@ -73,13 +76,9 @@ class GpuLL128AllToAll(GpuLowLatencyAllToAll):
 
     name = "ll128"
     kernel = "all_to_all_ll128_bytes"
-    bytes_per_block = _BYTES_PER_BLOCK
-
-    def buffer_bytes(self, call: Any) -> int:
-        return call.ll128_max_bytes
 
 
-class GpuLL128AllToAllV(GpuLowLatencyAllToAllV):
+class GpuLL128AllToAllV(_LL128Buffers, GpuLowLatencyAllToAllV):
     """All-to-all-v by 128-byte lines, splits on the device and read at run time (graphs
     replay with new ones). Each sender's split row travels as LL lines in its LL slot, its
     block as LL128 lines in its LL128 slot; every rank checks every row, plus that no
@@ -88,7 +87,3 @@ class GpuLL128AllToAllV(GpuLowLatencyAllToAllV):
 
     name = "ll128"
     kernel = "all_to_all_v_ll128_bytes"
-    bytes_per_block = _BYTES_PER_BLOCK
-
-    def buffer_bytes(self, call: Any) -> int:
-        return call.ll128_max_bytes
