@@ -131,10 +131,11 @@
 # re-checked on the files it touches),
 # STEP_TIMEOUT_BENCH (per sweep, default 150), ALLTOALL_RANKS (default "2 4"), ALLTOALL_MAX
 # (default 256M), ALLTOALL_MIN (default 8), ALLTOALL_ITERS (default 20), ALLTOALL_ALGOS
-# (the library's algorithms to sweep: pull, balanced, ll, copy-engine, push, eager (uneven
+# (the library's algorithms to sweep: pull, balanced, ll, ll128, copy-engine, push, eager (uneven
 # splits only; at 3 ranks and more it refuses the random splits, a segment past its slot,
 # and the sweep stops with that error); default auto; ll
-# runs even splits only, blocks up to 2 MiB a peer: ALLTOALL_ALGOS=ll ALLTOALL_SPLITS=even
+# and ll128 take blocks up to 2 MiB and 8 MiB a peer, e.g.:
+# ALLTOALL_ALGOS=ll ALLTOALL_SPLITS=even
 # ALLTOALL_MAX=512K ALLTOALL_BASELINES=nccl; copy-engine even splits only:
 # ALLTOALL_ALGOS=copy-engine ALLTOALL_SPLITS=even ALLTOALL_MIN=1M), ALLTOALL_GRAPH=0
 # (eager sweeps only), ALLTOALL_REGISTER=1 (the sweeps' arrays registered with the
