@@ -53,7 +53,7 @@ from typing import Any
 
 from ..collectives.algorithms import algorithm_names
 from ..collectives.reduction import REDUCE_DTYPES
-from ..collectives.scratch import LL_MAX_BYTES
+from ..collectives.scratch import LL128_MAX_BYTES, LL_MAX_BYTES
 from ..patterns.timing import TIMING_MODES
 from ..runtime.config import (
     REDUCTIONS,
@@ -76,8 +76,9 @@ BACKEND_CHOICES = ("auto", "host", "cuda-ipc", "cuda-vmm")
 # symmetric memory (all-reduce only: skipped, with the reason, by the suites' ops).
 BASELINE_NAMES = ("mpi", "nccl", "torch", "torch-symm")
 _GPU = ("cuda-ipc", "cuda-vmm")
-# The algorithms of the low-latency protocol, whose buffers take inputs up to LL_MAX_BYTES.
-_LOW_LATENCY = ("ll", "ll-two-shot", "ll128")
+# The algorithms of the low-latency protocol and the inputs their buffers take at most.
+_LOW_LATENCY = {"ll": LL_MAX_BYTES, "ll-two-shot": LL_MAX_BYTES, "ll128": LL128_MAX_BYTES,
+                "ll128-two-shot": LL128_MAX_BYTES}
 # The ops of the collectives layer: each case names its reduction (-o) and datatype.
 REDUCTION_OPS = ("allreduce", "reducescatter")
 # P2P direct (one process over every rank's GPU) against IPC windows, per pattern of
@@ -343,12 +344,13 @@ def _expand(matrix: Mapping[str, Any], where: str, common: PatternOptions,
         for reduction, p2p_op, peer_access, registered, splits in _variants(op, lists, sweep):
             for backend in p2p_backends if p2p_op else backends:
                 for algorithm in chosen[backend][p2p_op or op]:
-                    if algorithm in _LOW_LATENCY and sweep.max_bytes > LL_MAX_BYTES:
+                    limit = _LOW_LATENCY.get(algorithm)
+                    if limit is not None and sweep.max_bytes > limit:
                         raise ConfigError(
                             f"{where}: algorithm {algorithm!r} takes sizes up to "
-                            f"{format_size(LL_MAX_BYTES)} (its buffers' limit), not max_bytes "
+                            f"{format_size(limit)} (its buffers' limit), not max_bytes "
                             f"{format_size(sweep.max_bytes)}: give {algorithm} a case of its "
-                            f"own with max_bytes <= {format_size(LL_MAX_BYTES)}")
+                            f"own with max_bytes <= {format_size(limit)}")
                     for timing in lists["timing"]:
                         _check_timing(timing, op, backend, where)
                         options = dataclasses.replace(sweep, backend=backend, op=reduction,

@@ -135,7 +135,8 @@ def run_pattern_command(args: argparse.Namespace) -> int:
             check_plot(getattr(args, "plot", None))
             if args.command == "alltoall":
                 _check_all_to_all_memory(group, pattern)
-            elif (options.algo in ("push", "pull", "ring", "ll", "ll-two-shot", "ll128")
+            elif (options.algo in ("push", "pull", "ring", "ll", "ll-two-shot", "ll128",
+                                   "ll128-two-shot")
                   and not group.backend.has_kernels):
                 raise ConfigError(f"--algo {options.algo} runs GPU kernels: it needs a GPU "
                                   "backend (cuda-ipc or cuda-vmm), not host")

@@ -12,7 +12,7 @@ from ..window.layout import HEADER_WORDS, LL_CLEANED_SLOT, USER_SLOT_BASE, round
 __all__ = ["ScratchLayout", "ALIGN", "HEADER_WORDS", "LL_MAX_BYTES", "LL_LINE_BYTES",
            "LL_LINE_PAYLOAD", "LL_CLEANED_SLOT", "LL128_LINE_BYTES", "LL128_LINE_PAYLOAD",
            "LL128_MAX_BYTES", "ll_payload_lines", "ll128_lines", "ll_slot_payload_lines",
-           "split_row_words"]
+           "ll128_slot_payload_lines", "split_row_words"]
 
 # Regions and heap blocks start at multiples of this many bytes (every dtype aligned,
 # and vector loads of the GPU kernels to come).
@@ -48,6 +48,18 @@ def ll_payload_lines(nbytes: int) -> int:
 def ll128_lines(nbytes: int) -> int:
     """128-byte lines that carry ``nbytes`` of payload (ll128.cuh's ``ll128_lines``)."""
     return -(-nbytes // LL128_LINE_PAYLOAD)
+
+
+def ll128_slot_payload_lines(max_bytes: int, world_size: int) -> int:
+    """128-byte lines an LL128 slot holds after its head, for inputs (all-to-all: blocks)
+    of up to ``max_bytes`` over ``world_size`` ranks: the whole input, or the LL128
+    two-shot's two regions of a full chunk each (the chunk as ``ll_slot_payload_lines``
+    bounds it), whichever is more."""
+    whole = ll128_lines(max_bytes)
+    if world_size < 2 or max_bytes <= 0:
+        return whole
+    chunk = round_up(-(-max_bytes // world_size) + 7, 16)
+    return max(whole, 2 * ll128_lines(chunk))
 
 
 def split_row_words(world_size: int) -> int:
@@ -95,7 +107,8 @@ class ScratchLayout:
     entry barrier (the per-call check that the ranks' splits match); on GPUs three more
     words follow (kernels/src/collectives/all_to_all.cuh); LL128 ``p`` holds one slot
     per source rank for the 128-byte lines of the ``ll128`` calls of parity ``p`` (a
-    128-byte head, then an input of up to ``ll128_max_bytes``).
+    128-byte head, then an input of up to ``ll128_max_bytes``, or the LL128 two-shot's
+    two regions of a chunk's lines).
     """
 
     max_bytes: int
@@ -161,7 +174,8 @@ class ScratchLayout:
     def ll128_slot_bytes(self) -> int:
         if not self.gpu:
             return 0
-        return _align(LL128_LINE_BYTES * (1 + ll128_lines(self.ll128_max_bytes)))
+        lines = ll128_slot_payload_lines(self.ll128_max_bytes, self.world_size)
+        return _align(LL128_LINE_BYTES * (1 + lines))
 
     def ll128_offset(self, parity: int) -> int:
         return self.splits_offset(2) + parity * self.world_size * self.ll128_slot_bytes

@@ -29,7 +29,8 @@ __all__ = ["KERNEL_SOURCES", "include_dir", "nvrtc_version", "compile_kernel_sou
 _REDUCING_COLLECTIVES = ("all_reduce_one_shot", "all_reduce_two_shot", "reduce_scatter_one_shot",
                          "all_reduce_ll", "all_reduce_ll_two_shot", "reduce_scatter_ll",
                          "all_reduce_stepped", "reduce_scatter_stepped", "all_reduce_copy_engine",
-                         "all_reduce_push", "reduce_scatter_push", "reduce_scatter_ll128")
+                         "all_reduce_push", "reduce_scatter_push", "reduce_scatter_ll128",
+                         "all_reduce_ll128", "all_reduce_ll128_two_shot")
 KERNEL_SOURCES = {
     "allgather.cu": ("allgather_push", "allgather_pull", "allgather_ring", "allgather_scatter"),
     # collectives/gpu_path.py names them <collective>_<dtype>_<op>.

@@ -46,9 +46,11 @@ HANDLES = ("posix-fd", "fabric")
 # the collectives layer's kernels that never spin (ranks sharing GPUs); balanced: the
 # all-to-all kernel that cuts its work by bytes (GPU backends); eager: the all-to-all-v
 # kernel that stores into its peers' inbox slots without a meeting (GPU backends); ll128:
-# the all-gather by 128-byte lines (GPU backends).
+# the low-latency protocol by 128-byte lines (all-gather, all-reduce, reduce-scatter and
+# all-to-all, GPU backends), ll128-two-shot its two-shot all-reduce.
 ALGOS = ("auto", "copy-engine", "hierarchical", "push", "pull", "ring", "one-shot",
-         "two-shot", "leader", "ll", "ll-two-shot", "stepped", "balanced", "eager", "ll128")
+         "two-shot", "leader", "ll", "ll-two-shot", "stepped", "balanced", "eager", "ll128",
+         "ll128-two-shot")
 # --timing of the op commands (patterns.timing.TIMING_MODES, kept in step by a test).
 TIMINGS = ("nccl-tests", "latency")
 # What carries the hierarchical collectives' step between nodes: NCCL through nccl4py

@@ -24,8 +24,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
 _TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "int32": torch.int32}
 _BITS = {4: np.int32, 2: np.int16}
-ALGOS = {"all_reduce": ("one-shot", "two-shot", "ll", "ll-two-shot", "stepped", "copy-engine",
-                        "push", "auto"),
+ALGOS = {"all_reduce": ("one-shot", "two-shot", "ll", "ll-two-shot", "ll128", "ll128-two-shot",
+                        "stepped", "copy-engine", "push", "auto"),
          "reduce_scatter": ("one-shot", "ll", "stepped", "push", "auto"),
          "all_gather": ("pull", "ll", "stepped", "push", "auto")}
 # Bytes of one rank's all-gather input: the largest array of the shared communicator's

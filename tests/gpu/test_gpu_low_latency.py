@@ -1,5 +1,5 @@
 """The low-latency protocol on GPUs (algo="ll", "ll-two-shot" for all-reduce, and "ll128",
-its 128-byte lines, for all-gather and reduce-scatter):
+its 128-byte lines, "ll128-two-shot" for all-reduce):
 all-gather stays bit-exact whatever the bytes (including every pattern that looks like a
 flag), all-reduce keeps -0.0, NaN and +-inf, inputs and outputs at any byte alignment,
 1,000 graph replays with new data each time, the periodic re-flagging of the buffers, and
@@ -13,7 +13,8 @@ import pytest
 
 import ipcshare
 from ipcshare.collectives import gpu_path
-from ipcshare.collectives.scratch import LL_MAX_BYTES
+from ipcshare.collectives.scratch import LL128_MAX_BYTES, LL_MAX_BYTES
+from ipcshare.runtime.errors import CollectiveError
 from tests.reduction_reference import NUMPY_DTYPES, mismatches, reference, seeded_values
 
 from .silent_peer import assert_rank_zero_is_named_when_silent
@@ -26,8 +27,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
 _TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "int32": torch.int32}
 _BITS = {4: np.int32, 2: np.int16}
-# The all-reduces of the protocol: one round of lines, or two (reduce-scatter, all-gather).
-ALL_REDUCE_ALGOS = ("ll", "ll-two-shot")
+# The all-reduces of the protocol: one round of lines, or two (reduce-scatter, all-gather),
+# by 16-byte lines or by 128-byte ones.
+ALL_REDUCE_ALGOS = ("ll", "ll-two-shot", "ll128", "ll128-two-shot")
 # The all-gathers and reduce-scatters: by 16-byte lines, or by 128-byte ones (ll128.cuh).
 LINE_ALGOS = ("ll", "ll128")
 
@@ -161,7 +163,8 @@ def test_reduce_scatter_keeps_specials_at_odd_offsets(setup, op, algo):
 
 @pytest.mark.parametrize("world_bytes", [4, 4096, 256 << 10, (256 << 10) + 12])
 @pytest.mark.parametrize(("algo", "gather_algo"), [("ll", "ll"), ("ll-two-shot", "ll"),
-                                                   ("ll", "ll128")])
+                                                   ("ll", "ll128"), ("ll128", "ll"),
+                                                   ("ll128-two-shot", "ll128")])
 def test_a_thousand_graph_replays_with_new_data(setup, world_bytes, algo, gather_algo):
     group, cm, stream = setup
     device = group.backend.device
@@ -203,11 +206,13 @@ def test_a_thousand_graph_replays_with_new_data(setup, world_bytes, algo, gather
     assert wrong == 0
 
 
-@pytest.mark.parametrize("algos", [("ll",), ("ll-two-shot",), ("ll", "ll-two-shot", "ll")])
+@pytest.mark.parametrize("algos", [("ll",), ("ll-two-shot",), ("ll", "ll-two-shot", "ll"),
+                                   ("ll128-two-shot",), ("ll", "ll128-two-shot", "ll128")])
 def test_buffers_reflagged_every_few_calls_stay_correct(monkeypatch, algos):
     # Re-flag every 3 calls of a parity instead of every 2**30: large calls leave lines
     # that later small calls do not touch; correctness must not depend on them. (The
-    # two-shot's second region starts after a chunk's lines, so it moves with the size.)
+    # two-shots' second region starts after a chunk's lines, so it moves with the size.
+    # LL128 buffers are never re-flagged: their lines keep older calls' 64-bit counts.)
     monkeypatch.setattr(gpu_path, "LL_CLEAN_EVERY", 3)
     with ipcshare.Group(backend="cuda-vmm") as group:
         device = group.backend.device
@@ -244,8 +249,41 @@ def test_a_communicator_sized_for_its_call_runs_it(algo):
                                   reference("float32", "sum", inputs)) == 0, count
 
 
+@pytest.mark.parametrize("algo", ["ll128", "ll128-two-shot"])
+def test_ll128_all_reduces_take_inputs_up_to_their_buffers_and_refuse_one_element_more(algo):
+    # A communicator for larger calls (8 MiB + 4 KiB): the LL128 buffers hold 8 MiB a
+    # rank (LL128_MAX_BYTES), so the largest input runs whole, in place and out, and one
+    # float32 more is refused on every rank before anything moves; auto then runs it.
+    count = LL128_MAX_BYTES // 4
+    with ipcshare.Group(backend="cuda-vmm") as group:
+        device = group.backend.device
+        torch.cuda.set_device(device)
+        stream = torch.cuda.Stream(device=device)
+        with group.communicator(max_bytes=LL128_MAX_BYTES + 4096) as cm:
+            inputs = [seeded_values("float32", count + 1, 77, r) for r in range(cm.size)]
+            tensor = _to_device(inputs[cm.rank], device).view(torch.float32)
+            want = reference("float32", "sum", [x[:count] for x in inputs])
+            out = torch.zeros(count, dtype=torch.float32, device=f"cuda:{device}")
+            cm.all_reduce(tensor[:count], output=out, algo=algo, stream=stream)
+            cm.synchronize(stream)
+            assert mismatches("float32", "sum", out.cpu().numpy(), want) == 0
+            whole = torch.zeros(count + 1, dtype=torch.float32, device=f"cuda:{device}")
+            with pytest.raises(CollectiveError, match=f"its buffers take inputs of up to "
+                                                      f"{LL128_MAX_BYTES} bytes"):
+                cm.all_reduce(tensor, output=whole, algo=algo, stream=stream)
+            cm.synchronize(stream)
+            assert not whole.any()
+            cm.all_reduce(tensor, output=whole, stream=stream)
+            cm.all_reduce(tensor[:count], algo=algo, stream=stream)  # in place, after it
+            cm.synchronize(stream)
+            assert mismatches("float32", "sum", tensor[:count].cpu().numpy(), want) == 0
+            assert mismatches("float32", "sum", whole.cpu().numpy(),
+                              reference("float32", "sum", inputs)) == 0
+
+
 @pytest.mark.parametrize(("op", "algo"), [("all_reduce", "ll"), ("all_reduce", "ll-two-shot"),
-                                         ("all_gather", "ll128")])
+                                         ("all_gather", "ll128"),
+                                         ("all_reduce", "ll128-two-shot")])
 def test_a_silent_peer_is_named_by_the_timeout(comm, op, algo):
     if comm.size < 2:
         pytest.skip("needs 2 or more ranks")

@@ -111,6 +111,10 @@ def test_gpu_algorithms_resolve_per_backend():
       "max_bytes": "4M"},
      "algorithm 'll-two-shot' takes sizes up to 2M .*, not max_bytes 4M: give ll-two-shot a "
      "case of its own"),
+    ({"ops": ["allreduce"], "backends": ["cuda-vmm"], "algorithms": ["ll128-two-shot"],
+      "max_bytes": "16M"},
+     "algorithm 'll128-two-shot' takes sizes up to 8M .*, not max_bytes 16M: give "
+     "ll128-two-shot a case of its own with max_bytes <= 8M"),
     ({"baselines": ["gloo"]}, "unknown baseline 'gloo'"),
     ({"baselines": ["none", "mpi"]}, "'none' cannot be combined"),
     ({"min_bytes": "1M", "max_bytes": "1K"},
@@ -355,6 +359,8 @@ def test_the_algorithm_table_is_the_collectives_layer_s():
     assert set(ALGORITHMS["ll"]) == {"allgather", "allreduce", "reducescatter", "alltoall"}
     assert all(backends and "host" not in backends for backends in ALGORITHMS["ll"].values())
     assert ALGORITHMS["ll-two-shot"] == {"allreduce": ("cuda-ipc", "cuda-vmm")}
+    assert ALGORITHMS["ll128-two-shot"] == {"allreduce": ("cuda-ipc", "cuda-vmm")}
+    assert set(ALGORITHMS["ll128"]) == {"allgather", "allreduce", "reducescatter", "alltoall"}
 
 
 def test_reductions_are_graphed_and_sampled_by_graphs_on_gpus():

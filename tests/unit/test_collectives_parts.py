@@ -620,6 +620,8 @@ def test_a_stepped_call_is_stage_meet_work_meet_with_both_flag_sets():
 
 @pytest.mark.parametrize("op,algo_name", [("all_reduce", "one-shot"), ("all_reduce", "two-shot"),
                                           ("all_reduce", "ll"), ("all_reduce", "ll-two-shot"),
+                                          ("all_reduce", "ll128"),
+                                          ("all_reduce", "ll128-two-shot"),
                                           ("all_reduce", "stepped"),
                                           ("reduce_scatter", "one-shot"),
                                           ("all_gather", "pull"), ("all_gather", "stepped")])

@@ -147,6 +147,7 @@ def test_the_leader_runs_every_step_for_its_gpu_between_taking_and_releasing_gue
 def test_only_the_stepped_algorithms_hand_calls_to_a_leader():
     for op, name in [("all_reduce", "one-shot"), ("all_reduce", "two-shot"),
                      ("all_reduce", "ll"), ("all_reduce", "ll-two-shot"),
+                     ("all_reduce", "ll128"), ("all_reduce", "ll128-two-shot"),
                      ("all_reduce", "copy-engine"),
                      ("all_gather", "pull")]:
         assert not algorithm("cuda", op, name).leader_runs_time_sliced

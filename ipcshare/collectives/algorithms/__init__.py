@@ -32,6 +32,8 @@ _REGISTRY: dict[tuple[str, str], dict[str, str]] = {
                              "two-shot": "gpu_two_shot:GpuTwoShotAllReduce",
                              "ll": "gpu_low_latency:GpuLowLatencyAllReduce",
                              "ll-two-shot": "gpu_low_latency:GpuLowLatencyTwoShotAllReduce",
+                             "ll128": "gpu_ll128:GpuLL128AllReduce",
+                             "ll128-two-shot": "gpu_ll128:GpuLL128TwoShotAllReduce",
                              "stepped": "gpu_stepped:GpuSteppedAllReduce",
                              "copy-engine": "gpu_copy_engine:GpuCopyEngineAllReduce",
                              "push": "gpu_push:GpuPushAllReduce"},

@@ -1,29 +1,37 @@
-"""GPU all-gather, reduce-scatter, all-to-all and all-to-all-v by 128-byte lines
-(``algo="ll128"``): the low-latency kernels (gpu_low_latency.py, gpu_all_to_all_ll.py)
-with lines of 120 payload bytes and a 64-bit flag, eight threads storing each line
-together, as NCCL's LL128 (kernels/include/ipcshare/ll128.cuh,
-kernels/src/collectives/low_latency_128.cuh, all_to_all_ll128.cuh). The wire carries 1.07
-times the input where LL's 16-byte lines carry twice it, for the sizes where LL's bytes,
-not its one NVLink trip, set the time. The call counts and checks its digest as an LL call
-(the all-to-all-v's split rows travel as LL lines too); its data land in buffers of their
-own (ScratchLayout.ll128_offset), which take inputs (blocks, for the all-to-alls) of up to
-the window's ``ll128_max_bytes``. ``auto`` runs it where it was measured ahead of ``ll``,
+"""GPU all-gather, all-reduce, reduce-scatter, all-to-all and all-to-all-v by 128-byte
+lines (``algo="ll128"``; ``"ll128-two-shot"`` for the two-shot all-reduce): the
+low-latency kernels (gpu_low_latency.py, gpu_all_to_all_ll.py) with lines of 120 payload
+bytes and a 64-bit flag, eight threads storing each line together, as NCCL's LL128
+(kernels/include/ipcshare/ll128.cuh, kernels/src/collectives/low_latency_128.cuh,
+all_reduce_ll128.cuh, all_to_all_ll128.cuh). The wire carries 1.07 times the input where
+LL's 16-byte lines carry twice it, for the sizes where LL's bytes, not its one NVLink
+trip, set the time. The call counts and checks its digest as an LL call (the
+all-to-all-v's split rows travel as LL lines too); its data land in buffers of their own
+(ScratchLayout.ll128_offset), which take inputs (blocks, for the all-to-alls) of up to the
+window's ``ll128_max_bytes``. ``auto`` runs it where it was measured ahead of ``ll``,
 ``pull`` and ``one-shot`` (choice.py: all-gathers above 256-512 KiB up to 2 MiB gathered,
-reduce-scatters above 1 MiB up to 4 MiB at 4 ranks and more; not yet the all-to-alls).
-It rests on 128-byte lines arriving whole, which tools/line_probe.py checks on every node
-kind."""
+reduce-scatters above 1 MiB up to 4 MiB at 4 ranks and more; not yet the all-reduces or
+the all-to-alls, which no 2- or 4-GPU node has run). It rests on 128-byte lines arriving
+whole, which tools/line_probe.py checks on every node kind."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from ..agreement import Signature
-from ..scratch import LL128_LINE_BYTES, LL128_LINE_PAYLOAD
+from ..scratch import LL128_LINE_BYTES, LL128_LINE_PAYLOAD, ll128_lines, ll128_slot_payload_lines
 from .gpu_all_to_all_ll import GpuLowLatencyAllToAll, GpuLowLatencyAllToAllV
-from .gpu_low_latency import GpuLowLatencyAllGather, GpuLowLatencyReduceScatter
+from .gpu_low_latency import (
+    GpuLowLatencyAllGather,
+    GpuLowLatencyAllReduce,
+    GpuLowLatencyReduceScatter,
+    GpuLowLatencyTwoShotAllReduce,
+)
+from .gpu_two_shot import chunk_elements
 
-__all__ = ["GpuLL128AllGather", "GpuLL128ReduceScatter", "GpuLL128AllToAll",
-           "GpuLL128AllToAllV", "all_to_all_v_ll128_capacity"]
+__all__ = ["GpuLL128AllGather", "GpuLL128AllReduce", "GpuLL128TwoShotAllReduce",
+           "GpuLL128ReduceScatter", "GpuLL128AllToAll", "GpuLL128AllToAllV",
+           "all_to_all_v_ll128_capacity"]
 
 # Threads per block (gpu_kernel.THREADS) over the eight that move a line: one line per
 # group of eight in every block, each block on its own SM's stores.
@@ -58,6 +66,32 @@ class GpuLL128AllGather(_LL128Buffers, GpuLowLatencyAllGather):
 
     def entry(self, signature: Signature) -> str:
         return self.kernel
+
+
+class GpuLL128AllReduce(_LL128Buffers, GpuLowLatencyAllReduce):
+    """One-shot all-reduce by 128-byte lines: every rank's whole input to every peer,
+    reduced in rank order (ll's bits); (n - 1) x 1.07 x the input out of each rank where
+    ``ll`` sends (n - 1) x 2 (kernels/src/collectives/all_reduce_ll128.cuh)."""
+
+    name = "ll128"
+    kernel = "all_reduce_ll128"
+
+
+class GpuLL128TwoShotAllReduce(_LL128Buffers, GpuLowLatencyTwoShotAllReduce):
+    """Two-shot all-reduce in one kernel by 128-byte lines: rank p reduces chunk p of
+    every input and sends it to every peer, as ``ll-two-shot`` does by 16-byte lines; each
+    rank sends 2 (n - 1) / n x 1.07 x its input. Inputs up to ``ll128_max_bytes``."""
+
+    name = "ll128-two-shot"
+    kernel = "all_reduce_ll128_two_shot"
+
+    def region_lines(self, signature: Signature, size: int) -> int:
+        # A full chunk's lines (all_reduce_ll128.cuh's ``region``).
+        return ll128_lines(chunk_elements(signature.count, signature.itemsize, size)
+                           * signature.itemsize)
+
+    def slot_lines(self, call: Any) -> int:
+        return ll128_slot_payload_lines(call.ll128_max_bytes, call.size)
 
 
 class GpuLL128ReduceScatter(_LL128Buffers, GpuLowLatencyReduceScatter):

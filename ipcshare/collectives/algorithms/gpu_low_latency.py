@@ -109,18 +109,24 @@ class GpuLowLatencyTwoShotAllReduce(_LowLatency):
         # Every loop of the kernel runs over one chunk's lines: one line per thread.
         return chunk_elements(signature.count, signature.itemsize, size) * signature.itemsize
 
+    def region_lines(self, signature: Signature, size: int) -> int:
+        """Lines of each of the call's two regions in a slot."""
+        return two_shot_region_lines(signature.count, signature.itemsize, size)
+
+    def slot_lines(self, call: Any) -> int:
+        """Lines a slot holds after its digest line (ScratchLayout.ll_slot_bytes)."""
+        return ll_slot_payload_lines(call.ll_max_bytes, call.size)
+
     def unsupported(self, call: Any) -> str | None:
         why = super().unsupported(call)
         if why is not None:
             return why
-        signature = call.signature
-        region = two_shot_region_lines(signature.count, signature.itemsize, call.size)
-        # A slot holds the digest line and this many (ScratchLayout.ll_slot_bytes), which
-        # fit any input up to ll_max_bytes: a guard against a call and a layout that differ.
-        # A rank alone sends no lines.
-        room = ll_slot_payload_lines(call.ll_max_bytes, call.size)
+        region = self.region_lines(call.signature, call.size)
+        # The slots fit any input up to the buffers' limit: a guard against a call and a
+        # layout that differ. A rank alone sends no lines.
+        room = self.slot_lines(call)
         if call.size > 1 and 2 * region > room:
-            return (f"its buffers hold {room} lines a rank after the digest and this input's "
-                    f"two chunks need {2 * region} ({region * LL_LINE_PAYLOAD} bytes each); "
-                    "use algo='auto', or another algorithm for calls this large")
+            return (f"its buffers hold {room} lines a rank and this input's two chunks need "
+                    f"{2 * region}; use algo='auto', or another algorithm for calls this "
+                    "large")
         return None

@@ -1,5 +1,6 @@
 // The collectives of ipcshare.collectives on GPU memory: all-gather (pull, ll, ll128),
-// all-reduce (one-shot, two-shot, push, ll, ll-two-shot, copy-engine, stepped),
+// all-reduce (one-shot, two-shot, push, ll, ll-two-shot, ll128, ll128-two-shot,
+// copy-engine, stepped),
 // reduce-scatter (one-shot, push, ll, ll128, stepped), all-to-all (pull, balanced, ll,
 // ll128, copy-engine, push) and all-to-all-v (pull, balanced, ll, ll128, push, eager) over
 // a communicator's window. Each algorithm's kernels are one file of
@@ -8,9 +9,9 @@
 // in collectives/algorithms/: args.cuh (the arguments and pad words), reduce.cuh (element
 // types, reductions), call.cuh (the call protocol every algorithm shares),
 // two_shot_chunks.cuh (the two-shots' chunks), then one_shot, two_shot, stepped,
-// copy_engine, push, low_latency, low_latency_128, all_to_all, all_to_all_balanced,
-// all_to_all_ll, all_to_all_ll128, all_to_all_push, all_to_all_v_push and
-// all_to_all_v_eager. This file puts them in one module and defines the entry points. What
+// copy_engine, push, low_latency, low_latency_128, all_reduce_ll128, all_to_all,
+// all_to_all_balanced, all_to_all_ll, all_to_all_ll128, all_to_all_push, all_to_all_v_push
+// and all_to_all_v_eager. This file puts them in one module and defines the entry points. What
 // follows describes the one-barrier kernels; push.cuh, low_latency.cuh and the all-to-all
 // files describe their own.
 //
@@ -41,6 +42,7 @@
 #include "collectives/push.cuh"
 #include "collectives/low_latency.cuh"
 #include "collectives/low_latency_128.cuh"
+#include "collectives/all_reduce_ll128.cuh"
 #include "collectives/all_to_all.cuh"
 #include "collectives/all_to_all_balanced.cuh"
 #include "collectives/all_to_all_ll.cuh"
@@ -87,6 +89,8 @@ IPCSHARE_ALL_TYPES(all_reduce_ll)
 IPCSHARE_TYPES(all_reduce_ll_two_shot, IPCSHARE_BOUNDED)
 IPCSHARE_ALL_TYPES(reduce_scatter_ll)
 IPCSHARE_TYPES(reduce_scatter_ll128, IPCSHARE_BOUNDED)
+IPCSHARE_TYPES(all_reduce_ll128, IPCSHARE_BOUNDED)
+IPCSHARE_TYPES(all_reduce_ll128_two_shot, IPCSHARE_BOUNDED)
 IPCSHARE_ALL_TYPES(all_reduce_stepped)
 IPCSHARE_ALL_TYPES(reduce_scatter_stepped)
 IPCSHARE_ALL_TYPES(all_reduce_copy_engine)

@@ -90,6 +90,70 @@ __device__ __forceinline__ bool ll128_receive_all(const CollectiveArgs& a, const
   }
 }
 
+// Lane k's words of line j to every peer, line `at + j` of our slot there (peers in
+// ll_peer_at's order); `hi` is the flag in lane 7. Every lane of the group calls it
+// together, so that the line goes out as one store instruction of the eight.
+__device__ __forceinline__ void ll128_push_all(const CollectiveArgs& a, const LLCall& call,
+                                               const LL128Group& g, unsigned long long line,
+                                               u64 lo, u64 hi) {
+  __syncwarp(g.mask);
+  for (int step = 1; step < a.nranks; ++step)
+    ipcshare::ll128_store(ll128_line(a, ll_peer_at(a, step), call.parity, a.rank, line), g.k,
+                          lo, hi);
+}
+
+// For ll128_reduce_lines' callers that only store.
+struct LL128StoreOnly {
+  __device__ __forceinline__ void operator()(unsigned long long, u64, u64) const {}
+};
+
+// Reduce the group's lines (g.first, g.first + g.stride, ...) of an `nbytes` run, word by
+// word in rank order: its own words from `own` (loaded before the wait, so the load is in
+// flight while the peers' lines arrive), every peer's from line `at + j` of its slot in our
+// buffer, into `out`. 120 and 8 are multiples of every element size, so a word holds whole
+// elements and the same ones on every rank: ll and ll128 give the same bits.
+// `reduced(j, lo, hi)` gets lane k's reduced words of line j (hi: the flag in lane 7)
+// before they are stored, every lane of the group together (the two-shot sends them on).
+template <class T, int OP, class Reduced>
+__device__ __forceinline__ void ll128_reduce_lines(const CollectiveArgs& a, LLCall& call,
+                                                   const LL128Group& g, const char* own,
+                                                   char* out, unsigned long long nbytes,
+                                                   unsigned long long at, Reduced reduced) {
+  typedef typename T::Bits Bits;
+  constexpr int kElements = 8 / sizeof(Bits);
+  union Word { u64 v; Bits element[kElements]; };
+  const unsigned long long lines = ipcshare::ll128_lines(nbytes);
+  const bool own_aligned = ((unsigned long long)own & 7ull) == 0;
+  const bool out_aligned = ((unsigned long long)out & 7ull) == 0;
+  const unsigned peers = ll_peers(a);
+  const int k = g.k, words = g.words;
+  for (unsigned long long j = g.first; j < lines && !call.failed; j += g.stride) {
+    u64 mine[2] = {0, 0};
+    for (int w = 0; w < words; ++w)
+      mine[w] = ipcshare::ll128_load_word(own, j, 2 * k + w, nbytes, own_aligned);
+    u64 lo[kMaxRanks], hi[kMaxRanks];
+    if (peers != 0 && !ll128_receive_all(a, call, at + j, peers, lo, hi)) {
+      call.failed = true;
+      break;
+    }
+    // Lane 7's second word is the flag, never reduced.
+    u64 sum_words[2] = {0, call.epoch};
+    for (int w = 0; w < words; ++w) {
+      Word in[kMaxRanks];
+#pragma unroll
+      for (int r = 0; r < kMaxRanks; ++r) in[r].v = r == a.rank ? mine[w] : w == 0 ? lo[r] : hi[r];
+      Word sum;
+#pragma unroll
+      for (int e = 0; e < kElements; ++e)
+        sum.element[e] = reduce_ranks<T, OP>([&](int r) { return in[r].element[e]; }, a.nranks);
+      sum_words[w] = sum.v;
+    }
+    reduced(j, sum_words[0], sum_words[1]);
+    for (int w = 0; w < words; ++w)
+      ipcshare::ll128_store_word(out, j, 2 * k + w, nbytes, out_aligned, sum_words[w]);
+  }
+}
+
 // All-gather (bytes): rank r's input goes to block r of every output.
 __device__ void all_gather_ll128(const CollectiveArgs& a) {
   const unsigned long long nbytes = a.count;
@@ -148,14 +212,10 @@ __device__ void all_gather_ll128(const CollectiveArgs& a) {
 // p of the reduction. Each rank pushes block p of its input to rank p alone, as 128-byte
 // lines (every peer's line j loaded before the first is stored, as ll_push_blocks does),
 // and reduces its own block from every rank's lines in rank order (its own from its
-// input), word by word: 120 and 8 are multiples of every element size, so a word holds
-// whole elements and the same ones on every rank.
+// input, ll128_reduce_lines).
 template <class T, int OP>
 __device__ void reduce_scatter_ll128(const CollectiveArgs& a) {
-  typedef typename T::Bits Bits;
-  constexpr int kElements = 8 / sizeof(Bits);
-  union Word { u64 v; Bits element[kElements]; };
-  const unsigned long long nbytes = a.count / a.nranks * sizeof(Bits);  // a block
+  const unsigned long long nbytes = a.count / a.nranks * sizeof(typename T::Bits);  // a block
   const unsigned long long lines = ipcshare::ll128_lines(nbytes);
   const LL128Group g = ll128_group();
   const int k = g.k, words = g.words;
@@ -181,29 +241,7 @@ __device__ void reduce_scatter_ll128(const CollectiveArgs& a) {
                               lo[step], hi[step]);
   }
   ll_check_digests(a, call);
-  const char* own = a.input + a.rank * nbytes;
-  const bool own_aligned = ((unsigned long long)own & 7ull) == 0;
-  const bool out_aligned = ((unsigned long long)a.output & 7ull) == 0;
-  const unsigned peers = ll_peers(a);
-  for (unsigned long long j = group; j < lines && !call.failed; j += groups) {
-    u64 mine[2] = {0, 0};
-    for (int w = 0; w < words; ++w)
-      mine[w] = ipcshare::ll128_load_word(own, j, 2 * k + w, nbytes, own_aligned);
-    u64 lo[kMaxRanks], hi[kMaxRanks];
-    if (peers != 0 && !ll128_receive_all(a, call, j, peers, lo, hi)) {
-      call.failed = true;
-      break;
-    }
-    for (int w = 0; w < words; ++w) {
-      Word in[kMaxRanks];
-#pragma unroll
-      for (int r = 0; r < kMaxRanks; ++r) in[r].v = r == a.rank ? mine[w] : w == 0 ? lo[r] : hi[r];
-      Word sum;
-#pragma unroll
-      for (int e = 0; e < kElements; ++e)
-        sum.element[e] = reduce_ranks<T, OP>([&](int r) { return in[r].element[e]; }, a.nranks);
-      ipcshare::ll128_store_word(a.output, j, 2 * k + w, nbytes, out_aligned, sum.v);
-    }
-  }
+  ll128_reduce_lines<T, OP>(a, call, g, a.input + a.rank * nbytes, a.output, nbytes, 0,
+                            LL128StoreOnly());
   ll_end(a, call);
 }
