@@ -43,6 +43,7 @@
 #           peer access off, and doctor --quick with every rank under launch/bind-gpu.sh
 #   latency the low-latency protocol (algo ll, ll-two-shot): its GPU tests at 2, G and G+1
 #           ranks, and 8 B - 4 MiB sweeps of ll, the other kernels and NCCL, in graphs and eager;
+#           the ll128 all-reduces (one-shot, two-shot) 128 KiB - 8 MiB in graphs;
 #           the LL all-to-all (even splits, 8 B - 512 KiB) in graphs at G and 2 ranks
 #   shared  G+1 and 2xG ranks on G GPUs (some share one; 2 ranks on a 1-GPU node): all-gather
 #           and ring at 1 MiB with auto, the copy engine under both shared-GPU barriers
@@ -687,6 +688,12 @@ if [[ $G -ge 2 ]] && wants latency; then
       COLLECTIVE_MAX=$3 step "$1 $2 n=$G vs nccl $mode" "$STEP_TIMEOUT_BENCH" \
         collective_bench "$G" "$1" "$2" $mode --baseline nccl
     done
+  done
+  # The all-reduces by 128-byte lines (not in auto's rows yet), in graphs from 128 KiB to
+  # their buffers' 8 MiB: the sizes of auto's sweep above (8 B x 4^k), for the rows.
+  for algo in ll128 ll128-two-shot; do
+    COLLECTIVE_MIN=128K COLLECTIVE_MAX=8M step "allreduce $algo n=$G 128K-8M vs nccl --graph" \
+      "$STEP_TIMEOUT_BENCH" collective_bench "$G" allreduce "$algo" --graph --baseline nccl
   done
   if [[ $G -eq 2 ]]; then
     # Where ll stops winning: 512 KiB to 2 MiB in graphs (its buffers take 2 MiB inputs).
