@@ -57,7 +57,7 @@ def test_reductions_verify_and_report_nccl_tests_figures(tmp_path, socket_dir, c
      "the reducescatter op reduces float32, float16, bfloat16, int32, not -d float64"),
     (["allreduce", "--algo", "pull"],
      "the allreduce op has no 'pull' algorithm; choose one of: auto, hierarchical, one-shot, "
-     "two-shot, ll, ll-two-shot, stepped, copy-engine, push"),
+     "two-shot, ll, ll-two-shot, ll128, ll128-two-shot, stepped, copy-engine, push"),
     (["reducescatter", "--algo", "push"],
      "--algo push runs GPU kernels: it needs a GPU backend (cuda-ipc or cuda-vmm), not host"),
     (["reducescatter", "--algo", "two-shot"],
