@@ -8,10 +8,10 @@
 //
 // Lines and threads. count is the input's bytes, n blocks of count / n. Thread i of the
 // grid owns lines j = i, i + stride, ... of every block: it pushes line j of each peer's
-// block, and after the digests it stores line j of each output block (its own from its
-// input, the others from their sources' slots). Line j of block s is bytes
-// [s * block + 8j, s * block + 8j + 8) cut at the block's end, in the input and in the
-// output alike (load_payload / store_payload).
+// block, and after the digests it waits for line j of every peer at once and stores line
+// j of each output block (its own from its input, the others from their sources' slots).
+// Line j of block s is bytes [s * block + 8j, s * block + 8j + 8) cut at the block's end,
+// in the input and in the output alike (load_payload / store_payload).
 //
 // In place (output is input): our own block is already where it belongs. Output bytes of
 // block s (s a peer) are the input bytes that go to rank s, and only the thread owning
@@ -52,23 +52,25 @@ __device__ void all_to_all_ll(const CollectiveArgs& a) {
   char* own_out = a.output + me * block;
   const bool own_in_aligned = ((unsigned long long)own_in & 7ull) == 0;
   const bool own_out_aligned = ((unsigned long long)own_out & 7ull) == 0;
+  // Line j of every peer awaited at once (ll_receive_all), as the all-gather does: waiting
+  // for one source after another cost a load's latency per source at 3 ranks and more.
+  const unsigned peers = ll_peers(a);
   for (unsigned long long j = first; j < lines && !call.failed; j += stride) {
     // Our own line is loaded first and stored last: its load is in flight while we wait.
     const u64 own = in_place ? 0 : ipcshare::load_payload(own_in, j, block, own_in_aligned);
-    for (int step = 1; step < n; ++step) {
-      // Rank me - step pushes to us at its step `step`: the earliest first.
-      const int source = (me - step + n) % n;
-      u64 data;
-      if (!ll_receive(a, call, source, j, data)) {
-        call.failed = true;
-        break;
-      }
+    u64 got[kMaxRanks];
+    if (!ll_receive_all(a, call, j, peers, got)) {
+      call.failed = true;
+      break;
+    }
+#pragma unroll
+    for (int source = 0; source < kMaxRanks; ++source) {
+      if (!((peers >> source) & 1u)) continue;
       char* received = a.output + source * block;
       ipcshare::store_payload(received, j, block, ((unsigned long long)received & 7ull) == 0,
-                              data);
+                              got[source]);
     }
-    if (!call.failed && !in_place)
-      ipcshare::store_payload(own_out, j, block, own_out_aligned, own);
+    if (!in_place) ipcshare::store_payload(own_out, j, block, own_out_aligned, own);
   }
   IPCSHARE_MARK(3);  // received
   ll_end(a, call);

@@ -158,15 +158,6 @@ __device__ __forceinline__ unsigned ll_peers(const CollectiveArgs& a) {
   return ((1u << a.nranks) - 1u) & ~(1u << a.rank);
 }
 
-// Wait for payload line j from `source` in our own buffer.
-__device__ __forceinline__ bool ll_receive(const CollectiveArgs& a, const LLCall& call,
-                                           int source, unsigned long long j, u64& data) {
-  const char* line = ll_slot(a, a.rank, call.parity, source) + (j + 1) * ipcshare::kLineBytes;
-  if (ipcshare::ll_wait(line, call.flag, data, a.timeout_ns)) return true;
-  ipcshare::record_timeout(a.pads[a.rank], source, call.epoch);
-  return false;
-}
-
 // Finish: the last block out publishes the LL call count and, every ll_clean_every calls
 // of a parity, first re-flags that parity's whole buffer with this call's flag (every
 // block has read what it needed from it, and no sender writes it before our next call
