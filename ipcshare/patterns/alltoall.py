@@ -303,10 +303,13 @@ class AllToAll(Pattern):
         if blocks is None:   # host memory: no link of a GPU to hold it to
             return facts
         bound_us = link / (LINK_BOUND_GBPS * 1e3)
-        facts["bound_us"] = round(bound_us, 3)
+        # Four significant digits, not decimals: a few KiB take 0.02 us at the link's
+        # speed, and such a call's fraction on a GPU shared under MPS (hundreds of us)
+        # rounded to 4 decimals read 0.0.
+        facts["bound_us"] = float(f"{bound_us:.4g}")
         measured = row.primary
         if measured.usable:
-            facts["bound_fraction"] = round(bound_us / measured.time_us, 4)
+            facts["bound_fraction"] = float(f"{bound_us / measured.time_us:.4g}")
         facts["blocks"] = blocks
         return facts
 
