@@ -50,16 +50,21 @@ def ll128_lines(nbytes: int) -> int:
     return -(-nbytes // LL128_LINE_PAYLOAD)
 
 
+def _largest_chunk(max_bytes: int, world_size: int) -> int:
+    """Bytes of the largest two-shot chunk of an input of up to ``max_bytes``: ceil(count
+    / n) elements rounded up to 16 bytes (two_shot_chunks.cuh) is at most ceil(bytes / n)
+    plus 7 bytes of a partial element of up to 8, rounded up to 16."""
+    return round_up(-(-max_bytes // world_size) + 7, 16)
+
+
 def ll128_slot_payload_lines(max_bytes: int, world_size: int) -> int:
     """128-byte lines an LL128 slot holds after its head, for inputs (all-to-all: blocks)
     of up to ``max_bytes`` over ``world_size`` ranks: the whole input, or the LL128
-    two-shot's two regions of a full chunk each (the chunk as ``ll_slot_payload_lines``
-    bounds it), whichever is more."""
+    two-shot's two regions of a full chunk each, whichever is more."""
     whole = ll128_lines(max_bytes)
     if world_size < 2 or max_bytes <= 0:
         return whole
-    chunk = round_up(-(-max_bytes // world_size) + 7, 16)
-    return max(whole, 2 * ll128_lines(chunk))
+    return max(whole, 2 * ll128_lines(_largest_chunk(max_bytes, world_size)))
 
 
 def split_row_words(world_size: int) -> int:
@@ -74,15 +79,13 @@ def ll_slot_payload_lines(max_bytes: int, world_size: int) -> int:
     ``world_size`` ranks: the whole input behind a split row (the one-shot kernels send
     the input alone; the LL all-to-all-v sends the sender's split row, a line a word,
     then its block, which may be the whole input), or the LL two-shot's two regions of a
-    chunk each, whichever is more. A chunk is ceil(count / n) elements rounded up to 16
-    bytes (two_shot_chunks.cuh), at most ceil(bytes / n) plus 7 bytes of a partial element
-    of up to 8, rounded up to 16; small inputs need the two regions (2 floats at 4 ranks:
-    1 line whole, 2 x 2 lines in chunks), so without them a communicator sized for its
-    call refused the two-shot's smallest calls."""
+    chunk each (``_largest_chunk``), whichever is more. Small inputs need the two regions
+    (2 floats at 4 ranks: 1 line whole, 2 x 2 lines in chunks), so without them a
+    communicator sized for its call refused the two-shot's smallest calls."""
     whole = ll_payload_lines(max_bytes)
     if world_size < 2 or max_bytes <= 0:
         return whole
-    chunk = round_up(-(-max_bytes // world_size) + 7, 16)
+    chunk = _largest_chunk(max_bytes, world_size)
     return max(whole + split_row_words(world_size), 2 * (chunk // LL_LINE_PAYLOAD))
 
 

@@ -63,13 +63,7 @@ __device__ void all_to_all_ll(const CollectiveArgs& a) {
       call.failed = true;
       break;
     }
-#pragma unroll
-    for (int source = 0; source < kMaxRanks; ++source) {
-      if (!((peers >> source) & 1u)) continue;
-      char* received = a.output + source * block;
-      ipcshare::store_payload(received, j, block, ((unsigned long long)received & 7ull) == 0,
-                              got[source]);
-    }
+    ll_store_blocks(a.output, block, j, peers, got);
     if (!in_place) ipcshare::store_payload(own_out, j, block, own_out_aligned, own);
   }
   IPCSHARE_MARK(3);  // received

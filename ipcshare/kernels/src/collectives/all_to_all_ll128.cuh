@@ -44,25 +44,6 @@ __device__ __forceinline__ unsigned long long all_to_all_v_ll128_capacity(
   return lines > 1 ? (lines - 1) * ipcshare::kLL128Payload : 0;
 }
 
-// Lane k's two words of line j of the `nbytes` run at `block`, lane 7's second the flag.
-__device__ __forceinline__ void ll128_load_line(const char* block, unsigned long long j,
-                                                unsigned long long nbytes, const LL128Group& g,
-                                                u64 epoch, u64& lo, u64& hi) {
-  const bool aligned = ((unsigned long long)block & 7ull) == 0;
-  lo = ipcshare::ll128_load_word(block, j, 2 * g.k, nbytes, aligned);
-  const u64 next = ipcshare::ll128_load_word(block, j, 2 * g.k + 1, nbytes, aligned);
-  hi = g.words == 2 ? next : epoch;
-}
-
-// Lane k's words of line j into the `nbytes` run at `block` (bytes past it not written).
-__device__ __forceinline__ void ll128_store_line(char* block, unsigned long long j,
-                                                 unsigned long long nbytes, const LL128Group& g,
-                                                 u64 lo, u64 hi) {
-  const bool aligned = ((unsigned long long)block & 7ull) == 0;
-  ipcshare::ll128_store_word(block, j, 2 * g.k, nbytes, aligned, lo);
-  if (g.words == 2) ipcshare::ll128_store_word(block, j, 2 * g.k + 1, nbytes, aligned, hi);
-}
-
 // Even all-to-all (bytes): count is the input's bytes, n blocks of count / n.
 __device__ void all_to_all_ll128(const CollectiveArgs& a) {
   const int n = a.nranks, me = a.rank;

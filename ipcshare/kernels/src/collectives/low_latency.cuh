@@ -158,6 +158,19 @@ __device__ __forceinline__ unsigned ll_peers(const CollectiveArgs& a) {
   return ((1u << a.nranks) - 1u) & ~(1u << a.rank);
 }
 
+// Line j of every peer of `sources` (a bit per rank, data[r] from ll_receive_all) into
+// block r of `out`, n blocks of `nbytes` (all-gather, all-to-all).
+__device__ __forceinline__ void ll_store_blocks(char* out, unsigned long long nbytes,
+                                                unsigned long long j, unsigned sources,
+                                                const u64 (&data)[kMaxRanks]) {
+#pragma unroll
+  for (int r = 0; r < kMaxRanks; ++r) {
+    if (!((sources >> r) & 1u)) continue;
+    char* block = out + r * nbytes;
+    ipcshare::store_payload(block, j, nbytes, ((unsigned long long)block & 7ull) == 0, data[r]);
+  }
+}
+
 // Finish: the last block out publishes the LL call count and, every ll_clean_every calls
 // of a parity, first re-flags that parity's whole buffer with this call's flag (every
 // block has read what it needed from it, and no sender writes it before our next call
@@ -374,12 +387,7 @@ __device__ void all_gather_ll(const CollectiveArgs& a) {
       call.failed = true;
       break;
     }
-#pragma unroll
-    for (int r = 0; r < kMaxRanks; ++r) {
-      if (!((peers >> r) & 1u)) continue;
-      char* block = a.output + r * nbytes;
-      ipcshare::store_payload(block, j, nbytes, ((unsigned long long)block & 7ull) == 0, got[r]);
-    }
+    ll_store_blocks(a.output, nbytes, j, peers, got);
     if (!in_place) ipcshare::store_payload(own_block, j, nbytes, own_aligned, mine);
   }
   ll_end(a, call);

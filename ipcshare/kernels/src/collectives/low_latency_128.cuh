@@ -90,6 +90,25 @@ __device__ __forceinline__ bool ll128_receive_all(const CollectiveArgs& a, const
   }
 }
 
+// Lane k's two words of line j of the `nbytes` run at `block`, lane 7's second the flag.
+__device__ __forceinline__ void ll128_load_line(const char* block, unsigned long long j,
+                                                unsigned long long nbytes, const LL128Group& g,
+                                                u64 epoch, u64& lo, u64& hi) {
+  const bool aligned = ((unsigned long long)block & 7ull) == 0;
+  lo = ipcshare::ll128_load_word(block, j, 2 * g.k, nbytes, aligned);
+  const u64 next = ipcshare::ll128_load_word(block, j, 2 * g.k + 1, nbytes, aligned);
+  hi = g.words == 2 ? next : epoch;
+}
+
+// Lane k's words of line j into the `nbytes` run at `block` (bytes past it not written).
+__device__ __forceinline__ void ll128_store_line(char* block, unsigned long long j,
+                                                 unsigned long long nbytes, const LL128Group& g,
+                                                 u64 lo, u64 hi) {
+  const bool aligned = ((unsigned long long)block & 7ull) == 0;
+  ipcshare::ll128_store_word(block, j, 2 * g.k, nbytes, aligned, lo);
+  if (g.words == 2) ipcshare::ll128_store_word(block, j, 2 * g.k + 1, nbytes, aligned, hi);
+}
+
 // Lane k's words of line j to every peer, line `at + j` of our slot there (peers in
 // ll_peer_at's order); `hi` is the flag in lane 7. Every lane of the group calls it
 // together, so that the line goes out as one store instruction of the eight.
@@ -124,7 +143,6 @@ __device__ __forceinline__ void ll128_reduce_lines(const CollectiveArgs& a, LLCa
   union Word { u64 v; Bits element[kElements]; };
   const unsigned long long lines = ipcshare::ll128_lines(nbytes);
   const bool own_aligned = ((unsigned long long)own & 7ull) == 0;
-  const bool out_aligned = ((unsigned long long)out & 7ull) == 0;
   const unsigned peers = ll_peers(a);
   const int k = g.k, words = g.words;
   for (unsigned long long j = g.first; j < lines && !call.failed; j += g.stride) {
@@ -149,8 +167,7 @@ __device__ __forceinline__ void ll128_reduce_lines(const CollectiveArgs& a, LLCa
       sum_words[w] = sum.v;
     }
     reduced(j, sum_words[0], sum_words[1]);
-    for (int w = 0; w < words; ++w)
-      ipcshare::ll128_store_word(out, j, 2 * k + w, nbytes, out_aligned, sum_words[w]);
+    ll128_store_line(out, j, nbytes, g, sum_words[0], sum_words[1]);
   }
 }
 
@@ -159,51 +176,38 @@ __device__ void all_gather_ll128(const CollectiveArgs& a) {
   const unsigned long long nbytes = a.count;
   const unsigned long long lines = ipcshare::ll128_lines(nbytes);
   const LL128Group g = ll128_group();
-  const int k = g.k, words = g.words;
-  const unsigned long long group = g.first, groups = g.stride;
-  const unsigned group_mask = g.mask;
-  const bool in_aligned = ((unsigned long long)a.input & 7ull) == 0;
   char* own_block = a.output + a.rank * nbytes;
   const bool in_place = own_block == a.input;
-  const bool own_aligned = ((unsigned long long)own_block & 7ull) == 0;
+  const bool in_aligned = ((unsigned long long)a.input & 7ull) == 0;
   LLCall call = ll_begin(a);
-  for (unsigned long long j = group; j < lines; j += groups) {
+  for (unsigned long long j = g.first; j < lines; j += g.stride) {
     // Every lane loads two words (lane 7's second is past the line's payload: zero or
     // the next line's bytes, never past the input) and lane 7 swaps its second for the
     // flag without a branch; then the eight lanes converge, so that each line goes out
     // as one store instruction of the eight, the flag with its data.
-    const u64 lo = ipcshare::ll128_load_word(a.input, j, 2 * k, nbytes, in_aligned);
-    const u64 next = ipcshare::ll128_load_word(a.input, j, 2 * k + 1, nbytes, in_aligned);
-    const u64 hi = words == 2 ? next : call.epoch;
-    __syncwarp(group_mask);
-    for (int step = 1; step < a.nranks; ++step)
-      ipcshare::ll128_store(ll128_line(a, ll_peer_at(a, step), call.parity, a.rank, j), k, lo, hi);
+    u64 lo, hi;
+    ll128_load_line(a.input, j, nbytes, g, call.epoch, lo, hi);
+    ll128_push_all(a, call, g, j, lo, hi);
   }
   ll_check_digests(a, call);
   // Only a call every rank agreed on gets here with call.failed clear, so a call whose
   // ranks disagree writes no output. Our own words are loaded before the wait.
   const unsigned peers = ll_peers(a);
-  for (unsigned long long j = group; j < lines && !call.failed; j += groups) {
+  for (unsigned long long j = g.first; j < lines && !call.failed; j += g.stride) {
+    // Only the lane's payload words: lane 7's second would hold a register over the wait.
     u64 own[2] = {0, 0};
     if (!in_place)
-      for (int w = 0; w < words; ++w)
-        own[w] = ipcshare::ll128_load_word(a.input, j, 2 * k + w, nbytes, in_aligned);
+      for (int w = 0; w < g.words; ++w)
+        own[w] = ipcshare::ll128_load_word(a.input, j, 2 * g.k + w, nbytes, in_aligned);
     u64 lo[kMaxRanks], hi[kMaxRanks];
     if (peers != 0 && !ll128_receive_all(a, call, j, peers, lo, hi)) {
       call.failed = true;
       break;
     }
 #pragma unroll
-    for (int r = 0; r < kMaxRanks; ++r) {
-      if (!((peers >> r) & 1u)) continue;
-      char* block = a.output + r * nbytes;
-      const bool aligned = ((unsigned long long)block & 7ull) == 0;
-      ipcshare::ll128_store_word(block, j, 2 * k, nbytes, aligned, lo[r]);
-      if (words == 2) ipcshare::ll128_store_word(block, j, 2 * k + 1, nbytes, aligned, hi[r]);
-    }
-    if (!in_place)
-      for (int w = 0; w < words; ++w)
-        ipcshare::ll128_store_word(own_block, j, 2 * k + w, nbytes, own_aligned, own[w]);
+    for (int r = 0; r < kMaxRanks; ++r)
+      if ((peers >> r) & 1u) ll128_store_line(a.output + r * nbytes, j, nbytes, g, lo[r], hi[r]);
+    if (!in_place) ll128_store_line(own_block, j, nbytes, g, own[0], own[1]);
   }
   ll_end(a, call);
 }
@@ -218,26 +222,19 @@ __device__ void reduce_scatter_ll128(const CollectiveArgs& a) {
   const unsigned long long nbytes = a.count / a.nranks * sizeof(typename T::Bits);  // a block
   const unsigned long long lines = ipcshare::ll128_lines(nbytes);
   const LL128Group g = ll128_group();
-  const int k = g.k, words = g.words;
-  const unsigned long long group = g.first, groups = g.stride;
-  const unsigned group_mask = g.mask;
   LLCall call = ll_begin(a);
-  for (unsigned long long j = group; j < lines; j += groups) {
+  for (unsigned long long j = g.first; j < lines; j += g.stride) {
     u64 lo[kMaxRanks], hi[kMaxRanks];
-#pragma unroll
-    for (int step = 1; step < kMaxRanks; ++step) {
-      if (step >= a.nranks) continue;
-      const char* block = a.input + ll_peer_at(a, step) * nbytes;
-      const bool aligned = ((unsigned long long)block & 7ull) == 0;
-      lo[step] = ipcshare::ll128_load_word(block, j, 2 * k, nbytes, aligned);
-      const u64 next = ipcshare::ll128_load_word(block, j, 2 * k + 1, nbytes, aligned);
-      hi[step] = words == 2 ? next : call.epoch;
-    }
-    __syncwarp(group_mask);
 #pragma unroll
     for (int step = 1; step < kMaxRanks; ++step)
       if (step < a.nranks)
-        ipcshare::ll128_store(ll128_line(a, ll_peer_at(a, step), call.parity, a.rank, j), k,
+        ll128_load_line(a.input + ll_peer_at(a, step) * nbytes, j, nbytes, g, call.epoch,
+                        lo[step], hi[step]);
+    __syncwarp(g.mask);
+#pragma unroll
+    for (int step = 1; step < kMaxRanks; ++step)
+      if (step < a.nranks)
+        ipcshare::ll128_store(ll128_line(a, ll_peer_at(a, step), call.parity, a.rank, j), g.k,
                               lo[step], hi[step]);
   }
   ll_check_digests(a, call);
