@@ -5,6 +5,7 @@ loads them instead of compiling (docs/GPU.md, "Shipped kernels and the cache")."
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -29,7 +30,18 @@ class BuildPyWithKernels(build_py):
         # An editable install runs the package from the source tree: its CUBINs go there.
         target = in_tree if self.editable_mode else \
             Path(self.build_lib) / "ipcshare" / "kernels" / SHIPPED_DIR_NAME
-        build_shipped(target, archs_to_ship(), reuse=[in_tree] if target != in_tree else [])
+        build_shipped(target, archs_to_ship(), reuse=[in_tree] if target != in_tree else [],
+                      commit=_commit())
+
+
+def _commit() -> str | None:
+    """The checkout's commit (with -dirty for uncommitted changes), None outside git."""
+    try:
+        done = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
+                              capture_output=True, text=True, timeout=30)
+    except OSError:
+        return None
+    return done.stdout.strip() or None
 
 
 setup(cmdclass={"build_py": BuildPyWithKernels})

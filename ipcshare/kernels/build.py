@@ -119,11 +119,13 @@ def _ordered(sources: Iterable[str], archs: Iterable[str]) -> list[tuple[str, st
 
 
 def build_shipped(directory: Path, archs: Sequence[str], *, reuse: Sequence[Path] = (),
-                  jobs: int | None = None, progress: Progress | None = None) -> list[ShippedCubin]:
-    """Write the CUBINs of every kernel source for ``archs`` and their manifest into
-    ``directory``; a CUBIN already in ``directory`` or a ``reuse`` folder under the same
-    key (source, headers, options, NVRTC version) is copied, not compiled again. Files of
-    an earlier manifest that the new one leaves out are removed.
+                  jobs: int | None = None, progress: Progress | None = None,
+                  commit: str | None = None) -> list[ShippedCubin]:
+    """Write the CUBINs of every kernel source for ``archs`` and their manifest (with
+    ``commit``, what the sources were checked out at, where known) into ``directory``; a
+    CUBIN already in ``directory`` or a ``reuse`` folder under the same key (source,
+    headers, options, NVRTC version) is copied, not compiled again. Files of an earlier
+    manifest that the new one leaves out are removed.
 
     Raises:
         KernelCompileError: NVRTC missing, or a source does not compile.
@@ -161,7 +163,7 @@ def build_shipped(directory: Path, archs: Sequence[str], *, reuse: Sequence[Path
         progress(f"ipcshare kernels: [{done}/{len(todo)}] {source} {arch} "
                  f"{len(cubin) / 1e6:.1f} MB in {seconds:.1f} s")
     ordered = [entries[item] for item in _ordered(KERNEL_SOURCES, archs)]
-    manifest = {"format": MANIFEST_FORMAT, "nvrtc": nvrtc,
+    manifest = {"format": MANIFEST_FORMAT, "nvrtc": nvrtc, "commit": commit,
                 "cubins": [entry.as_json() for entry in ordered]}
     _replace(directory / MANIFEST_NAME, json.dumps(manifest, indent=1).encode() + b"\n")
     wanted = {entry.file for entry in ordered}

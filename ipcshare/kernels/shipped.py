@@ -21,8 +21,8 @@ from pathlib import Path
 from .compiler import KernelBuild, _package_dir
 
 __all__ = ["SHIPPED_DIR_NAME", "MANIFEST_NAME", "MANIFEST_FORMAT", "DEFAULT_ARCHS",
-           "ShippedCubin", "shipped_dir", "read_manifest", "installed_nvrtc", "find_shipped",
-           "shipped_state", "cubin_arch"]
+           "ShippedCubin", "shipped_dir", "read_manifest", "manifest_facts", "installed_nvrtc",
+           "find_shipped", "shipped_state", "cubin_arch"]
 
 SHIPPED_DIR_NAME = "cubin"
 MANIFEST_NAME = "manifest.json"
@@ -53,6 +53,19 @@ class ShippedCubin:
 def shipped_dir() -> Path:
     """The package's folder of shipped CUBINs (it may not exist: a build that shipped none)."""
     return _package_dir() / SHIPPED_DIR_NAME
+
+
+def manifest_facts(directory: Path | None = None) -> dict:
+    """The manifest's own fields (format, nvrtc, commit: what the CUBINs were built from),
+    without its entries; empty where there is none or it cannot be read."""
+    path = (shipped_dir() if directory is None else directory) / MANIFEST_NAME
+    try:
+        with open(path, encoding="utf-8") as file:
+            data = json.load(file)
+    except (OSError, ValueError):
+        return {}
+    return {key: value for key, value in data.items() if key != "cubins"} \
+        if isinstance(data, dict) else {}
 
 
 def read_manifest(directory: Path | None = None) -> dict[tuple[str, str], ShippedCubin]:

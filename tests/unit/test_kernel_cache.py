@@ -186,3 +186,44 @@ def test_an_architecture_list_is_read_as_written(monkeypatch):
     assert build.archs_to_ship() == shipped.DEFAULT_ARCHS
     monkeypatch.setenv("IPCSHARE_KERNEL_ARCHS", "sm_100")
     assert build.archs_to_ship() == ("sm_100",)
+
+
+def test_the_collectives_load_by_unit_each_once_ranks_starting_apart():
+    from ipcshare.kernels.launcher import CollectiveKernels
+    from ipcshare.kernels.trace import TRACED_UNIT
+
+    loads: list[str] = []
+
+    class Unit:
+        def __init__(self, name):
+            self.name = name
+
+        def function(self, entry):
+            assert entry in compiler.COLLECTIVE_UNITS[self.name], (entry, self.name)
+            return (self.name, entry)
+
+        def global_array(self, symbol):
+            return (self.name, symbol)
+
+    units: dict[str, Unit] = {}
+
+    def load(unit):
+        if unit not in units:
+            loads.append(unit)
+            units[unit] = Unit(unit)
+        return units[unit]
+
+    kernels = CollectiveKernels(load)
+    assert kernels.function("all_reduce_ll_two_shot_bfloat16_min") == (
+        "collectives_ll.cu", "all_reduce_ll_two_shot_bfloat16_min")
+    assert kernels.function("stage_and_publish_int32")[0] == "collectives_stepped.cu"
+    assert kernels.global_array("ipcshare_trace") == (TRACED_UNIT, "ipcshare_trace")
+    assert loads == ["collectives_ll.cu", "collectives_stepped.cu", TRACED_UNIT]
+    with pytest.raises(KernelCompileError, match="no collective kernel is called 'nope'"):
+        kernels.function("nope")
+    # Rank 3 of a cold node starts at the fourth unit, then wraps round.
+    del loads[:]
+    units.clear()
+    kernels.load_all(first=3)
+    every = list(compiler.COLLECTIVE_UNITS)
+    assert loads == every[3:] + every[:3]
