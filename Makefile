@@ -46,4 +46,4 @@ lint: $(VENV)/.installed
 	$(PY) -m pip install -q ruff && $(VENV)/bin/ruff check ipcshare tests
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info ipcshare/kernels/cubin

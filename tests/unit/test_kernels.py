@@ -93,6 +93,10 @@ def test_every_kernel_compiles_to_cubin(source, arch):
     for entry in KERNEL_SOURCES[source]:
         assert entry.encode() in cubin  # extern "C": the entry point keeps its name
     if source in COLLECTIVE_UNITS:
+        # The launcher finds a collective's unit by the list: every kernel is on it.
+        kernels = {name[len(".text."):] for name in _section_headers(cubin)[1]
+                   if name.startswith(".text.")}
+        assert kernels == set(KERNEL_SOURCES[source])
         # Every collective launches THREADS a block: a kernel given more registers than
         # such a block may have fails every launch (the LL two-shot had 146 on sm_90).
         registers = _registers_per_thread(cubin)
