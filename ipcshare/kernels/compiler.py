@@ -225,6 +225,7 @@ def compile_kernel_source(source: str | os.PathLike, *, arch: str = "sm_90",
     Raises:
         KernelCompileError: NVRTC missing, or the source does not compile (the message
             carries NVRTC's log).
+        SettingError: IPCSHARE_KERNEL_SHIPPED is not 0 or 1.
     """
     build = kernel_build(source, arch=arch, code=code, options=options)
     if not use_cache:

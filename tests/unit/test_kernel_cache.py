@@ -227,3 +227,17 @@ def test_the_collectives_load_by_unit_each_once_ranks_starting_apart():
     kernels.load_all(first=3)
     every = list(compiler.COLLECTIVE_UNITS)
     assert loads == every[3:] + every[:3]
+
+
+def test_the_setting_turns_shipped_cubins_off(slow_compiler, tmp_path, monkeypatch):
+    from ipcshare.runtime.errors import SettingError
+
+    _ship(tmp_path / "shipped")
+    monkeypatch.setenv("IPCSHARE_KERNEL_SHIPPED", "0")
+    assert compiler.compile_kernel_source("barrier.cu") == b"\x7fELF fake cubin of barrier.cu"
+    assert slow_compiler == ["barrier.cu"]
+    monkeypatch.setenv("IPCSHARE_KERNEL_SHIPPED", "yes")
+    with pytest.raises(SettingError, match="IPCSHARE_KERNEL_SHIPPED='yes': must be 0 or 1"):
+        compiler.compile_kernel_source("barrier.cu")
+    monkeypatch.setenv("IPCSHARE_KERNEL_SHIPPED", "1")
+    assert compiler.compile_kernel_source("barrier.cu") == b"\x7fELF shipped barrier"
