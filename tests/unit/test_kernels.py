@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import ipcshare
 import ipcshare.kernels
 from ipcshare.collectives.algorithms.gpu_kernel import THREADS
 from ipcshare.kernels import KERNEL_SOURCES, compile_kernel_source, nvrtc_version
@@ -246,3 +247,26 @@ def test_the_phase_stamps_are_only_in_the_traced_build_and_it_still_fits_a_block
         header = _section_headers(cubin)[1][f".text.{kernel}"]
         return cubin[header[4]:header[4] + header[5]]
     assert code(usual, "all_to_all_v_push_bytes") != code(traced, "all_to_all_v_push_bytes")
+
+
+def test_nvrtc_of_a_wheel_on_the_path_outside_site_packages_is_found(tmp_path):
+    """pip's isolated build environment, where the package's kernels are compiled, puts
+    the NVRTC wheel on sys.path but not in site-packages, where cuda-pathfinder looks: the
+    base interpreter with this environment's site-packages on PYTHONPATH is such a place."""
+    import os
+    import subprocess
+    import sys
+    import sysconfig
+
+    base = Path(sys.base_prefix) / "bin" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    if sys.prefix == sys.base_prefix or not base.exists():
+        pytest.skip("needs a virtual environment over a base interpreter")
+    site_packages = sysconfig.get_paths()["purelib"]
+    root = Path(ipcshare.__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join((site_packages, str(root)))}
+    code = ("from ipcshare.kernels.compiler import compile_uncached, kernel_build\n"
+            "cubin = compile_uncached(kernel_build('empty.cu', arch='sm_90'))\n"
+            "assert cubin[:4] == b'\\x7fELF'\n")
+    done = subprocess.run([str(base), "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
