@@ -133,6 +133,21 @@ def _kernel_origins(env: dict[str, str]) -> str:
     return out
 
 
+def _why_not_shipped() -> str | None:
+    """Why the shipped CUBINs would not serve here, where an NVRTC package of another
+    version than the one that built them is installed (the cache's key then asks for a
+    compile); None otherwise."""
+    from ipcshare.kernels.shipped import installed_nvrtc, manifest_facts
+
+    built, here = manifest_facts().get("nvrtc"), installed_nvrtc()
+    if built and here and built != here:
+        return (f"the shipped CUBINs were built by NVRTC {built} and this Python has "
+                f"nvidia-cuda-nvrtc {here}: they do not serve, every kernel compiles. Build "
+                f"the wheel with NVRTC {here} (PIP_CONSTRAINT naming "
+                f"nvidia-cuda-nvrtc=={here}.*), or run where no other NVRTC is installed")
+    return None
+
+
 def _python_part(mpiexec: list[str], env: dict[str, str], timeout: float) -> dict:
     wall, rc, out = _run([*mpiexec, sys.executable, "-c", _PYTHON_PART], env, timeout)
     row: dict = {"wall_s": wall, "rc": rc}
@@ -198,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
               "ipcshare": ipcshare.__version__, "package": str(Path(ipcshare.__file__).parent),
               "gpu": _gpu(), "ranks": args.ranks,
               "mps": bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY")),
-              "cli_command": " ".join(cli), "kernels": origins, "rows": rows,
+              "cli_command": " ".join(cli), "kernels": origins,
+              "shipped_refused": _why_not_shipped(), "rows": rows,
               "targets": {"cli_shipped_s": CLI_TARGET_S, "python_shipped_s": PYTHON_TARGET_S}}
     cli_shipped = next(row for row in rows if row["part"] == "cli" and row["run"] == "shipped")
     py_shipped = next(row for row in rows if row["part"] == "python" and row["run"] == "shipped")
@@ -209,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
 
     print(f"first call on {result['gpu']}, {args.ranks} ranks"
-          f"{' under MPS' if result['mps'] else ''}, ipcshare at {result['commit']}")
+          f"{' under MPS' if result['mps'] else ''}, backend "
+          f"{py_shipped.get('backend', '?')}, ipcshare at {result['commit']}")
     print(f"{'part':<7} {'run':<8} {'wall s':>7} {'group s':>8} {'comm s':>7} "
           f"{'1st call s':>10} {'rc':>3}")
     for row in rows:
@@ -222,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
           f"; Python Group + communicator + first all_reduce <= {PYTHON_TARGET_S} s: "
           f"{'met' if result['met']['python'] else 'NOT met'}")
     print(f"JSON: {args.json}")
+    if result["shipped_refused"]:
+        print(f"note: {result['shipped_refused']}")
     for row in rows:
         if "output" in row:
             print(f"--- {row['part']} {row['run']} (rc {row['rc']}):\n{row['output']}")
