@@ -124,8 +124,8 @@ def build_shipped(directory: Path, archs: Sequence[str], *, reuse: Sequence[Path
     """Write the CUBINs of every kernel source for ``archs`` and their manifest (with
     ``commit``, what the sources were checked out at, where known) into ``directory``; a
     CUBIN already in ``directory`` or a ``reuse`` folder under the same key (source,
-    headers, options, NVRTC version) is copied, not compiled again. Files of an earlier
-    manifest that the new one leaves out are removed.
+    headers, options, NVRTC version) is copied, not compiled again. Any other CUBIN in
+    ``directory`` is removed: the folder holds the manifest's alone.
 
     Raises:
         KernelCompileError: NVRTC missing, or a source does not compile.
@@ -135,7 +135,6 @@ def build_shipped(directory: Path, archs: Sequence[str], *, reuse: Sequence[Path
     major, minor = nvrtc_version()
     nvrtc = f"{major}.{minor}"
     directory.mkdir(parents=True, exist_ok=True)
-    old = read_manifest(directory)
     entries: dict[tuple[str, str], ShippedCubin] = {}
     todo: list[tuple[str, str]] = []
     for source, arch in _ordered(KERNEL_SOURCES, archs):
@@ -166,11 +165,13 @@ def build_shipped(directory: Path, archs: Sequence[str], *, reuse: Sequence[Path
     manifest = {"format": MANIFEST_FORMAT, "nvrtc": nvrtc, "commit": commit,
                 "cubins": [entry.as_json() for entry in ordered]}
     _replace(directory / MANIFEST_NAME, json.dumps(manifest, indent=1).encode() + b"\n")
+    # The folder holds the shipped CUBINs alone: any other one is from an earlier build
+    # (setuptools copies the tree's into a build folder whose manifest may be newer).
     wanted = {entry.file for entry in ordered}
-    for entry in old.values():
-        if entry.file not in wanted:
+    for path in directory.glob("*.cubin"):
+        if path.name not in wanted:
             try:
-                (directory / entry.file).unlink()  # ours: the last manifest listed it
+                path.unlink()
             except OSError:
                 pass
     if todo:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,17 @@ def sm90_wheel(tmp_path_factory) -> Path:
     wheels = list(out.glob("ipcshare-*.whl"))
     assert len(wheels) == 1, wheels
     return wheels[0]
+
+
+def test_the_wheel_ships_the_asked_architectures_alone(sm90_wheel):
+    """Whatever the tree or an earlier build left (the tree here ships sm_80 too)."""
+    from ipcshare.kernels.compiler import KERNEL_SOURCES
+
+    with zipfile.ZipFile(sm90_wheel) as wheel:
+        cubins = sorted(name.rsplit("/", 1)[1] for name in wheel.namelist()
+                        if name.startswith("ipcshare/kernels/cubin/") and name.endswith(".cubin"))
+        assert "ipcshare/kernels/cubin/manifest.json" in wheel.namelist()
+    assert cubins == sorted(f"{source[:-3]}-sm_90.cubin" for source in KERNEL_SOURCES)
 
 
 def test_a_fresh_install_loads_its_sm90_kernels_without_nvrtc(sm90_wheel, tmp_path):
