@@ -39,6 +39,7 @@ class DeviceBackend(Backend):
         self._engine: CudaEngine | None = None
         self._imports = ImportCache()
         self._kernels: dict[str, Any] = {}  # source file -> LoadedKernels in our context
+        self._collectives: Any = None  # CollectiveKernels over the units in _kernels
         self.device = devices.bind_device(local_rank, local_size)
         self._sharing = devices.ranks_sharing(self.device, local_size, cuda_driver.device_count())
         self._local_size = local_size
@@ -60,8 +61,10 @@ class DeviceBackend(Backend):
         return self._engine
 
     def kernels(self, source: str) -> Any:
-        """ipcshare's kernels from ``source`` (a file of kernels/src), compiled with NVRTC
-        for this device's architecture and loaded into this backend's context once.
+        """ipcshare's kernels from ``source`` (a file of kernels/src, or ``collectives.cu``:
+        every collective unit, each loaded at its first entry), loaded into this backend's
+        context once: the package's shipped CUBIN for this device's architecture where it
+        matches, else compiled with NVRTC (and cached).
 
         Raises:
             KernelCompileError: NVRTC missing or the source does not compile.
@@ -69,6 +72,14 @@ class DeviceBackend(Backend):
         """
         if self._closed:
             raise BackendError(f"{self.name} backend is closed")
+        from ..kernels.compiler import COLLECTIVES
+
+        if source == COLLECTIVES:
+            if self._collectives is None:
+                from ..kernels.launcher import CollectiveKernels
+
+                self._collectives = CollectiveKernels(self.kernels)
+            return self._collectives
         if source not in self._kernels:
             from ..kernels.compiler import compile_kernel_source, device_arch
             from ..kernels.launcher import LoadedKernels
@@ -204,6 +215,7 @@ class DeviceBackend(Backend):
         engine, self._engine = self._engine, None
         try:
             self._context.make_current()
+            self._collectives = None
             for loaded in self._kernels.values():
                 loaded.close()
             self._kernels.clear()

@@ -145,6 +145,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_p2p_flags(commands.add_parser(
         "p2p", help="one process over every GPU: peer access, ring and all-gather by peer "
                     "pointers and cuMemcpyPeerAsync, against IPC windows"))
+    from .kernels import add_kernels_flags
+
+    add_kernels_flags(commands.add_parser(
+        "kernels", help="which architectures' kernels are ready (shipped, cached, missing); "
+                        "kernels build --arch sm_90: compile them into the cache ahead of a job"))
     from .vs_torch import add_vs_torch_flags
 
     add_vs_torch_flags(commands.add_parser(
@@ -274,6 +279,10 @@ def _run_command(argv: Sequence[str] | None) -> int:
             from .p2p import run_p2p_command
 
             return run_p2p_command(args)
+        if args.command == "kernels":
+            from .kernels import run_kernels_command
+
+            return run_kernels_command(args)
         if args.command == "vs-torch":
             from .vs_torch import run_vs_torch_command
 

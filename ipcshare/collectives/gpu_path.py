@@ -1,5 +1,5 @@
-"""How a call runs on GPU memory: one kernel of kernels/src/collectives.cu on the call's
-stream, which stages the input (unless it lies in the heap), publishes the call's header,
+"""How a call runs on GPU memory: one collective kernel (kernels/src/collectives_*.cu) on the
+call's stream, which stages the input (unless it lies in the heap), publishes the call's header,
 meets the peers and does the collective; or, for the stepped and copy-engine algorithms,
 kernels and copies with barriers of stream memory operations between them. Nothing waits on
 the host, so calls are stream-ordered and a CUDA graph captures them.
@@ -108,6 +108,7 @@ class GpuPath:
             self.rank, self.size = window.rank, window.world_size
             self.device = group.backend.device
             self._kernels = group.backend.kernels("collectives.cu")
+            self._kernels.load_all(first=self.rank)
             self._local_ptr = window.local.ptr
             template = CollectiveArgs()
             if self.size <= MAX_KERNEL_RANKS:
@@ -250,7 +251,7 @@ class GpuPath:
 
     def launch(self, entry: str, blocks: int, stream: Any, address: int,
                parties: int = 1) -> None:
-        """Launch collectives.cu's ``entry`` on ``stream`` with ``blocks`` blocks and the
+        """Launch the collective kernel ``entry`` on ``stream`` with ``blocks`` blocks and the
         kernel parameters at ``address`` (an argument block's); ``parties`` rows of them
         where a time-sliced GPU's leader runs a stepped kernel for its guests too.
 

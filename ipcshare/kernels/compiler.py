@@ -1,5 +1,7 @@
-"""Compile ipcshare's CUDA C++ kernels with NVRTC to CUBIN for one architecture, cached on
-disk by (source hash, architecture, NVRTC version).
+"""ipcshare's CUDA C++ kernels as CUBIN for one architecture: the CUBIN shipped in the
+package (kernels/shipped.py) where it was built from the same source, headers and options
+by the same NVRTC, else compiled with NVRTC and cached on disk by (source, headers,
+options, NVRTC version).
 
 CUBIN, not PTX: an NVRTC newer than the node's driver emits PTX the driver cannot load,
 while machine code for the exact architecture (sm_90 on H100/H200) always loads.
@@ -8,6 +10,7 @@ while machine code for the exact architecture (sm_90 on H100/H200) always loads.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import os
@@ -22,32 +25,70 @@ from ..runtime import settings
 from ..runtime.errors import KernelCompileError
 from ..runtime.nvrtc import check_nvrtc, nvrtc_bindings
 
-__all__ = ["KERNEL_SOURCES", "include_dir", "nvrtc_version", "compile_kernel_source",
-           "cache_dir", "device_arch"]
+__all__ = ["KERNEL_SOURCES", "COLLECTIVE_UNITS", "COLLECTIVES", "collective_unit",
+           "include_dir", "nvrtc_version", "compile_kernel_source", "compile_uncached",
+           "KernelBuild", "kernel_build", "cached_path", "cache_dir", "device_arch"]
 
 # Kernel source files shipped in ipcshare/kernels/src, and the entry points each defines.
-_REDUCING_COLLECTIVES = ("all_reduce_one_shot", "all_reduce_two_shot", "reduce_scatter_one_shot",
-                         "all_reduce_ll", "all_reduce_ll_two_shot", "reduce_scatter_ll",
-                         "all_reduce_stepped", "reduce_scatter_stepped", "all_reduce_copy_engine",
-                         "all_reduce_push", "reduce_scatter_push", "reduce_scatter_ll128",
-                         "all_reduce_ll128", "all_reduce_ll128_two_shot")
-KERNEL_SOURCES = {
+_DTYPES = ("float32", "float16", "bfloat16", "int32")
+
+
+def _reductions(*collectives: str) -> tuple[str, ...]:
+    """Entry points ``<collective>_<dtype>_<op>`` (collectives/gpu_path.py's names)."""
+    return tuple(f"{name}_{dtype}_{op}" for name in collectives for dtype in _DTYPES
+                 for op in ("sum", "max", "min"))
+
+
+# The collectives, one translation unit a kernel family (kernels/src/collectives_*.cu), so
+# that a call compiles (where nothing was shipped for its GPU) only its family, ranks of a
+# node compile different families side by side, and a build spreads over its cores.
+# Heaviest first: a build's pool starts them first.
+COLLECTIVE_UNITS: dict[str, tuple[str, ...]] = {
+    "collectives_ll128.cu": (*_reductions("reduce_scatter_ll128", "all_reduce_ll128",
+                                          "all_reduce_ll128_two_shot"),
+                             "all_gather_ll128_bytes"),
+    "collectives_ll.cu": (*_reductions("all_reduce_ll", "all_reduce_ll_two_shot",
+                                       "reduce_scatter_ll"), "all_gather_ll_bytes"),
+    "collectives_push.cu": (*_reductions("all_reduce_push", "reduce_scatter_push"),
+                            "all_gather_push_bytes"),
+    "collectives_all_to_all.cu": (*(f"all_to_all{v}_{algo}_bytes" for v in ("", "_v")
+                                    for algo in ("pull", "balanced", "ll", "ll128")),
+                                  "all_to_all_push_bytes", "all_to_all_v_push_bytes",
+                                  "all_to_all_v_eager_bytes"),
+    "collectives_one_shot.cu": (*_reductions("all_reduce_one_shot", "all_reduce_two_shot",
+                                             "reduce_scatter_one_shot"),
+                                "all_gather_pull_bytes"),
+    "collectives_stepped.cu": (*_reductions("all_reduce_stepped", "reduce_scatter_stepped"),
+                               "all_gather_stepped_bytes",
+                               *(f"stage_and_publish_{kind}" for kind in ("bytes", *_DTYPES))),
+    "collectives_copy_engine.cu": (*_reductions("all_reduce_copy_engine"), "publish_call",
+                                   "finish_call"),
+}
+# The name under which a backend's ``kernels()`` gives every collective unit at once.
+COLLECTIVES = "collectives.cu"
+KERNEL_SOURCES: dict[str, tuple[str, ...]] = {
     "allgather.cu": ("allgather_push", "allgather_pull", "allgather_ring", "allgather_scatter"),
-    # collectives/gpu_path.py names them <collective>_<dtype>_<op>.
-    "collectives.cu": ("all_gather_pull_bytes", "all_gather_push_bytes", "all_gather_ll_bytes",
-                       "all_gather_ll128_bytes", "all_gather_stepped_bytes",
-                       *(f"all_to_all{v}_{algo}_bytes" for v in ("", "_v")
-                         for algo in ("pull", "balanced", "ll", "ll128")),
-                       "all_to_all_push_bytes", "all_to_all_v_push_bytes",
-                       "all_to_all_v_eager_bytes", "publish_call", "finish_call",
-                       *(f"stage_and_publish_{kind}"
-                         for kind in ("bytes", "float32", "float16", "bfloat16", "int32")), *(
-        f"{name}_{dtype}_{op}" for name in _REDUCING_COLLECTIVES
-        for dtype in ("float32", "float16", "bfloat16", "int32") for op in ("sum", "max", "min"))),
+    **COLLECTIVE_UNITS,
     "barrier.cu": ("device_barrier",),
     "empty.cu": ("empty_kernel",),
     "p2p_direct.cu": ("p2p_push", "p2p_spin"),
 }
+_UNIT_OF_ENTRY = {entry: unit for unit, entries in COLLECTIVE_UNITS.items()
+                  for entry in entries}
+
+
+def collective_unit(entry: str) -> str:
+    """The translation unit (a file of kernels/src) that defines collective ``entry``.
+
+    Raises:
+        KernelCompileError: no collective unit defines it.
+    """
+    unit = _UNIT_OF_ENTRY.get(entry)
+    if unit is None:
+        raise KernelCompileError(f"no collective kernel is called {entry!r}")
+    return unit
+
+
 _OPTIONS = ("-std=c++17", "-default-device", "--use_fast_math")
 
 
@@ -133,27 +174,69 @@ def _cache_key(text: str, options: tuple[str, ...]) -> str:
     return hashlib.sha256("\0".join((text, _headers_digest(), *placed)).encode()).hexdigest()[:20]
 
 
-def compile_kernel_source(source: str | os.PathLike, *, arch: str = "sm_90",
-                          code: str | None = None, options: tuple[str, ...] = (),
-                          use_cache: bool = True) -> bytes:
-    """CUBIN for ``source`` (a file in ipcshare/kernels/src, a path, or a name with ``code``).
+@dataclasses.dataclass(frozen=True)
+class KernelBuild:
+    """What one CUBIN is built from: the source's name and text, the architecture, every
+    NVRTC option, and ``key``, the digest of source, headers and options (the NVRTC
+    version completes it where the CUBIN is cached or shipped)."""
+
+    name: str
+    text: str
+    arch: str
+    options: tuple[str, ...]
+    key: str
+
+    @property
+    def stem(self) -> str:
+        return Path(self.name).stem
+
+
+def kernel_build(source: str | os.PathLike, *, arch: str = "sm_90", code: str | None = None,
+                 options: tuple[str, ...] = ()) -> KernelBuild:
+    """The build of ``source`` (a file in ipcshare/kernels/src, a path, or a name with
+    ``code``) for ``arch``; reads files only, NVRTC is not needed.
 
     Raises:
-        KernelCompileError: NVRTC missing, or the source does not compile (the message
-            carries NVRTC's log).
+        KernelCompileError: a bad architecture, or the source cannot be read.
     """
     if not arch.startswith("sm_") or not arch[3:].rstrip("a").isdigit():
         raise KernelCompileError(f"architecture {arch!r} is not of the form sm_90 / sm_90a")
     name, text = _source_text(source, code)
-    major, minor = nvrtc_version()
     all_options = (f"--gpu-architecture={arch}", *_OPTIONS,
                    f"--include-path={include_dir()}", f"--include-path={_source_dir()}",
                    *options)
-    key = _cache_key(text, all_options)
-    cached = cache_dir() / f"{Path(name).stem}-{key}-{arch}-nvrtc{major}.{minor}.cubin"
+    return KernelBuild(name, text, arch, all_options, _cache_key(text, all_options))
+
+
+def cached_path(build: KernelBuild, nvrtc: tuple[int, int]) -> Path:
+    """The cache's file for ``build`` compiled by NVRTC ``nvrtc`` (major, minor)."""
+    major, minor = nvrtc
+    return cache_dir() / f"{build.stem}-{build.key}-{build.arch}-nvrtc{major}.{minor}.cubin"
+
+
+def compile_kernel_source(source: str | os.PathLike, *, arch: str = "sm_90",
+                          code: str | None = None, options: tuple[str, ...] = (),
+                          use_cache: bool = True) -> bytes:
+    """CUBIN for ``source`` (a file in ipcshare/kernels/src, a path, or a name with ``code``):
+    the package's shipped CUBIN where its key matches (NVRTC is then neither imported nor
+    called), else the cache's, else compiled now and cached. ``use_cache=False`` compiles
+    whatever is shipped or cached.
+
+    Raises:
+        KernelCompileError: NVRTC missing, or the source does not compile (the message
+            carries NVRTC's log).
+        SettingError: IPCSHARE_KERNEL_SHIPPED is not 0 or 1.
+    """
+    build = kernel_build(source, arch=arch, code=code, options=options)
     if not use_cache:
-        with _note_if_slow(name, arch, None):
-            return _compile(name, text, all_options, arch)
+        return compile_uncached(build)
+    if code is None:
+        from .shipped import find_shipped
+
+        shipped = find_shipped(build)
+        if shipped is not None:
+            return shipped
+    cached = cached_path(build, nvrtc_version())
     if cached.is_file():
         return cached.read_bytes()
     # Ranks of a node starting together on a cold cache: one compiles (and says so),
@@ -161,14 +244,24 @@ def compile_kernel_source(source: str | os.PathLike, *, arch: str = "sm_90",
     with _compile_lock(cached):
         if cached.is_file():
             return cached.read_bytes()
-        with _note_if_slow(name, arch, cached.parent):
-            cubin = _compile(name, text, all_options, arch)
+        with _note_if_slow(build.name, arch, cached.parent):
+            cubin = _compile(build.name, build.text, build.options, arch)
         _store(cached, cubin)
     return cubin
 
 
-# A compile still running after this long gets one line on stderr: collectives.cu takes
-# 30-60 s on a fresh machine (2026-11-28), which a user would otherwise take for a hang.
+def compile_uncached(build: KernelBuild) -> bytes:
+    """Compile ``build`` with NVRTC now, whatever is shipped or cached.
+
+    Raises:
+        KernelCompileError: NVRTC missing, or the source does not compile.
+    """
+    with _note_if_slow(build.name, build.arch, None):
+        return _compile(build.name, build.text, build.options, build.arch)
+
+
+# A compile still running after this long gets one line on stderr: a collective unit takes
+# 3-25 s on a 2-core machine (2026-12-06), which a user would otherwise take for a hang.
 COMPILE_NOTE_AFTER_S = 3.0
 
 

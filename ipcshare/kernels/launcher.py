@@ -7,12 +7,13 @@ Kernel arguments travel as one ctypes structure passed by value, mirroring the C
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from typing import Any
 
 from ..runtime.cuda_driver import check, driver
 
-__all__ = ["LoadedKernels", "AllGatherArgs", "BarrierArgs", "ScatterArgs", "CollectiveArgs",
-           "MAX_KERNEL_RANKS"]
+__all__ = ["LoadedKernels", "CollectiveKernels", "AllGatherArgs", "BarrierArgs", "ScatterArgs",
+           "CollectiveArgs", "MAX_KERNEL_RANKS"]
 
 MAX_KERNEL_RANKS = 8  # kMaxRanks in signal.cuh
 
@@ -168,3 +169,46 @@ class LoadedKernels:
             module, self._module = self._module, None
             self._functions.clear()
             check("cuModuleUnload", driver.cuModuleUnload(module))
+
+
+class CollectiveKernels:
+    """Every collective kernel behind one object, as if one module: ``function(entry)``
+    loads (through ``load``, once) the translation unit that defines ``entry``
+    (compiler.COLLECTIVE_UNITS), so a process loads only the families it calls;
+    ``global_array`` reads the unit whose kernels carry the phase stamps (trace.py).
+    ``load`` owns the units: closing them is its business.
+
+    Raises:
+        KernelCompileError: (from ``function``) no collective is called so, or its unit
+            does not compile.
+    """
+
+    def __init__(self, load: Callable[[str], LoadedKernels]) -> None:
+        self._load = load
+
+    def function(self, name: str) -> Any:
+        from .compiler import collective_unit
+
+        return self._load(collective_unit(name)).function(name)
+
+    def load_all(self, first: int = 0) -> None:
+        """Load every unit now, starting at the ``first``-th (modulo their number): ranks
+        of a node that pass their rank compile different units side by side where
+        nothing is shipped or cached (each waits for the others' files after), and no
+        unit loads later, during a graph capture.
+
+        Raises:
+            KernelCompileError: a unit does not compile.
+            CudaError: a CUBIN does not load.
+        """
+        from .compiler import COLLECTIVE_UNITS
+
+        units = list(COLLECTIVE_UNITS)
+        start = first % len(units)
+        for unit in units[start:] + units[:start]:
+            self._load(unit)
+
+    def global_array(self, name: str) -> tuple[int, int]:
+        from .trace import TRACED_UNIT
+
+        return self._load(TRACED_UNIT).global_array(name)

@@ -43,8 +43,9 @@ _SHAPES = {TRACE_SYMBOL: (TRACE_CALLS, TRACE_BLOCKS, TRACE_MARKS, 2),
            TRACE_SPAN_SYMBOL: (TRACE_CALLS, TRACE_SPAN_BLOCKS, 2),
            TRACE_CALLS_SYMBOL: (TRACE_SPAN_BLOCKS,)}
 _TRACE_DEFINE = "-DIPCSHARE_KERNEL_TRACE"
-# The sources whose kernels carry marks.
-_TRACED_SOURCES = ("collectives.cu",)
+# The one unit whose kernels carry marks (all of KERNEL_MARKS): one module, so one stamps
+# buffer orders every traced call.
+TRACED_UNIT = "collectives_all_to_all.cu"
 
 # The marks each entry point stamps, in the order it stamps them (its marks in its .cuh).
 _PULL = ("begun", "staged", "met", "headers and rows read", "read", "ended")
@@ -76,7 +77,7 @@ KERNEL_MARKS: dict[str, tuple[str, ...]] = {
 def build_options(source: str) -> tuple[str, ...]:
     """NVRTC options for ``source``: the trace's define where the setting asks for it
     and the source carries marks, else none (the usual build)."""
-    if source in _TRACED_SOURCES and settings.kernel_trace():
+    if source == TRACED_UNIT and settings.kernel_trace():
         return (_TRACE_DEFINE,)
     return ()
 

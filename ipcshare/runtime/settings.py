@@ -16,14 +16,15 @@ from .errors import SettingError
 __all__ = [
     "Setting", "SETTINGS", "raw", "seconds", "log_level", "debug", "max_ranks_per_gpu",
     "disabled_p2p_pairs", "shared_gpu_barrier", "SHARED_GPU_BARRIERS", "mpi_cuda_aware",
-    "socket_dir", "kernel_cache", "kernel_trace", "doctor_test_death", "exchange_timeout",
-    "signal_timeout",
+    "socket_dir", "kernel_cache", "kernel_archs", "kernel_shipped", "kernel_trace",
+    "doctor_test_death", "exchange_timeout", "signal_timeout",
     "DEFAULT_EXCHANGE_TIMEOUT_S", "DEFAULT_SIGNAL_TIMEOUT_S", "MIN_SECONDS", "MAX_SECONDS",
     "LOG", "DEBUG", "VIRTUAL_NODES", "MAX_RANKS_PER_GPU",
     "DISABLE_P2P", "P2P_FALLBACK", "P2P_CHUNK", "SHARED_GPU_BARRIER", "MPI_CUDA_AWARE",
     "SIGNAL_TIMEOUT", "EXCHANGE_TIMEOUT",
     "ARRIVAL_TIMEOUT", "PEER_EXIT_GRACE", "DOCTOR_TIMEOUT", "SOCKET_DIR", "KERNEL_CACHE",
-    "KERNEL_TRACE", "DOCTOR_TEST_DIE_RANK", "DOCTOR_TEST_DIE_STAGE",
+    "KERNEL_ARCHS", "KERNEL_SHIPPED", "KERNEL_TRACE", "DOCTOR_TEST_DIE_RANK",
+    "DOCTOR_TEST_DIE_STAGE",
 ]
 
 LOG = "IPCSHARE_LOG"
@@ -42,6 +43,8 @@ PEER_EXIT_GRACE = "IPCSHARE_PEER_EXIT_GRACE"
 DOCTOR_TIMEOUT = "IPCSHARE_DOCTOR_TIMEOUT"
 SOCKET_DIR = "IPCSHARE_SOCKET_DIR"
 KERNEL_CACHE = "IPCSHARE_KERNEL_CACHE"
+KERNEL_ARCHS = "IPCSHARE_KERNEL_ARCHS"
+KERNEL_SHIPPED = "IPCSHARE_KERNEL_SHIPPED"
 KERNEL_TRACE = "IPCSHARE_KERNEL_TRACE"
 DOCTOR_TEST_DIE_RANK = "IPCSHARE_DOCTOR_TEST_DIE_RANK"
 DOCTOR_TEST_DIE_STAGE = "IPCSHARE_DOCTOR_TEST_DIE_STAGE"
@@ -91,6 +94,11 @@ SETTINGS = (
     Setting(KERNEL_CACHE, "$XDG_CACHE_HOME/ipcshare/kernels, else "
             "~/.cache/ipcshare/kernels", "where compiled kernels (CUBIN) are kept, one file "
             "per kernel, architecture and NVRTC version"),
+    Setting(KERNEL_ARCHS, "sm_80,sm_90,sm_100", "when the package is built or installed: "
+            "the architectures whose kernels it ships, built by NVRTC (commas or spaces; "
+            "none: ship none, every first call compiles)"),
+    Setting(KERNEL_SHIPPED, "1", "0: ignore the CUBINs shipped in the package (every kernel "
+            "comes from the cache or NVRTC), e.g. to time a cold compile"),
     Setting(KERNEL_TRACE, "0", "1: build the collective kernels with phase stamps for "
             "tools/kernel_trace.py (a CUBIN of its own; results the same)"),
     Setting(DOCTOR_TEST_DIE_RANK, "unset", "tests only: the rank that dies during doctor"),
@@ -253,6 +261,24 @@ def socket_dir() -> str | None:
 def kernel_cache() -> str | None:
     """``IPCSHARE_KERNEL_CACHE``, or None when unset or empty."""
     return raw(KERNEL_CACHE) or None
+
+
+def kernel_archs() -> str | None:
+    """``IPCSHARE_KERNEL_ARCHS`` (read when the package is built), or None when unset."""
+    return _text(KERNEL_ARCHS) or None
+
+
+def kernel_shipped() -> bool:
+    """``IPCSHARE_KERNEL_SHIPPED``: whether the package's shipped CUBINs may serve (True
+    unless set to 0).
+
+    Raises:
+        SettingError: a value other than 0 or 1.
+    """
+    value = _text(KERNEL_SHIPPED)
+    if value not in ("", "0", "1"):
+        raise SettingError(f"{KERNEL_SHIPPED}={value!r}: must be 0 or 1")
+    return value != "0"
 
 
 def kernel_trace() -> bool:

@@ -58,8 +58,8 @@ def _fits(algo: str, count: int, dtype: str, size: int, layout: ScratchLayout) -
 def test_both_are_registered_for_gpu_all_reduce_and_have_every_kernel_entry():
     assert set(_ALGOS) <= set(algorithm_names("cuda", "all_reduce"))
     assert not set(_ALGOS) & set(algorithm_names("host", "all_reduce"))
-    entries = set(KERNEL_SOURCES["collectives.cu"])
-    source = (_KERNELS / "src" / "collectives.cu").read_text()
+    entries = set(KERNEL_SOURCES["collectives_ll128.cu"])
+    source = (_KERNELS / "src" / "collectives_ll128.cu").read_text()
     for algo in _ALGOS:
         found = algorithm("cuda", "all_reduce", algo)
         for dtype, itemsize in _DTYPES.items():

@@ -167,6 +167,6 @@ def test_both_all_to_alls_are_registered_with_their_entry_points():
     assert "ll128" in algorithm_names("cuda", "all_to_all_v")
     from ipcshare.kernels.compiler import KERNEL_SOURCES
     for entry in ("all_to_all_ll128_bytes", "all_to_all_v_ll128_bytes"):
-        assert entry in KERNEL_SOURCES["collectives.cu"]
+        assert entry in KERNEL_SOURCES["collectives_all_to_all.cu"]
         assert f"void IPCSHARE_BOUNDED {entry}(CollectiveArgs a)" in (
-            _SOURCES / "src" / "collectives.cu").read_text()
+            _SOURCES / "src" / "collectives_all_to_all.cu").read_text()

@@ -1,6 +1,6 @@
 """The kernels' phase stamps (kernels/include/ipcshare/trace.cuh, kernels/trace.py,
 tools/kernel_trace.py) without a GPU: the build that carries them is asked for only by
-IPCSHARE_KERNEL_TRACE=1 and only for collectives.cu; the usual build's kernels are the same
+IPCSHARE_KERNEL_TRACE=1 and only for the all-to-all unit; the usual build's kernels are the same
 machine code as if the marks were not there, and it has no stamps buffer; the traced build
 has one, of the size the host reads, and its kernels still fit a block; every traced kernel
 stamps exactly the marks the host names for it, in order; and the summary turns stamps into
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ipcshare.kernels import trace
+from ipcshare.kernels import KERNEL_SOURCES, trace
 from ipcshare.runtime import settings
 from ipcshare.runtime.errors import CudaError
 from tests.example_runs import load_example
@@ -44,13 +44,13 @@ def test_the_host_reads_the_buffers_the_header_defines():
 def test_the_traced_build_is_asked_for_by_the_setting_and_only_for_the_collectives(
         monkeypatch):
     monkeypatch.delenv(settings.KERNEL_TRACE, raising=False)
-    assert trace.build_options("collectives.cu") == ()
+    assert trace.build_options(trace.TRACED_UNIT) == ()
     monkeypatch.setenv(settings.KERNEL_TRACE, "1")
-    assert trace.build_options("collectives.cu") == ("-DIPCSHARE_KERNEL_TRACE",)
-    for other in ("allgather.cu", "barrier.cu", "p2p_direct.cu"):
+    assert trace.build_options(trace.TRACED_UNIT) == ("-DIPCSHARE_KERNEL_TRACE",)
+    for other in set(KERNEL_SOURCES) - {trace.TRACED_UNIT}:
         assert trace.build_options(other) == ()
     monkeypatch.setenv(settings.KERNEL_TRACE, "0")
-    assert trace.build_options("collectives.cu") == ()
+    assert trace.build_options(trace.TRACED_UNIT) == ()
 
 
 # (file, the kernel function whose body holds the marks, the entry points it runs).

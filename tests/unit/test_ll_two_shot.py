@@ -135,11 +135,11 @@ def test_a_call_larger_than_its_layout_is_refused():
 
 def test_every_dtype_and_op_has_its_kernel_entry():
     two_shot = algorithm("cuda", "all_reduce", "ll-two-shot")
-    entries = set(KERNEL_SOURCES["collectives.cu"])
+    entries = set(KERNEL_SOURCES["collectives_ll.cu"])
     for dtype, itemsize in _DTYPES.items():
         for op in ("sum", "max", "min"):
             signature = Signature("all_reduce", 7, dtype, itemsize, op, "ll-two-shot")
             assert two_shot.entry(signature) in entries
-    source = (_KERNELS / "src" / "collectives.cu").read_text()
+    source = (_KERNELS / "src" / "collectives_ll.cu").read_text()
     # Every dtype and op, bound to the block (test_kernels checks its registers).
     assert "IPCSHARE_TYPES(all_reduce_ll_two_shot, IPCSHARE_BOUNDED)" in source

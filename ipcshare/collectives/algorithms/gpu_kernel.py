@@ -1,4 +1,4 @@
-"""What a GPU algorithm is: kernels of kernels/src/collectives.cu enqueued on the call's
+"""What a GPU algorithm is: kernels of kernels/src/collectives_*.cu enqueued on the call's
 stream (one per call, or, for the stepped algorithms, two with the stream's own flag
 barriers between them), with nothing on the host in between (so a CUDA graph captures
 a call whole and replays it with whatever the input holds then). The path fills the
@@ -55,7 +55,7 @@ class GpuCall:
 
 
 class GpuKernelAlgorithm(Algorithm):
-    """An algorithm run by one kernel family of collectives.cu.
+    """An algorithm run by one kernel family of the collectives (kernels/src/collectives_*.cu).
 
     ``kernel`` is the entry point's prefix (``<kernel>_<dtype>_<op>``; all-gather names
     its one entry in full); ``aliasing_safe`` says whether an in-place output may be an

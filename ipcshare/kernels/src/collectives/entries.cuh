@@ -3,16 +3,17 @@
 // copy-engine, stepped),
 // reduce-scatter (one-shot, push, ll, ll128, stepped), all-to-all (pull, balanced, ll,
 // ll128, copy-engine, push) and all-to-all-v (pull, balanced, ll, ll128, push, eager) over
-// a communicator's window. Each algorithm's kernels are one file of
-// kernels/src/collectives/ (the copy-engine all-to-all has no kernel of its own:
+// a communicator's window, in one translation unit a kernel family
+// (collectives_<family>.cu, which defines its entry points with this file's macros;
+// kernels/compiler.py's COLLECTIVE_UNITS maps each entry to its unit). Each algorithm's
+// kernels are one file of kernels/src/collectives/ (the copy-engine all-to-all has no kernel of its own:
 // copy_engine.cuh's publish_call and finish_call frame its copies), beside its Python half
 // in collectives/algorithms/: args.cuh (the arguments and pad words), reduce.cuh (element
 // types, reductions), call.cuh (the call protocol every algorithm shares),
 // two_shot_chunks.cuh (the two-shots' chunks), then one_shot, two_shot, stepped,
 // copy_engine, push, low_latency, low_latency_128, all_reduce_ll128, all_to_all,
 // all_to_all_balanced, all_to_all_ll, all_to_all_ll128, all_to_all_push, all_to_all_v_push
-// and all_to_all_v_eager. This file puts them in one module and defines the entry points. What
-// follows describes the one-barrier kernels; push.cuh, low_latency.cuh and the all-to-all
+// and all_to_all_v_eager. What follows describes the one-barrier kernels; push.cuh, low_latency.cuh and the all-to-all
 // files describe their own.
 //
 // One kernel per call, nothing else on the stream: every thread block copies its slice of
@@ -32,28 +33,9 @@
 // and no flush of subnormals, whatever the compile options), 16-bit floats converted
 // exactly to float32 and rounded once at the end; int32 wraps; max / min are IEEE
 // maximum / minimum (-0.0 < +0.0, any NaN gives the canonical quiet NaN).
-#include "collectives/args.cuh"
-#include "collectives/reduce.cuh"
-#include "collectives/call.cuh"
-#include "collectives/one_shot.cuh"
-#include "collectives/two_shot.cuh"
-#include "collectives/stepped.cuh"
-#include "collectives/copy_engine.cuh"
-#include "collectives/push.cuh"
-#include "collectives/low_latency.cuh"
-#include "collectives/low_latency_128.cuh"
-#include "collectives/all_reduce_ll128.cuh"
-#include "collectives/all_to_all.cuh"
-#include "collectives/all_to_all_balanced.cuh"
-#include "collectives/all_to_all_ll.cuh"
-#include "collectives/all_to_all_ll128.cuh"
-#include "collectives/all_to_all_push.cuh"
-#include "collectives/all_to_all_v_push.cuh"
-#include "collectives/all_to_all_v_eager.cuh"
-
-// ---------------------------------------------------------------------------------------
+//
 // Entry points: <collective>_<dtype>_<op>, e.g. all_reduce_one_shot_bfloat16_sum.
-
+//
 // Every entry is launched with 512 threads a block (gpu_kernel.py's THREADS), where a
 // thread may have 128 registers. A kernel the compiler gives more fails every launch
 // (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES): the LL two-shot, waiting on every peer's line at
@@ -61,6 +43,11 @@
 // little instead; the others are left as the compiler makes them (a bound lets it spend
 // registers it did not need before, and their timings were measured that way).
 // tests/unit/test_kernels.py checks every entry's registers against the block.
+#pragma once
+
+#include "collectives/args.cuh"
+#include "collectives/reduce.cuh"
+
 #define IPCSHARE_UNBOUNDED
 #define IPCSHARE_BOUNDED __launch_bounds__(512, 1)
 
@@ -81,64 +68,3 @@
   IPCSHARE_REDUCTIONS(NAME, BF16, bfloat16, BOUND)    \
   IPCSHARE_REDUCTIONS(NAME, I32, int32, BOUND)
 #define IPCSHARE_ALL_TYPES(NAME) IPCSHARE_TYPES(NAME, IPCSHARE_UNBOUNDED)
-
-IPCSHARE_ALL_TYPES(all_reduce_one_shot)
-IPCSHARE_ALL_TYPES(all_reduce_two_shot)
-IPCSHARE_ALL_TYPES(reduce_scatter_one_shot)
-IPCSHARE_ALL_TYPES(all_reduce_ll)
-IPCSHARE_TYPES(all_reduce_ll_two_shot, IPCSHARE_BOUNDED)
-IPCSHARE_ALL_TYPES(reduce_scatter_ll)
-IPCSHARE_TYPES(reduce_scatter_ll128, IPCSHARE_BOUNDED)
-IPCSHARE_TYPES(all_reduce_ll128, IPCSHARE_BOUNDED)
-IPCSHARE_TYPES(all_reduce_ll128_two_shot, IPCSHARE_BOUNDED)
-IPCSHARE_ALL_TYPES(all_reduce_stepped)
-IPCSHARE_ALL_TYPES(reduce_scatter_stepped)
-IPCSHARE_ALL_TYPES(all_reduce_copy_engine)
-IPCSHARE_ALL_TYPES(all_reduce_push)
-IPCSHARE_ALL_TYPES(reduce_scatter_push)
-
-extern "C" __global__ void all_gather_pull_bytes(CollectiveArgs a) { one_kernel<PullAllGather>(a); }
-extern "C" __global__ void all_gather_push_bytes(CollectiveArgs a) { all_gather_push(a); }
-extern "C" __global__ void all_gather_stepped_bytes(CollectiveArgs a) {
-  after_meet<PullAllGather>(a);
-}
-
-// The first kernel of a stepped call, by element size (count is in elements).
-struct Bytes { typedef unsigned char Bits; };
-extern "C" __global__ void stage_and_publish_bytes(CollectiveArgs a) { stage_and_publish<Bytes>(a); }
-extern "C" __global__ void stage_and_publish_float32(CollectiveArgs a) { stage_and_publish<F32>(a); }
-extern "C" __global__ void stage_and_publish_float16(CollectiveArgs a) { stage_and_publish<F16>(a); }
-extern "C" __global__ void stage_and_publish_bfloat16(CollectiveArgs a) { stage_and_publish<BF16>(a); }
-extern "C" __global__ void stage_and_publish_int32(CollectiveArgs a) { stage_and_publish<I32>(a); }
-extern "C" __global__ void all_gather_ll_bytes(CollectiveArgs a) { all_gather_ll(a); }
-extern "C" __global__ void IPCSHARE_BOUNDED all_gather_ll128_bytes(CollectiveArgs a) {
-  all_gather_ll128(a);
-}
-extern "C" __global__ void all_to_all_pull_bytes(CollectiveArgs a) { all_to_all_pull<false>(a); }
-extern "C" __global__ void all_to_all_v_pull_bytes(CollectiveArgs a) { all_to_all_pull<true>(a); }
-extern "C" __global__ void all_to_all_ll_bytes(CollectiveArgs a) { all_to_all_ll(a); }
-extern "C" __global__ void IPCSHARE_BOUNDED all_to_all_v_ll_bytes(CollectiveArgs a) {
-  all_to_all_v_ll(a);
-}
-extern "C" __global__ void IPCSHARE_BOUNDED all_to_all_ll128_bytes(CollectiveArgs a) {
-  all_to_all_ll128(a);
-}
-extern "C" __global__ void IPCSHARE_BOUNDED all_to_all_v_ll128_bytes(CollectiveArgs a) {
-  all_to_all_v_ll128(a);
-}
-// The balanced copies' unrolled loads are bound to the block too.
-extern "C" __global__ void IPCSHARE_BOUNDED all_to_all_balanced_bytes(CollectiveArgs a) {
-  all_to_all_balanced<false>(a);
-}
-extern "C" __global__ void IPCSHARE_BOUNDED all_to_all_v_balanced_bytes(CollectiveArgs a) {
-  all_to_all_balanced<true>(a);
-}
-extern "C" __global__ void IPCSHARE_BOUNDED all_to_all_push_bytes(CollectiveArgs a) {
-  all_to_all_push(a);
-}
-extern "C" __global__ void IPCSHARE_BOUNDED all_to_all_v_push_bytes(CollectiveArgs a) {
-  all_to_all_v_push(a);
-}
-extern "C" __global__ void IPCSHARE_BOUNDED all_to_all_v_eager_bytes(CollectiveArgs a) {
-  all_to_all_v_eager(a);
-}
