@@ -3,9 +3,11 @@ package is built or installed (kernels/build.py, from setup.py), with a manifest
 each one's key: the digest of source, headers and options, and the NVRTC version that
 built it.
 
-A shipped CUBIN serves a call only when the key the call computes now matches, and where
-an NVRTC package is installed, only when it is that version: anything else falls back to
-the cache and NVRTC (compiler.py). Finding, reading and checking one imports and calls no
+A shipped CUBIN serves a call only when the key the call computes now matches (the same
+source, headers and options): anything else falls back to the cache and NVRTC
+(compiler.py). The NVRTC that built it is recorded, not required: the CUBIN is machine
+code, and an NVRTC of another version installed beside it (every CUDA build of torch brings
+one) compiles nothing here. Finding, reading and checking one imports and calls no
 NVRTC, so a node without NVRTC runs the shipped architectures.
 """
 
@@ -108,8 +110,8 @@ def installed_nvrtc() -> str | None:
 
 def shipped_state(build: KernelBuild, directory: Path | None = None) -> str:
     """``"shipped"`` (this build's CUBIN is shipped and would serve), ``"stale"`` (one is
-    shipped for the source and architecture but for other sources, headers, options or
-    another NVRTC, or IPCSHARE_KERNEL_SHIPPED=0 turns them off) or ``"missing"``.
+    shipped for the source and architecture but for other sources, headers or options, or
+    IPCSHARE_KERNEL_SHIPPED=0 turns them off) or ``"missing"``.
 
     Raises:
         SettingError: IPCSHARE_KERNEL_SHIPPED is not 0 or 1.
@@ -121,15 +123,14 @@ def shipped_state(build: KernelBuild, directory: Path | None = None) -> str:
         return "missing"
     if not settings.kernel_shipped():
         return "stale"
-    nvrtc = installed_nvrtc()
-    if entry.key != build.key or (nvrtc is not None and nvrtc != entry.nvrtc):
+    if entry.key != build.key:
         return "stale"
     return "shipped"
 
 
 def find_shipped(build: KernelBuild, directory: Path | None = None) -> bytes | None:
-    """The shipped CUBIN of ``build``, or None: none shipped, another key, another NVRTC
-    installed, or a file that does not read back as it was written."""
+    """The shipped CUBIN of ``build``, or None: none shipped, another key, or a file that
+    does not read back as it was written."""
     directory = shipped_dir() if directory is None else directory
     if shipped_state(build, directory) != "shipped":
         return None
