@@ -1,0 +1,298 @@
+#!/usr/bin/env python3
+"""Render docs/BENCHMARKS.md and the README's headline table from the result documents.
+
+    python3 tools/render_benchmarks.py          # rewrite both
+    python3 tools/render_benchmarks.py --check  # exit 1 where either differs from its render
+
+Every figure printed comes from a document under docs/results/ and is linked to it; the
+figures of one line come from one launch. Times are quoted as the document holds them; a
+ratio is the run's own printed `speedup` (NCCL / ours) where the run printed one, else the
+baseline's time over ours rounded to two decimals. A launch with wrong elements or
+measurement errors, ours or the baseline's, is never shown as a comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "docs" / "results"
+BENCHMARKS = ROOT / "docs" / "BENCHMARKS.md"
+TEMPLATE = ROOT / "tools" / "benchmarks-template.md"
+README = ROOT / "README.md"
+HEADLINE_BEGIN = "<!-- headline table: rendered by tools/render_benchmarks.py -->"
+HEADLINE_END = "<!-- end of headline table -->"
+MACHINES = [
+    ("2xh200", "2 GPUs: 2 × NVIDIA H200, NVLink 4 (18 links) between them"),
+    ("4xh200", "4 GPUs: 4 × NVIDIA H200 SXM, NVLink 4 (18 links) between every pair"),
+    ("1xh200", "One GPU shared by ranks under MPS: 1 × NVIDIA H200"),
+    ("cpu", "CPU: 2 cores (AMD EPYC), no GPU, host shared memory against MPI"),
+]
+OPS = {"allreduce": "all-reduce", "allgather": "all-gather", "reducescatter": "reduce-scatter",
+       "alltoall": "all-to-all", "ring": "ring", "moe-step": "MoE step"}
+
+
+# Asides of old commit subjects about how a run was organised, not about the code.
+_WORKPLACE_ASIDE = re.compile(r"\s*\((?:[^()]*\b(?:session|lent|issue \d+)\b[^()]*)\)", re.I)
+_WORKPLACE_WORDS = re.compile(r"\b(?:\w+ session|session|lent|lending|issue \d+)\b", re.I)
+
+
+@dataclass(frozen=True)
+class Headline:
+    """One README headline row: a size range of one launch of one document."""
+
+    machine: str
+    call: str
+    document: str
+    launch: int
+    sizes: tuple | None = None
+
+
+HEADLINES = [
+    Headline("2 × H200", "all-reduce, 8 B–128 KiB, CUDA graph (`auto`)",
+             "2xh200/2026-11-28-1ae235d-4-allreduce-auto-graph.json", 1, (8, 131072)),
+    Headline("2 × H200", "all-gather, 8 B–128 KiB, CUDA graph (`auto`)",
+             "2xh200/2026-11-28-1ae235d-3-small-messages-and-a2a-v-ll.json", 1, (8, 131072)),
+    Headline("2 × H200", "all-to-all, even splits, 8 B–512 KiB, CUDA graph (`ll`)",
+             "2xh200/2026-11-28-1ae235d-3-small-messages-and-a2a-v-ll.json", 8, (8, 524288)),
+    Headline("2 × H200", "all-to-all, even splits, 1 MiB, CUDA graph (`ll`)",
+             "2xh200/2026-11-28-07fd5ca-13-log.json", 2, (1048576, 1048576)),
+    Headline("2 × H200", "all-to-all, even splits, 16–256 MiB, CUDA graph (`push`, plain tensors)",
+             "2xh200/2026-11-28-abfc858-8-alltoall-push.json", 1, (16777216, 268435456)),
+    Headline("2 × H200", "all-to-all, even splits, 16–256 MiB, CUDA graph (`push`, registered)",
+             "2xh200/2026-11-28-abfc858-8-alltoall-push.json", 3, (16777216, 268435456)),
+    Headline("2 × H200", "all-to-all-v, random splits, 32 MiB a rank, CUDA graph (`push`)",
+             "2xh200/2026-11-28-1dd430c-10-tests-ll-registered.json", 7, (33554432, 33554432)),
+    Headline("2 × H200", "all-to-all-v, random splits, 32 MiB a rank, CUDA graph (`eager`)",
+             "2xh200/2026-11-28-1c35a3f-15-alltoall-v-results.json", 2, (33554432, 33554432)),
+    Headline("2 of 4 × H200", "MoE step (top-8 of 32 experts, 4,096 x 7,168 bf16), one graph against NCCL with host splits",
+             "4xh200/2026-11-28-e8f3647-6-log.json", 17),
+    Headline("4 × H200", "all-reduce, 8 B–2 KiB, CUDA graph (`ll`)",
+             "4xh200/2026-11-28-0f21db3-1-log.json", 6, (8, 2048)),
+    Headline("4 × H200", "all-reduce, 2 MiB, CUDA graph (`ll`)",
+             "4xh200/2026-11-28-0f21db3-1-log.json", 6, (2097152, 2097152)),
+    Headline("4 × H200", "all-reduce, 8 B–128 KiB, eager from Python (`ll`)",
+             "4xh200/2026-11-27-6d3eb65-5-latency.json", 14, (8, 131072)),
+    Headline("4 × H200", "all-gather, 2 MiB, CUDA graph (`ll128`)",
+             "4xh200/2026-11-28-b346a7f-9-ll128-n4.json", 1, (2097152, 2097152)),
+    Headline("4 × H200", "reduce-scatter, 16 B–32 KiB, CUDA graph (`auto`)",
+             "4xh200/2026-11-28-e8f3647-5-log.json", 8, (16, 32768)),
+    Headline("4 × H200", "all-to-all, even splits, 16 B–512 KiB, CUDA graph (`ll`)",
+             "4xh200/2026-11-28-b2fef07-1-log.json", 4, (16, 524288)),
+    Headline("4 × H200", "MoE step (top-1 of 8 experts, 4,096 x 7,168 bf16), one graph against NCCL with host splits",
+             "4xh200/2026-11-28-b2fef07-1-log.json", 10),
+    Headline("4 × H200", "MoE step (top-8 of 32 experts, 4,096 x 7,168 bf16), one graph against NCCL with host splits",
+             "4xh200/2026-11-28-04d8bea-8-moe-n4-top8.json", 1),
+]
+
+
+def load(relative: str) -> dict:
+    return json.loads((RESULTS / relative).resolve().read_text())
+
+
+def documents() -> list:
+    """Every result document, sorted by date, commit and file name (the render's order)."""
+    found = []
+    for path in sorted(RESULTS.rglob("*.json")):
+        document = json.loads(path.read_text())
+        found.append((path.relative_to(RESULTS).as_posix(), document))
+    return sorted(found, key=lambda item: (item[1].get("date") or "", item[0]))
+
+
+def launch_number(launch_id: str) -> int:
+    """The number of a launch in its raw file: `<raw file>#<n> (<step>)`."""
+    return int(re.search(r"#(\d+)", launch_id).group(1))
+
+
+def launch_rows(document: dict, launch: int) -> list:
+    """The rows of launch number `launch` of the document's raw file."""
+    rows = [row for row in document["rows"] if launch_number(row["launch"]) == launch]
+    if not rows:
+        raise ValueError(f"the document holds no launch #{launch}")
+    return rows
+
+
+def number(value) -> str:
+    """A figure as the document holds it (Python's shortest form of the JSON number)."""
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def span(values: list) -> str:
+    low, high = min(values), max(values)
+    return number(low) if low == high else f"{number(low)}–{number(high)}"
+
+
+def ratio(row: dict, baseline: dict):
+    """NCCL / ours: the run's printed speedup, else the two times' ratio to 2 decimals."""
+    if "speedup" in baseline and baseline["speedup"] is not None:
+        return baseline["speedup"]
+    if "ours_over" in baseline and baseline["ours_over"] is not None:
+        return baseline["ours_over"]
+    return round(baseline["us"] / row["ours_us"], 2)
+
+
+def clean(rows: list) -> bool:
+    """0 wrong and 0 measurement errors, ours and every baseline's."""
+    return all(row["wrong"] == 0 and not row.get("measurement_errors")
+               and all(b.get("wrong") == 0 for b in row["baselines"]) for row in rows)
+
+
+def headline_cells(headline: Headline) -> list:
+    """The five cells of a headline row; raises ValueError where its launch is not clean."""
+    document = load(headline.document)
+    rows = launch_rows(document, headline.launch)
+    if headline.sizes:
+        rows = [r for r in rows if headline.sizes[0] <= r["size"] <= headline.sizes[1]]
+    if not rows or not clean(rows):
+        raise ValueError(f"{headline.document} launch {headline.launch}: no clean rows")
+    nccl = [next(b for b in r["baselines"] if b["name"] == "nccl") for r in rows]
+    link = "docs/results/" + headline.document
+    return [
+        f"{headline.machine} ({document['date']}, [`{document['commit']}`]({link}))",
+        headline.call,
+        span([r["ours_us"] for r in rows]) + " µs",
+        span([b["us"] for b in nccl]) + " µs",
+        span([ratio(r, b) for r, b in zip(rows, nccl)]),
+    ]
+
+
+def render_headline() -> str:
+    lines = [HEADLINE_BEGIN,
+             "| machine (date, commit: its result document) | call, sizes, timing | ipcshare | NCCL, same launch | NCCL / ours |",
+             "|---|---|---|---|---|"]
+    lines += ["| " + " | ".join(headline_cells(h)) + " |" for h in HEADLINES]
+    lines.append(HEADLINE_END)
+    return "\n".join(lines)
+
+
+def readme_with_headline(text: str) -> str:
+    begin, end = text.index(HEADLINE_BEGIN), text.index(HEADLINE_END) + len(HEADLINE_END)
+    return text[:begin] + render_headline() + text[end:]
+
+
+def _launches(document: dict) -> list:
+    ids = list(dict.fromkeys(row["launch"] for row in document["rows"]))
+    return [[r for r in document["rows"] if r["launch"] == i] for i in ids]
+
+
+def _size(size) -> str:
+    if size is None:
+        return "—"
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale and size % scale == 0:
+            return f"{size // scale} {unit}"
+    return f"{size} B"
+
+
+def _key(rows: list) -> tuple:
+    r = rows[0]
+    return (r["op"], r["mode"], r.get("algorithm") or "—", r["ranks"], r.get("splits") or "",
+            r.get("case") or "")
+
+
+def _launch_line(path: str, document: dict, rows: list) -> str:
+    """One launch as one table line: its sizes and each side's range, linked to its document."""
+    r0 = rows[0]
+    sizes = [r["size"] for r in rows if r["size"] is not None]
+    cells = [r0.get("algorithm") or "—", str(r0["ranks"]), r0.get("splits") or r0.get("case") or "—",
+             ("—" if not sizes else _size(min(sizes)) if min(sizes) == max(sizes)
+              else f"{_size(min(sizes))}–{_size(max(sizes))}"),
+             span([r["ours_us"] for r in rows])]
+    nccl = [next((b for b in r["baselines"] if b["name"] == "nccl"), None) for r in rows]
+    other = [next((b for b in r["baselines"]), None) for r in rows]
+    baselines = nccl if all(nccl) else other
+    if all(baselines):
+        cells.append(f"{baselines[0]['name']} {span([b['us'] for b in baselines])}")
+        cells.append(span([ratio(r, b) for r, b in zip(rows, baselines)]) if clean(rows) else "—")
+    else:
+        cells += ["—", "—"]
+    wrong = sum(r["wrong"] or 0 for r in rows) + sum((b or {}).get("wrong") or 0 for b in baselines)
+    errors = r0.get("measurement_errors")
+    cells.append(f"{wrong}" + ("" if errors is None else f" / {errors}"))
+    cells.append(f"{document['date']}, [`{document['commit']}`](results/{path})")
+    return "| " + " | ".join(cells) + " |"
+
+
+def render_today(all_documents: list) -> list:
+    """Per machine, op and timing mode: the latest launch of each algorithm, rank count and
+    split kind, one line each."""
+    out = []
+    for machine, heading in MACHINES:
+        latest: dict = {}
+        for path, document in all_documents:
+            if not path.startswith(machine + "/"):
+                continue
+            for rows in _launches(document):
+                latest[_key(rows)] = (path, document, rows)
+        out += [f"### {heading}", ""]
+        if not latest:
+            out += ["No result document yet: figures measured on this machine were not kept as "
+                    "raw output, and are left out until measured again.", ""]
+            continue
+        for op in OPS:
+            for mode in ("graph", "eager", "latency"):
+                chosen = [v for k, v in latest.items() if k[0] == op and k[1] == mode]
+                if not chosen:
+                    continue
+                out += [f"**{OPS[op]}, {mode}** (µs)", "",
+                        "| algorithm | ranks | splits / case | sizes | ours | baseline, same launch | baseline / ours | #wrong / measurement errors | date, commit: document |",
+                        "|---|---:|---|---|---|---|---|---|---|"]
+                chosen.sort(key=lambda v: (str(v[2][0].get("algorithm")), v[2][0]["ranks"],
+                                           str(v[2][0].get("splits") or v[2][0].get("case"))))
+                out += [_launch_line(path, document, rows) for path, document, rows in chosen]
+                out.append("")
+    return out
+
+
+def _subject(commit: str) -> str:
+    text = subprocess.run(["git", "log", "-1", "--format=%s", commit], cwd=ROOT,
+                          capture_output=True, text=True, check=False).stdout.strip()
+    text = re.sub(r"\s+", " ", text)
+    text = _WORKPLACE_ASIDE.sub("", text)
+    text = _WORKPLACE_WORDS.split(text)[0].rstrip(" ,;:(")
+    return (text[:110] + "…") if len(text) > 111 else (text or "(commit not in this history)")
+
+
+def render_history(all_documents: list) -> list:
+    out = ["| date | commit | machine | what the commit changed | document |", "|---|---|---|---|---|"]
+    for path, document in sorted(all_documents, key=lambda item: (item[1]["date"] or "", item[1]["commit"], item[0]),
+                                 reverse=True):
+        subject = _subject(document["commit"]).replace("|", "/")
+        out.append(f"| {document['date']} | `{document['commit']}` | {path.split('/')[0]} | {subject} | "
+                   f"[{Path(path).name}](results/{path}) |")
+    return out
+
+
+def render_benchmarks() -> str:
+    all_documents = documents()
+    template = TEMPLATE.read_text()
+    text = template.replace("{{today}}", "\n".join(render_today(all_documents)).rstrip())
+    text = text.replace("{{history}}", "\n".join(render_history(all_documents)))
+    text = text.replace("{{headline}}", render_headline())
+    return text.rstrip() + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 where a file differs from its render")
+    args = parser.parse_args(argv)
+    benchmarks = render_benchmarks()
+    readme = readme_with_headline(README.read_text())
+    if args.check:
+        stale = [p for p, t in ((BENCHMARKS, benchmarks), (README, readme)) if p.read_text() != t]
+        for path in stale:
+            print(f"{path.relative_to(ROOT)} differs from its render: run tools/render_benchmarks.py")
+        return 1 if stale else 0
+    BENCHMARKS.write_text(benchmarks)
+    README.write_text(readme)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
