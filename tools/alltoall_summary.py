@@ -11,7 +11,7 @@ Speedup is the baseline's time over ours at one size (above 1: ours faster), as 
 console table and the bench summary give it. Out-of-place rows (the in-place rows of even
 splits are in the JSON). A row with wrong elements shows ``wrong`` and no time; one with
 measurement errors carries a ``!``. Beside NCCL's speedup, each row says whether it meets
-issue 42's target for its size and splits (a dash where the issue sets none). Exits 1 when
+the target for its size and splits (a dash where none is set). Exits 1 when
 no all-to-all sweep is found.
 """
 
@@ -112,7 +112,7 @@ def _figure(row: dict | None) -> tuple[str, float | None]:
 
 
 def target(key: Key, size: int, ours: dict | None, theirs: dict | None) -> str:
-    """Issue 42's target for this row against NCCL in the same launch, and whether the row
+    """The target for this row against NCCL in the same launch, and whether the row
     meets it: uneven splits from 1 MiB, at least 1.2x NCCL's speed and at most 1.25 times
     the busiest link's bound (``bound_us``) + 10 µs; even splits in graphs up to 8 KiB at
     most 7 µs; even splits at 1-16 MiB at most 0.9x NCCL's time; from 64 MiB at least
@@ -157,7 +157,7 @@ def table(key: Key, launches: list[Launch]) -> str:
     for launch in timed:
         header += [f"{launch.baseline} µs / busbw", f"{launch.baseline} speedup"]
         if launch.baseline == "nccl":
-            header.append("issue 42 target")
+            header.append("target")
     lines = [f"### {key.title()}", ""]
     lines += [f"- {launch.baseline}: {launch.label}, {launch.version}" for launch in timed]
     lines += ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]

@@ -121,12 +121,12 @@ def parse_log(text: str) -> tuple[LogContext, list]:
                 step, command = m.group("title").strip(), ""
         elif line.startswith("+ "):
             command = line[2:].strip()
-        if (m := _MOE_TITLE.search(line)):
+        if m := _MOE_TITLE.search(line):
             launch, i = _parse_moe(lines, i, m, step, command)
             if launch:
                 launches.append(launch)
             continue
-        if (m := _TABLE_HEADER.match(line)):
+        if m := _TABLE_HEADER.match(line):
             launch, i = _parse_table(lines, i, m, step, command)
             if launch:
                 launches.append(launch)
@@ -150,7 +150,7 @@ def _parse_table(lines: list, i: int, header_match, step: str, command: str):
     j += 2  # the units line
     while j < len(lines):
         line = lines[j]
-        if (m := _MEASUREMENT_ERRORS.match(line)):
+        if m := _MEASUREMENT_ERRORS.match(line):
             launch.measurement_errors = int(m.group("count"))
             j += 1
             break
@@ -190,8 +190,9 @@ def _parse_moe(lines: list, i: int, match, step: str, command: str):
             return None, i + 1
         j += 1
     columns = [c.strip() for c in lines[j].strip().strip("|").split("|")]
-    launch = Launch(step=step, command=command, header=header, columns=columns, groups=[],
-                    kind="moe-step")
+    launch = Launch(
+        step=step, command=command, header=header, columns=columns, groups=[], kind="moe-step"
+    )
     j += 2
     while j < len(lines) and lines[j].startswith("| "):
         cells = [c.strip() for c in lines[j].strip().strip("|").split("|")]

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_logs import Launch, LogContext, load_json_runs, parse_log, read_text  # noqa: E402
+from bench_logs import Launch, LogContext, load_json_runs, parse_log, read_text
 
 ROOT = Path(__file__).resolve().parent.parent
 RAW = ROOT / "docs" / "bench"
@@ -38,28 +38,88 @@ SCHEMA_VERSION = 1
 _SUMMARY = "the run's summary file ({}) names the tree; the raw output carries no commit"
 _RECORD = "the hand-written record of the run names it; the raw output carries no commit"
 RAW_COMMITS = [
-    (r"gpu-check-h200-x2-2026-11-27/", "0243907", _SUMMARY.format("1-summary-0243907.txt"), {}, None),
+    (
+        r"gpu-check-h200-x2-2026-11-27/",
+        "0243907",
+        _SUMMARY.format("1-summary-0243907.txt"),
+        {},
+        None,
+    ),
     (r"gpu-check-h200-x2-2026-11-28/(2|3|4)-", "1ae235d", _RECORD, {"a2a-v-ll:": None}, None),
     (r"gpu-check-h200-x2-2026-11-28/8-alltoall-push", "abfc858", _RECORD, {}, None),
     (r"gpu-check-h200-x2-2026-11-28/(9|10|11)-", "1dd430c", _RECORD, {"ab base:": None}, None),
-    (r"gpu-check-h200-x2-2026-11-28/12-", "7736721", _SUMMARY.format("9-12-summaries.txt"), {}, None),
-    (r"gpu-check-h200-x2-2026-11-28/13-", "07fd5ca", _SUMMARY.format("13-16-summaries.txt"), {}, None),
-    (r"gpu-check-h200-x2-2026-11-28/1[56]-", "1c35a3f", _SUMMARY.format("13-16-summaries.txt"),
-     {"ab base:": "75b5b00"}, None),
-    (r"gpu-check-h200-x4-2026-11-28/[123]-log", "b2fef07", _SUMMARY.format("1-summary.txt"),
-     {"ll-all-peers": "0f21db3"}, None),
+    (
+        r"gpu-check-h200-x2-2026-11-28/12-",
+        "7736721",
+        _SUMMARY.format("9-12-summaries.txt"),
+        {},
+        None,
+    ),
+    (
+        r"gpu-check-h200-x2-2026-11-28/13-",
+        "07fd5ca",
+        _SUMMARY.format("13-16-summaries.txt"),
+        {},
+        None,
+    ),
+    (
+        r"gpu-check-h200-x2-2026-11-28/1[56]-",
+        "1c35a3f",
+        _SUMMARY.format("13-16-summaries.txt"),
+        {"ab base:": "75b5b00"},
+        None,
+    ),
+    (
+        r"gpu-check-h200-x4-2026-11-28/[123]-log",
+        "b2fef07",
+        _SUMMARY.format("1-summary.txt"),
+        {"ll-all-peers": "0f21db3"},
+        None,
+    ),
     (r"gpu-check-h200-x4-2026-11-28/4-log", "5cdb567", _SUMMARY.format("4-summary.txt"), {}, None),
-    (r"gpu-check-h200-x4-2026-11-28/[56]-", "e8f3647", _SUMMARY.format("5-summary.txt"),
-     {"main ": "b5c4a32"}, None),
-    (r"gpu-check-h200-x4-2026-11-28/7-log", "da250cd", _SUMMARY.format("7-summary.txt"),
-     {"main ": "b5c4a32"}, None),
+    (
+        r"gpu-check-h200-x4-2026-11-28/[56]-",
+        "e8f3647",
+        _SUMMARY.format("5-summary.txt"),
+        {"main ": "b5c4a32"},
+        None,
+    ),
+    (
+        r"gpu-check-h200-x4-2026-11-28/7-log",
+        "da250cd",
+        _SUMMARY.format("7-summary.txt"),
+        {"main ": "b5c4a32"},
+        None,
+    ),
     (r"gpu-check-h200-x4-2026-11-28/8-moe", "04d8bea", _SUMMARY.format("8-summary.txt"), {}, None),
-    (r"gpu-check-h200-x4-2026-11-28/[146]-moe", "b2fef07", _SUMMARY.format("1-summary.txt"), {}, None),
-    (r"gpu-check-h200-x4-2026-11-28/9-ll128-n4", "b346a7f", _SUMMARY.format("9-summary.txt"), {},
-     ["ll128", "ll", "auto"] * 2),
-    (r"gpu-check-h200-x4-2026-11-28/9-ll128-n2", "6f1249c", _SUMMARY.format("9-summary.txt"), {},
-     ["ll128", "ll", "auto"] * 2),
-    (r"gpu-check-h200-x4-2026-11-28/9-tests-2G", "6f1249c", _SUMMARY.format("9-summary.txt"), {}, None),
+    (
+        r"gpu-check-h200-x4-2026-11-28/[146]-moe",
+        "b2fef07",
+        _SUMMARY.format("1-summary.txt"),
+        {},
+        None,
+    ),
+    (
+        r"gpu-check-h200-x4-2026-11-28/9-ll128-n4",
+        "b346a7f",
+        _SUMMARY.format("9-summary.txt"),
+        {},
+        ["ll128", "ll", "auto"] * 2,
+    ),
+    (
+        r"gpu-check-h200-x4-2026-11-28/9-ll128-n2",
+        "6f1249c",
+        _SUMMARY.format("9-summary.txt"),
+        {},
+        ["ll128", "ll", "auto"] * 2,
+    ),
+    (
+        r"gpu-check-h200-x4-2026-11-28/9-tests-2G",
+        "6f1249c",
+        _SUMMARY.format("9-summary.txt"),
+        {},
+        None,
+    ),
 ]
 # Files that repeat tables of another file of the same run (left out: one document a launch).
 DUPLICATES = {
@@ -75,8 +135,20 @@ DUPLICATES = {
 _COMMIT_IN_NAME = re.compile(r"-([0-9a-f]{7})(?=[-./]|$)")
 _MACHINE_IN_NAME = re.compile(r"(h200|h100)(?:-x(\d))?")
 _DATE_IN_NAME = re.compile(r"(\d{4}-\d\d-\d\d)")
-ALGORITHMS = ("ll128-two-shot", "ll-two-shot", "ll128", "ll", "push", "pull",
-              "balanced-pipelined", "balanced", "copy-engine", "auto", "ring", "ce")
+ALGORITHMS = (
+    "ll128-two-shot",
+    "ll-two-shot",
+    "ll128",
+    "ll",
+    "push",
+    "pull",
+    "balanced-pipelined",
+    "balanced",
+    "copy-engine",
+    "auto",
+    "ring",
+    "ce",
+)
 _LINKS = {"NV18": "NVLink 4, 18 links between every pair (nvidia-smi topo: NV18)"}
 
 
@@ -93,9 +165,14 @@ def commit_of(relative: str) -> tuple:
     step = re.match(r"(.*/)(\d+)-", relative)
     if step:
         for sibling in sorted((RAW / step.group(1)).glob(step.group(2) + "-*")):
-            if (m := _COMMIT_IN_NAME.search(sibling.name)):
-                return (m.group(1), f"the run's other files of step {step.group(2)} "
-                        f"({sibling.name}) name it; the raw output carries no commit", {}, None)
+            if m := _COMMIT_IN_NAME.search(sibling.name):
+                return (
+                    m.group(1),
+                    f"the run's other files of step {step.group(2)} "
+                    f"({sibling.name}) name it; the raw output carries no commit",
+                    {},
+                    None,
+                )
     return None
 
 
@@ -168,8 +245,12 @@ def rows_of_table(launch: Launch, launch_id: str, algorithm: str | None) -> list
         for group, cells in printed.items():
             if group.startswith("baseline:"):
                 label = group.split(":", 1)[1]
-                baseline = {"name": _baseline_name(label), "label": label,
-                            "us": _number(cells.get("time")), "wrong": _number(cells.get("#wrong"))}
+                baseline = {
+                    "name": _baseline_name(label),
+                    "label": label,
+                    "us": _number(cells.get("time")),
+                    "wrong": _number(cells.get("#wrong")),
+                }
                 if "speedup" in cells:
                     baseline["speedup"] = _number(cells["speedup"])
                 if "path" in cells:
@@ -216,18 +297,32 @@ def rows_of_moe(launch: Launch, launch_id: str) -> list:
     for version, row in versions.items():
         if version.startswith("ipcshare"):
             continue
-        baselines.append({"name": "nccl" if version.startswith("NCCL") else "torch-symmetric-memory",
-                          "label": version, "us": _number(row["µs per step"]),
-                          "wrong": 0 if "bit for bit" in row["checked"] else None,
-                          "timing": row["timing"], "ours_over": _number(row["÷ ipcshare"])})
-    return [{
-        "op": "moe-step",
-        "case": f"top-{h['top']} of {h['experts']} experts, {h['tokens']} x {h['hidden']} {h['dtype']}",
-        "size": None, "dtype": h["dtype"], "algorithm": "auto", "mode": "graph",
-        "ranks": _number(h["ranks"]), "ours_us": _number(ours["µs per step"]),
-        "wrong": 0 if "bit for bit" in ours["checked"] else None,
-        "baselines": baselines, "launch": launch_id, "measurement_errors": None,
-    }]
+        baselines.append(
+            {
+                "name": "nccl" if version.startswith("NCCL") else "torch-symmetric-memory",
+                "label": version,
+                "us": _number(row["µs per step"]),
+                "wrong": 0 if "bit for bit" in row["checked"] else None,
+                "timing": row["timing"],
+                "ours_over": _number(row["÷ ipcshare"]),
+            }
+        )
+    return [
+        {
+            "op": "moe-step",
+            "case": f"top-{h['top']} of {h['experts']} experts, {h['tokens']} x {h['hidden']} {h['dtype']}",
+            "size": None,
+            "dtype": h["dtype"],
+            "algorithm": "auto",
+            "mode": "graph",
+            "ranks": _number(h["ranks"]),
+            "ours_us": _number(ours["µs per step"]),
+            "wrong": 0 if "bit for bit" in ours["checked"] else None,
+            "baselines": baselines,
+            "launch": launch_id,
+            "measurement_errors": None,
+        }
+    ]
 
 
 def rows_of_json(run: dict, launch_id: str) -> list:
@@ -239,17 +334,30 @@ def rows_of_json(run: dict, launch_id: str) -> list:
         b = by_size.get(r["size"])
         baselines = []
         if b is not None:
-            entry = {"name": baseline.get("name"), "label": baseline.get("label") or baseline.get("version"),
-                     "us": b.get("time_us"), "wrong": b.get("wrong")}
+            entry = {
+                "name": baseline.get("name"),
+                "label": baseline.get("label") or baseline.get("version"),
+                "us": b.get("time_us"),
+                "wrong": b.get("wrong"),
+            }
             if b.get("path"):
                 entry["path"] = b["path"]
             baselines.append(entry)
-        row = {"op": run.get("op"), "size": r["size"], "dtype": run.get("dtype", "float32"),
-               "algorithm": run.get("algo"), "mode": _mode(run.get("timing")),
-               "ranks": run.get("world_size"), "ours_us": r.get("time_us"),
-               "wrong": r.get("wrong", 0) + (r.get("in_place") or {}).get("wrong", 0),
-               "baselines": baselines, "launch": launch_id,
-               "measurement_errors": len(run["measurement_errors"]) if "measurement_errors" in run else None}
+        row = {
+            "op": run.get("op"),
+            "size": r["size"],
+            "dtype": run.get("dtype", "float32"),
+            "algorithm": run.get("algo"),
+            "mode": _mode(run.get("timing")),
+            "ranks": run.get("world_size"),
+            "ours_us": r.get("time_us"),
+            "wrong": r.get("wrong", 0) + (r.get("in_place") or {}).get("wrong", 0),
+            "baselines": baselines,
+            "launch": launch_id,
+            "measurement_errors": len(run["measurement_errors"])
+            if "measurement_errors" in run
+            else None,
+        }
         if r.get("in_place"):
             row["ours_in_place_us"] = r["in_place"].get("time_us")
         if run.get("splits"):
@@ -309,11 +417,15 @@ def convert_file(path: Path) -> tuple[list, str | None]:
             skipped.append(launch.step)
             continue
         launch_id = f"{stem}#{index + 1}" + (f" ({launch.step})" if launch.step else "")
-        algorithm = table_algorithms[index] if table_algorithms and index < len(table_algorithms) else None
+        algorithm = (
+            table_algorithms[index] if table_algorithms and index < len(table_algorithms) else None
+        )
         if launch.kind == "moe-step":
             rows = rows_of_moe(launch, launch_id)
         else:
-            rows = rows_of_table(launch, launch_id, _algorithm(launch.step, launch.command, algorithm))
+            rows = rows_of_table(
+                launch, launch_id, _algorithm(launch.step, launch.command, algorithm)
+            )
         by_commit.setdefault(launch_commit, []).extend(rows)
     for index, run in enumerate(json_runs):
         by_commit.setdefault(commit, []).extend(rows_of_json(run, f"{stem}#{index + 1}"))
@@ -321,39 +433,57 @@ def convert_file(path: Path) -> tuple[list, str | None]:
     for each_commit, rows in by_commit.items():
         if not rows:
             continue
-        note = source if each_commit == commit else (
-            f"steps of this file that ran another tree ({each_commit}), as the run's summary names it")
-        documents.append({
-            "schema": SCHEMA,
-            "version": SCHEMA_VERSION,
-            "commit": each_commit,
-            "dirty": None,
-            "commit_source": note,
-            "machine": machine,
-            "date": date,
-            "date_source": date_source,
-            "command": _command(launches, json_runs),
-            "exit_status": None,
-            "raw": [f"docs/bench/{relative}"],
-            "converted_by": "tools/convert_bench_results.py",
-            "rows": rows,
-        })
+        note = (
+            source
+            if each_commit == commit
+            else (
+                f"steps of this file that ran another tree ({each_commit}), as the run's summary names it"
+            )
+        )
+        documents.append(
+            {
+                "schema": SCHEMA,
+                "version": SCHEMA_VERSION,
+                "commit": each_commit,
+                "dirty": None,
+                "commit_source": note,
+                "machine": machine,
+                "date": date,
+                "date_source": date_source,
+                "command": _command(launches, json_runs),
+                "exit_status": None,
+                "raw": [f"docs/bench/{relative}"],
+                "converted_by": "tools/convert_bench_results.py",
+                "rows": rows,
+            }
+        )
     why = f"steps of an unrecorded tree left out: {', '.join(skipped)}" if skipped else None
     return documents, why
 
 
 def _command(launches: list, json_runs: list) -> str:
     if json_runs:
-        return "ipcshare " + (json_runs[0].get("op") or "bench") + " --json (the command line is not recorded)"
+        return (
+            "ipcshare "
+            + (json_runs[0].get("op") or "bench")
+            + " --json (the command line is not recorded)"
+        )
     steps = [launch.step for launch in launches if launch.step]
     if steps:
         return "tools/gpu-check.sh steps: " + "; ".join(dict.fromkeys(steps))
-    return "ipcshare " + (launches[0].header.get("op") or "") + " (the command line is not recorded)"
+    return (
+        "ipcshare " + (launches[0].header.get("op") or "") + " (the command line is not recorded)"
+    )
 
 
 def _date_committed(path: Path) -> str | None:
-    out = subprocess.run(["git", "log", "--diff-filter=A", "--format=%as", "--", str(path)],
-                         cwd=ROOT, capture_output=True, text=True, check=False).stdout.split()
+    out = subprocess.run(
+        ["git", "log", "--diff-filter=A", "--format=%as", "--", str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.split()
     return out[-1] if out else None
 
 

@@ -78,7 +78,7 @@
 #           launch; every row passes the timer's self-checks (exit 5 otherwise), then
 #           tools/timer_consistency.py checks that the three timings of ours and of NCCL
 #           tell one story ($OUT/timer-consistency.md)
-#   torch-user  what a PyTorch user sees (issue 36; `ipcshare vs-torch`): ipcshare's
+#   torch-user  what a PyTorch user sees (`ipcshare vs-torch`): ipcshare's
 #           all-reduce, all-gather, reduce-scatter and all-to-all against NCCL through
 #           torch.distributed on the same bf16 tensors, TORCH_USER_MIN-TORCH_USER_MAX
 #           (default 8K-256M, factor TORCH_USER_FACTOR, default 2), in one CUDA graph of
@@ -717,7 +717,7 @@ if [[ $G -ge 2 ]] && wants latency; then
       auto --graph --timing latency --baseline nccl
   done
   # The LL all-to-all (even splits; auto's choice up to 512 KiB) in graphs at G ranks and 2,
-  # against NCCL in the same launch (issue 42: at most 7 us up to 8 KiB).
+  # against NCCL in the same launch (target: at most 7 us up to 8 KiB).
   ll_alltoall() {  # ll_alltoall N: one sweep, into $RESULTS
     local json="$OUT/alltoall-ll-n$1.json" rc
     "$MPIEXEC" -n "$1" --bind-to none "$PY" -m ipcshare alltoall --backend cuda-vmm --algo ll \
@@ -847,7 +847,7 @@ torch_user_run() {  # torch_user_run N: `ipcshare vs-torch` at N ranks, one GPU 
 }
 export -f torch_user_run
 if [[ $G -ge 2 ]] && wants torch-user; then
-  # What a PyTorch user sees (issue 36): ours against NCCL through torch.distributed on
+  # What a PyTorch user sees: ours against NCCL through torch.distributed on
   # the same bf16 tensors, in one CUDA graph of 20 calls, eager and by host time per
   # call, at 2 and G ranks; every row passes its checks (exit 3 otherwise: wrong
   # elements; exit 5: a timer the host clock contradicts, a busbw above the links' ceiling).

@@ -1,6 +1,6 @@
 """Does a flagged line stored over NVLink ever reach its reader torn? A tuning tool for the
 GPU nodes, run before building a protocol with one flag for more than 4 bytes of payload
-(issue 42: lines of 16 or 128 bytes would carry 12 or 120 bytes where ll.cuh's carry 8 of
+(lines of 16 or 128 bytes would carry 12 or 120 bytes where ll.cuh's carry 8 of
 16). Two GPUs of one process with peer access:
 
     python3 tools/line_probe.py [--widths 16,128] [--reloads 0,1] [--bytes 256K]

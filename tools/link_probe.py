@@ -1,7 +1,7 @@
 """What do thread blocks reach over NVLink, loading from a peer (pull) or storing into it
 (push), against the copy engine? Two GPUs of one process with peer access, both copying at
 once in opposite directions (a 2-rank all-to-all's traffic), by grid and by 16-byte loads
-in flight per thread. A tuning tool for the GPU nodes (issue 42: our all-to-all pulls),
+in flight per thread. A tuning tool for the GPU nodes (our all-to-all pulls),
 not a benchmark: figures in docs/BENCHMARKS.md come from `ipcshare alltoall`.
 
     python3 tools/link_probe.py [--sizes 32M,128M] [--grids 32,64,128,132]

@@ -34,8 +34,14 @@ MACHINES = [
     ("1xh200", "One GPU shared by ranks under MPS: 1 × NVIDIA H200"),
     ("cpu", "CPU: 2 cores (AMD EPYC), no GPU, host shared memory against MPI"),
 ]
-OPS = {"allreduce": "all-reduce", "allgather": "all-gather", "reducescatter": "reduce-scatter",
-       "alltoall": "all-to-all", "ring": "ring", "moe-step": "MoE step"}
+OPS = {
+    "allreduce": "all-reduce",
+    "allgather": "all-gather",
+    "reducescatter": "reduce-scatter",
+    "alltoall": "all-to-all",
+    "ring": "ring",
+    "moe-step": "MoE step",
+}
 
 
 # Asides of old commit subjects about how a run was organised, not about the code.
@@ -55,40 +61,122 @@ class Headline:
 
 
 HEADLINES = [
-    Headline("2 × H200", "all-reduce, 8 B–128 KiB, CUDA graph (`auto`)",
-             "2xh200/2026-11-28-1ae235d-4-allreduce-auto-graph.json", 1, (8, 131072)),
-    Headline("2 × H200", "all-gather, 8 B–128 KiB, CUDA graph (`auto`)",
-             "2xh200/2026-11-28-1ae235d-3-small-messages-and-a2a-v-ll.json", 1, (8, 131072)),
-    Headline("2 × H200", "all-to-all, even splits, 8 B–512 KiB, CUDA graph (`ll`)",
-             "2xh200/2026-11-28-1ae235d-3-small-messages-and-a2a-v-ll.json", 8, (8, 524288)),
-    Headline("2 × H200", "all-to-all, even splits, 1 MiB, CUDA graph (`ll`)",
-             "2xh200/2026-11-28-07fd5ca-13-log.json", 2, (1048576, 1048576)),
-    Headline("2 × H200", "all-to-all, even splits, 16–256 MiB, CUDA graph (`push`, plain tensors)",
-             "2xh200/2026-11-28-abfc858-8-alltoall-push.json", 1, (16777216, 268435456)),
-    Headline("2 × H200", "all-to-all, even splits, 16–256 MiB, CUDA graph (`push`, registered)",
-             "2xh200/2026-11-28-abfc858-8-alltoall-push.json", 3, (16777216, 268435456)),
-    Headline("2 × H200", "all-to-all-v, random splits, 32 MiB a rank, CUDA graph (`push`)",
-             "2xh200/2026-11-28-1dd430c-10-tests-ll-registered.json", 7, (33554432, 33554432)),
-    Headline("2 × H200", "all-to-all-v, random splits, 32 MiB a rank, CUDA graph (`eager`)",
-             "2xh200/2026-11-28-1c35a3f-15-alltoall-v-results.json", 2, (33554432, 33554432)),
-    Headline("2 of 4 × H200", "MoE step (top-8 of 32 experts, 4,096 x 7,168 bf16), one graph against NCCL with host splits",
-             "4xh200/2026-11-28-e8f3647-6-log.json", 17),
-    Headline("4 × H200", "all-reduce, 8 B–2 KiB, CUDA graph (`ll`)",
-             "4xh200/2026-11-28-0f21db3-1-log.json", 6, (8, 2048)),
-    Headline("4 × H200", "all-reduce, 2 MiB, CUDA graph (`ll`)",
-             "4xh200/2026-11-28-0f21db3-1-log.json", 6, (2097152, 2097152)),
-    Headline("4 × H200", "all-reduce, 8 B–128 KiB, eager from Python (`ll`)",
-             "4xh200/2026-11-27-6d3eb65-5-latency.json", 14, (8, 131072)),
-    Headline("4 × H200", "all-gather, 2 MiB, CUDA graph (`ll128`)",
-             "4xh200/2026-11-28-b346a7f-9-ll128-n4.json", 1, (2097152, 2097152)),
-    Headline("4 × H200", "reduce-scatter, 16 B–32 KiB, CUDA graph (`auto`)",
-             "4xh200/2026-11-28-e8f3647-5-log.json", 8, (16, 32768)),
-    Headline("4 × H200", "all-to-all, even splits, 16 B–512 KiB, CUDA graph (`ll`)",
-             "4xh200/2026-11-28-b2fef07-1-log.json", 4, (16, 524288)),
-    Headline("4 × H200", "MoE step (top-1 of 8 experts, 4,096 x 7,168 bf16), one graph against NCCL with host splits",
-             "4xh200/2026-11-28-b2fef07-1-log.json", 10),
-    Headline("4 × H200", "MoE step (top-8 of 32 experts, 4,096 x 7,168 bf16), one graph against NCCL with host splits",
-             "4xh200/2026-11-28-04d8bea-8-moe-n4-top8.json", 1),
+    Headline(
+        "2 × H200",
+        "all-reduce, 8 B–128 KiB, CUDA graph (`auto`)",
+        "2xh200/2026-11-28-1ae235d-4-allreduce-auto-graph.json",
+        1,
+        (8, 131072),
+    ),
+    Headline(
+        "2 × H200",
+        "all-gather, 8 B–128 KiB, CUDA graph (`auto`)",
+        "2xh200/2026-11-28-1ae235d-3-small-messages-and-a2a-v-ll.json",
+        1,
+        (8, 131072),
+    ),
+    Headline(
+        "2 × H200",
+        "all-to-all, even splits, 8 B–512 KiB, CUDA graph (`ll`)",
+        "2xh200/2026-11-28-1ae235d-3-small-messages-and-a2a-v-ll.json",
+        8,
+        (8, 524288),
+    ),
+    Headline(
+        "2 × H200",
+        "all-to-all, even splits, 1 MiB, CUDA graph (`ll`)",
+        "2xh200/2026-11-28-07fd5ca-13-log.json",
+        2,
+        (1048576, 1048576),
+    ),
+    Headline(
+        "2 × H200",
+        "all-to-all, even splits, 16–256 MiB, CUDA graph (`push`, plain tensors)",
+        "2xh200/2026-11-28-abfc858-8-alltoall-push.json",
+        1,
+        (16777216, 268435456),
+    ),
+    Headline(
+        "2 × H200",
+        "all-to-all, even splits, 16–256 MiB, CUDA graph (`push`, registered)",
+        "2xh200/2026-11-28-abfc858-8-alltoall-push.json",
+        3,
+        (16777216, 268435456),
+    ),
+    Headline(
+        "2 × H200",
+        "all-to-all-v, random splits, 32 MiB a rank, CUDA graph (`push`)",
+        "2xh200/2026-11-28-1dd430c-10-tests-ll-registered.json",
+        7,
+        (33554432, 33554432),
+    ),
+    Headline(
+        "2 × H200",
+        "all-to-all-v, random splits, 32 MiB a rank, CUDA graph (`eager`)",
+        "2xh200/2026-11-28-1c35a3f-15-alltoall-v-results.json",
+        2,
+        (33554432, 33554432),
+    ),
+    Headline(
+        "2 of 4 × H200",
+        "MoE step (top-8 of 32 experts, 4,096 x 7,168 bf16), one graph against NCCL with host splits",
+        "4xh200/2026-11-28-e8f3647-6-log.json",
+        17,
+    ),
+    Headline(
+        "4 × H200",
+        "all-reduce, 8 B–2 KiB, CUDA graph (`ll`)",
+        "4xh200/2026-11-28-0f21db3-1-log.json",
+        6,
+        (8, 2048),
+    ),
+    Headline(
+        "4 × H200",
+        "all-reduce, 2 MiB, CUDA graph (`ll`)",
+        "4xh200/2026-11-28-0f21db3-1-log.json",
+        6,
+        (2097152, 2097152),
+    ),
+    Headline(
+        "4 × H200",
+        "all-reduce, 8 B–128 KiB, eager from Python (`ll`)",
+        "4xh200/2026-11-27-6d3eb65-5-latency.json",
+        14,
+        (8, 131072),
+    ),
+    Headline(
+        "4 × H200",
+        "all-gather, 2 MiB, CUDA graph (`ll128`)",
+        "4xh200/2026-11-28-b346a7f-9-ll128-n4.json",
+        1,
+        (2097152, 2097152),
+    ),
+    Headline(
+        "4 × H200",
+        "reduce-scatter, 16 B–32 KiB, CUDA graph (`auto`)",
+        "4xh200/2026-11-28-e8f3647-5-log.json",
+        8,
+        (16, 32768),
+    ),
+    Headline(
+        "4 × H200",
+        "all-to-all, even splits, 16 B–512 KiB, CUDA graph (`ll`)",
+        "4xh200/2026-11-28-b2fef07-1-log.json",
+        4,
+        (16, 524288),
+    ),
+    Headline(
+        "4 × H200",
+        "MoE step (top-1 of 8 experts, 4,096 x 7,168 bf16), one graph against NCCL with host splits",
+        "4xh200/2026-11-28-b2fef07-1-log.json",
+        10,
+    ),
+    Headline(
+        "4 × H200",
+        "MoE step (top-8 of 32 experts, 4,096 x 7,168 bf16), one graph against NCCL with host splits",
+        "4xh200/2026-11-28-04d8bea-8-moe-n4-top8.json",
+        1,
+    ),
 ]
 
 
@@ -139,8 +227,12 @@ def ratio(row: dict, baseline: dict):
 
 def clean(rows: list) -> bool:
     """0 wrong and 0 measurement errors, ours and every baseline's."""
-    return all(row["wrong"] == 0 and not row.get("measurement_errors")
-               and all(b.get("wrong") == 0 for b in row["baselines"]) for row in rows)
+    return all(
+        row["wrong"] == 0
+        and not row.get("measurement_errors")
+        and all(b.get("wrong") == 0 for b in row["baselines"])
+        for row in rows
+    )
 
 
 def headline_cells(headline: Headline) -> list:
@@ -163,9 +255,11 @@ def headline_cells(headline: Headline) -> list:
 
 
 def render_headline() -> str:
-    lines = [HEADLINE_BEGIN,
-             "| machine (date, commit: its result document) | call, sizes, timing | ipcshare | NCCL, same launch | NCCL / ours |",
-             "|---|---|---|---|---|"]
+    lines = [
+        HEADLINE_BEGIN,
+        "| machine (date, commit: its result document) | call, sizes, timing | ipcshare | NCCL, same launch | NCCL / ours |",
+        "|---|---|---|---|---|",
+    ]
     lines += ["| " + " | ".join(headline_cells(h)) + " |" for h in HEADLINES]
     lines.append(HEADLINE_END)
     return "\n".join(lines)
@@ -192,18 +286,33 @@ def _size(size) -> str:
 
 def _key(rows: list) -> tuple:
     r = rows[0]
-    return (r["op"], r["mode"], r.get("algorithm") or "—", r["ranks"], r.get("splits") or "",
-            r.get("case") or "")
+    return (
+        r["op"],
+        r["mode"],
+        r.get("algorithm") or "—",
+        r["ranks"],
+        r.get("splits") or "",
+        r.get("case") or "",
+    )
 
 
 def _launch_line(path: str, document: dict, rows: list) -> str:
     """One launch as one table line: its sizes and each side's range, linked to its document."""
     r0 = rows[0]
     sizes = [r["size"] for r in rows if r["size"] is not None]
-    cells = [r0.get("algorithm") or "—", str(r0["ranks"]), r0.get("splits") or r0.get("case") or "—",
-             ("—" if not sizes else _size(min(sizes)) if min(sizes) == max(sizes)
-              else f"{_size(min(sizes))}–{_size(max(sizes))}"),
-             span([r["ours_us"] for r in rows])]
+    cells = [
+        r0.get("algorithm") or "—",
+        str(r0["ranks"]),
+        r0.get("splits") or r0.get("case") or "—",
+        (
+            "—"
+            if not sizes
+            else _size(min(sizes))
+            if min(sizes) == max(sizes)
+            else f"{_size(min(sizes))}–{_size(max(sizes))}"
+        ),
+        span([r["ours_us"] for r in rows]),
+    ]
     nccl = [next((b for b in r["baselines"] if b["name"] == "nccl"), None) for r in rows]
     other = [next((b for b in r["baselines"]), None) for r in rows]
     baselines = nccl if all(nccl) else other
@@ -232,27 +341,43 @@ def render_today(all_documents: list) -> list:
                 latest[_key(rows)] = (path, document, rows)
         out += [f"### {heading}", ""]
         if not latest:
-            out += ["No result document yet: figures measured on this machine were not kept as "
-                    "raw output, and are left out until measured again.", ""]
+            out += [
+                "No result document yet: figures measured on this machine were not kept as "
+                "raw output, and are left out until measured again.",
+                "",
+            ]
             continue
         for op in OPS:
             for mode in ("graph", "eager", "latency"):
                 chosen = [v for k, v in latest.items() if k[0] == op and k[1] == mode]
                 if not chosen:
                     continue
-                out += [f"**{OPS[op]}, {mode}** (µs)", "",
-                        "| algorithm | ranks | splits / case | sizes | ours | baseline, same launch | baseline / ours | #wrong / measurement errors | date, commit: document |",
-                        "|---|---:|---|---|---|---|---|---|---|"]
-                chosen.sort(key=lambda v: (str(v[2][0].get("algorithm")), v[2][0]["ranks"],
-                                           str(v[2][0].get("splits") or v[2][0].get("case"))))
+                out += [
+                    f"**{OPS[op]}, {mode}** (µs)",
+                    "",
+                    "| algorithm | ranks | splits / case | sizes | ours | baseline, same launch | baseline / ours | #wrong / measurement errors | date, commit: document |",
+                    "|---|---:|---|---|---|---|---|---|---|",
+                ]
+                chosen.sort(
+                    key=lambda v: (
+                        str(v[2][0].get("algorithm")),
+                        v[2][0]["ranks"],
+                        str(v[2][0].get("splits") or v[2][0].get("case")),
+                    )
+                )
                 out += [_launch_line(path, document, rows) for path, document, rows in chosen]
                 out.append("")
     return out
 
 
 def _subject(commit: str) -> str:
-    text = subprocess.run(["git", "log", "-1", "--format=%s", commit], cwd=ROOT,
-                          capture_output=True, text=True, check=False).stdout.strip()
+    text = subprocess.run(
+        ["git", "log", "-1", "--format=%s", commit],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
     text = re.sub(r"\s+", " ", text)
     text = _WORKPLACE_ASIDE.sub("", text)
     text = _WORKPLACE_WORDS.split(text)[0].rstrip(" ,;:(")
@@ -260,12 +385,20 @@ def _subject(commit: str) -> str:
 
 
 def render_history(all_documents: list) -> list:
-    out = ["| date | commit | machine | what the commit changed | document |", "|---|---|---|---|---|"]
-    for path, document in sorted(all_documents, key=lambda item: (item[1]["date"] or "", item[1]["commit"], item[0]),
-                                 reverse=True):
+    out = [
+        "| date | commit | machine | what the commit changed | document |",
+        "|---|---|---|---|---|",
+    ]
+    for path, document in sorted(
+        all_documents,
+        key=lambda item: (item[1]["date"] or "", item[1]["commit"], item[0]),
+        reverse=True,
+    ):
         subject = _subject(document["commit"]).replace("|", "/")
-        out.append(f"| {document['date']} | `{document['commit']}` | {path.split('/')[0]} | {subject} | "
-                   f"[{Path(path).name}](results/{path}) |")
+        out.append(
+            f"| {document['date']} | `{document['commit']}` | {path.split('/')[0]} | {subject} | "
+            f"[{Path(path).name}](results/{path}) |"
+        )
     return out
 
 
@@ -280,14 +413,18 @@ def render_benchmarks() -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 where a file differs from its render")
+    parser.add_argument(
+        "--check", action="store_true", help="exit 1 where a file differs from its render"
+    )
     args = parser.parse_args(argv)
     benchmarks = render_benchmarks()
     readme = readme_with_headline(README.read_text())
     if args.check:
         stale = [p for p, t in ((BENCHMARKS, benchmarks), (README, readme)) if p.read_text() != t]
         for path in stale:
-            print(f"{path.relative_to(ROOT)} differs from its render: run tools/render_benchmarks.py")
+            print(
+                f"{path.relative_to(ROOT)} differs from its render: run tools/render_benchmarks.py"
+            )
         return 1 if stale else 0
     BENCHMARKS.write_text(benchmarks)
     README.write_text(readme)

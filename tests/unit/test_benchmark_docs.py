@@ -1,0 +1,205 @@
+"""Every published figure has a result document behind it, and the docs speak of the project.
+
+BENCHMARKS.md and the README's headline table are rendered from docs/results/ by
+tools/render_benchmarks.py: a render that differs means a figure was edited by hand or a
+document changed without a render. The README's headline rows are also read back on their
+own: each row's link names a document, and each of its figures is a figure of one launch of
+that document, with 0 wrong on both sides.
+"""
+
+# ruff: noqa: E501 (a raw table of the CLI is quoted as it prints, wider than 100)
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+
+
+def _tool(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+render = _tool("render_benchmarks")
+bench_logs = _tool("bench_logs")
+
+# Words about how the work was organised, which a user of ipcshare never sees.
+WORKPLACE = re.compile(r"\b(\w+ session|sessions?|lent|lending|was not lent|issue \d+)\b", re.I)
+# Machine kinds named as a matter of availability rather than as hardware.
+MACHINE_KIND = re.compile(r"nvidia-h[12]00(-x\d)?\b")
+PROSE = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+    ROOT / "tools" / "benchmarks-template.md",
+]
+
+
+def _headline_rows(readme: str) -> list:
+    begin = readme.index(render.HEADLINE_BEGIN)
+    end = readme.index(render.HEADLINE_END)
+    lines = [
+        line for line in readme[begin:end].splitlines() if line.startswith("| ") and "[`" in line
+    ]
+    return [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in lines]
+
+
+def _figures(cell: str) -> list:
+    return [float(x) for x in re.findall(r"\d+(?:\.\d+)?", cell.replace(",", ""))]
+
+
+def test_benchmarks_page_is_its_render():
+    assert (ROOT / "docs" / "BENCHMARKS.md").read_text() == render.render_benchmarks()
+
+
+def test_readme_headline_table_is_its_render():
+    readme = (ROOT / "README.md").read_text()
+    assert render.readme_with_headline(readme) == readme
+
+
+def test_every_readme_headline_figure_is_in_one_clean_launch_of_its_linked_document():
+    rows = _headline_rows((ROOT / "README.md").read_text())
+    assert len(rows) >= 10
+    for machine, _call, ours, nccl, ratio in rows:
+        link = re.search(r"\[`([0-9a-f]{7})`\]\((docs/results/[^)]+\.json)\)", machine)
+        assert link, machine
+        document = json.loads((ROOT / link.group(2)).read_text())
+        assert document["commit"] == link.group(1)
+        assert document["date"] in machine
+        launches: dict = {}
+        for row in document["rows"]:
+            launches.setdefault(row["launch"], []).append(row)
+
+        def holds(launch_rows, ours=ours, nccl=nccl, ratio=ratio):
+            ours_values = {r["ours_us"] for r in launch_rows}
+            nccl_values = {
+                b["us"] for r in launch_rows for b in r["baselines"] if b["name"] == "nccl"
+            }
+            ratios = {
+                render.ratio(r, b)
+                for r in launch_rows
+                for b in r["baselines"]
+                if b["name"] == "nccl"
+            }
+            return (
+                set(_figures(ours)) <= ours_values
+                and set(_figures(nccl)) <= nccl_values
+                and set(_figures(ratio)) <= ratios
+            )
+
+        matching = [rows_ for rows_ in launches.values() if holds(rows_)]
+        assert matching, f"no launch of {link.group(2)} holds {ours} / {nccl} / {ratio}"
+        assert any(render.clean(rows_) for rows_ in matching), f"{link.group(2)}: wrong elements"
+
+
+def test_a_headline_launch_with_wrong_elements_is_refused(tmp_path, monkeypatch):
+    document = {
+        "commit": "abcdef0",
+        "date": "2026-01-01",
+        "rows": [
+            {
+                "op": "allreduce",
+                "size": 8,
+                "ours_us": 3.0,
+                "wrong": 0,
+                "measurement_errors": 0,
+                "launch": "x.log#1",
+                "baselines": [{"name": "nccl", "us": 4.0, "wrong": 2, "speedup": 1.33}],
+            }
+        ],
+    }
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "d.json").write_text(json.dumps(document))
+    monkeypatch.setattr(render, "RESULTS", tmp_path)
+    with pytest.raises(ValueError, match="no clean rows"):
+        render.headline_cells(render.Headline("m", "call", "m/d.json", 1))
+
+
+def test_every_result_document_names_its_commit_machine_and_source():
+    paths = sorted((ROOT / "docs" / "results").rglob("*.json"))
+    assert paths
+    for path in paths:
+        document = json.loads(path.read_text())
+        assert re.fullmatch(r"[0-9a-f]{7,40}", document["commit"]), path
+        assert document["commit_source"] and document["raw"], path
+        assert document["date"] and document["machine"], path
+        assert all((ROOT / raw).exists() for raw in document["raw"]), path
+        assert all(row["launch"] for row in document["rows"]), path
+
+
+def test_log_table_is_read_with_its_launch_and_baseline():
+    text = """===== timer allreduce graph n=2 vs nccl (04:03:53, limit 150s)
++ timer_case 2 allreduce graph
+# ipcshare 0.1.0  op: allreduce  backend: cuda-vmm  exchange: pidfd  ranks: 2  nodes: 1  iters: 50  warmup: 5  checks: 1  timing: graph (50 operations per graph)
+#
+#                                     out-of-place                          in-place  NCCL called directly (nccl4py) baseline
+#          size         count     type       time   algbw   busbw #wrong       time   algbw   busbw #wrong       time   busbw #wrong speedup      path
+#           (B)    (elements)                (us)  (GB/s)  (GB/s)              (us)  (GB/s)  (GB/s)              (us)  (GB/s)            (x) (fastest)
+              8             2  float32       3.42    0.00    0.00      0       3.40    0.00    0.00      0       3.99    0.00      0    1.16 symmetric
+# Measurement errors   : 0 OK
+"""
+    _context, launches = bench_logs.parse_log(text)
+    (launch,) = launches
+    assert launch.step == "timer allreduce graph n=2 vs nccl"
+    assert launch.header["timing"].startswith("graph")
+    assert launch.measurement_errors == 0
+    row = launch.rows[0]
+    assert row["out-of-place"]["time"] == "3.42" and row["in-place"]["time"] == "3.40"
+    baseline = row["baseline:NCCL called directly (nccl4py)"]
+    assert (
+        baseline["time"] == "3.99"
+        and baseline["speedup"] == "1.16"
+        and baseline["path"] == "symmetric"
+    )
+
+
+@pytest.mark.parametrize("path", PROSE, ids=lambda p: p.name)
+def test_docs_speak_of_the_project_not_the_workplace(path):
+    offending = [
+        f"{path.name}:{n}: {line.strip()}"
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if WORKPLACE.search(line) or MACHINE_KIND.search(line)
+    ]
+    assert not offending, "\n".join(offending)
+
+
+def test_tools_speak_of_the_project_not_the_workplace():
+    offending = []
+    for path in sorted((ROOT / "tools").iterdir()):
+        if path.suffix in (".py", ".sh", ".md", ".cu") and path.name != "render_benchmarks.py":
+            offending += [
+                f"{path.name}:{n}"
+                for n, line in enumerate(path.read_text().splitlines(), 1)
+                if WORKPLACE.search(line)
+            ]
+    assert not offending, offending
+
+
+# Sentences that said a thing had not been measured, each contradicted by a committed log.
+STALE = [
+    (re.compile(r"not yet run on a GPU|has not run on a GPU", re.I), "docs/*.md"),
+    (re.compile(r"auto does not run (ll128|push)", re.I), "BENCHMARKS.md"),
+    (re.compile(r"no GPU figures yet", re.I), "docs/*.md"),
+    (re.compile(r"to be (re-)?measured", re.I), "docs/*.md"),
+    (re.compile(r"NCCL (?:leads|wins) every collective", re.I), "README.md"),
+]
+
+
+@pytest.mark.parametrize("pattern", [p for p, _ in STALE], ids=[p.pattern for p, _ in STALE])
+def test_no_stale_not_measured_sentence(pattern):
+    offending = [
+        f"{path.name}:{n}"
+        for path in PROSE
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert not offending, offending
