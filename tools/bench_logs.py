@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 _STEP = re.compile(r"^===== (?P<title>.*?)(?: \((?P<time>\d\d:\d\d:\d\d)(?:, limit \d+s?)?\))?\s*$")
-_RUN_HEADER = re.compile(r"^===== gpu-check .* at (?P<date>\d{4}-\d\d-\d\d)T")
+_RUN_HEADER = re.compile(r"^===== gpu-check .* at (?P<date>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)")
 _TABLE_HEADER = re.compile(r"^# ipcshare \S+\s+(?P<fields>.*)$")
 _HEADER_FIELD = re.compile(r"(\w[\w-]*): (\S+(?: \([^)]*\))?)")
 _DRIVER = re.compile(r"Driver Version: (?P<driver>\S+)\s+CUDA Version: (?P<cuda>\S+)")
@@ -53,7 +53,7 @@ class Launch:
 class LogContext:
     """What a log says about its machine and date, outside its tables."""
 
-    date: str | None = None
+    date_time: str | None = None
     gpus: list = field(default_factory=list)
     driver: str | None = None
     cuda: str | None = None
@@ -104,8 +104,8 @@ def parse_log(text: str) -> tuple[LogContext, list]:
     i = 0
     while i < len(lines):
         line = lines[i]
-        if (m := _RUN_HEADER.match(line)) and context.date is None:
-            context.date = m.group("date")
+        if (m := _RUN_HEADER.match(line)) and context.date_time is None:
+            context.date_time = m.group("date")
         if (m := _DRIVER.search(line)) and context.driver is None:
             context.driver, context.cuda = m.group("driver"), m.group("cuda")
         if (m := _SMI_GPU.match(line)) and not any(g[0] == m.group("index") for g in context.gpus):
@@ -148,6 +148,7 @@ def _parse_table(lines: list, i: int, header_match, step: str, command: str):
     groups = _groups(lines[j - 1], columns)
     launch = Launch(step=step, command=command, header=header, columns=columns, groups=groups)
     j += 2  # the units line
+    closing = False  # past the table's trailer (`# Out of bounds`, `# Avg bus bandwidth`)
     while j < len(lines):
         line = lines[j]
         if m := _MEASUREMENT_ERRORS.match(line):
@@ -156,8 +157,18 @@ def _parse_table(lines: list, i: int, header_match, step: str, command: str):
             break
         if line.startswith("# ipcshare ") or line.startswith("====="):
             break
+        stripped = line.strip()
+        if stripped.startswith(("# Out of bounds", "# Avg bus bandwidth")):
+            closing = True
+        elif closing and not stripped.startswith("# "):
+            break
         cells = line.split()
-        if cells and cells[0].isdigit() and len(cells) >= len(columns) - 1:
+        if (
+            not closing
+            and cells
+            and cells[0].isdigit()
+            and len(columns) - 1 <= len(cells) <= len(columns)
+        ):
             launch.rows.append(_row(cells, columns, groups))
         j += 1
     return (launch if launch.rows else None), j

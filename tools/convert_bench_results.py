@@ -16,21 +16,21 @@ printed); nothing is recomputed.
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_logs import Launch, LogContext, load_json_runs, parse_log, read_text
+from bench_logs import Launch, LogContext, load_json_runs, parse_log, read_text  # noqa: E402
+
+from ipcshare.runtime import result_document as rd  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RAW = ROOT / "docs" / "bench"
 OUT = ROOT / "docs" / "results"
-SCHEMA = "ipcshare-result"
-SCHEMA_VERSION = 1
 
 # Where a raw file's name carries no commit: (pattern of its path under docs/bench, commit,
 # where the commit comes from, step-title prefixes that ran another tree -> its commit or
@@ -176,34 +176,114 @@ def commit_of(relative: str) -> tuple:
     return None
 
 
-def machine_of(relative: str, context: LogContext, devices: list) -> dict:
-    """The machine a raw file ran on: from the log's nvidia-smi, else from its name."""
-    m = _MACHINE_IN_NAME.search(relative)
-    if context.gpus:
-        names = {name for _, name in context.gpus}
-        gpu, count = " / ".join(sorted(names)), len(context.gpus)
-    elif devices:
-        gpu = " ".join(devices[0].split()[1:-1])
-        count = None
-    elif m:
-        gpu, count = "NVIDIA " + m.group(1).upper(), int(m.group(2) or 1)
-    else:
-        return {"gpu": None, "gpu_count": 0, "cpu": "2 cores (AMD EPYC), no GPU"}
-    if count is None:
-        count = int(m.group(2) or 1) if m else len(devices)
-    machine = {"gpu": gpu, "gpu_count": count}
-    if count > 1:
-        machine["links"] = _LINKS.get(context.link or "NV18", context.link)
-    for key in ("driver", "cuda", "nccl", "torch"):
-        if getattr(context, key):
-            machine[key] = getattr(context, key)
-    return machine
+_HOSTNAME = re.compile(r"^===== gpu-check .* on (?P<host>\S+) at ")
+_CPU_AFFINITY = re.compile(r"^GPU0\s.*?\s(?P<first>\d+)-(?P<last>\d+)\s+\d+\s+\S+\s*$")
+_STEP_STATUS = re.compile(
+    r"^(?P<title>\S.*?)\s{2,}(?:ok|FAILED rc=(?P<failed>\d+)|rc=(?P<rc>\d+))\s+\d+s\b"
+)
+
+
+def _host_facts(text: str) -> dict:
+    """The hostname and CPU count a log printed (gpu-check's header, nvidia-smi topo)."""
+    facts = {}
+    for line in text.splitlines():
+        if "hostname" not in facts and (m := _HOSTNAME.match(line)):
+            facts["hostname"] = m.group("host")
+        if "host_cpus" not in facts and (m := _CPU_AFFINITY.match(line.strip())):
+            facts["host_cpus"] = int(m.group("last")) - int(m.group("first")) + 1
+    return facts
+
+
+def _step_statuses(texts: list) -> dict:
+    """Each step's exit status, from the step lines of logs and summaries (ok is 0)."""
+    statuses = {}
+    for text in texts:
+        for line in text.splitlines():
+            if m := _STEP_STATUS.match(line):
+                statuses[m.group("title").strip()] = int(m.group("failed") or m.group("rc") or 0)
+    return statuses
+
+
+def _context_files(path: Path, commit: str) -> list:
+    """Logs and summaries that describe the same run: the file itself, its folder's files of
+    the same numbered call, and the logs named with the same commit."""
+    relative = path.relative_to(RAW).as_posix()
+    found = [path]
+    step = re.match(r"(.*/)(\d+)-", relative)
+    if step:
+        found += sorted((RAW / step.group(1)).glob(step.group(2) + "-*"))
+        found += sorted((RAW / step.group(1)).glob("*summar*"))
+    found += sorted(p for p in RAW.rglob(f"*{commit}*") if p.suffix in (".log", ".txt", ".gz"))
+    return list(dict.fromkeys(p for p in found if p.is_file()))
+
+
+def machine_of(path: Path, commit: str, context: LogContext, devices: list) -> tuple:
+    """The machine a raw file ran on, and where each fact came from.
+
+    The log's own nvidia-smi, topology and header first; then the logs of the same run
+    (same call of a dated folder, or the same commit); then the file's name (`h200-x4`).
+    """
+    relative = path.relative_to(RAW).as_posix()
+    name = _MACHINE_IN_NAME.search(relative)
+    notes = []
+    contexts = [(path, context)]
+    facts: dict = {}
+    for other in _context_files(path, commit):
+        if other.suffix not in (".log", ".txt", ".gz"):
+            continue
+        text = read_text(other)
+        if other != path:
+            contexts.append((other, parse_log(text)[0]))
+        for key, value in _host_facts(text).items():
+            if key not in facts:
+                facts[key] = value
+                if other != path:
+                    notes.append(f"{key} from {other.relative_to(RAW).as_posix()}")
+    machine = {
+        "hostname": facts.get("hostname", "unknown"),
+        "host_cpus": facts.get("host_cpus", 0),
+        "gpu_model": None,
+        "gpu_count": 0,
+        "links": None,
+        "driver": None,
+        "cuda": None,
+        "nccl": None,
+        "torch": None,
+    }
+    if name is None and not devices and not any(c.gpus for _, c in contexts):
+        machine["host_cpus"] = facts.get("host_cpus", 2)
+        notes.append("the CPU machine of these runs: 2 cores (AMD EPYC), as the run's record says")
+        return machine, notes
+    for other, each in contexts:
+        if each.gpus and machine["gpu_model"] is None:
+            machine["gpu_model"] = " / ".join(sorted({n for _, n in each.gpus}))
+            machine["gpu_count"] = len(each.gpus)
+            if other != path:
+                notes.append(f"GPUs from {other.relative_to(RAW).as_posix()}")
+        for key in ("driver", "cuda", "nccl", "torch"):
+            if machine[key] is None and getattr(each, key):
+                machine[key] = getattr(each, key)
+        if machine["links"] is None and each.link:
+            machine["links"] = _LINKS.get(each.link, each.link)
+    if machine["gpu_model"] is None:
+        if devices:
+            machine["gpu_model"] = " ".join(devices[0].split()[1:-1])
+        elif name:
+            machine["gpu_model"] = "NVIDIA " + name.group(1).upper()
+        machine["gpu_count"] = int(name.group(2) or 1) if name else len(devices)
+        notes.append("GPU model and count from the file name")
+    if machine["gpu_count"] > 1 and machine["links"] is None:
+        machine["links"] = _LINKS["NV18"]
+        notes.append("links as every log of this machine shows them (nvidia-smi topo: NV18)")
+    if machine["host_cpus"] == 0:
+        notes.append("host_cpus: not recorded (0)")
+    return machine, notes
 
 
 def machine_dir(machine: dict) -> str:
-    if not machine.get("gpu"):
+    if not machine.get("gpu_model"):
         return "cpu"
-    model = machine["gpu"].replace("NVIDIA ", "").split()[0].lower()
+    model = machine["gpu_model"].replace("NVIDIA ", "").split()[0].lower()
     return f"{machine['gpu_count']}x{model}"
 
 
@@ -215,71 +295,113 @@ def _number(text):
     return int(value) if re.fullmatch(r"-?\d+", str(text)) else value
 
 
-def _algorithm(step: str, command: str, table_algorithm: str | None) -> str | None:
+def _algorithm(step: str, command: str, table_algorithm: str | None, name: str) -> str:
     if table_algorithm:
         return table_algorithm
     m = re.search(r"--algo[ =](\S+)|ALGO=(\S+)", command) or re.search(r"--algo (\S+)", step)
     if m:
         return m.group(1) or m.group(2)
-    for word in re.split(r"[\s:]+", step):
+    for word in re.split(r"[\s:-]+", step) or re.split(r"[-.]", name):
         if word in ALGORITHMS:
             return word
-    return None
+    for word in re.split(r"[-.]", name):
+        if word in ALGORITHMS:
+            return word
+    return "default"
 
 
 def _mode(timing: str | None) -> str:
     if not timing:
         return "eager"
     word = timing.split()[0]
-    return {"nccl-tests": "eager"}.get(word, word)
+    if word in rd.MODES:
+        return word
+    # nccl-tests, after-kernel: eager calls (the timing's own name stays in details)
+    return "graph" if "graph" in timing else "eager"
 
 
-def rows_of_table(launch: Launch, launch_id: str, algorithm: str | None) -> list:
-    """A table's rows as result-document rows (ours out of place; in place beside it)."""
+def _figure(cells: dict) -> dict:
+    extra = {
+        k: _number(cells[c])
+        for k, c in (("host_us", "host"), ("p95_us", "p95"))
+        if cells.get(c) not in (None, "-")
+    }
+    return rd.figure(
+        _number(cells.get("time")),
+        _number(cells.get("algbw")),
+        _number(cells.get("busbw")),
+        **extra,
+    )
+
+
+def rows_of_table(launch: Launch, launch_id: str, algorithm: str) -> list:
+    """A table's rows as result-document rows: out of place, then in place where timed."""
     rows = []
-    op = "ring" if launch.header.get("op") == "ring" else launch.header.get("op")
+    op = launch.header.get("op")
+    ranks = _number(launch.header.get("ranks"))
+    errors = (
+        [f"{launch.measurement_errors} measurement errors in this launch"]
+        if launch.measurement_errors
+        else []
+    )
     for printed in launch.rows:
-        ours = printed.get("out-of-place") or printed.get("ring") or {}
-        in_place = printed.get("in-place") or {}
-        baselines = []
+        baselines, speedups = [], {}
         for group, cells in printed.items():
-            if group.startswith("baseline:"):
-                label = group.split(":", 1)[1]
-                baseline = {
-                    "name": _baseline_name(label),
-                    "label": label,
-                    "us": _number(cells.get("time")),
-                    "wrong": _number(cells.get("#wrong")),
-                }
-                if "speedup" in cells:
-                    baseline["speedup"] = _number(cells["speedup"])
-                if "path" in cells:
-                    baseline["path"] = cells["path"]
-                baselines.append(baseline)
-        row = {
-            "op": op,
-            "size": _number(printed.get("size")),
-            "dtype": printed.get("type"),
-            "algorithm": algorithm,
-            "mode": _mode(launch.header.get("timing")),
-            "ranks": _number(launch.header.get("ranks")),
-            "ours_us": _number(ours.get("time")),
-            "wrong": _number(ours.get("#wrong")),
-            "baselines": baselines,
-            "launch": launch_id,
-            "measurement_errors": launch.measurement_errors,
-        }
-        if in_place:
-            row["ours_in_place_us"] = _number(in_place.get("time"))
-            row["wrong"] = (row["wrong"] or 0) + (_number(in_place.get("#wrong")) or 0)
+            if not group.startswith("baseline:"):
+                continue
+            label = group.split(":", 1)[1]
+            name = _baseline_name(label)
+            wrong = _number(cells.get("#wrong"))
+            baselines.append(
+                rd.baseline_figure(
+                    name,
+                    _number(cells.get("time")),
+                    None,
+                    _number(cells.get("busbw")),
+                    wrong=wrong,
+                    path=cells.get("path"),
+                    version=label,
+                )
+            )
+            if cells.get("speedup") not in (None, "-") and not wrong:
+                speedups[name] = _number(cells["speedup"])
+        details = {}
+        timing = launch.header.get("timing") or ""
+        if timing and timing.split()[0] not in rd.MODES:
+            details["timing"] = timing
         if launch.header.get("splits"):
-            row["splits"] = launch.header["splits"]
-        rows.append(row)
+            details["splits"] = launch.header["splits"]
+        if speedups:
+            details["speedup"] = speedups
+        for placement in ("out-of-place", "in-place", "ring"):
+            cells = printed.get(placement)
+            if not cells:
+                continue
+            rows.append(
+                rd.make_row(
+                    op=op,
+                    size=_number(printed["size"]),
+                    count=_number(printed.get("count")),
+                    dtype=printed.get("type"),
+                    algorithm=algorithm,
+                    mode=_mode(launch.header.get("timing")),
+                    placement="in-place" if placement == "in-place" else "out-of-place",
+                    world_size=ranks,
+                    launch=launch_id,
+                    ours=_figure(cells),
+                    baselines=baselines if placement != "in-place" else [],
+                    wrong=_number(cells.get("#wrong")),
+                    errors=errors,
+                    details=details,
+                )
+            )
     return rows
 
 
 def _baseline_name(label: str) -> str:
     lower = label.lower()
+    if "symmetric memory" in lower:
+        return "torch-symm"
     for name in ("nccl", "mpi", "torch"):
         if name in lower:
             return name
@@ -293,35 +415,42 @@ def rows_of_moe(launch: Launch, launch_id: str) -> list:
     ours = next((r for v, r in versions.items() if v.startswith("ipcshare")), None)
     if ours is None:
         return []
-    baselines = []
+    baselines, ratios = [], {}
     for version, row in versions.items():
         if version.startswith("ipcshare"):
             continue
+        name = _baseline_name(version)
+        wrong = 0 if "bit for bit" in row["checked"] else None
         baselines.append(
-            {
-                "name": "nccl" if version.startswith("NCCL") else "torch-symmetric-memory",
-                "label": version,
-                "us": _number(row["µs per step"]),
-                "wrong": 0 if "bit for bit" in row["checked"] else None,
-                "timing": row["timing"],
-                "ours_over": _number(row["÷ ipcshare"]),
-            }
+            rd.baseline_figure(
+                name,
+                _number(row["µs per step"]),
+                wrong=wrong,
+                version=f"{version} ({row['timing']})",
+            )
         )
+        ratios[name] = _number(row["÷ ipcshare"])
+    tokens, hidden = int(h["tokens"]), int(h["hidden"])
     return [
-        {
-            "op": "moe-step",
-            "case": f"top-{h['top']} of {h['experts']} experts, {h['tokens']} x {h['hidden']} {h['dtype']}",
-            "size": None,
-            "dtype": h["dtype"],
-            "algorithm": "auto",
-            "mode": "graph",
-            "ranks": _number(h["ranks"]),
-            "ours_us": _number(ours["µs per step"]),
-            "wrong": 0 if "bit for bit" in ours["checked"] else None,
-            "baselines": baselines,
-            "launch": launch_id,
-            "measurement_errors": None,
-        }
+        rd.make_row(
+            op="moe-step",
+            size=tokens * hidden * 2,
+            count=tokens * hidden,
+            dtype=h["dtype"],
+            algorithm="auto",
+            mode="graph",
+            world_size=int(h["ranks"]),
+            launch=launch_id,
+            ours=rd.figure(_number(ours["µs per step"])),
+            baselines=baselines,
+            wrong=0 if "bit for bit" in ours["checked"] else None,
+            details={
+                "case": f"top-{h['top']} of {h['experts']} experts, {tokens} x {hidden} "
+                f"{h['dtype']} a rank",
+                "speedup": ratios,
+                "ours_timing": ours["timing"],
+            },
+        )
     ]
 
 
@@ -329,40 +458,52 @@ def rows_of_json(run: dict, launch_id: str) -> list:
     """A `--json` document's rows (one launch)."""
     baseline = run.get("baseline") or None
     by_size = {r["size"]: r for r in (baseline or {}).get("rows", [])}
+    errors = [str(e) for e in run.get("measurement_errors") or []]
     rows = []
     for r in run.get("rows", []):
         b = by_size.get(r["size"])
         baselines = []
         if b is not None:
-            entry = {
-                "name": baseline.get("name"),
-                "label": baseline.get("label") or baseline.get("version"),
-                "us": b.get("time_us"),
-                "wrong": b.get("wrong"),
-            }
-            if b.get("path"):
-                entry["path"] = b["path"]
-            baselines.append(entry)
-        row = {
-            "op": run.get("op"),
-            "size": r["size"],
-            "dtype": run.get("dtype", "float32"),
-            "algorithm": run.get("algo"),
-            "mode": _mode(run.get("timing")),
-            "ranks": run.get("world_size"),
-            "ours_us": r.get("time_us"),
-            "wrong": r.get("wrong", 0) + (r.get("in_place") or {}).get("wrong", 0),
-            "baselines": baselines,
-            "launch": launch_id,
-            "measurement_errors": len(run["measurement_errors"])
-            if "measurement_errors" in run
-            else None,
-        }
-        if r.get("in_place"):
-            row["ours_in_place_us"] = r["in_place"].get("time_us")
-        if run.get("splits"):
-            row["splits"] = run["splits"]
-        rows.append(row)
+            baselines.append(
+                rd.baseline_figure(
+                    baseline.get("name"),
+                    b.get("time_us"),
+                    b.get("algbw"),
+                    b.get("busbw"),
+                    wrong=b.get("wrong"),
+                    path=b.get("path"),
+                    version=baseline.get("version") or baseline.get("label"),
+                )
+            )
+        details = {"splits": run["splits"]} if run.get("splits") else {}
+        if run.get("timing") and run["timing"] not in rd.MODES:
+            details["timing"] = run["timing"]
+        for placement, figure in (("out-of-place", r), ("in-place", r.get("in_place"))):
+            if not figure:
+                continue
+            rows.append(
+                rd.make_row(
+                    op=run.get("op"),
+                    size=r["size"],
+                    count=r.get("count"),
+                    dtype=run.get("dtype", "float32"),
+                    algorithm=run.get("algo") or "default",
+                    mode=_mode(run.get("timing")),
+                    placement=placement,
+                    world_size=run.get("world_size"),
+                    launch=launch_id,
+                    ours=rd.figure(
+                        figure.get("time_us"),
+                        figure.get("algbw"),
+                        figure.get("busbw"),
+                        **{k: figure[k] for k in ("wall_us", "host_us") if k in figure},
+                    ),
+                    baselines=baselines if placement == "out-of-place" else [],
+                    wrong=figure.get("wrong"),
+                    errors=errors,
+                    details=details,
+                )
+            )
     return rows
 
 
@@ -375,6 +516,37 @@ def _what(relative: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "run"
 
 
+# Asides of old commit subjects about how a run was organised, not about the code.
+_WORKPLACE_ASIDE = re.compile(r"\s*\((?:[^()]*\b(?:session|lent|issue \d+)\b[^()]*)\)", re.I)
+_WORKPLACE_WORDS = re.compile(r"\b(?:\w+ session|session|lent|lending|issue \d+)\b", re.I)
+
+
+def _subject(commit: str) -> str:
+    """The subject of the commit, without asides on how its run was organised."""
+    text = subprocess.run(
+        ["git", "log", "-1", "--format=%s", commit],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    text = re.sub(r"\s+", " ", text)
+    text = _WORKPLACE_ASIDE.sub("", text)
+    text = _WORKPLACE_WORDS.split(text)[0].rstrip(" ,;:(")
+    return (text[:110] + "…") if len(text) > 111 else (text or "(commit not in this history)")
+
+
+def _full_commit(commit: str) -> str:
+    out = subprocess.run(
+        ["git", "rev-parse", "--verify", "--quiet", commit + "^{commit}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    return out or commit
+
+
 def convert_file(path: Path) -> tuple[list, str | None]:
     """The documents of one raw file, or ([], why it is left out)."""
     relative = path.relative_to(RAW).as_posix()
@@ -385,6 +557,7 @@ def convert_file(path: Path) -> tuple[list, str | None]:
         return [], "no commit in its name, folder or the run's summary"
     commit, source, overrides, table_algorithms = found
     context, launches, devices, json_runs = LogContext(), [], [], []
+    text = ""
     if path.name.endswith((".json", ".jsonl")):
         try:
             json_runs = load_json_runs(path)
@@ -395,18 +568,26 @@ def convert_file(path: Path) -> tuple[list, str | None]:
             return [], "holds no timed rows of an ipcshare command"
         devices = json_runs[0].get("devices") or []
     else:
-        context, launches = parse_log(read_text(path))
+        text = read_text(path)
+        context, launches = parse_log(text)
         if not launches:
             return [], "holds no timed table"
     m = _DATE_IN_NAME.search(relative)
-    date = context.date or (m.group(1) if m else None)
-    date_source = "the log" if context.date else ("the folder name" if m else None)
-    if date is None:
-        date = _date_committed(path)
-        date_source = "the day the raw file was committed; the raw output carries no date"
-    machine = machine_of(relative, context, devices)
+    if context.date_time:
+        date, date_note = context.date_time, None
+    else:
+        day = m.group(1) if m else _date_committed(path)
+        date = f"{day}T00:00:00Z"
+        date_note = (
+            "the day from the folder name; the raw output carries no time"
+            if m
+            else "the day the raw file was committed; the raw output carries no date"
+        )
+    machine, machine_notes = machine_of(path, commit, context, devices)
+    statuses = _step_statuses(
+        [read_text(p) for p in _context_files(path, commit) if p.suffix in (".log", ".txt", ".gz")]
+    )
     by_commit: dict = {}
-    stem = relative
     skipped = []
     for index, launch in enumerate(launches):
         launch_commit = commit
@@ -416,7 +597,7 @@ def convert_file(path: Path) -> tuple[list, str | None]:
         if launch_commit is None:
             skipped.append(launch.step)
             continue
-        launch_id = f"{stem}#{index + 1}" + (f" ({launch.step})" if launch.step else "")
+        launch_id = f"{relative}#{index + 1}" + (f" ({launch.step})" if launch.step else "")
         algorithm = (
             table_algorithms[index] if table_algorithms and index < len(table_algorithms) else None
         )
@@ -424,53 +605,82 @@ def convert_file(path: Path) -> tuple[list, str | None]:
             rows = rows_of_moe(launch, launch_id)
         else:
             rows = rows_of_table(
-                launch, launch_id, _algorithm(launch.step, launch.command, algorithm)
+                launch, launch_id, _algorithm(launch.step, launch.command, algorithm, path.name)
             )
-        by_commit.setdefault(launch_commit, []).extend(rows)
+        entry = by_commit.setdefault(launch_commit, {"rows": [], "steps": []})
+        entry["rows"].extend(rows)
+        entry["steps"].append(launch.step)
     for index, run in enumerate(json_runs):
-        by_commit.setdefault(commit, []).extend(rows_of_json(run, f"{stem}#{index + 1}"))
+        entry = by_commit.setdefault(commit, {"rows": [], "steps": []})
+        entry["rows"].extend(rows_of_json(run, f"{relative}#{index + 1}"))
     documents = []
-    for each_commit, rows in by_commit.items():
+    for each_commit, entry in by_commit.items():
+        rows = entry["rows"]
         if not rows:
             continue
         note = (
             source
             if each_commit == commit
             else (
-                f"steps of this file that ran another tree ({each_commit}), as the run's summary names it"
+                f"steps of this file that ran another tree ({each_commit}), as the run's summary "
+                "names it; the raw output carries no commit"
             )
         )
+        step_codes = [statuses[s] for s in entry["steps"] if s in statuses]
+        from_rows = (
+            3 if any(r["wrong"] for r in rows) else (5 if any(r["errors"] for r in rows) else 0)
+        )
+        exit_status = max(step_codes + [from_rows])
+        extra = {
+            "raw": [f"docs/bench/{relative}"],
+            "converted_by": "tools/convert_bench_results.py",
+            "commit_from": note,
+            "commit_subject": _subject(each_commit),
+            "exit_status_from": (
+                "the run's step lines"
+                if len(step_codes) == len(entry["steps"]) and step_codes
+                else "the rows (wrong elements: 3, measurement errors: 5); "
+                "the raw output does not record it for every step"
+            ),
+        }
+        if date_note:
+            extra["date_from"] = date_note
+        if machine_notes:
+            extra["machine_from"] = machine_notes
         documents.append(
-            {
-                "schema": SCHEMA,
-                "version": SCHEMA_VERSION,
-                "commit": each_commit,
-                "dirty": None,
-                "commit_source": note,
-                "machine": machine,
-                "date": date,
-                "date_source": date_source,
-                "command": _command(launches, json_runs),
-                "exit_status": None,
-                "raw": [f"docs/bench/{relative}"],
-                "converted_by": "tools/convert_bench_results.py",
-                "rows": rows,
-            }
+            rd.make_document(
+                tool=_tool(relative, json_runs),
+                version="0.1.0",
+                commit={"id": _full_commit(each_commit), "dirty": None, "source": "unknown"},
+                machine=machine,
+                command=_command(launches, json_runs, entry["steps"]),
+                exit_status=exit_status,
+                world_size=max(r["world_size"] for r in rows),
+                rows=rows,
+                date=date,
+                extra=extra,
+            )
         )
     why = f"steps of an unrecorded tree left out: {', '.join(skipped)}" if skipped else None
     return documents, why
 
 
-def _command(launches: list, json_runs: list) -> str:
+def _tool(relative: str, json_runs: list) -> str:
+    if json_runs:
+        return "ipcshare " + ("bench" if "bench" in relative else json_runs[0].get("op", ""))
+    return "tools/gpu-check.sh" if "gpu-check" in relative else "ipcshare"
+
+
+def _command(launches: list, json_runs: list, steps: list) -> str:
     if json_runs:
         return (
             "ipcshare "
             + (json_runs[0].get("op") or "bench")
             + " --json (the command line is not recorded)"
         )
-    steps = [launch.step for launch in launches if launch.step]
+    steps = [s for s in dict.fromkeys(steps) if s]
     if steps:
-        return "tools/gpu-check.sh steps: " + "; ".join(dict.fromkeys(steps))
+        return "tools/gpu-check.sh steps: " + "; ".join(steps)
     return (
         "ipcshare " + (launches[0].header.get("op") or "") + " (the command line is not recorded)"
     )
@@ -488,13 +698,14 @@ def _date_committed(path: Path) -> str | None:
 
 
 def document_path(document: dict) -> Path:
-    what = _what(document["raw"][0].removeprefix("docs/bench/"))
-    folder = document["raw"][0].removeprefix("docs/bench/").split("/")[0]
-    if "/" in document["raw"][0].removeprefix("docs/bench/"):
-        m = re.search(r"(\d{4}-\d\d-\d\d)", folder)
-        what = f"{what}" if m else f"{_what(folder)}-{what}"
-    date = document["date"] or "undated"
-    return OUT / machine_dir(document["machine"]) / f"{date}-{document['commit']}-{what}.json"
+    """docs/results/<machine>/<date>-<commit>-<what>.json"""
+    raw = document["extra"]["raw"][0].removeprefix("docs/bench/")
+    what = _what(raw)
+    folder = raw.split("/")[0]
+    if "/" in raw and not re.search(r"\d{4}-\d\d-\d\d", folder):
+        what = f"{_what(folder)}-{what}"
+    name = f"{document['date'][:10]}-{document['commit']['id'][:7]}-{what}.json"
+    return OUT / machine_dir(document["machine"]) / name
 
 
 def main() -> int:
@@ -519,7 +730,7 @@ def main() -> int:
             if target.exists():
                 raise SystemExit(f"two documents would be written to {target}")
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(json.dumps(document, indent=1, ensure_ascii=False) + "\n")
+            rd.write(target, document)
             written += 1
     print(f"{written} documents written under {OUT.relative_to(ROOT)}")
     for path, why in left_out:

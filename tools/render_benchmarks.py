@@ -14,14 +14,16 @@ measurement errors, ours or the baseline's, is never shown as a comparison.
 from __future__ import annotations
 
 import argparse
-import json
 import re
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from ipcshare.runtime import result_document as rd  # noqa: E402
+
 RESULTS = ROOT / "docs" / "results"
 BENCHMARKS = ROOT / "docs" / "BENCHMARKS.md"
 TEMPLATE = ROOT / "tools" / "benchmarks-template.md"
@@ -42,11 +44,6 @@ OPS = {
     "ring": "ring",
     "moe-step": "MoE step",
 }
-
-
-# Asides of old commit subjects about how a run was organised, not about the code.
-_WORKPLACE_ASIDE = re.compile(r"\s*\((?:[^()]*\b(?:session|lent|issue \d+)\b[^()]*)\)", re.I)
-_WORKPLACE_WORDS = re.compile(r"\b(?:\w+ session|session|lent|lending|issue \d+)\b", re.I)
 
 
 @dataclass(frozen=True)
@@ -112,7 +109,7 @@ HEADLINES = [
     ),
     Headline(
         "2 × H200",
-        "all-to-all-v, random splits, 32 MiB a rank, CUDA graph (`eager`)",
+        "all-to-all-v, random splits, 32 MiB a rank, CUDA graph (`--algo eager`)",
         "2xh200/2026-11-28-1c35a3f-15-alltoall-v-results.json",
         2,
         (33554432, 33554432),
@@ -180,17 +177,60 @@ HEADLINES = [
 ]
 
 
+def view(document: dict) -> dict:
+    """What the pages print of a document: its short commit, its day, and its out-of-place
+    rows with ours, each baseline and the run's printed ratio side by side."""
+    rows = []
+    for row in document["rows"]:
+        if row["placement"] != "out-of-place":
+            continue
+        details = row.get("details", {})
+        speedup = details.get("speedup", {})
+        rows.append(
+            {
+                "op": row["op"],
+                "size": row["size"],
+                "algorithm": row["algorithm"],
+                "mode": row["mode"],
+                "ranks": row["world_size"],
+                "launch": row["launch"],
+                "ours_us": (row["ours"] or {}).get("time_us"),
+                "wrong": row["wrong"],
+                "measurement_errors": len(row["errors"]),
+                "splits": details.get("splits"),
+                "case": details.get("case"),
+                "baselines": [
+                    {
+                        "name": b["name"],
+                        "us": b["time_us"],
+                        "wrong": b["wrong"],
+                        "error": b["error"],
+                        "speedup": speedup.get(b["name"]),
+                    }
+                    for b in row["baselines"]
+                ],
+            }
+        )
+    return {
+        "commit": document["commit"]["id"][:7],
+        "date": document["date"][:10],
+        "subject": document.get("extra", {}).get("commit_subject", ""),
+        "rows": rows,
+    }
+
+
 def load(relative: str) -> dict:
-    return json.loads((RESULTS / relative).resolve().read_text())
+    """The view of the document at docs/results/<relative>, validated against its schema."""
+    return view(rd.load(RESULTS / relative))
 
 
 def documents() -> list:
-    """Every result document, sorted by date, commit and file name (the render's order)."""
-    found = []
-    for path in sorted(RESULTS.rglob("*.json")):
-        document = json.loads(path.read_text())
-        found.append((path.relative_to(RESULTS).as_posix(), document))
-    return sorted(found, key=lambda item: (item[1].get("date") or "", item[0]))
+    """Every result document's view, sorted by date and file name (the render's order)."""
+    found = [
+        (path.relative_to(RESULTS).as_posix(), view(rd.load(path)))
+        for path in sorted(RESULTS.rglob("*.json"))
+    ]
+    return sorted(found, key=lambda item: (item[1]["date"], item[0]))
 
 
 def launch_number(launch_id: str) -> int:
@@ -218,10 +258,8 @@ def span(values: list) -> str:
 
 def ratio(row: dict, baseline: dict):
     """NCCL / ours: the run's printed speedup, else the two times' ratio to 2 decimals."""
-    if "speedup" in baseline and baseline["speedup"] is not None:
+    if baseline.get("speedup") is not None:
         return baseline["speedup"]
-    if "ours_over" in baseline and baseline["ours_over"] is not None:
-        return baseline["ours_over"]
     return round(baseline["us"] / row["ours_us"], 2)
 
 
@@ -230,7 +268,7 @@ def clean(rows: list) -> bool:
     return all(
         row["wrong"] == 0
         and not row.get("measurement_errors")
-        and all(b.get("wrong") == 0 for b in row["baselines"])
+        and all(b.get("wrong") == 0 and not b.get("error") for b in row["baselines"])
         for row in rows
     )
 
@@ -370,20 +408,6 @@ def render_today(all_documents: list) -> list:
     return out
 
 
-def _subject(commit: str) -> str:
-    text = subprocess.run(
-        ["git", "log", "-1", "--format=%s", commit],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
-    text = re.sub(r"\s+", " ", text)
-    text = _WORKPLACE_ASIDE.sub("", text)
-    text = _WORKPLACE_WORDS.split(text)[0].rstrip(" ,;:(")
-    return (text[:110] + "…") if len(text) > 111 else (text or "(commit not in this history)")
-
-
 def render_history(all_documents: list) -> list:
     out = [
         "| date | commit | machine | what the commit changed | document |",
@@ -394,7 +418,7 @@ def render_history(all_documents: list) -> list:
         key=lambda item: (item[1]["date"] or "", item[1]["commit"], item[0]),
         reverse=True,
     ):
-        subject = _subject(document["commit"]).replace("|", "/")
+        subject = document["subject"].replace("|", "/")
         out.append(
             f"| {document['date']} | `{document['commit']}` | {path.split('/')[0]} | {subject} | "
             f"[{Path(path).name}](results/{path}) |"
