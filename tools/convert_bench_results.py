@@ -200,7 +200,10 @@ def _step_statuses(texts: list) -> dict:
     for text in texts:
         for line in text.splitlines():
             if m := _STEP_STATUS.match(line):
-                statuses[m.group("title").strip()] = int(m.group("failed") or m.group("rc") or 0)
+                # The log's own line first: a summary written beside it has misreported one.
+                statuses.setdefault(
+                    m.group("title").strip(), int(m.group("failed") or m.group("rc") or 0)
+                )
     return statuses
 
 
@@ -214,6 +217,8 @@ def _context_files(path: Path, commit: str) -> list:
         found += sorted((RAW / step.group(1)).glob(step.group(2) + "-*"))
         found += sorted((RAW / step.group(1)).glob("*summar*"))
     found += sorted(p for p in RAW.rglob(f"*{commit}*") if p.suffix in (".log", ".txt", ".gz"))
+    if path.parent != RAW:
+        found += sorted(path.parent.glob("*log*"))
     return list(dict.fromkeys(p for p in found if p.is_file()))
 
 
@@ -263,6 +268,8 @@ def machine_of(path: Path, commit: str, context: LogContext, devices: list) -> t
         for key in ("driver", "cuda", "nccl", "torch"):
             if machine[key] is None and getattr(each, key):
                 machine[key] = getattr(each, key)
+                if other != path:
+                    notes.append(f"{key} from {other.relative_to(RAW).as_posix()}")
         if machine["links"] is None and each.link:
             machine["links"] = _LINKS.get(each.link, each.link)
     if machine["gpu_model"] is None:
@@ -301,10 +308,10 @@ def _algorithm(step: str, command: str, table_algorithm: str | None, name: str) 
     m = re.search(r"--algo[ =](\S+)|ALGO=(\S+)", command) or re.search(r"--algo (\S+)", step)
     if m:
         return m.group(1) or m.group(2)
-    for word in re.split(r"[\s:-]+", step) or re.split(r"[-.]", name):
+    for word in re.split(r"[\s:]+", step):
         if word in ALGORITHMS:
             return word
-    for word in re.split(r"[-.]", name):
+    for word in re.split(r"[\s:-]+", step) + re.split(r"[-.]", name):
         if word in ALGORITHMS:
             return word
     return "default"
@@ -339,12 +346,15 @@ def rows_of_table(launch: Launch, launch_id: str, algorithm: str) -> list:
     rows = []
     op = launch.header.get("op")
     ranks = _number(launch.header.get("ranks"))
+    # The table's trailer counts the launch's measurement errors without naming their rows:
+    # the first row carries the count, and a reader takes the launch as one.
     errors = (
-        [f"{launch.measurement_errors} measurement errors in this launch"]
+        [f"{launch_id}: {launch.measurement_errors} measurement errors (rows not named)"]
         if launch.measurement_errors
         else []
     )
-    for printed in launch.rows:
+    for index, printed in enumerate(launch.rows):
+        row_errors = errors if index == 0 else []
         baselines, speedups = [], {}
         for group, cells in printed.items():
             if not group.startswith("baseline:"):
@@ -391,7 +401,7 @@ def rows_of_table(launch: Launch, launch_id: str, algorithm: str) -> list:
                     ours=_figure(cells),
                     baselines=baselines if placement != "in-place" else [],
                     wrong=_number(cells.get("#wrong")),
-                    errors=errors,
+                    errors=row_errors if placement != "in-place" else [],
                     details=details,
                 )
             )
@@ -481,6 +491,8 @@ def rows_of_json(run: dict, launch_id: str) -> list:
         for placement, figure in (("out-of-place", r), ("in-place", r.get("in_place"))):
             if not figure:
                 continue
+            # The run's measurement errors name no row: the first row carries them.
+            row_errors = errors if placement == "out-of-place" and not rows else []
             rows.append(
                 rd.make_row(
                     op=run.get("op"),
@@ -500,7 +512,7 @@ def rows_of_json(run: dict, launch_id: str) -> list:
                     ),
                     baselines=baselines if placement == "out-of-place" else [],
                     wrong=figure.get("wrong"),
-                    errors=errors,
+                    errors=row_errors,
                     details=details,
                 )
             )
@@ -566,7 +578,7 @@ def convert_file(path: Path) -> tuple[list, str | None]:
         json_runs = [r for r in json_runs if isinstance(r, dict) and "rows" in r and "op" in r]
         if not json_runs:
             return [], "holds no timed rows of an ipcshare command"
-        devices = json_runs[0].get("devices") or []
+        devices = [d for d in json_runs[0].get("devices") or [] if d.startswith("cuda")]
     else:
         text = read_text(path)
         context, launches = parse_log(text)
@@ -607,6 +619,9 @@ def convert_file(path: Path) -> tuple[list, str | None]:
             rows = rows_of_table(
                 launch, launch_id, _algorithm(launch.step, launch.command, algorithm, path.name)
             )
+        if launch.step in statuses:
+            for row in rows:
+                row.setdefault("details", {})["step_exit_status"] = statuses[launch.step]
         entry = by_commit.setdefault(launch_commit, {"rows": [], "steps": []})
         entry["rows"].extend(rows)
         entry["steps"].append(launch.step)

@@ -164,12 +164,6 @@ HEADLINES = [
     ),
     Headline(
         "4 × H200",
-        "MoE step (top-1 of 8 experts, 4,096 x 7,168 bf16), one graph against NCCL with host splits",
-        "4xh200/2026-11-28-b2fef07-1-log.json",
-        10,
-    ),
-    Headline(
-        "4 × H200",
         "MoE step (top-8 of 32 experts, 4,096 x 7,168 bf16), one graph against NCCL with host splits",
         "4xh200/2026-11-28-04d8bea-8-moe-n4-top8.json",
         1,
@@ -196,7 +190,8 @@ def view(document: dict) -> dict:
                 "launch": row["launch"],
                 "ours_us": (row["ours"] or {}).get("time_us"),
                 "wrong": row["wrong"],
-                "measurement_errors": len(row["errors"]),
+                "measurement_errors": sum(_error_count(e) for e in row["errors"]),
+                "step_exit": details.get("step_exit_status"),
                 "splits": details.get("splits"),
                 "case": details.get("case"),
                 "baselines": [
@@ -217,6 +212,12 @@ def view(document: dict) -> dict:
         "subject": document.get("extra", {}).get("commit_subject", ""),
         "rows": rows,
     }
+
+
+def _error_count(error: str) -> int:
+    """How many measurement errors an entry stands for (a table's trailer counts them)."""
+    m = re.search(r"(\d+) measurement errors", error)
+    return int(m.group(1)) if m else 1
 
 
 def load(relative: str) -> dict:
@@ -264,10 +265,12 @@ def ratio(row: dict, baseline: dict):
 
 
 def clean(rows: list) -> bool:
-    """0 wrong and 0 measurement errors, ours and every baseline's."""
+    """0 wrong and 0 measurement errors, ours and every baseline's, and a step that exited 0
+    where its exit status is known."""
     return all(
         row["wrong"] == 0
         and not row.get("measurement_errors")
+        and row.get("step_exit") in (None, 0)
         and all(b.get("wrong") == 0 and not b.get("error") for b in row["baselines"])
         for row in rows
     )
@@ -276,10 +279,13 @@ def clean(rows: list) -> bool:
 def headline_cells(headline: Headline) -> list:
     """The five cells of a headline row; raises ValueError where its launch is not clean."""
     document = load(headline.document)
-    rows = launch_rows(document, headline.launch)
+    launch = launch_rows(document, headline.launch)
+    rows = launch
     if headline.sizes:
         rows = [r for r in rows if headline.sizes[0] <= r["size"] <= headline.sizes[1]]
-    if not rows or not clean(rows):
+    # A measurement error names no row and a failed step none either: the whole launch goes.
+    whole = all(not r["measurement_errors"] and r.get("step_exit") in (None, 0) for r in launch)
+    if not rows or not clean(rows) or not whole:
         raise ValueError(f"{headline.document} launch {headline.launch}: no clean rows")
     nccl = [next(b for b in r["baselines"] if b["name"] == "nccl") for r in rows]
     link = "docs/results/" + headline.document
@@ -360,8 +366,9 @@ def _launch_line(path: str, document: dict, rows: list) -> str:
     else:
         cells += ["—", "—"]
     wrong = sum(r["wrong"] or 0 for r in rows) + sum((b or {}).get("wrong") or 0 for b in baselines)
-    errors = r0.get("measurement_errors")
-    cells.append(f"{wrong}" + ("" if errors is None else f" / {errors}"))
+    errors = sum(r["measurement_errors"] for r in rows)
+    exits = sorted({r["step_exit"] for r in rows if r.get("step_exit")})
+    cells.append(f"{wrong} / {errors}" + "".join(f", exit {code}" for code in exits))
     cells.append(f"{document['date']}, [`{document['commit']}`](results/{path})")
     return "| " + " | ".join(cells) + " |"
 
@@ -376,6 +383,15 @@ def render_today(all_documents: list) -> list:
             if not path.startswith(machine + "/"):
                 continue
             for rows in _launches(document):
+                # The newest day's launch; on one day a clean launch before one that is not.
+                held = latest.get(_key(rows))
+                if (
+                    held
+                    and held[1]["date"] == document["date"]
+                    and clean(held[2])
+                    and not clean(rows)
+                ):
+                    continue
                 latest[_key(rows)] = (path, document, rows)
         out += [f"### {heading}", ""]
         if not latest:
