@@ -578,6 +578,9 @@ def convert_file(path: Path) -> tuple[list, str | None]:
         json_runs = [r for r in json_runs if isinstance(r, dict) and "rows" in r and "op" in r]
         if not json_runs:
             return [], "holds no timed rows of an ipcshare command"
+        twin = _log_of_the_same_launches(path, commit, json_runs)
+        if twin:
+            return [], f"the same {len(json_runs)} launches as {twin}, which is converted"
         devices = [d for d in json_runs[0].get("devices") or [] if d.startswith("cuda")]
     else:
         text = read_text(path)
@@ -678,6 +681,39 @@ def convert_file(path: Path) -> tuple[list, str | None]:
         )
     why = f"steps of an unrecorded tree left out: {', '.join(skipped)}" if skipped else None
     return documents, why
+
+
+def _same_figures(run: dict, table: Launch) -> bool:
+    """A `--json` launch and a printed table hold the same figures (the table prints two
+    decimals of the JSON's three)."""
+    if len(run.get("rows", [])) != len(table.rows):
+        return False
+    for row, printed in zip(run["rows"], table.rows, strict=True):
+        ours = printed.get("out-of-place") or printed.get("ring") or {}
+        if str(row["size"]) != printed.get("size") or _number(ours.get("time")) is None:
+            return False
+        if abs(row["time_us"] - _number(ours["time"])) > 0.0051:
+            return False
+    return True
+
+
+def _log_of_the_same_launches(path: Path, commit: str, runs: list) -> str | None:
+    """The log that printed the launches a `--json` lines file holds, where there is one:
+    the same call of a dated folder, or the gpu-check log of the same commit, with as many
+    tables. The log is converted instead: it names each step and its exit status."""
+    relative = path.relative_to(RAW).as_posix()
+    step = re.match(r"(.*/)(\d+)-", relative)
+    if step:
+        candidates = sorted((RAW / step.group(1)).glob(step.group(2) + "-*"))
+    else:
+        candidates = sorted(RAW.glob(f"gpu-check-*{commit}*.log"))
+    for candidate in candidates:
+        if candidate == path or not re.search(r"\.(log|txt)(\.gz)?$", candidate.name):
+            continue
+        tables = [t for t in parse_log(read_text(candidate))[1] if t.kind == "table"]
+        if len(tables) == len(runs) and all(map(_same_figures, runs, tables)):
+            return candidate.relative_to(RAW).as_posix()
+    return None
 
 
 def _tool(relative: str, json_runs: list) -> str:

@@ -36,6 +36,11 @@ MACHINES = [
     ("1xh200", "One GPU shared by ranks under MPS: 1 × NVIDIA H200"),
     ("cpu", "CPU: 2 cores (AMD EPYC), no GPU, host shared memory against MPI"),
 ]
+EMPTY_MACHINES = {
+    "1xh200": "No result document yet: the runs on one GPU under MPS kept here are test runs "
+    "(no timed table), and the earlier one-GPU timings were not kept as raw output; they are "
+    "left out until measured again.",
+}
 OPS = {
     "allreduce": "all-reduce",
     "allgather": "all-gather",
@@ -373,6 +378,45 @@ def _launch_line(path: str, document: dict, rows: list) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+def _size_table(chosen: list, ranks: int) -> list:
+    """The launches at one rank a GPU side by side, a line per size: ours / baseline (ratio),
+    each column headed by its algorithm and linked to its document."""
+    head, sizes = ["size"], set()
+    for path, document, rows in chosen:
+        r0 = rows[0]
+        label = f"`{r0['algorithm']}`" + (f", {r0['splits']}" if r0.get("splits") else "")
+        head.append(f"{label}: [`{document['commit']}`](results/{path}) {document['date']}")
+        sizes |= {r["size"] for r in rows}
+    base = next((b["name"] for _, _, rows in chosen for b in rows[0]["baselines"]), None)
+    out = [
+        f"{ranks} ranks, µs: ours"
+        + (f" / {base} (ratio)" if base else "")
+        + ", one launch a column:",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|---:" + "|---" * len(chosen) + "|",
+    ]
+    for size in sorted(sizes):
+        cells = [_size(size)]
+        for _path, _document, rows in chosen:
+            row = next((r for r in rows if r["size"] == size), None)
+            if row is None:
+                cells.append("")
+                continue
+            cell = number(row["ours_us"])
+            b = next(iter(row["baselines"]), None)
+            if b is not None:
+                shown = clean([row]) and not any(r["measurement_errors"] for r in rows)
+                cell += f" / {number(b['us'])}" + (
+                    f" ({number(ratio(row, b))})" if shown else " (—)"
+                )
+            if row["wrong"]:
+                cell += f", {row['wrong']} wrong"
+            cells.append(cell)
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
 def render_today(all_documents: list) -> list:
     """Per machine, op and timing mode: the latest launch of each algorithm, rank count and
     split kind, one line each."""
@@ -395,32 +439,39 @@ def render_today(all_documents: list) -> list:
                 latest[_key(rows)] = (path, document, rows)
         out += [f"### {heading}", ""]
         if not latest:
-            out += [
-                "No result document yet: figures measured on this machine were not kept as "
-                "raw output, and are left out until measured again.",
-                "",
-            ]
+            out += [EMPTY_MACHINES.get(machine, "No result document yet."), ""]
             continue
+        full = int(machine.split("x")[0]) if machine[0].isdigit() else 2
         for op in OPS:
             for mode in ("graph", "eager", "latency"):
                 chosen = [v for k, v in latest.items() if k[0] == op and k[1] == mode]
                 if not chosen:
                     continue
-                out += [
-                    f"**{OPS[op]}, {mode}** (µs)",
-                    "",
-                    "| algorithm | ranks | splits / case | sizes | ours | baseline, same launch | baseline / ours | #wrong / measurement errors | date, commit: document |",
-                    "|---|---:|---|---|---|---|---|---|---|",
-                ]
                 chosen.sort(
                     key=lambda v: (
-                        str(v[2][0].get("algorithm")),
                         v[2][0]["ranks"],
+                        str(v[2][0].get("algorithm")),
                         str(v[2][0].get("splits") or v[2][0].get("case")),
                     )
                 )
-                out += [_launch_line(path, document, rows) for path, document, rows in chosen]
-                out.append("")
+                per_size = [
+                    v for v in chosen if v[2][0]["ranks"] == full and op not in ("moe-step",)
+                ]
+                if per_size:
+                    table = _size_table(per_size, full)
+                    out += [f"**{OPS[op]}, {mode}.** {table[0]}"] + table[1:] + [""]
+                else:
+                    out += [f"**{OPS[op]}, {mode}.**", ""]
+                others = [v for v in chosen if v not in per_size]
+                if others:
+                    if per_size:
+                        out += ["Other rank counts and cases, each launch on one line (µs):", ""]
+                    out += [
+                        "| algorithm | ranks | splits / case | sizes | ours | baseline, same launch | baseline / ours | #wrong / measurement errors | date, commit: document |",
+                        "|---|---:|---|---|---|---|---|---|---|",
+                    ]
+                    out += [_launch_line(path, document, rows) for path, document, rows in others]
+                    out.append("")
     return out
 
 

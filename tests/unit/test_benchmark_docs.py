@@ -61,6 +61,12 @@ def test_benchmarks_page_is_its_render():
     assert (ROOT / "docs" / "BENCHMARKS.md").read_text() == render.render_benchmarks()
 
 
+def test_benchmarks_page_is_short_with_todays_figures_first():
+    text = (ROOT / "docs" / "BENCHMARKS.md").read_text()
+    assert len(text.splitlines()) <= 800
+    assert text.index("## Today's figures") < text.index("## History")
+
+
 def test_readme_headline_table_is_its_render():
     readme = (ROOT / "README.md").read_text()
     assert render.readme_with_headline(readme) == readme
@@ -170,6 +176,23 @@ def test_tools_speak_of_the_project_not_the_workplace():
             # A pattern that strips such words from old commit subjects names them.
             offending += [f"{path.name}:{n}" for n, line in enumerate(path.read_text().splitlines(), 1)
                           if WORKPLACE.search(line) and "re.compile(" not in line]
+    assert not offending, offending
+
+
+# In code, pytest's own `request.session` is no workplace word: only the phrases are refused.
+CODE_WORKPLACE = re.compile(r"\b(\w+ session|sessions|lent|lending|issue \d+)\b|nvidia-h[12]00", re.I)
+
+
+def test_code_and_tests_speak_of_the_project():
+    this = Path(__file__).resolve()
+    offending = []
+    for folder in ("ipcshare", "tests"):
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.suffix not in (".py", ".cu", ".cuh", ".h", ".yaml") or path == this:
+                continue
+            offending += [f"{path.relative_to(ROOT)}:{n}"
+                          for n, line in enumerate(path.read_text().splitlines(), 1)
+                          if CODE_WORKPLACE.search(line)]
     assert not offending, offending
 
 
