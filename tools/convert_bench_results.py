@@ -377,8 +377,8 @@ def rows_of_table(launch: Launch, launch_id: str, algorithm: str) -> list:
                 speedups[name] = _number(cells["speedup"])
         details = {}
         timing = launch.header.get("timing") or ""
-        if timing and timing.split()[0] not in rd.MODES:
-            details["timing"] = timing
+        if timing and (timing.split()[0] not in rd.MODES or timing.startswith("latency")):
+            details["timing"] = timing  # after-kernel; latency of eager or graph samples
         if launch.header.get("splits"):
             details["splits"] = launch.header["splits"]
         if speedups:

@@ -36,6 +36,7 @@ MACHINES = [
     ("1xh200", "One GPU shared by ranks under MPS: 1 × NVIDIA H200"),
     ("cpu", "CPU: 2 cores (AMD EPYC), no GPU, host shared memory against MPI"),
 ]
+BASELINE_NAMES = {"nccl": "NCCL", "mpi": "MPICH's `Allgather`", "torch": "torch.distributed"}
 EMPTY_MACHINES = {
     "1xh200": "No result document yet: the runs on one GPU under MPS kept here are test runs "
     "(no timed table), and the earlier one-GPU timings were not kept as raw output; they are "
@@ -60,6 +61,7 @@ class Headline:
     document: str
     launch: int
     sizes: tuple | None = None
+    baseline: str = "nccl"
 
 
 HEADLINES = [
@@ -173,6 +175,14 @@ HEADLINES = [
         "4xh200/2026-11-28-04d8bea-8-moe-n4-top8.json",
         1,
     ),
+    Headline(
+        "2 CPU cores, host memory",
+        "all-gather, 8 B–8 MiB, 2 ranks, eager",
+        "cpu/2026-11-22-b319563-host-allgather-n2-run1.json",
+        1,
+        (8, 8388608),
+        "mpi",
+    ),
 ]
 
 
@@ -190,7 +200,7 @@ def view(document: dict) -> dict:
                 "op": row["op"],
                 "size": row["size"],
                 "algorithm": row["algorithm"],
-                "mode": row["mode"],
+                "mode": _mode_label(row["mode"], details.get("timing")),
                 "ranks": row["world_size"],
                 "launch": row["launch"],
                 "ours_us": (row["ours"] or {}).get("time_us"),
@@ -217,6 +227,13 @@ def view(document: dict) -> dict:
         "subject": document.get("extra", {}).get("commit_subject", ""),
         "rows": rows,
     }
+
+
+def _mode_label(mode: str, timing: str | None) -> str:
+    """The mode, with the kind of samples of a latency (`latency (graph replay samples)`)."""
+    if mode == "latency" and timing and timing.startswith("latency ("):
+        return timing
+    return mode
 
 
 def _error_count(error: str) -> int:
@@ -292,13 +309,14 @@ def headline_cells(headline: Headline) -> list:
     whole = all(not r["measurement_errors"] and r.get("step_exit") in (None, 0) for r in launch)
     if not rows or not clean(rows) or not whole:
         raise ValueError(f"{headline.document} launch {headline.launch}: no clean rows")
-    nccl = [next(b for b in r["baselines"] if b["name"] == "nccl") for r in rows]
+    nccl = [next(b for b in r["baselines"] if b["name"] == headline.baseline) for r in rows]
+    named = "" if headline.baseline == "nccl" else f"{BASELINE_NAMES[headline.baseline]}: "
     link = "docs/results/" + headline.document
     return [
         f"{headline.machine} ({document['date']}, [`{document['commit']}`]({link}))",
         headline.call,
         span([r["ours_us"] for r in rows]) + " µs",
-        span([b["us"] for b in nccl]) + " µs",
+        named + span([b["us"] for b in nccl]) + " µs",
         span([ratio(r, b) for r, b in zip(rows, nccl)]),
     ]
 
@@ -306,7 +324,7 @@ def headline_cells(headline: Headline) -> list:
 def render_headline() -> str:
     lines = [
         HEADLINE_BEGIN,
-        "| machine (date, commit: its result document) | call, sizes, timing | ipcshare | NCCL, same launch | NCCL / ours |",
+        "| machine (date, commit: its result document) | call, sizes, timing | ipcshare | NCCL (or another baseline), same launch | baseline / ours |",
         "|---|---|---|---|---|",
     ]
     lines += ["| " + " | ".join(headline_cells(h)) + " |" for h in HEADLINES]
@@ -443,7 +461,11 @@ def render_today(all_documents: list) -> list:
             continue
         full = int(machine.split("x")[0]) if machine[0].isdigit() else 2
         for op in OPS:
-            for mode in ("graph", "eager", "latency"):
+            modes = sorted(
+                {k[1] for k in latest if k[0] == op},
+                key=lambda m: (("graph", "eager").index(m) if m in ("graph", "eager") else 2, m),
+            )
+            for mode in modes:
                 chosen = [v for k, v in latest.items() if k[0] == op and k[1] == mode]
                 if not chosen:
                     continue
@@ -464,8 +486,6 @@ def render_today(all_documents: list) -> list:
                     out += [f"**{OPS[op]}, {mode}.**", ""]
                 others = [v for v in chosen if v not in per_size]
                 if others:
-                    if per_size:
-                        out += ["Other rank counts and cases, each launch on one line (µs):", ""]
                     out += [
                         "| algorithm | ranks | splits / case | sizes | ours | baseline, same launch | baseline / ours | #wrong / measurement errors | date, commit: document |",
                         "|---|---:|---|---|---|---|---|---|---|",
@@ -476,21 +496,24 @@ def render_today(all_documents: list) -> list:
 
 
 def render_history(all_documents: list) -> list:
-    out = [
-        "| date | commit | machine | what the commit changed | document |",
-        "|---|---|---|---|---|",
-    ]
-    for path, document in sorted(
-        all_documents,
-        key=lambda item: (item[1]["date"] or "", item[1]["commit"], item[0]),
-        reverse=True,
-    ):
-        subject = document["subject"].replace("|", "/")
-        out.append(
-            f"| {document['date']} | `{document['commit']}` | {path.split('/')[0]} | {subject} | "
-            f"[{Path(path).name}](results/{path}) |"
-        )
+    """A line per run (date and commit), newest first: what the commit changed, and its
+    documents by machine."""
+    runs: dict = {}
+    for path, document in all_documents:
+        runs.setdefault((document["date"], document["commit"]), []).append((path, document))
+    out = ["| date | commit | what the commit changed | documents |", "|---|---|---|---|"]
+    for (date, commit), held in sorted(runs.items(), reverse=True):
+        links = ", ".join(f"[{_document_label(path)}](results/{path})" for path, _ in sorted(held))
+        subject = held[0][1]["subject"].replace("|", "/")
+        out.append(f"| {date} | `{commit}` | {subject} | {links} |")
     return out
+
+
+def _document_label(path: str) -> str:
+    """A document's machine and what it holds, from its file name."""
+    machine, name = path.split("/", 1)
+    what = re.sub(r"^\d{4}-\d\d-\d\d-[0-9a-f]{7}-", "", Path(name).stem)
+    return f"{machine} {what}"
 
 
 def render_benchmarks() -> str:
