@@ -530,6 +530,9 @@ def _what(relative: str) -> str:
 
 # Asides of old commit subjects about how a run was organised, not about the code.
 _WORKPLACE_ASIDE = re.compile(r"\s*\((?:[^()]*\b(?:session|lent|issue \d+)\b[^()]*)\)", re.I)
+_MACHINE_KIND = re.compile(
+    r"\bnvidia-h[12]00-x([1248])\b|(?<![-\w/.])x([1248])(?![-\w/.])|\bnvidia-h[12]00()\b"
+)
 _WORKPLACE_WORDS = re.compile(r"\b(?:\w+ session|session|lent|lending|issue \d+)\b", re.I)
 
 
@@ -544,6 +547,7 @@ def _subject(commit: str) -> str:
     ).stdout.strip()
     text = re.sub(r"\s+", " ", text)
     text = _WORKPLACE_ASIDE.sub("", text)
+    text = _MACHINE_KIND.sub(lambda m: f"{m.group(1) or m.group(2) or '1'}-GPU", text)
     text = _WORKPLACE_WORDS.split(text)[0].rstrip(" ,;:(")
     return (text[:110] + "…") if len(text) > 111 else (text or "(commit not in this history)")
 

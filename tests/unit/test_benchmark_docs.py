@@ -36,7 +36,7 @@ bench_logs = _tool("bench_logs")
 # Words about how the work was organised, which a user of ipcshare never sees.
 WORKPLACE = re.compile(r"\b(\w+ session|sessions?|lent|lending|was not lent|issue \d+)\b", re.I)
 # Machine kinds named as a matter of availability rather than as hardware.
-MACHINE_KIND = re.compile(r"nvidia-h[12]00(-x\d)?\b")
+MACHINE_KIND = re.compile(r"nvidia-h[12]00(-x\d)?\b|(?<![-\w/.])x[1248](?![-\w/.])")
 PROSE = [
     ROOT / "README.md",
     *sorted((ROOT / "docs").glob("*.md")),
