@@ -380,8 +380,8 @@ def make_document(*, tool: str, version: str, commit: Mapping[str, Any],
         DocumentError: a field breaks the schema.
     """
     rows = [dict(row) for row in rows]
-    errors = [error for row in rows for error in row.get("errors", ())]
-    errors += [error for error in measurement_errors if error not in errors]
+    errors = list(dict.fromkeys([*(error for row in rows for error in row.get("errors", ())),
+                                 *measurement_errors]))
     document: dict[str, Any] = {
         "schema": SCHEMA, "tool": tool, "ipcshare": version, "commit": dict(commit),
         "machine": dict(machine), "date": date or utc_now(), "command": command,
