@@ -298,7 +298,7 @@ def clean(rows: list) -> bool:
     )
 
 
-def headline_cells(headline: Headline) -> list:
+def headline_cells(headline: Headline, results: str = "docs/results/") -> list:
     """The five cells of a headline row; raises ValueError where its launch is not clean."""
     document = load(headline.document)
     launch = launch_rows(document, headline.launch)
@@ -311,7 +311,7 @@ def headline_cells(headline: Headline) -> list:
         raise ValueError(f"{headline.document} launch {headline.launch}: no clean rows")
     nccl = [next(b for b in r["baselines"] if b["name"] == headline.baseline) for r in rows]
     named = "" if headline.baseline == "nccl" else f"{BASELINE_NAMES[headline.baseline]}: "
-    link = "docs/results/" + headline.document
+    link = results + headline.document
     return [
         f"{headline.machine} ({document['date']}, [`{document['commit']}`]({link}))",
         headline.call,
@@ -321,13 +321,14 @@ def headline_cells(headline: Headline) -> list:
     ]
 
 
-def render_headline() -> str:
+def render_headline(results: str = "docs/results/") -> str:
+    """The headline table, its links relative to the page it goes in (`results`)."""
     lines = [
         HEADLINE_BEGIN,
         "| machine (date, commit: its result document) | call, sizes, timing | ipcshare | NCCL (or another baseline), same launch | baseline / ours |",
         "|---|---|---|---|---|",
     ]
-    lines += ["| " + " | ".join(headline_cells(h)) + " |" for h in HEADLINES]
+    lines += ["| " + " | ".join(headline_cells(h, results)) + " |" for h in HEADLINES]
     lines.append(HEADLINE_END)
     return "\n".join(lines)
 
@@ -521,7 +522,7 @@ def render_benchmarks() -> str:
     template = TEMPLATE.read_text()
     text = template.replace("{{today}}", "\n".join(render_today(all_documents)).rstrip())
     text = text.replace("{{history}}", "\n".join(render_history(all_documents)))
-    text = text.replace("{{headline}}", render_headline())
+    text = text.replace("{{headline}}", render_headline("results/"))
     return text.rstrip() + "\n"
 
 
