@@ -124,6 +124,8 @@ RAW_COMMITS = [
 # Files that repeat tables of another file of the same run (left out: one document a launch).
 DUPLICATES = {
     "gpu-check-h200-x4-2026-11-28/1-tables.txt": "1-log.txt.gz",
+    "gpu-check-h200-x4-2026-11-28/6-shared-5-on-4.log.gz": "6-log.txt.gz",
+    "gpu-check-h200-x4-2026-11-28/6-shared-mps-gpus01.log.gz": "6-log.txt.gz",
     "gpu-check-h200-x4-2026-11-28/4-tables.txt": "4-log.txt.gz",
     "gpu-check-h200-x4-2026-11-28/9-push-n2.txt": "9-tests-2G.log.gz",
     "gpu-check-h200-x4-2026-11-28/9-push-n4.txt": "9-tests-2G.log.gz",
