@@ -36,7 +36,9 @@ OUT = ROOT / "docs" / "results"
 # where the commit comes from, step-title prefixes that ran another tree -> its commit or
 # None where unrecorded, algorithms of its tables in order where the tables carry no step).
 _SUMMARY = "the run's summary file ({}) names the tree; the raw output carries no commit"
-_RECORD = "the hand-written record of the run names it; the raw output carries no commit"
+_RECORD = (
+    "the hand-written record of the run ({}, at 3be84d4) names it; the raw output carries no commit"
+)
 RAW_COMMITS = [
     (
         r"gpu-check-h200-x2-2026-11-27/",
@@ -45,9 +47,28 @@ RAW_COMMITS = [
         {},
         None,
     ),
-    (r"gpu-check-h200-x2-2026-11-28/(2|3|4)-", "1ae235d", _RECORD, {"a2a-v-ll:": None}, None),
-    (r"gpu-check-h200-x2-2026-11-28/8-alltoall-push", "abfc858", _RECORD, {}, None),
-    (r"gpu-check-h200-x2-2026-11-28/(9|10|11)-", "1dd430c", _RECORD, {"ab base:": None}, None),
+    (
+        r"gpu-check-h200-x2-2026-11-28/(2|3|4)-",
+        "1ae235d",
+        _RECORD.format("docs/BENCHMARKS.md"),
+        {"a2a-v-ll:": None},
+        None,
+    ),
+    (
+        r"gpu-check-h200-x2-2026-11-28/8-",
+        "abfc858",
+        _RECORD.format("docs/GPU.md, README.md"),
+        {},
+        None,
+    ),
+    (r"host-ring-n2\.", "c58ad90", _RECORD.format("docs/BENCHMARKS.md"), {}, None),
+    (
+        r"gpu-check-h200-x2-2026-11-28/(9|10|11)-",
+        "1dd430c",
+        _RECORD.format("docs/BENCHMARKS.md"),
+        {"ab base:": None},
+        None,
+    ),
     (
         r"gpu-check-h200-x2-2026-11-28/12-",
         "7736721",
@@ -570,12 +591,7 @@ def convert_file(path: Path) -> tuple[list, str | None]:
     relative = path.relative_to(RAW).as_posix()
     if relative in DUPLICATES:
         return [], f"repeats the tables of {DUPLICATES[relative]}"
-    found = commit_of(relative)
-    if found is None:
-        return [], "no commit in its name, folder or the run's summary"
-    commit, source, overrides, table_algorithms = found
     context, launches, devices, json_runs = LogContext(), [], [], []
-    text = ""
     if path.name.endswith((".json", ".jsonl")):
         try:
             json_runs = load_json_runs(path)
@@ -584,15 +600,19 @@ def convert_file(path: Path) -> tuple[list, str | None]:
         json_runs = [r for r in json_runs if isinstance(r, dict) and "rows" in r and "op" in r]
         if not json_runs:
             return [], "holds no timed rows of an ipcshare command"
+        devices = [d for d in json_runs[0].get("devices") or [] if d.startswith("cuda")]
+    else:
+        context, launches = parse_log(read_text(path))
+        if not launches:
+            return [], "holds no timed table"
+    found = commit_of(relative)
+    if found is None:
+        return [], "timed, but no commit in its name, its folder or the run's summary"
+    commit, source, overrides, table_algorithms = found
+    if json_runs:
         twin = _log_of_the_same_launches(path, commit, json_runs)
         if twin:
             return [], f"the same {len(json_runs)} launches as {twin}, which is converted"
-        devices = [d for d in json_runs[0].get("devices") or [] if d.startswith("cuda")]
-    else:
-        text = read_text(path)
-        context, launches = parse_log(text)
-        if not launches:
-            return [], "holds no timed table"
     m = _DATE_IN_NAME.search(relative)
     if context.date_time:
         date, date_note = context.date_time, None
