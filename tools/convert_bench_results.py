@@ -618,6 +618,8 @@ def convert_file(path: Path) -> tuple[list, str | None]:
         date, date_note = context.date_time, None
     else:
         day = m.group(1) if m else _date_committed(path)
+        if day is None:
+            return [], "timed, but no date in the output, its name or the history of the file"
         date = f"{day}T00:00:00Z"
         date_note = (
             "the day from the folder name; the raw output carries no time"

@@ -11,6 +11,7 @@ that document, with 0 wrong on both sides.
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import sys
 from pathlib import Path
@@ -221,3 +222,63 @@ def test_no_stale_not_measured_sentence(pattern):
         if pattern.search(line)
     ]
     assert not offending, offending
+
+
+def _table(step: str, errors: int) -> str:
+    return f"""===== {step} (00:00:01, limit 60s)
+# ipcshare 0.1.0  op: allreduce  backend: cuda-vmm  exchange: pidfd  ranks: 4  nodes: 1  iters: 50  warmup: 5  checks: 1  timing: graph (50 operations per graph)
+#
+#                                     out-of-place                          in-place  NCCL called directly (nccl4py) baseline
+#          size         count     type       time   algbw   busbw #wrong       time   algbw   busbw #wrong       time   busbw #wrong speedup      path
+#           (B)    (elements)                (us)  (GB/s)  (GB/s)              (us)  (GB/s)  (GB/s)              (us)  (GB/s)            (x) (fastest)
+              8             2  float32       6.05    0.00    0.00      0       6.10    0.00    0.00      0       3.95    0.00      0    0.65 symmetric
+             32             8  float32       6.54    0.00    0.00      0       6.50    0.00    0.00      0       4.11    0.00      0    0.63 symmetric
+# Measurement errors   : {errors}{' OK' if not errors else ''}
+{step}                                   ok                        9s
+"""
+
+
+@pytest.fixture
+def convert(tmp_path, monkeypatch):
+    module = _tool("convert_bench_results")
+    monkeypatch.setattr(module, "RAW", tmp_path)
+    return module
+
+
+def test_a_launch_with_measurement_errors_is_exit_5_whatever_a_summary_says(tmp_path, convert):
+    folder = tmp_path / "gpu-check-h200-x4-2026-11-28"
+    folder.mkdir()
+    step = "allreduce ll-two-shot n=4 graph vs nccl"
+    (folder / "4-log.txt").write_text(_table(step, 2))
+    (folder / "4-summary.txt").write_text(f"{step}     rc=0      9s (at 9s)\n")
+    (document,), why = convert.convert_file(folder / "4-log.txt")
+    assert why is None
+    assert document["exit_status"] == 5
+    assert document["commit"]["id"].startswith("5cdb567")
+    assert "4-summary.txt" in document["extra"]["commit_from"]
+    first, *rest = [r for r in document["rows"] if r["placement"] == "out-of-place"]
+    assert first["algorithm"] == "ll-two-shot" and first["mode"] == "graph"
+    assert first["ours"]["time_us"] == 6.05 and first["baselines"][0]["time_us"] == 3.95
+    assert first["details"]["speedup"] == {"nccl": 0.65}
+    assert first["errors"] and not any(r["errors"] for r in rest)
+    view = render.view(document)
+    assert not render.clean(view["rows"])
+
+
+def test_a_raw_file_without_a_commit_is_left_out_with_its_reason(tmp_path, convert):
+    (tmp_path / "gpu-check-h200-x2-unknown.log").write_text(_table("timer allreduce graph n=4", 0))
+    documents, why = convert.convert_file(tmp_path / "gpu-check-h200-x2-unknown.log")
+    assert documents == [] and "no commit" in why
+
+
+def test_json_lines_of_a_converted_log_are_not_converted_twice(tmp_path, convert):
+    (tmp_path / "gpu-check-h200-x4-abcdef1.log").write_text(_table("timer allreduce graph n=4", 0))
+    run = {"op": "allreduce", "world_size": 4, "timing": "graph", "rows": [
+        {"size": 8, "time_us": 6.049, "wrong": 0}, {"size": 32, "time_us": 6.541, "wrong": 0}]}
+    (tmp_path / "gpu-h200-x4-abcdef1.jsonl").write_text(json.dumps(run) + "\n")
+    documents, why = convert.convert_file(tmp_path / "gpu-h200-x4-abcdef1.jsonl")
+    assert documents == [] and "gpu-check-h200-x4-abcdef1.log" in why
+    run["rows"][0]["time_us"] = 7.5  # other figures: another launch, converted on its own
+    (tmp_path / "gpu-h200-x4-abcdef1.jsonl").write_text(json.dumps(run) + "\n")
+    documents, why = convert.convert_file(tmp_path / "gpu-h200-x4-abcdef1.jsonl")
+    assert documents == [] and "no date" in why  # not committed: no day to give it
