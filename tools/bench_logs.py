@@ -21,7 +21,7 @@ from pathlib import Path
 _STEP = re.compile(r"^===== (?P<title>.*?)(?: \((?P<time>\d\d:\d\d:\d\d)(?:, limit \d+s?)?\))?\s*$")
 _RUN_HEADER = re.compile(r"^===== gpu-check .* at (?P<date>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)")
 _TABLE_HEADER = re.compile(r"^# ipcshare \S+\s+(?P<fields>.*)$")
-_HEADER_FIELD = re.compile(r"(\w[\w-]*): (\S+(?: \([^)]*\))?)")
+_HEADER_FIELD = re.compile(r"^(\w[\w-]*): (.+)$")
 _DRIVER = re.compile(r"Driver Version: (?P<driver>\S+)\s+CUDA Version: (?P<cuda>\S+)")
 _SMI_GPU = re.compile(r"^\|\s+(?P<index>\d+)\s+(?P<name>NVIDIA [^|]*?)\s{2,}(?:On|Off)\s+\|")
 _TORCH = re.compile(r"^torch\s+(?P<version>\d+\.\d+\.\d+\S*)\s*$")
@@ -136,7 +136,9 @@ def parse_log(text: str) -> tuple[LogContext, list]:
 
 
 def _parse_table(lines: list, i: int, header_match, step: str, command: str):
-    header = dict(_HEADER_FIELD.findall(header_match.group("fields")))
+    # Fields are `key: value`, two spaces apart; a value may hold single spaces.
+    fields = re.split(r"\s{2,}", header_match.group("fields").strip())
+    header = dict(m.groups() for f in fields if (m := _HEADER_FIELD.match(f)))
     j = i + 1
     while j < len(lines) and lines[j].startswith("#") and not re.match(r"#\s+size\s", lines[j]):
         if lines[j].startswith("# ipcshare "):

@@ -404,6 +404,8 @@ def rows_of_table(launch: Launch, launch_id: str, algorithm: str) -> list:
             details["timing"] = timing  # after-kernel; latency of eager or graph samples
         if launch.header.get("splits"):
             details["splits"] = launch.header["splits"]
+        if launch.header.get("arrays"):
+            details["arrays"] = launch.header["arrays"]
         if speedups:
             details["speedup"] = speedups
         for placement in ("out-of-place", "in-place", "ring"):

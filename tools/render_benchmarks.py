@@ -109,14 +109,14 @@ HEADLINES = [
     ),
     Headline(
         "2 × H200",
-        "all-to-all-v, random splits, 32 MiB a rank, CUDA graph (`push`)",
+        "all-to-all-v, random splits, 32 MiB a rank, CUDA graph (`push`, registered)",
         "2xh200/2026-11-28-1dd430c-10-tests-ll-registered.json",
         7,
         (33554432, 33554432),
     ),
     Headline(
         "2 × H200",
-        "all-to-all-v, random splits, 32 MiB a rank, CUDA graph (`--algo eager`)",
+        "all-to-all-v, random splits, 32 MiB a rank, CUDA graph (the `eager` algorithm)",
         "2xh200/2026-11-28-1c35a3f-15-alltoall-v-results.json",
         2,
         (33554432, 33554432),
@@ -207,7 +207,7 @@ def view(document: dict) -> dict:
                 "wrong": row["wrong"],
                 "measurement_errors": sum(_error_count(e) for e in row["errors"]),
                 "step_exit": details.get("step_exit_status"),
-                "splits": details.get("splits"),
+                "splits": _splits_label(details),
                 "case": details.get("case"),
                 "baselines": [
                     {
@@ -227,6 +227,15 @@ def view(document: dict) -> dict:
         "subject": document.get("extra", {}).get("commit_subject", ""),
         "rows": rows,
     }
+
+
+def _splits_label(details: dict) -> str | None:
+    """The splits of an all-to-all, and `registered` where the arrays were (`-R 1`)."""
+    parts = [
+        details.get("splits"),
+        "registered" if details.get("arrays", "").startswith("registered") else None,
+    ]
+    return ", ".join(p for p in parts if p) or None
 
 
 def _mode_label(mode: str, timing: str | None) -> str:

@@ -94,8 +94,21 @@ def test_every_readme_headline_figure_is_in_one_clean_launch_of_its_linked_docum
                 and set(_figures(ratio)) <= {render.ratio(r, b) for r, b in pairs}
             )
 
-        matching = [rows_ for rows_ in launches.values() if holds(rows_)]
-        assert matching, f"no launch of {link.group(2)} holds {ours} / {nccl} / {ratio}"
+        def described(launch_rows, call=_call):
+            """The row's words name the launch's timing, splits, arrays and algorithm."""
+            row = launch_rows[0]
+            splits = row.get("splits") or ""
+            return (
+                ("CUDA graph" in call or "one graph" in call) == (row["mode"] == "graph")
+                and all(f"{kind} splits" not in call or kind in splits
+                        for kind in ("even", "random", "skewed"))
+                and ("registered" in call) == ("registered" in splits)
+                and (f"`{row['algorithm']}`" in call or row["op"] == "moe-step"
+                     or row["algorithm"] == "default")
+            )
+
+        matching = [rows_ for rows_ in launches.values() if holds(rows_) and described(rows_)]
+        assert matching, f"no launch of {link.group(2)} holds {_call}: {ours} / {nccl} / {ratio}"
         assert any(render.clean(rows_) for rows_ in matching), f"{link.group(2)}: wrong elements"
 
 
