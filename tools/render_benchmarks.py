@@ -67,56 +67,56 @@ class Headline:
 HEADLINES = [
     Headline(
         "2 × H200",
-        "all-reduce, 8 B–128 KiB, CUDA graph (`auto`)",
+        "all-reduce, {sizes}, CUDA graph (`auto`)",
         "2xh200/2026-11-28-1ae235d-4-allreduce-auto-graph.json",
         1,
         (8, 131072),
     ),
     Headline(
         "2 × H200",
-        "all-gather, 8 B–128 KiB, CUDA graph (`auto`)",
+        "all-gather, {sizes}, CUDA graph (`auto`)",
         "2xh200/2026-11-28-1ae235d-3-small-messages-and-a2a-v-ll.json",
         1,
         (8, 131072),
     ),
     Headline(
         "2 × H200",
-        "all-to-all, even splits, 8 B–512 KiB, CUDA graph (`ll`)",
+        "all-to-all, even splits, {sizes}, CUDA graph (`ll`)",
         "2xh200/2026-11-28-1ae235d-3-small-messages-and-a2a-v-ll.json",
         8,
         (8, 524288),
     ),
     Headline(
         "2 × H200",
-        "all-to-all, even splits, 1 MiB, CUDA graph (`ll`)",
+        "all-to-all, even splits, {sizes}, CUDA graph (`ll`)",
         "2xh200/2026-11-28-07fd5ca-13-log.json",
         2,
         (1048576, 1048576),
     ),
     Headline(
         "2 × H200",
-        "all-to-all, even splits, 16–256 MiB, CUDA graph (`push`, plain tensors)",
+        "all-to-all, even splits, {sizes}, CUDA graph (`push`, plain tensors)",
         "2xh200/2026-11-28-abfc858-8-alltoall-push.json",
         1,
         (16777216, 268435456),
     ),
     Headline(
         "2 × H200",
-        "all-to-all, even splits, 16–256 MiB, CUDA graph (`push`, registered)",
+        "all-to-all, even splits, {sizes}, CUDA graph (`push`, registered)",
         "2xh200/2026-11-28-abfc858-8-alltoall-push.json",
         3,
         (16777216, 268435456),
     ),
     Headline(
         "2 × H200",
-        "all-to-all-v, random splits, 32 MiB a rank, CUDA graph (`push`, registered)",
+        "all-to-all-v, random splits, {sizes} a rank, CUDA graph (`push`, registered)",
         "2xh200/2026-11-28-1dd430c-10-tests-ll-registered.json",
         7,
         (33554432, 33554432),
     ),
     Headline(
         "2 × H200",
-        "all-to-all-v, random splits, 32 MiB a rank, CUDA graph (the `eager` algorithm)",
+        "all-to-all-v, random splits, {sizes} a rank, CUDA graph (the `eager` algorithm)",
         "2xh200/2026-11-28-1c35a3f-15-alltoall-v-results.json",
         2,
         (33554432, 33554432),
@@ -129,42 +129,42 @@ HEADLINES = [
     ),
     Headline(
         "4 × H200",
-        "all-reduce, 8 B–2 KiB, CUDA graph (`ll`)",
+        "all-reduce, {sizes}, CUDA graph (`ll`)",
         "4xh200/2026-11-28-0f21db3-1-log.json",
         6,
         (8, 2048),
     ),
     Headline(
         "4 × H200",
-        "all-reduce, 2 MiB, CUDA graph (`ll`)",
+        "all-reduce, {sizes}, CUDA graph (`ll`)",
         "4xh200/2026-11-28-0f21db3-1-log.json",
         6,
         (2097152, 2097152),
     ),
     Headline(
         "4 × H200",
-        "all-reduce, 8 B–128 KiB, eager from Python (`ll`)",
+        "all-reduce, {sizes}, eager from Python (`ll`)",
         "4xh200/2026-11-27-6d3eb65-5-latency.json",
         14,
         (8, 131072),
     ),
     Headline(
         "4 × H200",
-        "all-gather, 2 MiB, CUDA graph (`ll128`)",
+        "all-gather, {sizes}, CUDA graph (`ll128`)",
         "4xh200/2026-11-28-b346a7f-9-ll128-n4.json",
         1,
         (2097152, 2097152),
     ),
     Headline(
         "4 × H200",
-        "reduce-scatter, 16 B–32 KiB, CUDA graph (`auto`)",
+        "reduce-scatter, {sizes}, CUDA graph (`auto`)",
         "4xh200/2026-11-28-e8f3647-5-log.json",
         8,
         (16, 32768),
     ),
     Headline(
         "4 × H200",
-        "all-to-all, even splits, 16 B–512 KiB, CUDA graph (`ll`)",
+        "all-to-all, even splits, {sizes}, CUDA graph (`ll`)",
         "4xh200/2026-11-28-b2fef07-1-log.json",
         4,
         (16, 524288),
@@ -177,7 +177,7 @@ HEADLINES = [
     ),
     Headline(
         "2 CPU cores, host memory",
-        "all-gather, 8 B–8 MiB, 2 ranks, eager",
+        "all-gather, {sizes}, 2 ranks, eager",
         "cpu/2026-11-22-b319563-host-allgather-n2-run1.json",
         1,
         (8, 8388608),
@@ -323,7 +323,7 @@ def headline_cells(headline: Headline, results: str = "docs/results/") -> list:
     link = results + headline.document
     return [
         f"{headline.machine} ({document['date']}, [`{document['commit']}`]({link}))",
-        headline.call,
+        headline.call.format(sizes=_size_span([r["size"] for r in rows])),
         span([r["ours_us"] for r in rows]) + " µs",
         named + span([b["us"] for b in nccl]) + " µs",
         span([ratio(r, b) for r, b in zip(rows, nccl)]),
@@ -359,6 +359,11 @@ def _size(size) -> str:
         if size >= scale and size % scale == 0:
             return f"{size // scale} {unit}"
     return f"{size} B"
+
+
+def _size_span(sizes: list) -> str:
+    low, high = min(sizes), max(sizes)
+    return _size(low) if low == high else f"{_size(low)}–{_size(high)}"
 
 
 def _key(rows: list) -> tuple:
