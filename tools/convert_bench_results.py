@@ -172,7 +172,7 @@ ALGORITHMS = (
     "ring",
     "ce",
 )
-_LINKS = {"NV18": "NVLink 4, 18 links between every pair (nvidia-smi topo: NV18)"}
+_LINKS = {"NV18": "NVLink 4: 18 links per GPU, all pairs (nvidia-smi topo: NV18)"}
 
 
 def commit_of(relative: str) -> tuple:

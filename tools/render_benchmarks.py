@@ -31,8 +31,8 @@ README = ROOT / "README.md"
 HEADLINE_BEGIN = "<!-- headline table: rendered by tools/render_benchmarks.py -->"
 HEADLINE_END = "<!-- end of headline table -->"
 MACHINES = [
-    ("2xh200", "2 GPUs: 2 × NVIDIA H200, NVLink 4 (18 links) between them"),
-    ("4xh200", "4 GPUs: 4 × NVIDIA H200 SXM, NVLink 4 (18 links) between every pair"),
+    ("2xh200", "2 GPUs: 2 × NVIDIA H200 SXM (700 W), NVLink 4 with 18 links a GPU between them"),
+    ("4xh200", "4 GPUs: 4 × NVIDIA H200 SXM (700 W), NVLink 4 with 18 links a GPU, all pairs"),
     ("1xh200", "One GPU shared by ranks under MPS: 1 × NVIDIA H200"),
     ("cpu", "CPU: 2 cores (AMD EPYC), no GPU, host shared memory against MPI"),
 ]
