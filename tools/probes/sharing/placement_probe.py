@@ -8,7 +8,7 @@ Made for ranks that share a GPU without MPS, where the lowest rank on the GPU ru
 others' stepped calls, and a guest's own tensors cost it a copy (so a hand-over of the GPU)
 until its leader has mapped them (collectives/guest_imports.py); it runs on GPUs of their
 own too. Run under mpiexec, e.g.
-``mpiexec -n 2 python tools/placement_probe.py [--algo stepped] [--elements N]``.
+``mpiexec -n 2 python tools/probes/sharing/placement_probe.py [--algo stepped] [--elements N]``.
 """
 
 from __future__ import annotations

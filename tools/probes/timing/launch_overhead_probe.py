@@ -2,7 +2,7 @@
 each time, the same call bound once (``Communicator.bind``), and a bare
 ``cuLaunchKernel`` of an empty kernel (the floor any Python launch pays), each next to
 the wall time per call of the same back-to-back loop. Run under mpiexec with a GPU per
-rank, e.g. ``mpiexec -n 2 python tools/launch_overhead_probe.py [--calls N]``.
+rank, e.g. ``mpiexec -n 2 python tools/probes/timing/launch_overhead_probe.py [--calls N]``.
 
 ``--profile`` adds rank 0's cProfile of the unbound calls (where the host time goes).
 """

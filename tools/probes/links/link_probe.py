@@ -4,7 +4,7 @@ once in opposite directions (a 2-rank all-to-all's traffic), by grid and by 16-b
 in flight per thread. A tuning tool for the GPU nodes (issue 42: our all-to-all pulls),
 not a benchmark: figures in docs/BENCHMARKS.md come from `ipcshare alltoall`.
 
-    python3 tools/link_probe.py [--sizes 32M,128M] [--grids 32,64,128,132]
+    python3 tools/probes/links/link_probe.py [--sizes 32M,128M] [--grids 32,64,128,132]
                                 [--unrolls 4,8,16] [--iters 10]
 
 Variants, each run on GPUs 0 and 1 at once (GPU g's peer is 1 - g), SIZE bytes each way:
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 from ipcshare.p2p.gpus import GpuHandles, GpuSet  # noqa: E402
@@ -44,7 +44,7 @@ UNROLLS = (2, 4, 8, 16)  # the probe_u* entry points of the kernels file
 
 
 class ProbeArgs(ctypes.Structure):
-    """``ProbeArgs`` of tools/link_probe_kernels.cu."""
+    """``ProbeArgs`` of tools/probes/links/link_probe_kernels.cu."""
 
     _fields_ = [("dst", ctypes.c_void_p * 2), ("src", ctypes.c_void_p * 2),
                 ("vectors", ctypes.c_ulonglong * 2), ("split", ctypes.c_int)]

@@ -17,8 +17,8 @@ is always a small kernel; rank 1's is, per variant:
   alone     rank 1 takes no part; rank 0 writes its own flag (the floor of one context)
 
 Prints µs per round trip (two hand-overs). Run as ``mpiexec -n 2 python
-tools/timeslice_probe.py [--rounds N] [--bytes B]`` with both ranks on GPU 0; with and
-without an MPS daemon to compare.
+tools/probes/sharing/timeslice_probe.py [--rounds N] [--bytes B]`` with both ranks on GPU 0;
+with and without an MPS daemon to compare.
 """
 
 from __future__ import annotations
