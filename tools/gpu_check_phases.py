@@ -22,7 +22,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpu_check import Context, Note, Phase, Step
+from gpu_check_steps import Context, Note, Phase, Step
 
 __all__ = ["PHASES", "DEFAULT_PHASES", "base_environment", "test_files_half", "mpirun",
            "timed_step"]

@@ -24,7 +24,8 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 import gpu_check  # noqa: E402
 import gpu_check_phases  # noqa: E402
-from gpu_check import Context, Note, Phase, Runner, Step  # noqa: E402
+from gpu_check import Runner  # noqa: E402
+from gpu_check_steps import Context, Note, Phase, Step  # noqa: E402
 
 PY = sys.executable
 MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(PY)) or shutil.which("mpiexec")
