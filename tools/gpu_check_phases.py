@@ -25,7 +25,7 @@ from pathlib import Path
 from gpu_check_steps import Context, Note, Phase, Step
 
 __all__ = ["PHASES", "DEFAULT_PHASES", "base_environment", "test_files_half", "mpirun",
-           "timed_step"]
+           "timed_step", "probe_step"]
 
 DEFAULT_PHASES = ("tests", "bench")
 # A rank's banner line per rank: the log keeps the table, not one line per rank.
@@ -69,6 +69,14 @@ def timed_step(ctx: Context, name: str, n: int, op: str, flags: Sequence[str], *
                      forward=forward, mps=mps)
     return Step.of(name, command, limit_s=limit_s, env=env, results=[result],
                    json_tags={plain: tags or {}}, mps=mps, drop=RANK_LINES, cwd=cwd)
+
+
+def probe_step(ctx: Context, name: str, n: int, script: str, *args: str, limit_s: int,
+               mps: bool = False) -> Step:
+    """A probe that writes a result document (``--result``) at ``n`` ranks."""
+    result = ctx.scratch_file(name, ".result.json")
+    return Step.of(name, mpirun(ctx, n, ctx.python, script, *args, "--result", result, mps=mps),
+                   limit_s=limit_s, results=[result], mps=mps)
 
 
 def pytest_mpi(ctx: Context, n: int, paths: Sequence[str], *, extra: Sequence[str] = (),
@@ -464,9 +472,9 @@ def latency_steps(ctx: Context) -> list[Step | Note]:
     steps += [_gpu_tests(ctx, g, "tests/gpu/test_gpu_communicator.py",
                          name=f"Communicator tests n={g}"),
               _gpu_tests(ctx, g + 1, ll, name=f"LL tests n={g + 1} (shared GPU)"),
-              Step.of(f"launch overhead n={g}", mpirun(
-                  ctx, g, ctx.python, "tools/probes/timing/launch_overhead_probe.py"),
-                  limit_s=_limit(ctx, "STEP_TIMEOUT_BENCH", 150))]
+              probe_step(ctx, f"launch overhead n={g}", g,
+                         "tools/probes/timing/launch_overhead_probe.py",
+                         limit_s=_limit(ctx, "STEP_TIMEOUT_BENCH", 150))]
     pairs = [("allgather", "auto", "4M"), ("allreduce", "auto", "4M"),
              ("reducescatter", "auto", "4M")]
     if g > 2:
@@ -701,9 +709,9 @@ def shared_steps(ctx: Context) -> list[Step | Note]:
                                 "-R", "1", *sweep, *graph, mps=mps, limit_s=180))
             if n == g:
                 continue
-            made.append(Step.of(f"shared{s} placement probe n={n}", mpirun(
-                ctx, n, ctx.python, "tools/probes/sharing/placement_probe.py", mps=mps),
-                limit_s=180, mps=mps))
+            made.append(probe_step(ctx, f"shared{s} placement probe n={n}", n,
+                                   "tools/probes/sharing/placement_probe.py", limit_s=180,
+                                   mps=mps))
             made += [run(n, f"ce-{b}", "allgather", "--algo", "copy-engine", mps=mps,
                          extra_env={"IPCSHARE_SHARED_GPU_BARRIER": b}) for b in ("host", "stream")]
             made += [run(n, "push", "allgather", "--algo", "push", mps=mps),
