@@ -364,7 +364,10 @@ def install_wheels(runner: Runner, context: Context) -> None:
             "install pytest-mpi, nccl4py, ml_dtypes from .whl/",
             [context.python, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
              "--target", "/tmp/site", *extra], limit_s=300))
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, ["/tmp/site", env.get("PYTHONPATH")]))
+        # After the checkout, which goes first (run): the package is this tree's.
+        parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        at = 1 if parts and parts[0] == str(context.repo) else 0
+        env["PYTHONPATH"] = os.pathsep.join(parts[:at] + ["/tmp/site"] + parts[at:])
     mpich = sorted(wheels.glob("mpich-*.whl")) + sorted(wheels.glob("mpi4py-*.whl"))
     if any(p.name.startswith("mpich-") for p in mpich) and \
             any(p.name.startswith("mpi4py-") for p in mpich):
