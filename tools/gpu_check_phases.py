@@ -896,8 +896,10 @@ def probes_steps(ctx: Context) -> list[Step | Note]:
     all-to-all stores), and where a copy-engine all-gather's time goes (allgather_probe:
     auto's all-gather rows)."""
     g = ctx.gpus
+    links = ctx.scratch_file("link-probe", ".result.json")
     return [Step.of("what the links carry: SM loads, stores, the copy engine (link_probe)",
-                    [ctx.python, "tools/probes/links/link_probe.py"], limit_s=300),
+                    [ctx.python, "tools/probes/links/link_probe.py", "--result", links],
+                    limit_s=300, results=[links]),
             Step.of(f"where an all-gather's time goes, n={g} (allgather_probe)", mpirun(
                 ctx, g, ctx.python, "tools/probes/timing/allgather_probe.py"), limit_s=300)]
 
