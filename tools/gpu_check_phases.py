@@ -658,10 +658,12 @@ def shared_steps(ctx: Context) -> list[Step | Note]:
     env = {"IPCSHARE_SHARED_GPU_BARRIER": "host"}
     steps: list[Step | Note] = []
     if not quick:
+        results = [ctx.scratch_file(f"timeslice-n{n}", ".result.json") for n in (2, 3)]
         steps.append(Step.of("time-slice probe, 2 and 3 ranks on GPU 0", *[
             mpirun(ctx, n, ctx.python, "tools/probes/sharing/timeslice_probe.py", "--rounds",
-                   "500", forward=["CUDA_VISIBLE_DEVICES"]) for n in (2, 3)],
-            limit_s=120, env={"CUDA_VISIBLE_DEVICES": "0"}))
+                   "500", "--result", result, forward=["CUDA_VISIBLE_DEVICES"])
+            for n, result in zip((2, 3), results, strict=True)],
+            limit_s=120, env={"CUDA_VISIBLE_DEVICES": "0"}, results=results))
 
     def run(n: int, label: str, op: str, *flags: str, mps: bool, limit_s: int = 120,
             extra_env: dict[str, str] | None = None) -> Step:
