@@ -39,7 +39,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -57,7 +57,7 @@ from ipcshare.runtime.result_document import (  # noqa: E402
     load,
 )
 
-__all__ = ["Runner", "run", "main", "step_verdict", "summary_lines", "outcome_line",
+__all__ = ["Runner", "MpsDaemon", "run", "main", "step_verdict", "summary_lines", "outcome_line",
            "count_gpus"]
 
 KILL_GRACE_S = 15
@@ -111,6 +111,61 @@ def outcome_line(outcome: Outcome) -> str:
     return f"{name:<64} {outcome.verdict:<24} {outcome.seconds:5.0f}s"
 
 
+class MpsDaemon:
+    """An MPS daemon of this run's own (pipe and log folders under /tmp): started on the
+    first step that asks for it, stopped by this run only if this run started it. Where
+    it cannot start, it says why once and ``start`` answers False from then on."""
+
+    def __init__(self, control: str, env: dict[str, str], log: Callable[[str], None]) -> None:
+        self.control = control
+        self.env = {**env, **self.variables()}
+        self.log = log
+        self.started = False   # by this run: only then does this run stop it
+        self.failed = False
+
+    @staticmethod
+    def variables() -> dict[str, str]:
+        """What a client of this daemon runs with."""
+        return {"CUDA_MPS_PIPE_DIRECTORY": MPS_PIPE, "CUDA_MPS_LOG_DIRECTORY": MPS_LOG}
+
+    def start(self) -> bool:
+        """Whether the daemon runs (started now, or earlier by this run)."""
+        if self.started:
+            return True
+        if self.failed:
+            return False
+        if shutil.which(self.control) is None:
+            self.log(f"MPS: {self.control} not found; steps under MPS are skipped")
+            self.failed = True
+            return False
+        for folder in (MPS_PIPE, MPS_LOG):
+            os.makedirs(folder, exist_ok=True)
+        started = subprocess.run([self.control, "-d"], env=self.env, capture_output=True,
+                                 text=True, timeout=60)
+        if started.returncode != 0:
+            self.log(f"MPS: the daemon did not start (exit {started.returncode}: "
+                     f"{(started.stderr or started.stdout).strip()}); steps under MPS are "
+                     "skipped")
+            self.failed = True
+            return False
+        self.started = True
+        self.log("MPS daemon started")
+        return True
+
+    def stop(self) -> None:
+        """Stop the daemon, only if this run started it."""
+        if not self.started:
+            return
+        try:
+            subprocess.run([self.control], input="quit\n", env=self.env, text=True,
+                           capture_output=True, timeout=60)
+        except subprocess.TimeoutExpired:
+            self.log("MPS: quit was not answered in 60 s")
+        time.sleep(2)  # the daemon lets its clients go before it exits
+        self.started = False
+        self.log("MPS daemon stopped")
+
+
 class Runner:
     """Runs phases of steps, logging to ``out``/gpu-check.log and to stdout, and keeps
     the outcomes the summary is made of."""
@@ -121,17 +176,15 @@ class Runner:
         self.context = context
         self.stream = stream if stream is not None else sys.stdout
         self.env = dict(os.environ if env is None else env)
-        self.mps_control = mps_control
         self.kill_grace_s = kill_grace_s
         self.outcomes: list[Outcome] = []
-        self.mps_started = False   # by this run: only then is it stopped by this run
-        self.mps_failed = False
         context.out.mkdir(parents=True, exist_ok=True)
         self._log = open(context.out / "gpu-check.log", "a", buffering=1)
+        self.mps = MpsDaemon(mps_control, self.env, self.log)
 
     def close(self) -> None:
         """Stop the MPS daemon if this run started it; close the log."""
-        self.stop_mps()
+        self.mps.stop()
         self._log.close()
 
     def __enter__(self) -> Runner:
@@ -147,50 +200,6 @@ class Runner:
         self.stream.flush()
         self._log.write(line + "\n")
 
-    # -- MPS ---------------------------------------------------------------------
-    def start_mps(self) -> bool:
-        """Start an MPS daemon of this run's own (pipe and log folders under /tmp), unless
-        this run started one already; False where it cannot start (then no step runs
-        under it)."""
-        if self.mps_started:
-            return True
-        if self.mps_failed:
-            return False
-        if shutil.which(self.mps_control) is None:
-            self.log(f"MPS: {self.mps_control} not found; steps under MPS are skipped")
-            self.mps_failed = True
-            return False
-        for folder in (MPS_PIPE, MPS_LOG):
-            os.makedirs(folder, exist_ok=True)
-        env = {**self.env, "CUDA_MPS_PIPE_DIRECTORY": MPS_PIPE,
-               "CUDA_MPS_LOG_DIRECTORY": MPS_LOG}
-        started = subprocess.run([self.mps_control, "-d"], env=env, capture_output=True,
-                                 text=True, timeout=60)
-        if started.returncode != 0:
-            self.log(f"MPS: the daemon did not start (exit {started.returncode}: "
-                     f"{(started.stderr or started.stdout).strip()}); steps under MPS are "
-                     "skipped")
-            self.mps_failed = True
-            return False
-        self.mps_started = True
-        self.log("MPS daemon started")
-        return True
-
-    def stop_mps(self) -> None:
-        """Stop the MPS daemon, only if this run started it."""
-        if not self.mps_started:
-            return
-        env = {**self.env, "CUDA_MPS_PIPE_DIRECTORY": MPS_PIPE,
-               "CUDA_MPS_LOG_DIRECTORY": MPS_LOG}
-        try:
-            subprocess.run([self.mps_control], input="quit\n", env=env, text=True,
-                           capture_output=True, timeout=60)
-        except subprocess.TimeoutExpired:
-            self.log("MPS: quit was not answered in 60 s")
-        time.sleep(2)  # the daemon lets its clients go before it exits
-        self.mps_started = False
-        self.log("MPS daemon stopped")
-
     # -- steps -------------------------------------------------------------------
     def run_phase(self, phase: Phase) -> None:
         """Every step of ``phase`` for this machine, or a note that it is skipped."""
@@ -204,18 +213,17 @@ class Runner:
                 self.log(f"{phase.name}: {item.text}")
             else:
                 self.run_step(phase.name, item)
-        if self.mps_started:  # a phase's daemon does not outlive it
-            self.stop_mps()
+        self.mps.stop()  # a phase's daemon does not outlive it
 
     def run_step(self, phase: str, step: Step) -> Outcome:
         """Run ``step``, log its output and its outcome, and record the outcome."""
         self.log()
         self.log(f"===== {phase}: {step.name} ({time.strftime('%H:%M:%S', time.gmtime())} "
                  f"UTC, limit {step.limit_s}s{', under MPS' if step.mps else ''})")
-        if step.mps and not self.start_mps():
+        if step.mps and not self.mps.start():
             return self.record(Outcome(phase, step.name, "skipped (no MPS)", 0.0, False))
-        if not step.mps and self.mps_started:
-            self.stop_mps()
+        if not step.mps:
+            self.mps.stop()
         if step.needs and not os.path.exists(step.needs):
             return self.record(Outcome(phase, step.name, f"skipped (no {step.needs})", 0.0,
                                         False))
@@ -224,7 +232,7 @@ class Runner:
                 os.unlink(path)   # a document from before must not stand for this run
         env = {**self.env, **dict(step.env)}
         if step.mps:
-            env.update(CUDA_MPS_PIPE_DIRECTORY=MPS_PIPE, CUDA_MPS_LOG_DIRECTORY=MPS_LOG)
+            env.update(MpsDaemon.variables())
         started = time.monotonic()
         deadline = started + step.limit_s
         rc: int | None = 0
