@@ -71,10 +71,10 @@ HOST_CHOICES: dict[str, dict[int, Choice]] = {
 # 12.9 / 14.5 and NCCL's 8.0 / 11.1, so ll ran 2-rank all-gathers up to 2 MiB (ll128
 # since, below); all-reduce ll 7.4 / 18.4 us against one-shot's 10.9 / 16.2, so
 # all-reduce switches at 512 KiB.
-# 3 and 4 ranks (4 x H200, 2026-11-27, commit 6d3eb65, `tools/gpu-check.sh latency`:
+# 3 and 4 ranks (4 x H200, 2026-11-27, commit 6d3eb65, `tools/gpu_check.py latency`:
 # `ipcshare allgather|allreduce|reducescatter --algo ll|auto|push|one-shot -b 8 -e 2M -f 4
 # [--graph] --baseline nccl`; docs/bench/gpu-check-h200-x4-2026-11-27/5-auto-rows-6d3eb65.md
-# is tools/auto_rows.py's reading): in graphs ll takes 5.0-5.8 us up to 32 KiB at 4 ranks
+# is tools/analysis/auto_rows.py's reading): in graphs ll takes 5.0-5.8 us up to 32 KiB at 4 ranks
 # (4.0-5.1 at 3) where the kernels auto ran took 7.5-12 (NCCL: 3.7-4.6). At 4 ranks ll
 # stays ahead up to 512 KiB: all-gather 7.9 us against push's 10.5 (NCCL 8.6),
 # all-reduce 15.1 against one-shot's 16.0 and two-shot's 22.0 (NCCL 13.2), reduce-scatter
@@ -137,7 +137,7 @@ CUDA_CHOICES: dict[str, dict[int, Choice]] = {
                    3: Choice((512 * _KiB,), ("ll", "two-shot")),
                    4: Choice((128 * _KiB, 512 * _KiB, 2 * _MiB),
                              ("ll", "ll-two-shot", "two-shot", "push"))},
-    # All-to-all (4 x H200, 2026-11-27, commit 6d3eb65, `tools/gpu-check.sh alltoall`
+    # All-to-all (4 x H200, 2026-11-27, commit 6d3eb65, `tools/gpu_check.py alltoall`
     # with ALLTOALL_ALGOS="pull balanced", 2 and 4 ranks against NCCL; docs/BENCHMARKS.md,
     # "All-to-all, balanced"). Uneven splits: balanced is 4-5x faster than pull from 8 MiB
     # (4 ranks, random 32 MiB: 196 us against 1,038; NCCL 337) and ahead from 8 KiB, a

@@ -39,7 +39,7 @@ _MiB = 1 << 20
 # Those sweeps run all-gathers back to back. On 4 GPUs the copy engine is slower when the
 # stream ran a kernel just before (as in real use): out of place 289 / 334 / 341 / 365 GB/s
 # at 128 MiB / 256 MiB / 512 MiB / 1 GiB against 336 / 360 / 376 / 384 back to back, while
-# push keeps 332-352 either way (tools/allgather_probe.py, variants kernel+X; docs/
+# push keeps 332-352 either way (tools/probes/timing/allgather_probe.py, variants kernel+X; docs/
 # BENCHMARKS.md, "After a kernel"). So push runs up to 128 MiB, where the two tie back to
 # back and push is 15% ahead after a kernel; from 256 MiB the copy engine is 5-9% ahead
 # back to back and within 3% of push after a kernel. 2 GPUs lose at most 3% after a kernel.
@@ -73,10 +73,10 @@ IN_PLACE_ALLGATHER_CHOICES = {
 # 256 MiB / 1 GiB against 289 / 346 / 383 eager (4 x H200, 2026-11-22), while push
 # in a graph kept its eager rate (322 GB/s at 64 MiB). The cause is the graph-safe barrier:
 # copies forked onto side streams after the device_barrier kernel run at ~210 GB/s eagerly
-# too (tools/allgather_probe.py, variant full-kbar), while the stream-memop barrier, which
-# a replayed graph cannot use (its epochs come from the host), keeps them at full rate. So
-# graphs of 4 or more ranks push at every size above ll's 512 KiB; 2 ranks keep the
-# eager row until a run says otherwise.
+# too (tools/probes/timing/allgather_probe.py, variant full-kbar), while the stream-memop
+# barrier, which a replayed graph cannot use (its epochs come from the host), keeps them at
+# full rate. So graphs of 4 or more ranks push at every size above ll's 512 KiB; 2 ranks
+# keep the eager row until a run says otherwise.
 GRAPH_ALLGATHER_CHOICES = {
     2: ALLGATHER_CHOICES[2],
     4: AllGatherChoice(4, (512 * _KiB,), ("ll", "push")),

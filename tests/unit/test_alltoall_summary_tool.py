@@ -1,4 +1,4 @@
-"""tools/alltoall_summary.py: gpu-check's all-to-all sweeps (made-up documents in the
+"""tools/analysis/alltoall_summary.py: gpu-check's all-to-all sweeps (made-up documents in the
 result documents' real shape) on one Markdown page, each baseline beside ours with its
 speedup from the same launch, wrong rows shown as such, nccl-tests' table after them."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from ipcshare.patterns.results import BaselineResult, Measurement, Row, RunResult
 
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "alltoall_summary.py"
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "analysis" / "alltoall_summary.py"
 _spec = importlib.util.spec_from_file_location("alltoall_summary", TOOL)
 alltoall_summary = importlib.util.module_from_spec(_spec)
 sys.modules["alltoall_summary"] = alltoall_summary   # dataclasses look their module up there

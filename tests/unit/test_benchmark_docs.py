@@ -185,8 +185,8 @@ def test_docs_speak_of_the_project_not_the_workplace(path):
 
 def test_tools_speak_of_the_project_not_the_workplace():
     offending = []
-    for path in sorted((ROOT / "tools").iterdir()):
-        if path.suffix in (".py", ".sh", ".md", ".cu"):
+    for path in sorted((ROOT / "tools").rglob("*")):
+        if path.suffix in (".py", ".sh", ".md", ".cu", ".yaml"):
             # A pattern that strips such words from old commit subjects names them.
             offending += [f"{path.name}:{n}" for n, line in enumerate(path.read_text().splitlines(), 1)
                           if WORKPLACE.search(line) and "re.compile(" not in line]

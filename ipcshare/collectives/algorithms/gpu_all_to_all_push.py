@@ -4,7 +4,7 @@ says it can reach it (q's heap, or a registered array), else into slot r of q's 
 which q copies into its output as each tile's signal comes. One meeting at the start (the
 first store needs the peer's place), no staging of the input and no exit barrier.
 
-Why stores: on 2 H200s (tools/link_probe.py, 2026-11-28, both GPUs moving 128 MiB each
+Why stores: on 2 H200s (tools/probes/links/link_probe.py, 2026-11-28, both GPUs moving 128 MiB each
 way at once) the SMs' stores crossed NVLink at 362 GB/s a direction where their loads came
 back at 331, and the pull kernels first stage a plain input, a whole local pass before any
 peer may read.

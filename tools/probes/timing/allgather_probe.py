@@ -3,7 +3,7 @@
 reporting the slowest rank's busbw. A tuning tool for the GPU nodes, not a benchmark:
 figures that go into docs/BENCHMARKS.md come from `ipcshare allgather` / `ipcshare bench`.
 
-    mpiexec -n 4 python3 tools/allgather_probe.py [--sizes 1M,64M,256M] [--iters 20]
+    mpiexec -n 4 python3 tools/probes/timing/allgather_probe.py [--sizes 1M,64M,256M] [--iters 20]
 
 Variants (each is one operation, repeated ``--iters`` times after ``--warmup``):
   full          the production copy-engine all-gather (barrier, copies, barrier)
@@ -27,9 +27,9 @@ Variants (each is one operation, repeated ``--iters`` times after ``--warmup``):
                 leader-ip-cc put the copies on concurrent side streams, leader-batch and
                 leader-ip-batch issue them as one cuMemcpyBatchAsync
   auto, auto-ip `--algo auto`, out of place and in place
-  k:NAME@GxT    kernel NAME of tools/allgather_probe_kernels.cu (probe_push4, probe_push8,
-                probe_pull2, probe_pull4) on G blocks of T threads, e.g. k:probe_pull4@128x512;
-                k:push@GxT is the package's push kernel on that grid
+  k:NAME@GxT    kernel NAME of tools/probes/timing/allgather_probe_kernels.cu (probe_push4,
+                probe_push8, probe_pull2, probe_pull4) on G blocks of T threads, e.g.
+                k:probe_pull4@128x512; k:push@GxT is the package's push kernel on that grid
   hybrid-P      memop barrier; the first P% of every copy on the copy engine (each on its
                 own side stream) while a barrier-free kernel (probe_scatter, 128x512) on
                 the engine's stream writes the rest; memop barrier
@@ -396,7 +396,7 @@ def _probe_kernel(spec: str, window, plan) -> Callable[[], None]:
 
 
 class ScatterArgs(ctypes.Structure):
-    """``ScatterArgs`` of tools/allgather_probe_kernels.cu."""
+    """``ScatterArgs`` of tools/probes/timing/allgather_probe_kernels.cu."""
 
     _fields_ = [("dsts", ctypes.c_void_p * 8), ("src", ctypes.c_void_p),
                 ("bytes", ctypes.c_ulonglong), ("ndst", ctypes.c_int)]

@@ -1,4 +1,4 @@
-"""Two trees of ipcshare side by side from one launch of sweeps (tools/gpu-check.sh ab).
+"""Two trees of ipcshare side by side from one launch of sweeps (tools/gpu_check.py ab).
 
 A kernel change is judged against the code it replaces on the same machine, in the same
 lease and beside NCCL's figures of each launch, since a figure from another day or node
@@ -9,7 +9,7 @@ each result document with ``ab_case`` (the case as given) and ``ab_side`` (``bas
 in base's launch, this tree's time, NCCL's in this launch, and this over base (below 1:
 this tree is faster).
 
-    python tools/ab_table.py OUT/results.jsonl [--markdown FILE]
+    python tools/analysis/ab_table.py OUT/results.jsonl [--markdown FILE]
 
 A row of either side with wrong elements or a measurement error shows no figure and no
 ratio, and counts as a failure; so does a case whose two sides imported the same package
@@ -92,7 +92,7 @@ def table(case: str, sides: dict[str, dict[str, Any]]) -> tuple[list[str], int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("results", type=Path, help="results.jsonl of tools/gpu-check.sh")
+    parser.add_argument("results", type=Path, help="results.jsonl of tools/gpu_check.py")
     parser.add_argument("--markdown", type=Path, help="also write the tables there")
     args = parser.parse_args(argv)
     try:
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not cases:
         print(f"ab_table: no ab results in {args.results} (documents tagged ab_case and "
-              "ab_side, as tools/gpu-check.sh ab writes them)", file=sys.stderr)
+              "ab_side, as tools/gpu_check.py ab writes them)", file=sys.stderr)
         return 2
     lines: list[str] = []
     failures = 0

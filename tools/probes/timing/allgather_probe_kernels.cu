@@ -1,4 +1,4 @@
-// Experimental all-gather kernels for tools/allgather_probe.py (not used by the package).
+// Experimental all-gather kernels for tools/probes/timing/allgather_probe.py (not used by the package).
 // Same arguments, barriers and epochs as the push kernel of ipcshare/kernels/src/allgather.cu;
 // what differs is how the bytes move:
 //   probe_push<U>  push with the number of destinations known at compile time and U

@@ -1,10 +1,10 @@
-"""The all-to-all sweeps of tools/gpu-check.sh (phase alltoall) on one Markdown page: per
+"""The all-to-all sweeps of tools/gpu_check.py (phase alltoall) on one Markdown page: per
 world size, splits and timing, each size's time and busbw of ours beside every baseline's
 (NCCL through nccl4py with its path, NCCL through torch.distributed, PyTorch symmetric
 memory), each with its speedup against ours from the same launch; then nccl-tests'
 alltoall_perf, where its log is given.
 
-    python tools/alltoall_summary.py OUT/results.jsonl [more.jsonl ...]
+    python tools/analysis/alltoall_summary.py OUT/results.jsonl [more.jsonl ...]
         [--nccl-tests OUT/nccl-tests/alltoall_perf.log] [--out alltoall.md]
 
 Speedup is the baseline's time over ours at one size (above 1: ours faster), as the

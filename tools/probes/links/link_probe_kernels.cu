@@ -1,4 +1,4 @@
-// SM-driven copies for tools/link_probe.py (not used by the package): what one GPU's
+// SM-driven copies for tools/probes/links/link_probe.py (not used by the package): what one GPU's
 // thread blocks reach over NVLink when they load from a peer (pull) or store into one
 // (push), by grid and by loads in flight, with the other GPU doing the same at the same
 // time, as in a 2-rank all-to-all.

@@ -1,5 +1,5 @@
 """The same collectives timed eager, in CUDA graphs and by per-call latency, ours and the
-baseline's, side by side, and whether they tell one story (tools/gpu-check.sh timer).
+baseline's, side by side, and whether they tell one story (tools/gpu_check.py timer).
 
 Reads the result documents (one JSON per line, as gpu-check's results.jsonl holds them)
 whose ``timer_case`` names ``OP-eager``, ``OP-graph`` or ``OP-latency``, and writes a
@@ -10,7 +10,7 @@ minus 2 us, for noise), and not slower than one call timed alone with its launch
 1.5x plus 10 us). Rows with a measurement error or wrong elements are shown as such and
 count as failures.
 
-    python tools/timer_consistency.py OUT/results.jsonl [--markdown FILE]
+    python tools/analysis/timer_consistency.py OUT/results.jsonl [--markdown FILE]
 
 Exit status 0 when every row tells one story, 1 otherwise, 2 on unreadable input.
 """

@@ -17,8 +17,9 @@ is always a small kernel; rank 1's is, per variant:
   alone     rank 1 takes no part; rank 0 writes its own flag (the floor of one context)
 
 Prints µs per round trip (two hand-overs). Run as ``mpiexec -n 2 python
-tools/timeslice_probe.py [--rounds N] [--bytes B]`` with both ranks on GPU 0; with and
-without an MPS daemon to compare.
+tools/probes/sharing/timeslice_probe.py [--rounds N] [--bytes B]`` with both ranks on GPU 0;
+with and without an MPS daemon to compare. ``--result FILE``: the figures as a result
+document (docs/CLI.md; op ``hand-over``, the guests' work as the algorithm).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import functools
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,9 +37,11 @@ from cuda.bindings import driver
 from mpi4py import MPI
 
 from ipcshare.backends.cuda_graph import CapturedGraph
+from ipcshare.cli.result_file import RESULT_HELP, write_result
 from ipcshare.kernels.compiler import compile_kernel_source, device_arch
 from ipcshare.kernels.launcher import LoadedKernels
 from ipcshare.runtime.cuda_driver import check, init
+from ipcshare.runtime.result_document import figure, make_row, new_launch_id
 
 KERNEL = r"""
 extern "C" __global__ void touch(unsigned int *word) {
@@ -154,6 +158,7 @@ def main() -> None:
                         help="kernels rank 0 runs in each of its turns")
     parser.add_argument("--flags-owner", type=int, default=0,
                         help="the rank whose memory holds the flags (the others open it)")
+    parser.add_argument("--result", metavar="FILE", help=RESULT_HELP)
     options = parser.parse_args()
     comm = MPI.COMM_WORLD
     if not 2 <= comm.size <= MAX_GUESTS + 1:
@@ -229,6 +234,19 @@ def main() -> None:
             print(f"  guests do {variant:<6} " + "  ".join(
                 f"{mode} {results[mode, variant]:7.1f}" for mode in ("eager", "graph"))
                 + "  us per round")
+        if options.result:
+            launch = new_launch_id()
+            rows = [make_row(op="hand-over", size=options.bytes, algorithm=variant, mode=mode,
+                             world_size=comm.size, launch=launch,
+                             ours=figure(results[mode, variant]), wrong=None,
+                             details={"mps": bool(mps), "figure": "us per round trip (two "
+                                      "hand-overs of GPU 0)",
+                                      "leader_kernels": options.leader_kernels})
+                    for mode in ("eager", "graph") for variant in VARIANTS]
+            write_result(options.result, tool="tools/probes/sharing/timeslice_probe.py",
+                         world_size=comm.size, rows=rows, exit_status=0,
+                         argv=["python3", "tools/probes/sharing/timeslice_probe.py",
+                               *sys.argv[1:]])
     comm.Barrier()
     if me != owner:
         check("cuIpcCloseMemHandle", driver.cuIpcCloseMemHandle(flags))

@@ -4,8 +4,8 @@ once in opposite directions (a 2-rank all-to-all's traffic), by grid and by 16-b
 in flight per thread. A tuning tool for the GPU nodes (our all-to-all pulls),
 not a benchmark: figures in docs/BENCHMARKS.md come from `ipcshare alltoall`.
 
-    python3 tools/link_probe.py [--sizes 32M,128M] [--grids 32,64,128,132]
-                                [--unrolls 4,8,16] [--iters 10]
+    python3 tools/probes/links/link_probe.py [--sizes 32M,128M] [--grids 32,64,128,132]
+                                [--unrolls 4,8,16] [--iters 10] [--result FILE]
 
 Variants, each run on GPUs 0 and 1 at once (GPU g's peer is 1 - g), SIZE bytes each way:
   pull          every block loads the peer's source, stores into its own output
@@ -18,7 +18,9 @@ Variants, each run on GPUs 0 and 1 at once (GPU g's peer is 1 - g), SIZE bytes e
                 stream at the same time
 
 The figure is the rate of the remote bytes, per direction (GB/s), of the slower GPU;
-every variant's output is checked once against its source, byte for byte.
+every variant's output is checked once against its source, byte for byte (exit status 3
+when a byte differs). ``--result FILE`` writes every figure as a result document
+(docs/CLI.md): op ``peer-copy``, the variant, grid and unroll as its algorithm.
 """
 
 from __future__ import annotations
@@ -30,13 +32,15 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
+from ipcshare.cli.result_file import RESULT_HELP, write_result  # noqa: E402
 from ipcshare.p2p.gpus import GpuHandles, GpuSet  # noqa: E402
 from ipcshare.p2p.peer_access import disable_peer_access, enable_peer_access  # noqa: E402
 from ipcshare.runtime.config import parse_size  # noqa: E402
 from ipcshare.runtime.cuda_driver import check, driver  # noqa: E402
+from ipcshare.runtime.result_document import figure, make_row, new_launch_id  # noqa: E402
 
 KERNELS = Path(__file__).resolve().with_name("link_probe_kernels.cu")
 THREADS = 512
@@ -44,7 +48,7 @@ UNROLLS = (2, 4, 8, 16)  # the probe_u* entry points of the kernels file
 
 
 class ProbeArgs(ctypes.Structure):
-    """``ProbeArgs`` of tools/link_probe_kernels.cu."""
+    """``ProbeArgs`` of tools/probes/links/link_probe_kernels.cu."""
 
     _fields_ = [("dst", ctypes.c_void_p * 2), ("src", ctypes.c_void_p * 2),
                 ("vectors", ctypes.c_ulonglong * 2), ("split", ctypes.c_int)]
@@ -180,7 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", default="pull,push,pull+own,push+own,ce,ce+own")
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--result", metavar="FILE", help=RESULT_HELP)
     args = parser.parse_args(argv)
+    launch, rows = new_launch_id(), []
     sizes = _list(args.sizes, parse_size)
     grids, unrolls = _list(args.grids), _list(args.unrolls)
     variants = [v for v in args.variants.split(",") if v]
@@ -213,6 +219,16 @@ def main(argv: list[str] | None = None) -> int:
                                 if k == 0:
                                     wrong = probe.wrong(variant)
                                 cells.append(f"{size / us / 1e3:7.1f} ({us:6.1f})")
+                                rows.append(make_row(
+                                    op="peer-copy", size=size, dtype="uint8", mode="eager",
+                                    algorithm=variant if kernel_free else
+                                    f"{variant} grid={grid} unroll={unroll}",
+                                    world_size=1, launch=launch,
+                                    ours=figure(us, size / us / 1e3),
+                                    wrong=wrong if k == 0 else None,
+                                    details={"figure": "remote bytes per direction of the "
+                                             "slower GPU; wrong counts bytes, checked on the "
+                                             "first unroll"}))
                             label = "-" if kernel_free else str(grid)
                             print(f"{variant:<10} {label:>5} "
                                   + " ".join(f"{c:>16}" for c in cells) + f"   {wrong}",
@@ -221,7 +237,14 @@ def main(argv: list[str] | None = None) -> int:
                     probe.close()
         finally:
             disable_peer_access(gpus, pairs)
-    return 0
+    wrong_bytes = sum(row["wrong"] or 0 for row in rows)
+    status = 3 if wrong_bytes else 0
+    if args.result:
+        write_result(args.result, tool="tools/probes/links/link_probe.py", world_size=1,
+                     rows=rows, exit_status=status,
+                     argv=["python3", "tools/probes/links/link_probe.py",
+                           *(sys.argv[1:] if argv is None else argv)])
+    return status
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Propose ``auto``'s rows (ipcshare/collectives/choice.py) from the collective sweeps
-that tools/gpu-check.sh appended to results.jsonl, and check them against NCCL.
+that tools/gpu_check.py appended to results.jsonl, and check them against NCCL.
 
-    python tools/auto_rows.py OUT/results.jsonl [more.jsonl ...] [--target 1.2]
+    python tools/analysis/auto_rows.py OUT/results.jsonl [more.jsonl ...] [--target 1.2]
         [--tolerance 0.03] [--out rows.md]
 
 For every (collective, world size, eager or graph, copied or registered arrays) it prints

@@ -9,7 +9,8 @@ nccl-tests cannot ask for that case: it rounds the count per rank down to a mult
 tensors: ``ncclMemAlloc`` buffers registered with ``NCCL_WIN_COLL_SYMMETRIC`` beside plain
 ``torch.empty`` ones, for several counts per rank, out of place and in place.
 
-    mpiexec -n 2 python tools/nccl_symmetric_probe.py [--counts 4096,4099] [--dtype float16]
+    mpiexec -n 2 python tools/probes/baselines/nccl_symmetric_probe.py [--counts 4096,4099]
+                                                      [--dtype float16]
                                                       [--op reduce_scatter|all_gather]
 
 Every rank's input holds small integers, so every sum is exact in float16 and the

@@ -3,7 +3,7 @@ descriptor, mapping and memory counts sampled along the way.
 
 Run under mpiexec (``make soak`` runs it with 2 ranks on the host backend)::
 
-    mpiexec -n 2 python tools/soak.py [--backend host|cuda-ipc|cuda-vmm] [--windows 10000]
+    mpiexec -n 2 python tools/checks/soak.py [--backend host|cuda-ipc|cuda-vmm] [--windows 10000]
         [--ring-iters 100000] [--json F]
 
 Each phase samples, on every rank, the open descriptors, the ``memfd:ipcshare`` mappings,

@@ -8,17 +8,21 @@ Made for ranks that share a GPU without MPS, where the lowest rank on the GPU ru
 others' stepped calls, and a guest's own tensors cost it a copy (so a hand-over of the GPU)
 until its leader has mapped them (collectives/guest_imports.py); it runs on GPUs of their
 own too. Run under mpiexec, e.g.
-``mpiexec -n 2 python tools/placement_probe.py [--algo stepped] [--elements N]``.
+``mpiexec -n 2 python tools/probes/sharing/placement_probe.py [--algo stepped] [--elements N]
+[--result FILE]`` (``--result``: rank 0's figures as a result document, docs/CLI.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import torch
 
 import ipcshare
+from ipcshare.cli.result_file import RESULT_HELP, write_result
+from ipcshare.runtime.result_document import figure, make_row, new_launch_id
 
 
 def per_call(group, stream, run, calls: int) -> float:
@@ -42,7 +46,10 @@ def main() -> None:
     parser.add_argument("--elements", type=int, nargs="+", default=[2048, 262144])
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--backend", default="cuda-vmm")
+    parser.add_argument("--result", metavar="FILE", help=RESULT_HELP)
     args = parser.parse_args()
+    launch = new_launch_id()
+    rows = []
     with ipcshare.Group(backend=args.backend) as group:
         device = group.backend.device
         torch.cuda.set_device(device)
@@ -93,6 +100,11 @@ def main() -> None:
                     assert torch.equal(output, torch.full_like(output, group.world.size))
                     lines.append(f"  {count * 4:>9} B  {name:<22} eager {eager:8.1f}  "
                                  f"graph {graphed:8.1f}")
+                    rows += [make_row(op="allreduce", size=count * 4, count=count,
+                                      dtype="float32", algorithm=args.algo, mode=mode,
+                                      world_size=group.world.size, launch=launch,
+                                      ours=figure(us), details={"arrays": name})
+                             for mode, us in (("eager", eager), ("graph", graphed))]
                     del graph
                 del cases, bound, output  # they hold arrays of the heap
                 cm.unregister(kept_out)
@@ -100,6 +112,11 @@ def main() -> None:
                 del heap_in, heap_out
         if group.rank == 0:
             print("\n".join(lines), flush=True)
+        if args.result and group.rank == 0:
+            write_result(args.result, tool="tools/probes/sharing/placement_probe.py",
+                         world_size=group.world.size, rows=rows, exit_status=0,
+                         argv=["python3", "tools/probes/sharing/placement_probe.py",
+                               *sys.argv[1:]])
 
 
 if __name__ == "__main__":

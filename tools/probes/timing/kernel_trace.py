@@ -4,7 +4,7 @@ of the kernels with phase stamps (kernels/include/ipcshare/trace.cuh) and read a
 every call.
 
 Run under mpiexec with a GPU per rank, e.g.
-``mpiexec -n 2 python tools/kernel_trace.py --algo push --splits random --bytes 2M``.
+``mpiexec -n 2 python tools/probes/timing/kernel_trace.py --algo push --splits random --bytes 2M``.
 It builds the stamped kernels itself (IPCSHARE_KERNEL_TRACE=1: a CUBIN of its own, up to
 a minute the first time), makes each call eagerly on torch tensors (``--register``:
 registered with the communicator), or with ``--graph K`` replays a CUDA graph of K calls

@@ -3,7 +3,7 @@ GPU nodes, run before building a protocol with one flag for more than 4 bytes of
 (lines of 16 or 128 bytes would carry 12 or 120 bytes where ll.cuh's carry 8 of
 16). Two GPUs of one process with peer access:
 
-    python3 tools/line_probe.py [--widths 16,128] [--reloads 0,1] [--bytes 256K]
+    python3 tools/probes/links/line_probe.py [--widths 16,128] [--reloads 0,1] [--bytes 256K]
                                 [--rounds 20000] [--budget-ms 300] [--grid 132] [--both]
 
 GPU 0 stores rounds 1 .. ROUNDS into every line of a buffer on GPU 1 (16-byte lines: one
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 from ipcshare.p2p.gpus import GpuHandles, GpuSet  # noqa: E402
@@ -47,7 +47,7 @@ ENTRIES = tuple(f"{side}{width}" for width in WIDTHS for side in ("read", "write
 
 
 class LineArgs(ctypes.Structure):
-    """``LineArgs`` of tools/line_probe_kernels.cu."""
+    """``LineArgs`` of tools/probes/links/line_probe_kernels.cu."""
 
     _fields_ = [("lines", ctypes.c_void_p), ("nlines", ctypes.c_ulonglong),
                 ("rounds", ctypes.c_uint), ("counts", ctypes.c_void_p),

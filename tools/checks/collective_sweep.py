@@ -10,7 +10,7 @@ in full (on the GPU, without copying to the host). Outputs are poisoned before e
 Run under mpiexec, e.g. (one line per algorithm; exit status 1 on any wrong element or
 failed call)::
 
-    mpiexec -n 4 python tools/collective_sweep.py [--backend auto] [--max-bytes 1G]
+    mpiexec -n 4 python tools/checks/collective_sweep.py [--backend auto] [--max-bytes 1G]
         [--factor 9] [--ops all_reduce,reduce_scatter,all_gather] [--algos one-shot,...]
         [--dtypes float32,...] [--reductions sum,max,min] [--replays 3] [--json FILE]
 

@@ -1,4 +1,4 @@
-// Kernels of tools/line_probe.py (not used by the package): does a flagged line written
+// Kernels of tools/probes/links/line_probe.py (not used by the package): does a flagged line written
 // over NVLink ever reach its reader torn, a new flag beside older data? The low-latency
 // protocol (kernels/include/ipcshare/ll.cuh) puts a flag beside every 4 bytes of payload,
 // so it needs no more than 8-byte stores to land whole. Lines with one flag for more
@@ -33,7 +33,7 @@ __device__ __forceinline__ u64 now_ns() {
 }
 
 // Word w of line `line` in round r: the round in the high half, the place in the low.
-// (tools/line_probe.py computes the same to check the buffer after the last round.)
+// (tools/probes/links/line_probe.py computes the same to check the buffer after the last round.)
 __device__ __forceinline__ unsigned word32(u64 line, int w, unsigned r) {
   return (r << 16) | (unsigned)((line * 4 + (u64)w) & 0xFFFF);
 }
