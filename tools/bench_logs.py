@@ -1,7 +1,7 @@
 """Parse the raw output committed under docs/bench/ into launches and rows.
 
-The raw output is what `ipcshare` commands, `ipcshare bench --json`, `tools/gpu-check.sh` and
-`examples/moe_step_bench.py` printed: nccl-tests style tables headed `# ipcshare ... op: ...`,
+The raw output is what `ipcshare` commands, `ipcshare bench --json`, `tools/gpu-check.sh`
+(the shell script before tools/gpu_check.py) and `examples/moe_step_bench.py` printed: nccl-tests style tables headed `# ipcshare ... op: ...`,
 JSON documents and JSON lines, Markdown tables of the MoE step. Each table is one launch: its
 figures (ours and the baseline beside it) were timed by one `mpiexec`, and only figures of one
 launch are compared with each other.
