@@ -36,11 +36,12 @@ test-mpi: $(VENV)/.installed
 # Long run, not part of `make test`: 10,000 windows and 100,000 ring iterations with
 # descriptor, mapping and memory counts that must stay flat (docs/RELIABILITY.md).
 soak: $(VENV)/.installed
-	$(MPIEXEC) -n 2 $(PY) tools/soak.py $(SOAK_ARGS)
+	$(MPIEXEC) -n 2 $(PY) tools/checks/soak.py $(SOAK_ARGS)
 
-# On a GPU node (see docs/GPU.md): GPU tests and a short benchmark, logs under $$OUT.
+# On a GPU node (see docs/GPU.md): GPU tests and a short benchmark, logs under $$OUT;
+# PHASES="tests allreduce-quick" picks phases (python3 tools/gpu_check.py --list).
 gpu-check:
-	bash tools/gpu-check.sh
+	python3 tools/gpu_check.py $(PHASES)
 
 lint: $(VENV)/.installed
 	$(PY) -m pip install -q ruff && $(VENV)/bin/ruff check ipcshare tests

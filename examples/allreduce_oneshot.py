@@ -2,7 +2,11 @@
 (float32 sum) over a window, checked bit for bit and timed beside ``comm.all_reduce``.
 
     mpiexec -n 2 python examples/allreduce_oneshot.py [--count N] [--iters K]
-            [--backend auto|host|cuda-ipc|cuda-vmm]
+            [--backend auto|host|cuda-ipc|cuda-vmm] [--result FILE]
+
+``--result FILE`` writes the timing as a result document (docs/CLI.md): the example's
+all-reduce as ours, ``comm.all_reduce`` (bound) as its baseline, with the commit and the
+machine.
 
 On GPUs the all-reduce is a kernel of yours, ``allreduce_oneshot.cu`` beside this file:
 CUDA C++ that includes ``<ipcshare/signal.cuh>``, compiled by NVRTC to CUBIN for this
@@ -28,6 +32,7 @@ import ctypes
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -180,7 +185,7 @@ def _check_gpu_job(group) -> None:
                       "--backend host") from None
 
 
-def run_on_gpus(group, count: int, iters: int) -> tuple[bool, str]:
+def run_on_gpus(group, count: int, iters: int) -> Timing:
     """The kernel and the library on one stream: checks, graph replay, then timing.
 
     Raises:
@@ -233,7 +238,7 @@ def run_on_gpus(group, count: int, iters: int) -> tuple[bool, str]:
             library_us = _time_gpu(torch, stream, library_all_reduce, iters, comm_world)
         finally:
             user_all_reduce.close()
-    return ok, _report(count, group.size, "your kernel", mine_us, library_us, ok)
+    return Timing(ok, "your kernel", mine_us, library_us)
 
 
 def _agrees(torch, stream, window, comm, ours, theirs, expected: np.ndarray) -> bool:
@@ -283,7 +288,7 @@ class HostAllReduce:
             np.add(self.output, peer_staging, out=self.output)
 
 
-def run_on_host(group, count: int, iters: int) -> tuple[bool, str]:
+def run_on_host(group, count: int, iters: int) -> Timing:
     comm_world = group.world.comm
     with group.window(window_bytes(count)) as window, \
             group.communicator(max_bytes=count * 4, heap_bytes=0) as comm:
@@ -301,7 +306,7 @@ def run_on_host(group, count: int, iters: int) -> tuple[bool, str]:
         ok = all(comm_world.allgather(ok))
         mine_us = _time_host(user_all_reduce, iters, comm_world)
         library_us = _time_host(library_all_reduce, iters, comm_world)
-    return ok, _report(count, group.size, "your numpy one-shot", mine_us, library_us, ok)
+    return Timing(ok, "your numpy one-shot", mine_us, library_us)
 
 
 def _time_host(call, iters: int, comm_world) -> float:
@@ -314,13 +319,51 @@ def _time_host(call, iters: int, comm_world) -> float:
     return max(comm_world.allgather(seconds * 1e6 / iters))
 
 
-def _report(count: int, size: int, what: str, mine_us: float, library_us: float,
-            ok: bool) -> str:
-    verdict = "verified" if ok else "MISMATCH"
-    return (f"one-shot all-reduce of {count} float32 on {size} rank(s): {verdict} (bitwise, "
-            f"against the expected sums and comm.all_reduce); {what} {mine_us:.2f} us per "
-            f"call, comm.all_reduce (bound) {library_us:.2f} us; ratio "
-            f"{mine_us / library_us:.2f}")
+class Timing(NamedTuple):
+    """What a run found: every check passed on every rank (``ok``), and the slowest
+    rank's microseconds per call of the example's all-reduce (``what``) and of the
+    library's bound ``comm.all_reduce``."""
+
+    ok: bool
+    what: str
+    mine_us: float
+    library_us: float
+
+    def report(self, count: int, size: int) -> str:
+        verdict = "verified" if self.ok else "MISMATCH"
+        return (f"one-shot all-reduce of {count} float32 on {size} rank(s): {verdict} "
+                f"(bitwise, against the expected sums and comm.all_reduce); {self.what} "
+                f"{self.mine_us:.2f} us per call, comm.all_reduce (bound) "
+                f"{self.library_us:.2f} us; ratio {self.mine_us / self.library_us:.2f}")
+
+
+def write_timing(path: str, timing: Timing, *, count: int, size: int, backend: str,
+                 argv: list[str]) -> None:
+    """``timing`` as a result document: the example's all-reduce as ours, the library's
+    bound call as its baseline, both timed in this launch (exit status 3 on a mismatch:
+    the checks compare whole arrays, so the count of wrong elements is not known)."""
+    from ipcshare.cli.result_file import write_result
+    from ipcshare.runtime.result_document import (
+        baseline_figure,
+        figure,
+        make_row,
+        new_launch_id,
+    )
+
+    seconds = {"mine": timing.mine_us * 1e-6, "library": timing.library_us * 1e-6}
+    nbytes = count * 4
+    busbw = {k: nbytes / s / 1e9 * 2 * (size - 1) / size for k, s in seconds.items()}
+    row = make_row(
+        op="allreduce", size=nbytes, count=count, dtype="float32", algorithm=timing.what,
+        mode="eager", world_size=size, launch=new_launch_id(),
+        ours=figure(timing.mine_us, nbytes / seconds["mine"] / 1e9, busbw["mine"]),
+        baselines=[baseline_figure("comm.all_reduce", timing.library_us,
+                                   nbytes / seconds["library"] / 1e9, busbw["library"],
+                                   wrong=None)],
+        wrong=None, details={"backend": backend, "checked": "bitwise, whole arrays",
+                             "verified": timing.ok})
+    write_result(path, tool="examples/allreduce_oneshot.py", world_size=size, rows=[row],
+                 exit_status=0 if timing.ok else 3, argv=argv)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -329,16 +372,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=50, help="timed calls")
     parser.add_argument("--backend", default="auto", choices=BACKENDS,
                         help="host runs the numpy version; auto picks a GPU where there is one")
+    parser.add_argument("--result", metavar="FILE",
+                        help="write the timing as a result document (rank 0; docs/CLI.md)")
     args = parser.parse_args(argv)
     for flag, value in (("--count", args.count), ("--iters", args.iters)):
         if value < 1:
             parser.error(f"{flag} must be at least 1, got {value}")
     try:
+        if args.result:   # refused now, not after the run
+            from ipcshare.runtime.output_files import check_writable
+
+            check_writable(args.result)
         with ipcshare.Group(backend=args.backend) as group:
             run = run_on_host if group.backend_name == "host" else run_on_gpus
-            ok, line = run(group, args.count, args.iters)
+            timing = run(group, args.count, args.iters)
+            ok = timing.ok
             if group.rank == 0:
-                print(line, flush=True)
+                print(timing.report(args.count, group.size), flush=True)
+                if args.result:
+                    write_timing(args.result, timing, count=args.count, size=group.size,
+                                 backend=group.backend_name,
+                                 argv=["python", "examples/allreduce_oneshot.py",
+                                       *(sys.argv[1:] if argv is None else argv)])
     except (Refused, IpcShareError) as exc:  # every rank alike: one line each, no hang
         # One write per line: ranks' lines must not interleave.
         sys.stderr.write(f"allreduce_oneshot.py: error: {exc}\n")

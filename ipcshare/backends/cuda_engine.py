@@ -341,7 +341,8 @@ class CudaEngine:
     def make_signal_batch(self, steps: list[tuple], *, timeout: float) -> Callable[[], None]:
         """A callable enqueuing ``steps`` in order as one stream operation
         (``cuStreamBatchMemOp``; each separate operation costs the GPU's front end about
-        1.5 µs on an H100, tools/timeslice_probe.py): ``("write", pad, slot, value)`` a
+        1.5 µs on an H100, tools/probes/sharing/timeslice_probe.py):
+        ``("write", pad, slot, value)`` a
         release store, ``("wait", pad, slot, value, what)`` a wait until the word is >=
         ``value`` (``what``: a name, or a function making one, for ``synchronize``'s
         timeout message). Fixed values only, so a CUDA graph replays it. Where the driver

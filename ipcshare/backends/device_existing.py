@@ -45,8 +45,8 @@ def _libcuda() -> ctypes.CDLL:
 def _device_ordinal(ptr: int) -> int | None:
     """The ordinal of the GPU ``ptr`` was allocated on, or None where the driver cannot
     say. Asked of libcuda directly: cuda-bindings 13.x returns 0 for this attribute
-    whatever the device (it writes a signed field and reads an unsigned one; NVIDIA/
-    cuda-python issue 2928), which would refuse every array of any GPU but the first."""
+    whatever the device (it writes a signed field and reads an unsigned one;
+    NVIDIA/cuda-python#2928), which would refuse every array of any GPU but the first."""
     ordinal = ctypes.c_int(-1)
     attribute = int(_ATTR.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)
     status = _libcuda().cuPointerGetAttribute(ctypes.byref(ordinal), ctypes.c_int(attribute),

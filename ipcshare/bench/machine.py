@@ -7,31 +7,14 @@ import datetime
 import os
 import platform
 import shlex
-import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..runtime.source_commit import git_describe
 from ..topology.world import World, mpi_library_version
 
-__all__ = ["machine_facts", "git_commit"]
-
-
-def git_commit() -> str | None:
-    """``git describe --always --dirty`` of the checkout ipcshare runs from, or None when
-    it is not a git checkout (an installed wheel) or git is missing."""
-    checkout = Path(__file__).resolve().parents[2]
-    if not (checkout / ".git").exists():
-        return None
-    try:
-        out = subprocess.run(["git", "-C", str(checkout), "describe", "--always", "--dirty",
-                              "--abbrev=10"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if out.returncode != 0 or not out.stdout.strip():
-        return None
-    return out.stdout.strip()
+__all__ = ["machine_facts"]
 
 
 def machine_facts(world: World) -> dict[str, Any]:
@@ -56,5 +39,5 @@ def machine_facts(world: World) -> dict[str, Any]:
         hosts=hosts, mpi=library, python=platform.python_version(), numpy=numpy.__version__,
         machine=platform.machine(), kernel=platform.release(),
         date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        commit=git_commit(), command=command)
+        commit=git_describe(), command=command)
     return facts

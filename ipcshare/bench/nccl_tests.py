@@ -85,7 +85,7 @@ def _row(fields: list[str]) -> NcclTestsRow | None:
 
 def parse_nccl_tests(text: str) -> list[NcclTestsRun]:
     """Every run in ``text`` (one log may hold several, one after another). A line that
-    logs the command (``+ ... -R 2 ...``, as tools/gpu-check.sh writes) gives the next
+    logs the command (``+ ... -R 2 ...``, as tools/gpu_check.py writes) gives the next
     run's registration mode."""
     runs: list[NcclTestsRun] = []
     run: NcclTestsRun | None = None

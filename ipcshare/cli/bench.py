@@ -12,6 +12,7 @@ from pathlib import Path
 from ..liveness.consensus import collective_step
 from ..runtime.errors import ConfigError
 from ..topology.world import World, describe_disagreement
+from .result_file import add_result_flag
 
 __all__ = ["run_bench_command", "add_bench_flags", "check_same_suite"]
 
@@ -25,6 +26,7 @@ def add_bench_flags(parser: argparse.ArgumentParser) -> None:
     add("--plot", metavar="FILE.png", help="draw busbw and time against size: .png, .svg or "
         ".pdf (needs matplotlib)")
     add("--markdown", metavar="FILE.md", help="write a report: machine, summary, plot, tables")
+    add_result_flag(parser)
     add("--repeat", type=int, metavar="K", help="run the whole suite K times; report medians "
         "and min/max (overrides the suite's repeat)")
     add("--min-bw", dest="min_bw", type=float, metavar="GBPS",
@@ -43,8 +45,6 @@ def run_bench_command(args: argparse.Namespace) -> int:
     from ..bench.report import summary_lines
     from ..bench.runner import run_suite
     from ..bench.suite import load_suite
-    from .exit_codes import EXIT_MEASUREMENT, EXIT_OK, EXIT_SLOW, EXIT_WRONG
-
     world = World.from_comm()
     try:
         with collective_step(world, "checking the output files"):
@@ -74,28 +74,59 @@ def run_bench_command(args: argparse.Namespace) -> int:
         if world.rank == 0:
             for line in summary_lines(result):
                 print(line, flush=True)
+        status, complaint = _exit_verdict(result, suite)
         with collective_step(world, "writing the outputs"):
             if world.rank == 0:
                 _write_outputs(args, result, facts)
+                if args.result:
+                    _write_result(args.result, result, status, world.size)
     finally:
         world.close()
+    if complaint:
+        sys.stderr.write(f"ipcshare: error: {complaint}\n")
+    return status
+
+
+def _exit_verdict(result, suite) -> tuple[int, str]:
+    """The suite's exit status and, when not 0, the line that says why."""
+    from .exit_codes import EXIT_MEASUREMENT, EXIT_OK, EXIT_SLOW, EXIT_WRONG
+
     if result.wrong_total:
-        sys.stderr.write(f"ipcshare: error: {result.wrong_total} wrong elements\n")
-        return EXIT_WRONG
+        return EXIT_WRONG, f"{result.wrong_total} wrong elements"
     errors = [error for case in result.cases for error in case.result.measurement_errors]
     if errors:
-        sys.stderr.write(f"ipcshare: error: {len(errors)} measurement error(s), figures that "
-                         f"are not results; the first: {errors[0]}\n")
-        return EXIT_MEASUREMENT
+        return EXIT_MEASUREMENT, (f"{len(errors)} measurement error(s), figures that are not "
+                                  f"results; the first: {errors[0]}")
     if suite.min_bw is not None:
         slow = result.below(suite.min_bw)
         if slow:
             names = "; ".join(f"{record.case.label} {record.result.avg_busbw:.2f} GB/s"
                               for record in slow)
-            sys.stderr.write(f"ipcshare: error: average busbw below --min-bw "
-                             f"{suite.min_bw:g} GB/s: {names}\n")
-            return EXIT_SLOW
-    return EXIT_OK
+            return EXIT_SLOW, f"average busbw below --min-bw {suite.min_bw:g} GB/s: {names}"
+    return EXIT_OK, ""
+
+
+def _write_result(path: str, result, status: int, world_size: int) -> None:
+    """The suite's result document: every case's rows, one launch (the suite ran in one
+    job, each case's baselines beside it)."""
+    from ..patterns.result_rows import rows_from_run_json
+    from ..runtime.result_document import new_launch_id
+    from .result_file import write_result
+
+    launch, rows, errors = new_launch_id(), [], []
+    for document in result.documents():
+        if document.get("skipped"):
+            continue
+        case_rows = rows_from_run_json(
+            document, launch=launch, dtype=document.get("datatype"),
+            algorithm=document.get("algorithm"), extra_baselines=document["baselines"][1:])
+        for row in case_rows:
+            row.setdefault("details", {})["case"] = document["case"]
+        rows += case_rows
+        errors += document.get("measurement_errors", [])
+    write_result(path, tool="ipcshare bench", world_size=world_size, rows=rows,
+                 exit_status=status, measurement_errors=errors,
+                 extra={"suite": result.suite.name})
 
 
 def _suite_flags(args: argparse.Namespace) -> str:
@@ -142,7 +173,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
         plot_format(args.plot)
         require_matplotlib()
-    for flag in ("json", "plot", "markdown"):
+    for flag in ("json", "plot", "markdown", "result"):
         path = getattr(args, flag)
         if not path:
             continue

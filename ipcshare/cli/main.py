@@ -14,6 +14,7 @@ from .. import __version__
 from ..runtime import settings
 from .exit_codes import EXIT_ERROR, EXIT_OK, EXIT_READER_GONE, EXIT_SLOW, EXIT_USAGE, EXIT_WRONG
 from .option_origins import as_flags, flag_names
+from .result_file import add_result_flag
 from .same_command import PATTERN_COMMANDS, CommandLineError
 
 __all__ = ["main", "build_parser", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_WRONG",
@@ -94,6 +95,7 @@ def _add_pattern_flags(parser: argparse.ArgumentParser) -> None:
         help="exit with status 4 when average busbw is below GBPS")
     add("--config", metavar="FILE.yaml", help="YAML config; flags override it")
     add("--json", metavar="FILE", help="write the results as JSON (rank 0)")
+    add_result_flag(parser)
     add("--plot", metavar="FILE.png", help="draw busbw and time against size, ours and the "
         "baseline's: .png, .svg or .pdf (rank 0; needs matplotlib)")
 

@@ -104,7 +104,6 @@ def run_pattern_command(args: argparse.Namespace) -> int:
     from ..patterns import make_pattern
     from ..patterns.driver import run_pattern
     from ..window import Group
-    from .exit_codes import EXIT_MEASUREMENT, EXIT_OK, EXIT_SLOW, EXIT_WRONG
 
     world = World.from_comm()
     try:
@@ -118,6 +117,7 @@ def run_pattern_command(args: argparse.Namespace) -> int:
                                    register=options.register, splits=options.splits)
             if world.rank == 0:  # it alone writes: refuse now what would fail after the run
                 check_writable(options.json)
+                check_writable(getattr(args, "result", None))
             # Read here, where a bad value fails every rank together.
             grace = peer_exit_grace()
         # Before any window: a rank sweeping other sizes would otherwise be named only by
@@ -159,28 +159,54 @@ def run_pattern_command(args: argparse.Namespace) -> int:
             finally:
                 if baseline is not None and hasattr(baseline, "close"):
                     baseline.close()
+        status, complaint = _exit_verdict(result, options)
         # Every rank joins, --json or not: only rank 0's decides (it alone writes), and a
         # rank skipping the step would leave the others waiting in it.
         with collective_step(group.world, "writing the JSON"):
             if group.rank == 0 and options.json:
                 _write_json(options.json, result.to_dict())
+            if group.rank == 0 and getattr(args, "result", None):
+                _write_result(args, options, result, status)
         if getattr(args, "plot", None):
             with collective_step(group.world, "drawing the plot"):
                 write_run_plot(group.world, args.command, group.backend_name, options, result,
                                args.plot)
+    if complaint:
+        sys.stderr.write(f"ipcshare: error: {complaint}\n")
+    return status
+
+
+def _exit_verdict(result, options: PatternOptions) -> tuple[int, str]:
+    """The run's exit status and, when not 0, the line that says why."""
+    from .exit_codes import EXIT_MEASUREMENT, EXIT_OK, EXIT_SLOW, EXIT_WRONG
+
     if result.wrong_total:
-        sys.stderr.write(f"ipcshare: error: {result.wrong_total} wrong elements\n")
-        return EXIT_WRONG
+        return EXIT_WRONG, f"{result.wrong_total} wrong elements"
     errors = result.measurement_errors
     if errors:
-        sys.stderr.write(f"ipcshare: error: {len(errors)} measurement error(s), figures that "
-                         f"are not results (each under its row); the first: {errors[0]}\n")
-        return EXIT_MEASUREMENT
+        return EXIT_MEASUREMENT, (f"{len(errors)} measurement error(s), figures that are not "
+                                  f"results (each under its row); the first: {errors[0]}")
     if options.min_bw is not None and result.avg_busbw < options.min_bw:
-        sys.stderr.write(f"ipcshare: error: average busbw {result.avg_busbw:.2f} GB/s is below "
-                         f"--min-bw {options.min_bw:g}\n")
-        return EXIT_SLOW
-    return EXIT_OK
+        return EXIT_SLOW, (f"average busbw {result.avg_busbw:.2f} GB/s is below --min-bw "
+                           f"{options.min_bw:g}")
+    return EXIT_OK, ""
+
+
+def _write_result(args: argparse.Namespace, options: PatternOptions, result,
+                  status: int) -> None:
+    """The run's result document (``--result``): one launch, every row and baseline."""
+    from ..patterns.result_rows import rows_from_run_json
+    from ..runtime.result_document import new_launch_id
+    from .result_file import write_result
+
+    document = result.to_dict()
+    rows = rows_from_run_json(
+        document, launch=new_launch_id(),
+        dtype=None if args.command == "ring" else options.datatype, algorithm=options.algo,
+        extra_baselines=[baseline.to_dict() for baseline in result.extra_baselines])
+    write_result(args.result, tool=f"ipcshare {args.command}", world_size=result.world_size,
+                 rows=rows, exit_status=status,
+                 measurement_errors=document.get("measurement_errors", ()))
 
 
 def _check_reduction_algo(command: str, algo: str, group) -> None:

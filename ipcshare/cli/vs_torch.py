@@ -19,6 +19,7 @@ from ..vs_torch.plan import DTYPES, OPS, Options, SizePlan
 from ..vs_torch.rows import failure_kind
 from .exit_codes import EXIT_ERROR, EXIT_MEASUREMENT, EXIT_OK, EXIT_WRONG
 from .option_origins import OptionOrigins
+from .result_file import add_result_flag
 from .run_pattern import check_same_run
 from .size_flags import add_size_flags
 
@@ -50,6 +51,7 @@ def add_vs_torch_flags(parser: argparse.ArgumentParser) -> None:
              "too few to fill the launch queue)")
     add("--markdown", metavar="FILE.md", help="also write the tables here (rank 0)")
     add("--json", metavar="FILE", help="every figure, fact and check (rank 0)")
+    add_result_flag(parser)
     add("--no-progress", dest="progress", action="store_false",
         help="no progress on stderr (a line per row, and a line that counts the rows on "
              "runs longer than 2 s)")
@@ -166,6 +168,7 @@ def run_vs_torch_command(args: argparse.Namespace) -> int:
             if world.rank == 0:  # it alone writes: refuse now what would fail after the run
                 check_writable(args.markdown)
                 check_writable(args.json)
+                check_writable(args.result)
         facts = world.comm.allgather(_run_facts(options, args))
         with collective_step(world, "comparing options"):
             check_same_run(facts)
@@ -183,9 +186,22 @@ def run_vs_torch_command(args: argparse.Namespace) -> int:
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
     status = exit_status(results)
+    if mpi().COMM_WORLD.Get_rank() == 0 and args.result:
+        _write_result(args.result, results, status)
     if status:
         checks = results["checks"]
         first = f"; the first: {checks['errors'][0]}" if checks["errors"] else ""
         sys.stderr.write(f"ipcshare: error: {checks['failed']} row(s) of {checks['rows']} "
                          f"failed their checks (their figures are not results){first}\n")
     return status
+
+
+def _write_result(path: str, results: dict[str, Any], status: int) -> None:
+    """The run's result document: every row in graphs and eager, one launch."""
+    from ..runtime.result_document import new_launch_id
+    from ..vs_torch.result_rows import vs_torch_rows
+    from .result_file import write_result
+
+    write_result(path, tool="ipcshare vs-torch", world_size=results["facts"]["world_size"],
+                 rows=vs_torch_rows(results, launch=new_launch_id()), exit_status=status,
+                 extra={"options": results["options"], "ceiling": results["ceiling"]})

@@ -53,13 +53,13 @@ HOST_CHOICES: dict[str, dict[int, Choice]] = {
 # GPU memory (kernels of kernels/src/collectives/). Small calls run the low-latency
 # protocols (ll, ll-two-shot, ll128), middle sizes the one-shot / two-shot / pull kernels,
 # the largest reductions push. All-reduce: one-shot reads n times the bytes two-shot reads
-# but meets its peers once instead of twice. Measured on nvidia-h200-x2 (2026-11-23, commit
+# but meets its peers once instead of twice. Measured on 2 x H200 (2026-11-23, commit
 # 3c30cab, `ipcshare allreduce --algo one-shot|two-shot -b 8 -e 32M -f 4 [--graph]`):
 # on 2 GPUs one-shot beats two-shot at every size (graph: 7.8 / 11.0 / 16.2 / 39.1 / 137 us
 # at 8 B / 512 KiB / 2 MiB / 8 MiB / 32 MiB against two-shot's 11.9 / 16.9 / 21.1 / 44.1 /
 # 144), since each rank reads one peer either way. With 3 or more ranks two-shot runs
 # what ll does not (above 512 KiB; measured below), up to push's rows at 4 and more.
-# The low-latency protocol (ll), 2 ranks on nvidia-h200-x2 (2026-11-23, commit 9809801,
+# The low-latency protocol (ll), 2 ranks on 2 x H200 (2026-11-23, commit 9809801,
 # `ipcshare allreduce|allgather --algo ll|one-shot|pull|push -b 8 -e 4M -f 4 --graph`):
 # all-reduce 3.2-4.0 us up to 32 KiB, 4.6 at 128 KiB, 7.3 at 512 KiB against one-shot's
 # 7.5-9.0, 9.9 and 10.9; all-gather 3.1-3.6 us up to 32 KiB gathered, 4.1 at 128 KiB and
@@ -71,10 +71,10 @@ HOST_CHOICES: dict[str, dict[int, Choice]] = {
 # 12.9 / 14.5 and NCCL's 8.0 / 11.1, so ll ran 2-rank all-gathers up to 2 MiB (ll128
 # since, below); all-reduce ll 7.4 / 18.4 us against one-shot's 10.9 / 16.2, so
 # all-reduce switches at 512 KiB.
-# 3 and 4 ranks (nvidia-h200-x4, 2026-11-27, commit 6d3eb65, `tools/gpu-check.sh latency`:
+# 3 and 4 ranks (4 x H200, 2026-11-27, commit 6d3eb65, `tools/gpu_check.py latency`:
 # `ipcshare allgather|allreduce|reducescatter --algo ll|auto|push|one-shot -b 8 -e 2M -f 4
 # [--graph] --baseline nccl`; docs/bench/gpu-check-h200-x4-2026-11-27/5-auto-rows-6d3eb65.md
-# is tools/auto_rows.py's reading): in graphs ll takes 5.0-5.8 us up to 32 KiB at 4 ranks
+# is tools/analysis/auto_rows.py's reading): in graphs ll takes 5.0-5.8 us up to 32 KiB at 4 ranks
 # (4.0-5.1 at 3) where the kernels auto ran took 7.5-12 (NCCL: 3.7-4.6). At 4 ranks ll
 # stays ahead up to 512 KiB: all-gather 7.9 us against push's 10.5 (NCCL 8.6),
 # all-reduce 15.1 against one-shot's 16.0 and two-shot's 22.0 (NCCL 13.2), reduce-scatter
@@ -84,14 +84,14 @@ HOST_CHOICES: dict[str, dict[int, Choice]] = {
 # rank pushes only a block to each peer. 3 ranks tell the same (all-reduce at 2 MiB: ll
 # 32.6, two-shot 24.5). For these three collectives the 3-rank rows serve 3 ranks, the
 # 4-rank rows 4 to 8 (5 or more have not run yet).
-# The LL kernels waiting on every peer's line at once (2026-11-28, nvidia-h200-x4, 4 ranks,
+# The LL kernels waiting on every peer's line at once (2026-11-28, 4 x H200, 4 ranks,
 # branch ll-all-peers 0f21db3, in graphs): all-reduce 3.95-4.55 us up to 2 KiB (NCCL
 # 3.9-4.4), all-gather 4.4-4.8 (NCCL 3.9-4.5), reduce-scatter 4.5-5.1 (NCCL 4.0-4.7);
 # 7.5 / 14.4 us all-reduce at 128 / 512 KiB. The LL two-shot all-reduce, the same day
 # (445adee): 9.3 us at 128 KiB, 12.3 at 512 KiB (ll 14.4, NCCL 14.0), 27.1 at 2 MiB
 # (two-shot 26.8 on 2026-11-27, NCCL 20.6): so at 4 ranks (and more, not yet run) ll up
 # to 128 KiB, ll-two-shot to 512 KiB, then two-shot (to 2 MiB, push above: below).
-# ll128 and push (nvidia-h200-x4, 2026-11-28, commits b346a7f and 6f1249c; docs/BENCHMARKS.md,
+# ll128 and push (4 x H200, 2026-11-28, commits b346a7f and 6f1249c; docs/BENCHMARKS.md,
 # "4 GPUs: ll128, the Triton examples ...": `ipcshare allgather|reducescatter --algo
 # ll128|ll|auto -b 32K -e 8M|4M -f 2 --graph --baseline nccl` at 4 | 2 ranks and `ipcshare
 # allreduce|reducescatter --algo push|auto -b 512K -e 256M -f 4 --graph --baseline nccl`;
@@ -137,7 +137,7 @@ CUDA_CHOICES: dict[str, dict[int, Choice]] = {
                    3: Choice((512 * _KiB,), ("ll", "two-shot")),
                    4: Choice((128 * _KiB, 512 * _KiB, 2 * _MiB),
                              ("ll", "ll-two-shot", "two-shot", "push"))},
-    # All-to-all (nvidia-h200-x4, 2026-11-27, commit 6d3eb65, `tools/gpu-check.sh alltoall`
+    # All-to-all (4 x H200, 2026-11-27, commit 6d3eb65, `tools/gpu_check.py alltoall`
     # with ALLTOALL_ALGOS="pull balanced", 2 and 4 ranks against NCCL; docs/BENCHMARKS.md,
     # "All-to-all, balanced"). Uneven splits: balanced is 4-5x faster than pull from 8 MiB
     # (4 ranks, random 32 MiB: 196 us against 1,038; NCCL 337) and ahead from 8 KiB, a
@@ -145,13 +145,13 @@ CUDA_CHOICES: dict[str, dict[int, Choice]] = {
     # the same whatever its own counts. Even splits: pull is ahead up to 8 MiB (4 ranks:
     # 34-36 us against 39-41 there; 13.6 against 16.8 at 16 B in graphs), balanced from
     # 32 MiB (110-112 against 121-123; 2 ranks 73 against 96).
-    # Even splits up to 512 KiB run ll (nvidia-h200-x4, 2026-11-28, gpu-next b2fef07 at 4
+    # Even splits up to 512 KiB run ll (4 x H200, 2026-11-28, gpu-next b2fef07 at 4
     # ranks and 445adee at 2 and 3, `ipcshare alltoall --algo ll --splits even -b 8 -e 512K
     # -f 4 --graph --baseline nccl`): in graphs 3.9-4.5 us up to 32 KiB at 2 ranks, 4.3-5.1
     # at 3, 5.0-6.4 at 4, and 6.5 / 7.2 / 7.4 at 512 KiB, against NCCL's 6.4-10.4 at every
     # row (1.06-1.75x) and pull's 13.6 at 16 B (4 ranks); eager at 4 ranks 7.2-8.5 us
     # against NCCL's 24-38. Above 512 KiB it has not run (lines double the bytes).
-    # Push above 32 MiB at 2 ranks (nvidia-h200-x2, 2026-11-28, `ipcshare alltoall --algo
+    # Push above 32 MiB at 2 ranks (2 x H200, 2026-11-28, `ipcshare alltoall --algo
     # push|balanced --splits even -b 1M -e 256M -f 4 [--graph] --baseline nccl`, plain
     # arrays, tiles of 64 KiB; docs/bench/gpu-check-h200-x2-2026-11-28/6-* to 8-*): in
     # graphs 396 us at 256 MiB against balanced's 484 and NCCL's 436-438, 114 against 131
@@ -159,7 +159,7 @@ CUDA_CHOICES: dict[str, dict[int, Choice]] = {
     # 40.6) and behind at 1 MiB (14.7 against 13.7). Balanced stages a plain input in a
     # pass of its own before any peer reads it; push stores straight from it.
     # 3 and more ranks keep balanced until push has run there.
-    # ll up to 1 MiB at 2 ranks (nvidia-h200-x2, 2026-11-28, main 07fd5ca, `ipcshare
+    # ll up to 1 MiB at 2 ranks (2 x H200, 2026-11-28, main 07fd5ca, `ipcshare
     # alltoall --algo ll|pull --splits even -b 1M -e 4M -f 4 [--graph] --baseline nccl`;
     # docs/bench/gpu-check-h200-x2-2026-11-28/13-*): 1 MiB in graphs 7.5 us against pull's
     # 12.8 and NCCL's 13.3, eager 9.4 against 14.0 and 16.6; at 4 MiB pull is ahead (17.6
@@ -172,12 +172,12 @@ CUDA_CHOICES: dict[str, dict[int, Choice]] = {
     # its nbytes here is the communicator's max_bytes (Communicator._signature), which
     # every rank agreed on. Up to LL_MAX_BYTES every block of every call fits an LL slot
     # (ScratchLayout: a slot holds min(max_bytes, LL_MAX_BYTES)), so ll refuses nothing.
-    # ll against balanced, in graphs, random / skewed splits: 2 ranks (nvidia-h200-x2,
+    # ll against balanced, in graphs, random / skewed splits: 2 ranks (2 x H200,
     # 2026-11-28, main 1dd430c, `ipcshare alltoall --algo ll|balanced --splits random|
     # skewed -b 128K|512K -e 2M|32M -f 4 [--graph] --baseline nccl`, two launches) 8.7 /
     # 8.6 us at 512 KiB against balanced's 15.5 / 16.2 (NCCL 11.1-11.4), 14.9 / 17.6 at
     # 2 MiB against 16.7 / 18.2 (NCCL 13.2-15.9); eager 16.7 / 20.2 against 19.1 / 20.2.
-    # 4 ranks (nvidia-h200-x4, 2026-11-28, x4-next e8f3647): 11-15 us up to 512 KiB
+    # 4 ranks (4 x H200, 2026-11-28, x4-next e8f3647): 11-15 us up to 512 KiB
     # against balanced's 17-25; above that ll has not run at 3 or more ranks.
     "all_to_all_v": {1: Choice((), ("balanced",)),
                      2: Choice((LL_MAX_BYTES,), ("ll", "balanced")),
@@ -187,7 +187,7 @@ _TABLES = {"host": HOST_CHOICES, "cuda": CUDA_CHOICES}
 
 # Where some ranks of the group share a GPU, every other kernel spins on a peer that may
 # be waiting for its turn on that GPU; the stepped kernels never spin (gpu_stepped.py).
-# Measured on nvidia-h100-x1 (2 ranks on its one GPU): see docs/GPU.md, "Several ranks on
+# Measured on 1 x H100 (2 ranks on its one GPU): see docs/GPU.md, "Several ranks on
 # one GPU". Every rank runs it, those with a GPU of their own too, since the ranks of a
 # call must run the same algorithm.
 SHARED_GPU_CHOICE = "stepped"

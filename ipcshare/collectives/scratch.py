@@ -29,7 +29,7 @@ LL_MAX_BYTES = 2 << 20
 # inputs (blocks, for all-to-all) of up to LL128_MAX_BYTES: the wire carries 1.07x the
 # bytes, so LL128 stays worth its one NVLink trip for larger calls than LL, up to where the
 # copy kernels reach the link's rate (an uneven all-to-all-v of 8 MiB at 2 ranks still
-# missed issue 42's bound with every copy kernel).
+# missed the all-to-all-v's target with every copy kernel).
 LL128_LINE_BYTES = 128
 LL128_LINE_PAYLOAD = 120
 LL128_MAX_BYTES = 8 << 20

@@ -1,7 +1,7 @@
 """Stepped calls on a time-sliced GPU: one context does the GPU work of every rank on it.
 
 Without MPS the contexts of one GPU take turns in time slices. Measured with
-``tools/timeslice_probe.py`` on nvidia-h100-x1 (2026-11-24, docs/GPU.md): when a second
+``tools/probes/sharing/timeslice_probe.py`` on 1 x H100 (2026-11-24, docs/GPU.md): when a second
 context runs a kernel or a copy in every round, each hand-over of the GPU costs about
 140 µs; a context that only waits and writes with stream memory operations costs almost
 nothing. So the stepped collectives run each rank's kernels and barriers in the context

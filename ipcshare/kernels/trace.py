@@ -11,7 +11,7 @@ of up to TRACE_CALLS calls holds every one of them. Cycles time a
 phase exactly but only within one SM; the globaltimer is comparable everywhere but its
 resolution depends on the GPU. So offsets are cycles, converted to nanoseconds at the
 ratio the two clocks show over many calls at once (``ns_per_cycle``), where a coarse
-globaltimer's error spreads over a long span. tools/kernel_trace.py runs a collective
+globaltimer's error spreads over a long span. tools/probes/timing/kernel_trace.py runs a collective
 and prints what each phase cost."""
 
 from __future__ import annotations

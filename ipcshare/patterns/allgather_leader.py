@@ -3,7 +3,7 @@
 Without MPS the contexts of one GPU take turns in time slices. When every rank copies at
 once, the contexts of a shared GPU keep preempting each other: a 1 MiB all-gather with
 ranks 0 and 2 on one H200 took 281 us in copies alone, against 10.5 us with a GPU each
-(tools/allgather_probe.py, nvidia-h200-x2, docs/GPU.md "Several ranks on one GPU"). Here
+(tools/probes/timing/allgather_probe.py, 2 x H200, docs/GPU.md "Several ranks on one GPU"). Here
 only the lowest rank on each GPU launches work: one kernel that writes the blocks of all
 ranks on its GPU into every output, with no flags and no waits inside; the window's
 barriers (met on the host where GPUs are shared) order it. The others only take part in

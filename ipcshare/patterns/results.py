@@ -14,7 +14,7 @@ __all__ = ["Measurement", "Row", "BaselineResult", "RunResult", "read_result_lin
 
 def read_result_lines(path: Path) -> list[dict[str, Any]]:
     """The documents of a JSON-lines file of results (``--json`` documents one a line, as
-    tools/gpu-check.sh gathers them in results.jsonl), empty lines left out.
+    tools/gpu_check.py gathers them in results.jsonl), empty lines left out.
 
     Raises:
         ValueError: a line that is not JSON, named by file and line.

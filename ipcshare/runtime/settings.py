@@ -100,7 +100,7 @@ SETTINGS = (
     Setting(KERNEL_SHIPPED, "1", "0: ignore the CUBINs shipped in the package (every kernel "
             "comes from the cache or NVRTC), e.g. to time a cold compile"),
     Setting(KERNEL_TRACE, "0", "1: build the collective kernels with phase stamps for "
-            "tools/kernel_trace.py (a CUBIN of its own; results the same)"),
+            "tools/probes/timing/kernel_trace.py (a CUBIN of its own; results the same)"),
     Setting(DOCTOR_TEST_DIE_RANK, "unset", "tests only: the rank that dies during doctor"),
     Setting(DOCTOR_TEST_DIE_STAGE, "matrix", "tests only: the doctor stage at which it dies"),
 )
@@ -291,7 +291,8 @@ def kernel_trace() -> bool:
     text = _text(KERNEL_TRACE)
     if text not in ("", "0", "1"):
         raise SettingError(f"{KERNEL_TRACE}={text!r}: use 1 (kernels with phase stamps, for "
-                           "tools/kernel_trace.py) or 0", setting=KERNEL_TRACE, value=text)
+                           "tools/probes/timing/kernel_trace.py) or 0", setting=KERNEL_TRACE,
+                           value=text)
     return text == "1"
 
 

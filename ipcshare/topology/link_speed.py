@@ -25,12 +25,12 @@ import numpy as np
 
 from .nvml_session import handle_by_cuda_bus_id, nvml_session
 
-__all__ = ["Ceiling", "gpu_ceiling", "host_memory_ceiling", "NVLINK_GBPS_PER_LINK",
+__all__ = ["Ceiling", "gpu_ceiling", "host_memory_ceiling", "NVLINK_GBPS_PER_LINK", "NVLINK_NAMES",
            "pcie_gbps", "HOST_MARGIN"]
 
 # Per link and direction, by NVML's nvmlNvlinkVersion_t (2: NVLink 2.0 ... 7: 5.0).
 NVLINK_GBPS_PER_LINK = {1: 20.0, 2: 25.0, 3: 25.0, 4: 25.0, 5: 25.0, 6: 25.0, 7: 50.0}
-_NVLINK_NAMES = {1: "1", 2: "2", 3: "2.2", 4: "3", 5: "3.1", 6: "4", 7: "5"}
+NVLINK_NAMES = {1: "1", 2: "2", 3: "2.2", 4: "3", 5: "3.1", 6: "4", 7: "5"}
 # GT/s per lane by PCIe generation; from generation 3 on 128b/130b encoding.
 _PCIE_GTS = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
 # A host copy's rate depends on caches and on what else the core does; a figure more
@@ -89,7 +89,7 @@ def _nvml_link_ceiling(ordinal: int) -> Ceiling | None:
                     break  # past the GPU's last link, or no NVLink at all
             if up and version in NVLINK_GBPS_PER_LINK:
                 per_link = NVLINK_GBPS_PER_LINK[version]
-                return Ceiling(up * per_link, f"NVLink {_NVLINK_NAMES[version]}: {up} links x "
+                return Ceiling(up * per_link, f"NVLink {NVLINK_NAMES[version]}: {up} links x "
                                               f"{per_link:g} GB/s per direction (NVML)")
             generation = int(pynvml.nvmlDeviceGetMaxPcieLinkGeneration(handle))
             width = int(pynvml.nvmlDeviceGetMaxPcieLinkWidth(handle))

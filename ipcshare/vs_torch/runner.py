@@ -28,10 +28,8 @@ import datetime
 import math
 import os
 import socket
-import subprocess
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -39,6 +37,7 @@ import numpy as np
 from .. import __version__
 from ..runtime.config import format_size
 from ..runtime.errors import ConfigError
+from ..runtime.source_commit import source_commit
 from . import expected as exact
 from .clock import EventClock, clock_errors
 from .plan import DTYPES, MODES, SIDES, Options, SizePlan, communicator_bytes, size_plan, sweep
@@ -64,17 +63,12 @@ class _Refused(Exception):
 
 
 def _commit() -> str | None:
-    """The checkout's commit (with ``+dirty`` for uncommitted changes), or None."""
-    here = Path(__file__).resolve().parent
-    try:
-        head = subprocess.run(["git", "-C", str(here), "rev-parse", "--short=12", "HEAD"],
-                              capture_output=True, text=True, timeout=10, check=True)
-        status = subprocess.run(["git", "-C", str(here), "status", "--porcelain",
-                                 "--untracked-files=no"],
-                                capture_output=True, text=True, timeout=10, check=True)
-    except (OSError, subprocess.SubprocessError):
+    """The checkout's commit (12 digits, with ``+dirty`` for uncommitted changes), or
+    None outside a checkout."""
+    commit = source_commit()
+    if commit["source"] != "git":
         return None
-    return head.stdout.strip() + ("+dirty" if status.stdout.strip() else "")
+    return commit["id"][:12] + ("+dirty" if commit["dirty"] else "")
 
 
 # Per-rank figures reduced in one buffer, in this order (seconds; NaN: not measured).

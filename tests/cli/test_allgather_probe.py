@@ -1,5 +1,6 @@
-"""tools/allgather_probe.py, the tuning probe, on host windows: it runs whole all-gathers
-and their parts under mpiexec and checks the whole ones' bytes (GPU variants need a GPU)."""
+"""tools/probes/timing/allgather_probe.py, the tuning probe, on host windows: it runs whole
+all-gathers and their parts under mpiexec and checks the whole ones' bytes (GPU variants
+need a GPU)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 from .test_cli import MPIEXEC, needs_mpiexec
 
-PROBE = Path(__file__).resolve().parents[2] / "tools" / "allgather_probe.py"
+PROBE = Path(__file__).resolve().parents[2] / "tools" / "probes" / "timing" / "allgather_probe.py"
 
 
 @needs_mpiexec

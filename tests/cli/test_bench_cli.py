@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from ipcshare.bench.suite import BASELINE_NAMES
+from ipcshare.runtime.result_document import load as load_result
 
 from .test_cli import IPCSHARE, MPIEXEC, needs_mpiexec, run, shm_entries, socket_dir  # noqa: F401
 
@@ -39,7 +40,7 @@ def test_bench_help_runs_without_mpi():
     out = subprocess.run(IPCSHARE + ["bench", "--help"], capture_output=True, text=True,
                          timeout=60, env={**os.environ, "COLUMNS": "400"})
     assert out.returncode == 0
-    for flag in ("--config", "--json", "--plot", "--markdown", "--repeat", "--min-bw",
+    for flag in ("--config", "--json", "--plot", "--markdown", "--result", "--repeat", "--min-bw",
                  "--baseline", "--no-progress"):
         assert flag in out.stdout
     # --baseline's text names every baseline a suite accepts (it once named two of four).
@@ -53,10 +54,11 @@ def test_bench_help_runs_without_mpi():
 def test_the_cpu_suite_writes_json_plot_and_report(tmp_path, socket_dir):  # noqa: F811
     pytest.importorskip("matplotlib")
     files = {name: tmp_path / f"bench.{name}" for name in ("json", "png", "md")}
+    result = tmp_path / "bench-result.json"
     # One repetition instead of the suite's three keeps the test short.
     out = run(["bench", "--config", str(CONFIGS / "bench-cpu.yaml"), "--repeat", "1",
                "--json", str(files["json"]), "--plot", str(files["png"]),
-               "--markdown", str(files["md"])], n=2, timeout=240)
+               "--markdown", str(files["md"]), "--result", str(result)], n=2, timeout=240)
     assert out.returncode == 0, out.stderr
     assert "# Out of bounds values : 0 OK" in out.stdout
     assert "# Summary: speedup = baseline time / our time per size band" in out.stdout
@@ -86,6 +88,14 @@ def test_the_cpu_suite_writes_json_plot_and_report(tmp_path, socket_dir):  # noq
     assert "](bench.png)" in report and "## Summary" in report and "## Machine" in report
     assert "## Cases: all-reduce" in report and "## Cases: reduce-scatter" in report
     assert "## Cases: all-to-all" in report
+    # The result document: every case's rows, one launch, the suite's exit status.
+    document = load_result(result)
+    assert document["tool"] == "ipcshare bench" and document["exit_status"] == 0
+    assert len({row["launch"] for row in document["rows"]}) == 1
+    assert {row["details"]["case"] for row in document["rows"]} == {doc["case"] for doc in docs}
+    assert {row["mode"] for row in document["rows"]} == {"eager", "latency"}
+    assert sum(row["placement"] == "out-of-place" for row in document["rows"]) == \
+        sum(len(doc["rows"]) for doc in docs)
     assert list(socket_dir.iterdir()) == []
 
 

@@ -1,7 +1,7 @@
-"""tools/collective_sweep.py, the correctness sweep of the collectives through the public
+"""tools/checks/collective_sweep.py, the correctness sweep of the collectives through the public
 API: on host windows under mpiexec it runs every host algorithm, dtype and reduction at
 odd sizes and checks every byte; in one process it finds a call that leaves one wrong
-element (GPU cases run on the GPU nodes, tools/gpu-check.sh csweep)."""
+element (GPU cases run on the GPU nodes, tools/gpu_check.py csweep)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from tests.example_runs import load_example
 
 from .test_cli import MPIEXEC, needs_mpiexec
 
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "collective_sweep.py"
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "checks" / "collective_sweep.py"
 
 
 def _tool():

@@ -10,6 +10,8 @@ import re
 
 import pytest
 
+from ipcshare.runtime.result_document import load as load_result
+
 from ..example_runs import MPIEXEC, inside_an_mpi_job, run_example, run_script
 from .test_cli import socket_dir, without_gpu  # noqa: F401
 
@@ -29,9 +31,10 @@ def _errors(out, script):
 
 
 @pytest.mark.parametrize("n", [2, 3])
-def test_the_one_shot_example_verifies_on_host_memory(n, socket_dir):  # noqa: F811
+def test_the_one_shot_example_verifies_on_host_memory(n, socket_dir, tmp_path):  # noqa: F811
+    result = tmp_path / "result.json"
     out = run_example("allreduce_oneshot", "--backend", "host", "--count", "10001",
-                      "--iters", "5", n=n)
+                      "--iters", "5", "--result", str(result), n=n)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert len(lines) == 1, out.stdout   # rank 0 reports for all
@@ -39,6 +42,12 @@ def test_the_one_shot_example_verifies_on_host_memory(n, socket_dir):  # noqa: F
     assert match, lines[0]
     assert (int(match[1]), int(match[2])) == (10001, n)
     assert float(match[3]) > 0 and float(match[4]) > 0
+    # The result document holds the same two figures, of one launch.
+    (row,) = load_result(result)["rows"]
+    assert row["world_size"] == n and row["size"] == 40004 and row["dtype"] == "float32"
+    assert abs(row["ours"]["time_us"] - float(match[3])) <= 0.005
+    assert [b["name"] for b in row["baselines"]] == ["comm.all_reduce"]
+    assert abs(row["baselines"][0]["time_us"] - float(match[4])) <= 0.005
     assert list(socket_dir.iterdir()) == []
 
 

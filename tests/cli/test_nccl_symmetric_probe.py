@@ -1,6 +1,6 @@
-"""tools/nccl_symmetric_probe.py, NCCL alone on odd-count reduce-scatters (its runs are on
-the GPU nodes, tools/gpu-check.sh collectives): here, that it refuses bad counts and says
-what it needs where nccl4py is missing, in one line, without a traceback."""
+"""tools/probes/baselines/nccl_symmetric_probe.py, NCCL alone on odd-count reduce-scatters
+(its runs are on the GPU nodes, tools/gpu_check.py collectives): here, that it refuses bad
+counts and says what it needs where nccl4py is missing, in one line, without a traceback."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "nccl_symmetric_probe.py"
+TOOL = (Path(__file__).resolve().parents[2] / "tools" / "probes" / "baselines"
+        / "nccl_symmetric_probe.py")
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:

@@ -158,7 +158,7 @@ def test_the_cli_prints_one_line_per_survivor_when_a_rank_is_killed(tmp_path, so
     # Ignoring SIGINT, the ranks are not ended by gforker's interrupt, so it is a launcher
     # that keeps the job running (until its SIGQUIT a second later) and the ranks must
     # notice by themselves. Plain, they get that interrupt right after the death: it
-    # used to end them silently in 4 of 6 trials (issue 41).
+    # used to end them silently in 4 of 6 trials.
     command = ["-c", CLI_IGNORING_SIGINT] if ignoring_sigint else ["-m", "ipcshare"]
     job = subprocess.Popen(
         [GFORKER, "-n", str(RANKS), sys.executable, *command, "ring",

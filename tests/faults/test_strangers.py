@@ -1,4 +1,4 @@
-"""Attacks on the descriptor sockets from outside the job (issue 41), with real jobs.
+"""Attacks on the descriptor sockets from outside the job, with real jobs.
 
 Another local user swapping the job's socket folder in a shared folder, and a stranger's
 bytes at a rank's socket while the ranks sit in separate PID namespaces (where a

@@ -1,4 +1,4 @@
-"""One rank's timeout never hangs the job or corrupts its memory (issue 41).
+"""One rank's timeout never hangs the job or corrupts its memory.
 
 A wait that times out on one rank used to leave the others in the driver's next blocking
 collective for ever (the SignalTimeout that started it never printed), and an exchange

@@ -1,5 +1,5 @@
 """The all-to-all bench on GPUs reports a call the kernel refused as the error it is, on
-every rank, never as wrong elements. On nvidia-h200-x4 (2026-11-28) the eager
+every rank, never as wrong elements. On 4 x H200 (2026-11-28) the eager
 all-to-all-v refused every random-split size at 4 ranks (a segment past its slot of
 max_bytes over the ranks but one), moved nothing, and the sweep had called every element
 of the untouched outputs wrong."""

@@ -52,7 +52,7 @@ def _paths_of(name: str) -> set:
 def _may_be_wrong(name: str) -> set:
     """The paths a baseline may find wrong without failing: NCCL 2.28.9's symmetric
     kernels return wrong elements for some odd counts with no ipcshare code involved
-    (tools/nccl_symmetric_probe.py), so they are reported, not timed."""
+    (tools/probes/baselines/nccl_symmetric_probe.py), so they are reported, not timed."""
     return {"symmetric"} if name == "nccl" else set()
 
 

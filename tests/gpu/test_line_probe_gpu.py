@@ -1,4 +1,4 @@
-"""tools/line_probe.py on two GPUs of one process: for each line width and reader, with
+"""tools/probes/links/line_probe.py on two GPUs of one process: for each line width and reader, with
 one direction and both at once, the reader sees flagged lines while the writer stores,
 finds no word out of place, and the buffer holds the last round exactly. Whether a line
 was ever seen torn is the probe's finding about the hardware, printed, not asserted here
@@ -13,7 +13,8 @@ import pytest
 from tests.example_runs import inside_an_mpi_job, load_example
 
 pytestmark = pytest.mark.gpu
-probe = load_example("line_probe", Path(__file__).resolve().parents[2] / "tools")
+probe = load_example("line_probe",
+                     Path(__file__).resolve().parents[2] / "tools" / "probes" / "links")
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ kernel cannot cut refused before it runs; a corrupted output counted wrong. Need
 with symmetric memory, all_to_all_vdev and NVSHMEM, one GPU per rank, one node; skips
 with the reason where this torch lacks them.
 
-Run it in a pytest process of its own (tools/gpu-check.sh alltoall does): symmetric
+Run it in a pytest process of its own (tools/gpu_check.py alltoall does): symmetric
 memory's backend is set once per process, and NVSHMEM here would take the CUDA backend
 from the all-reduce baseline's tests (tests/gpu/test_torch_symm_baseline.py)."""
 
@@ -38,7 +38,7 @@ def symm(request):
     files = {str(item.path) for item in request.session.items}
     if len(files) > 1:
         pytest.skip("symmetric memory's backend is set once per process: run this file in a "
-                    "pytest process of its own (tools/gpu-check.sh alltoall does)")
+                    "pytest process of its own (tools/gpu_check.py alltoall does)")
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD

@@ -1,4 +1,4 @@
-"""tools/ab_table.py: two trees' sweeps of one launch side by side, with NCCL's figure of
+"""tools/analysis/ab_table.py: two trees' sweeps of one launch side by side, with NCCL's figure of
 each side's own launch, and rows that are not results counted as failures."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-_PATH = Path(__file__).resolve().parents[2] / "tools" / "ab_table.py"
+_PATH = Path(__file__).resolve().parents[2] / "tools" / "analysis" / "ab_table.py"
 _spec = importlib.util.spec_from_file_location("ab_table", _PATH)
 tool = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(tool)

@@ -1,4 +1,4 @@
-"""tools/auto_rows.py: auto's rows proposed from gpu-check's results.jsonl (made-up sweeps
+"""tools/analysis/auto_rows.py: auto's rows proposed from gpu-check's results.jsonl (made-up sweeps
 in the documents' real shape), and NCCL's time over ours flagged against the target."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from ipcshare.collectives.choice import Choice
 
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "auto_rows.py"
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "analysis" / "auto_rows.py"
 _spec = importlib.util.spec_from_file_location("auto_rows", TOOL)
 auto_rows = importlib.util.module_from_spec(_spec)
 sys.modules["auto_rows"] = auto_rows   # dataclasses look their module up there

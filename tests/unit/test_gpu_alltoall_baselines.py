@@ -199,7 +199,7 @@ def test_a_block_setting_that_is_no_number_is_refused_by_name():
 
 @pytest.mark.parametrize("n", [2, 4])
 def test_even_splits_of_the_gpu_check_sweep_all_divide(n):
-    """-b 8 -e 256M -f 4, as tools/gpu-check.sh alltoall runs torch-symm: no size refused."""
+    """-b 8 -e 256M -f 4, as tools/gpu_check.py alltoall runs torch-symm: no size refused."""
     case = AllToAll(splits="even", datatype="float32")
     size = 8
     while size <= 256 << 20:

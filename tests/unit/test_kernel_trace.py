@@ -1,6 +1,6 @@
 """The kernels' phase stamps (kernels/include/ipcshare/trace.cuh, kernels/trace.py,
-tools/kernel_trace.py) without a GPU: the build that carries them is asked for only by
-IPCSHARE_KERNEL_TRACE=1 and only for the all-to-all unit; the usual build's kernels are the same
+tools/probes/timing/kernel_trace.py) without a GPU: the build that carries them is asked
+for only by IPCSHARE_KERNEL_TRACE=1 and only for the all-to-all unit; the usual build's kernels are the same
 machine code as if the marks were not there, and it has no stamps buffer; the traced build
 has one, of the size the host reads, and its kernels still fit a block; every traced kernel
 stamps exactly the marks the host names for it, in order; and the summary turns stamps into
@@ -24,7 +24,7 @@ from tests.example_runs import load_example
 _ROOT = Path(__file__).resolve().parents[2]
 _SRC = _ROOT / "ipcshare" / "kernels" / "src" / "collectives"
 _HEADER = _ROOT / "ipcshare" / "kernels" / "include" / "ipcshare" / "trace.cuh"
-_TOOL = _ROOT / "tools" / "kernel_trace.py"
+_TOOL = _ROOT / "tools" / "probes" / "timing" / "kernel_trace.py"
 
 
 def test_the_host_reads_the_buffers_the_header_defines():

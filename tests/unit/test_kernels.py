@@ -107,8 +107,10 @@ def test_every_kernel_compiles_to_cubin(source, arch):
 
 
 def test_the_probe_kernels_compile_to_cubin():
-    """tools/allgather_probe.py's experimental kernels break with the shared header too."""
-    source = Path(__file__).resolve().parents[2] / "tools" / "allgather_probe_kernels.cu"
+    """tools/probes/timing/allgather_probe.py's experimental kernels break with the shared
+    header too."""
+    source = (Path(__file__).resolve().parents[2] / "tools" / "probes" / "timing"
+              / "allgather_probe_kernels.cu")
     cubin = compile_kernel_source(source, arch="sm_90")
     assert _is_cubin(cubin)
     for entry in ("probe_push4", "probe_push8", "probe_pull2", "probe_pull4"):
@@ -116,8 +118,9 @@ def test_the_probe_kernels_compile_to_cubin():
 
 
 def test_the_link_probe_kernels_compile_to_cubin():
-    """tools/link_probe.py's copies (one process, plain peer pointers)."""
-    source = Path(__file__).resolve().parents[2] / "tools" / "link_probe_kernels.cu"
+    """tools/probes/links/link_probe.py's copies (one process, plain peer pointers)."""
+    source = (Path(__file__).resolve().parents[2] / "tools" / "probes" / "links"
+              / "link_probe_kernels.cu")
     cubin = compile_kernel_source(source, arch="sm_90")
     assert _is_cubin(cubin)
     for unroll in (2, 4, 8, 16):

@@ -1,4 +1,4 @@
-"""tools/line_probe.py without a GPU: its kernels compile to CUBIN with the four entry
+"""tools/probes/links/line_probe.py without a GPU: its kernels compile to CUBIN with the four entry
 points it launches, the buffer it expects after the last round is the kernels' word
 layout (a 16-byte line: three data words of round << 16 | place, the flag last; a
 128-byte line: fifteen of round << 32 | place, the flag last), a row's verdict fails on a
@@ -17,7 +17,7 @@ import pytest
 from ipcshare.kernels.compiler import compile_kernel_source
 from tests.example_runs import load_example
 
-_TOOLS = Path(__file__).resolve().parents[2] / "tools"
+_TOOLS = Path(__file__).resolve().parents[2] / "tools" / "probes" / "links"
 probe = load_example("line_probe", _TOOLS)
 
 

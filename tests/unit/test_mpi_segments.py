@@ -1,5 +1,5 @@
 """MPI's /dev/shm segments that killed jobs left are removed only when provably unused
-(issue 16, item 5: hydra SIGKILLs a whole job and its 2-3 MiB segments stayed for good)."""
+(hydra SIGKILLs a whole job, and its 2-3 MiB segments stayed for good)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""nccl-tests logs (the output format of nccl-tests 2.17, as tools/gpu-check.sh records
+"""nccl-tests logs (the output format of nccl-tests 2.17, as tools/gpu_check.py records
 it, command lines included) read back into rows and a Markdown table."""
 
 from __future__ import annotations

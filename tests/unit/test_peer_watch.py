@@ -125,7 +125,7 @@ def test_a_rank_arriving_at_a_step_after_a_death_is_told_of_the_death():
 
 def test_an_interrupt_right_after_a_peers_death_is_the_launchers_notice():
     # mpiexec.gforker sends SIGINT to every survivor when a rank dies: that used to end
-    # them by KeyboardInterrupt before they could say who died (issue 41). After a death
+    # them by KeyboardInterrupt before they could say who died. After a death
     # the interrupt is let pass (the rank's wait names the dead peer); without one it is
     # Ctrl-C as ever; the handler goes with the watch.
     import signal

@@ -1,5 +1,5 @@
 """The descriptor sockets trust a folder only when it is safe, and send only to a proven
-rank (issue 41): a folder that others may write without the sticky bit is refused by
+rank: a folder that others may write without the sticky bit is refused by
 name; a job directory swapped after its check, or a symlink put in its place, can neither
 receive the job's socket nor make the job remove someone else's files; a socket that
 another process holds never gets a descriptor."""

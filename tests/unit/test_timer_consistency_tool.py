@@ -1,4 +1,4 @@
-"""tools/timer_consistency.py: the rule that eager, graph and latency timings of one
+"""tools/analysis/timer_consistency.py: the rule that eager, graph and latency timings of one
 operation tell one story, and its reading of result documents."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-_PATH = Path(__file__).resolve().parents[2] / "tools" / "timer_consistency.py"
+_PATH = Path(__file__).resolve().parents[2] / "tools" / "analysis" / "timer_consistency.py"
 _spec = importlib.util.spec_from_file_location("timer_consistency", _PATH)
 tool = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(tool)

@@ -1,4 +1,4 @@
-"""GPU all-to-all of even splits whose bytes move by copy engine (issue 42): the copy
+"""GPU all-to-all of even splits whose bytes move by copy engine: the copy
 engines write over NVLink at rates the SMs' loads do not reach, ignore alignment, and
 leave every SM to the user's kernels. No kernel moves a byte; two one-block kernels frame
 the copies (kernels/src/collectives/copy_engine.cuh).

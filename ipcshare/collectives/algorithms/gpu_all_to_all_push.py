@@ -4,7 +4,7 @@ says it can reach it (q's heap, or a registered array), else into slot r of q's 
 which q copies into its output as each tile's signal comes. One meeting at the start (the
 first store needs the peer's place), no staging of the input and no exit barrier.
 
-Why stores: on 2 H200s (tools/link_probe.py, 2026-11-28, both GPUs moving 128 MiB each
+Why stores: on 2 H200s (tools/probes/links/link_probe.py, 2026-11-28, both GPUs moving 128 MiB each
 way at once) the SMs' stores crossed NVLink at 362 GB/s a direction where their loads came
 back at 331, and the pull kernels first stage a plain input, a whole local pass before any
 peer may read.
@@ -41,7 +41,7 @@ class GpuPushAllToAll(_Push):
     bytes_per_block = 16 << 10
     # Smaller than the reductions' 512 KiB: a call ends with each block copying its last
     # tile out of the inbox after every store has landed, and a block's local copies stall
-    # its stores less in short runs. 2 ranks, plain arrays, in graphs (nvidia-h200-x2,
+    # its stores less in short runs. 2 ranks, plain arrays, in graphs (2 x H200,
     # 2026-11-28), us at 16 / 64 / 256 MiB with tiles of 16 KiB: 49.5 / 167 / 639 (a fence
     # per tile); 64 KiB: 40.9 / 114 / 394; 128 KiB: 40.5 / 120 / 395; 256 KiB: 43.5 / 126 /
     # 406; 512 KiB: 40.9 / 126 / 442; 1 MiB: 40.2 / 126 / 474 (NCCL 49-51 / 132-134 / 435-439).

@@ -12,7 +12,7 @@ window's ``ll128_max_bytes``. ``auto`` runs it where it was measured ahead of ``
 ``pull`` and ``one-shot`` (choice.py: all-gathers above 256-512 KiB up to 2 MiB gathered,
 reduce-scatters above 1 MiB up to 4 MiB at 4 ranks and more; not yet the all-reduces or
 the all-to-alls, which no 2- or 4-GPU node has run). It rests on 128-byte lines arriving
-whole, which tools/line_probe.py checks on every node kind."""
+whole, which tools/probes/links/line_probe.py checks on every node kind."""
 
 from __future__ import annotations
 

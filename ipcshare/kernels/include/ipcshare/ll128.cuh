@@ -8,7 +8,7 @@
 // What it rests on: the eight 16-byte stores of one warp instruction to one 128-byte
 // aligned line reach the reader's memory as one write, and a warp's 128-byte load sees
 // all of it or none of it. NCCL's LL128 relies on the same over NVLink; the PTX memory
-// model does not promise it, so tools/line_probe.py looks for torn lines on every node
+// model does not promise it, so tools/probes/links/line_probe.py looks for torn lines on every node
 // kind before these kernels are trusted there (docs/MEMORY-ORDERING.md, "128-byte lines").
 //
 // Flags never come round again (64 bits), so no re-flagging: a line of a parity holds this

@@ -1,4 +1,4 @@
-// Phase stamps of the collective kernels, read by tools/kernel_trace.py: where a call's
+// Phase stamps of the collective kernels, read by tools/probes/timing/kernel_trace.py: where a call's
 // microseconds go (the meeting, the first store, a fence, the last wait) on each rank.
 // Compiled in only with -DIPCSHARE_KERNEL_TRACE, which IPCSHARE_KERNEL_TRACE=1 asks of the
 // backend (a CUBIN of its own in the kernel cache); otherwise every mark is nothing, and

@@ -1,6 +1,6 @@
 // All-to-all (even splits), push (collectives/algorithms/gpu_all_to_all_push.py): every
 // byte between GPUs is a store into a peer's window or output, never a load from a peer.
-// tools/link_probe.py on 2 H200s (2026-11-28), both GPUs copying 128 MiB each way at once:
+// tools/probes/links/link_probe.py on 2 H200s (2026-11-28), both GPUs copying 128 MiB each way at once:
 // stores 362 GB/s a direction, loads 331 (and the pull kernels stage a plain input first,
 // a whole pass before any peer may read).
 //

@@ -5,7 +5,7 @@
 // from which the receiver copies it out. Nothing is staged and no peer loads anything but
 // the words of the meeting. The pull kernels stage a plain input in a pass of its own
 // before any peer may load it, and SM loads cross NVLink about 9 % slower than stores
-// (tools/link_probe.py on 2 H200s, 2026-11-28: 331 against 362 GB/s a direction).
+// (tools/probes/links/link_probe.py on 2 H200s, 2026-11-28: 331 against 362 GB/s a direction).
 //
 // Meeting. A sender must know where its bytes land in each receiver (after what lower
 // ranks send it), which only every rank's split row says, and the counts may be known
