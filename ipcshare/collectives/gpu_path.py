@@ -355,7 +355,11 @@ class GpuPath:
                 # The refusing rank raises in the call (the host waits here, on an error
                 # path only); a captured call raises at synchronize() after a replay.
                 self.synchronize(stream)
-                raise refused_error([mark], [None] * self.rank + [problem.detail])
+                # Only a rank alone gets here: no peer's digest to differ from its mark.
+                error = refused_error([mark], where=(
+                    f"on the GPU by every rank at call {self.calls} of this communicator"))
+                error.add_note(f"rank {self.rank}'s check said: {problem.detail}")
+                raise error
         refused.keep = enqueue
         return refused
 

@@ -218,11 +218,12 @@ class HostPath:
         self._calls += 1
         self.window.barrier()  # every input and header in place
         headers = [[int(word) for word in peer[slot:slot + HEADER_WORDS]] for peer in self._pads]
-        if all(header[HEADER_DIGEST] == digest for header in headers):
+        # A rank alone has only its own mark to compare with: a mark is never a match.
+        marks = [header[HEADER_DIGEST] for header in headers if is_mark(header[HEADER_DIGEST])]
+        if not marks and all(header[HEADER_DIGEST] == digest for header in headers):
             return headers
         # Every rank sees the same headers, so every rank comes here and meets once more
         # (an error path only): what each rank called, or why it refused.
-        marks = [header[HEADER_DIGEST] for header in headers if is_mark(header[HEADER_DIGEST])]
         notes = self.group.collective("collective call", description)
         if marks:
             raise refused_error(marks, notes)
