@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import gc
 import re
-import time
 
 import numpy as np
 import pytest
 
 import ipcshare
 from ipcshare.runtime.errors import CollectiveError
+
+from ..closing import assert_closes_within_a_second
 
 pytestmark = pytest.mark.mpi
 
@@ -138,19 +139,12 @@ def _check_good_calls(c, me, n) -> None:
     assert np.all(x == n * (n + 1) / 2), x
 
 
-def _close_within_a_second(comm, c, g) -> None:
-    comm.Barrier()
-    start = time.monotonic()
-    c.close()
-    g.close()
-    took = time.monotonic() - start
-    assert max(comm.allgather(took)) < 1.0, comm.allgather(took)
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_call_one_rank_refuses_is_every_ranks_error_in_that_call(comm, case):
     bad_call, argument, said = CASES[case]
     me, n = comm.rank, comm.size
+    if n == 1 and case == "all_to_all blocks of unequal length":
+        pytest.skip("needs 2 ranks: every length is a multiple of 1")
     spoilers = _spoilers(n)
     g = ipcshare.Group(backend="host")
     c = g.communicator(max_bytes=1 << 14)
@@ -168,7 +162,7 @@ def test_a_call_one_rank_refuses_is_every_ranks_error_in_that_call(comm, case):
     # Still in step: the next good calls are right on every rank, twice over.
     _check_good_calls(c, me, n)
     _check_good_calls(c, me, n)
-    _close_within_a_second(comm, c, g)
+    assert_closes_within_a_second(comm, c, g)
 
 
 def test_a_refused_call_moves_no_element(comm):
@@ -201,7 +195,7 @@ def test_a_bound_call_one_rank_refused_raises_on_every_rank_each_time(comm):
             assert re.match(r"all_gather: rank 0's output failed its check there \(output has "
                             rf"{n * BLOCK + 1} elements, expected {n} x {BLOCK}", messages[0])
         _check_good_calls(c, me, n)
-        _close_within_a_second(comm, c, g)
+        assert_closes_within_a_second(comm, c, g)
 
 
 def test_ranks_that_disagree_on_a_count_are_named_with_each_ranks_value(comm):
@@ -220,4 +214,4 @@ def test_ranks_that_disagree_on_a_count_are_named_with_each_ranks_value(comm):
         assert f"all_reduce of {BLOCK} float32" in messages[0]
         assert f"rank {n - 1} all_reduce of {BLOCK + 1} float32" in messages[0]
         _check_good_calls(c, me, n)
-        _close_within_a_second(comm, c, g)
+        assert_closes_within_a_second(comm, c, g)
