@@ -18,9 +18,6 @@ number in a GPU error word (kernels/src/collectives/call.cuh records it there).
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 from ..runtime.errors import CollectiveError
 
 __all__ = ["ARGUMENTS", "CALLS", "CALL_NUMBER_BITS", "MARK_TAG", "ArgumentProblem", "blame",
@@ -50,20 +47,27 @@ class ArgumentProblem(CollectiveError):
         self.detail = detail
 
 
-@contextlib.contextmanager
-def blame(argument: str) -> Iterator[None]:
-    """Turn a CollectiveError raised inside into an ``ArgumentProblem`` of ``argument``
-    (an ``ArgumentProblem`` passes as it is: the innermost blame names the argument).
+class blame:
+    """``with blame(argument):`` turns a CollectiveError raised inside into an
+    ``ArgumentProblem`` of ``argument`` (an ``ArgumentProblem`` passes as it is: the
+    innermost blame names the argument). A class, not a generator: every call of the
+    good path enters a few of these.
 
     Raises:
         ArgumentProblem: a check inside refused the call.
     """
-    try:
-        yield
-    except ArgumentProblem:
-        raise
-    except CollectiveError as exc:
-        raise ArgumentProblem(argument, str(exc)) from None
+
+    __slots__ = ("argument",)
+
+    def __init__(self, argument: str) -> None:
+        self.argument = argument
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type | None, error: BaseException | None, trace: object) -> None:
+        if isinstance(error, CollectiveError) and not isinstance(error, ArgumentProblem):
+            raise ArgumentProblem(self.argument, str(error)) from None
 
 
 def encode_mark(rank: int, argument: str, call: str) -> int:

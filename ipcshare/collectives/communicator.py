@@ -364,7 +364,22 @@ class Communicator:
         Raises:
             CollectiveError: what the call itself raises.
         """
-        call = self._checked(collective, *args, **kwargs)
+        self._check_open()
+        try:
+            with blame("collective"):
+                if collective not in _PREPARERS:
+                    raise CollectiveError(f"bind({collective!r}): choose all_gather, "
+                                          "all_reduce, reduce_scatter, all_to_all or "
+                                          "all_to_all_v")
+                try:   # named as the user's method, not the one behind it
+                    inspect.signature(getattr(self, collective)).bind(*args, **kwargs)
+                except TypeError as exc:
+                    raise CollectiveError(f"bind({collective!r}, ...): {exc}; the arguments "
+                                          f"are those of {collective}()") from None
+        except ArgumentProblem as problem:
+            call: _Call | _Refused = self._refused(collective, problem, args, kwargs)
+        else:
+            call = self._checked(collective, *args, **kwargs)
         description, enqueue = self._bind_call(call)
         return BoundCollective(collective, f"bound {description}", enqueue,
                                self._check_open, call.result, (args, kwargs, enqueue))
@@ -381,9 +396,10 @@ class Communicator:
             stream=call.stream, **extra)
 
     def _checked(self, collective: str, *args: Any, **kwargs: Any) -> _Call | _Refused:
-        """``collective``'s call with these arguments checked on this rank and resolved
-        (its signature and algorithm), or, where a check refuses an argument, the
-        refused call this rank still takes part in.
+        """``collective``'s call with these arguments (those of its method, which Python
+        has checked) checked on this rank and resolved (its signature and algorithm), or,
+        where a check refuses an argument, the refused call this rank still takes part
+        in. The good path pays the checks alone.
 
         Raises:
             CollectiveError: a closed communicator, or one that takes no more calls (the
@@ -391,35 +407,29 @@ class Communicator:
                 turns on a GPU for an all-to-all (the same on every rank).
         """
         self._check_open()
-        prepare = {"all_gather": self._all_gather, "all_reduce": self._all_reduce,
-                   "reduce_scatter": self._reduce_scatter, "all_to_all": self._all_to_all,
-                   "all_to_all_v": self._all_to_all_v}.get(collective)
-        given: dict[str, Any] = {}
         try:
-            with blame("collective"):
-                if prepare is None:
-                    raise CollectiveError(f"bind({collective!r}): choose all_gather, "
-                                          "all_reduce, reduce_scatter, all_to_all or "
-                                          "all_to_all_v")
-                try:   # named as the user's method, not the one behind it (only bind's
-                    # arguments get here unchecked: Python checks a method's own)
-                    bound = inspect.signature(getattr(self, collective)).bind(*args, **kwargs)
-                except TypeError as exc:
-                    raise CollectiveError(f"bind({collective!r}, ...): {exc}; the arguments "
-                                          f"are those of {collective}()") from None
-                bound.apply_defaults()
-                given = bound.arguments
-            call = prepare(*args, **kwargs)
+            call = getattr(self, _PREPARERS[collective])(*args, **kwargs)
             with blame("algo"):
                 self._resolve_call(call)
         except ArgumentProblem as problem:
-            result = given.get("output")
-            if collective == "all_reduce" and result is None:
-                result = given.get("tensor")
-            stream = None if problem.argument == "stream" else given.get("stream")
-            return _Refused(collective, problem, result, stream,
-                            self._guess(collective, given))
+            return self._refused(collective, problem, args, kwargs)
         return call
+
+    def _refused(self, collective: str, problem: ArgumentProblem, args: tuple,
+                 kwargs: dict) -> _Refused:
+        """The call of ``collective`` with these arguments that ``problem`` refused, as
+        this rank takes part in it (what it returns, its stream, the peers' call guessed)."""
+        try:
+            bound = inspect.signature(getattr(self, collective)).bind(*args, **kwargs)
+            bound.apply_defaults()
+            given = dict(bound.arguments)
+        except (AttributeError, TypeError):   # an unknown collective or its arguments
+            given = {}
+        result = given.get("output")
+        if collective == "all_reduce" and result is None:
+            result = given.get("tensor")
+        stream = None if problem.argument == "stream" else given.get("stream")
+        return _Refused(collective, problem, result, stream, self._guess(collective, given))
 
     def _guess(self, collective: str, given: dict[str, Any]) -> tuple[Signature, Any] | None:
         """The signature and algorithm of the call the peers most likely make, from the
@@ -830,6 +840,12 @@ class _Refused:
     result: Any
     stream: Any
     guess: tuple[Signature, Any] | None
+
+
+# The method that checks each collective's call on this rank.
+_PREPARERS = {"all_gather": "_all_gather", "all_reduce": "_all_reduce",
+              "reduce_scatter": "_reduce_scatter", "all_to_all": "_all_to_all",
+              "all_to_all_v": "_all_to_all_v"}
 
 
 def _known_op(op: Any) -> bool:

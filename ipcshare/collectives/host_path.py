@@ -118,7 +118,7 @@ class HostPath:
             SignalTimeout / PeerDied: a peer did not come or died (the communicator then
                 takes no more calls).
         """
-        self._guarded(signature.describe(), lambda: self._run(
+        self._guarded(signature.describe, lambda: self._run(
             signature, algorithm, input_ref, output_ref, in_place=in_place, splits=splits))
 
     def refused_call(self, call: str, problem: ArgumentProblem, guess: Any = None, *,
@@ -135,18 +135,18 @@ class HostPath:
         mark = encode_mark(self.rank, problem.argument, call)
 
         def refused() -> None:
-            self._guarded(f"{call} (refused on rank {self.rank})",
-                          lambda: self._meet(mark, 0, 0, None, problem.detail))
+            self._guarded(lambda: f"{call} (refused on rank {self.rank})",
+                          lambda: self._meet(mark, 0, 0, None, lambda: problem.detail))
         return refused
 
-    def _guarded(self, description: str, run: Any) -> None:
+    def _guarded(self, describe: Any, run: Any) -> None:
         """``run()`` as one call of this communicator: one at a time, and none after one
-        failed (call_guard.py)."""
+        failed (call_guard.py); ``describe()`` names the call in a timeout's error."""
         self._guard.enter()
         try:
             run()
         except SignalTimeout as exc:   # say which call waited, not only which barrier
-            error = SignalTimeout(f"{description}: {exc}")
+            error = SignalTimeout(f"{describe()}: {exc}")
             self._guard.leave(error)
             raise error from exc
         except BaseException as exc:
@@ -176,7 +176,7 @@ class HostPath:
             self.copies_in += 1
         if splits is not None:
             self._split_rows[parity][self.rank][:] = splits
-        headers = self._meet(digest, offset, flags, registration, signature.describe())
+        headers = self._meet(digest, offset, flags, registration, signature.describe)
         sizes = [nbytes] * self.size
         table = None
         if splits is not None:
@@ -199,10 +199,10 @@ class HostPath:
             barrier=self.window.barrier, splits=table))
 
     def _meet(self, digest: int, offset: int, flags: int, registration: Any,
-              description: str) -> list[list[int]]:
+              describe: Any) -> list[list[int]]:
         """Publish this rank's header of the call (``digest``: its signature's, or the
         mark of a call this rank refused), meet every peer and return every rank's
-        header, once they all carry the same digest (``description``: what this rank
+        header, once they all carry the same digest (``describe()``: what this rank
         calls, or why it refused, for the error when they do not).
 
         Raises:
@@ -224,7 +224,7 @@ class HostPath:
             return headers
         # Every rank sees the same headers, so every rank comes here and meets once more
         # (an error path only): what each rank called, or why it refused.
-        notes = self.group.collective("collective call", description)
+        notes = self.group.collective("collective call", describe())
         if marks:
             raise refused_error(marks, notes)
         raise disagreement_error(notes)
