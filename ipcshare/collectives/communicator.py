@@ -27,7 +27,7 @@ from .call_marks import ArgumentProblem, blame
 from .choice import choose
 from .heap import Heap
 from .host_path import HostPath
-from .reduction import REDUCE_OPS, check_reduction
+from .reduction import REDUCE_DTYPES, REDUCE_OPS, check_reduction
 from .registry import Registration, Registry
 from .scratch import ALIGN, ScratchLayout
 from .split_args import GpuSplits
@@ -456,6 +456,8 @@ class Communicator:
             return None
         redop = None
         if collective in ("all_reduce", "reduce_scatter"):
+            if ref.dtype not in REDUCE_DTYPES:   # no kernel reduces it: the peers' differs
+                return None
             redop = given.get("op") if _known_op(given.get("op")) else "sum"
         algo = given.get("algo")
         if algo not in algorithm_names(self.memory, collective):

@@ -339,9 +339,9 @@ class GpuPath:
             why = ("its arguments do not say which call the peers make" if guess is None
                    else "ranks take turns on this GPU")
             raise CollectiveError(
-                f"{call}: {problem.detail} (refused on rank {self.rank} alone, which cannot "
-                f"take part in the call marked: {why}; the ranks are out of step, close "
-                "the communicator on every rank)")
+                f"{call}: {problem.detail} (refused on rank {self.rank}, which cannot take "
+                f"part in the call marked: {why}; unless every rank refused it alike, the "
+                "ranks are out of step: close the communicator on every rank)")
         signature, algorithm = guess
         mark = encode_mark(self.rank, problem.argument, call)
         self._refusals[mark] = problem.detail
@@ -351,15 +351,22 @@ class GpuPath:
 
         def refused() -> None:
             enqueue()
-            if not_capturing():
-                # The refusing rank raises in the call (the host waits here, on an error
-                # path only); a captured call raises at synchronize() after a replay.
+            if not not_capturing():
+                return   # a captured call raises at synchronize() after each replay
+            # The refusing rank raises in the call (the host waits here, on an error path
+            # only), with what its check said (the error names the lowest refusing rank).
+            note = f"rank {self.rank}'s check said: {problem.detail}"
+            try:
                 self.synchronize(stream)
-                # Only a rank alone gets here: no peer's digest to differ from its mark.
-                error = refused_error([mark], where=(
-                    f"on the GPU by every rank at call {self.calls} of this communicator"))
-                error.add_note(f"rank {self.rank}'s check said: {problem.detail}")
-                raise error
+            except CollectiveError as error:
+                if note not in getattr(error, "__notes__", ()):
+                    error.add_note(note)
+                raise
+            # Only a rank alone gets here: no peer's digest to differ from its mark.
+            error = refused_error([mark], where=(
+                f"on the GPU by every rank at call {self.calls} of this communicator"))
+            error.add_note(note)
+            raise error
         refused.keep = enqueue
         return refused
 
