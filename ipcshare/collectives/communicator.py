@@ -444,32 +444,35 @@ class Communicator:
                    "all_reduce": (("tensor", 1, 1), ("output", 1, 1)),
                    "reduce_scatter": (("input", 1, 1), ("output", size, 1))}.get(
             collective, (("input", 1, 1), ("output", 1, 1)))
+        redop = None
+        if collective in ("all_reduce", "reduce_scatter"):
+            redop = given.get("op") if _known_op(given.get("op")) else "sum"
+        algo = given.get("algo")
+        if algo not in algorithm_names(self.memory, collective):
+            algo = "auto"
+        guesses = []
         for name, times, over in sources:
             try:
                 ref = describe_array(given.get(name), name)
             except CollectiveError:
                 continue
-            if ref.count * times % over == 0:
-                count = ref.count * times // over
-                break
-        else:
-            return None
-        redop = None
-        if collective in ("all_reduce", "reduce_scatter"):
-            if ref.dtype not in REDUCE_DTYPES:   # no kernel reduces it: the peers' differs
-                return None
-            redop = given.get("op") if _known_op(given.get("op")) else "sum"
-        algo = given.get("algo")
-        if algo not in algorithm_names(self.memory, collective):
-            algo = "auto"
-        nbytes = count * ref.itemsize * (size if collective == "all_gather" else 1)
-        if nbytes > self.max_bytes:
-            return None
-        try:
-            return self._resolve(collective, algo, count, ref.dtype, ref.itemsize, redop,
-                                 nbytes)
-        except CollectiveError:
-            return None
+            if ref.count * times % over:
+                continue
+            if redop is not None and ref.dtype not in REDUCE_DTYPES:
+                continue   # no kernel reduces it: the peers' call differs
+            count = ref.count * times // over
+            nbytes = count * ref.itemsize * (size if collective == "all_gather" else 1)
+            if nbytes > self.max_bytes:
+                continue
+            try:
+                guesses.append(self._resolve(collective, algo, count, ref.dtype, ref.itemsize,
+                                             redop, nbytes))
+            except CollectiveError:
+                continue
+        # A call the ranks have made before is the likeliest (input and output may
+        # disagree on the dtype, either one wrong); else the input's.
+        known = [guess for guess in guesses if self._path.agreed(guess[0])]
+        return (known or guesses or [None])[0]
 
     # -- calls, checked on this rank --------------------------------------------------
     def _all_gather(self, output: Any, input: Any, *, stream: Any = None,
@@ -508,7 +511,7 @@ class Communicator:
             inp = self._array(input, "input")
         with blame("input" if _known_op(op) else "op"):
             check_reduction(inp.dtype, op, "input", call="reduce_scatter")
-        with blame("input"):
+        with blame("output"):
             in_place = self._check_pair("reduce_scatter", inp, out, "input", "output",
                                         blocks=self.size)
         return _Call("reduce_scatter", algo, inp, out, op, in_place, inp.nbytes, stream, output)
@@ -678,7 +681,9 @@ class Communicator:
         is ``whole``'s block for this rank (all of it when ``blocks`` is None): in place.
 
         Raises:
-            CollectiveError: naming the arguments and their values.
+            ArgumentProblem: ``whole`` over ``max_bytes`` (naming it).
+            CollectiveError: naming the arguments and their values (the caller blames the
+                output for them: a refused call's guess then comes from the input).
         """
         if whole.dtype != part.dtype:
             raise CollectiveError(f"{whole_name} is {whole.spell()} and {part_name} "
@@ -690,7 +695,8 @@ class Communicator:
             raise CollectiveError(
                 f"{call}: {whole_name} has {whole.count} elements, expected {blocks} x "
                 f"{part.count} (the ranks times {part_name}'s)")
-        self._check_max(whole.nbytes, whole_name, call)
+        with blame(whole_name):   # the caller blames the output for the rest
+            self._check_max(whole.nbytes, whole_name, call)
         offset = 0 if blocks is None else self.rank * part.nbytes
         rule = (f"{part_name} is {whole_name}" if blocks is None else
                 f"{part_name} is {whole_name}'s block for this rank")

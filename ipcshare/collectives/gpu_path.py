@@ -315,6 +315,10 @@ class GpuPath:
         self.calls += 1
         algorithm.run(bound.call)
 
+    def agreed(self, signature: Signature) -> bool:
+        """Whether the ranks have agreed on ``signature`` (made a call of it) before."""
+        return signature in self._agreed
+
     def refused_call(self, call: str, problem: ArgumentProblem, guess: Any, *,
                      stream: Any = None):
         """A call of ``call`` that this rank's checks refused (``problem``), as a

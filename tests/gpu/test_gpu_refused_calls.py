@@ -62,7 +62,7 @@ class Call:
         self.small = torch.full((BLOCK,), -7.0, device=cuda)
         self.cuda = cuda
         self.argument = {"all_gather": "output", "all_reduce": "output",
-                         "reduce_scatter": "input", "all_to_all": "output",
+                         "reduce_scatter": "output", "all_to_all": "output",
                          "all_to_all_v": "output_splits"}[op]
 
     def reset(self) -> None:
@@ -150,6 +150,63 @@ def test_a_call_rank_0_refuses_is_every_ranks_error_on_the_gpu(comm, setup, op, 
         call.reset()
         call.run(False, algo)
         communicator.synchronize(stream)
+        assert torch.equal(output, expected), (output, expected)
+
+
+def _argument_cases(cm, call, n):
+    """name -> (the call, given whether this rank spoils it; the argument blamed): each
+    argument check that can differ between ranks, on one rank (algo auto)."""
+    cuda, block = call.cuda, call.input[:BLOCK]
+    return {
+        "unknown op": (lambda bad: cm.all_reduce(block, output=call.small,
+                                                 op="prod" if bad else "sum",
+                                                 stream=call.stream), "op"),
+        "unknown algo": (lambda bad: cm.all_reduce(block, output=call.small,
+                                                   algo="ring" if bad else "auto",
+                                                   stream=call.stream), "algo"),
+        "input of another dtype": (lambda bad: cm.all_gather(
+            call.output, block.double() if bad else block, stream=call.stream), "output"),
+        "input not contiguous": (lambda bad: cm.all_gather(
+            call.output, call.input[:2 * BLOCK:2] if bad else block, stream=call.stream),
+            "input"),
+        "overlapping, not in place": (lambda bad: cm.all_reduce(
+            call.input[:BLOCK], output=call.input[1:BLOCK + 1] if bad else call.small,
+            stream=call.stream), "output"),
+        "input_splits of a wrong length": (lambda bad: cm.all_to_all_v(
+            call.output, call.input, [BLOCK] * n, [BLOCK] * (n + int(bad)),
+            stream=call.stream), "input_splits"),
+        "device input_splits of another dtype": (lambda bad: cm.all_to_all_v(
+            call.output, call.input, [BLOCK] * n,
+            torch.full((n,), BLOCK, dtype=torch.float32 if bad else torch.int32, device=cuda),
+            stream=call.stream), "input_splits"),
+        "all_to_all_v in place": (lambda bad: cm.all_to_all_v(
+            call.input if bad else call.output, call.input, [BLOCK] * n, [BLOCK] * n,
+            stream=call.stream), "output"),
+    }
+
+
+@pytest.mark.parametrize("case", ["unknown op", "unknown algo", "input of another dtype",
+                                  "input not contiguous", "overlapping, not in place",
+                                  "input_splits of a wrong length",
+                                  "device input_splits of another dtype",
+                                  "all_to_all_v in place"])
+def test_each_argument_check_rank_0_fails_is_every_ranks_error(comm, setup, case):
+    group, communicator, stream = setup
+    me, n = communicator.rank, communicator.size
+    call = Call("all_to_all_v", communicator, me, n, group.backend.device, stream)
+    make, argument = _argument_cases(communicator, call, n)[case]
+    make(False)   # the call's first sight: every rank agrees on its shape
+    communicator.synchronize(stream)
+    op = {"unknown op": "all_reduce", "unknown algo": "all_reduce",
+          "overlapping, not in place": "all_reduce", "input of another dtype": "all_gather",
+          "input not contiguous": "all_gather"}.get(case, "all_to_all_v")
+    where, error = _raise_where(lambda: make(me == 0), communicator, stream)
+    _check_refused(comm, communicator, op, argument, where, error)
+    for _ in range(2):   # still in step
+        call.reset()
+        call.run(False, "auto")
+        communicator.synchronize(stream)
+        output, expected = call.written()
         assert torch.equal(output, expected), (output, expected)
 
 

@@ -103,7 +103,7 @@ CASES = {
     "reduce_scatter output of a wrong size": (
         lambda c, me, n, bad: c.reduce_scatter(np.zeros(BLOCK + bad, np.float32),
                                                np.ones(n * BLOCK, np.float32)),
-        "input", r"input has \d+ elements, expected \d+ x \d+"),
+        "output", r"input has \d+ elements, expected \d+ x \d+"),
     "all_to_all blocks of unequal length": (
         lambda c, me, n, bad: c.all_to_all(np.zeros(n * BLOCK + bad, np.int32),
                                            np.zeros(n * BLOCK + bad, np.int32)),

@@ -197,6 +197,7 @@ def test_on_gpus_all_to_all_v_in_place_and_device_input_splits_past_max_bytes_ar
     comm.group.size = 2
     comm.max_bytes = 64
     comm._signatures = {}
+    comm._path.agreed = lambda signature: False   # no call made before
     array = Cuda(8)
     refused = comm._checked("all_to_all_v", array, array, [4, 4], [4, 4])
     assert refused.problem.argument == "output"
