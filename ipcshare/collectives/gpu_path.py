@@ -330,14 +330,13 @@ class GpuPath:
         the same error (a CUDA graph capturing it replays the mark). Outside a capture
         the refusing rank waits for its kernels and raises that error in the call.
 
-        Raises (when called outside a capture):
-            CollectiveError: the refused call's error (the kernels' record of it).
-
         Raises:
             CollectiveError: at once, where no such call can be launched: ``guess`` is
                 None (the arguments do not say which call the peers make), or ranks take
                 turns on this GPU (stepped calls run by a leader); the peers then meet
-                this rank's next call, so close the communicator on every rank.
+                this rank's next call, so close the communicator on every rank. And the
+                returned function, called outside a capture, raises the refused call's
+                error (the kernels' record of it).
         """
         if guess is None or self._time_sliced is not None:
             why = ("its arguments do not say which call the peers make" if guess is None
