@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..runtime.config import format_size
-from ..runtime.errors import CollectiveError, Unsupported
+from ..runtime.errors import BackendError, CollectiveError, Unsupported
 from ..topology.world import describe_disagreement
 from .agreement import Signature
 from .algorithms import algorithm, algorithm_names
@@ -662,7 +662,16 @@ class Communicator:
                                   "return); call without stream=")
 
     def _array(self, obj: Any, name: str, *, writable: bool = False) -> ArrayRef:
-        ref = describe_array(obj, name)
+        try:
+            ref = describe_array(obj, name)
+        except CollectiveError:
+            raise
+        except (BufferError, ValueError, TypeError, RuntimeError, AttributeError,
+                BackendError) as exc:
+            # The array's own protocol failed (a closed or foreign object): a check that
+            # refuses the call like the others, so every rank raises it (call_marks.py).
+            raise CollectiveError(f"{name} ({type(obj).__name__}) cannot be read as an "
+                                  f"array here: {type(exc).__name__}: {exc}") from None
         if self.memory == "host":
             check_array(ref, name, device="cpu", writable=writable)
             return ref

@@ -85,6 +85,10 @@ CASES = {
     "output read-only": (
         lambda c, me, n, bad: _gather(c, me, n, output=_read_only(n) if bad else None),
         "output", r"read-only"),
+    "input whose array protocol fails": (
+        lambda c, me, n, bad: _gather(c, me, n, input=_Broken() if bad else None),
+        "input", r"input \(_Broken\) cannot be read as an array here: ValueError: this buffer "
+                 r"was released"),
     "input not an array": (
         lambda c, me, n, bad: _gather(c, me, n, input=[1.0] * BLOCK if bad else None),
         "input", r"input is a list"),
@@ -109,6 +113,14 @@ CASES = {
                                            np.zeros(n * BLOCK + bad, np.int32)),
         "input", r"not a multiple of"),
 }
+
+
+class _Broken:
+    """An object that claims an array protocol and fails it (as a closed one may)."""
+
+    @property
+    def __array_interface__(self):
+        raise ValueError("this buffer was released")
 
 
 def _read_only(n):
