@@ -11,7 +11,7 @@ KERNEL_ARCHS ?= sm_80,sm_90
 # pytest under mpiexec: every rank runs the same tests and checks results collectively.
 MPI_PYTEST := $(PY) -m pytest -q -p no:cacheprovider --with-mpi -m mpi
 
-.PHONY: demo test test-unit test-mpi soak gpu-check lint clean
+.PHONY: demo test test-unit test-mpi soak refused-repeat gpu-check lint clean
 
 $(VENV)/.installed: pyproject.toml setup.py
 	@$(PYTHON) -m venv $(VENV) || { echo "make: '$(PYTHON) -m venv' failed; on Debian/Ubuntu: apt-get install python3-venv" >&2; rm -rf $(VENV); exit 1; }
@@ -37,6 +37,13 @@ test-mpi: $(VENV)/.installed
 # descriptor, mapping and memory counts that must stay flat (docs/RELIABILITY.md).
 soak: $(VENV)/.installed
 	$(MPIEXEC) -n 2 $(PY) tools/checks/soak.py $(SOAK_ARGS)
+
+# Not part of `make test` either: 50 all-to-all-v calls that one rank refuses, each
+# followed by a good one, at 2 and 3 ranks: no hang, no wrong element (docs/RELIABILITY.md).
+refused-repeat: $(VENV)/.installed
+	for n in 2 3; do \
+	  IPCSHARE_SIGNAL_TIMEOUT=10 $(MPIEXEC) -n $$n $(PY) tools/checks/refused_calls_repeat.py $(REPEAT_ARGS) || exit 1; \
+	done
 
 # On a GPU node (see docs/GPU.md): GPU tests and a short benchmark, logs under $$OUT;
 # PHASES="tests allreduce-quick" picks phases (python3 tools/gpu_check.py --list).

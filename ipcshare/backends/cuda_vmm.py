@@ -17,6 +17,7 @@ from typing import Any
 from ..runtime import cuda_driver
 from ..runtime.cuda_driver import SUCCESS, check, cuda_error, driver, error_name
 from ..runtime.errors import BackendError, BackendUnavailable, ConfigError
+from ..runtime.gpu_names import format_uuid
 from ..runtime.owned_fd import OwnedFd
 from ..topology import devices
 from .base import Allocation, Exported
@@ -211,7 +212,7 @@ class CudaVmmBackend(DeviceBackend):
         err, *handle = driver.cuMemImportFromShareableHandle(fabric.getPtr(), self._handle_type)
         if err != SUCCESS:
             # The driver's words ("invalid resource handle") name neither cause nor fix.
-            exporter = f"GPU {cuda_driver.format_uuid(info.device_uuid)}"
+            exporter = f"GPU {format_uuid(info.device_uuid)}"
             raise cuda_error("cuMemImportFromShareableHandle", err,
                              then=": " + fabric_import_hint(error_name(err), exporter=exporter))
         return handle[0]

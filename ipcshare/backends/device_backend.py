@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ..runtime import cuda_driver
 from ..runtime.cuda_driver import check, driver
 from ..runtime.errors import BackendError, PeerUnreachable
+from ..runtime.gpu_names import format_uuid
 from ..runtime.owned_fd import OwnedFd
 from ..topology import devices
 from .base import Backend, Exported
@@ -48,7 +49,7 @@ class DeviceBackend(Backend):
             self.uuid = cuda_driver.device_uuid(self.device)
             self.under_mps = cuda_driver.mps_client(self.device)
             self._label = (f"cuda:{self.device} {cuda_driver.device_name(self.device)} "
-                           f"{cuda_driver.format_uuid(self.uuid)[:12]}")
+                           f"{format_uuid(self.uuid)[:12]}")
             self._peer_ordinals: dict[bytes, int] | None = None
             self._engine = CudaEngine(self.device)
         except BaseException:
@@ -152,7 +153,7 @@ class DeviceBackend(Backend):
         if not access.ok:
             raise PeerUnreachable(
                 f"cuda:{self.device} cannot reach the memory of cuda:{peer} "
-                f"({cuda_driver.format_uuid(peer_uuid)}) peer-to-peer: {access.why}",
+                f"({format_uuid(peer_uuid)}) peer-to-peer: {access.why}",
                 device=f"cuda:{self.device}", peer=f"cuda:{peer}", reason=access.why,
                 disabled_by_setting=access.disabled_by_setting)
 

@@ -106,9 +106,10 @@ def check_one_gpu_per_rank(world: World, ordinal: int, flag: str) -> None:
         ConfigError: two ranks on one GPU, named by rank, host and GPU UUID.
     """
     from ..runtime import cuda_driver
+    from ..runtime.gpu_names import format_uuid
 
     # Same CUDA_VISIBLE_DEVICES or not, the driver's UUID names the GPU.
-    uuid = cuda_driver.format_uuid(cuda_driver.device_uuid(ordinal))
+    uuid = format_uuid(cuda_driver.device_uuid(ordinal))
     places = world.comm.allgather((world.hostname, uuid))
     with collective_step(world, f"{flag} setup"):
         first: dict[tuple[str, str], int] = {}

@@ -26,6 +26,7 @@ from ..patterns.base import Pattern
 from ..patterns.driver import run_pattern
 from ..patterns.results import BaselineResult, Measurement, Row, RunResult
 from ..runtime.errors import BackendError
+from ..runtime.gpu_names import format_uuid
 from ..topology.world import World, format_ranks
 from ..window import Group
 from .suite import BenchCase
@@ -92,17 +93,10 @@ def skip_reason(case: BenchCase, world: World, no_gpu: str | None) -> str | None
 def group_skip_reason(group: Group) -> str | None:
     """Why p2p cases cannot run over ``group`` (alike on every rank), or None."""
     if group.shared_gpus:
-        shared = "; ".join(f"{_uuid_text(uuid)} by ranks {format_ranks(ranks)}"
+        shared = "; ".join(f"{format_uuid(uuid)} by ranks {format_ranks(ranks)}"
                            for uuid, ranks in group.shared_gpus.items())
         return f"ranks share GPUs ({shared}): P2P direct against IPC needs a GPU per rank"
     return None
-
-
-def _uuid_text(uuid: bytes) -> str:
-    """A raw GPU UUID as nvidia-smi and CUDA_VISIBLE_DEVICES spell it."""
-    from ..runtime.cuda_driver import format_uuid
-
-    return format_uuid(uuid)
 
 
 def run_p2p_case(group: Group, case: BenchCase, pattern: Pattern, *,
@@ -117,7 +111,7 @@ def run_p2p_case(group: Group, case: BenchCase, pattern: Pattern, *,
     """
     world = group.world
     say = emit if world.rank == 0 else (lambda _line: None)
-    uuids = group.collective("GPUs of the p2p case", _uuid_text(group.backend.uuid))
+    uuids = group.collective("GPUs of the p2p case", format_uuid(group.backend.uuid))
     outcome = _direct_half(group, case, uuids, say)
     if "error" in outcome:
         raise BackendError(f"the P2P direct half on {world.where(0)} failed: "

@@ -38,9 +38,10 @@ class Signature:
 
     @functools.cached_property
     def digest(self) -> int:
-        """A 64-bit digest, the same in every process (unlike ``hash``); computed once."""
+        """A 64-bit digest, the same in every process (unlike ``hash``); computed once.
+        Bit 63 is clear, so a digest is never a refused call's mark (call_marks.py)."""
         text = repr(dataclasses.astuple(self)).encode()
-        return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
+        return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 1
 
     def describe(self) -> str:
         """``all_reduce of 1000 float32 (4000 bytes), op sum, algo one-shot``."""

@@ -14,19 +14,20 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..runtime.config import format_size
-from ..runtime.errors import CollectiveError, Unsupported
+from ..runtime.errors import BackendError, CollectiveError, Unsupported
 from ..topology.world import describe_disagreement
 from .agreement import Signature
-from .algorithms import algorithm
+from .algorithms import algorithm, algorithm_names
 from .algorithms.host_all_to_all import check_splits
 from .arrays import ArrayRef, check_array, describe_array, device_dtype, to_numpy_dtype
 from .bound_call import BoundCollective
 from .call_cache import CallCache
 from .call_guard import FAILED_CALL_ERRORS, CallGuard
+from .call_marks import ArgumentProblem, blame
 from .choice import choose
 from .heap import Heap
 from .host_path import HostPath
-from .reduction import check_reduction
+from .reduction import REDUCE_DTYPES, REDUCE_OPS, check_reduction
 from .registry import Registration, Registry
 from .scratch import ALIGN, ScratchLayout
 from .split_args import GpuSplits
@@ -84,9 +85,12 @@ class Communicator:
 
     Every call is collective: every rank calls the same collective with the same
     element count, dtype, ``op`` and ``algo``; ranks that do not raise CollectiveError on
-    every rank. Misuse of a call (an array that is not contiguous, of another device or
-    dtype, of the wrong size, over ``max_bytes``; an unknown ``op`` or ``algo``) raises
-    CollectiveError on the calling rank at once, before anything collective. Results are
+    every rank, naming what each rank called. A call that one rank's checks refuse (an
+    array that is not contiguous, of another device or dtype, of the wrong size, over
+    ``max_bytes``; bad splits; an unknown ``op`` or ``algo``) is still one call for every
+    rank: the refusing rank takes part with a mark (call_marks.py), no element moves, and
+    every rank raises the same CollectiveError naming that rank and argument, in that call
+    (on GPUs at ``synchronize()``); the next good call is right on every rank. Results are
     bitwise identical on every rank and from run to run (ipcshare.collectives.reduction
     says what each op computes). Arrays from ``empty()`` are read in place; other inputs
     are copied into the window first. On host memory every call is host-blocking: its
@@ -209,25 +213,27 @@ class Communicator:
         calls and CUDA graphs on a registered array must not run after ``unregister``.
 
         Raises:
-            CollectiveError: misuse on this rank (closed, not an array, not contiguous).
+            CollectiveError: closed (on this rank), or misuse on some rank (not an array,
+                not contiguous, no bytes; on every rank, naming it).
             BackendError: some rank's memory cannot be shared, naming the rank and why
                 (private host memory, host memory for a GPU group, another GPU, managed
                 memory, an array across allocations, not IPC capable); on every rank.
         """
         self._check_open()
-        ref = self._registrable(array)
-        return self._registry.register(ref)
+        return self._registry.register(array, self._registrable)
 
     def unregister(self, array: Any) -> None:
-        """Collective over the node: drop the latest registration of ``array`` (the same
-        array given to ``register``) and unmap what no other registration uses.
+        """Collective over the node: drop a registration and unmap what no other
+        registration uses. ``array`` is the ``Registration`` that ``register`` returned
+        (that registration), or the array given to ``register`` (its latest
+        registration).
 
         Raises:
-            CollectiveError: ``array`` is not registered (on every rank).
+            CollectiveError: ``array`` is not registered, or not an array, on some rank
+                (on every rank, naming it).
         """
         self._check_open()
-        ref = describe_array(array, "array")
-        self._registry.unregister(ref)
+        self._registry.unregister(array)
 
     @property
     def registered(self) -> int:
@@ -254,12 +260,14 @@ class Communicator:
         ``output``.
 
         Raises:
-            CollectiveError: misuse (on this rank) or ranks that disagree (on all).
+            CollectiveError: misuse on some rank, or ranks that disagree (on every rank,
+                in this call; on GPUs at ``synchronize()`` where found by the kernels).
         """
         key = self._recent_key("all_gather", None, algo, output, input, stream)
         if key is not None and self._replay(key):
             return output
-        return self._run(self._all_gather(output, input, stream=stream, algo=algo), key)
+        return self._run(self._checked("all_gather", output, input, stream=stream, algo=algo),
+                         key)
 
     def all_reduce(self, tensor: Any, *, op: str = "sum", output: Any = None,
                    stream: Any = None, algo: str = "auto") -> Any:
@@ -268,13 +276,14 @@ class Communicator:
         float32, float16, bfloat16, int32. Returns the array written.
 
         Raises:
-            CollectiveError: misuse (on this rank) or ranks that disagree (on all).
+            CollectiveError: misuse on some rank, or ranks that disagree (on every rank,
+                in this call; on GPUs at ``synchronize()`` where found by the kernels).
         """
         key = self._recent_key("all_reduce", op, algo, tensor, output, stream)
         if key is not None and self._replay(key):
             return tensor if output is None else output
-        return self._run(self._all_reduce(tensor, op=op, output=output, stream=stream,
-                                          algo=algo), key)
+        return self._run(self._checked("all_reduce", tensor, op=op, output=output,
+                                       stream=stream, algo=algo), key)
 
     def reduce_scatter(self, output: Any, input: Any, *, op: str = "sum", stream: Any = None,
                        algo: str = "auto") -> Any:
@@ -284,13 +293,14 @@ class Communicator:
         Returns ``output``.
 
         Raises:
-            CollectiveError: misuse (on this rank) or ranks that disagree (on all).
+            CollectiveError: misuse on some rank, or ranks that disagree (on every rank,
+                in this call; on GPUs at ``synchronize()`` where found by the kernels).
         """
         key = self._recent_key("reduce_scatter", op, algo, output, input, stream)
         if key is not None and self._replay(key):
             return output
-        return self._run(self._reduce_scatter(output, input, op=op, stream=stream, algo=algo),
-                         key)
+        return self._run(self._checked("reduce_scatter", output, input, op=op, stream=stream,
+                                       algo=algo), key)
 
     def all_to_all(self, output: Any, input: Any, *, stream: Any = None,
                    algo: str = "auto") -> Any:
@@ -300,11 +310,11 @@ class Communicator:
         is ``input``. Returns ``output``.
 
         Raises:
-            CollectiveError: misuse (on this rank), ranks that disagree (on all), or
-                ranks taking turns on a GPU (on all). A group spanning nodes runs it
-                hierarchically (IPC inside each node, the rails' engine between them).
+            CollectiveError: misuse on some rank or ranks that disagree (on every rank,
+                in this call), or ranks taking turns on a GPU (on all). A group spanning
+                nodes runs it hierarchically (IPC inside each node, the rails' engine between them).
         """
-        return self._run(self._all_to_all(output, input, stream=stream, algo=algo))
+        return self._run(self._checked("all_to_all", output, input, stream=stream, algo=algo))
 
     def all_to_all_v(self, output: Any, input: Any, output_splits: Any, input_splits: Any,
                      *, stream: Any = None, algo: str = "auto") -> Any:
@@ -327,14 +337,15 @@ class Communicator:
         ``synchronize()`` raises the same CollectiveError, and no byte moves.
 
         Raises:
-            CollectiveError: misuse (on this rank: bad splits, sums over an array or
-                ``max_bytes``), ranks whose splits or calls disagree (on all, naming
-                them; on GPUs at ``synchronize()``), ranks taking turns on a GPU, or a
+            CollectiveError: misuse on some rank (bad splits, sums over an array or
+                ``max_bytes``) or ranks whose splits or calls disagree (on every rank in
+                this call, naming them; on GPUs at ``synchronize()``), ranks taking turns
+                on a GPU, or a
                 group spanning nodes (on all: its counts differ per pair, which the
                 hierarchical steps cannot relay; docs/COLLECTIVES.md).
         """
-        return self._run(self._all_to_all_v(output, input, output_splits, input_splits,
-                                            stream=stream, algo=algo))
+        return self._run(self._checked("all_to_all_v", output, input, output_splits,
+                                       input_splits, stream=stream, algo=algo))
 
     def bind(self, collective: str, *args: Any, **kwargs: Any) -> BoundCollective:
         """Collective the first time a call of its shape is seen, like the call itself:
@@ -346,72 +357,177 @@ class Communicator:
         GPUs a bound call is one kernel launch from Python and nothing else, and it can
         be captured in CUDA graphs like the call.
 
+        A bind that this rank's checks refuse returns a bound call that, each time it is
+        called, takes part in the call refused (as the call itself would): every rank's
+        call then raises the same error.
+
         Raises:
-            CollectiveError: an unknown collective, or what the call itself raises.
+            CollectiveError: what the call itself raises.
         """
-        prepare = {"all_gather": self._all_gather, "all_reduce": self._all_reduce,
-                   "reduce_scatter": self._reduce_scatter, "all_to_all": self._all_to_all,
-                   "all_to_all_v": self._all_to_all_v}.get(collective)
-        if prepare is None:
-            raise CollectiveError(f"bind({collective!r}): choose all_gather, all_reduce, "
-                                  "reduce_scatter, all_to_all or all_to_all_v")
+        self._check_open()
         try:
-            inspect.signature(getattr(self, collective)).bind(*args, **kwargs)
-        except TypeError as exc:   # named as the user's method, not the one behind it
-            raise CollectiveError(f"bind({collective!r}, ...): {exc}; the arguments are "
-                                  f"those of {collective}()") from None
-        call = prepare(*args, **kwargs)
+            with blame("collective"):
+                if collective not in _PREPARERS:
+                    raise CollectiveError(f"bind({collective!r}): choose all_gather, "
+                                          "all_reduce, reduce_scatter, all_to_all or "
+                                          "all_to_all_v")
+                try:   # named as the user's method, not the one behind it
+                    inspect.signature(getattr(self, collective)).bind(*args, **kwargs)
+                except TypeError as exc:
+                    raise CollectiveError(f"bind({collective!r}, ...): {exc}; the arguments "
+                                          f"are those of {collective}()") from None
+        except ArgumentProblem as problem:
+            call: _Call | _Refused = self._refused(collective, problem, args, kwargs)
+        else:
+            call = self._checked(collective, *args, **kwargs)
         description, enqueue = self._bind_call(call)
         return BoundCollective(collective, f"bound {description}", enqueue,
                                self._check_open, call.result, (args, kwargs, enqueue))
 
-    def _bind_call(self, call: _Call) -> tuple[str, Callable[[], None]]:
+    def _bind_call(self, call: _Call | _Refused) -> tuple[str, Callable[[], None]]:
         """The call described, and a callable that enqueues it again each time."""
-        signature, chosen = self._signature(call)
+        if isinstance(call, _Refused):
+            return (f"{call.op} (refused on rank {self.rank})",
+                    self._path.refused_call(call.op, call.problem, call.guess,
+                                            stream=call.stream))
         extra = {} if call.splits is None else {"splits": call.splits}
-        return signature.describe(), self._path.bind_call(
-            signature, chosen, call.inp, call.out, in_place=call.in_place, stream=call.stream,
-            **extra)
+        return call.signature.describe(), self._path.bind_call(
+            call.signature, call.chosen, call.inp, call.out, in_place=call.in_place,
+            stream=call.stream, **extra)
+
+    def _checked(self, collective: str, *args: Any, **kwargs: Any) -> _Call | _Refused:
+        """``collective``'s call with these arguments (those of its method, which Python
+        has checked) checked on this rank and resolved (its signature and algorithm), or,
+        where a check refuses an argument, the refused call this rank still takes part
+        in. The good path pays the checks alone.
+
+        Raises:
+            CollectiveError: a closed communicator, or one that takes no more calls (the
+                same on every rank: nothing collective can be met then); ranks taking
+                turns on a GPU for an all-to-all (the same on every rank).
+        """
+        self._check_open()
+        try:
+            call = getattr(self, _PREPARERS[collective])(*args, **kwargs)
+            with blame("algo"):
+                self._resolve_call(call)
+        except ArgumentProblem as problem:
+            return self._refused(collective, problem, args, kwargs)
+        return call
+
+    def _refused(self, collective: str, problem: ArgumentProblem, args: tuple,
+                 kwargs: dict) -> _Refused:
+        """The call of ``collective`` with these arguments that ``problem`` refused, as
+        this rank takes part in it (what it returns, its stream, the peers' call guessed)."""
+        try:
+            bound = inspect.signature(getattr(self, collective)).bind(*args, **kwargs)
+            bound.apply_defaults()
+            given = dict(bound.arguments)
+        except (AttributeError, TypeError):   # an unknown collective or its arguments
+            given = {}
+        result = given.get("output")
+        if collective == "all_reduce" and result is None:
+            result = given.get("tensor")
+        stream = None if problem.argument == "stream" else given.get("stream")
+        return _Refused(collective, problem, result, stream, self._guess(collective, given))
+
+    def _guess(self, collective: str, given: dict[str, Any]) -> tuple[Signature, Any] | None:
+        """The signature and algorithm of the call the peers most likely make, from the
+        arguments (by name) of a call this rank refused; None where they tell too little,
+        and on host memory, whose refused calls need none. On GPUs the refusing rank
+        launches that call's kernels, marked, so they meet the peers' kernels."""
+        if self.memory == "host" or not given:
+            return None
+        size = self.size
+        # Arrays the input's element count follows from: (name, times, over).
+        sources = {"all_gather": (("input", 1, 1), ("output", 1, size)),
+                   "all_reduce": (("tensor", 1, 1), ("output", 1, 1)),
+                   "reduce_scatter": (("input", 1, 1), ("output", size, 1))}.get(
+            collective, (("input", 1, 1), ("output", 1, 1)))
+        redop = None
+        if collective in ("all_reduce", "reduce_scatter"):
+            redop = given.get("op") if _known_op(given.get("op")) else "sum"
+        algo = given.get("algo")
+        if algo not in algorithm_names(self.memory, collective):
+            algo = "auto"
+        guesses = []
+        for name, times, over in sources:
+            try:
+                ref = describe_array(given.get(name), name)
+            except CollectiveError:
+                continue
+            if ref.count * times % over:
+                continue
+            if redop is not None and ref.dtype not in REDUCE_DTYPES:
+                continue   # no kernel reduces it: the peers' call differs
+            count = ref.count * times // over
+            nbytes = count * ref.itemsize * (size if collective == "all_gather" else 1)
+            if nbytes > self.max_bytes:
+                continue
+            try:
+                guesses.append(self._resolve(collective, algo, count, ref.dtype, ref.itemsize,
+                                             redop, nbytes))
+            except CollectiveError:
+                continue
+        # A call the ranks have made before is the likeliest (input and output may
+        # disagree on the dtype, either one wrong); else the input's.
+        known = [guess for guess in guesses if self._path.agreed(guess[0])]
+        return (known or guesses or [None])[0]
 
     # -- calls, checked on this rank --------------------------------------------------
     def _all_gather(self, output: Any, input: Any, *, stream: Any = None,
                     algo: str = "auto") -> _Call:
         self._check_call(stream)
-        out = self._array(output, "output", writable=True)
-        inp = self._array(input, "input")
-        in_place = self._check_pair("all_gather", out, inp, "output", "input", blocks=self.size)
+        with blame("output"):
+            out = self._array(output, "output", writable=True)
+        with blame("input"):
+            inp = self._array(input, "input")
+        with blame("output"):
+            in_place = self._check_pair("all_gather", out, inp, "output", "input",
+                                        blocks=self.size)
         return _Call("all_gather", algo, inp, out, None, in_place, out.nbytes, stream, output)
 
     def _all_reduce(self, tensor: Any, *, op: str = "sum", output: Any = None,
                     stream: Any = None, algo: str = "auto") -> _Call:
         self._check_call(stream)
-        inp = self._array(tensor, "tensor", writable=output is None)
-        out = inp if output is None else self._array(output, "output", writable=True)
-        check_reduction(inp.dtype, op, "tensor", call="all_reduce")
-        in_place = self._check_pair("all_reduce", inp, out, "tensor",
-                                    "tensor" if output is None else "output", blocks=None)
+        with blame("tensor"):
+            inp = self._array(tensor, "tensor", writable=output is None)
+        with blame("output"):
+            out = inp if output is None else self._array(output, "output", writable=True)
+        with blame("tensor" if _known_op(op) else "op"):
+            check_reduction(inp.dtype, op, "tensor", call="all_reduce")
+        with blame("tensor" if output is None else "output"):
+            in_place = self._check_pair("all_reduce", inp, out, "tensor",
+                                        "tensor" if output is None else "output", blocks=None)
         return _Call("all_reduce", algo, inp, out, op, in_place, inp.nbytes, stream,
                      tensor if output is None else output)
 
     def _reduce_scatter(self, output: Any, input: Any, *, op: str = "sum", stream: Any = None,
                         algo: str = "auto") -> _Call:
         self._check_call(stream)
-        out = self._array(output, "output", writable=True)
-        inp = self._array(input, "input")
-        check_reduction(inp.dtype, op, "input", call="reduce_scatter")
-        in_place = self._check_pair("reduce_scatter", inp, out, "input", "output",
-                                    blocks=self.size)
+        with blame("output"):
+            out = self._array(output, "output", writable=True)
+        with blame("input"):
+            inp = self._array(input, "input")
+        with blame("input" if _known_op(op) else "op"):
+            check_reduction(inp.dtype, op, "input", call="reduce_scatter")
+        with blame("output"):
+            in_place = self._check_pair("reduce_scatter", inp, out, "input", "output",
+                                        blocks=self.size)
         return _Call("reduce_scatter", algo, inp, out, op, in_place, inp.nbytes, stream, output)
 
     def _all_to_all(self, output: Any, input: Any, *, stream: Any = None,
                     algo: str = "auto") -> _Call:
         self._check_call(stream)
         self._refuse_all_to_all("all_to_all")
-        out = self._array(output, "output", writable=True)
-        inp = self._array(input, "input")
-        in_place = self._check_pair("all_to_all", out, inp, "output", "input", blocks=None)
+        with blame("output"):
+            out = self._array(output, "output", writable=True)
+        with blame("input"):
+            inp = self._array(input, "input")
+        with blame("output"):
+            in_place = self._check_pair("all_to_all", out, inp, "output", "input", blocks=None)
         if inp.count % self.size:
-            raise CollectiveError(
+            raise ArgumentProblem("input",
                 f"all_to_all: input has {inp.count} elements, not a multiple of {self.size} "
                 f"(the ranks): block r of input goes to rank r, so all blocks are as long")
         return _Call("all_to_all", algo, inp, out, None, in_place, inp.nbytes, stream, output)
@@ -420,16 +536,20 @@ class Communicator:
                       *, stream: Any = None, algo: str = "auto") -> _Call:
         self._check_call(stream)
         self._refuse_all_to_all("all_to_all_v")
-        out = self._array(output, "output", writable=True)
-        inp = self._array(input, "input")
+        with blame("output"):
+            out = self._array(output, "output", writable=True)
+        with blame("input"):
+            inp = self._array(input, "input")
         if out.dtype != inp.dtype:
-            raise CollectiveError(f"output is {out.spell()} and input {inp.spell()}: "
+            raise ArgumentProblem("output", f"output is {out.spell()} and input {inp.spell()}: "
                                   "all_to_all_v takes one dtype")
         if self.memory == "host":
-            sends = check_splits(input_splits, "input_splits", ranks=self.size,
-                                 count=inp.count, array="input")
-            receives = check_splits(output_splits, "output_splits", ranks=self.size,
-                                    count=out.count, array="output")
+            with blame("input_splits"):
+                sends = check_splits(input_splits, "input_splits", ranks=self.size,
+                                     count=inp.count, array="input")
+            with blame("output_splits"):
+                receives = check_splits(output_splits, "output_splits", ranks=self.size,
+                                        count=out.count, array="output")
             splits: Any = np.array((sends, receives), np.int64)
             sums = {"input_splits": sum(sends) * inp.itemsize,
                     "output_splits": sum(receives) * inp.itemsize}
@@ -440,19 +560,21 @@ class Communicator:
             sums = splits.host_bytes(inp.itemsize)
             if splits.send_array is not None:
                 # The kernel may send all of the input: it is staged whole at most.
-                self._check_max(inp.nbytes, "input (its splits are on the device)",
-                                "all_to_all_v")
+                with blame("input"):
+                    self._check_max(inp.nbytes, "input (its splits are on the device)",
+                                    "all_to_all_v")
         for name, nbytes in sums.items():
             if nbytes > self.max_bytes:
-                raise CollectiveError(
+                raise ArgumentProblem(name,
                     f"all_to_all_v: {name} add up to {_spell_bytes(nbytes)}, more than this "
                     f"communicator's max_bytes={self.max_bytes} "
                     f"({format_size(self.max_bytes)}): create it with "
                     f"Group.communicator(max_bytes={nbytes}) or more")
-        in_place = self._in_place(out, inp, 0, whole_name="output", part_name="input",
-                                  rule="all_to_all_v in place: input is output")
+        with blame("output"):
+            in_place = self._in_place(out, inp, 0, whole_name="output", part_name="input",
+                                      rule="all_to_all_v in place: input is output")
         if in_place and self.memory != "host":
-            raise CollectiveError(
+            raise ArgumentProblem("output",
                 "all_to_all_v in place (output is input) is not run on GPUs: its segments "
                 "move, so the kernel would overwrite input not yet sent; pass an output "
                 "distinct from input")
@@ -535,12 +657,21 @@ class Communicator:
     def _check_call(self, stream: Any) -> None:
         self._check_open()
         if stream is not None and self.memory == "host":
-            raise CollectiveError(f"stream={stream!r}: a communicator on host memory has no "
-                                  "streams (its calls finish before they return); call "
-                                  "without stream=")
+            raise ArgumentProblem("stream", f"stream={stream!r}: a communicator on host "
+                                  "memory has no streams (its calls finish before they "
+                                  "return); call without stream=")
 
     def _array(self, obj: Any, name: str, *, writable: bool = False) -> ArrayRef:
-        ref = describe_array(obj, name)
+        try:
+            ref = describe_array(obj, name)
+        except CollectiveError:
+            raise
+        except (BufferError, ValueError, TypeError, RuntimeError, AttributeError,
+                BackendError) as exc:
+            # The array's own protocol failed (a closed or foreign object): a check that
+            # refuses the call like the others, so every rank raises it (call_marks.py).
+            raise CollectiveError(f"{name} ({type(obj).__name__}) cannot be read as an "
+                                  f"array here: {type(exc).__name__}: {exc}") from None
         if self.memory == "host":
             check_array(ref, name, device="cpu", writable=writable)
             return ref
@@ -559,7 +690,9 @@ class Communicator:
         is ``whole``'s block for this rank (all of it when ``blocks`` is None): in place.
 
         Raises:
-            CollectiveError: naming the arguments and their values.
+            ArgumentProblem: ``whole`` over ``max_bytes`` (naming it).
+            CollectiveError: naming the arguments and their values (the caller blames the
+                output for them: a refused call's guess then comes from the input).
         """
         if whole.dtype != part.dtype:
             raise CollectiveError(f"{whole_name} is {whole.spell()} and {part_name} "
@@ -571,7 +704,8 @@ class Communicator:
             raise CollectiveError(
                 f"{call}: {whole_name} has {whole.count} elements, expected {blocks} x "
                 f"{part.count} (the ranks times {part_name}'s)")
-        self._check_max(whole.nbytes, whole_name, call)
+        with blame(whole_name):   # the caller blames the output for the rest
+            self._check_max(whole.nbytes, whole_name, call)
         offset = 0 if blocks is None else self.rank * part.nbytes
         rule = (f"{part_name} is {whole_name}" if blocks is None else
                 f"{part_name} is {whole_name}'s block for this rank")
@@ -603,24 +737,45 @@ class Communicator:
             f"byte {part.ptr - whole.ptr} of {whole_name}, in place is byte {offset}; pass "
             "arrays that do not overlap")
 
+    def _resolve_call(self, call: _Call) -> None:
+        """Set the call's signature and algorithm (a communicator over nodes agrees on
+        its own).
+
+        Raises:
+            CollectiveError: an unknown ``algo``.
+        """
+        call.signature, call.chosen = self._signature(call)
+
     def _signature(self, call: _Call) -> tuple[Signature, Any]:
         """The call's signature and algorithm (``auto`` resolved), built once per shape."""
+        return self._resolve(call.op, call.algo, call.inp.count, call.inp.dtype,
+                             call.inp.itemsize, call.redop, call.nbytes)
+
+    def _resolve(self, op: str, algo: Any, count: int, dtype: str, itemsize: int,
+                 redop: str | None, nbytes: int) -> tuple[Signature, Any]:
+        """The signature and algorithm of a call of ``op`` on ``count`` elements of
+        ``dtype`` (``nbytes``: the bytes ``auto`` chooses by), built once per shape.
+
+        Raises:
+            CollectiveError: an unknown ``algo`` (listing the names there are).
+        """
         # An all-to-all-v's arrays and counts differ from rank to rank; the communicator's
         # max_bytes, which bounds them all, is the same everywhere.
-        nbytes = self.max_bytes if call.op == "all_to_all_v" else call.nbytes
-        name = choose(self.memory, call.op, nbytes, self.size,
-                      shared_gpus=self._time_sliced) if call.algo == "auto" else call.algo
-        inp = call.inp
+        if op == "all_to_all_v":
+            nbytes = self.max_bytes
+        name = choose(self.memory, op, nbytes, self.size,
+                      shared_gpus=self._time_sliced) if algo == "auto" else algo
+        if not isinstance(name, str):
+            algorithm(self.memory, op, name)  # raises, naming the choices
         # All-to-all-v counts differ from rank to rank: its calls agree on the rest, and
         # their splits are checked every call.
-        count = 0 if call.op == "all_to_all_v" else inp.count
-        key = (call.op, count, inp.dtype, inp.itemsize, call.redop, name)
+        count = 0 if op == "all_to_all_v" else count
+        key = (op, count, dtype, itemsize, redop, name)
         known = self._signatures.get(key)
         if known is None:
-            chosen = algorithm(self.memory, call.op, name)
+            chosen = algorithm(self.memory, op, name)
             known = self._signatures[key] = (
-                Signature(call.op, count, inp.dtype, inp.itemsize, call.redop, chosen.name),
-                chosen)
+                Signature(op, count, dtype, itemsize, redop, chosen.name), chosen)
         return known
 
     def _recent_key(self, op: str, redop: str | None, algo: str, first: Any, second: Any,
@@ -639,8 +794,19 @@ class Communicator:
         launch()
         return True
 
-    def _run(self, call: _Call, key: tuple | None = None) -> Any:
-        signature, chosen = self._signature(call)
+    def _run(self, call: _Call | _Refused, key: tuple | None = None) -> Any:
+        if isinstance(call, _Refused):
+            # Refused here, still one call for every rank: on host memory this raises
+            # the error every rank raises; on GPUs the marked kernels are enqueued and
+            # synchronize() raises it.
+            try:
+                self._path.refused_call(call.op, call.problem, call.guess,
+                                        stream=call.stream)()
+            except FAILED_CALL_ERRORS as exc:  # a kernel gave up on a peer: out of step
+                self._guard.fail(exc)
+                raise
+            return call.result
+        signature, chosen = call.signature, call.chosen
         if key is not None:
             # Checked once: remember the launch, so the next call on these tensors skips
             # the checks (call_cache.py).
@@ -676,3 +842,28 @@ class _Call:
     stream: Any
     result: Any
     splits: np.ndarray | None = None
+    signature: Signature | None = None
+    chosen: Any = None
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class _Refused:
+    """A call this rank's checks refused (``problem`` says which argument and why), as
+    this rank still takes part in it: the collective, what the call returns, its stream,
+    and (GPUs) the signature and algorithm the peers most likely run."""
+
+    op: str
+    problem: ArgumentProblem
+    result: Any
+    stream: Any
+    guess: tuple[Signature, Any] | None
+
+
+# The method that checks each collective's call on this rank.
+_PREPARERS = {"all_gather": "_all_gather", "all_reduce": "_all_reduce",
+              "reduce_scatter": "_reduce_scatter", "all_to_all": "_all_to_all",
+              "all_to_all_v": "_all_to_all_v"}
+
+
+def _known_op(op: Any) -> bool:
+    return isinstance(op, str) and op in REDUCE_OPS

@@ -39,6 +39,14 @@ from .agreement import Signature, disagreement_error
 from .algorithms import Algorithm
 from .algorithms.gpu_kernel import MAX_BLOCKS, THREADS, GpuCall
 from .arrays import ArrayRef
+from .call_marks import (
+    CALL_NUMBER_BITS,
+    ArgumentProblem,
+    decode_mark,
+    encode_mark,
+    is_mark,
+    refused_error,
+)
 from .scratch import ScratchLayout
 from .split_args import SPLITS_PROBLEM, splits_problem
 
@@ -172,6 +180,9 @@ class GpuPath:
         # of where every rank's array of each live registration is mapped here.
         self.registry: Any = None
         self._rows: dict[int, int] = {}          # registration number -> table row
+        # What this rank's checks said of the calls it refused, by mark (added to the
+        # error synchronize() raises here as a note; the message is every rank's).
+        self._refusals: dict[int, str] = {}
 
     def _clear_ll_buffers(self) -> None:
         """Zero this rank's LL and LL128 buffers before any peer may write them: no line
@@ -305,6 +316,64 @@ class GpuPath:
         self.calls += 1
         algorithm.run(bound.call)
 
+    def agreed(self, signature: Signature) -> bool:
+        """Whether the ranks have agreed on ``signature`` (made a call of it) before."""
+        return signature in self._agreed
+
+    def refused_call(self, call: str, problem: ArgumentProblem, guess: Any, *,
+                     stream: Any = None):
+        """A call of ``call`` that this rank's checks refused (``problem``), as a
+        function of no arguments that enqueues the kernels of ``guess`` (the signature
+        and algorithm the peers most likely run) with an argument block of its own whose
+        digest is the call's mark and whose arrays are this rank's scratch: the kernels
+        meet the peers' as usual, every rank's kernels find the mark where the digest
+        goes, move no element and record it, and every rank's ``synchronize()`` raises
+        the same error (a CUDA graph capturing it replays the mark). Outside a capture
+        the refusing rank waits for its kernels and raises that error in the call.
+
+        Raises:
+            CollectiveError: at once, where no such call can be launched: ``guess`` is
+                None (the arguments do not say which call the peers make), or ranks take
+                turns on this GPU (stepped calls run by a leader); the peers then meet
+                this rank's next call, so close the communicator on every rank. And the
+                returned function, called outside a capture, raises the refused call's
+                error (the kernels' record of it).
+        """
+        if guess is None or self._time_sliced is not None:
+            why = ("its arguments do not say which call the peers make" if guess is None
+                   else "ranks take turns on this GPU")
+            raise CollectiveError(
+                f"{call}: {problem.detail} (refused on rank {self.rank}, which cannot take "
+                f"part in the call marked: {why}; unless every rank refused it alike, the "
+                "ranks are out of step: close the communicator on every rank)")
+        signature, algorithm = guess
+        mark = encode_mark(self.rank, problem.argument, call)
+        self._refusals[mark] = problem.detail
+        enqueue, _, _ = self._bind_once(signature, algorithm, None, None, in_place=False,
+                                        stream=stream, mark=mark)
+        not_capturing = _not_capturing(self.engine_for(stream).stream)
+
+        def refused() -> None:
+            enqueue()
+            if not not_capturing():
+                return   # a captured call raises at synchronize() after each replay
+            # The refusing rank raises in the call (the host waits here, on an error path
+            # only), with what its check said (the error names the lowest refusing rank).
+            note = f"rank {self.rank}'s check said: {problem.detail}"
+            try:
+                self.synchronize(stream)
+            except CollectiveError as error:
+                if note not in getattr(error, "__notes__", ()):
+                    error.add_note(note)
+                raise
+            # Only a rank alone gets here: no peer's digest to differ from its mark.
+            error = refused_error([mark], where=(
+                f"on the GPU by every rank at call {self.calls} of this communicator"))
+            error.add_note(note)
+            raise error
+        refused.keep = enqueue
+        return refused
+
     def bind_call(self, signature: Signature, algorithm: Algorithm, input_ref: ArrayRef,
                   output_ref: ArrayRef, *, in_place: bool, stream: Any = None,
                   splits: Any = None):
@@ -359,12 +428,14 @@ class GpuPath:
         guest_enqueue.keep = state
         return guest_enqueue
 
-    def _bind_once(self, signature: Signature, algorithm: Algorithm, input_ref: ArrayRef,
-                   output_ref: ArrayRef, *, in_place: bool, stream: Any,
-                   splits: Any = None) -> tuple[Any, bool, list[tuple[int, int | None]]]:
+    def _bind_once(self, signature: Signature, algorithm: Algorithm,
+                   input_ref: ArrayRef | None, output_ref: ArrayRef | None, *,
+                   in_place: bool, stream: Any, splits: Any = None, mark: int | None = None
+                   ) -> tuple[Any, bool, list[tuple[int, int | None]]]:
         """``bind_call``'s enqueue; whether it copies a guest's array only because the
         leader's mapping of it has not been confirmed yet (provisional); and (pointer,
-        buffer id) of each guest array it names by the leader's mapping."""
+        buffer id) of each guest array it names by the leader's mapping. With ``mark``
+        (a refused call's; no arrays) the call is the marked one (``refused_call``)."""
         bound = self._bound_for(signature, algorithm, stream)
         args = type(self._template)()
         ctypes.memmove(ctypes.addressof(args), ctypes.addressof(bound.args),
@@ -379,7 +450,9 @@ class GpuPath:
         time_sliced = self._time_sliced_steps(algorithm, engine, args, record_kernel,
                                               recorded.append)
         guest_copies, provisional, checks = 0, False, []
-        if time_sliced is not None and time_sliced.guest:
+        if mark is not None:
+            zero_copy = self._place_refused(args, signature, mark)
+        elif time_sliced is not None and time_sliced.guest:
             placement = self._describe_guest_call(time_sliced, signature, algorithm,
                                                   input_ref, output_ref, in_place, bound.stream)
             zero_copy = not placement.copies_input
@@ -535,6 +608,32 @@ class GpuPath:
          args.output_offset) = self._reach(output_ref.ptr, output_ref.nbytes)
         return mode != _STAGED or not algorithm.stages_input
 
+    def _place_refused(self, args: Any, signature: Signature, mark: int) -> bool:
+        """Make ``args`` a refused call's: the mark where the digest goes, and this rank's
+        staging areas as its arrays, the input read in place (nothing is staged, and no
+        kernel writes an output or reads a peer's input once a digest differs). An
+        all-to-all-v sends and expects nothing (its digest fails first). Returns True:
+        the call copies nothing in."""
+        args.digest = mark
+        args.input = self._local_ptr + self.layout.staging_offset(0)
+        # Another area than the copy-engine calls' inbox (staging area 0), which their
+        # copies into the output read.
+        args.output = self._local_ptr + self.layout.staging_offset(1)
+        args.zero_copy, args.input_offset = _IN_HEAP, self.layout.staging_offset(0)
+        args.registration_row = 0
+        args.registrations = self._table.ptr
+        args.output_mapped, args.output_registration_row, args.output_offset = 0, 0, 0
+        if signature.op == "all_to_all_v":
+            args.count = args.output_count = 0
+            args.itemsize = signature.itemsize
+            args.send_splits = args.receive_splits = None
+            args.send_splits_itemsize = args.receive_splits_itemsize = 8
+            args.expect_receives = 0
+            for side in (0, 1):
+                for rank in range(self.size):
+                    args.splits_inline[side][rank] = 0
+        return True
+
     def _function(self, entry: str) -> Any:
         function = self._functions.get(entry)
         if function is None:
@@ -589,6 +688,20 @@ class GpuPath:
         pad = self.window.signal_pad(self.rank)
         word = self.window.engine.download(pad.slice(ERROR_SLOT * 8, 8))
         code = int(word.view("<u8")[0])
+        if is_mark(code):
+            # As for a splits problem: every rank stopped the same call, nothing moved.
+            import numpy as np
+
+            self.window.engine.upload(pad.slice(ERROR_SLOT * 8, 8), np.zeros(8, np.uint8))
+            self.window.engine.synchronize()
+            mark = code & ~CALL_NUMBER_BITS
+            error = refused_error([mark], where=(
+                f"on the GPU by every rank at call {code & CALL_NUMBER_BITS} of this "
+                "communicator"))
+            if decode_mark(mark)[0] == self.rank and mark in self._refusals:
+                # Only this rank knows what its check said; the message is every rank's.
+                error.add_note(f"rank {self.rank}'s check said: {self._refusals[mark]}")
+            raise error
         if code >> 48 == SPLITS_PROBLEM:
             # Every rank stopped the same call at the same point and moved nothing: the
             # ranks are still in step, so the communicator goes on taking calls (as on

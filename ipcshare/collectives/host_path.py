@@ -23,6 +23,7 @@ from .agreement import Signature, disagreement_error
 from .algorithms import Algorithm, HostCall
 from .arrays import ArrayRef
 from .call_guard import CallGuard
+from .call_marks import ArgumentProblem, encode_mark, is_mark, refused_error
 from .reduction import Reducer
 from .scratch import ScratchLayout
 
@@ -117,12 +118,35 @@ class HostPath:
             SignalTimeout / PeerDied: a peer did not come or died (the communicator then
                 takes no more calls).
         """
+        self._guarded(signature.describe, lambda: self._run(
+            signature, algorithm, input_ref, output_ref, in_place=in_place, splits=splits))
+
+    def refused_call(self, call: str, problem: ArgumentProblem, guess: Any = None, *,
+                     stream: Any = None):
+        """A call of ``call`` that this rank's checks refused (``problem``), as a
+        function of no arguments that takes part in it with a mark: it publishes the
+        mark where the header's digest goes, meets the peers and raises the error every
+        rank raises in that call (``guess`` and ``stream``: GPU only).
+
+        Raises (when called):
+            CollectiveError: naming every refusing rank, its argument and what its check
+                said; as ``run`` otherwise.
+        """
+        mark = encode_mark(self.rank, problem.argument, call)
+
+        def refused() -> None:
+            self._guarded(lambda: f"{call} (refused on rank {self.rank})",
+                          lambda: self._meet(mark, 0, 0, None, lambda: problem.detail))
+        return refused
+
+    def _guarded(self, describe: Any, run: Any) -> None:
+        """``run()`` as one call of this communicator: one at a time, and none after one
+        failed (call_guard.py); ``describe()`` names the call in a timeout's error."""
         self._guard.enter()
         try:
-            self._run(signature, algorithm, input_ref, output_ref, in_place=in_place,
-                      splits=splits)
+            run()
         except SignalTimeout as exc:   # say which call waited, not only which barrier
-            error = SignalTimeout(f"{signature.describe()}: {exc}")
+            error = SignalTimeout(f"{describe()}: {exc}")
             self._guard.leave(error)
             raise error from exc
         except BaseException as exc:
@@ -152,19 +176,7 @@ class HostPath:
             self.copies_in += 1
         if splits is not None:
             self._split_rows[parity][self.rank][:] = splits
-        slot = layout.header_slot(parity)
-        pad = self._pads[self.rank]
-        pad[slot + HEADER_DIGEST] = digest
-        pad[slot + HEADER_INPUT] = offset
-        pad[slot + HEADER_FLAGS] = flags
-        pad[slot + HEADER_REGISTRATION] = 0 if registration is None else registration.index
-        self._calls += 1
-        self.window.barrier()  # every input and header in place
-        headers = [[int(word) for word in peer[slot:slot + HEADER_WORDS]] for peer in self._pads]
-        if any(header[HEADER_DIGEST] != digest for header in headers):
-            # Every rank sees the same headers, so every rank comes here.
-            raise disagreement_error(self.group.collective("collective call",
-                                                           signature.describe()))
+        headers = self._meet(digest, offset, flags, registration, signature.describe)
         sizes = [nbytes] * self.size
         table = None
         if splits is not None:
@@ -185,6 +197,37 @@ class HostPath:
             in_place=in_place, aliased=in_place and zero_copy,
             hold_inputs=any(header[HEADER_FLAGS] & FLAG_ZERO_COPY for header in headers),
             barrier=self.window.barrier, splits=table))
+
+    def _meet(self, digest: int, offset: int, flags: int, registration: Any,
+              describe: Any) -> list[list[int]]:
+        """Publish this rank's header of the call (``digest``: its signature's, or the
+        mark of a call this rank refused), meet every peer and return every rank's
+        header, once they all carry the same digest (``describe()``: what this rank
+        calls, or why it refused, for the error when they do not).
+
+        Raises:
+            CollectiveError: some rank refused the call (naming each and why) or the
+                ranks' signatures differ; on every rank, which all see the same headers.
+        """
+        slot = self.layout.header_slot(self._calls & 1)
+        pad = self._pads[self.rank]
+        pad[slot + HEADER_DIGEST] = digest
+        pad[slot + HEADER_INPUT] = offset
+        pad[slot + HEADER_FLAGS] = flags
+        pad[slot + HEADER_REGISTRATION] = 0 if registration is None else registration.index
+        self._calls += 1
+        self.window.barrier()  # every input and header in place
+        headers = [[int(word) for word in peer[slot:slot + HEADER_WORDS]] for peer in self._pads]
+        # A rank alone has only its own mark to compare with: a mark is never a match.
+        marks = [header[HEADER_DIGEST] for header in headers if is_mark(header[HEADER_DIGEST])]
+        if not marks and all(header[HEADER_DIGEST] == digest for header in headers):
+            return headers
+        # Every rank sees the same headers, so every rank comes here and meets once more
+        # (an error path only): what each rank called, or why it refused.
+        notes = self.group.collective("collective call", describe())
+        if marks:
+            raise refused_error(marks, notes)
+        raise disagreement_error(notes)
 
     def bind_call(self, signature: Signature, algorithm: Algorithm, input_ref: ArrayRef,
                   output_ref: ArrayRef, *, in_place: bool, stream: Any = None,

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..runtime.errors import CollectiveError
 from ..runtime.owned_fd import OwnedFd
-from .arrays import ArrayRef
+from .arrays import ArrayRef, describe_array
 
 __all__ = ["Registration", "Registry"]
 
@@ -116,9 +116,10 @@ class Registry:
                 return registration
         raise KeyError(index)
 
-    def register(self, ref: ArrayRef) -> Registration:
-        """Collective over the node: export this rank's array, exchange, map every peer's.
-        Fails together: every rank raises the same error naming the failing rank.
+    def register(self, array: Any, describe: Any) -> Registration:
+        """Collective over the node: ``describe(array)`` (this rank's checks of it, an
+        ArrayRef), export it, exchange, map every peer's. Fails together: every rank
+        raises the same error naming the failing rank (its checks included).
 
         Raises:
             BackendError / CollectiveError / ExchangeError: on every rank.
@@ -127,6 +128,7 @@ class Registry:
         backend = group.backend
         with contextlib.ExitStack() as undo:
             with group.step("register"):
+                ref = describe(array)
                 exported, offset = backend.share_existing(ref.ptr, ref.nbytes)
                 undo.callback(exported.close)
             envelope = _ENVELOPE.pack(exported.fd is not None, offset, ref.nbytes)
@@ -171,21 +173,34 @@ class Registry:
         self._uses[registration.index] = keys
         return registration
 
-    def unregister(self, ref: ArrayRef) -> None:
-        """Collective over the node: drop the latest registration of exactly this array,
-        unmap the peer allocations no other registration uses, and wait until every rank
-        has, so no peer maps the array once this returns.
+    def unregister(self, target: Any) -> None:
+        """Collective over the node: drop ``target``, a ``Registration`` of this registry
+        or an array (its latest registration, exactly that array), unmap the peer
+        allocations no other registration uses, and wait until every rank has, so no
+        peer maps the array once this returns.
 
         Raises:
-            CollectiveError: this array is not registered (on every rank, naming it).
+            CollectiveError: ``target`` is not registered here, or not an array (on every
+                rank, naming it).
         """
         group = self.group
         with group.step("unregister"):
-            found = [r for r in self._registrations if (r.ptr, r.nbytes) == (ref.ptr, ref.nbytes)]
-            if not found:
-                raise CollectiveError(f"{ref.spell()} at 0x{ref.ptr:x} is not registered with "
-                                      "this communicator: pass the array given to register()")
-        self._drop(found[-1])
+            if isinstance(target, Registration):
+                if target not in self._registrations:
+                    state = "was unregistered" if target.closed else "is another communicator's"
+                    raise CollectiveError(f"registration {target.index} {state}: pass a "
+                                          "live Registration of this communicator")
+                registration = target
+            else:
+                ref = describe_array(target, "array")
+                found = [r for r in self._registrations
+                         if (r.ptr, r.nbytes) == (ref.ptr, ref.nbytes)]
+                if not found:
+                    raise CollectiveError(f"{ref.spell()} at 0x{ref.ptr:x} is not registered "
+                                          "with this communicator: pass the array given to "
+                                          "register() or its Registration")
+                registration = found[-1]
+        self._drop(registration)
         group.wait_for_node("unregistering an array")
 
     def _drop(self, registration: Registration) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 from ..runtime.errors import CollectiveError
 from .algorithms.host_all_to_all import check_splits
 from .arrays import ArrayRef, describe_array, in_device_memory
+from .call_marks import blame
 from .scratch import LL128_MAX_BYTES, LL_MAX_BYTES
 
 __all__ = ["GpuSplits", "in_device_memory", "device_splits", "SPLITS_PROBLEM",
@@ -118,18 +119,19 @@ class GpuSplits:
         arrays for their type, length and device (their values are the kernel's to check).
 
         Raises:
-            CollectiveError: naming the argument and what is wrong with it.
+            ArgumentProblem: naming the argument and what is wrong with it.
         """
         sides = []
         for splits, name, count, array, writable in (
                 (input_splits, "input_splits", input_count, "input", False),
                 (output_splits, "output_splits", output_count, "output", True)):
-            if in_device_memory(splits):
-                sides += [None, device_splits(splits, name, ranks=ranks, device=device,
-                                              writable=writable)]
-            else:
-                sides += [check_splits(splits, name, ranks=ranks, count=count, array=array),
-                          None]
+            with blame(name):   # a refused call names the side (call_marks.py)
+                if in_device_memory(splits):
+                    sides += [None, device_splits(splits, name, ranks=ranks, device=device,
+                                                  writable=writable)]
+                else:
+                    sides += [check_splits(splits, name, ranks=ranks, count=count,
+                                           array=array), None]
         return cls(*sides)
 
     def host_bytes(self, itemsize: int) -> dict[str, int]:

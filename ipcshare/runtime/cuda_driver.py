@@ -32,7 +32,6 @@ __all__ = [
     "device_attribute",
     "device_name",
     "device_uuid",
-    "format_uuid",
     "pci_bus_id",
     "total_memory",
     "mem_get_info",
@@ -206,12 +205,6 @@ def mps_client(ordinal: int) -> bool:
         return False
     err, value = driver.cuDeviceGetAttribute(attribute, get_device(ordinal))
     return int(err) == 0 and bool(value)
-
-
-def format_uuid(raw: bytes) -> str:
-    """nvidia-smi spelling of a UUID: ``GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx``."""
-    text = raw.hex()
-    return f"GPU-{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:32]}"
 
 
 def pci_bus_id(ordinal: int) -> str:

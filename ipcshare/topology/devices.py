@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 
 from ..runtime import cuda_driver
 from ..runtime.errors import BackendUnavailable, ConfigError, CudaError
+from ..runtime.gpu_names import format_uuid
 from ..runtime.settings import disabled_p2p_pairs, max_ranks_per_gpu
 
 __all__ = [
@@ -68,7 +69,7 @@ def describe_devices() -> list[dict[str, Any]]:
     """
     return [
         {"index": ordinal, "name": cuda_driver.device_name(ordinal),
-         "uuid": cuda_driver.format_uuid(cuda_driver.device_uuid(ordinal)),
+         "uuid": format_uuid(cuda_driver.device_uuid(ordinal)),
          "pci_bus_id": cuda_driver.pci_bus_id(ordinal),
          "memory": cuda_driver.total_memory(ordinal)}
         for ordinal in range(cuda_driver.device_count())

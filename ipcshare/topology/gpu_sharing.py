@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from ..runtime.gpu_names import format_uuid
 from .world import format_ranks
 
 __all__ = ["GpuSharing", "gpu_sharing", "shared_gpus_advice"]
@@ -44,12 +45,12 @@ def shared_gpus_advice(shared: dict[Any, list[int]],
     if time_sliced is None:
         time_sliced = shared
     if not time_sliced:
-        who = "; ".join(f"{format_ranks(ranks)} on GPU {_short_uuid(uuid)}"
+        who = "; ".join(f"{format_ranks(ranks)} on GPU {format_uuid(uuid)}"
                         for uuid, ranks in shared.items())
         return (f"GPUs shared by several ranks ({who}) run them side by side under MPS: "
                 "barriers, all-gathers and communicators use their usual kernels, as on "
                 "GPUs of their own (the ranks share the GPU's bandwidth)")
-    who = "; ".join(f"{format_ranks(ranks)} on GPU {_short_uuid(uuid)}"
+    who = "; ".join(f"{format_ranks(ranks)} on GPU {format_uuid(uuid)}"
                     for uuid, ranks in time_sliced.items())
     return (f"GPUs shared by several ranks ({who}): without MPS their contexts take turns in "
             "time slices, so barriers meet on the host, auto all-gathers with one rank per "
@@ -57,8 +58,3 @@ def shared_gpus_advice(shared: dict[Any, list[int]],
             "for all its ranks (their own tensors mapped after a few calls); give "
             "each rank its own GPU, or start MPS (nvidia-cuda-mps-control -d) to run them "
             "side by side")
-
-
-def _short_uuid(uuid: Any) -> str:
-    text = uuid.hex() if isinstance(uuid, bytes) else str(uuid)
-    return text.removeprefix("GPU-")[:8]

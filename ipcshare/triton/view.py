@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..runtime.errors import CollectiveError, Unsupported, WindowError
+from ..runtime.gpu_names import format_uuid
 from ..window.layout import TRITON_BARRIER_RANKS
 from .table import FIRST_REGISTRATION_ROW, WINDOW_ROW, TableDescription, pack_table
 
@@ -90,7 +91,8 @@ def check_can_spin(*, device_memory: bool, time_sliced_gpus: dict[str, list[int]
                           "uses host memory (use a GPU backend: cuda-ipc or cuda-vmm)")
     for uuid, ranks in sorted(time_sliced_gpus.items()):
         if rank in ranks:
-            raise Unsupported(f"ranks {', '.join(map(str, ranks))} take turns on GPU {uuid} "
+            raise Unsupported(f"ranks {', '.join(map(str, ranks))} take turns on GPU "
+                              f"{format_uuid(uuid)} "
                               "(shared without MPS): a Triton kernel that waits for a peer "
                               "would spin while that peer cannot run; start MPS "
                               "(nvidia-cuda-mps-control -d) or give each rank its own GPU")

@@ -31,6 +31,7 @@ from ipcshare.collectives.scratch import LL128_MAX_BYTES, LL_MAX_BYTES, ScratchL
 from ipcshare.patterns.alltoall import split_matrix
 from ipcshare.runtime.errors import CollectiveError
 
+from .refusals import assert_refused
 from .torch_communicator import torch_communicator
 
 torch = pytest.importorskip("torch")
@@ -347,23 +348,31 @@ def test_splits_that_do_not_match_stop_every_rank_alike_and_the_next_call_runs(s
     assert received.cpu().tolist() == m[:, me].tolist()
 
 
-def test_misuse_is_refused_on_the_calling_rank(setup, algo):
+def test_misuse_is_refused_in_the_call(setup, algo):
+    """Every rank misuses the call alike: each raises in it, naming rank 0 and the
+    argument (a refused call, collectives/call_marks.py)."""
     group, comm, _stream = setup
     n, device = comm.size, group.backend.device
     array = torch.zeros(4 * n, dtype=torch.float32, device=f"cuda:{device}")
-    with pytest.raises(CollectiveError, match="all_to_all_v in place .* is not run on GPUs"):
-        comm.all_to_all_v(array, array, [4] * n, [4] * n, algo=algo)
-    with pytest.raises(CollectiveError, match=r"input_splits is a float32 array"):
-        comm.all_to_all_v(torch.zeros_like(array), array, [4] * n, array[:n])
-    with pytest.raises(CollectiveError, match=r"output_splits is an int32 array .* shape "
-                                              rf"\({n},\)"):
-        comm.all_to_all_v(torch.zeros_like(array), array,
-                          torch.zeros(n + 1, dtype=torch.int32, device=f"cuda:{device}"),
-                          [4] * n)
-    if n > 1:
-        with pytest.raises(CollectiveError, match="not a multiple of"):
-            comm.all_to_all(torch.zeros(4 * n + 1, device=f"cuda:{device}"),
-                            torch.zeros(4 * n + 1, device=f"cuda:{device}"))
+    if algo in V_ALGOS:
+        assert_refused(lambda: comm.all_to_all_v(array, array, [4] * n, [4] * n, algo=algo),
+                       "rank 0's output .*all_to_all_v in place .* is not run on GPUs")
+    assert_refused(lambda: comm.all_to_all_v(torch.zeros_like(array), array, [4] * n,
+                                             array[:n]),
+                   r"rank 0's input_splits .*input_splits is a float32 array")
+    assert_refused(lambda: comm.all_to_all_v(
+        torch.zeros_like(array), array,
+        torch.zeros(n + 1, dtype=torch.int32, device=f"cuda:{device}"), [4] * n),
+        rf"output_splits is an int32 array .* shape \({n},\)")
+    if n > 1 and algo in EVEN_ALGOS:
+        assert_refused(lambda: comm.all_to_all(torch.zeros(4 * n + 1, device=f"cuda:{device}"),
+                                               torch.zeros(4 * n + 1, device=f"cuda:{device}"),
+                                               algo=algo),
+                       "rank 0's input .*not a multiple of")
+    out = torch.zeros_like(array)
+    comm.all_to_all_v(out, array + comm.rank, [4] * n, [4] * n)   # still in step
+    comm.synchronize()
+    assert out.cpu().tolist() == [float(r) for r in range(n) for _ in range(4)]
 
 
 @pytest.mark.parametrize("dtype", ["uint8", "bfloat16", "float32", "int64"])
@@ -792,8 +801,9 @@ def test_copy_engine_takes_an_input_of_the_communicators_whole_max_bytes(comm):
             cm.synchronize(stream)
             assert np.array_equal(_host_bytes(out), _even_want(data, me, block)), replay
         larger = torch.zeros(n * block // 8 + n, dtype=torch.int64, device=f"cuda:{device}")
-        with pytest.raises(CollectiveError, match="more than this communicator's max_bytes"):
-            cm.all_to_all(torch.zeros_like(larger), larger, algo="copy-engine")
+        assert_refused(lambda: cm.all_to_all(torch.zeros_like(larger), larger,
+                                             algo="copy-engine"),
+                       "more than this communicator's max_bytes")
 
 
 # (collective, algorithm) of calls that read staging areas: a one-shot's staged input and

@@ -14,6 +14,7 @@ from ipcshare.runtime.errors import CollectiveError
 from tests.reduction_reference import NUMPY_DTYPES, mismatches, reference, seeded_values
 from tests.sizing import max_bytes_for
 
+from .refusals import assert_refused
 from .silent_peer import assert_rank_zero_is_named_when_silent
 from .torch_communicator import torch_communicator
 
@@ -296,8 +297,7 @@ def test_repeated_calls_on_the_same_tensors_skip_the_checks_and_stay_right(setup
     cm.all_reduce(other)
     cm.synchronize()
     assert other.cpu().tolist() == [float(cm.size)] * count
-    with pytest.raises(CollectiveError, match="float64"):
-        cm.all_reduce(other.double())
+    assert_refused(lambda: cm.all_reduce(other.double()), "float64")
 
 
 def test_ranks_that_disagree_raise_on_every_rank(setup, comm):
@@ -477,17 +477,21 @@ def test_a_silent_peer_of_a_kernel_call_is_named_by_the_timeout(comm, op, algo):
             assert_rank_zero_is_named_when_silent(comm, group.rank, cm, make_call)
 
 
-def test_misuse_raises_on_the_calling_rank(setup):
+def test_misuse_raises_in_the_call(setup):
+    """Every rank misuses the call alike: each raises in it (a refused call,
+    collectives/call_marks.py; tests/gpu/test_gpu_refused_calls.py has one rank alone)."""
     group, cm = setup
     device = group.backend.device
     tensor = torch.ones(16, device=f"cuda:{device}")
-    with pytest.raises(CollectiveError, match="on this rank's GPU|cuda memory"):
-        cm.all_reduce(torch.ones(16))  # host tensor
-    with pytest.raises(CollectiveError, match="not contiguous"):
-        cm.all_reduce(torch.ones(16, 2, device=f"cuda:{device}").t())
-    with pytest.raises(CollectiveError, match="max_bytes"):  # one element too many, at any size
-        cm.all_reduce(torch.ones(cm.max_bytes // 4 + 1, device=f"cuda:{device}"))
-    with pytest.raises(CollectiveError, match="algo='ring'"):
-        cm.all_reduce(tensor, algo="ring")
-    with pytest.raises(CollectiveError, match="float64"):
-        cm.all_reduce(tensor.double())
+    assert_refused(lambda: cm.all_reduce(torch.ones(16)),  # host tensor
+                   "rank 0's tensor failed its check .*(on this rank's GPU|cuda memory)")
+    assert_refused(lambda: cm.all_reduce(torch.ones(16, 2, device=f"cuda:{device}").t()),
+                   "not contiguous")
+    # One element too many, at any size (no call of the peers to guess: refused alone).
+    assert_refused(lambda: cm.all_reduce(torch.ones(cm.max_bytes // 4 + 1,
+                                                    device=f"cuda:{device}")), "max_bytes")
+    assert_refused(lambda: cm.all_reduce(tensor, algo="ring"), "rank 0's algo .*algo='ring'")
+    assert_refused(lambda: cm.all_reduce(tensor.double()), "float64")
+    cm.all_reduce(tensor)   # still in step
+    cm.synchronize()
+    assert tensor.cpu().tolist() == [float(cm.size)] * 16

@@ -301,3 +301,19 @@ def test_graph_replays_of_a_call_on_registered_tensors_see_new_data(setup):
     finally:
         comm.unregister(tensor)
     assert wrong == 0
+
+
+def test_unregister_takes_the_registration_register_returned(setup):
+    g, comm = setup
+    tensor = torch.full((4096,), float(g.rank), device=f"cuda:{g.backend.device}")
+    before = comm.registered
+    first = comm.register(tensor)
+    second = comm.register(tensor)
+    comm.unregister(first)   # that registration, not the array's latest
+    assert first.closed and not second.closed and comm.registered == before + 1
+    out = torch.empty(g.size * tensor.numel(), device=tensor.device)
+    comm.all_gather(out, tensor)   # still read through the live registration
+    comm.synchronize()
+    assert out.view(g.size, -1)[:, 0].tolist() == [float(r) for r in range(g.size)]
+    comm.unregister(second)
+    assert comm.registered == before

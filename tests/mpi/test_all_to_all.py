@@ -303,72 +303,87 @@ def test_ranks_calling_different_collectives_raise_on_every_rank(comm, communica
     assert "rank 1 all_to_all_v of int32" in str(caught.value)
 
 
-def test_misuse_raises_on_the_calling_rank_only(comm, communicator):
-    me, n = communicator.rank, communicator.size
+def test_misuse_on_one_rank_raises_on_every_rank_in_that_call(comm, communicator):
+    """The last rank misuses each call, the others make it right: every rank raises the
+    same error in that call, naming the last rank and what its check said."""
+    c = communicator
+    me, n = c.rank, c.size
     last = n - 1
     f32 = np.zeros(4 * n, np.float32)
     big = MAX_BYTES // 4 + 1
     cases = [
-        (lambda: communicator.all_to_all(np.zeros(4 * n, np.float16), f32),
+        ("all_to_all", lambda: c.all_to_all(np.zeros(4 * n, np.float16), f32),
          f"output is a float16 array of shape ({4 * n},) and input a float32 array of shape "
          f"({4 * n},): all_to_all takes one dtype"),
-        (lambda: communicator.all_to_all(np.zeros(4 * n + 1, np.float32), f32),
+        ("all_to_all", lambda: c.all_to_all(np.zeros(4 * n + 1, np.float32), f32),
          f"all_to_all: input has {4 * n} elements and output {4 * n + 1}: they must be as long"),
-        (lambda: communicator.all_to_all(np.zeros(4 * n + 1, np.float32),
+        ("all_to_all", lambda: c.all_to_all(np.zeros(4 * n + 1, np.float32),
                                          np.zeros(4 * n + 1, np.float32)),
          f"all_to_all: input has {4 * n + 1} elements, not a multiple of {n} (the ranks)")
-        if n > 1 else (lambda: communicator.all_to_all(f32, f32[::2]), "not contiguous"),
-        (lambda: communicator.all_to_all(f32, np.zeros(8 * n, np.float32)[::2]),
+        if n > 1 else ("all_to_all", lambda: c.all_to_all(f32, f32[::2]), "not contiguous"),
+        ("all_to_all", lambda: c.all_to_all(f32, np.zeros(8 * n, np.float32)[::2]),
          f"input is a float32 array of shape ({4 * n},) that is not contiguous"),
-        (lambda: communicator.all_to_all(np.frombuffer(bytes(16 * n), np.float32), f32),
+        ("all_to_all", lambda: c.all_to_all(np.frombuffer(bytes(16 * n), np.float32), f32),
          "that is read-only"),
-        (lambda: communicator.all_to_all(np.zeros(big * n, np.float32),
+        ("all_to_all", lambda: c.all_to_all(np.zeros(big * n, np.float32),
                                          np.zeros(big * n, np.float32)),
          f"all_to_all: output has {big * n * 4} bytes"),
-        (lambda: communicator.all_to_all(f32[1:], f32[:-1]),
+        ("all_to_all", lambda: c.all_to_all(f32[1:], f32[:-1]),
          "input overlaps output but is not in place (all_to_all in place: input is output)"),
-        (lambda: communicator.all_to_all(f32, f32, algo="ring"),
+        ("all_to_all", lambda: c.all_to_all(f32, f32, algo="ring"),
          "algo='ring' is not an algorithm of all_to_all on host memory; choose one of: "
          "auto, pull"),
-        (lambda: communicator.all_to_all(f32, f32, stream=3),
+        ("all_to_all", lambda: c.all_to_all(f32, f32, stream=3),
          "stream=3: a communicator on host memory has no streams"),
-        (lambda: communicator.all_to_all_v(f32, np.zeros(4, np.int32), [0] * n, [0] * n),
+        ("all_to_all_v", lambda: c.all_to_all_v(f32, np.zeros(4, np.int32), [0] * n, [0] * n),
          "all_to_all_v takes one dtype"),
-        (lambda: communicator.all_to_all_v(f32, f32, [0] * n, [0] * (n + 1)),
+        ("all_to_all_v", lambda: c.all_to_all_v(f32, f32, [0] * n, [0] * (n + 1)),
          f"all_to_all_v: input_splits has {n + 1} counts, expected one per rank ({n})"),
-        (lambda: communicator.all_to_all_v(f32, f32, [-1] + [0] * (n - 1), [0] * n),
+        ("all_to_all_v", lambda: c.all_to_all_v(f32, f32, [-1] + [0] * (n - 1), [0] * n),
          "all_to_all_v: output_splits[0]=-1: counts are elements, at least 0"),
-        (lambda: communicator.all_to_all_v(f32, f32, [0] * n, [1.5] + [0] * (n - 1)),
+        ("all_to_all_v", lambda: c.all_to_all_v(f32, f32, [0] * n, [1.5] + [0] * (n - 1)),
          "all_to_all_v: input_splits[0]=1.5: expected an int"),
-        (lambda: communicator.all_to_all_v(f32, f32, [0] * n, [4 * n + 1] + [0] * (n - 1)),
+        ("all_to_all_v", lambda: c.all_to_all_v(f32, f32, [0] * n, [4 * n + 1] + [0] * (n - 1)),
          f"all_to_all_v: input_splits add up to {4 * n + 1} elements, more than input's "
          f"{4 * n}"),
-        (lambda: communicator.all_to_all_v(f32, f32, [5 * n] + [0] * (n - 1), [0] * n),
+        ("all_to_all_v", lambda: c.all_to_all_v(f32, f32, [5 * n] + [0] * (n - 1), [0] * n),
          f"all_to_all_v: output_splits add up to {5 * n} elements, more than output's {4 * n}"),
-        (lambda: communicator.all_to_all_v(f32, f32, [0] * n, "0" * n),
+        ("all_to_all_v", lambda: c.all_to_all_v(f32, f32, [0] * n, "0" * n),
          "all_to_all_v: input_splits is a str: pass a sequence of one int per rank"),
-        (lambda: communicator.all_to_all_v(f32, f32, np.zeros((n, 1), np.int64), [0] * n),
+        ("all_to_all_v", lambda: c.all_to_all_v(f32, f32, np.zeros((n, 1), np.int64), [0] * n),
          "all_to_all_v: output_splits is a numpy array of dtype int64 and shape"),
-        (lambda: communicator.all_to_all_v(np.zeros(big, np.float32),
+        ("all_to_all_v", lambda: c.all_to_all_v(np.zeros(big, np.float32),
                                            np.zeros(big, np.float32), [0] * n,
                                            [big] + [0] * (n - 1)),
          f"all_to_all_v: input_splits add up to {big * 4} bytes"),
-        (lambda: communicator.all_to_all_v(f32[1:], f32[:-1], [0] * n, [0] * n),
+        ("all_to_all_v", lambda: c.all_to_all_v(f32[1:], f32[:-1], [0] * n, [0] * n),
          "input overlaps output but is not in place (all_to_all_v in place: input is output)"),
-        (lambda: communicator.all_to_all_v(f32, f32, [0] * n, [0] * n, algo="push"),
+        ("all_to_all_v", lambda: c.all_to_all_v(f32, f32, [0] * n, [0] * n, algo="push"),
          "algo='push' is not an algorithm of all_to_all_v on host memory"),
-        (lambda: communicator.bind("all_to_all_v", f32, f32, [0] * n),
+        ("bind_all_to_all_v", lambda: c.bind("all_to_all_v", f32, f32, [0] * n),
          "bind('all_to_all_v', ...): missing a required argument: 'input_splits'"),
-        (lambda: communicator.bind("all_to_all", f32, f32[1:]),
+        ("bind_all_to_all", lambda: c.bind("all_to_all", f32, f32[1:]),
          "all_to_all: input has"),
     ]
-    if me == last:
-        for call, message in cases:
-            with pytest.raises(CollectiveError) as caught:
+    out = np.zeros(4 * n, np.float32)
+    good = {"all_to_all": lambda: c.all_to_all(out, f32),
+            "all_to_all_v": lambda: c.all_to_all_v(out, f32, [0] * n, [0] * n)}
+    good["bind_all_to_all"] = lambda: c.bind("all_to_all", out, f32)()
+    good["bind_all_to_all_v"] = lambda: c.bind("all_to_all_v", out, f32, [0] * n,
+                                                          [0] * n)()
+    for kind, call, message in cases:
+        with pytest.raises(CollectiveError) as caught:
+            if me != last:
+                good[kind]()
+            elif kind.startswith("bind_"):
+                call()()   # a refused bind: its bound call takes part, refused
+            else:
                 call()
-            assert message in str(caught.value)
-            assert "\n" not in str(caught.value)
-    # Nothing above was collective: every rank makes the same next call.
+        text = str(caught.value)
+        assert message.removeprefix(f"{kind.removeprefix('bind_')}: ") in text, (message, text)
+        assert f"rank {last}'s " in text and "\n" not in text
+        assert comm.allgather(text) == [text] * n
+    # Still in step: every rank makes the same next call.
     data = np.full(n, me, np.int32)
     communicator.all_to_all(data, data)
     assert data.tolist() == list(range(n))

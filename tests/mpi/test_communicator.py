@@ -258,15 +258,20 @@ def test_bound_calls_rerun_on_what_the_arrays_hold_then(comm, communicator):
 
 
 def test_bind_refuses_what_the_call_refuses(communicator):
-    with pytest.raises(CollectiveError, match="bind\\('broadcast'\\): choose all_gather"):
-        communicator.bind("broadcast", np.zeros(4, np.float32))
-    with pytest.raises(CollectiveError, match="float64"):
-        communicator.bind("all_reduce", np.zeros(4, np.float64))
+    # A refused bind is a bound call that takes part in the call refused: calling it raises
+    # on every rank (all refuse here), naming the lowest rank.
+    with pytest.raises(CollectiveError, match="^a collective call: rank 0's collective failed "
+                                              "its "
+                                              "check there \\(bind\\('broadcast'\\): choose "
+                                              "all_gather"):
+        communicator.bind("broadcast", np.zeros(4, np.float32))()
+    with pytest.raises(CollectiveError, match="rank 0's tensor failed .*float64"):
+        communicator.bind("all_reduce", np.zeros(4, np.float64))()
     # arguments the method does not take are named against it, not a private one
     with pytest.raises(CollectiveError, match=r"bind\('all_reduce', \.\.\.\): got an "
                                               r"unexpected keyword argument 'opp'; the "
                                               r"arguments are those of all_reduce\(\)"):
-        communicator.bind("all_reduce", np.zeros(4, np.float32), opp="sum")
+        communicator.bind("all_reduce", np.zeros(4, np.float32), opp="sum")()
 
 
 def test_a_bound_call_refuses_to_run_after_close(group):
@@ -310,57 +315,75 @@ def test_ranks_that_disagree_raise_on_every_rank(comm, communicator, change):
     assert again.tolist() == [n * (n + 1) // 2] * 5
 
 
-def test_misuse_raises_on_the_calling_rank_only(comm, communicator):
+def test_misuse_on_one_rank_raises_on_every_rank_in_that_call(comm, communicator):
+    """The last rank misuses each call, the others make it right: every rank raises the
+    same error, naming the last rank and what its check said (tests/mpi/test_refused_calls.py
+    has the rest of this contract)."""
     me, n = communicator.rank, communicator.size
     last = n - 1
     f32 = np.zeros(8, np.float32)
+
+    def all_reduce(bad):
+        return lambda: communicator.all_reduce(bad if me == last else np.zeros(8, np.float32))
+
+    def with_args(call, good, **bad):
+        return lambda: call(*good, **(bad if me == last else {}))
+    good_scatter = (np.zeros(3, np.float32), np.zeros(3 * n, np.float32))
     cases = [
-        (lambda: communicator.all_reduce(np.zeros(8, np.float64)),
+        (all_reduce(np.zeros(8, np.float64)),
          "tensor has dtype float64: all_reduce reduces float32, float16, bfloat16, int32"),
-        (lambda: communicator.all_reduce(f32, op="prod"),
+        (with_args(communicator.all_reduce, (f32,), op="prod"),
          "op='prod' is not a reduction all_reduce runs; choose one of: sum, max, min"),
-        (lambda: communicator.all_reduce(np.zeros(16, np.float32)[::2]),
+        (all_reduce(np.zeros(16, np.float32)[::2]),
          "tensor is a float32 array of shape (8,) that is not contiguous"),
-        (lambda: communicator.all_reduce(f32, output=np.zeros(9, np.float32)),
-         "all_reduce: output has 9 elements and tensor 8: they must be as long"),
-        (lambda: communicator.all_reduce(f32, output=np.zeros(8, np.float16)),
+        (with_args(communicator.all_reduce, (f32,), output=np.zeros(9, np.float32)),
+         "output has 9 elements and tensor 8: they must be as long"),
+        (with_args(communicator.all_reduce, (f32,), output=np.zeros(8, np.float16)),
          "tensor is a float32 array of shape (8,) and output a float16 array of shape (8,): "
          "all_reduce takes one dtype"),
-        (lambda: communicator.all_reduce(np.zeros(MAX_BYTES // 4 + 1, np.float32)),
-         f"all_reduce: tensor has {MAX_BYTES + 4} bytes, more than this communicator's "
+        (all_reduce(np.zeros(MAX_BYTES // 4 + 1, np.float32)),
+         f"tensor has {MAX_BYTES + 4} bytes, more than this communicator's "
          f"max_bytes={MAX_BYTES} (1M): create it with Group.communicator("
          f"max_bytes={MAX_BYTES + 4}) or more"),
-        (lambda: communicator.all_reduce([1.0, 2.0]),
-         "tensor is a list, not an array"),
-        (lambda: communicator.all_reduce(f32, stream=7),
+        (all_reduce([1.0, 2.0]), "tensor is a list, not an array"),
+        (with_args(communicator.all_reduce, (f32,), stream=7),
          "stream=7: a communicator on host memory has no streams"),
-        (lambda: communicator.all_reduce(f32, algo="three-shot"),
+        (with_args(communicator.all_reduce, (f32,), algo="three-shot"),
          "algo='three-shot' is not an algorithm of all_reduce on host memory; choose one "
          "of: auto, one-shot, two-shot"),
-        (lambda: communicator.all_reduce(f32[:6], output=f32[2:]),
+        (lambda: (communicator.all_reduce(f32[:6], output=f32[2:]) if me == last
+                  else communicator.all_reduce(np.zeros(6, np.float32))),
          "output overlaps tensor but is not in place (all_reduce in place: output is "
          "tensor): it starts at byte 8 of tensor, in place is byte 0"),
-        (lambda: communicator.all_reduce(np.frombuffer(bytes(32), np.float32)),
+        (all_reduce(np.frombuffer(bytes(32), np.float32)),
          "tensor is a float32 array of shape (8,) that is read-only"),
-        (lambda: communicator.all_gather(np.zeros(8 * n + 1, np.float32), f32),
-         f"all_gather: output has {8 * n + 1} elements, expected {n} x 8 (the ranks times "
-         "input's)"),
-        (lambda: communicator.reduce_scatter(f32, np.zeros(8 * n, np.float32), op="avg"),
+        (lambda: communicator.all_gather(
+            np.zeros(8 * n + (me == last), np.float32), f32),
+         f"output has {8 * n + 1} elements, expected {n} x 8 (the ranks times input's)"),
+        (with_args(communicator.reduce_scatter, good_scatter, op="avg"),
          "op='avg' is not a reduction reduce_scatter runs"),
         (lambda: communicator.reduce_scatter(np.zeros(3, np.float32),
-                                             np.zeros(3 * n + 1, np.float32)),
-         f"reduce_scatter: input has {3 * n + 1} elements, expected {n} x 3"),
-        (lambda: communicator.empty((2, -1), "float32"),
-         "shape=(2, -1): expected an int or a tuple of ints >= 0"),
-        (lambda: communicator.empty(4, "not-a-dtype"),
-         "dtype='not-a-dtype' is not a dtype"),
+                                             np.zeros(3 * n + (me == last), np.float32)),
+         f"input has {3 * n + 1} elements, expected {n} x 3"),
     ]
+    for call, message in cases:
+        with pytest.raises(CollectiveError) as caught:
+            call()
+        text = str(caught.value)
+        assert message in text, (message, text)
+        assert f"rank {last}'s " in text
+        assert len(set(comm.allgather(text))) == 1
+    # empty() is not collective: its misuse raises on the calling rank alone.
     if me == last:
-        for call, message in cases:
+        for call, message in [
+                (lambda: communicator.empty((2, -1), "float32"),
+                 "shape=(2, -1): expected an int or a tuple of ints >= 0"),
+                (lambda: communicator.empty(4, "not-a-dtype"),
+                 "dtype='not-a-dtype' is not a dtype")]:
             with pytest.raises(CollectiveError) as caught:
                 call()
             assert message in str(caught.value)
-    # Nothing above was collective: every rank makes the same next call.
+    # Still in step: every rank makes the same next call.
     tensor = np.full(3, me, np.int32)
     communicator.all_reduce(tensor, op="max")
     assert tensor.tolist() == [last] * 3

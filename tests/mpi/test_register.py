@@ -124,6 +124,47 @@ def test_unregistering_an_unknown_array_raises_on_every_rank(comm, communicator,
         communicator.register(segment.array(64)[::2])
 
 
+def test_unregister_takes_the_registration_register_returned(comm, communicator, segment):
+    shared = segment.array(64)
+    first = communicator.register(shared)
+    second = communicator.register(shared)
+    assert communicator.registered == 2
+    communicator.unregister(first)   # that one, not the latest of the array
+    assert first.closed and not second.closed and communicator.registered == 1
+    communicator.unregister(second)
+    assert communicator.registered == 0 and communicator._registry.mappings == 0
+
+
+def test_a_registration_one_rank_lacks_raises_on_every_rank(comm, communicator, segment):
+    """The last rank passes a registration it already dropped, the others a live one:
+    every rank raises the same error naming that rank, and the registries stay in step."""
+    shared = segment.array(64)
+    stale = communicator.register(shared)
+    communicator.unregister(stale)
+    live = communicator.register(shared)
+    last = communicator.size - 1
+    with pytest.raises(CollectiveError) as raised:
+        communicator.unregister(stale if communicator.rank == last else live)
+    message = str(raised.value)
+    del raised
+    assert f"rank {last}@" in message and "was unregistered" in message
+    assert comm.allgather(message) == [message] * communicator.size
+    communicator.unregister(live)   # the next unregister is the same on every rank
+    assert communicator.registered == 0 and communicator._registry.mappings == 0
+
+
+def test_misuse_of_register_on_one_rank_raises_on_every_rank(comm, communicator, segment):
+    last = communicator.size - 1
+    array = segment.array(64)[::2] if communicator.rank == last else segment.array(64)
+    with pytest.raises(CollectiveError) as raised:
+        communicator.register(array)
+    message = str(raised.value)
+    del raised, array
+    assert f"rank {last}@" in message and "not contiguous" in message
+    assert comm.allgather(message) == [message] * communicator.size
+    assert communicator.registered == 0 and communicator._registry.mappings == 0
+
+
 def test_mappings_are_counted_per_allocation(comm, communicator, segment):
     first, second = segment.array(100), segment.array(100, offset=SEGMENT // 2)
     communicator.register(first)

@@ -4,6 +4,7 @@ hypothesis); the refusal on GPU memory and across nodes."""
 
 from __future__ import annotations
 
+import re
 import types
 
 import numpy as np
@@ -182,7 +183,9 @@ def test_an_unspellable_cuda_array_as_host_splits_gets_the_one_line_error():
 
 
 def test_on_gpus_all_to_all_v_in_place_and_device_input_splits_past_max_bytes_are_refused():
-    """Checked on the calling rank before anything runs (fake CUDA arrays, never touched)."""
+    """Checked on the calling rank before anything runs (fake CUDA arrays, never touched):
+    the call is refused, blaming the argument, and this rank still takes part in it with
+    the kernels of the call its peers make (the guess), marked."""
     class Cuda:
         def __init__(self, count, typestr="<f4", ptr=0x10000):
             self.__cuda_array_interface__ = {"shape": (count,), "typestr": typestr,
@@ -193,11 +196,18 @@ def test_on_gpus_all_to_all_v_in_place_and_device_input_splits_past_max_bytes_ar
     comm._path.device = 0
     comm.group.size = 2
     comm.max_bytes = 64
+    comm._signatures = {}
+    comm._path.agreed = lambda signature: False   # no call made before
     array = Cuda(8)
-    with pytest.raises(CollectiveError, match=r"all_to_all_v in place \(output is input\) is "
-                                              r"not run on GPUs: .*pass an output distinct"):
-        comm.all_to_all_v(array, array, [4, 4], [4, 4])
+    refused = comm._checked("all_to_all_v", array, array, [4, 4], [4, 4])
+    assert refused.problem.argument == "output"
+    assert re.search(r"all_to_all_v in place \(output is input\) is not run on GPUs: .*pass "
+                     r"an output distinct", refused.problem.detail)
+    signature, _ = refused.guess
+    assert (signature.op, signature.count, signature.dtype) == ("all_to_all_v", 0, "float32")
     splits = Cuda(2, "<i4", ptr=0x90000)
-    with pytest.raises(CollectiveError, match=r"input \(its splits are on the device\) has "
-                                              r"80 bytes.*max_bytes=64"):
-        comm.all_to_all_v(Cuda(20, ptr=0x20000), Cuda(20, ptr=0x30000), [1, 1], splits)
+    refused = comm._checked("all_to_all_v", Cuda(20, ptr=0x20000), Cuda(20, ptr=0x30000),
+                            [1, 1], splits)
+    assert refused.problem.argument == "input"
+    assert re.search(r"input \(its splits are on the device\) has 80 bytes.*max_bytes=64",
+                     refused.problem.detail)

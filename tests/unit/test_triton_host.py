@@ -179,3 +179,12 @@ def test_the_device_functions_read_the_pad_words_from_the_layout():
     for value in (layout.TRITON_BARRIER_SLOT_BASE, layout.TRITON_EPOCH_SLOT,
                   layout.ERROR_SLOT):
         assert not re.search(rf"\b{value}\b", _DEVICE_SOURCE), value
+
+
+def test_ranks_taking_turns_on_a_gpu_name_it_as_nvidia_smi_does():
+    raw = bytes.fromhex("7d9991a71c3bc0a1110de498594d6c74")
+    with pytest.raises(Unsupported) as caught:
+        check_can_spin(device_memory=True, time_sliced_gpus={raw: [0, 1]}, rank=1, world_size=2)
+    assert str(caught.value).startswith(
+        "ranks 0, 1 take turns on GPU GPU-7d9991a7-1c3b-c0a1-110d-e498594d6c74 (shared without "
+        "MPS)")

@@ -12,7 +12,7 @@ from typing import Any
 from ...runtime.errors import CollectiveError, Unsupported
 from ..agreement import Signature, disagreement_error
 from ..call_guard import FAILED_CALL_ERRORS, CallGuard
-from ..communicator import Communicator, _Call, agree_on_sizes
+from ..communicator import Communicator, _Call, _Refused, agree_on_sizes
 from ..scratch import ALIGN
 from .choice import open_inter_engine
 from .hierarchy import (
@@ -138,7 +138,11 @@ class NodesCommunicator(Communicator):
                 "(equal blocks, padded), all_to_all_v on a communicator of one node's "
                 "group, or MPI's Alltoallv")
 
-    def _bind_call(self, call: _Call) -> tuple[str, Callable[[], None]]:
+    def _resolve_call(self, call: _Call) -> None:
+        """Nothing here: each call's signature is agreed on when it runs (``_agreed``)."""
+
+    def _bind_call(self, call: _Call | _Refused) -> tuple[str, Callable[[], None]]:
+        _raise_refused(call)
         description, run = self._guard.run(lambda: (self._agreed(call).describe(),
                                                     self._bind(call)))
         guard = self._guard
@@ -162,7 +166,8 @@ class NodesCommunicator(Communicator):
             return None
         return self.group.backend.engine().stream
 
-    def _run(self, call: _Call, key: tuple | None = None) -> Any:
+    def _run(self, call: _Call | _Refused, key: tuple | None = None) -> Any:
+        _raise_refused(call)
         return self._guard.run(lambda: self._run_steps(call))
 
     def _run_steps(self, call: _Call) -> Any:
@@ -336,3 +341,14 @@ def _stream_key(stream: Any) -> Any:
     from ...backends.cuda_streams import stream_handle
 
     return stream_handle(stream)
+
+
+def _raise_refused(call: _Call | _Refused) -> None:
+    """Raise, on this rank alone, what its checks refused: the hierarchical steps have no
+    first meeting to carry a refused call's mark (docs/RELIABILITY.md).
+
+    Raises:
+        CollectiveError: the check's own error.
+    """
+    if isinstance(call, _Refused):
+        raise CollectiveError(call.problem.detail)

@@ -192,8 +192,10 @@ __device__ __forceinline__ bool read_headers_and_rows(const CollectiveArgs& a, C
     rows_ok = 1;
     for (int q = 0; q < n && met; ++q) {
       if (heads[q][kHeaderFlags] & kFlagZeroCopy) hold = 1;
-      if (heads[q][kHeaderDigest] != a.digest && !failed) {
-        record_disagreement(a.pads[a.rank], call.epoch);
+      // Every rank that differs is recorded: a refused call's mark must reach the
+      // error word from every rank that refused (the lowest one's is kept).
+      if (heads[q][kHeaderDigest] != a.digest) {
+        record_disagreement(a.pads[a.rank], call.epoch, a.digest, heads[q][kHeaderDigest]);
         failed = 1;
       }
     }

@@ -68,10 +68,10 @@ __device__ __forceinline__ bool push_v_meet(const CollectiveArgs& a, Call& call,
   if (threadIdx.x == 0) {
     verdict = met ? 0 : 1;
     for (int q = 0; q < n && met; ++q) {
+      // Every rank that differs is recorded (a refused call's mark, the lowest kept).
       if (heads[q][kHeaderDigest] != a.digest) {
-        record_disagreement(a.pads[a.rank], call.epoch);
+        record_disagreement(a.pads[a.rank], call.epoch, a.digest, heads[q][kHeaderDigest]);
         verdict = 1;
-        break;
       }
     }
     if (verdict == 0) {

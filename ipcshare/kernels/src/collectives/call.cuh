@@ -7,6 +7,7 @@
 #include <ipcshare/signal.cuh>
 
 #include "collectives/args.cuh"
+#include "collectives/split_checks.cuh"
 #include "collectives/two_shot_chunks.cuh"
 
 // Elements per 16 bytes: slices start at multiples of it, so vector loads stay aligned.
@@ -90,10 +91,45 @@ __device__ __forceinline__ void publish_header(const CollectiveArgs& a, int pari
   h[kHeaderRegistration] = a.zero_copy == 2 ? a.registration_row : 0;
 }
 
-// Record in our error word (in `own_pad`) that the ranks' calls of `epoch` differ (the
-// first error of the call wins).
-__device__ __forceinline__ void record_disagreement(u64* own_pad, u64 epoch) {
-  atomicCAS(own_pad + ipcshare::kErrorWord, 0ull, kDisagreement | (epoch & 0xFFFFFFFFFFFFull));
+// A call that its rank's own checks refused carries a mark where its digest goes
+// (collectives/call_marks.py): kMarkTag in the top 16 bits, the argument's code in bits
+// 47..40, the refusing rank in bits 39..32, the collective's code in bits 31..24, bits 23..0
+// clear (the error word puts the call's epoch there). A signature's digest has bit 63
+// clear, so it is never a mark.
+constexpr u64 kMarkTag = 0xFFFDull;
+__device__ __forceinline__ bool is_mark(u64 word) { return (word >> 48) == kMarkTag; }
+__device__ __forceinline__ u64 mark_rank(u64 mark) { return (mark >> 32) & 0xFF; }
+
+// Whether error word `value` (a mark) replaces `seen`, recorded earlier: a disagreement or a
+// splits problem of the same call (a refused call's digest fails every comparison first),
+// or the mark of a higher rank, so every rank ends with the lowest refusing rank's mark.
+__device__ __forceinline__ bool mark_outranks(u64 value, u64 seen) {
+  const bool same_call = (seen & 0xFFFFFFull) == (value & 0xFFFFFFull);
+  const u64 code = seen >> 48;
+  if (code == (kDisagreement >> 48) || code == (kSplitsProblem >> 48)) return same_call;
+  return is_mark(seen) && same_call && mark_rank(value) < mark_rank(seen);
+}
+
+// Record in our error word (in `own_pad`) that the ranks' calls of `epoch` differ: ours has
+// digest `own`, a peer's `peer`. A refused call's mark (ours or the peer's) is recorded with
+// the call's epoch in its low 24 bits (mark_outranks says what it replaces); otherwise the
+// first error of the call wins.
+__device__ __forceinline__ void record_disagreement(u64* own_pad, u64 epoch, u64 own,
+                                                    u64 peer) {
+  u64* word = own_pad + ipcshare::kErrorWord;
+  if (!is_mark(peer) && !is_mark(own)) {
+    atomicCAS(word, 0ull, kDisagreement | (epoch & 0xFFFFFFFFFFFFull));
+    return;
+  }
+  const u64 mark =
+      is_mark(peer) && (!is_mark(own) || mark_rank(peer) < mark_rank(own)) ? peer : own;
+  const u64 value = (mark & ~0xFFFFFFull) | (epoch & 0xFFFFFFull);
+  u64 seen = atomicCAS(word, 0ull, value);
+  while (seen != 0 && seen != value && mark_outranks(value, seen)) {
+    const u64 prior = atomicCAS(word, seen, value);
+    if (prior == seen) break;
+    seen = prior;
+  }
 }
 
 // After the peers have published (`met`: false if a peer never came): read every rank's
@@ -120,7 +156,7 @@ __device__ __forceinline__ void read_headers(const CollectiveArgs& a, Call& call
         : a.windows[threadIdx.x];
     if (flags & kFlagZeroCopy) atomicOr(&hold, 1);
     if (digest != a.digest) {
-      record_disagreement(own, call.epoch);
+      record_disagreement(own, call.epoch, a.digest, digest);
       atomicOr(&failed, 1);
     }
   }

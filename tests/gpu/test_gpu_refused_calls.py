@@ -1,0 +1,277 @@
+"""A call that one rank's own checks refuse, on GPUs: that rank still launches the call's
+kernels, with its mark where the digest goes and its scratch as arrays; every rank's
+kernels find the mark, no element moves, and every rank raises the same one-line error
+naming the rank and the argument: the refusing rank in the call itself, the others at
+synchronize(). The next good call is right on every rank, and closing the communicator
+and the group takes under a second. Every algorithm of every collective, bound calls,
+CUDA graphs (the mark replays), and an array of another device.
+
+Run under mpiexec, ranks sharing one GPU under MPS (docs/GPU.md), e.g.
+``mpiexec -n 3 python -m pytest --with-mpi -m mpi tests/gpu/test_gpu_refused_calls.py``
+(and -n 4). Ranks that take turns on a GPU (no MPS) are skipped: there the refusing rank
+raises alone (docs/RELIABILITY.md)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from ipcshare.collectives.algorithms import algorithm_names
+from ipcshare.runtime.errors import CollectiveError
+
+from ..closing import assert_closes_within_a_second
+from .torch_communicator import torch_communicator
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
+
+# Elements of each rank's block.
+BLOCK = 8
+COLLECTIVES = ("all_gather", "all_reduce", "reduce_scatter", "all_to_all", "all_to_all_v")
+# The algorithms whose copies into the output are enqueued before the digests are compared
+# (copy engines): their refused calls raise alike, but may write the output.
+WRITE_BEFORE_COMPARING = ("copy-engine",)
+
+
+@pytest.fixture(scope="module")
+def shared():
+    with torch_communicator("cuda-vmm", 1 << 20) as (group, comm, stream):
+        yield group, comm, stream
+
+
+@pytest.fixture
+def setup(shared):
+    group, _comm, _stream = shared
+    if group.time_sliced_gpus:
+        pytest.skip("ranks here take turns on a GPU (no MPS): a refused call cannot be "
+                    "launched there (it raises on the refusing rank alone)")
+    return shared
+
+
+class Call:
+    """One collective on fresh tensors: ``run(spoil, algo)`` makes the call (this rank's
+    argument ``argument`` spoilt where ``spoil``), ``expected()`` is what a good call
+    leaves in the output."""
+
+    def __init__(self, op: str, comm, me: int, n: int, device: int, stream) -> None:
+        self.op, self.comm, self.me, self.n, self.stream = op, comm, me, n, stream
+        cuda = f"cuda:{device}"
+        self.input = torch.full((n * BLOCK,), float(me + 1), device=cuda)
+        self.output = torch.full((n * BLOCK,), -7.0, device=cuda)
+        self.small = torch.full((BLOCK,), -7.0, device=cuda)
+        self.cuda = cuda
+        self.argument = {"all_gather": "output", "all_reduce": "output",
+                         "reduce_scatter": "output", "all_to_all": "output",
+                         "all_to_all_v": "output_splits"}[op]
+
+    def reset(self) -> None:
+        self.output.fill_(-7.0)
+        self.small.fill_(-7.0)
+
+    def long(self, tensor):
+        return torch.full((tensor.numel() + 1,), -7.0, device=self.cuda)
+
+    def run(self, spoil: bool, algo: str):
+        comm, n = self.comm, self.n
+        kwargs = {"stream": self.stream}
+        if self.op == "all_gather":
+            out = self.long(self.output) if spoil else self.output
+            return comm.all_gather(out, self.input[:BLOCK], algo=algo, **kwargs)
+        if self.op == "all_reduce":
+            out = self.long(self.small) if spoil else self.small
+            return comm.all_reduce(self.input[:BLOCK], output=out, algo=algo, **kwargs)
+        if self.op == "reduce_scatter":
+            out = self.long(self.small) if spoil else self.small
+            return comm.reduce_scatter(out, self.input, algo=algo, **kwargs)
+        if self.op == "all_to_all":
+            out = self.long(self.output) if spoil else self.output
+            return comm.all_to_all(out, self.input, algo=algo, **kwargs)
+        receives = [BLOCK] * n
+        receives[0] += int(spoil)
+        return comm.all_to_all_v(self.output, self.input, receives, [BLOCK] * n, algo=algo,
+                                 **kwargs)
+
+    def written(self):
+        """The output the good call writes, and what it must hold."""
+        n = self.n
+        ranks = torch.arange(1, n + 1, dtype=torch.float32, device=self.cuda)
+        if self.op == "all_reduce":
+            return self.small, torch.full_like(self.small, n * (n + 1) / 2)
+        if self.op == "reduce_scatter":
+            return self.small, torch.full_like(self.small, n * (n + 1) / 2)
+        return self.output, ranks.repeat_interleave(BLOCK)
+
+
+def _raise_where(call, comm, stream) -> tuple[str, CollectiveError]:
+    """Make ``call`` then synchronize: where it raised ("call" or "synchronize") and what."""
+    try:
+        call()
+    except CollectiveError as exc:
+        return "call", exc
+    with pytest.raises(CollectiveError) as caught:
+        comm.synchronize(stream)
+    return "synchronize", caught.value
+
+
+def _check_refused(mpi, comm, op: str, argument: str, where: str, error) -> None:
+    message = str(error)
+    messages = mpi.allgather(message)
+    assert len(set(messages)) == 1, messages
+    assert "\n" not in message
+    assert re.fullmatch(rf"{op}: rank 0's {argument} failed its check there; found on the GPU "
+                        r"by every rank at call \d+ of this communicator, no element moved",
+                        message), message
+    # The refusing rank raises in the call, and says what its check found in a note.
+    assert where == ("call" if comm.rank == 0 else "synchronize"), where
+    if comm.rank == 0:
+        assert any("check said" in note for note in getattr(error, "__notes__", ())), error
+
+
+def _cases():
+    return [(op, algo) for op in COLLECTIVES for algo in algorithm_names("cuda", op)]
+
+
+@pytest.mark.parametrize(("op", "algo"), _cases())
+def test_a_call_rank_0_refuses_is_every_ranks_error_on_the_gpu(comm, setup, op, algo):
+    group, communicator, stream = setup
+    me, n = communicator.rank, communicator.size
+    call = Call(op, communicator, me, n, group.backend.device, stream)
+    call.run(False, algo)   # its first call: every rank agrees on its shape
+    communicator.synchronize(stream)
+    call.reset()
+    torch.cuda.synchronize()
+    where, error = _raise_where(lambda: call.run(me == 0, algo), communicator, stream)
+    _check_refused(comm, communicator, op, call.argument, where, error)
+    output, expected = call.written()
+    if algo not in WRITE_BEFORE_COMPARING and me != 0:
+        assert bool(torch.all(output == -7.0)), output   # no element moved
+    for _ in range(2):   # still in step: the next good calls are right everywhere
+        call.reset()
+        call.run(False, algo)
+        communicator.synchronize(stream)
+        assert torch.equal(output, expected), (output, expected)
+
+
+def _argument_cases(cm, call, n):
+    """name -> (the call, given whether this rank spoils it; the argument blamed): each
+    argument check that can differ between ranks, on one rank (algo auto)."""
+    cuda, block = call.cuda, call.input[:BLOCK]
+    return {
+        "unknown op": (lambda bad: cm.all_reduce(block, output=call.small,
+                                                 op="prod" if bad else "sum",
+                                                 stream=call.stream), "op"),
+        "unknown algo": (lambda bad: cm.all_reduce(block, output=call.small,
+                                                   algo="ring" if bad else "auto",
+                                                   stream=call.stream), "algo"),
+        "input of another dtype": (lambda bad: cm.all_gather(
+            call.output, block.double() if bad else block, stream=call.stream), "output"),
+        "input not contiguous": (lambda bad: cm.all_gather(
+            call.output, call.input[:2 * BLOCK:2] if bad else block, stream=call.stream),
+            "input"),
+        "overlapping, not in place": (lambda bad: cm.all_reduce(
+            call.input[:BLOCK], output=call.input[1:BLOCK + 1] if bad else call.small,
+            stream=call.stream), "output"),
+        "input_splits of a wrong length": (lambda bad: cm.all_to_all_v(
+            call.output, call.input, [BLOCK] * n, [BLOCK] * (n + int(bad)),
+            stream=call.stream), "input_splits"),
+        "device input_splits of another dtype": (lambda bad: cm.all_to_all_v(
+            call.output, call.input, [BLOCK] * n,
+            torch.full((n,), BLOCK, dtype=torch.float32 if bad else torch.int32, device=cuda),
+            stream=call.stream), "input_splits"),
+        "all_to_all_v in place": (lambda bad: cm.all_to_all_v(
+            call.input if bad else call.output, call.input, [BLOCK] * n, [BLOCK] * n,
+            stream=call.stream), "output"),
+    }
+
+
+@pytest.mark.parametrize("case", ["unknown op", "unknown algo", "input of another dtype",
+                                  "input not contiguous", "overlapping, not in place",
+                                  "input_splits of a wrong length",
+                                  "device input_splits of another dtype",
+                                  "all_to_all_v in place"])
+def test_each_argument_check_rank_0_fails_is_every_ranks_error(comm, setup, case):
+    group, communicator, stream = setup
+    me, n = communicator.rank, communicator.size
+    call = Call("all_to_all_v", communicator, me, n, group.backend.device, stream)
+    make, argument = _argument_cases(communicator, call, n)[case]
+    make(False)   # the call's first sight: every rank agrees on its shape
+    communicator.synchronize(stream)
+    op = {"unknown op": "all_reduce", "unknown algo": "all_reduce",
+          "overlapping, not in place": "all_reduce", "input of another dtype": "all_gather",
+          "input not contiguous": "all_gather"}.get(case, "all_to_all_v")
+    where, error = _raise_where(lambda: make(me == 0), communicator, stream)
+    _check_refused(comm, communicator, op, argument, where, error)
+    for _ in range(2):   # still in step
+        call.reset()
+        call.run(False, "auto")
+        communicator.synchronize(stream)
+        output, expected = call.written()
+        assert torch.equal(output, expected), (output, expected)
+
+
+def test_a_bound_call_rank_0_refuses_raises_on_every_rank_each_time(comm, setup):
+    group, communicator, stream = setup
+    me, n = communicator.rank, communicator.size
+    call = Call("all_gather", communicator, me, n, group.backend.device, stream)
+    call.run(False, "auto")
+    communicator.synchronize(stream)
+    out = call.long(call.output) if me == 0 else call.output
+    bound = communicator.bind("all_gather", out, call.input[:BLOCK], stream=stream)
+    for _ in range(2):
+        where, error = _raise_where(bound, communicator, stream)
+        _check_refused(comm, communicator, "all_gather", "output", where, error)
+    call.run(False, "auto")
+    communicator.synchronize(stream)
+    output, expected = call.written()
+    assert torch.equal(output, expected)
+
+
+@pytest.mark.parametrize("algo", algorithm_names("cuda", "all_to_all_v"))
+def test_a_refused_call_captured_in_a_graph_replays_its_mark(comm, setup, algo):
+    group, communicator, stream = setup
+    me, n = communicator.rank, communicator.size
+    call = Call("all_to_all_v", communicator, me, n, group.backend.device, stream)
+    call.run(False, algo)
+    communicator.synchronize(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        call.run(me == 0, algo)   # rank 0 captures its marked kernels, nothing raised
+    for _ in range(2):
+        graph.replay()
+        with pytest.raises(CollectiveError) as caught:
+            communicator.synchronize(stream)
+        message = str(caught.value)
+        assert len(set(comm.allgather(message))) == 1
+        assert message.startswith("all_to_all_v: rank 0's output_splits failed its check")
+    call.reset()
+    call.run(False, algo)
+    communicator.synchronize(stream)
+    output, expected = call.written()
+    assert torch.equal(output, expected)
+
+
+def test_an_array_of_another_device_on_rank_0_is_every_ranks_error(comm, setup):
+    group, communicator, stream = setup
+    me = communicator.rank
+    cuda = f"cuda:{group.backend.device}"
+    tensor = torch.ones(BLOCK) if me == 0 else torch.ones(BLOCK, device=cuda)
+    where, error = _raise_where(lambda: communicator.all_reduce(tensor, stream=stream),
+                                communicator, stream)
+    _check_refused(comm, communicator, "all_reduce", "tensor", where, error)
+    good = torch.ones(BLOCK, device=cuda)
+    communicator.all_reduce(good, stream=stream)
+    communicator.synchronize(stream)
+    assert bool(torch.all(good == communicator.size))
+
+
+@pytest.mark.parametrize("algo", algorithm_names("cuda", "all_to_all_v"))
+def test_closing_after_a_refused_call_takes_under_a_second(comm, algo):
+    with torch_communicator("cuda-vmm", 1 << 20) as (group, communicator, stream):
+        if group.time_sliced_gpus:
+            pytest.skip("ranks here take turns on a GPU (no MPS)")
+        me, n = communicator.rank, communicator.size
+        call = Call("all_to_all_v", communicator, me, n, group.backend.device, stream)
+        where, error = _raise_where(lambda: call.run(me == 0, algo), communicator, stream)
+        _check_refused(comm, communicator, "all_to_all_v", "output_splits", where, error)
+        assert_closes_within_a_second(comm, communicator, group)
