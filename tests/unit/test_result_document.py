@@ -11,7 +11,11 @@ from pathlib import Path
 import pytest
 
 from ipcshare.runtime import result_document as rd
-from ipcshare.topology.machine_facts import describe_links, visible_gpu_indices
+from ipcshare.topology.machine_facts import (
+    describe_links,
+    links_from_topology,
+    visible_gpu_indices,
+)
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "CLI.md"
 
@@ -184,6 +188,21 @@ def test_links_are_told_in_one_line():
     assert describe_links([(0, 0)] * 2, 0, 1, (4, 16)) == "PCIe gen 4 x16, no NVLink"
     assert describe_links([(18, 6)], 0, 0) == "NVLink 4: 18 links per GPU (one GPU)"
     assert describe_links([], 0, 0) is None
+
+
+def test_links_from_nvidia_smi_topology():
+    # nvidia-smi topo -m on 4 H200s (its header is underlined with escape codes)
+    text = ("\t\x1b[4mGPU0\tGPU1\tGPU2\tGPU3\tCPU Affinity\x1b[0m\n"
+            "GPU0\t X \tNV18\tNV18\tNV18\t0-63\n"
+            "GPU1\tNV18\t X \tNV18\tNV18\t0-63\n"
+            "GPU2\tNV18\tNV18\t X \tSYS\t0-63\n"
+            "GPU3\tNV18\tNV18\tSYS\t X \t0-63\n")
+    assert links_from_topology(text, [0, 1, 2, 3]) == \
+        "NVLink: 18 links a pair, 5 of 6 pairs (nvidia-smi topo)"
+    assert links_from_topology(text, [0, 1]) == \
+        "NVLink: 18 links a pair, all 1 pairs (nvidia-smi topo)"
+    assert links_from_topology(text, [2, 3]) == "PCIe (SYS), no NVLink (nvidia-smi topo)"
+    assert links_from_topology("no matrix", [0, 1]) is None
 
 
 def test_visible_gpus_follow_cuda_visible_devices():
