@@ -30,7 +30,7 @@ __all__ = ["SCHEMA", "MODES", "PLACEMENTS", "COMMIT_SOURCES", "Field", "DOCUMENT
 SCHEMA = "ipcshare.result/1"
 MODES = ("eager", "graph", "latency")
 PLACEMENTS = ("out-of-place", "in-place")
-COMMIT_SOURCES = ("git", "package", "unknown")
+COMMIT_SOURCES = ("git", "given", "package", "unknown")
 _DATE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
 
 
@@ -77,8 +77,9 @@ DOCUMENT_FIELDS = (
 COMMIT_FIELDS = (
     _f("id", "str", 'the full commit hash, or "unknown"'),
     _f("dirty", "bool|null", "the tree had uncommitted changes; null when unknown"),
-    _f("source", "str", "`git` (a checkout), `package` (the commit recorded in the "
-                        "installed package) or `unknown`"),
+    _f("source", "str", "`git` (a checkout), `given` (IPCSHARE_SOURCE_COMMIT, on a copy "
+                        "of the tree without its git folder), `package` (the commit "
+                        "recorded in the installed package) or `unknown`"),
 )
 MACHINE_FIELDS = (
     _f("hostname", "str", "the host of rank 0"),

@@ -90,7 +90,7 @@ def _set(document: dict, path: str, value) -> None:
     ("tool", 3, "tool: expected a string"),
     ("commit.id", "", "commit.id: must not be empty"),
     ("commit.dirty", "yes", "commit.dirty: expected true or false or null"),
-    ("commit.source", "svn", "commit.source: expected one of git, package, unknown"),
+    ("commit.source", "svn", "commit.source: expected one of git, given, package, unknown"),
     ("machine.gpu_count", -1, "machine.gpu_count: must not be negative"),
     ("machine.links", KeyError, "machine.links: missing"),
     ("machine.colour", "red", "machine.colour: not a field"),
@@ -212,3 +212,18 @@ def test_visible_gpus_follow_cuda_visible_devices():
     assert visible_gpu_indices(3, uuids, "GPU-b") == [1]
     assert visible_gpu_indices(3, uuids, "1,7,0") == [1]  # CUDA stops at a bad entry
     assert visible_gpu_indices(3, uuids, "") == []
+
+
+def test_the_commit_of_a_copy_without_git_is_the_one_given(tmp_path, monkeypatch):
+    from ipcshare.runtime import source_commit as sc
+    from ipcshare.runtime.errors import SettingError
+
+    assert sc.source_commit()["source"] == "git"   # this checkout
+    monkeypatch.setattr(sc, "_CHECKOUT", tmp_path)   # a copy of the tree, no .git
+    monkeypatch.delenv("IPCSHARE_SOURCE_COMMIT", raising=False)
+    assert sc.source_commit()["id"] in ("unknown", sc._from_package())
+    monkeypatch.setenv("IPCSHARE_SOURCE_COMMIT", "3be84d4+dirty")
+    assert sc.source_commit() == {"id": "3be84d4", "dirty": True, "source": "given"}
+    monkeypatch.setenv("IPCSHARE_SOURCE_COMMIT", "main")
+    with pytest.raises(SettingError, match="IPCSHARE_SOURCE_COMMIT='main': a commit hash"):
+        sc.source_commit()
