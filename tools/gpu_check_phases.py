@@ -902,8 +902,8 @@ def probes_steps(ctx: Context) -> list[Step | Note]:
     return [Step.of("what the links carry: SM loads, stores, the copy engine (link_probe)",
                     [ctx.python, "tools/probes/links/link_probe.py", "--result", links],
                     limit_s=300, results=[links]),
-            Step.of(f"where an all-gather's time goes, n={g} (allgather_probe)", mpirun(
-                ctx, g, ctx.python, "tools/probes/timing/allgather_probe.py"), limit_s=300)]
+            probe_step(ctx, f"where an all-gather's time goes, n={g} (allgather_probe)", g,
+                       "tools/probes/timing/allgather_probe.py", limit_s=300)]
 
 
 PHASES: dict[str, Phase] = {phase.name: phase for phase in (
