@@ -406,6 +406,7 @@ def write(path: str | os.PathLike[str], document: Mapping[str, Any]) -> None:
     target = Path(path)
     handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or ".")
     try:
+        os.fchmod(handle, 0o644)   # a published file, not mkstemp's private 0600
         with os.fdopen(handle, "w") as out:
             json.dump(document, out, indent=1)
             out.write("\n")

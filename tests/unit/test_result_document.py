@@ -51,6 +51,7 @@ def test_a_whole_document_passes_and_round_trips(tmp_path):
     rd.write(path, document)
     assert rd.load(path) == document
     assert [p.name for p in tmp_path.iterdir()] == ["result.json"]  # no temporary left
+    assert path.stat().st_mode & 0o777 == 0o644
 
 
 def test_wrong_total_and_errors_are_gathered_from_the_rows():
