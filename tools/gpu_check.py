@@ -469,7 +469,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="tools/gpu_check.py", description="The GPU checks of a node, phase by phase.",
         epilog="phases: " + "; ".join(f"{p.name} ({p.about})" for p in PHASES.values()))
     parser.add_argument("phases", nargs="*", metavar="PHASE",
-                        help=f"phases to run, in order (default: {' '.join(DEFAULT_PHASES)})")
+                        help=f"phases to run, in order (default, or all: {' '.join(DEFAULT_PHASES)})")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "out"),
                         help="output folder (default $OUT, else out/)")
     parser.add_argument("--list", action="store_true",
@@ -482,7 +482,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for phase in PHASES.values():
             print(f"{phase.name:<16} {phase.min_gpus}+ GPUs  {phase.about}")
         return 0
-    names = args.phases or list(DEFAULT_PHASES)
+    # "all" is the old script's name for the default phases.
+    names = [name for asked in args.phases or ["all"]
+             for name in (DEFAULT_PHASES if asked == "all" else [asked])]
     unknown = [name for name in names if name not in PHASES]
     if unknown:
         parser.error(f"unknown phase {unknown[0]!r}; phases: {', '.join(PHASES)}")
