@@ -469,7 +469,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="tools/gpu_check.py", description="The GPU checks of a node, phase by phase.",
         epilog="phases: " + "; ".join(f"{p.name} ({p.about})" for p in PHASES.values()))
     parser.add_argument("phases", nargs="*", metavar="PHASE",
-                        help=f"phases to run, in order (default, or all: {' '.join(DEFAULT_PHASES)})")
+                        help="phases to run, in order (default, or all: "
+                             f"{' '.join(DEFAULT_PHASES)})")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "out"),
                         help="output folder (default $OUT, else out/)")
     parser.add_argument("--list", action="store_true",
