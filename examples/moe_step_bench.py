@@ -3,7 +3,7 @@ symmetric memory in one launch, every version checked bit for bit before it is t
 
     mpiexec -n 2 python examples/moe_step_bench.py --dtype bfloat16 --topk 8 --experts 32 \\
         --tokens 4096 --hidden 7168 [--checks 2] [--warmup 3] [--iters 20] [--seed S] \\
-        [--markdown FILE.md] [--json FILE.json]
+        [--markdown FILE.md] [--json FILE.json] [--result FILE.json]
 
 One rank per GPU, on one node. The step is ``moe_dispatch.GpuStep`` (route top-K, count,
 exchange the counts, dispatch, experts, combine, sum each token's K outputs); only its
@@ -38,7 +38,9 @@ busiest rank sends its peers per step, and the time over ipcshare's. Exit status
 ``ipcshare`` commands' (docs/CLI.md): 0 when every version that ran was right and its
 figure passed both checks, 3 for a wrong element, 1 for a version that failed to run, 5
 for a figure that failed a check (a baseline's included: its time is then no ratio's
-denominator, and the table says why).
+denominator, and the table says why). ``--result`` writes the step's figures as a result
+document (docs/CLI.md): op ``moe-step``, ours beside each baseline that ran, each
+baseline's ``path`` saying how it was timed.
 """
 
 from __future__ import annotations
@@ -507,6 +509,43 @@ def _results(torch, group, layer: moe.Layer, args, rows) -> dict[str, Any]:
     }
 
 
+def result_rows(results: dict[str, Any], launch: str) -> list[dict[str, Any]]:
+    """The result document's row of ``results`` (``_results``): ours, each baseline that
+    ran beside it (``path``: how it was timed), the busiest rank's bytes sent per step as
+    the size; no row where no version has a figure."""
+    from ipcshare.runtime.result_document import baseline_figure, figure, make_row
+
+    def timed(row: dict[str, Any]) -> bool:
+        return "skipped" not in row and (row.get("time_us") is not None or row["wrong"])
+
+    rows = results["rows"]
+    ours = next((row for row in rows if row["version"] == OURS and timed(row)), None)
+    theirs = [row for row in rows if row["version"] != OURS and timed(row)]
+    if ours is None and not theirs:
+        return []
+    errors = list(ours.get("measurement_errors", [])) if ours else []
+    errors += [f"{row['version']} baseline: {error}" for row in theirs
+               for error in row.get("measurement_errors", [])]
+    sized = next((row for row in (ours, *theirs) if row and row.get("bytes_per_rank")), {})
+    layer = results["layer"]
+    return [make_row(
+        op="moe-step", size=int(sized.get("bytes_per_rank", 0)), dtype=layer["dtype"],
+        algorithm=VERSIONS[OURS], mode="graph" if ours and ours["timing"] == "one CUDA graph"
+        else "eager", world_size=results["world_size"], launch=launch,
+        ours=None if ours is None or ours.get("time_us") is None else figure(
+            ours["time_us"], ours["gbps"], None, wall_us=ours["host_clock_us"]),
+        baselines=[baseline_figure(
+            row["version"], row.get("time_us"), row.get("gbps"), None, wrong=row["wrong"],
+            error="; ".join(row.get("measurement_errors", [])) or None,
+            path=f"{VERSIONS[row['version']]}, timed {row['timing']}",
+            **({"wall_us": row["host_clock_us"]} if row.get("time_us") is not None else {}))
+            for row in theirs],
+        wrong=ours["wrong"] if ours else None, errors=errors,
+        details={"layer": results["layer_text"], "size": "bytes the busiest rank sends its "
+                 "peers per step", "algbw": "those bytes over the step's time",
+                 "tokens_per_s": ours.get("tokens_per_s") if ours else None})]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     moe.add_layer_flags(parser)
@@ -517,10 +556,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=20, help="timed steps per version")
     parser.add_argument("--markdown", metavar="FILE", help="write the table there (rank 0)")
     parser.add_argument("--json", metavar="FILE", help="write the results there (rank 0)")
+    parser.add_argument("--result", metavar="FILE",
+                        help="write the figures as a result document (rank 0; docs/CLI.md)")
     args = parser.parse_args(argv)
     moe.check_flags(parser, args, {**moe.LAYER_MINIMUMS, "--checks": 1, "--warmup": 0,
                                    "--iters": 1})
-    for path in (args.markdown, args.json):
+    for path in (args.markdown, args.json, args.result):
         try:
             check_writable(path)
         except ConfigError as exc:
@@ -539,6 +580,16 @@ def main(argv: list[str] | None = None) -> int:
                     with open(args.json, "w") as out:
                         json.dump(results, out, indent=1)
                         out.write("\n")
+                if args.result:
+                    from ipcshare.cli.result_file import write_result
+                    from ipcshare.runtime.result_document import new_launch_id
+
+                    write_result(args.result, tool=f"examples/{SCRIPT}",
+                                 world_size=results["world_size"],
+                                 rows=result_rows(results, new_launch_id()),
+                                 exit_status=results["exit_status"],
+                                 argv=["python", f"examples/{SCRIPT}",
+                                       *(sys.argv[1:] if argv is None else argv)])
     except (moe.Refused, IpcShareError) as exc:  # every rank alike: one line each, no hang
         sys.stderr.write(f"{SCRIPT}: error: {exc}\n")
         return 1

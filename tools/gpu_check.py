@@ -400,6 +400,14 @@ def log_facts(runner: Runner, context: Context) -> None:
         for line in text.splitlines()[:60]:
             runner.log(line)
     runner.log("machine: " + json.dumps(machine_facts_here()))
+    commit = subprocess.run(
+        [context.python, "-c", "import json; from ipcshare.runtime.source_commit import "
+         "source_commit; print(json.dumps(source_commit()))"], capture_output=True, text=True,
+        env=runner.env, cwd=str(context.repo), timeout=60)
+    runner.log("commit: " + (commit.stdout.strip() or commit.stderr.strip()))
+    if '"unknown"' in commit.stdout:
+        runner.log("commit: unknown here (no git folder): pass --commit HASH[+dirty] so "
+                   "that the result documents name it")
     probe = ("import importlib, platform\nprint('python', platform.python_version())\n"
              "for name in ('numpy', 'mpi4py', 'torch', 'cupy', 'cuda.bindings', 'pytest', "
              "'pytest_mpi', 'nccl4py'):\n"
@@ -461,21 +469,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="tools/gpu_check.py", description="The GPU checks of a node, phase by phase.",
         epilog="phases: " + "; ".join(f"{p.name} ({p.about})" for p in PHASES.values()))
     parser.add_argument("phases", nargs="*", metavar="PHASE",
-                        help=f"phases to run, in order (default: {' '.join(DEFAULT_PHASES)})")
+                        help="phases to run, in order (default, or all: "
+                             f"{' '.join(DEFAULT_PHASES)})")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "out"),
                         help="output folder (default $OUT, else out/)")
     parser.add_argument("--list", action="store_true",
                         help="list the phases and the GPUs each needs, then exit")
+    parser.add_argument("--commit", metavar="HASH[+dirty]",
+                        help="the commit of this tree where it has no git folder (a copy "
+                             "on a GPU node): what every result document names")
     args = parser.parse_args(argv)
     if args.list:
         for phase in PHASES.values():
             print(f"{phase.name:<16} {phase.min_gpus}+ GPUs  {phase.about}")
         return 0
-    names = args.phases or list(DEFAULT_PHASES)
+    # "all" is the old script's name for the default phases.
+    names = [name for asked in args.phases or ["all"]
+             for name in (DEFAULT_PHASES if asked == "all" else [asked])]
     unknown = [name for name in names if name not in PHASES]
     if unknown:
         parser.error(f"unknown phase {unknown[0]!r}; phases: {', '.join(PHASES)}")
-    status, _outcomes = run(names, args.out)
+    env = dict(os.environ)
+    if args.commit:
+        from ipcshare.runtime import settings
+        from ipcshare.runtime.errors import SettingError
+
+        env[settings.SOURCE_COMMIT] = args.commit
+        try:
+            os.environ[settings.SOURCE_COMMIT] = args.commit   # read by the check below
+            settings.given_source_commit()
+        except SettingError as exc:
+            parser.error(f"--commit: {exc}")
+    status, _outcomes = run(names, args.out, env=env)
     return status
 
 

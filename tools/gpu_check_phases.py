@@ -18,6 +18,7 @@ NCCL_TESTS_MAX, STEP_TIMEOUT_SUITE.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -577,14 +578,19 @@ def ab_steps(ctx: Context) -> list[Step | Note]:
         for side, folder in (("base", base), ("this", str(ctx.repo))):
             # The side's package first: python -m puts the working folder first too.
             path = os.pathsep.join(filter(None, [folder, ctx.knobs.get("PYTHONPATH")]))
-            steps.append(timed_step(
+            package = os.path.join(folder, "ipcshare")
+            timed = timed_step(
                 ctx, f"ab {side}: {case}", int(n), op,
                 ["--backend", ctx.knob("AB_BACKEND", "cuda-vmm"), "--algo", algo, "-b",
                  ctx.knob("AB_MIN", "8"), "-e", high, "-f", "4", "-n", "50", "-w", "5", "-c",
                  "1", "--baseline", ctx.knob("AB_BASELINE", "nccl"), *flags],
-                tags={"ab_case": case, "ab_side": side, "ab_package": f"{folder}/ipcshare"},
+                tags={"ab_case": case, "ab_side": side, "ab_package": package},
                 limit_s=_limit(ctx, "STEP_TIMEOUT_BENCH", 150), env={"PYTHONPATH": path},
-                cwd=folder))
+                cwd=folder)
+            # The package the side imports is the side's (ab_table.py refuses two sides of
+            # one package; the tag is checked here, not assumed).
+            check = [ctx.python, "-c", PACKAGE_CHECK, package]
+            steps.append(dataclasses.replace(timed, commands=(tuple(check), *timed.commands)))
     steps.append(Step.of("ab: this tree against the base (ab.md)", [
         ctx.python, "tools/analysis/ab_table.py", str(ctx.out / "results.jsonl"), "--markdown",
         str(ctx.out / "ab.md")], limit_s=60))
@@ -632,6 +638,14 @@ def namespaces_steps(ctx: Context) -> list[Step | Note]:
         "tests/cli/test_pid_namespaces_cli.py", "-k", "not network"], limit_s=300,
         env={"OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": "lo"})]
 
+
+PACKAGE_CHECK = """
+import os, sys
+import ipcshare
+found = os.path.dirname(os.path.abspath(ipcshare.__file__))
+if found != os.path.abspath(sys.argv[1]):
+    sys.exit(f"this side imports ipcshare from {found}, not {sys.argv[1]}")
+"""
 
 SHARED_TABLE = """
 import json, sys
@@ -902,8 +916,8 @@ def probes_steps(ctx: Context) -> list[Step | Note]:
     return [Step.of("what the links carry: SM loads, stores, the copy engine (link_probe)",
                     [ctx.python, "tools/probes/links/link_probe.py", "--result", links],
                     limit_s=300, results=[links]),
-            Step.of(f"where an all-gather's time goes, n={g} (allgather_probe)", mpirun(
-                ctx, g, ctx.python, "tools/probes/timing/allgather_probe.py"), limit_s=300)]
+            probe_step(ctx, f"where an all-gather's time goes, n={g} (allgather_probe)", g,
+                       "tools/probes/timing/allgather_probe.py", limit_s=300)]
 
 
 PHASES: dict[str, Phase] = {phase.name: phase for phase in (

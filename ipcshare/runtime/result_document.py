@@ -30,7 +30,7 @@ __all__ = ["SCHEMA", "MODES", "PLACEMENTS", "COMMIT_SOURCES", "Field", "DOCUMENT
 SCHEMA = "ipcshare.result/1"
 MODES = ("eager", "graph", "latency")
 PLACEMENTS = ("out-of-place", "in-place")
-COMMIT_SOURCES = ("git", "package", "unknown")
+COMMIT_SOURCES = ("git", "given", "package", "unknown")
 _DATE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
 
 
@@ -77,8 +77,9 @@ DOCUMENT_FIELDS = (
 COMMIT_FIELDS = (
     _f("id", "str", 'the full commit hash, or "unknown"'),
     _f("dirty", "bool|null", "the tree had uncommitted changes; null when unknown"),
-    _f("source", "str", "`git` (a checkout), `package` (the commit recorded in the "
-                        "installed package) or `unknown`"),
+    _f("source", "str", "`git` (a checkout), `given` (IPCSHARE_SOURCE_COMMIT, on a copy "
+                        "of the tree without its git folder), `package` (the commit "
+                        "recorded in the installed package) or `unknown`"),
 )
 MACHINE_FIELDS = (
     _f("hostname", "str", "the host of rank 0"),
@@ -405,6 +406,7 @@ def write(path: str | os.PathLike[str], document: Mapping[str, Any]) -> None:
     target = Path(path)
     handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or ".")
     try:
+        os.fchmod(handle, 0o644)   # a published file, not mkstemp's private 0600
         with os.fdopen(handle, "w") as out:
             json.dump(document, out, indent=1)
             out.write("\n")

@@ -17,7 +17,8 @@ __all__ = [
     "Setting", "SETTINGS", "raw", "seconds", "log_level", "debug", "max_ranks_per_gpu",
     "disabled_p2p_pairs", "shared_gpu_barrier", "SHARED_GPU_BARRIERS", "mpi_cuda_aware",
     "socket_dir", "kernel_cache", "kernel_archs", "kernel_shipped", "kernel_trace",
-    "doctor_test_death", "exchange_timeout", "signal_timeout",
+    "doctor_test_death", "exchange_timeout", "signal_timeout", "given_source_commit",
+    "SOURCE_COMMIT",
     "DEFAULT_EXCHANGE_TIMEOUT_S", "DEFAULT_SIGNAL_TIMEOUT_S", "MIN_SECONDS", "MAX_SECONDS",
     "LOG", "DEBUG", "VIRTUAL_NODES", "MAX_RANKS_PER_GPU",
     "DISABLE_P2P", "P2P_FALLBACK", "P2P_CHUNK", "SHARED_GPU_BARRIER", "MPI_CUDA_AWARE",
@@ -48,6 +49,7 @@ KERNEL_SHIPPED = "IPCSHARE_KERNEL_SHIPPED"
 KERNEL_TRACE = "IPCSHARE_KERNEL_TRACE"
 DOCTOR_TEST_DIE_RANK = "IPCSHARE_DOCTOR_TEST_DIE_RANK"
 DOCTOR_TEST_DIE_STAGE = "IPCSHARE_DOCTOR_TEST_DIE_STAGE"
+SOURCE_COMMIT = "IPCSHARE_SOURCE_COMMIT"
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,9 @@ SETTINGS = (
             "comes from the cache or NVRTC), e.g. to time a cold compile"),
     Setting(KERNEL_TRACE, "0", "1: build the collective kernels with phase stamps for "
             "tools/probes/timing/kernel_trace.py (a CUBIN of its own; results the same)"),
+    Setting(SOURCE_COMMIT, "unset", "the commit of a copy of the tree that has no git "
+            "folder (as on a GPU node), HASH or HASH+dirty: what result documents name "
+            "there (tools/gpu_check.py --commit sets it)"),
     Setting(DOCTOR_TEST_DIE_RANK, "unset", "tests only: the rank that dies during doctor"),
     Setting(DOCTOR_TEST_DIE_STAGE, "matrix", "tests only: the doctor stage at which it dies"),
 )
@@ -300,3 +305,22 @@ def doctor_test_death() -> tuple[str, str]:
     """The doctor's test hook: (the rank that dies, "" for none; the stage, default
     ``matrix``)."""
     return _text(DOCTOR_TEST_DIE_RANK), _text(DOCTOR_TEST_DIE_STAGE) or "matrix"
+
+
+def given_source_commit() -> tuple[str, bool] | None:
+    """``IPCSHARE_SOURCE_COMMIT`` as (hash, dirty), or None when unset or empty.
+
+    Raises:
+        SettingError: not 7 to 40 lowercase hex digits, optionally followed by ``+dirty``.
+    """
+    import re
+
+    text = _text(SOURCE_COMMIT)
+    if not text:
+        return None
+    match = re.fullmatch(r"([0-9a-f]{7,40})(\+dirty)?", text)
+    if match is None:
+        raise SettingError(f"{SOURCE_COMMIT}={text!r}: a commit hash (7 to 40 lowercase hex "
+                           "digits), followed by +dirty where the tree had changes",
+                           setting=SOURCE_COMMIT, value=text)
+    return match[1], bool(match[2])

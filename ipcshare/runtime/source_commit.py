@@ -1,6 +1,7 @@
 """Which commit of ipcshare is running, and whether its tree was dirty: from git where
-the package runs from a checkout, else from what the installer recorded (a VCS install's
-``direct_url.json``), else said to be unknown."""
+the package runs from a checkout, else as IPCSHARE_SOURCE_COMMIT gives it (a copy of the
+tree without its git folder, as on a GPU node), else from what the installer recorded (a
+VCS install's ``direct_url.json``), else said to be unknown."""
 
 from __future__ import annotations
 
@@ -40,14 +41,24 @@ def _from_package() -> str | None:
 
 def source_commit() -> dict[str, Any]:
     """``{"id", "dirty", "source"}`` as the result document holds it: the checkout's HEAD
-    and whether tracked files differ from it (``source`` "git"), the installed package's
-    recorded commit (``"package"``, dirtiness unknown), or ``"unknown"``."""
+    and whether tracked files differ from it (``source`` "git"), the commit
+    IPCSHARE_SOURCE_COMMIT gives (``"given"``), the installed package's recorded commit
+    (``"package"``, dirtiness unknown), or ``"unknown"``.
+
+    Raises:
+        SettingError: IPCSHARE_SOURCE_COMMIT is malformed.
+    """
+    from .settings import given_source_commit
+
     if (_CHECKOUT / ".git").exists():
         head = _git("rev-parse", "HEAD")
         if head:
             status = _git("status", "--porcelain", "--untracked-files=no")
             return {"id": head, "dirty": None if status is None else bool(status),
                     "source": "git"}
+    given = given_source_commit()
+    if given is not None:
+        return {"id": given[0], "dirty": given[1], "source": "given"}
     recorded = _from_package()
     if recorded:
         return {"id": recorded, "dirty": None, "source": "package"}

@@ -15,7 +15,8 @@ from typing import Any
 from .link_speed import NVLINK_NAMES
 from .nvml_session import nvml_session
 
-__all__ = ["machine_facts_here", "describe_links", "visible_gpu_indices"]
+__all__ = ["machine_facts_here", "describe_links", "links_from_topology",
+           "visible_gpu_indices"]
 
 _MAX_NVLINKS = 18
 _NCCL_WHEELS = ("nvidia-nccl-cu13", "nvidia-nccl-cu12")
@@ -44,6 +45,34 @@ def describe_links(nvlinks: Sequence[tuple[int, int]], nvlink_pairs: int, pairs:
     if nvlink_pairs == pairs:
         return f"{text}, all {pairs} pairs"
     return f"{text}, {nvlink_pairs} of {pairs} pairs ({pcie_text} for the others)"
+
+
+def links_from_topology(text: str, chosen: Sequence[int]) -> str | None:
+    """One line on how the GPUs ``chosen`` connect, from ``nvidia-smi topo -m``'s matrix
+    (``NV18``: 18 NVLinks between the pair; ``PIX``, ``PXB``, ``PHB``, ``NODE``, ``SYS``:
+    PCIe paths); None where the matrix is not there. On 4 H200s: ``NVLink: 18 links a
+    pair, all 6 pairs (nvidia-smi topo)``.
+    """
+    matrix: dict[int, list[str]] = {}
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.split("\t")]
+        if cells and cells[0].startswith("GPU") and cells[0][3:].isdigit():
+            matrix[int(cells[0][3:])] = cells[1:]
+    pairs = [(a, b) for i, a in enumerate(chosen) for b in chosen[i + 1:]]
+    if not pairs:
+        return None
+    try:
+        kinds = [matrix[a][b] for a, b in pairs]
+    except (KeyError, IndexError):
+        return None
+    nvlinks = sorted({int(kind[2:]) for kind in kinds if kind.startswith("NV")
+                      and kind[2:].isdigit()})
+    if not nvlinks:
+        return f"PCIe ({', '.join(sorted(set(kinds)))}), no NVLink (nvidia-smi topo)"
+    links = str(nvlinks[0]) if len(nvlinks) == 1 else f"{nvlinks[0]}-{nvlinks[-1]}"
+    over = sum(kind.startswith("NV") for kind in kinds)
+    reach = f"all {len(pairs)} pairs" if over == len(pairs) else f"{over} of {len(pairs)} pairs"
+    return f"NVLink: {links} links a pair, {reach} (nvidia-smi topo)"
 
 
 def visible_gpu_indices(count: int, uuids: Sequence[str] = (),
@@ -142,6 +171,15 @@ def _from_nvidia_smi() -> dict[str, Any]:
     if chosen:
         facts.update(gpu_model=gpus[chosen[0]][0], gpu_count=len(chosen),
                      driver=gpus[chosen[0]][1])
+    if len(chosen) > 1:
+        try:
+            topology = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True,
+                                      text=True, timeout=30)
+            facts["links"] = links_from_topology(topology.stdout, chosen)
+        except (OSError, subprocess.SubprocessError):
+            pass  # the links stay unknown
+    elif chosen:
+        facts["links"] = "one GPU"
     return facts
 
 

@@ -63,10 +63,10 @@ class _Refused(Exception):
 
 
 def _commit() -> str | None:
-    """The checkout's commit (12 digits, with ``+dirty`` for uncommitted changes), or
-    None outside a checkout."""
+    """The commit that runs (12 digits, with ``+dirty`` for uncommitted changes), or None
+    where it is not known."""
     commit = source_commit()
-    if commit["source"] != "git":
+    if commit["source"] == "unknown":
         return None
     return commit["id"][:12] + ("+dirty" if commit["dirty"] else "")
 

@@ -8,18 +8,30 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ipcshare.runtime.result_document import load
+
 from .test_cli import MPIEXEC, needs_mpiexec
 
 PROBE = Path(__file__).resolve().parents[2] / "tools" / "probes" / "timing" / "allgather_probe.py"
 
 
 @needs_mpiexec
-def test_the_probe_times_and_checks_host_all_gathers():
+def test_the_probe_times_and_checks_host_all_gathers(tmp_path):
+    result = tmp_path / "result.json"
     done = subprocess.run(
         [MPIEXEC, "-n", "2", sys.executable, str(PROBE), "--backend", "host",
          "--variants", "full,in-place,copies,barriers", "--sizes", "64K,1M", "--iters", "3",
-         "--warmup", "1"], capture_output=True, text=True, timeout=120)
+         "--warmup", "1", "--result", str(result)], capture_output=True, text=True,
+        timeout=120)
     assert done.returncode == 0, done.stderr
+    # Its result document: every variant and size, checked where the bytes were.
+    document = load(result)
+    figures = {(row["algorithm"], row["size"]): row for row in document["rows"]}
+    assert set(figures) == {(v, s) for v in ("full", "in-place", "copies", "barriers")
+                            for s in (64 << 10, 1 << 20)}
+    assert {figures["full", 1 << 20]["wrong"], figures["copies", 1 << 20]["wrong"]} == {0, None}
+    assert document["tool"] == "tools/probes/timing/allgather_probe.py"
+    assert document["world_size"] == 2 and document["exit_status"] == 0
     rows = {line.split()[0]: line for line in done.stdout.splitlines()
             if line and not line.startswith(("#", "variant"))}
     assert set(rows) == {"full", "in-place", "copies", "barriers"}

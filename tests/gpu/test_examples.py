@@ -15,6 +15,8 @@ import re
 
 import pytest
 
+from ipcshare.runtime.result_document import load as load_result
+
 from ..example_runs import MPIEXEC, inside_an_mpi_job, run_example
 
 pytestmark = pytest.mark.gpu
@@ -83,7 +85,8 @@ def test_the_moe_step_benchmark_checks_every_version_then_times_it_against_nccl(
     out = run_example("moe_step_bench", "--backend", "cuda-vmm", "--tokens", "1024",
                       "--hidden", "512", "--experts", "8", "--topk", "2", "--dtype",
                       "bfloat16", "--checks", "2", "--iters", "5", "--json", str(results),
-                      "--markdown", str(table), n=2, timeout=300)
+                      "--markdown", str(table), "--result", str(tmp_path / "result.json"),
+                      n=2, timeout=300)
     print(out.stdout)
     document = json.loads(results.read_text())
     rows = {row["version"]: row for row in document["rows"]}
@@ -108,3 +111,9 @@ def test_the_moe_step_benchmark_checks_every_version_then_times_it_against_nccl(
     # torch symm: run and right where this torch has all_to_all_vdev, else the reason.
     assert symm.get("skipped") or (symm["wrong"] == 0 and symm["errors"] == []
                                    and symm["checked_steps"] >= 2)
+    # The result document: the same figures, of one launch, with the run's status.
+    (row,) = load_result(tmp_path / "result.json")["rows"]
+    assert row["mode"] == "graph" and row["ours"]["time_us"] == round(ours["time_us"], 3)
+    assert row["baselines"][0]["name"] == "NCCL"
+    assert row["baselines"][0]["time_us"] == round(nccl["time_us"], 3)
+    assert load_result(tmp_path / "result.json")["exit_status"] == out.returncode

@@ -85,3 +85,30 @@ def test_vdev_rows_must_divide_over_its_blocks_per_peer():
     assert why.startswith("all_to_all_vdev's kernel cuts a peer's bytes over 17 blocks")
     assert "dispatch's rows of 258 bytes" in why
     assert bench.vdev_trap(odd, "2") is None   # one block per peer
+
+
+def test_the_result_document_holds_ours_beside_each_baseline_that_ran():
+    from ipcshare.runtime import result_document as rd
+
+    ours = {**_row("ipcshare", 1000.0), "timing": "one CUDA graph"}
+    rows = [ours, _row("NCCL", 1850.0), _row("torch symm", wrong=3),
+            {"version": "torch symm", "skipped": "no NVSHMEM"}]
+    results = {**_results(rows), "layer": {"dtype": "bfloat16"}, "world_size": 2,
+               "exit_status": bench.exit_status(rows)}
+    (row,) = bench.result_rows(results, rd.new_launch_id())
+    assert (row["op"], row["mode"], row["size"], row["dtype"]) == (
+        "moe-step", "graph", 469_762_048, "bfloat16")
+    assert row["ours"] == {"time_us": 1000.0, "algbw": 400.0, "busbw": None,
+                           "wall_us": 1010.0}
+    nccl, symm = row["baselines"]
+    assert (nccl["name"], nccl["time_us"], nccl["path"]) == (
+        "NCCL", 1850.0, "NCCL all_to_all_single, splits copied to the host, timed eager")
+    assert symm["wrong"] == 3 and symm["time_us"] is None
+    document = rd.make_document(
+        tool="examples/moe_step_bench.py", version="0", commit=rd.unknown_commit(),
+        machine={"hostname": "h", "host_cpus": 1, "gpu_model": None, "gpu_count": 0,
+                 "links": None, "driver": None, "cuda": None, "nccl": None, "torch": None},
+        command="python examples/moe_step_bench.py", exit_status=results["exit_status"],
+        world_size=2, rows=[row])
+    assert document["exit_status"] == 3 and document["wrong_total"] == 3
+    assert bench.result_rows({**results, "rows": rows[3:]}, "x") == []

@@ -286,3 +286,11 @@ def test_the_command_line_lists_and_refuses(capsys):
         gpu_check.main(["no-such-phase"])
     assert stopped.value.code == 2
     assert "unknown phase 'no-such-phase'" in capsys.readouterr().err
+
+
+def test_a_malformed_commit_is_refused_before_anything_runs(capsys, monkeypatch):
+    monkeypatch.setenv("IPCSHARE_SOURCE_COMMIT", "")   # restored after: main sets it
+    with pytest.raises(SystemExit) as stopped:
+        gpu_check.main(["tests", "--commit", "HEAD~1"])
+    assert stopped.value.code == 2
+    assert "--commit: IPCSHARE_SOURCE_COMMIT='HEAD~1'" in capsys.readouterr().err

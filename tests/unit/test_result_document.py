@@ -11,7 +11,11 @@ from pathlib import Path
 import pytest
 
 from ipcshare.runtime import result_document as rd
-from ipcshare.topology.machine_facts import describe_links, visible_gpu_indices
+from ipcshare.topology.machine_facts import (
+    describe_links,
+    links_from_topology,
+    visible_gpu_indices,
+)
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "CLI.md"
 
@@ -47,6 +51,7 @@ def test_a_whole_document_passes_and_round_trips(tmp_path):
     rd.write(path, document)
     assert rd.load(path) == document
     assert [p.name for p in tmp_path.iterdir()] == ["result.json"]  # no temporary left
+    assert path.stat().st_mode & 0o777 == 0o644
 
 
 def test_wrong_total_and_errors_are_gathered_from_the_rows():
@@ -86,7 +91,7 @@ def _set(document: dict, path: str, value) -> None:
     ("tool", 3, "tool: expected a string"),
     ("commit.id", "", "commit.id: must not be empty"),
     ("commit.dirty", "yes", "commit.dirty: expected true or false or null"),
-    ("commit.source", "svn", "commit.source: expected one of git, package, unknown"),
+    ("commit.source", "svn", "commit.source: expected one of git, given, package, unknown"),
     ("machine.gpu_count", -1, "machine.gpu_count: must not be negative"),
     ("machine.links", KeyError, "machine.links: missing"),
     ("machine.colour", "red", "machine.colour: not a field"),
@@ -186,6 +191,21 @@ def test_links_are_told_in_one_line():
     assert describe_links([], 0, 0) is None
 
 
+def test_links_from_nvidia_smi_topology():
+    # nvidia-smi topo -m on 4 H200s (its header is underlined with escape codes)
+    text = ("\t\x1b[4mGPU0\tGPU1\tGPU2\tGPU3\tCPU Affinity\x1b[0m\n"
+            "GPU0\t X \tNV18\tNV18\tNV18\t0-63\n"
+            "GPU1\tNV18\t X \tNV18\tNV18\t0-63\n"
+            "GPU2\tNV18\tNV18\t X \tSYS\t0-63\n"
+            "GPU3\tNV18\tNV18\tSYS\t X \t0-63\n")
+    assert links_from_topology(text, [0, 1, 2, 3]) == \
+        "NVLink: 18 links a pair, 5 of 6 pairs (nvidia-smi topo)"
+    assert links_from_topology(text, [0, 1]) == \
+        "NVLink: 18 links a pair, all 1 pairs (nvidia-smi topo)"
+    assert links_from_topology(text, [2, 3]) == "PCIe (SYS), no NVLink (nvidia-smi topo)"
+    assert links_from_topology("no matrix", [0, 1]) is None
+
+
 def test_visible_gpus_follow_cuda_visible_devices():
     uuids = ["GPU-aaa", "GPU-bbb", "GPU-ccc"]
     assert visible_gpu_indices(3, uuids, None) == [0, 1, 2]
@@ -193,3 +213,18 @@ def test_visible_gpus_follow_cuda_visible_devices():
     assert visible_gpu_indices(3, uuids, "GPU-b") == [1]
     assert visible_gpu_indices(3, uuids, "1,7,0") == [1]  # CUDA stops at a bad entry
     assert visible_gpu_indices(3, uuids, "") == []
+
+
+def test_the_commit_of_a_copy_without_git_is_the_one_given(tmp_path, monkeypatch):
+    from ipcshare.runtime import source_commit as sc
+    from ipcshare.runtime.errors import SettingError
+
+    assert sc.source_commit()["source"] == "git"   # this checkout
+    monkeypatch.setattr(sc, "_CHECKOUT", tmp_path)   # a copy of the tree, no .git
+    monkeypatch.delenv("IPCSHARE_SOURCE_COMMIT", raising=False)
+    assert sc.source_commit()["id"] in ("unknown", sc._from_package())
+    monkeypatch.setenv("IPCSHARE_SOURCE_COMMIT", "3be84d4+dirty")
+    assert sc.source_commit() == {"id": "3be84d4", "dirty": True, "source": "given"}
+    monkeypatch.setenv("IPCSHARE_SOURCE_COMMIT", "main")
+    with pytest.raises(SettingError, match="IPCSHARE_SOURCE_COMMIT='main': a commit hash"):
+        sc.source_commit()

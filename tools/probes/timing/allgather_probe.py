@@ -4,6 +4,10 @@ reporting the slowest rank's busbw. A tuning tool for the GPU nodes, not a bench
 figures that go into docs/BENCHMARKS.md come from `ipcshare allgather` / `ipcshare bench`.
 
     mpiexec -n 4 python3 tools/probes/timing/allgather_probe.py [--sizes 1M,64M,256M] [--iters 20]
+            [--result FILE]
+
+``--result FILE``: every variant's figures as a result document (docs/CLI.md), the variant
+as the algorithm, ``wrong`` where its bytes were checked; exit status 3 when any was wrong.
 
 Variants (each is one operation, repeated ``--iters`` times after ``--warmup``):
   full          the production copy-engine all-gather (barrier, copies, barrier)
@@ -60,9 +64,11 @@ from pathlib import Path
 from cuda.bindings import driver
 
 import ipcshare
+from ipcshare.cli.result_file import RESULT_HELP, write_result
 from ipcshare.patterns import make_pattern
 from ipcshare.patterns.allgather import allgather_busbw_factor
 from ipcshare.runtime.config import parse_size
+from ipcshare.runtime.result_document import figure, make_row, new_launch_id
 
 VARIANTS = ("full", "copies", "copies-1s", "batch", "full-batch", "barriers", "kbarriers",
             "full-kbar", "in-place", "pairwise", "pairwise-ip", "push",
@@ -487,7 +493,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nccl", action="store_true",
                         help="also time NCCL's all-gather (torch.distributed), alone and "
                              "after an empty kernel: rows nccl and kernel+nccl")
+    parser.add_argument("--result", metavar="FILE", help=RESULT_HELP)
     args = parser.parse_args(argv)
+    launch, rows = new_launch_id(), []
     sizes = [parse_size(text, what="--sizes") for text in args.sizes.split(",")]
     variants = args.variants.split(",")
     with ipcshare.Group(backend=args.backend) as group:
@@ -536,6 +544,12 @@ def main(argv: list[str] | None = None) -> int:
                 busbw = plan.size / seconds / 1e9 * allgather_busbw_factor(n)
                 flag = "" if wrong is None else ("  " if wrong == 0 else " !")
                 cells.append(f"{busbw:9.1f} ({seconds * 1e6:8.1f}){flag}")
+                rows.append(make_row(
+                    op="allgather", size=plan.size, dtype="uint8", algorithm=variant,
+                    mode="eager", world_size=n, launch=launch,
+                    ours=figure(seconds * 1e6, plan.size / seconds / 1e9, busbw), wrong=wrong,
+                    details={"backend": args.backend, "figure": "the slowest rank's",
+                             "checked": wrong is not None}))
                 window.synchronize()
                 comm.Barrier()
             if group.rank == 0:
@@ -545,7 +559,13 @@ def main(argv: list[str] | None = None) -> int:
         window.synchronize()
         _release_owned()
         window.close()
-    return 0
+        status = 3 if any(row["wrong"] for row in rows) else 0
+        if args.result and group.rank == 0:
+            write_result(args.result, tool="tools/probes/timing/allgather_probe.py",
+                         world_size=n, rows=rows, exit_status=status,
+                         argv=["python3", "tools/probes/timing/allgather_probe.py",
+                               *(sys.argv[1:] if argv is None else argv)])
+    return status
 
 
 def _time_nccl(group, plans, args) -> None:
