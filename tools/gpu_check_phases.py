@@ -13,7 +13,8 @@ TRACE_BYTES, TRACE_ALGOS, TRACE_GRAPH, AB_TREE, AB_CASES, AB_MIN, AB_BACKEND, AB
 ALLTOALL_RANKS, ALLTOALL_MIN, ALLTOALL_MAX, ALLTOALL_ITERS, ALLTOALL_ALGOS,
 ALLTOALL_SPLITS, ALLTOALL_BASELINES, ALLTOALL_SYMM_SPLITS, ALLTOALL_GRAPH,
 ALLTOALL_REGISTER, ALLTOALL_TESTS, ALLTOALL_NCCL_TESTS, STEP_TIMEOUT_ALLTOALL,
-NCCL_TESTS_MAX, STEP_TIMEOUT_SUITE.
+NCCL_TESTS_MAX, STEP_TIMEOUT_SUITE, REFUSED_RANKS, REFUSED_ALGOS, FIRST_CALL_WHEEL,
+STEP_TIMEOUT_FIRST_CALL.
 """
 
 from __future__ import annotations
@@ -920,10 +921,71 @@ def probes_steps(ctx: Context) -> list[Step | Note]:
                        "tools/probes/timing/allgather_probe.py", limit_s=300)]
 
 
+# -- one rank's refused call, on GPUs -------------------------------------------------------
+REFUSED_ALGOS = "pull balanced ll push eager ll128"
+
+
+def refusals_steps(ctx: Context) -> list[Step | Note]:
+    """A call that one rank's checks refuse, on GPUs at 3 and 4 ranks (REFUSED_RANKS; under
+    MPS where they outnumber the GPUs): its GPU tests, then 50 refused all-to-all-v calls, each
+    followed by a good one, for every all-to-all-v algorithm (REFUSED_ALGOS)."""
+    g = ctx.gpus
+    limit = _limit(ctx, "STEP_TIMEOUT_TESTS", 420)
+    files = ["tests/gpu/test_gpu_refused_calls.py", "tests/gpu/test_register_gpu.py",
+             "tests/gpu/test_gpu_all_to_all.py"]
+    steps: list[Step | Note] = []
+    for n in (int(word) for word in _words(ctx, "REFUSED_RANKS", "3 4")):
+        mps = n > g
+        where = " under MPS" if mps else ""
+        steps.append(Step.of(f"pytest the refused calls, {n} ranks{where}",
+                             pytest_mpi(ctx, n, files, forward=["IPCSHARE_SIGNAL_TIMEOUT"],
+                                        mps=mps),
+                             limit_s=limit, env={"IPCSHARE_SIGNAL_TIMEOUT": "10"}, mps=mps))
+        for algo in _words(ctx, "REFUSED_ALGOS", REFUSED_ALGOS):
+            steps.append(Step.of(
+                f"50 refused all-to-all-v calls, {algo}, {n} ranks{where}",
+                mpirun(ctx, n, ctx.python, "tools/checks/refused_calls_repeat.py",
+                       "--backend", "cuda-vmm", "--algo", algo,
+                       forward=["IPCSHARE_SIGNAL_TIMEOUT"], mps=mps),
+                limit_s=120, env={"IPCSHARE_SIGNAL_TIMEOUT": "10"}, mps=mps))
+    return steps
+
+
+# -- the first call on a fresh install ---------------------------------------------------
+def first_call_steps(ctx: Context) -> list[Step | Note]:
+    """The first collective of a fresh install, cold kernel cache, 2 ranks on one GPU
+    (under MPS where they share it): the wheel in .dist/ (FIRST_CALL_WHEEL), built where
+    NVRTC runs, installed on its own (no NVRTC needed here), then
+    tools/first_call_bench.py's runs: shipped CUBINs, warm, and every kernel compiled."""
+    wheels = sorted((ctx.repo / ".dist").glob("ipcshare-*.whl"))
+    wheel = ctx.knob("FIRST_CALL_WHEEL", str(wheels[-1]) if wheels else "")
+    if not wheel:
+        return [Note("first-call: no wheel in .dist/ (pip wheel --no-deps -w .dist .): skipped")]
+    target = str(ctx.scratch / "first-call-install")
+    mps = ctx.gpus < 2
+    # The installed package alone, and the carried wheels (/tmp/site), not the checkout.
+    env = {"PYTHONPATH": os.pathsep.join([target, "/tmp/site"])}
+    where = " under MPS" if mps else ""
+    return [Step.of(f"install {Path(wheel).name} on its own", [
+                ctx.python, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
+                "--target", target, wheel], limit_s=120, needs=wheel),
+            Step.of(f"first call of a fresh install, 2 ranks{where}",
+                    [ctx.python, str(ctx.repo / "tools" / "first_call_bench.py"), "--ranks",
+                     "2", "--compile", "--json", str((ctx.out / "first-call.json").resolve())],
+                    # Outside the checkout: `python -m ipcshare` would import it from the
+                    # folder it starts in.
+                    limit_s=_limit(ctx, "STEP_TIMEOUT_FIRST_CALL", 400), env=env, mps=mps,
+                    needs=target, cwd=target)]
+
+
 PHASES: dict[str, Phase] = {phase.name: phase for phase in (
     Phase("tests", "the GPU test suite at 2 ranks (under MPS on one GPU), 4 and 2xG ranks, "
                    "2 ranks taking turns on GPU 0, tests/mpi under the node's MPI", 1,
           tests_steps),
+    Phase("refusals", "a call one rank refuses, on GPUs at 3 and 4 ranks: its tests and 50 "
+                      "repetitions a GPU all-to-all-v algorithm", 1, refusals_steps),
+    Phase("first-call", "the first collective of a fresh install from .dist/, cold cache, "
+                        "2 ranks on one GPU", 1, first_call_steps),
     Phase("allreduce-quick", "all-reduce (graphs, eager) and all-to-all (graphs) 8 B - 1 MiB "
                              "at max(2, G) ranks, against NCCL with a GPU a rank, else under "
                              "MPS", 1, quick_steps),
