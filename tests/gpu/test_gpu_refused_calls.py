@@ -310,7 +310,7 @@ def test_a_refused_call_captured_in_a_graph_replays_its_mark(comm, setup, algo):
 
 @pytest.mark.parametrize("mode", ["global", "relaxed"])
 @pytest.mark.parametrize("algo", algorithm_names("cuda", "all_to_all_v"))
-def test_a_refused_call_captured_step_by_step(comm, setup, algo, mode):
+def test_a_refused_call_in_a_graph_captured_step_by_step(comm, setup, algo, mode):
     """The refused call's path cut at its steps (the checks, the bind, the launch), the
     capture's status asked after each: a capture that fails names the step after which
     it was invalidated. Global mode forbids the calls not allowed during a capture on
@@ -346,7 +346,7 @@ def test_a_refused_call_captured_step_by_step(comm, setup, algo, mode):
     _check_next_call_right(call, communicator, stream, algo)
 
 
-def test_a_refused_call_in_a_capture_already_invalidated_names_it(comm, setup):
+def test_a_refused_call_in_a_graph_capture_already_invalidated_names_it(comm, setup):
     """Rank 0 alone captures: an earlier graph destroyed in the capture (not allowed in
     the global mode) invalidates it, and the call rank 0 then refuses raises at once,
     saying that the capture was invalidated before it, instead of failing its launch.
