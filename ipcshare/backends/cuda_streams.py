@@ -14,7 +14,8 @@ from typing import Any
 from ..runtime.cuda_driver import check, driver
 from ..runtime.errors import ConfigError
 
-__all__ = ["stream_handle", "stream_device", "new_side_lane"]
+__all__ = ["stream_handle", "stream_device", "new_side_lane", "stream_capturing",
+           "capture_invalidated"]
 
 # The legacy and per-thread default streams: handles 0, 1 (CU_STREAM_LEGACY) and 2
 # (CU_STREAM_PER_THREAD) mean "the current context's", so they have no device of their own.
@@ -89,6 +90,19 @@ def stream_capturing(handle: int) -> bool:
     """
     status = check("cuStreamIsCapturing", driver.cuStreamIsCapturing(driver.CUstream(handle)))
     return status != driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+
+
+def capture_invalidated(handle: int) -> bool:
+    """Whether the capture of the stream ``handle`` into a CUDA graph has been
+    invalidated (cuStreamIsCapturing): an operation not allowed during a capture ran since
+    it began (on this stream, or, in the global capture mode, on any thread of the
+    process), so every further launch into it fails and ending it raises.
+
+    Raises:
+        CudaError: the handle is not a live stream.
+    """
+    status = check("cuStreamIsCapturing", driver.cuStreamIsCapturing(driver.CUstream(handle)))
+    return status == driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_INVALIDATED
 
 
 def new_side_lane() -> tuple[Any, Any]:

@@ -83,6 +83,23 @@ def _not_capturing(stream: Any) -> Any:
     return ask
 
 
+def _check_capture_valid(call: str, stream: Any, when: str) -> None:
+    """Raise where the capture of ``stream`` was invalidated (a refused call's path asks,
+    so a failed capture names the step that found it, not only the launch that failed).
+
+    Raises:
+        CollectiveError: the capture is invalidated.
+    """
+    from ..backends.cuda_streams import capture_invalidated
+
+    if capture_invalidated(int(stream)):
+        raise CollectiveError(
+            f"{call}: the CUDA graph capture of this stream was invalidated {when}, by an "
+            "operation not allowed during a capture (on this thread, or, in the global "
+            "capture mode, any thread of the process) since the capture began: end the "
+            "capture and capture again without it")
+
+
 class _BoundCall:
     """A signature bound to a stream: its argument block (input, output and placement
     change per call, the rest is fixed), the kernel parameters pointing at it, and the
@@ -337,7 +354,8 @@ class GpuPath:
                 turns on this GPU (stepped calls run by a leader); the peers then meet
                 this rank's next call, so close the communicator on every rank. And the
                 returned function, called outside a capture, raises the refused call's
-                error (the kernels' record of it).
+                error (the kernels' record of it); in a capture already invalidated (by
+                an operation not allowed there), either raises, naming the step.
         """
         if guess is None or self._time_sliced is not None:
             why = ("its arguments do not say which call the peers make" if guess is None
@@ -347,15 +365,23 @@ class GpuPath:
                 f"part in the call marked: {why}; unless every rank refused it alike, the "
                 "ranks are out of step: close the communicator on every rank)")
         signature, algorithm = guess
+        cu_stream = self.engine_for(stream).stream
+        not_capturing = _not_capturing(cu_stream)
+        if not not_capturing():
+            _check_capture_valid(call, cu_stream, "before this rank refused the call (by "
+                                 "its checks or earlier in the capture)")
         mark = encode_mark(self.rank, problem.argument, call)
         self._refusals[mark] = problem.detail
         enqueue, _, _ = self._bind_once(signature, algorithm, None, None, in_place=False,
                                         stream=stream, mark=mark)
-        not_capturing = _not_capturing(self.engine_for(stream).stream)
 
         def refused() -> None:
+            capturing = not not_capturing()
+            if capturing:
+                _check_capture_valid(call, cu_stream, "before its kernels were launched "
+                                     "(while it was bound, or earlier in the capture)")
             enqueue()
-            if not not_capturing():
+            if capturing:
                 return   # a captured call raises at synchronize() after each replay
             # The refusing rank raises in the call (the host waits here, on an error path
             # only), with what its check said (the error names the lowest refusing rank).

@@ -13,6 +13,7 @@ raises alone (docs/RELIABILITY.md)."""
 
 from __future__ import annotations
 
+import gc
 import re
 
 import pytest
@@ -227,6 +228,72 @@ def test_a_bound_call_rank_0_refuses_raises_on_every_rank_each_time(comm, setup)
     assert torch.equal(output, expected)
 
 
+def _capture_status(stream) -> str:
+    """The capture status of ``stream`` (a torch stream): none, active or invalidated."""
+    from ipcshare.backends.cuda_streams import capture_invalidated, stream_capturing
+
+    handle = stream.cuda_stream
+    if not stream_capturing(handle):
+        return "none"
+    return "invalidated" if capture_invalidated(handle) else "active"
+
+
+def _captured(mpi, graph, stream, steps, mode: str = "global") -> None:
+    """Capture ``steps`` ((name, callable) in order) into ``graph`` on ``stream`` in
+    capture mode ``mode``, then agree across ranks that every rank captured them: else
+    fail on every rank (before any replay, so no rank is left waiting for one that has
+    no graph to replay), naming each failed rank's first step that found the capture
+    invalidated and the error it raised."""
+    failure = None
+    # A CUDA graph of an earlier test may still be alive in a reference cycle (its test's
+    # frame and a pytest.raises traceback), and torch no longer collects before a capture:
+    # freed by the garbage collector during this capture, its reset would invalidate it.
+    gc.collect()
+    try:
+        with torch.cuda.graph(graph, stream=stream, capture_error_mode=mode):
+            for name, step in steps:
+                try:
+                    step()
+                except Exception as exc:
+                    failure = f"{name} raised {type(exc).__name__}: {exc}"
+                    raise
+                status = _capture_status(stream)
+                if status != "active":
+                    failure = f"capture {status} after {name}"
+                    break
+    except Exception as exc:
+        failure = failure or f"ending the capture raised {type(exc).__name__}: {exc}"
+    failures = mpi.allgather(failure)
+    if any(failures):
+        pytest.fail("capture failed: " + "; ".join(
+            f"rank {rank}: {what}" for rank, what in enumerate(failures) if what))
+
+
+def _check_replays(mpi, communicator, graph, stream) -> None:
+    for _ in range(2):
+        graph.replay()
+        message = _synchronize_error(communicator, stream)
+        assert len(set(mpi.allgather(message))) == 1
+        assert message.startswith("all_to_all_v: rank 0's output_splits failed its check")
+
+
+def _check_next_call_right(call, communicator, stream, algo: str) -> None:
+    """The ranks are still in step: the next good call is right everywhere."""
+    call.reset()
+    call.run(False, algo)
+    communicator.synchronize(stream)
+    output, expected = call.written()
+    assert torch.equal(output, expected)
+
+
+def _synchronize_error(communicator, stream) -> str:
+    """The error synchronize() raises, as text (no traceback kept: it would hold the
+    caller's frame, and with it a graph, in a cycle)."""
+    with pytest.raises(CollectiveError) as caught:
+        communicator.synchronize(stream)
+    return str(caught.value)
+
+
 @pytest.mark.parametrize("algo", algorithm_names("cuda", "all_to_all_v"))
 def test_a_refused_call_captured_in_a_graph_replays_its_mark(comm, setup, algo):
     group, communicator, stream = setup
@@ -235,20 +302,73 @@ def test_a_refused_call_captured_in_a_graph_replays_its_mark(comm, setup, algo):
     call.run(False, algo)
     communicator.synchronize(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        call.run(me == 0, algo)   # rank 0 captures its marked kernels, nothing raised
-    for _ in range(2):
-        graph.replay()
-        with pytest.raises(CollectiveError) as caught:
-            communicator.synchronize(stream)
-        message = str(caught.value)
-        assert len(set(comm.allgather(message))) == 1
-        assert message.startswith("all_to_all_v: rank 0's output_splits failed its check")
-    call.reset()
+    # Rank 0 captures its marked kernels, nothing raised.
+    _captured(comm, graph, stream, [("the call", lambda: call.run(me == 0, algo))])
+    _check_replays(comm, communicator, graph, stream)
+    _check_next_call_right(call, communicator, stream, algo)
+
+
+@pytest.mark.parametrize("mode", ["global", "relaxed"])
+@pytest.mark.parametrize("algo", algorithm_names("cuda", "all_to_all_v"))
+def test_a_refused_call_in_a_graph_captured_step_by_step(comm, setup, algo, mode):
+    """The refused call's path cut at its steps (the checks, the bind, the launch), the
+    capture's status asked after each: a capture that fails names the step after which
+    it was invalidated. Global mode forbids the calls not allowed during a capture on
+    every thread of the process, relaxed mode allows them: a failure in global mode alone
+    points at such a call (a host wait, an allocation, a graph destroyed), one in both at
+    the call's own launch."""
+    group, communicator, stream = setup
+    me, n = communicator.rank, communicator.size
+    call = Call("all_to_all_v", communicator, me, n, group.backend.device, stream)
     call.run(False, algo)
     communicator.synchronize(stream)
-    output, expected = call.written()
-    assert torch.equal(output, expected)
+    receives = [BLOCK] * n
+    receives[0] += int(me == 0)
+    found: dict = {}
+
+    def check():
+        found["call"] = communicator._checked(
+            "all_to_all_v", call.output, call.input, receives, [BLOCK] * n, stream=stream,
+            algo=algo)
+
+    def bind():
+        checked = found["call"]
+        if me == 0:
+            found["launch"] = communicator._path.refused_call(
+                checked.op, checked.problem, checked.guess, stream=checked.stream)
+        else:
+            found["launch"] = lambda: communicator._run(checked)
+
+    graph = torch.cuda.CUDAGraph()
+    _captured(comm, graph, stream, [("the checks", check), ("the bind", bind),
+                                    ("the launch", lambda: found["launch"]())], mode)
+    _check_replays(comm, communicator, graph, stream)
+    _check_next_call_right(call, communicator, stream, algo)
+
+
+def test_a_refused_call_in_a_graph_capture_already_invalidated_names_it(comm, setup):
+    """Rank 0 alone captures: an earlier graph destroyed in the capture (not allowed in
+    the global mode) invalidates it, and the call rank 0 then refuses raises at once,
+    saying that the capture was invalidated before it, instead of failing its launch.
+    Nothing is launched, so the ranks stay in step."""
+    group, communicator, stream = setup
+    me, n = communicator.rank, communicator.size
+    call = Call("all_to_all_v", communicator, me, n, group.backend.device, stream)
+    call.run(False, "pull")
+    communicator.synchronize(stream)
+    if me == 0:
+        earlier = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(earlier, stream=stream):
+            call.small.add_(1)
+        graph = torch.cuda.CUDAGraph()
+        with pytest.raises(RuntimeError, match="capture"):   # ending the invalid capture
+            with torch.cuda.graph(graph, stream=stream):
+                earlier.reset()
+                with pytest.raises(CollectiveError, match="capture of this stream was "
+                                   "invalidated before this rank refused the call"):
+                    call.run(True, "pull")
+    comm.barrier()
+    _check_next_call_right(call, communicator, stream, "pull")
 
 
 def test_an_array_of_another_device_on_rank_0_is_every_ranks_error(comm, setup):
