@@ -48,11 +48,14 @@ test-mpi: $(VENV)/.installed
 	    || exit 1; \
 	done
 
-# Long runs that `make test` leaves out (tests marked slow: the many repetitions of a fault,
-# the shipped CPU benchmark suite in full), then the MPI ones at 2, 3 and 4 ranks. Exit 5
-# is pytest's "no test selected": a world size where no slow test runs.
+# Long runs that `make test` leaves out: tests marked slow (the many repetitions of a
+# fault, the shipped CPU benchmark suite in full) and the property tests with all the
+# examples each asks for (`make test` tries a fifth: tests/hypothesis_profiles.py), then
+# the slow MPI tests at 2, 3 and 4 ranks. Exit 5 is pytest's "no test selected": a world
+# size where no slow test runs.
 test-slow: $(VENV)/.installed
-	$(UNIT_PYTEST) -m "slow and not mpi and not gpu" tests
+	$(UNIT_PYTEST) --hypothesis-profile thorough -m "(slow or hypothesis) and not mpi and not gpu" \
+	  tests
 	@for n in 2 3 4; do \
 	  echo "== mpiexec -n $$n"; \
 	  $(MPIEXEC) -n $$n $(MPI_PYTEST) -m "mpi and slow" $(MPI_TESTS); \

@@ -7,6 +7,13 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+from .hypothesis_profiles import QUICK
+
+# The quick profile unless pytest is given another (--hypothesis-profile thorough), which
+# Hypothesis's own plugin loads after this.
+settings.load_profile(QUICK)
 
 
 def pytest_collection_modifyitems(config, items):
