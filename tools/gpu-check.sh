@@ -497,7 +497,7 @@ faults_pytest() {  # the dead-peer tests, with mpi4py bound to MPICH and its gfo
   site=$(ls -d "$MPICH_PREFIX"/lib/python3*/site-packages) || return 1
   PYTHONPATH="$site:$PYTHONPATH" MPI4PY_LIBMPI="$MPICH_PREFIX/lib/libmpi.so.12" \
     IPCSHARE_MPICH_BIN="$MPICH_PREFIX/bin" \
-    "$PY" -m pytest -q -p no:cacheprovider -rs tests/faults tests/gpu/test_gpu_faults.py
+    "$PY" -m pytest -q -p no:cacheprovider -rs -m "not slow" tests/faults tests/gpu/test_gpu_faults.py
 }
 soak_run() {  # soak_run N BACKEND WINDOWS RING_ITERS
   mkdir -p "$OUT/soak"
