@@ -7,13 +7,17 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import settings
 
-from .hypothesis_profiles import QUICK
+try:
+    from hypothesis import settings
+except ImportError:  # GPU nodes' images may lack it: only unit tests use it
+    pass
+else:
+    from .hypothesis_profiles import QUICK
 
-# The quick profile unless pytest is given another (--hypothesis-profile thorough), which
-# Hypothesis's own plugin loads after this.
-settings.load_profile(QUICK)
+    # The quick profile unless pytest is given another (--hypothesis-profile thorough),
+    # which Hypothesis's own plugin loads after this.
+    settings.load_profile(QUICK)
 
 
 def pytest_collection_modifyitems(config, items):
