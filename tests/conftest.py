@@ -8,6 +8,41 @@ from pathlib import Path
 
 import pytest
 
+try:
+    from hypothesis import settings
+except ImportError:  # GPU nodes' images may lack it: only unit tests use it
+    pass
+else:
+    from .hypothesis_profiles import QUICK
+
+    # The quick profile unless pytest is given another (--hypothesis-profile thorough),
+    # which Hypothesis's own plugin loads after this.
+    settings.load_profile(QUICK)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`make test` runs the unit tests on 2 workers), every test that
+    compiles kernels goes to one worker: what it compiles once per run is then compiled
+    once, not once per worker."""
+    for item in items:
+        if item.get_closest_marker("nvrtc") is not None:
+            item.add_marker(pytest.mark.xdist_group("nvrtc"))
+
+
+def pytest_runtest_setup(item):
+    """``@pytest.mark.world_sizes(2, 3)``: the MPI test runs at those world sizes and skips
+    at the others (`make test` runs every size from 1 to 4; a slow test runs where it
+    means most). Every rank skips alike: they share the world's size."""
+    marker = item.get_closest_marker("world_sizes")
+    if marker is None:
+        return
+    from mpi4py import MPI
+
+    size = MPI.COMM_WORLD.size
+    if size not in marker.args:
+        sizes = ", ".join(str(n) for n in marker.args)
+        pytest.skip(f"runs at world sizes {sizes}, not {size}")
+
 
 @pytest.fixture
 def comm():

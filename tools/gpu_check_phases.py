@@ -329,8 +329,9 @@ def faults_steps(ctx: Context) -> list[Step | Note]:
         path = os.pathsep.join(filter(None, [str(sites[0]), ctx.knobs.get("PYTHONPATH")]))
         steps.append(Step.of(
             "dead-peer tests under gforker (host and GPU backends)",
-            [ctx.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", "tests/faults",
-             "tests/gpu/test_gpu_faults.py"], limit_s=300,
+            # Not the 20-run repetitions (make test-slow's): a step of its own would fit.
+            [ctx.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", "-m",
+             "not slow", "tests/faults", "tests/gpu/test_gpu_faults.py"], limit_s=300,
             env={"PYTHONPATH": path, "MPI4PY_LIBMPI": f"{prefix}/lib/libmpi.so.12",
                  "IPCSHARE_MPICH_BIN": f"{prefix}/bin"}))
     if ctx.gpus >= 2:

@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from ipcshare.bench.suite import BASELINE_NAMES
 from ipcshare.runtime.result_document import load as load_result
@@ -50,13 +51,29 @@ def test_bench_help_runs_without_mpi():
         assert re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", baseline_help), name
 
 
+def _cpu_suite_cut_short(tmp_path: Path) -> Path:
+    """configs/bench-cpu.yaml with every case as shipped, but sizes up to 16 KiB and 3
+    iterations (the shipped suite, up to 64 MiB, takes 35 s at 2 ranks on 2 cores)."""
+    suite = yaml.safe_load((CONFIGS / "bench-cpu.yaml").read_text())
+    suite.update(max_bytes="16K", iters=3, warmup=1)
+    for case in suite["cases"]:
+        case.pop("max_bytes", None)
+        case.pop("iters", None)
+    path = tmp_path / "bench-cpu-short.yaml"
+    path.write_text(yaml.safe_dump(suite))
+    return path
+
+
+# make test runs the shipped suite's cases at small sizes; make test-slow runs it whole.
 @needs_mpiexec
-def test_the_cpu_suite_writes_json_plot_and_report(tmp_path, socket_dir):  # noqa: F811
+@pytest.mark.parametrize("sizes", ["cut-short", pytest.param("shipped", marks=pytest.mark.slow)])
+def test_the_cpu_suite_writes_json_plot_and_report(tmp_path, socket_dir, sizes):  # noqa: F811
     pytest.importorskip("matplotlib")
     files = {name: tmp_path / f"bench.{name}" for name in ("json", "png", "md")}
     result = tmp_path / "bench-result.json"
+    config = CONFIGS / "bench-cpu.yaml" if sizes == "shipped" else _cpu_suite_cut_short(tmp_path)
     # One repetition instead of the suite's three keeps the test short.
-    out = run(["bench", "--config", str(CONFIGS / "bench-cpu.yaml"), "--repeat", "1",
+    out = run(["bench", "--config", str(config), "--repeat", "1",
                "--json", str(files["json"]), "--plot", str(files["png"]),
                "--markdown", str(files["md"]), "--result", str(result)], n=2, timeout=240)
     assert out.returncode == 0, out.stderr
@@ -64,11 +81,11 @@ def test_the_cpu_suite_writes_json_plot_and_report(tmp_path, socket_dir):  # noq
     assert "# Summary: speedup = baseline time / our time per size band" in out.stdout
     assert "wrong elements: 0 OK" in out.stdout
     # Runs past 2 s show a progress line on rank 0's stderr, rewritten with \r (which
-    # text mode reads as a line end).
+    # text mode reads as a line end): the shipped suite's always do.
     progress = [part for part in out.stderr.splitlines()
                 if part.startswith("ipcshare bench: case")]
-    assert progress and all(re.search(r"case \d+/8 .*, size \w+, \d+ s elapsed", part)
-                            for part in progress)
+    assert progress or sizes != "shipped"
+    assert all(re.search(r"case \d+/8 .*, size \w+, \d+ s elapsed", part) for part in progress)
     docs = json.loads(files["json"].read_text())
     assert isinstance(docs, list) and len(docs) == 8
     # how operations were launched, and the statistic where it is not the mean

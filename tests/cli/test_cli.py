@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -19,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from ipcshare.backends import gpu_count
+
+from ..resources import idle_shm_entries
 
 BIN = Path(sys.executable).parent
 MPIEXEC = shutil.which("mpiexec", path=str(BIN)) or shutil.which("mpiexec")
@@ -44,10 +45,9 @@ def run(args, n=None, timeout=120, cwd=None):
 
 
 def shm_entries():
-    """/dev/shm entries that are not MPICH's own: those come and go with any MPI job
-    running beside the tests."""
-    names = os.listdir("/dev/shm") if os.path.isdir("/dev/shm") else []
-    return {name for name in names if not name.startswith("mpich_shm_")}
+    """/dev/shm entries that are not MPICH's own (those come and go with any MPI job
+    running beside the tests) and that no running job uses: what a finished run left."""
+    return idle_shm_entries()
 
 
 def test_help_runs_without_mpi():

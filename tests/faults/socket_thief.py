@@ -2,22 +2,47 @@
 
 Usage: ``python socket_thief.py UID GID FOLDER SECONDS``
 
-Becomes user UID, then for SECONDS watches FOLDER (the job's IPCSHARE_SOCKET_DIR) for the
-job's ``ipcshare-*`` directory: renames it away, makes one of the same name, binds
-``r0.sock`` … ``r3.sock`` there and collects whatever descriptors are sent to them. Prints
-``renamed R stolen N`` at the end (N: descriptors received).
+Becomes user UID, then for SECONDS, or until SIGTERM (the test sends it once the job has
+ended), watches FOLDER (the job's IPCSHARE_SOCKET_DIR) for the job's ``ipcshare-*``
+directory: renames it away, makes one of the same name, binds ``r0.sock`` … ``r3.sock``
+there and collects whatever descriptors are sent to them, the connections still waiting
+to be accepted included. Prints ``renamed R stolen N`` at the end (N: descriptors
+received).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 import time
 
 
+def _take_descriptors(listeners: list[socket.socket]) -> tuple[int, int]:
+    """Accept one waiting connection on each listener: (connections, descriptors
+    received)."""
+    accepted = stolen = 0
+    for listener in listeners:
+        try:
+            conn, _ = listener.accept()
+        except BlockingIOError:
+            continue
+        accepted += 1
+        with conn:
+            conn.settimeout(1)
+            try:
+                _data, fds, _flags, _ = socket.recv_fds(conn, 4096, 4)
+            except OSError:
+                fds = []
+            stolen += len(fds)
+    return accepted, stolen
+
+
 def main() -> int:
     uid, gid, folder, seconds = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+    told_to_stop = []
+    signal.signal(signal.SIGTERM, lambda *_: told_to_stop.append(True))
     os.setgroups([])
     os.setgid(gid)
     os.setuid(uid)
@@ -25,7 +50,7 @@ def main() -> int:
     deadline = time.monotonic() + seconds
     listeners: list[socket.socket] = []
     renamed = stolen = 0
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not told_to_stop:
         for name in os.listdir(folder):
             path = os.path.join(folder, name)
             if not name.startswith("ipcshare-") or name.endswith(".stolen"):
@@ -46,19 +71,13 @@ def main() -> int:
                 listener.listen(8)
                 listener.setblocking(False)
                 listeners.append(listener)
-        for listener in listeners:
-            try:
-                conn, _ = listener.accept()
-            except BlockingIOError:
-                continue
-            with conn:
-                conn.settimeout(1)
-                try:
-                    _data, fds, _flags, _ = socket.recv_fds(conn, 4096, 4)
-                except OSError:
-                    fds = []
-                stolen += len(fds)
+        stolen += _take_descriptors(listeners)[1]
         time.sleep(0.0005)
+    # Whatever the job sent before it ended waits in the listeners' backlogs.
+    accepted = 1
+    while accepted:
+        accepted, taken = _take_descriptors(listeners)
+        stolen += taken
     print(f"renamed {renamed} stolen {stolen}", flush=True)
     return 0
 

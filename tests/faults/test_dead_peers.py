@@ -21,6 +21,7 @@ import pytest
 from ipcshare.liveness.mpi_segments import remove_stale_mpi_segments
 
 from ..launchers import mpich_launcher
+from ..resources import idle_shm_entries
 
 HYDRA = mpich_launcher("mpiexec")
 GFORKER = mpich_launcher("mpiexec.gforker")
@@ -29,6 +30,9 @@ JOB = Path(__file__).with_name("dead_peer_job.py")
 DETECTION_BOUND_S = 30.0
 RANKS = 3
 VICTIM = 1
+# Survivors have about 1 s to report before gforker ends the job: with a test of another
+# pytest-xdist worker beside them on a 2-core machine they missed it.
+pytestmark = pytest.mark.serial
 
 
 def _leftover_processes(marker: str) -> list[int]:
@@ -42,15 +46,6 @@ def _leftover_processes(marker: str) -> list[int]:
             except OSError:
                 pass
     return found
-
-
-def _shm(*, mpich: bool = True) -> set[str]:
-    """Entries of /dev/shm (without MPICH's own segments when ``mpich`` is false: a job
-    SIGKILLed by its launcher leaves them whatever anyone does)."""
-    if not os.path.isdir("/dev/shm"):
-        return set()
-    return {name for name in os.listdir("/dev/shm")
-            if mpich or not name.startswith("mpich_shm_")}
 
 
 def _sweep_mpich_segments() -> None:
@@ -67,7 +62,7 @@ def _run_job(launcher: list[str], mode: str, tmp_path: Path, extra_env: dict[str
     marker = f"ipcshare-fault-{uuid.uuid4().hex}"
     # gforker SIGQUITs the job about 1 s after a death: every report must come before.
     env = dict(os.environ, IPCSHARE_SOCKET_DIR=str(sockets), GRACE="0.3", **extra_env)
-    shm = _shm(mpich=False)
+    shm = idle_shm_entries()
     started = time.monotonic()
     out = subprocess.run([*launcher, "-n", str(RANKS), sys.executable, str(JOB), mode,
                           str(VICTIM), str(tmp_path / "death"), marker],
@@ -77,7 +72,7 @@ def _run_job(launcher: list[str], mode: str, tmp_path: Path, extra_env: dict[str
     assert _leftover_processes(marker) == [], "processes left behind"
     # Survivors leave without MPI_Finalize: they unlink MPICH's segment themselves.
     # (Only new entries count: other jobs on the machine may remove theirs meanwhile.)
-    assert _shm(mpich=False) - shm == set(), "something left in /dev/shm"
+    assert idle_shm_entries() - shm == set(), "something left in /dev/shm"
     _sweep_mpich_segments()
     return out, elapsed, sockets
 
@@ -154,7 +149,7 @@ def test_the_cli_prints_one_line_per_survivor_when_a_rank_is_killed(tmp_path, so
     sockets = socket_base
     marker = f"ipcshare-fault-{uuid.uuid4().hex}"
     env = dict(os.environ, IPCSHARE_SOCKET_DIR=str(sockets), IPCSHARE_PEER_EXIT_GRACE="0.5")
-    shm = _shm(mpich=False)
+    shm = idle_shm_entries()
     # Ignoring SIGINT, the ranks are not ended by gforker's interrupt, so it is a launcher
     # that keeps the job running (until its SIGQUIT a second later) and the ranks must
     # notice by themselves. Plain, they get that interrupt right after the death: it
@@ -189,5 +184,5 @@ def test_the_cli_prints_one_line_per_survivor_when_a_rank_is_killed(tmp_path, so
     time.sleep(0.2)
     assert _leftover_processes(marker) == []
     assert list(sockets.iterdir()) == []
-    assert _shm(mpich=False) - shm == set()
+    assert idle_shm_entries() - shm == set()
     _sweep_mpich_segments()

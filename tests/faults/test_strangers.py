@@ -63,6 +63,7 @@ def test_another_user_cannot_swap_the_socket_folder(shared_folder, sticky):
         out = subprocess.run([HYDRA, "-n", "2", sys.executable, "-m", "ipcshare", "ring",
                               "-b", "1K", "-e", "4K", "--backend", "host", "--exchange",
                               "socket"], capture_output=True, text=True, timeout=60, env=env)
+        thief.terminate()   # the job is over: the thief takes what waits for it and says
         said, _ = thief.communicate(timeout=30)
     finally:
         thief.kill()

@@ -21,7 +21,9 @@ from ..launchers import mpich_launcher
 
 HYDRA = mpich_launcher("mpiexec")
 LATE_JOB = Path(__file__).with_name("late_rank_job.py")
-RUNS = 20
+# Runs of each tiny-timeout case: a few in `make test`; the soak's 20 (`make test-slow`, about
+# 3 minutes on 2 cores for all eight cases) are what docs/RELIABILITY.md reports.
+QUICK_RUNS, SOAK_RUNS = 2, 20
 # Signals of a process that died on its own (SIGABRT from malloc's checks, SIGSEGV),
 # as the launcher or subprocess report them.
 _CRASHES = {134, 139, -6, -11}
@@ -53,10 +55,11 @@ def test_a_rank_that_times_out_alone_is_named_by_every_rank(socket_base, ranks):
 
 
 @needs_hydra
+@pytest.mark.parametrize("runs", [QUICK_RUNS, pytest.param(SOAK_RUNS, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("ranks", [2, 3])
 @pytest.mark.parametrize("value", ["1e-9", "0.001"])
 @pytest.mark.parametrize("name", ["IPCSHARE_SIGNAL_TIMEOUT", "IPCSHARE_EXCHANGE_TIMEOUT"])
-def test_tiny_timeouts_never_hang_or_abort(socket_base, name, value, ranks):
+def test_tiny_timeouts_never_hang_or_abort(socket_base, name, value, ranks, runs):
     # 1 ns is refused at start on every rank; 1 ms, the smallest accepted, makes waits time
     # out at any step on any rank. Either way: every run ends within the bound, with no
     # abort and no traceback, and every rank of a failed run says why in one line.
@@ -64,7 +67,7 @@ def test_tiny_timeouts_never_hang_or_abort(socket_base, name, value, ranks):
     cmd = [HYDRA, "-n", str(ranks), sys.executable, "-m", "ipcshare", "ring", "-b", "1K",
            "-e", "4K", "--backend", "host", "--exchange", "socket"]
     outcomes, partial = [], 0
-    for run in range(RUNS):
+    for run in range(runs):
         try:
             out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
         except subprocess.TimeoutExpired:
@@ -88,5 +91,7 @@ def test_tiny_timeouts_never_hang_or_abort(socket_base, name, value, ranks):
             assert out.returncode == 1, context
             assert all(f"{name}='1e-9' is out of range" in line for line in errors), context
         outcomes.append(out.returncode)
-    assert len(outcomes) == RUNS
-    assert partial <= 2, f"{partial} of {RUNS} failed runs without every rank's line"
+    assert len(outcomes) == runs
+    # 2 in 20 at most: rare, as said above (and at most one in a short run's few)
+    assert partial <= max(1, runs // 10), f"{partial} of {runs} failed runs without every " \
+                                          "rank's line"

@@ -39,6 +39,7 @@ def _communicator_and_input(g, comm):
     return g.communicator(max_bytes=4096), np.full(4, comm.rank + 1, np.float32)
 
 
+@pytest.mark.world_sizes(2, 3)
 def test_a_call_that_timed_out_ends_the_calls_and_no_retry_is_wrong(comm):
     _needs_two(comm)
     with ipcshare.Group(backend="host", timeout=1.0) as g:
@@ -93,6 +94,7 @@ def second_thread_is_refused(c, comm) -> None:
     assert x[0] == comm.size * sum(range(1, comm.size + 1))
 
 
+@pytest.mark.world_sizes(2, 3)
 def test_a_second_thread_in_a_call_is_refused(comm):
     _needs_two(comm)
     with ipcshare.Group(backend="host") as g:
@@ -115,6 +117,7 @@ def test_ranks_in_different_group_collectives_are_named(comm):
         w.close()
 
 
+@pytest.mark.world_sizes(2, 3)
 def test_an_error_of_one_rank_in_a_with_block_reaches_its_user(comm):
     # Rank 1 fails on its own input while the others are in a call. Before, its close
     # waited the whole timeout for them and then raised ExchangeTimeout in place of the
@@ -140,6 +143,7 @@ def test_an_error_of_one_rank_in_a_with_block_reaches_its_user(comm):
     comm.Barrier()   # the next test starts with every rank
 
 
+@pytest.mark.world_sizes(2, 3)
 def test_a_call_interrupted_by_ctrl_c_ends_the_calls_too(comm):
     # Ctrl-C leaves this rank's part of the call posted, as a timeout does: a retry got
     # the peer's previous call's sum.

@@ -78,6 +78,7 @@ def test_a_call_across_nodes_that_timed_out_ends_the_calls(comm):
             assert y.tolist() == [sum(range(1, comm.size + 1))] * 4
 
 
+@pytest.mark.world_sizes(4)
 def test_an_error_of_one_rank_inside_the_with_blocks_reaches_its_user(comm):
     # Rank 1 fails on its own input while the others are in a call. Its closes (the
     # communicator's node group included) wait a short grace, not the whole timeout.
@@ -102,6 +103,7 @@ def test_an_error_of_one_rank_inside_the_with_blocks_reaches_its_user(comm):
     comm.Barrier()   # the next test starts with every rank
 
 
+@pytest.mark.world_sizes(4)
 def test_an_error_of_one_rank_inside_the_group_only_reaches_its_user(comm):
     # As above, with the communicator left open (no with-block of its own): the group's
     # close closes it, and the grace reaches the node group's closing barrier too.

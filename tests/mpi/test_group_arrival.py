@@ -32,6 +32,7 @@ def _needs_two(comm) -> None:
         pytest.skip("needs 2 ranks")
 
 
+@pytest.mark.world_sizes(2, 3)
 def test_a_group_made_by_rank_0_alone_fails_there_and_a_late_maker_is_told(own_comm, monkeypatch):
     _needs_two(own_comm)
     monkeypatch.setenv("IPCSHARE_ARRIVAL_TIMEOUT", "1.5")
@@ -67,6 +68,7 @@ class _Lines(logging.Handler):
         self.lines.append(record.getMessage())
 
 
+@pytest.mark.world_sizes(2, 3)
 def test_a_rank_waiting_past_the_group_timeout_warns_then_the_group_is_made(own_comm):
     _needs_two(own_comm)
     # The package's own handler writes to the stderr of the test that made it: read the
@@ -92,6 +94,7 @@ def test_a_rank_waiting_past_the_group_timeout_warns_then_the_group_is_made(own_
         assert warned == [], warned
 
 
+@pytest.mark.world_sizes(2, 3)
 def test_ctrl_c_while_waiting_to_arrive_stops_the_others_going_on(own_comm):
     # Rank 0 is interrupted while it waits for the others: it posts its "gave up" verdict
     # before the KeyboardInterrupt leaves, so the others, arriving later, do not go on

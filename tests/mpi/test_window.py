@@ -247,6 +247,7 @@ def test_remote_rank_lookup_is_rejected(comm):
         w.close()
 
 
+@pytest.mark.world_sizes(1, 2, 3)   # 4 ranks on 2 cores take 5x as long to show the same
 @pytest.mark.parametrize("exchange", ["socket", "pidfd"])
 def test_500_windows_leak_no_descriptors_or_mappings(comm, exchange):
     with ipcshare.Group(backend="host", exchange=exchange) as g:

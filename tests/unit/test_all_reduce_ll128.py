@@ -29,6 +29,8 @@ from ipcshare.collectives.scratch import (
 )
 from ipcshare.kernels import KERNEL_SOURCES
 
+from ..hypothesis_profiles import examples
+
 _KERNELS = Path(ipcshare.kernels.__file__).parent
 _DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4}
 _ALGOS = ("ll128", "ll128-two-shot")
@@ -100,7 +102,7 @@ def test_every_input_up_to_the_ll128_buffers_is_taken_and_one_element_more_refus
                        "another algorithm for calls this large")
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.integers(1, 3 * LL128_MAX_BYTES), st.integers(2, 8), st.sampled_from(sorted(_DTYPES)),
        st.floats(0, 1), st.sampled_from(_ALGOS))
 def test_a_communicator_of_any_size_takes_what_its_buffers_hold(max_bytes, size, dtype,

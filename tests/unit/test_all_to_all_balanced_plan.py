@@ -26,6 +26,8 @@ from hypothesis import strategies as st
 from tests.block_replay import run_in_random_order
 from tests.host_kernels import build_for_host
 
+from ..hypothesis_profiles import examples
+
 POISON = 0xA5
 _U64 = ctypes.c_ulonglong
 _SHIM = r"""
@@ -211,7 +213,7 @@ def _matrices(n: int):
                      st.builds(next_rank, st.integers(0, 200)))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.integers(1, 8).flatmap(lambda n: st.tuples(
     _matrices(n), st.sampled_from([1, 2, 4, 8]), st.integers(1, 9), st.randoms(),
     st.booleans())))
@@ -221,7 +223,7 @@ def test_every_byte_arrives_from_a_part_the_reader_waited_for(plan, drawn):
     _check(m, outputs, inputs, item)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(st.integers(1, 8), st.integers(0, 60), st.sampled_from([1, 2, 4, 8]),
        st.integers(1, 9), st.randoms())
 def test_in_place_all_to_all_overwrites_input_only_once_it_is_staged(plan, n, block, item,

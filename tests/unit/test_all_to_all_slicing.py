@@ -14,6 +14,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ..hypothesis_profiles import examples
+
 POISON = 0xA5
 
 
@@ -55,7 +57,7 @@ def run_kernel(sends: np.ndarray, inputs: list[np.ndarray], itemsize: int, block
     return outputs
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.integers(1, 8).flatmap(lambda n: st.tuples(
     st.just(n), st.sampled_from([1, 2, 4, 8]), st.integers(1, 9),
     st.lists(st.integers(0, 40), min_size=n * n, max_size=n * n), st.randoms())))

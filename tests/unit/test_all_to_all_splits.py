@@ -22,10 +22,12 @@ from ipcshare.collectives.call_guard import CallGuard
 from ipcshare.collectives.communicator import Communicator
 from ipcshare.runtime.errors import CollectiveError
 
+from ..hypothesis_profiles import examples
+
 counts = st.integers(0, 1 << 20)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(counts, min_size=1, max_size=9), st.integers(0, 9 << 20),
        st.sampled_from(["list", "tuple", "int32", "int64", "uint16", "numpy ints"]))
 def test_valid_splits_come_back_as_ints_and_others_name_the_sum(values, count, form):
@@ -49,7 +51,7 @@ def test_valid_splits_come_back_as_ints_and_others_name_the_sum(values, count, f
                          array="input")
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.integers(-(1 << 40), 1 << 40), min_size=1, max_size=9),
        st.integers(1, 9))
 def test_wrong_lengths_and_negative_counts_are_named(values, ranks):
@@ -103,7 +105,7 @@ def _table(sends: np.ndarray, expects: np.ndarray) -> np.ndarray:
     return np.stack([sends, expects], axis=1).astype(np.int64)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.integers(1, 8).flatmap(lambda n: st.tuples(
     st.just(n), st.lists(st.integers(0, 50), min_size=n * n, max_size=n * n),
     st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1), st.integers(1, 5)),

@@ -35,6 +35,8 @@ from ipcshare.collectives.split_args import (
 )
 from tests.host_kernels import build_for_host
 
+from ..hypothesis_profiles import examples
+
 _SOURCES = Path(ipcshare.kernels.__file__).parent
 _LL = (_SOURCES / "include" / "ipcshare" / "ll.cuh").read_text()
 _A2A = (_SOURCES / "src" / "collectives" / "all_to_all.cuh").read_text()
@@ -223,7 +225,7 @@ def _calls(draw):
     return m, counts, out_counts, expects, itemsize, ScratchLayout(max_bytes, 0, n, gpu=True)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(_calls())
 def test_every_rank_finds_the_same_first_problem_or_receives_every_byte(call):
     m, counts, out_counts, expects, itemsize, layout = call

@@ -33,6 +33,8 @@ from hypothesis import strategies as st
 from tests.block_replay import run_in_random_order
 from tests.host_kernels import build_for_host
 
+from ..hypothesis_profiles import examples
+
 POISON = 0xA5
 _U64 = ctypes.c_ulonglong
 _SHIM = r"""
@@ -231,7 +233,7 @@ _CASES = st.integers(1, 6).flatmap(lambda n: st.tuples(
     st.randoms(use_true_random=False)))
 
 
-@settings(max_examples=250, deadline=None)
+@settings(max_examples=examples(250), deadline=None)
 @given(_CASES)
 def test_every_byte_lands_where_its_receiver_expects_it_in_any_order(plan, case):
     n, m, item, parts, tile, reachable, rng = case
@@ -242,7 +244,7 @@ def test_every_byte_lands_where_its_receiver_expects_it_in_any_order(plan, case)
         assert np.all(out[want.nbytes:] == POISON), me   # nothing past the received
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(_CASES)
 def test_eager_lands_every_byte_in_its_senders_slot_and_delivers_it_in_any_order(plan, case):
     """The eager all-to-all-v: the same plan, every byte through the sender's slot of the
@@ -255,7 +257,7 @@ def test_eager_lands_every_byte_in_its_senders_slot_and_delivers_it_in_any_order
         assert np.all(out[want.nbytes:] == POISON), me
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=examples(120), deadline=None)
 @given(_CASES)
 def test_every_sent_byte_is_stored_once_and_every_tile_is_a_run_of_its_part(plan, case):
     """The pushes of every tile of every part cover each sender's bytes exactly once,
@@ -358,7 +360,7 @@ def _model_problem(m: np.ndarray, inputs: list[int], outputs: list[int], expect,
     return 0
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(st.integers(1, 8).flatmap(lambda n: st.tuples(
     st.just(n), st.lists(st.integers(-1, 30), min_size=n * n, max_size=n * n),
     st.lists(st.integers(0, 120), min_size=n, max_size=n),

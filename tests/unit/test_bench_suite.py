@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 from ipcshare.bench.suite import ALGORITHMS, BenchCase, algorithms_of, load_suite, parse_suite
 from ipcshare.runtime.errors import ConfigError
 
+from ..hypothesis_profiles import examples
+
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
@@ -245,7 +247,7 @@ _mappings = st.dictionaries(st.one_of(st.sampled_from(_KEYS), st.text(max_size=6
                                       st.integers()), _values, max_size=8)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_mappings)
 def test_fuzzed_mappings_raise_only_config_errors(data):
     try:
@@ -263,7 +265,7 @@ def test_fuzzed_mappings_raise_only_config_errors(data):
             assert case.options.datatype == "float32"
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(_values)
 def test_fuzzed_documents_of_any_shape_raise_only_config_errors(data):
     try:

@@ -45,6 +45,7 @@ from ipcshare.patterns.seeding import seeded_small_integers
 from ipcshare.runtime.errors import CollectiveError, Unsupported
 from ipcshare.window import ERROR_SLOT, USER_SLOT_BASE
 
+from ..hypothesis_profiles import examples
 from ..reduction_reference import NUMPY_DTYPES, mismatches, reference, seeded_values
 
 # -- arrays -------------------------------------------------------------------------
@@ -166,7 +167,7 @@ _BIT_TYPES = {"float32": np.uint32, "float16": np.uint16, "bfloat16": np.uint16,
               "int32": np.uint32}
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(dtype=st.sampled_from(REDUCE_DTYPES), op=st.sampled_from(REDUCE_OPS),
        ranks=st.integers(1, 5), count=st.integers(0, 70), data=st.data())
 def test_reductions_match_the_reference_on_any_bits(dtype, op, ranks, count, data):
@@ -580,7 +581,7 @@ def test_a_communicator_made_directly_over_nodes_points_to_group_communicator():
     assert issubclass(Unsupported, NotImplementedError)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(st.integers(1, 600), st.integers(0, 5))
 def test_cli_data_reduces_exactly_in_every_type(world_size, iteration):
     """The CLI's seeded data: any sum over the ranks is exact in every reduction type,

@@ -19,6 +19,7 @@ from ipcshare.collectives.algorithms.gpu_kernel import GpuCall
 from ipcshare.collectives.algorithms.gpu_two_shot import chunk_elements, chunk_spans
 from ipcshare.collectives.scratch import ScratchLayout
 
+from ..hypothesis_profiles import examples
 from .device_memory import DeviceMemory
 
 _DTYPES = {"float32": np.float32, "int32": np.int32, "float16": np.float16}
@@ -104,7 +105,7 @@ def test_every_rank_gets_the_sum(size, dtype, in_place):
         _run(count, size, dtype, in_place)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.integers(0, 5000), st.integers(1, 8))
 def test_chunks_cover_the_input_once_in_16_byte_multiples(count, size):
     for itemsize in (2, 4):

@@ -13,6 +13,8 @@ from ipcshare.backends.host import HANDLE_FORMAT, parse_host_handle
 from ipcshare.exchange.envelope import ENVELOPE, open_sealed, seal
 from ipcshare.runtime.errors import BackendError, ExchangeError
 
+from ..hypothesis_profiles import examples
+
 TOKEN = "0123456789abcdef"
 OTHER = "fedcba9876543210"
 FIELDS = {"kind": "host", "token": TOKEN, "rank": 2, "sequence": 7}
@@ -42,7 +44,7 @@ def test_a_newer_format_is_named():
         open_sealed(bytes(data), **EXPECT)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(payload=st.binary(max_size=200), position=st.integers(min_value=0),
        flip=st.integers(min_value=1, max_value=255))
 def test_any_single_corrupted_byte_is_caught(payload, position, flip):
@@ -53,7 +55,7 @@ def test_any_single_corrupted_byte_is_caught(payload, position, flip):
         open_sealed(bytes(data), **EXPECT)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(payload=st.binary(max_size=200), cut=st.integers(min_value=1))
 def test_any_truncation_is_caught(payload, cut):
     data = seal(payload, **FIELDS)
@@ -61,7 +63,7 @@ def test_any_truncation_is_caught(payload, cut):
         open_sealed(data[:-(1 + cut % len(data))], **EXPECT)
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(data=st.one_of(st.binary(max_size=300),
                       st.binary(max_size=300).map(lambda b: b"IPSE" + b),
                       st.binary(min_size=ENVELOPE.size, max_size=300).map(
@@ -71,7 +73,7 @@ def test_random_bytes_never_open_and_never_crash(data):
         open_sealed(data, **EXPECT)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(data=st.one_of(st.binary(max_size=64),
                       st.binary(min_size=HANDLE_FORMAT.size - 4,
                                 max_size=HANDLE_FORMAT.size - 4).map(lambda b: b"IPCH" + b)))

@@ -15,6 +15,8 @@ from ipcshare.cli.same_command import CommandLineError
 from ipcshare.runtime.config import PatternOptions, load_yaml_config, merge_options
 from ipcshare.runtime.errors import ConfigError
 
+from ..hypothesis_profiles import examples
+
 KEYS = ["backend", "exchange", "handle", "min_bytes", "max_bytes", "step_factor", "iters",
         "warmup", "checks", "datatype", "baseline", "graph", "after_kernel", "algo", "json",
         "min_bw",
@@ -27,7 +29,7 @@ VALUES = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=
 LAYERS = st.dictionaries(st.sampled_from(KEYS), VALUES, max_size=6)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(layers=st.lists(LAYERS, max_size=3))
 def test_merge_options_gives_options_or_a_config_error(layers):
     try:
@@ -38,7 +40,7 @@ def test_merge_options_gives_options_or_a_config_error(layers):
     assert options.min_bytes <= options.max_bytes
 
 
-@settings(max_examples=300, deadline=None,
+@settings(max_examples=examples(300), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=st.one_of(st.text(max_size=200),
                       st.lists(st.tuples(st.sampled_from(KEYS), SCALARS), max_size=5).map(
@@ -61,7 +63,7 @@ WORDS = st.sampled_from(["ring", "allgather", "info", "bench", "doctor", "-b", "
                          "=", "--iters=3", "-n3", "1e9"])
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(argv=st.lists(st.one_of(WORDS, st.text(max_size=8)), max_size=8))
 @example(argv=["ring", "\n"])  # found by this test: the usage error took two lines
 def test_the_command_line_never_tracebacks(argv):

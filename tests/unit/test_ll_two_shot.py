@@ -22,6 +22,8 @@ from ipcshare.collectives.scratch import LL_LINE_BYTES, LL_MAX_BYTES, ScratchLay
 from ipcshare.kernels import KERNEL_SOURCES
 from tests.host_kernels import build_for_host
 
+from ..hypothesis_profiles import examples
+
 _KERNELS = Path(ipcshare.kernels.__file__).parent
 _U64 = ctypes.c_ulonglong
 _SHIM = r"""
@@ -47,7 +49,7 @@ def chunks(tmp_path_factory):
     return lib
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.integers(0, 1 << 22), st.integers(1, 8), st.sampled_from([1, 2, 4, 8]))
 def test_the_python_chunks_are_the_kernels(chunks, count, size, itemsize):
     chunk = chunk_elements(count, itemsize, size)
@@ -72,7 +74,7 @@ def _fits(count: int, dtype: str, size: int, layout: ScratchLayout) -> bool:
     return (1 + 2 * region) * LL_LINE_BYTES <= layout.ll_slot_bytes
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(st.integers(1, 3 * LL_MAX_BYTES), st.integers(2, 8), st.sampled_from(sorted(_DTYPES)),
        st.floats(0, 1))
 def test_every_input_up_to_the_buffers_is_taken_and_fits_both_regions(max_bytes, size, dtype,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import subprocess
 import sys
 import textwrap
@@ -21,7 +22,9 @@ from ipcshare.exchange.socket_dir import (
 from ipcshare.exchange.unix_socket import SocketEndpoint
 from ipcshare.runtime.errors import ExchangeTimeout
 
-TOKEN = "0123456789abcdef"
+# Of this process: the abstract socket names hold it, and two pytest-xdist workers must not
+# share them.
+TOKEN = secrets.token_hex(8)
 SECRET = bytes(range(32))
 
 # A process that pushes a memfd holding b"from <name>" to local rank 0's socket, whose

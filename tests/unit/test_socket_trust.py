@@ -7,6 +7,7 @@ another process holds never gets a descriptor."""
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -30,7 +31,9 @@ from ipcshare.runtime.errors import ConfigError, ExchangeError
 
 from ..local_users import SECOND_USER_REASON, second_local_user
 
-TOKEN = "0123456789abcdef"
+# Of this process: the abstract socket names hold it, and two pytest-xdist workers must not
+# share them.
+TOKEN = secrets.token_hex(8)
 SECRET = bytes(range(32))
 
 
