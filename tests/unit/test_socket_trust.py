@@ -204,7 +204,7 @@ def test_a_descriptor_goes_only_to_a_listener_proven_to_be_the_rank(checkable):
     # answer the challenge without the job's secret. Before: the squatter got the memfd.
     sender = SocketEndpoint(token=TOKEN, secret=SECRET, directory=None, local_rank=1,
                             peer_pids=[1 if checkable else None, os.getpid()], timeout=5)
-    listener, thread, got = _squatter(sender.address_of(0), answer=bytes(32))
+    listener, thread, got = _squatter(sender.address_of(0), answer=bytes(48))
     memfd = os.memfd_create("secret-data")
     try:
         said = (r"is held by pid \d+ uid \d+, not by that rank \(pid 1 uid \d+\)" if checkable
