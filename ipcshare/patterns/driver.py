@@ -13,6 +13,7 @@ from typing import Any
 from .. import __version__
 from ..backends import Backend
 from ..collectives.across_nodes.choice import INTER_LABELS
+from ..liveness.consensus import collective_step
 from ..runtime.config import PatternOptions, format_size
 from ..runtime.errors import ConfigError
 from ..topology.gpu_sharing import shared_gpus_advice
@@ -50,6 +51,10 @@ from .timing import (
 __all__ = ["run_pattern", "check_graph_mode", "check_after_kernel"]
 
 
+# How long the host memory ceiling's measurement may take (two 64 MiB buffers, a few
+# copies; well under a second on an idle core), beyond the group's timeout for the ranks
+# that wait for it.
+HOST_CEILING_MEASURE_S = 10.0
 # Eager rounds before a capture, each ended by a barrier: a guest of a time-sliced GPU
 # posts its arrays' allocations in the first, its leader maps them in the second, the
 # guest's calls name them from the third (collectives/guest_imports.py).
@@ -376,7 +381,10 @@ def run_ceiling(group: Group) -> Any:
 
     world = group.world
     backend = group.backend
-    with group.step("reading the links' ceiling"):
+    # The others wait while rank 0 measures: the group's timeout plus the measurement's.
+    timeout = group.rendezvous.timeout + HOST_CEILING_MEASURE_S
+    with collective_step(world, "reading the links' ceiling", watch=group.watch,
+                         timeout=timeout):
         mine = None
         if backend.device_memory:
             # Where some ranks share a GPU the group's figures mix both paths: the looser

@@ -120,12 +120,10 @@ def duration_problem(value: object) -> str | None:
     """Why ``value`` is no duration in the settings' range (a number of seconds within
     [``MIN_SECONDS``, ``MAX_SECONDS``]), or None when it is one: the same rule for a
     duration given in code (``Group(timeout=)``) as for the ``IPCSHARE_*`` variables."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return "give a number of seconds"
-    if not value > 0:  # also refuses NaN
-        return "it must be positive"
-    if not MIN_SECONDS <= value <= MAX_SECONDS:  # also refuses inf
-        return f"it is out of range: give between {MIN_SECONDS:g} and {MAX_SECONDS:g} seconds"
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not MIN_SECONDS <= value <= MAX_SECONDS):  # also refuses NaN and inf
+        return (f"give a positive number of seconds between {MIN_SECONDS:g} and "
+                f"{MAX_SECONDS:g}")
     return None
 
 

@@ -81,6 +81,43 @@ def test_a_folder_of_another_user_is_refused(base, monkeypatch):
         check_socket_dir_setting()
 
 
+@needs_second_user
+def test_a_path_through_another_users_symlink_is_refused(base, monkeypatch):
+    """Its owner may replace the symlink whenever it likes: the socket folder would move
+    under the job (before: accepted, and repointing it every 2-200 ms failed 8 of 12
+    jobs)."""
+    uid, gid = second_local_user()
+    sticky = base / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)  # a safe folder, as /tmp is
+    link = base / "link"
+    link.symlink_to(sticky)
+    os.lchown(link, uid, gid)
+    monkeypatch.setenv("IPCSHARE_SOCKET_DIR", str(link / "."))
+    with pytest.raises(ConfigError, match=rf"passes through the symlink {link}, which belongs "
+                       rf"to uid {uid}, who could repoint it"):
+        check_socket_dir_setting()
+    os.lchown(link, 0, 0)  # a symlink of ours (root's) to a safe folder is fine
+    check_socket_dir_setting()
+
+
+def test_a_folder_below_a_folder_others_may_write_is_refused(base, monkeypatch):
+    """The job's folder is ours and private, but anyone may rename it away from the
+    folder above it and put another in its place (before: only the last component was
+    checked)."""
+    shared = base / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    mine = shared / "mine"
+    mine.mkdir(mode=0o700)
+    monkeypatch.setenv("IPCSHARE_SOCKET_DIR", str(mine))
+    with pytest.raises(ConfigError, match=rf"IPCSHARE_SOCKET_DIR='{mine}' lies in {shared}, "
+                       "which is writable by other users and not sticky"):
+        check_socket_dir_setting()
+    shared.chmod(0o1777)  # sticky: nobody else may rename what is ours in it
+    check_socket_dir_setting()
+
+
 def test_an_unsafe_temp_dir_is_passed_over(base, monkeypatch):
     shared = base / "tmp"
     shared.mkdir()
