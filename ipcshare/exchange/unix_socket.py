@@ -3,7 +3,8 @@
 Every rank listens on its own socket inside the job's private (0700) directory, whose
 name carries a per-job random token; when the path would not fit ``sun_path`` (108
 bytes) the socket goes to the abstract namespace under a name that also carries a tag
-drawn from the job's secret, so no one outside the job can bind it first. Both ends
+drawn from the job's secret and the rank, so no one outside the job can bind it first (not
+even after reading another rank's name in /proc/net/unix). Both ends
 check the other before a descriptor moves:
 
 - every rank announces its listening socket over MPI (the trusted channel): a path
@@ -244,7 +245,9 @@ class SocketEndpoint:
     def address_of(self, local_rank: int) -> str | bytes:
         if self.directory:
             return os.path.join(self.directory, f"r{local_rank}.sock")
-        tag = hmac.new(self._secret, _ABSTRACT_TAG, hashlib.sha256).hexdigest()[:16]
+        # A tag per rank: a name seen in /proc/net/unix tells nothing of the others'.
+        tag = hmac.new(self._secret, _ABSTRACT_TAG + local_rank.to_bytes(4, "big"),
+                       hashlib.sha256).hexdigest()[:16]
         return f"\0ipcshare-{self.token}-{tag}-r{local_rank}".encode()
 
     def describe_address(self, local_rank: int) -> str:

@@ -296,3 +296,83 @@ def test_a_peer_in_another_pid_namespace_is_admitted_by_the_jobs_secret(caplog):
         assert "does not carry this job's secret" in caplog.text
     finally:
         receiver.close()
+
+
+# Another user that watches /proc/net/unix: once a rank of a job binds its abstract name,
+# it binds the name the next rank would take (same pattern, next rank) before that rank.
+SQUATTER = textwrap.dedent("""
+    import os, re, socket, sys
+    os.setgroups([]); os.setgid(int(sys.argv[2])); os.setuid(int(sys.argv[1]))
+    token = sys.argv[3]
+    with open("/proc/net/unix") as table:
+        names = [line.split()[-1] for line in table if "@ipcshare-" + token in line]
+    squatted = []
+    for name in names:
+        taken = re.sub(r"-r0$", "-r1", name)
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.bind(b"\\0" + taken[1:].encode())
+            s.listen(1)
+            squatted.append(s)
+        except OSError:
+            pass
+    print("squatted", len(squatted), flush=True)
+    sys.stdin.read()  # hold the names until told
+""")
+
+
+def test_an_abstract_name_cannot_be_taken_first_from_anothers(caplog):
+    """Before: ``@ipcshare-<token>-r<N>``; a ``nobody`` process watching /proc/net/unix
+    bound the other ranks' names first, and 4 of 5 jobs failed with ``cannot listen on
+    @ipcshare-…-r0: Address already in use``."""
+    ids = _nobody_ids()
+    if os.getuid() != 0 or ids is None:
+        pytest.skip("needs root (to start a process as 'nobody') and a 'nobody' user")
+    first = SocketEndpoint(token=TOKEN, secret=SECRET, directory=None, local_rank=0,
+                           peer_pids=[os.getpid(), os.getpid()], timeout=1)
+    squatter = subprocess.Popen([sys.executable, "-c", SQUATTER, str(ids[0]), str(ids[1]),
+                                 TOKEN], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True)
+    try:
+        assert squatter.stdout.readline().strip() == "squatted 1"  # it took a name
+        second = SocketEndpoint(token=TOKEN, secret=SECRET, directory=None, local_rank=1,
+                                peer_pids=[os.getpid(), os.getpid()], timeout=1)
+        second.close()  # it listened: the name it took was not rank 1's
+    finally:
+        squatter.communicate("", timeout=30)
+        first.close()
+
+
+FLOOD = textwrap.dedent("""
+    import socket, sys
+    address, count = sys.argv[1], int(sys.argv[2])
+    for _ in range(count):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(b"\\0" + address[1:].encode())
+        s.close()
+    print("sent", count, flush=True)
+""")
+
+
+def test_refusals_of_a_flood_are_counted_not_kept(caplog):
+    """Before: every refused connection was kept (145,845 entries after a 15 s flood) and
+    each distinct pid logged."""
+    receiver = SocketEndpoint(token=TOKEN, secret=SECRET, directory=None, local_rank=0,
+                              peer_pids=[os.getpid(), -1], timeout=0.3)
+    count = 2000
+    try:
+        flood = subprocess.Popen([sys.executable, "-c", FLOOD, receiver.describe_address(0),
+                                  str(count)], stdout=subprocess.PIPE, text=True)
+        with caplog.at_level(logging.WARNING, logger="ipcshare"):
+            for _round in range(200):  # local rank 1 never comes: each round times out
+                done = flood.poll() is not None
+                with pytest.raises(ExchangeTimeout):
+                    receiver.receive_fds({1}, sequence=1)
+                if done:  # that round took what was still queued
+                    break
+        assert flood.communicate(timeout=60)[0].strip() == f"sent {count}"
+        assert receiver.refused.count == count
+        assert len(list(receiver.refused)) <= 16  # the last few, not all
+        assert caplog.text.count("refused a descriptor-socket connection") == 1  # one pid
+    finally:
+        receiver.close()
