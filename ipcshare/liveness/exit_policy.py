@@ -83,6 +83,10 @@ def leave_without_finalize_at_exit(reason: str, *, stopped_pids: list[int] = ())
 
 
 def _leave_at_exit() -> None:
+    MPI = sys.modules.get("mpi4py.MPI")
+    if (MPI is None or not MPI.Is_initialized() or MPI.Is_finalized()
+            or MPI.COMM_WORLD.Get_size() == 1):
+        return  # no MPI_Finalize to wait in with a peer (a process alone, or no MPI)
     try:
         linger = settings.exchange_timeout()
     except Exception:  # a bad value was refused by name already; not a traceback now
