@@ -7,7 +7,7 @@ NP ?= 4
 # pytest under mpiexec: every rank runs the same tests and checks results collectively.
 MPI_PYTEST := $(PY) -m pytest -q -p no:cacheprovider --with-mpi -m mpi
 
-.PHONY: demo test test-unit test-mpi soak gpu-check lint clean
+.PHONY: demo test test-unit test-mpi soak attacks gpu-check lint clean
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -m venv $(VENV) || { echo "make: '$(PYTHON) -m venv' failed; on Debian/Ubuntu: apt-get install python3-venv" >&2; rm -rf $(VENV); exit 1; }
@@ -33,6 +33,11 @@ test-mpi: $(VENV)/.installed
 # descriptor, mapping and memory counts that must stay flat (docs/RELIABILITY.md).
 soak: $(VENV)/.installed
 	$(MPIEXEC) -n 2 $(PY) tools/soak.py $(SOAK_ARGS)
+
+# Long run, not part of `make test`: the socket attacks and the stopped rank, 20-50 real
+# jobs each (docs/RELIABILITY.md, faults 44-47); needs unshare (root or user namespaces).
+attacks: $(VENV)/.installed
+	$(PY) tools/socket_attacks.py all $(ATTACK_ARGS)
 
 # On a GPU node (see docs/GPU.md): GPU tests and a short benchmark, logs under $$OUT.
 gpu-check:
