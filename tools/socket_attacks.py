@@ -53,7 +53,8 @@ def _folder() -> str:
 def relay_cli(ranks: int) -> dict:
     folder = _folder()
     try:
-        relay = subprocess.Popen([*UNSHARE, sys.executable, str(FAULTS / "socket_relay.py"),
+        relay = subprocess.Popen([*UNSHARE, "--kill-child=SIGTERM", sys.executable,
+                                  str(FAULTS / "socket_relay.py"),
                                   folder, "20"], stdout=subprocess.PIPE, text=True)
         time.sleep(0.3)  # watching before the job starts
         env = dict(os.environ, IPCSHARE_SOCKET_DIR=folder, IPCSHARE_EXCHANGE_TIMEOUT="5")
@@ -61,8 +62,7 @@ def relay_cli(ranks: int) -> dict:
                               "ipcshare", "ring", "-b", "1K", "-e", "1M", "--backend", "host",
                               "--exchange", "socket"], capture_output=True, text=True,
                              timeout=120, env=env)
-        relay.send_signal(signal.SIGTERM)
-        relay.terminate()
+        relay.terminate()  # unshare passes it on (--kill-child)
         said, _ = relay.communicate(timeout=30)
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -679,8 +679,9 @@ class SocketEndpoint:
 
 
 def _reaches(listener: socket.socket, path_fd: int, timeout: float) -> bool:
-    """Whether a connection through socket file ``path_fd`` arrives at ``listener``
-    (a blocking listening socket of this process)."""
+    """Whether a connection through socket file ``path_fd`` arrives at ``listener`` (a
+    blocking listening socket of this process) directly, not passed on by another
+    process."""
     probe_bytes = secrets.token_bytes(_NONCE_BYTES)
     deadline = time.monotonic() + timeout
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
@@ -695,6 +696,12 @@ def _reaches(listener: socket.socket, path_fd: int, timeout: float) -> bool:
                 return False
             conn, _ = listener.accept()
             with conn:
+                # Straight from this process: a relay bound there would pass the probe's
+                # bytes on to us, but from a connection of its own (its pid, not ours).
+                pid, _uid, _gid = _PEERCRED.unpack(
+                    conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+                if pid != os.getpid():
+                    continue
                 conn.settimeout(max(deadline - time.monotonic(), 0.001))
                 try:
                     if _receive_exactly(conn, len(probe_bytes)) == probe_bytes:

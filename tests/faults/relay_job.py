@@ -33,7 +33,8 @@ def main() -> int:
             group.window(4096).close()  # every rank's socket is up
             if group.rank == 0:
                 folder = os.environ["IPCSHARE_SOCKET_DIR"]
-                relay = subprocess.Popen(["unshare", "-p", "-f", "--mount-proc", sys.executable,
+                relay = subprocess.Popen(["unshare", "-p", "-f", "--mount-proc",
+                                          "--kill-child=SIGTERM", sys.executable,
                                           str(RELAY), folder, seconds, "--once"],
                                          stdout=subprocess.PIPE, text=True)
                 assert relay.stdout.readline().strip() == "ready"

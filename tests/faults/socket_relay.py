@@ -9,7 +9,8 @@ and relays each connection to the real one, byte for byte, both ways: the real r
 answers whatever challenge the sender asks, and the sender may then hand the relay its
 descriptor. Every descriptor it gets is a rank's memory: it reads it and writes
 ``OWNED-BY-ATTACKER!!!`` at its start. ``--once``: swap what is there now, print
-``ready``, then relay until SECONDS are up. Prints ``swapped S stolen N`` at the end.
+``ready``, then relay until SECONDS are up. Prints ``swapped S stolen N`` at the end (or
+when SIGTERMed).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import mmap
 import os
 import select
+import signal
 import socket
 import sys
 import threading
@@ -97,10 +99,30 @@ class Relay:
             listener.close()
 
 
+class _Stop(Exception):
+    pass
+
+
+def _stop(_signum, _frame) -> None:
+    raise _Stop
+
+
 def main() -> int:
     folder, seconds = sys.argv[1], float(sys.argv[2])
     once = "--once" in sys.argv[3:]
+    # SIGTERM ends the relay with its report (as the init of a PID namespace it would
+    # ignore a signal it has no handler for).
+    signal.signal(signal.SIGTERM, _stop)
     relay = Relay()
+    try:
+        _watch(relay, folder, seconds, once)
+    except _Stop:
+        pass
+    print(f"swapped {relay.swapped} stolen {relay.stolen}", flush=True)
+    return 0
+
+
+def _watch(relay: Relay, folder: str, seconds: float, once: bool) -> None:
     listeners = []
     done: set[str] = set()
     deadline = time.monotonic() + seconds
@@ -125,8 +147,6 @@ def main() -> int:
             time.sleep(max(deadline - time.monotonic(), 0))
             break
         time.sleep(0.0002)
-    print(f"swapped {relay.swapped} stolen {relay.stolen}", flush=True)
-    return 0
 
 
 if __name__ == "__main__":

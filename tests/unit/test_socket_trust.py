@@ -156,6 +156,46 @@ def test_a_job_directory_that_is_a_symlink_or_swapped_is_refused(base, monkeypat
         remove_socket_dir(directory, TOKEN)
 
 
+RELAY = Path(__file__).parents[1] / "faults" / "socket_relay.py"
+
+
+def test_a_socket_relayed_right_after_the_bind_is_never_announced(base, monkeypatch):
+    """A process of this user renames the socket away the moment it is bound and binds a
+    relay under its name, which passes every byte on to the real one: the rank must not
+    announce the relay's inode (it would then get every descriptor sent to this rank).
+    The probe through the file's descriptor reaches the listener only by way of the
+    relay's own connection, which is not this process's. Before: the relay passed the
+    probe on, and took descriptors in 3 of 20 CLI jobs."""
+    monkeypatch.setenv("IPCSHARE_SOCKET_DIR", str(base))
+    directory = make_socket_dir(TOKEN)
+    relays = []
+    chmod = os.chmod
+
+    def chmod_then_relay(path, mode):
+        chmod(path, mode)
+        relay = subprocess.Popen([sys.executable, str(RELAY), str(base), "10", "--once"],
+                                 stdout=subprocess.PIPE, text=True)
+        relays.append(relay)
+        assert relay.stdout.readline().strip() == "ready"
+
+    monkeypatch.setattr(unix_socket.os, "chmod", chmod_then_relay)
+    try:
+        with pytest.raises(ExchangeError, match="is not the one this rank bound: it was "
+                           "replaced right after the bind; refusing to announce it"):
+            SocketEndpoint(token=TOKEN, secret=SECRET, directory=directory, local_rank=0,
+                           peer_pids=[os.getpid()], timeout=1)
+    finally:
+        monkeypatch.undo()
+        for relay in relays:
+            relay.terminate()
+            said, _ = relay.communicate(timeout=30)
+            assert said.strip() == "swapped 1 stolen 0"
+        for leftover in os.listdir(directory):  # the relay's, and our renamed socket
+            if leftover != ".ipcshare-claim":
+                os.unlink(os.path.join(directory, leftover))
+        remove_socket_dir(directory, TOKEN)
+
+
 def test_a_folder_swapped_between_the_check_and_the_bind_is_refused(base, monkeypatch):
     monkeypatch.setenv("IPCSHARE_SOCKET_DIR", str(base))
     directory = make_socket_dir(TOKEN)
