@@ -159,6 +159,13 @@ def test_a_job_directory_that_is_a_symlink_or_swapped_is_refused(base, monkeypat
 RELAY = Path(__file__).parents[1] / "faults" / "socket_relay.py"
 
 
+def _endpoint_refused(directory: str, said: str) -> None:
+    """Making local rank 0's endpoint in ``directory`` raises ExchangeError saying ``said``."""
+    with pytest.raises(ExchangeError, match=said):
+        SocketEndpoint(token=TOKEN, secret=SECRET, directory=directory, local_rank=0,
+                       peer_pids=[os.getpid()], timeout=1)
+
+
 def test_a_socket_relayed_right_after_the_bind_is_never_announced(base, monkeypatch):
     """A process of this user renames the socket away the moment it is bound and binds a
     relay under its name, which passes every byte on to the real one: the rank must not
@@ -180,10 +187,8 @@ def test_a_socket_relayed_right_after_the_bind_is_never_announced(base, monkeypa
 
     monkeypatch.setattr(unix_socket.os, "chmod", chmod_then_relay)
     try:
-        with pytest.raises(ExchangeError, match="is not the one this rank bound: it was "
-                           "replaced right after the bind; refusing to announce it"):
-            SocketEndpoint(token=TOKEN, secret=SECRET, directory=directory, local_rank=0,
-                           peer_pids=[os.getpid()], timeout=1)
+        _endpoint_refused(directory, "is not the one this rank bound: it was replaced right "
+                          "after the bind; refusing to announce it")
     finally:
         monkeypatch.undo()
         for relay in relays:
@@ -209,10 +214,8 @@ def test_a_folder_swapped_between_the_check_and_the_bind_is_refused(base, monkey
 
     monkeypatch.setattr(unix_socket, "open_socket_dir", open_then_swap)
     try:
-        with pytest.raises(ExchangeError, match="is not in the job's socket directory: its "
-                           "folder was swapped after it was checked"):
-            SocketEndpoint(token=TOKEN, secret=SECRET, directory=directory, local_rank=0,
-                           peer_pids=[os.getpid()], timeout=1)
+        _endpoint_refused(directory, "is not in the job's socket directory: its folder was "
+                          "swapped after it was checked")
     finally:
         shutil.rmtree(directory)
         os.rename(directory + ".away", directory)
