@@ -214,7 +214,9 @@ class SocketEndpoint:
             path_fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC,
                               dir_fd=self._directory_fd)
         except FileNotFoundError:
-            raise swapped from None
+            raise ExchangeError(f"the socket bound at {address} is gone from the job's socket "
+                                "directory: renamed right after the bind, or its folder "
+                                "swapped after it was checked; refusing to use it") from None
         try:
             info = os.fstat(path_fd)
             if not stat.S_ISSOCK(info.st_mode) or info.st_uid != self._uid:

@@ -16,7 +16,7 @@ from ..runtime import settings
 from .mpi_segments import remove_mpi_segments
 
 __all__ = ["peer_exit_grace", "DEFAULT_EXIT_GRACE_S", "leave_after_peer_death",
-           "leave_without_finalize_at_exit"]
+           "leave_without_finalize_at_exit", "stopped_peers_to_wake"]
 
 # How long a rank stuck in a call that cannot notice a dead peer lives on after the death.
 DEFAULT_EXIT_GRACE_S = 2.0
@@ -78,8 +78,34 @@ def leave_without_finalize_at_exit(reason: str, *, stopped_pids: list[int] = ())
         atexit.register(_leave_at_exit)
     _leaving_because = reason
     for pid in stopped_pids:
+        if _guarded(pid):
+            continue  # its guard ends it, with a line of its own, when we leave
         with contextlib.suppress(OSError, AttributeError):
             _to_wake.append(os.pidfd_open(pid))  # no pid reuse can redirect the wake-up
+
+
+def stopped_peers_to_wake() -> list[int]:
+    """Pidfds of the stopped peers that nobody else will end (no guard of their own):
+    ``leave_after_peer_death`` continues them on the way out (cli/main.py)."""
+    return list(_to_wake)
+
+
+def _guarded(pid: int) -> bool:
+    """Whether process ``pid`` has a peer guard among its children (``PeerWatch.exit_if_stuck``),
+    which ends it when a peer leaves; False where that cannot be read."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as listing:
+            children = listing.read().split()
+    except OSError:
+        return False
+    for child in children:
+        try:
+            with open(f"/proc/{child}/cmdline", "rb") as cmdline:
+                if b"ipcshare.exchange.peer_guard" in cmdline.read():
+                    return True
+        except OSError:
+            continue
+    return False
 
 
 def _leave_at_exit() -> None:

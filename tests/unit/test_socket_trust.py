@@ -214,8 +214,8 @@ def test_a_folder_swapped_between_the_check_and_the_bind_is_refused(base, monkey
 
     monkeypatch.setattr(unix_socket, "open_socket_dir", open_then_swap)
     try:
-        _endpoint_refused(directory, "is not in the job's socket directory: its folder was "
-                          "swapped after it was checked")
+        _endpoint_refused(directory, "is gone from the job's socket directory: renamed right "
+                          "after the bind, or its folder swapped after it was checked")
     finally:
         shutil.rmtree(directory)
         os.rename(directory + ".away", directory)
