@@ -48,9 +48,8 @@ def run_and_stop(command: list[str], pid_line: str, env: dict[str, str], *,
         if not line:
             break
         seen.append(line)
-        found = re.search(pid_line, line)
-        if found:
-            pids[int(found[1])] = int(found[2])
+        for rank, pid in re.findall(pid_line, line):  # the launcher may join lines
+            pids[int(rank)] = int(pid)
     assert len(pids) == RANKS, "".join(seen) + job.stderr.read()
     time.sleep(stop_after)
     os.kill(pids[VICTIM], signal.SIGSTOP)
