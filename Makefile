@@ -21,7 +21,7 @@ MPI_TESTS := tests/mpi tests/gpu
 # Prints each part's wall time (and appends it to the file TEST_TIMES names, if any).
 TIMED := tools/timed.sh
 
-.PHONY: demo test test-unit test-mpi test-slow soak refused-repeat gpu-check lint clean
+.PHONY: demo test test-unit test-mpi test-slow soak refused-repeat attacks gpu-check lint clean
 
 $(VENV)/.installed: pyproject.toml setup.py
 	@$(PYTHON) -m venv $(VENV) || { echo "make: '$(PYTHON) -m venv' failed; on Debian/Ubuntu: apt-get install python3-venv" >&2; rm -rf $(VENV); exit 1; }
@@ -77,6 +77,11 @@ refused-repeat: $(VENV)/.installed
 	for n in 2 3; do \
 	  IPCSHARE_SIGNAL_TIMEOUT=10 $(MPIEXEC) -n $$n $(PY) tools/checks/refused_calls_repeat.py $(REPEAT_ARGS) || exit 1; \
 	done
+
+# Long run, not part of `make test`: the socket attacks and the stopped rank, 20-50 real
+# jobs each (docs/RELIABILITY.md, faults 44-47); needs unshare (root or user namespaces).
+attacks: $(VENV)/.installed
+	$(PY) tools/checks/socket_attacks.py all $(ATTACK_ARGS)
 
 # On a GPU node (see docs/GPU.md): GPU tests and a short benchmark, logs under $$OUT;
 # PHASES="tests allreduce-quick" picks phases (python3 tools/gpu_check.py --list).

@@ -14,7 +14,7 @@ ALLTOALL_RANKS, ALLTOALL_MIN, ALLTOALL_MAX, ALLTOALL_ITERS, ALLTOALL_ALGOS,
 ALLTOALL_SPLITS, ALLTOALL_BASELINES, ALLTOALL_SYMM_SPLITS, ALLTOALL_GRAPH,
 ALLTOALL_REGISTER, ALLTOALL_TESTS, ALLTOALL_NCCL_TESTS, STEP_TIMEOUT_ALLTOALL,
 NCCL_TESTS_MAX, STEP_TIMEOUT_SUITE, REFUSED_RANKS, REFUSED_ALGOS, FIRST_CALL_WHEEL,
-STEP_TIMEOUT_FIRST_CALL.
+STEP_TIMEOUT_FIRST_CALL, ATTACK_JOBS.
 """
 
 from __future__ import annotations
@@ -638,7 +638,13 @@ def namespaces_steps(ctx: Context) -> list[Step | Note]:
     return [Step.of("ranks in separate PID namespaces (host, cuda-vmm, cuda-ipc)", [
         ctx.python, "-m", "pytest", "-q", "-s", "-rs", "-p", "no:cacheprovider",
         "tests/cli/test_pid_namespaces_cli.py", "-k", "not network"], limit_s=300,
-        env={"OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": "lo"})]
+        env={"OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": "lo"}),
+            # The attacks across PID namespaces, with the node's own kernel and launcher:
+            # a relay, a silent and a replaying stranger (ATTACK_JOBS jobs each).
+            Step.of("socket attacks across PID namespaces (relay, stranger)", *(
+                [ctx.python, "tools/checks/socket_attacks.py", what, "--jobs",
+                 ctx.knob("ATTACK_JOBS", "5")] for what in ("relay", "stranger")),
+                limit_s=300)]
 
 
 PACKAGE_CHECK = """

@@ -212,7 +212,7 @@ def _finish_mpi(status: int) -> None:
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
         return
-    from ..liveness.exit_policy import leave_after_peer_death
+    from ..liveness.exit_policy import leave_after_peer_death, stopped_peers_to_wake
     from ..runtime.abandoned_requests import abandoned
     from ..runtime.errors import SettingError
 
@@ -221,7 +221,9 @@ def _finish_mpi(status: int) -> None:
             linger = settings.exchange_timeout()
         except SettingError:  # the command refused it already; not a traceback now
             linger = settings.DEFAULT_EXCHANGE_TIMEOUT_S
-        leave_after_peer_death(status, linger=linger + 0.5)
+        # A stopped peer without a guard (stopped before it armed one) is continued on
+        # the way out: nobody else would end it, and the launcher would wait for it.
+        leave_after_peer_death(status, linger=linger + 0.5, wake=stopped_peers_to_wake())
     watchdog = threading.Timer(FINALIZE_BOUND_S,
                                lambda: leave_after_peer_death(status, linger=0))
     watchdog.daemon = True

@@ -131,7 +131,9 @@ def run_pattern_command(args: argparse.Namespace) -> int:
         # A rank stuck in a blocking MPI collective (the driver's timing reductions) when
         # a peer dies cannot notice it: the watch ends it after this grace.
         group.watch.exit_if_stuck(grace=grace)
-        with collective_step(group.world, "choosing the algorithm"):
+        # Every step from here waits at most the group's timeout and gives up on a dead
+        # or stopped peer (Group.step): a stopped rank never holds the others for ever.
+        with group.step("choosing the algorithm"):
             check_plot(getattr(args, "plot", None))
             if args.command == "alltoall":
                 _check_all_to_all_memory(group, pattern)
@@ -162,13 +164,13 @@ def run_pattern_command(args: argparse.Namespace) -> int:
         status, complaint = _exit_verdict(result, options)
         # Every rank joins, --json or not: only rank 0's decides (it alone writes), and a
         # rank skipping the step would leave the others waiting in it.
-        with collective_step(group.world, "writing the JSON"):
+        with group.step("writing the JSON"):
             if group.rank == 0 and options.json:
                 _write_json(options.json, result.to_dict())
             if group.rank == 0 and getattr(args, "result", None):
                 _write_result(args, options, result, status)
         if getattr(args, "plot", None):
-            with collective_step(group.world, "drawing the plot"):
+            with group.step("drawing the plot"):
                 write_run_plot(group.world, args.command, group.backend_name, options, result,
                                args.plot)
     if complaint:

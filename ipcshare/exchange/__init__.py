@@ -325,6 +325,15 @@ class Exchange:
             remove_socket_dir(self._socket_dir, token)
             self._socket_dir = None
             raise
+        # Every rank's socket, announced over MPI: a sender connects to that very one.
+        try:
+            endpoint.announce(self._allgather(world.local_comm, endpoint.listening_identity,
+                                              "descriptor socket setup"))
+        except BaseException:
+            endpoint.close()
+            remove_socket_dir(self._socket_dir, token)
+            self._socket_dir = None
+            raise
         self._endpoint = endpoint
         if self.watch is not None and directory is not None:
             # A rank forced out of a stuck call still gets the node's directory removed.
@@ -370,8 +379,14 @@ class Exchange:
 
     @property
     def refused_connections(self) -> list[tuple[int, int]]:
-        """(pid, uid) of processes whose connections to our socket were refused."""
+        """(pid, uid) of the last few processes whose connections to our socket were
+        refused (``refused_count`` counts them all)."""
         return list(self._endpoint.refused) if self._endpoint else []
+
+    @property
+    def refused_count(self) -> int:
+        """How many connections to our socket were refused."""
+        return self._endpoint.refused.count if self._endpoint else 0
 
     def close(self) -> None:
         """Close the socket and remove the node's socket directory (idempotent).

@@ -12,8 +12,9 @@ and that pid no longer runs the process that wrote the claim) and no socket in i
 
 The folder that holds the job's directory is trusted only as ssh trusts the folders of its
 files: owned by this user (or root), and not writable by group or others unless sticky
-(as /tmp is). Anyone who may rename entries in it could swap the job's directory for one
-of their own and collect the descriptors sent there. The job's directory is made and
+(as /tmp is), and so is every folder above it, and every symlink on its path (ssh's
+``StrictModes``). Anyone who may rename entries in it could swap the job's directory for
+one of their own and collect the descriptors sent there. The job's directory is made and
 opened relative to that folder's descriptor, never through a symlink, and every rank
 checks the one it opens (this user's, 0700, the very directory local rank 0 made).
 """
@@ -102,18 +103,74 @@ def check_socket_dir_setting() -> None:
 
 def unsafe_base(base: str | int) -> str | None:
     """Why folder ``base`` (a path, or an open descriptor of it) must not hold the job's
-    socket directory, ending in its fix; None when it is safe: owned by this user or
-    root, and not writable by group or others unless sticky."""
-    info = os.stat(base)
+    socket directory, ending in its fix; None when it is safe, as ssh's ``StrictModes``
+    judges a path: the folder and every folder above it owned by this user or root, and
+    not writable by group or others unless sticky; every symlink on the way owned by
+    this user or root (anyone else could repoint it), and what it points at judged the
+    same way. Given a descriptor, the folder alone is judged (its path was, before it was
+    opened)."""
+    if isinstance(base, int):
+        return _unsafe_folder(os.fstat(base), None)
+    return _unsafe_path(base)
+
+
+_MAX_SYMLINKS = 40  # as the kernel's path walk
+
+
+def _unsafe_folder(info: os.stat_result, above: str | None) -> str | None:
+    """Why a folder whose ``lstat`` is ``info`` is unsafe: the job's own folder (``above``
+    None) or a folder ``above`` it on its path."""
     uid = os.getuid()
+    where = "" if above is None else f"lies in {above}, which "
     if info.st_uid not in (uid, 0):
-        return (f"belongs to uid {info.st_uid}, who could swap the job's socket folder "
-                "inside it: use a folder of your own")
+        return (f"{where}belongs to uid {info.st_uid}, who could swap the job's socket folder "
+                f"{'inside it' if above is None else 'below it'}: use a folder of your own")
     if stat.S_IMODE(info.st_mode) & 0o022 and not info.st_mode & stat.S_ISVTX:
-        return ("is writable by other users and not sticky: any of them could swap the "
-                "job's socket folder inside it; make it private (chmod go-w) or sticky "
-                "(chmod +t, as /tmp is)")
+        return (f"{where}is writable by other users and not sticky: any of them could swap "
+                f"the job's socket folder {'inside it' if above is None else 'below it'}; "
+                "make it private (chmod go-w) or sticky (chmod +t, as /tmp is)")
     return None
+
+
+def _unsafe_path(path: str) -> str | None:
+    """``unsafe_base`` of a path: walk it from ``/`` one component at a time, never
+    following a symlink before judging it, judging every folder passed through."""
+    uid = os.getuid()
+    absolute = path if path.startswith("/") else os.path.join(os.getcwd(), path)
+    pending = [part for part in absolute.split("/") if part]
+    pending.reverse()  # a stack: the next component last
+    current = "/"
+    hops = 0
+    try:
+        why = _unsafe_folder(os.lstat("/"), "/") if pending else _unsafe_folder(
+            os.lstat("/"), None)
+        while why is None and pending:
+            part = pending.pop()
+            if part == ".":
+                continue
+            if part == "..":
+                current = os.path.dirname(current)
+                continue
+            candidate = os.path.join(current, part)
+            info = os.lstat(candidate)
+            if stat.S_ISLNK(info.st_mode):
+                hops += 1
+                if hops > _MAX_SYMLINKS:
+                    return "has too many symlinks on its path: give the folder's real path"
+                if info.st_uid not in (uid, 0):
+                    return (f"passes through the symlink {candidate}, which belongs to uid "
+                            f"{info.st_uid}, who could repoint it: give the folder's real "
+                            "path, or use a folder of your own")
+                target = os.readlink(candidate)
+                if target.startswith("/"):
+                    current = "/"
+                pending.extend(reversed([p for p in target.split("/") if p]))
+                continue
+            why = _unsafe_folder(info, None if not pending else candidate)
+            current = candidate
+        return why
+    except OSError as exc:
+        return f"cannot be checked ({exc.strerror or exc}): give a folder that exists"
 
 
 def open_socket_dir(path: str, *, identity: tuple[int, int] | None = None) -> int:
@@ -155,6 +212,10 @@ def make_socket_dir(token: str) -> str | None:
     for base in socket_dir_base_candidates():
         probe = _longest_socket_path(base, token)
         if not socket_path_fits(probe) or not os.path.isdir(base):
+            continue
+        unsafe = unsafe_base(base)  # its whole path, before it is opened
+        if unsafe:  # a candidate other than the setting, which is refused by name
+            log.info("not making the socket directory in %s: it %s", base, unsafe)
             continue
         try:
             base_fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

@@ -15,9 +15,10 @@ from typing import Any
 
 from ..runtime.abandoned_requests import keep
 from ..runtime.errors import ExchangeTimeout, PeerDied
+from .exit_policy import leave_without_finalize_at_exit
 from .pidfd_watch import PeerWatch
 
-__all__ = ["wait_request", "watched_allgather", "watched_barrier"]
+__all__ = ["wait_request", "watched_allgather", "watched_barrier", "DeadlineComm"]
 
 # Waits on MPI requests poll MPI_Test and yield the core in between (small collectives
 # finish within microseconds and must not pay for a sleep); every _POLLS_PER_CHECK polls
@@ -55,6 +56,10 @@ def wait_request(request: Any, *, watch: PeerWatch | None, timeout: float, what:
             if watch is not None:
                 watch.check(what)
             if time.monotonic() > deadline:
+                stopped = watch.stopped_ranks() if watch is not None else []
+                if stopped:
+                    raise ExchangeTimeout(f"{what}: {watch.describe_stopped(stopped)}; "
+                                          f"not every rank arrived within {timeout:g} s")
                 raise ExchangeTimeout(
                     f"{what}: not every rank arrived within {timeout:g} s (a rank died or "
                     "hangs; see its own output)")
@@ -66,6 +71,11 @@ def wait_request(request: Any, *, watch: PeerWatch | None, timeout: float, what:
             raise
         if watch is not None:
             watch.fail(str(exc))
+            stopped = watch.stopped_ranks()
+            if watch.dead_ranks or stopped:
+                # That peer cannot answer MPI_Finalize either: leave without it.
+                leave_without_finalize_at_exit(
+                    str(exc), stopped_pids=[watch.world.pids[r] for r in stopped])
             # MPICH may report the loss of a peer as an MPI error: name the peer instead.
             if not isinstance(exc, PeerDied) and watch.dead_ranks:
                 raise PeerDied(watch.describe(what)) from exc
@@ -116,3 +126,62 @@ def watched_barrier(comm: Any, *, watch: PeerWatch | None, timeout: float, what:
         PeerDied / ExchangeTimeout: as ``wait_request``.
     """
     wait_request(comm.Ibarrier(), watch=watch, timeout=timeout, what=what)
+
+
+class DeadlineComm:
+    """The blocking collectives a command's bookkeeping makes (mpi4py's ``allgather``,
+    ``allreduce``, ``gather``, ``bcast``, ``Barrier``, ``Allreduce``), each with a
+    deadline and the watch consulted, over ``comm``: a stopped or silent rank ends every
+    other rank's wait with ExchangeTimeout (naming it where the watch sees it stopped),
+    a dead one with PeerDied, instead of a wait for ever. ``label`` says what the waits
+    are for in those messages (the caller updates it as it goes).
+
+    Only those calls: anything else of the communicator is not reachable through it, so
+    no blocking call slips in unnoticed.
+    """
+
+    def __init__(self, comm: Any, *, watch: PeerWatch | None, timeout: float,
+                 label: str) -> None:
+        self.comm = comm
+        self.watch = watch
+        self.timeout = timeout
+        self.label = label
+
+    def Get_size(self) -> int:
+        return self.comm.Get_size()
+
+    def Get_rank(self) -> int:
+        return self.comm.Get_rank()
+
+    def allgather(self, value: Any) -> list[Any]:
+        return watched_allgather(self.comm, value, watch=self.watch, timeout=self.timeout,
+                                 what=self.label)
+
+    def allreduce(self, value: Any, op: Any = None) -> Any:
+        """Every rank's ``value`` combined by ``op`` (an MPI.Op, default SUM), in rank
+        order, on every rank."""
+        from ..topology.world import mpi
+
+        combine = op if op is not None else mpi().SUM
+        values = self.allgather(value)
+        result = values[0]
+        for other in values[1:]:
+            result = combine(result, other)
+        return result
+
+    def gather(self, value: Any, root: int = 0) -> list[Any] | None:
+        values = self.allgather(value)
+        return values if self.comm.Get_rank() == root else None
+
+    def bcast(self, value: Any, root: int = 0) -> Any:
+        return self.allgather(value if self.comm.Get_rank() == root else None)[root]
+
+    def Barrier(self) -> None:
+        watched_barrier(self.comm, watch=self.watch, timeout=self.timeout, what=self.label)
+
+    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = None) -> None:
+        from ..topology.world import mpi
+
+        MPI = mpi()
+        request = self.comm.Iallreduce(sendbuf, recvbuf, op=op if op is not None else MPI.SUM)
+        wait_request(request, watch=self.watch, timeout=self.timeout, what=self.label)

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..runtime.logs import get_logger
 
-__all__ = ["survive_failure_notices", "survive_interrupt_after_death"]
+__all__ = ["survive_failure_notices", "survive_interrupt_after_death", "note_continuation"]
 
 log = get_logger("peers")
 
@@ -63,5 +63,24 @@ def survive_interrupt_after_death(peer_died: Callable[[], bool]) -> Any:
             return None
         signal.signal(signal.SIGINT, interrupted)
         return signal.default_int_handler
+    except (ValueError, OSError):
+        return None
+
+
+def note_continuation(continued: Callable[[], None]) -> Any:
+    """Call ``continued()`` when this process is continued after a stop (SIGCONT): its
+    peers may have given up on it meanwhile, and its own message must say so rather than
+    blame them. Returns the old disposition (None when nothing was replaced: only the
+    default one is, and only from the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def on_continue(_signum: int, _frame: Any) -> None:
+        continued()
+
+    try:
+        if signal.getsignal(signal.SIGCONT) is not signal.SIG_DFL:
+            return None
+        return signal.signal(signal.SIGCONT, on_continue)
     except (ValueError, OSError):
         return None

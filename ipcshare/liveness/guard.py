@@ -24,6 +24,8 @@ import signal
 import sys
 from collections.abc import Callable
 
+from .process_state import process_is_stopped
+
 __all__ = ["run_guard"]
 
 
@@ -34,7 +36,7 @@ def run_guard(argv: list[str] | None, *, remove_socket_dir: Callable[[str, str],
     # The launcher's failure notices and the terminal's ^C are for the ranks, not us.
     for number in (signal.SIGUSR1, signal.SIGINT):
         signal.signal(number, signal.SIG_IGN)
-    grace, me = float(spec["grace"]), spec["me"]
+    grace = float(spec["grace"])
     # The rank hands us its own pidfds (inherited): no pid can be reused under us, and a
     # peer that died before we started is still seen as dead.
     rank_fd = int(spec["rank_pidfd"])
@@ -69,7 +71,8 @@ def run_guard(argv: list[str] | None, *, remove_socket_dir: Callable[[str, str],
             else:
                 poller.unregister(fd)
                 dead.append(peers[fd])
-                deadline_ms = int(grace * 1000)
+                # A stopped rank cannot say "done" however long it is given.
+                deadline_ms = 0 if process_is_stopped(spec["pid"]) else int(grace * 1000)
     poller = select.poll()
     poller.register(rank_fd, select.POLLIN)
     from .mpi_segments import remove_mpi_segments
@@ -78,8 +81,7 @@ def run_guard(argv: list[str] | None, *, remove_socket_dir: Callable[[str, str],
         remove_socket_dir(directory, token)
 
     remove_mpi_segments(int(spec["pid"]))
-    sys.stderr.write(f"ipcshare: error: {', '.join(dead)} died; {me} was stuck for {grace:g} s "
-                     "in a call that cannot notice it (an MPI collective) and is ended\n")
+    sys.stderr.write(f"ipcshare: error: {_what_happened(spec, dead, grace)}\n")
     sys.stderr.flush()
     # Let the other survivors' guards speak too before this kill makes the launcher end
     # the job; the rank stays stuck meanwhile (or leaves by itself: then we are done).
@@ -94,3 +96,21 @@ def run_guard(argv: list[str] | None, *, remove_socket_dir: Callable[[str, str],
     except AttributeError:  # no pidfd_send_signal here; the rank just lived, so the pid is its
         os.kill(int(spec["pid"]), signal.SIGKILL)
     return 1
+
+
+def _what_happened(spec: dict, gone: list[str], grace: float) -> str:
+    """The guard's one line. Peers that left are said to have died, unless a rank of the
+    node is stopped (SIGSTOP, a debugger): then that one stopped responding, and the
+    others left because of it (on their own timeouts); this rank may be the stopped one."""
+    me = spec["me"]
+    stopped = [name for fd, name in spec["peers"].items()
+               if name not in gone and process_is_stopped(spec.get("peer_pids", {}).get(fd, 0))]
+    if process_is_stopped(spec["pid"]):
+        return (f"{me} stopped responding (its process is stopped: SIGSTOP, or a debugger); "
+                f"{', '.join(gone)} left the job, so it is ended")
+    if stopped:
+        return (f"{', '.join(stopped)} stopped responding (its process is stopped: SIGSTOP, "
+                f"or a debugger); {', '.join(gone)} left the job; {me} was stuck for "
+                f"{grace:g} s in a call that cannot notice it (an MPI collective) and is ended")
+    return (f"{', '.join(gone)} died; {me} was stuck for {grace:g} s in a call that cannot "
+            "notice it (an MPI collective) and is ended")

@@ -20,8 +20,13 @@ from typing import Any
 from ..runtime.errors import PeerDied
 from ..runtime.logs import get_logger
 from ..topology.world import World
-from .failure_notice import survive_failure_notices, survive_interrupt_after_death
+from .failure_notice import (
+    note_continuation,
+    survive_failure_notices,
+    survive_interrupt_after_death,
+)
 from .mpi_segments import remove_stale_mpi_segments
+from .process_state import process_is_stopped
 
 __all__ = ["PeerWatch", "process_start_time"]
 
@@ -43,6 +48,7 @@ def process_start_time(pid: int | str = "self") -> int | None:
     except (IndexError, ValueError):
         return None
 
+
 class PeerWatch:
     """Watches the other ranks of this node; ``check()`` raises PeerDied once one exits.
 
@@ -62,6 +68,10 @@ class PeerWatch:
         self._wake_read, self._wake_write = os.pipe()
         self._saved_sigusr1 = survive_failure_notices()
         self._saved_sigint = survive_interrupt_after_death(self._peer_exited) if watched else None
+        # Set when this process was stopped and continued meanwhile: peers that left
+        # then gave up on it, they did not die.
+        self.was_stopped = False
+        self._saved_sigcont = note_continuation(self._continued) if watched else None
         self._thread: threading.Thread | None = None
         if watched:
             self._thread = threading.Thread(target=self._watch, name="ipcshare-peer-watch",
@@ -119,17 +129,48 @@ class PeerWatch:
         if self._dead:
             raise PeerDied(self.describe(doing() if callable(doing) else doing))
 
-    def describe(self, doing: str = "") -> str:
+    def stopped_ranks(self) -> list[int]:
+        """Watched ranks whose process is stopped (alive, answering nothing): read from
+        /proc now."""
+        return [rank for rank in sorted(set(self._pidfds.values()) - set(self._dead))
+                if process_is_stopped(self.world.pids[rank])]
+
+    def describe_stopped(self, stopped: list[int]) -> str:
+        """``rank 1@h (pid N) stopped responding (its process is stopped)``."""
         world = self.world
-        dead = ", ".join(f"{world.where(r)} (pid {world.pids[r]})" for r in self._dead)
+        names = ", ".join(f"{world.where(r)} (pid {world.pids[r]})" for r in stopped)
+        return (f"{names} stopped responding (its process is stopped: SIGSTOP, or a "
+                "debugger)")
+
+    def _continued(self) -> None:
+        self.was_stopped = True
+
+    def describe(self, doing: str = "") -> str:
+        """What happened to the peers: the dead ones, or, where a peer is stopped, that
+        one (the others that left then left because of it, not of their own death), or,
+        where this process was stopped itself, that the peers gave up on it."""
+        world = self.world
+        stopped = self.stopped_ranks()
+        if self.was_stopped and self._dead:
+            cause = (f"{world.where()} was stopped (SIGSTOP, or a debugger) and continued; "
+                     "meanwhile " + ", ".join(world.where(r) for r in self._dead)
+                     + " gave up on it and left the job")
+        elif stopped:
+            cause = self.describe_stopped(stopped)
+            gone = [r for r in self._dead if r not in stopped]
+            if gone:
+                cause += "; " + ", ".join(world.where(r) for r in gone) + " left the job"
+        else:
+            cause = ", ".join(f"{world.where(r)} (pid {world.pids[r]})"
+                              for r in self._dead) + " died"
         if not doing:
-            return f"{dead} died"
+            return cause
         here = world.where()
         if doing.startswith(here + " "):
             # A wait's own description ("rank 0@h in ring waiting for ...") already
             # names this rank: say it once.
-            return f"{dead} died while {here} was {doing[len(here) + 1:]}"
-        return f"{dead} died while {here} was in {doing}"
+            return f"{cause} while {here} was {doing[len(here) + 1:]}"
+        return f"{cause} while {here} was in {doing}"
 
     def _peer_exited(self) -> bool:
         """Whether a watched peer has exited, asked of the pidfds themselves (a signal
@@ -161,7 +202,8 @@ class PeerWatch:
         try:
             spec = {"pid": os.getpid(), "rank_pidfd": own, "grace": grace, "me": world.where(),
                     "peers": {str(fd): f"{world.where(r)} (pid {world.pids[r]})"
-                              for fd, r in self._pidfds.items()}}
+                              for fd, r in self._pidfds.items()},
+                    "peer_pids": {str(fd): world.pids[r] for fd, r in self._pidfds.items()}}
             self._guard = subprocess.Popen(
                 [sys.executable, "-m", "ipcshare.exchange.peer_guard", json.dumps(spec)],
                 stdin=subprocess.PIPE, close_fds=True, pass_fds=[own, *self._pidfds])
@@ -230,6 +272,9 @@ class PeerWatch:
         if self._saved_sigint is not None:
             signal.signal(signal.SIGINT, self._saved_sigint)
             self._saved_sigint = None
+        if self._saved_sigcont is not None:
+            signal.signal(signal.SIGCONT, self._saved_sigcont)
+            self._saved_sigcont = None
         os.close(self._wake_read)
         os.close(self._wake_write)
 

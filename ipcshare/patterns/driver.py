@@ -17,7 +17,7 @@ from ..liveness.consensus import collective_step
 from ..runtime.config import PatternOptions, format_size
 from ..runtime.errors import ConfigError
 from ..topology.gpu_sharing import shared_gpus_advice
-from ..topology.world import World, mpi
+from ..topology.world import mpi
 from ..window import Group
 from .base import Pattern, SizePlan
 from .clock_check import (
@@ -51,6 +51,10 @@ from .timing import (
 __all__ = ["run_pattern", "check_graph_mode", "check_after_kernel"]
 
 
+# How long the host memory ceiling's measurement may take (two 64 MiB buffers, a few
+# copies; well under a second on an idle core), beyond the group's timeout for the ranks
+# that wait for it.
+HOST_CEILING_MEASURE_S = 10.0
 # Eager rounds before a capture, each ended by a barrier: a guest of a time-sliced GPU
 # posts its arrays' allocations in the first, its leader maps them in the second, the
 # guest's calls name them from the third (collectives/guest_imports.py).
@@ -138,29 +142,32 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
         plan = pattern.plan(size, n, options.element_size)
         if not plans or plans[-1].size != plan.size:
             plans.append(plan)
+    # Every collective of the run's own bookkeeping waits at most the group's timeout and
+    # gives up on a dead or stopped peer, like the group's calls: none waits for ever.
+    comm = group.deadline_comm(f"{pattern.name}: window setup")
     # The window comes first: its exchange decides which descriptor path the header shows.
-    world.comm.Barrier()
+    comm.Barrier()
     started = time.perf_counter()
     if graph:
-        with collective_step(world, "graph mode"):
+        with group.step("graph mode"):
             check_graph_mode(group.backend, pattern.name, baseline, extra_baselines)
     baselines = ([] if baseline is None else [baseline]) + list(extra_baselines)
     if after_kernel:
-        with collective_step(world, "--after-kernel"):
+        with group.step("--after-kernel"):
             check_after_kernel(group.backend, baselines)
     window = group.window(max(rotated_window_bytes(pattern, plan, n, rotate) for plan in plans))
-    setup_ms = world.comm.allreduce((time.perf_counter() - started) * 1e3, op=MPI.MAX)
+    setup_ms = comm.allreduce((time.perf_counter() - started) * 1e3, op=MPI.MAX)
     # A world of one moves nothing between ranks (nccl-tests' bus factor of 1 there is a
     # convention): no link bounds it.
     ceiling = run_ceiling(group) if world.size > 1 else None
-    steps = {step: world.comm.allreduce(ms, op=MPI.MAX) for step, ms in window.setup_ms.items()}
+    steps = {step: comm.allreduce(ms, op=MPI.MAX) for step, ms in window.setup_ms.items()}
     # Eager nccl-tests timing also shows the host's time per call (what Python spends
     # issuing it), next to the wall time per call.
     table = Table(pattern.modes, options.datatype, baseline.label if baseline else None,
                   path_column=baseline.path_column if baseline else False,
                   host_column=timing == "nccl-tests" and not graph,
                   p95_column=timing == "latency", checked=options.checks > 0)
-    devices = world.comm.gather(group.backend.describe_device(), root=0) or []
+    devices = comm.gather(group.backend.describe_device(), root=0) or []
     exchange = group.exchange_name
     rank_lines = [f"#  Rank {r:>3} Pid {world.pids[r]:>7} on {world.hostnames[r]:>12} "
                   f"device {dev}" for r, dev in enumerate(devices)]
@@ -214,7 +221,7 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
     graphs: list[Any] = []
     try:
         if after_kernel:
-            with collective_step(world, "compiling the empty kernel"):
+            with group.step("compiling the empty kernel"):
                 before_each = group.backend.kernels("empty.cu").launcher(
                     "empty_kernel", ctypes.c_int(0), grid=1, block=1, stream=engine.stream)
             for timed in baselines:
@@ -231,6 +238,7 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
                 # stretch of operations ends in an agreement (group.step), where every
                 # rank learns the first rank's error and raises it, within the timeout.
                 step = _stretches(group, f"{format_size(plan.size)} {mode}")
+                comm.label = f"{pattern.name} at {format_size(plan.size)} {mode}"
                 wrong = 0
                 with step("checks"):
                     operations = [pattern.bind(region, plan, mode) for region in regions]
@@ -256,7 +264,7 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
                         if graph:
                             window.raise_kernel_error("the device barrier")
                         window.barrier()  # nobody poisons the next run's output early
-                wrong = world.comm.allreduce(wrong, op=MPI.SUM)
+                wrong = comm.allreduce(wrong, op=MPI.SUM)
                 with step("warm-up"):
                     for iteration in range(warmup_iterations(options.warmup,
                                                              len(operations))):
@@ -265,15 +273,15 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
                 host = None
                 if timing == "latency":
                     samples, wall, errors, again = _latency_samples(
-                        world, engine, operations, options.iters, offset, step)
+                        comm, engine, operations, options.iters, offset, step)
                     measured = _latency_measurement(pattern, plan, n, samples, wrong)
                 else:
                     if graph:
                         seconds, wall, errors, again = _graph_seconds(
-                            world, engine, bound_operations, options.iters, offset, step)
+                            comm, engine, bound_operations, options.iters, offset, step)
                     else:
                         seconds, host, wall, errors, again = _back_to_back_seconds(
-                            world, engine, operations, options.iters, offset, step)
+                            comm, engine, operations, options.iters, offset, step)
                     algbw, busbw = pattern.bandwidth(plan, seconds, n)
                     measured = Measurement(seconds * 1e6, algbw, busbw, wrong)
                 measured.clock_rechecks = again
@@ -281,7 +289,7 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
                 measured.wall_us = wall * 1e6
                 over = _over_ceiling(pattern, plan, n, measured, ceiling,
                                      f"{format_size(plan.size)} {mode}")
-                measured.errors = agreed_errors(world.comm, errors + ([over] if over else []))
+                measured.errors = agreed_errors(comm, errors + ([over] if over else []))
                 modes[mode] = measured
                 for captured in graphs:
                     captured.close()
@@ -292,7 +300,7 @@ def run_pattern(group: Group, pattern: Pattern, options: PatternOptions, *,
             buffers = rotation_count(plan, rotate)
             for timed, measured in zip(baselines, baseline_rows, strict=True):
                 measured.append(_baseline_row(timed, pattern, plan, n, options, timing, buffers,
-                                              graph, ceiling, world))
+                                              graph, ceiling, comm))
             first = baseline_rows[0][-1] if baselines else None
             say(table.row(row, first))
             for line in table.notes(row, first, baselines[0].name if baselines else ""):
@@ -373,7 +381,10 @@ def run_ceiling(group: Group) -> Any:
 
     world = group.world
     backend = group.backend
-    with collective_step(world, "reading the links' ceiling"):
+    # The others wait while rank 0 measures: the group's timeout plus the measurement's.
+    timeout = group.rendezvous.timeout + HOST_CEILING_MEASURE_S
+    with collective_step(world, "reading the links' ceiling", watch=group.watch,
+                         timeout=timeout):
         mine = None
         if backend.device_memory:
             # Where some ranks share a GPU the group's figures mix both paths: the looser
@@ -383,11 +394,12 @@ def run_ceiling(group: Group) -> Any:
             # Measured by one rank while the others wait: ranks copying at once on
             # shared cores would measure each other.
             mine = link_speed.host_memory_ceiling()
-    found = [ceiling for ceiling in world.comm.allgather(mine) if ceiling is not None]
+    found = [ceiling for ceiling in group.collective("reading the links' ceiling", mine)
+             if ceiling is not None]
     return max(found, key=lambda ceiling: ceiling.gbps)
 
 
-def _back_to_back_seconds(world: World, engine: Any, operations: list[Callable[[], None]],
+def _back_to_back_seconds(comm: Any, engine: Any, operations: list[Callable[[], None]],
                           iters: int, offset: float = 0.0,
                           step: Callable[[str], Any] = _no_agreement
                           ) -> tuple[float, float, float, list[str], int]:
@@ -400,7 +412,7 @@ def _back_to_back_seconds(world: World, engine: Any, operations: list[Callable[[
     what = f"{iters} back-to-back operations"
 
     def stretch() -> tuple[float, float, float, tuple[float, float] | None]:
-        world.comm.Barrier()
+        comm.Barrier()
         with step("timing"):
             timer = engine.timer()
             timer.start()
@@ -413,14 +425,14 @@ def _back_to_back_seconds(world: World, engine: Any, operations: list[Callable[[
                 timer.wall_parts)
 
     (elapsed, host, wall, _parts), error, again = agreed_stretch(
-        world.comm, stretch, lambda reading: clock_disagreement(
+        comm, stretch, lambda reading: clock_disagreement(
             reading[0], reading[2], what, offset, parts=reading[3]))
-    seconds, host, wall = mean_over_ranks(world.comm, [elapsed / iters, host / iters,
+    seconds, host, wall = mean_over_ranks(comm, [elapsed / iters, host / iters,
                                                        wall / iters])
     return seconds, host, wall, [error] if error else [], again
 
 
-def _graph_seconds(world: World, engine: Any, operations: list[Callable[[], None]],
+def _graph_seconds(comm: Any, engine: Any, operations: list[Callable[[], None]],
                    iters: int, offset: float = 0.0, step: Callable[[str], Any] = _no_agreement
                    ) -> tuple[float, float, list[str], int]:
     """nccl-tests timing of ``iters`` operations captured in one CUDA graph: one launch
@@ -439,7 +451,7 @@ def _graph_seconds(world: World, engine: Any, operations: list[Callable[[], None
         captured = engine.capture(enqueue_all)
 
     def stretch() -> tuple[float, float, tuple[float, float] | None]:
-        world.comm.Barrier()
+        comm.Barrier()
         with step("timing"):
             timer = engine.timer()
             timer.start()
@@ -453,16 +465,16 @@ def _graph_seconds(world: World, engine: Any, operations: list[Callable[[], None
             captured.launch()
             engine.synchronize()
         (elapsed, wall, _parts), error, again = agreed_stretch(
-            world.comm, stretch, lambda reading: clock_disagreement(
+            comm, stretch, lambda reading: clock_disagreement(
                 reading[0], reading[1], what, offset, parts=reading[2]))
     finally:
         engine.synchronize()
         captured.close()
-    seconds, wall = mean_over_ranks(world.comm, [elapsed / iters, wall / iters])
+    seconds, wall = mean_over_ranks(comm, [elapsed / iters, wall / iters])
     return seconds, wall, [error] if error else [], again
 
 
-def _latency_samples(world: World, engine: Any, operations: list[Callable[[], None]],
+def _latency_samples(comm: Any, engine: Any, operations: list[Callable[[], None]],
                      iters: int, offset: float, step: Callable[[str], Any]
                      ) -> tuple[list[float], float, list[str], int]:
     """Latency timing: ``iters`` samples of one operation each, started together after a
@@ -478,7 +490,7 @@ def _latency_samples(world: World, engine: Any, operations: list[Callable[[], No
     def stretch() -> tuple[list[float], list[float]]:
         samples, walls = [], []
         engine.synchronize()
-        world.comm.Barrier()
+        comm.Barrier()
         for iteration in range(iters):
             operation = operations[iteration % len(operations)]
             with step("latency sample"):
@@ -492,10 +504,10 @@ def _latency_samples(world: World, engine: Any, operations: list[Callable[[], No
         return samples, walls
 
     (samples, walls), error, again = agreed_stretch(
-        world.comm, stretch,
+        comm, stretch,
         lambda reading: latency_clock_disagreement(*reading, what, offset))
-    wall, = mean_over_ranks(world.comm, [percentile(walls, 50)])
-    return slowest_rank_samples(world.comm, samples), wall, [error] if error else [], again
+    wall, = mean_over_ranks(comm, [percentile(walls, 50)])
+    return slowest_rank_samples(comm, samples), wall, [error] if error else [], again
 
 
 def _latency_measurement(pattern: Pattern, plan: SizePlan, world_size: int,
@@ -519,7 +531,7 @@ def _over_ceiling(pattern: Pattern, plan: SizePlan, world_size: int, measured: M
 
 def _baseline_row(baseline: Any, pattern: Pattern, plan: SizePlan, world_size: int,
                   options: PatternOptions, timing: str, buffers: int, graph: bool,
-                  ceiling: Any, world: World) -> Row:
+                  ceiling: Any, comm: Any) -> Row:
     """One size of a baseline, every mode, timed like ours and held to the same checks
     (its timer against the host clock where it has two clocks, its busbw against the
     ceiling)."""
@@ -552,6 +564,6 @@ def _baseline_row(baseline: Any, pattern: Pattern, plan: SizePlan, world_size: i
         over = (None if measurement.wrong else
                 _over_ceiling(pattern, plan, world_size, measurement, ceiling,
                               f"{format_size(plan.size)} {mode}"))
-        measurement.errors = agreed_errors(world.comm, mine + ([over] if over else []))
+        measurement.errors = agreed_errors(comm, mine + ([over] if over else []))
         modes[mode] = measurement
     return Row(plan.size, plan.count, modes)

@@ -129,6 +129,17 @@ MIN_SECONDS = 1e-3
 MAX_SECONDS = 1e6
 
 
+def duration_problem(value: object) -> str | None:
+    """Why ``value`` is no duration in the settings' range (a number of seconds within
+    [``MIN_SECONDS``, ``MAX_SECONDS``]), or None when it is one: the same rule for a
+    duration given in code (``Group(timeout=)``) as for the ``IPCSHARE_*`` variables."""
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not MIN_SECONDS <= value <= MAX_SECONDS):  # also refuses NaN and inf
+        return (f"give a positive number of seconds between {MIN_SECONDS:g} and "
+                f"{MAX_SECONDS:g}")
+    return None
+
+
 def seconds(name: str, default: float) -> float:
     """A number of seconds from variable ``name`` within [``MIN_SECONDS``,
     ``MAX_SECONDS``], else ``default``.

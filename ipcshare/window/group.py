@@ -12,9 +12,10 @@ from ..backends import Backend, open_backend, resolve_backend_name
 from ..exchange import Exchange
 from ..exchange.node_reach import PID_NAMESPACE_FIX
 from ..liveness.consensus import Rendezvous, collective_step
+from ..liveness.deadline_waits import DeadlineComm
 from ..liveness.pidfd_watch import PeerWatch
 from ..runtime import settings
-from ..runtime.config import BACKENDS, EXCHANGES, HANDLES, is_seconds
+from ..runtime.config import BACKENDS, EXCHANGES, HANDLES
 from ..runtime.errors import BackendUnavailable, ConfigError, WindowError
 from ..topology.gpu_sharing import gpu_sharing
 from ..topology.peer_paths import (
@@ -107,7 +108,9 @@ class Group:
         # A rank still waiting for the others to arrive after the group's timeout says
         # so (a malformed timeout is refused below, once every rank is here).
         self.world = World.from_comm(comm, host_placement=host_placement,
-                                     warn_after=timeout if is_seconds(timeout) else None)
+                                     warn_after=(timeout if timeout is not None
+                                                 and settings.duration_problem(timeout) is None
+                                                 else None))
         # How each pair of the node's ranks reaches the other (peer_paths); all direct
         # until the GPUs say otherwise.
         self.paths: PathPlan = all_direct(self.world.local_ranks)
@@ -151,9 +154,10 @@ class Group:
                 if handle not in HANDLES:
                     raise ConfigError(
                         f"unknown handle type {handle!r}; choose one of: {', '.join(HANDLES)}")
-                if timeout is not None and not is_seconds(timeout):
-                    raise ConfigError(f"timeout={timeout!r}: give a positive number of "
-                                      "seconds, or None for the IPCSHARE_* timeouts")
+                problem = None if timeout is None else settings.duration_problem(timeout)
+                if problem:  # the range the IPCSHARE_* durations take
+                    raise ConfigError(f"timeout={timeout!r}: {problem}, or None for the "
+                                      "IPCSHARE_* timeouts")
                 self.exchange = Exchange(self.world, exchange, timeout=timeout,
                                          watch=self.watch)
                 self.rendezvous = Rendezvous(self.world, self.watch, self.exchange.timeout)
@@ -227,6 +231,15 @@ class Group:
     def step(self, name: str):
         """``collective_step`` that gives up on a dead peer or at the exchange timeout."""
         return self.rendezvous.step(name)
+
+    def deadline_comm(self, label: str) -> DeadlineComm:
+        """The world communicator's blocking collectives, each waiting at most the
+        exchange timeout and giving up on a dead or stopped peer (``DeadlineComm``):
+        for a command's own bookkeeping (barriers, sums, gathers) around the group's calls.
+        """
+        self._check_open()
+        return DeadlineComm(self.world.comm, watch=self.watch, timeout=self.rendezvous.timeout,
+                            label=label)
 
     def collective(self, what: str, value, *, comm=None) -> list:
         """Collective allgather over ``comm`` (default: the group's) that gives up on a

@@ -10,6 +10,7 @@ rank.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,12 +27,16 @@ HERE = Path(__file__).parent
 needs_hydra = pytest.mark.skipif(HYDRA is None, reason="needs mpiexec (pip install mpich)")
 
 
-def _unshare_works() -> bool:
+def unshare_works() -> bool:
     if shutil.which("unshare") is None:
         return False
     probe = subprocess.run(["unshare", "-p", "-f", "--mount-proc", "true"],
                            capture_output=True, timeout=30)
     return probe.returncode == 0
+
+
+NEEDS_UNSHARE = "needs unshare -p --mount-proc (root or user namespaces)"
+needs_unshare = pytest.mark.skipif(not unshare_works(), reason=NEEDS_UNSHARE)
 
 
 @pytest.fixture
@@ -85,7 +90,7 @@ def test_another_user_cannot_swap_the_socket_folder(shared_folder, sticky):
 @pytest.mark.parametrize("what", ["garbage", "header", "silent"])
 @pytest.mark.parametrize("namespaces", [
     False, pytest.param(True, marks=pytest.mark.skipif(
-        not _unshare_works(), reason="needs unshare -p --mount-proc (root or user namespaces)"))])
+        not unshare_works(), reason="needs unshare -p --mount-proc (root or user namespaces)"))])
 def test_a_strangers_bytes_never_end_the_job(socket_base, what, namespaces):
     wrapper = ["unshare", "-p", "-f", "--mount-proc"] if namespaces else []
     env = dict(os.environ, IPCSHARE_SOCKET_DIR=str(socket_base))
@@ -98,3 +103,52 @@ def test_a_strangers_bytes_never_end_the_job(socket_base, what, namespaces):
     # Refused and logged once, by the rank it knocked on.
     assert out.stderr.count("refused a descriptor-socket connection") == 1, out.stderr
     assert list(socket_base.iterdir()) == []
+
+
+@needs_hydra
+@needs_unshare
+@pytest.mark.parametrize("what", ["hold", "replay"])
+def test_a_silent_or_replaying_stranger_in_another_pid_namespace_only_delays(socket_base,
+                                                                               what):
+    """A connection that stays silent through the exchange, and a header rank 0 really
+    sent rank 1 in the first window replayed in the next, from a process in a PID
+    namespace of its own. Before: the silent one ended the job (rank 1 read it alone,
+    with the whole exchange timeout: ``sending a descriptor to local rank 1 timed out``),
+    and the replay was answered and then ended the job."""
+    env = dict(os.environ, IPCSHARE_SOCKET_DIR=str(socket_base), IPCSHARE_EXCHANGE_TIMEOUT="3",
+               IPCSHARE_STRANGER_UNSHARE="1")
+    out = subprocess.run([HYDRA, "-n", "2", "unshare", "-p", "-f", "--mount-proc",
+                          sys.executable, str(HERE / "stranger_job.py"), what, "20"],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "RANK 0 ok refused=0" in out.stdout and "RANK 1 ok refused=1" in out.stdout, \
+        out.stdout + out.stderr
+    if what == "replay":  # not one byte of an answer
+        assert "answered 0" in out.stdout, out.stdout
+    assert out.stderr.count("refused a descriptor-socket connection") == 1, out.stderr
+    assert list(socket_base.iterdir()) == []
+
+
+@needs_hydra
+@needs_unshare
+@pytest.mark.parametrize("ranks", [3])  # 2 and 3, 20 jobs each: tools/checks/socket_attacks.py
+def test_a_relay_in_another_pid_namespace_gets_no_descriptor(socket_base, ranks):
+    """A process of the job's user in a PID namespace of its own renames every rank's
+    socket away, binds its own under the name and relays each handshake to the real
+    rank. Before: the real rank answered the relayed challenge and the senders handed the
+    relay their memfds (it wrote into the job's memory; the CLI job even exited 0)."""
+    env = dict(os.environ, IPCSHARE_SOCKET_DIR=str(socket_base), IPCSHARE_EXCHANGE_TIMEOUT="3")
+    out = subprocess.run([HYDRA, "-n", str(ranks), "unshare", "-p", "-f", "--mount-proc",
+                          sys.executable, str(HERE / "relay_job.py"), "3"],
+                         capture_output=True, text=True, timeout=60, env=env)
+    said = out.stdout + out.stderr
+    assert f"swapped {ranks} stolen 0" in out.stdout, said
+    assert "OWNED" not in said
+    # The senders refuse the replaced sockets: every rank fails together, by name.
+    # (The launcher may join the ranks' lines: each is found by its own words.)
+    failed = re.findall(r"RANK (\d+) failed: (ExchangeError: .*?\(reported by ranks [^)]*\))",
+                        out.stdout)
+    assert sorted(int(rank) for rank, _error in failed) == list(range(ranks)), said
+    for _rank, error in failed:
+        assert "is not the one that rank announced" in error \
+            and "it was replaced; no descriptor sent to it" in error, error

@@ -118,9 +118,12 @@ def test_signals_take_only_users_words_and_whole_values(comm):
             w.put_signal(me, USER_SLOT_BASE, 1)
 
 
-@pytest.mark.parametrize("timeout", ["5", -1, 0, float("inf"), True])
+# 1e-9 and 1e300 as the IPCSHARE_* durations refuse them (before: taken, and 1e300 failed
+# later with "timestamp out of range for platform time_t").
+@pytest.mark.parametrize("timeout", ["5", -1, 0, float("inf"), float("nan"), True, 1e-9, 1e300])
 def test_a_timeout_that_is_no_number_of_seconds_is_refused_on_every_rank(comm, timeout):
-    with pytest.raises(ConfigError, match=r"timeout=.*: give a positive number of seconds"):
+    with pytest.raises(ConfigError, match=r"timeout=.*: give a positive number of seconds "
+                       r"between 0\.001 and 1e\+06"):
         ipcshare.Group(backend="host", timeout=timeout)
 
 

@@ -28,6 +28,9 @@ class FakeWatch:
     def dead_ranks(self):
         return [1] if self.dead else []
 
+    def stopped_ranks(self):
+        return []
+
     def check(self, doing=""):
         if self.dead:
             raise PeerDied(f"rank 1@host (pid 42) died while rank 0@host was in {doing}")
@@ -171,3 +174,48 @@ class _OneHost:
 
     def where(self, rank=None) -> str:
         return f"rank {self.rank if rank is None else rank}@host"
+
+
+def test_a_stopped_peer_is_named_as_stopped_and_the_others_as_having_left():
+    """A rank that left after timing out on a stopped one did not die (before: the guard
+    and the watches said "died" of every rank that left)."""
+    import signal
+
+    from ipcshare.liveness.guard import _what_happened
+    from ipcshare.liveness.pidfd_watch import PeerWatch
+
+    stopped = subprocess.Popen(["sleep", "600"])
+    gone = subprocess.Popen(["true"])
+    gone.wait(timeout=30)
+    try:
+        os.kill(stopped.pid, signal.SIGSTOP)
+        for _ in range(100):  # the stop takes effect asynchronously
+            with open(f"/proc/{stopped.pid}/stat") as stat:
+                if stat.read().rsplit(")", 1)[1].split()[0] == "T":
+                    break
+            time.sleep(0.01)
+        world = _OneHost(stopped.pid)
+        watch = PeerWatch(world, {os.pidfd_open(stopped.pid): 1})
+        try:
+            assert watch.stopped_ranks() == [1]
+            said = watch.describe("a barrier")
+            assert said == (f"rank 1@host (pid {stopped.pid}) stopped responding (its process "
+                            "is stopped: SIGSTOP, or a debugger) while rank 0@host was in "
+                            "a barrier")
+        finally:
+            watch.close()
+        # The guard of a survivor stuck in an MPI call, and the guard of the stopped rank.
+        spec = {"me": "rank 2@host", "pid": os.getpid(),
+                "peers": {"5": f"rank 1@host (pid {stopped.pid})", "6": "rank 0@host (pid 9)"},
+                "peer_pids": {"5": stopped.pid, "6": gone.pid}}
+        assert _what_happened(spec, ["rank 0@host (pid 9)"], 0.5) == (
+            "rank 1@host (pid " + str(stopped.pid) + ") stopped responding (its process is "
+            "stopped: SIGSTOP, or a debugger); rank 0@host (pid 9) left the job; rank 2@host "
+            "was stuck for 0.5 s in a call that cannot notice it (an MPI collective) and is "
+            "ended")
+        mine = dict(spec, me="rank 1@host", pid=stopped.pid)
+        assert _what_happened(mine, ["rank 0@host (pid 9)"], 0.5).startswith(
+            "rank 1@host stopped responding (its process is stopped")
+    finally:
+        stopped.kill()
+        stopped.wait()

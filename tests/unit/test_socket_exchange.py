@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -36,22 +37,31 @@ SENDER = textwrap.dedent("""
     directory, token, local_rank, name = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     secret = bytes.fromhex(sys.argv[5])
     listener = None if sys.argv[6] == "none" else int(sys.argv[6])
+    # What local rank 0 announced over MPI: its socket's st_dev:st_ino ("-" if abstract).
+    announced = None if sys.argv[7] == "-" else tuple(map(int, sys.argv[7].split(":")))
     fd = os.memfd_create("payload")
     os.write(fd, ("from " + name).encode())
     me = SocketEndpoint(token=token, secret=secret, directory=directory or None,
                         local_rank=local_rank,
                         peer_pids=[listener, os.getpid()], timeout=5)
+    me.announce([announced, me.listening_identity])
+    if sys.argv[8] != "-":  # a stranger that read local rank 0's name in /proc/net/unix
+        target = sys.argv[8].replace("@", "\\0", 1).encode()
+        me.address_of = lambda rank: target if rank == 0 else None
     me.send_fd(0, fd, 1)
     me.close()
 """)
 
 
 def _start_sender(directory, local_rank, name, token=TOKEN, secret=SECRET, wrapper=(),
-                  listener="self", **options):
+                  listener="self", announced=None, target=None, **options):
+    """``announced``: the (st_dev, st_ino) local rank 0's socket announced, if a path;
+    ``target``: an abstract address to knock on instead of the one its secret names."""
     listener = os.getpid() if listener == "self" else listener
+    identity = "-" if announced is None else f"{announced[0]}:{announced[1]}"
     return subprocess.Popen([*wrapper, sys.executable, "-c", SENDER, directory or "", token,
-                             str(local_rank), name, secret.hex(), str(listener).lower()],
-                            **options)
+                             str(local_rank), name, secret.hex(), str(listener).lower(),
+                             identity, target or "-"], **options)
 
 
 @pytest.mark.parametrize("abstract", [False, True])
@@ -62,9 +72,10 @@ def test_job_peer_gets_through_and_a_stranger_is_refused(caplog, abstract):
                                   peer_pids=[os.getpid(), -1], timeout=20)
         # The stranger even knows the token and claims to be local rank 1; its send
         # completes once the kernel queues the connection.
-        stranger = _start_sender(directory, 1, "stranger")
+        announced = receiver.listening_identity
+        stranger = _start_sender(directory, 1, "stranger", announced=announced)
         assert stranger.wait(timeout=30) == 0
-        legit = _start_sender(directory, 1, "peer")
+        legit = _start_sender(directory, 1, "peer", announced=announced)
         receiver.peer_pids[1] = legit.pid  # what MPI told us: this process is local rank 1
         with caplog.at_level(logging.WARNING, logger="ipcshare"):
             got = receiver.receive_fds({1}, sequence=1)
@@ -232,13 +243,21 @@ def test_a_rank_of_another_job_is_refused():
         receiver.close()
 
 
-def test_abstract_names_carry_the_job_token():
+def test_abstract_names_carry_the_job_token_and_a_tag_of_its_secret():
+    """The token is public (it names the job's folder and tags its handles): a name made
+    of it alone could be bound by anyone first. The tag comes from the job's secret."""
     endpoint = SocketEndpoint(token=TOKEN, secret=SECRET, directory=None, local_rank=3,
                               peer_pids=[0] * 4, timeout=1)
+    other = SocketEndpoint(token=TOKEN, secret=bytes(32), directory=None, local_rank=3,
+                           peer_pids=[0] * 4, timeout=1)
     try:
-        assert endpoint.describe_address(3) == f"@ipcshare-{TOKEN}-r3"
+        name = endpoint.describe_address(3)
+        assert re.fullmatch(rf"@ipcshare-{TOKEN}-[0-9a-f]{{16}}-r3", name), name
+        assert SECRET.hex()[:16] not in name
+        assert other.describe_address(3) != name  # another secret, another name
     finally:
         endpoint.close()
+        other.close()
 
 
 def _unshare_pid_works() -> bool:
@@ -267,7 +286,8 @@ def test_a_peer_in_another_pid_namespace_is_admitted_by_the_jobs_secret(caplog):
                 target=lambda: got.update(receiver.receive_fds({1}, sequence=1)))
             receiving.start()
             stranger = _start_sender(None, 1, "stranger", secret=bytes(32),
-                                     wrapper=elsewhere, listener=None, stderr=subprocess.PIPE)
+                                     wrapper=elsewhere, listener=None, stderr=subprocess.PIPE,
+                                     target=receiver.describe_address(0))
             _, said = stranger.communicate(timeout=30)
             assert stranger.returncode != 0 and b"listener closed the connection" in said, said
             legit = _start_sender(None, 1, "peer", wrapper=elsewhere, listener=None)
@@ -277,5 +297,85 @@ def test_a_peer_in_another_pid_namespace_is_admitted_by_the_jobs_secret(caplog):
             assert os.pread(fd.fileno(), 100, 0) == b"from peer"
         assert len(receiver.refused) == 1
         assert "does not carry this job's secret" in caplog.text
+    finally:
+        receiver.close()
+
+
+# Another user that watches /proc/net/unix: once a rank of a job binds its abstract name,
+# it binds the name the next rank would take (same pattern, next rank) before that rank.
+SQUATTER = textwrap.dedent("""
+    import os, re, socket, sys
+    os.setgroups([]); os.setgid(int(sys.argv[2])); os.setuid(int(sys.argv[1]))
+    token = sys.argv[3]
+    with open("/proc/net/unix") as table:
+        names = [line.split()[-1] for line in table if "@ipcshare-" + token in line]
+    squatted = []
+    for name in names:
+        taken = re.sub(r"-r0$", "-r1", name)
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.bind(b"\\0" + taken[1:].encode())
+            s.listen(1)
+            squatted.append(s)
+        except OSError:
+            pass
+    print("squatted", len(squatted), flush=True)
+    sys.stdin.read()  # hold the names until told
+""")
+
+
+def test_an_abstract_name_cannot_be_taken_first_from_anothers(caplog):
+    """Before: ``@ipcshare-<token>-r<N>``; a ``nobody`` process watching /proc/net/unix
+    bound the other ranks' names first, and 4 of 5 jobs failed with ``cannot listen on
+    @ipcshare-…-r0: Address already in use``."""
+    ids = _nobody_ids()
+    if os.getuid() != 0 or ids is None:
+        pytest.skip("needs root (to start a process as 'nobody') and a 'nobody' user")
+    first = SocketEndpoint(token=TOKEN, secret=SECRET, directory=None, local_rank=0,
+                           peer_pids=[os.getpid(), os.getpid()], timeout=1)
+    squatter = subprocess.Popen([sys.executable, "-c", SQUATTER, str(ids[0]), str(ids[1]),
+                                 TOKEN], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True)
+    try:
+        assert squatter.stdout.readline().strip() == "squatted 1"  # it took a name
+        second = SocketEndpoint(token=TOKEN, secret=SECRET, directory=None, local_rank=1,
+                                peer_pids=[os.getpid(), os.getpid()], timeout=1)
+        second.close()  # it listened: the name it took was not rank 1's
+    finally:
+        squatter.communicate("", timeout=30)
+        first.close()
+
+
+FLOOD = textwrap.dedent("""
+    import socket, sys
+    address, count = sys.argv[1], int(sys.argv[2])
+    for _ in range(count):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(b"\\0" + address[1:].encode())
+        s.close()
+    print("sent", count, flush=True)
+""")
+
+
+def test_refusals_of_a_flood_are_counted_not_kept(caplog):
+    """Before: every refused connection was kept (145,845 entries after a 15 s flood) and
+    each distinct pid logged."""
+    receiver = SocketEndpoint(token=TOKEN, secret=SECRET, directory=None, local_rank=0,
+                              peer_pids=[os.getpid(), -1], timeout=0.3)
+    count = 2000
+    try:
+        flood = subprocess.Popen([sys.executable, "-c", FLOOD, receiver.describe_address(0),
+                                  str(count)], stdout=subprocess.PIPE, text=True)
+        with caplog.at_level(logging.WARNING, logger="ipcshare"):
+            for _round in range(200):  # local rank 1 never comes: each round times out
+                done = flood.poll() is not None
+                with pytest.raises(ExchangeTimeout):
+                    receiver.receive_fds({1}, sequence=1)
+                if done:  # that round took what was still queued
+                    break
+        assert flood.communicate(timeout=60)[0].strip() == f"sent {count}"
+        assert receiver.refused.count == count
+        assert len(list(receiver.refused)) <= 16  # the last few, not all
+        assert caplog.text.count("refused a descriptor-socket connection") == 1  # one pid
     finally:
         receiver.close()

@@ -84,6 +84,43 @@ def test_a_folder_of_another_user_is_refused(base, monkeypatch):
         check_socket_dir_setting()
 
 
+@needs_second_user
+def test_a_path_through_another_users_symlink_is_refused(base, monkeypatch):
+    """Its owner may replace the symlink whenever it likes: the socket folder would move
+    under the job (before: accepted, and repointing it every 2-200 ms failed 8 of 12
+    jobs)."""
+    uid, gid = second_local_user()
+    sticky = base / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)  # a safe folder, as /tmp is
+    link = base / "link"
+    link.symlink_to(sticky)
+    os.lchown(link, uid, gid)
+    monkeypatch.setenv("IPCSHARE_SOCKET_DIR", str(link / "."))
+    with pytest.raises(ConfigError, match=rf"passes through the symlink {link}, which belongs "
+                       rf"to uid {uid}, who could repoint it"):
+        check_socket_dir_setting()
+    os.lchown(link, 0, 0)  # a symlink of ours (root's) to a safe folder is fine
+    check_socket_dir_setting()
+
+
+def test_a_folder_below_a_folder_others_may_write_is_refused(base, monkeypatch):
+    """The job's folder is ours and private, but anyone may rename it away from the
+    folder above it and put another in its place (before: only the last component was
+    checked)."""
+    shared = base / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    mine = shared / "mine"
+    mine.mkdir(mode=0o700)
+    monkeypatch.setenv("IPCSHARE_SOCKET_DIR", str(mine))
+    with pytest.raises(ConfigError, match=rf"IPCSHARE_SOCKET_DIR='{mine}' lies in {shared}, "
+                       "which is writable by other users and not sticky"):
+        check_socket_dir_setting()
+    shared.chmod(0o1777)  # sticky: nobody else may rename what is ours in it
+    check_socket_dir_setting()
+
+
 def test_an_unsafe_temp_dir_is_passed_over(base, monkeypatch):
     shared = base / "tmp"
     shared.mkdir()
@@ -122,6 +159,51 @@ def test_a_job_directory_that_is_a_symlink_or_swapped_is_refused(base, monkeypat
         remove_socket_dir(directory, TOKEN)
 
 
+RELAY = Path(__file__).parents[1] / "faults" / "socket_relay.py"
+
+
+def _endpoint_refused(directory: str, said: str) -> None:
+    """Making local rank 0's endpoint in ``directory`` raises ExchangeError saying ``said``."""
+    with pytest.raises(ExchangeError, match=said):
+        SocketEndpoint(token=TOKEN, secret=SECRET, directory=directory, local_rank=0,
+                       peer_pids=[os.getpid()], timeout=1)
+
+
+def test_a_socket_relayed_right_after_the_bind_is_never_announced(base, monkeypatch):
+    """A process of this user renames the socket away the moment it is bound and binds a
+    relay under its name, which passes every byte on to the real one: the rank must not
+    announce the relay's inode (it would then get every descriptor sent to this rank).
+    The probe through the file's descriptor reaches the listener only by way of the
+    relay's own connection, which is not this process's. Before: the relay passed the
+    probe on, and took descriptors in 3 of 20 CLI jobs."""
+    monkeypatch.setenv("IPCSHARE_SOCKET_DIR", str(base))
+    directory = make_socket_dir(TOKEN)
+    relays = []
+    chmod = os.chmod
+
+    def chmod_then_relay(path, mode):
+        chmod(path, mode)
+        relay = subprocess.Popen([sys.executable, str(RELAY), str(base), "10", "--once"],
+                                 stdout=subprocess.PIPE, text=True)
+        relays.append(relay)
+        assert relay.stdout.readline().strip() == "ready"
+
+    monkeypatch.setattr(unix_socket.os, "chmod", chmod_then_relay)
+    try:
+        _endpoint_refused(directory, "is not the one this rank bound: it was replaced right "
+                          "after the bind; refusing to announce it")
+    finally:
+        monkeypatch.undo()
+        for relay in relays:
+            relay.terminate()
+            said, _ = relay.communicate(timeout=30)
+            assert said.strip() == "swapped 1 stolen 0"
+        for leftover in os.listdir(directory):  # the relay's, and our renamed socket
+            if leftover != ".ipcshare-claim":
+                os.unlink(os.path.join(directory, leftover))
+        remove_socket_dir(directory, TOKEN)
+
+
 def test_a_folder_swapped_between_the_check_and_the_bind_is_refused(base, monkeypatch):
     monkeypatch.setenv("IPCSHARE_SOCKET_DIR", str(base))
     directory = make_socket_dir(TOKEN)
@@ -135,10 +217,8 @@ def test_a_folder_swapped_between_the_check_and_the_bind_is_refused(base, monkey
 
     monkeypatch.setattr(unix_socket, "open_socket_dir", open_then_swap)
     try:
-        with pytest.raises(ExchangeError, match="is not in the job's socket directory: its "
-                           "folder was swapped after it was checked"):
-            SocketEndpoint(token=TOKEN, secret=SECRET, directory=directory, local_rank=0,
-                           peer_pids=[os.getpid()], timeout=1)
+        _endpoint_refused(directory, "is gone from the job's socket directory: renamed right "
+                          "after the bind, or its folder swapped after it was checked")
     finally:
         shutil.rmtree(directory)
         os.rename(directory + ".away", directory)
@@ -207,7 +287,7 @@ def test_a_descriptor_goes_only_to_a_listener_proven_to_be_the_rank(checkable):
     # answer the challenge without the job's secret. Before: the squatter got the memfd.
     sender = SocketEndpoint(token=TOKEN, secret=SECRET, directory=None, local_rank=1,
                             peer_pids=[1 if checkable else None, os.getpid()], timeout=5)
-    listener, thread, got = _squatter(sender.address_of(0), answer=bytes(32))
+    listener, thread, got = _squatter(sender.address_of(0), answer=bytes(48))
     memfd = os.memfd_create("secret-data")
     try:
         said = (r"is held by pid \d+ uid \d+, not by that rank \(pid 1 uid \d+\)" if checkable
