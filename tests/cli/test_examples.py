@@ -45,9 +45,9 @@ def test_the_one_shot_example_verifies_on_host_memory(n, socket_dir, tmp_path): 
     # The result document holds the same two figures, of one launch.
     (row,) = load_result(result)["rows"]
     assert row["world_size"] == n and row["size"] == 40004 and row["dtype"] == "float32"
-    assert abs(row["ours"]["time_us"] - float(match[3])) <= 0.005
+    assert abs(row["ours"]["time_us"] - float(match[3])) <= 0.005 + 1e-9  # printed to 2 decimals
     assert [b["name"] for b in row["baselines"]] == ["comm.all_reduce"]
-    assert abs(row["baselines"][0]["time_us"] - float(match[4])) <= 0.005
+    assert abs(row["baselines"][0]["time_us"] - float(match[4])) <= 0.005 + 1e-9
     assert list(socket_dir.iterdir()) == []
 
 
