@@ -79,7 +79,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
             if world.rank == 0:
                 _write_outputs(args, result, facts)
                 if args.result:
-                    _write_result(args.result, result, status, world.size)
+                    _write_result(args.result, result, status, world.size,
+                                  getattr(args, "typed", None))
     finally:
         world.close()
     if complaint:
@@ -106,7 +107,8 @@ def _exit_verdict(result, suite) -> tuple[int, str]:
     return EXIT_OK, ""
 
 
-def _write_result(path: str, result, status: int, world_size: int) -> None:
+def _write_result(path: str, result, status: int, world_size: int,
+                  argv: list[str] | None = None) -> None:
     """The suite's result document: every case's rows, one launch (the suite ran in one
     job, each case's baselines beside it)."""
     from ..patterns.result_rows import rows_from_run_json
@@ -126,7 +128,7 @@ def _write_result(path: str, result, status: int, world_size: int) -> None:
         errors += document.get("measurement_errors", [])
     write_result(path, tool="ipcshare bench", world_size=world_size, rows=rows,
                  exit_status=status, measurement_errors=errors,
-                 extra={"suite": result.suite.name})
+                 extra={"suite": result.suite.name}, argv=argv)
 
 
 def _suite_flags(args: argparse.Namespace) -> str:

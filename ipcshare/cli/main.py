@@ -241,6 +241,8 @@ def _run_command(argv: Sequence[str] | None) -> int:
     asked_for, done = None, 0  # --help or --version: argparse printed it, would leave
     try:
         args, usage_error = build_parser().parse_args(argv), None
+        # The command as typed, for result documents (main() may be given argv).
+        args.typed = ["ipcshare", *(sys.argv[1:] if argv is None else argv)]
     except CommandLineError as exc:
         args, usage_error = None, exc
     except SystemExit as exc:

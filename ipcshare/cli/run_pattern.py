@@ -208,7 +208,8 @@ def _write_result(args: argparse.Namespace, options: PatternOptions, result,
         extra_baselines=[baseline.to_dict() for baseline in result.extra_baselines])
     write_result(args.result, tool=f"ipcshare {args.command}", world_size=result.world_size,
                  rows=rows, exit_status=status,
-                 measurement_errors=document.get("measurement_errors", ()))
+                 measurement_errors=document.get("measurement_errors", ()),
+                 argv=getattr(args, "typed", None))
 
 
 def _check_reduction_algo(command: str, algo: str, group) -> None:
