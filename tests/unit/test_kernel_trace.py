@@ -1,12 +1,12 @@
 """The kernels' phase stamps (kernels/include/ipcshare/trace.cuh, kernels/trace.py,
-tools/probes/timing/kernel_trace.py) without a GPU: the build that carries them is asked
-for only by IPCSHARE_KERNEL_TRACE=1 and only for the all-to-all unit; the usual build's
-kernels are the same machine code as if the marks were not there, and it has no stamps
-buffer; the traced build has one, of the size the host reads, and its kernels still fit a block; every traced kernel
-stamps exactly the marks the host names for it, in order; and the summary turns stamps into
-the right microseconds (made-up stamps: offsets, percentiles, the slowest block, steps,
-marks not reached, the cycle-to-nanosecond ratio pooled over calls). The two builds are
-compiled and compared in test_kernels.py."""
+tools/probes/timing/kernel_trace.py) without a GPU: the build that carries them is asked for
+only by IPCSHARE_KERNEL_TRACE=1 and only for the all-to-all unit; the usual build's kernels
+are the same machine code as if the marks were not there, and it has no stamps buffer; the
+traced build has one, of the size the host reads, and its kernels still fit a block; every
+traced kernel stamps exactly the marks the host names for it, in order; and the summary
+turns stamps into the right microseconds (made-up stamps: offsets, percentiles, the slowest
+block, steps, marks not reached, the cycle-to-nanosecond ratio pooled over calls). The two
+builds are compiled and compared in test_kernels.py."""
 
 from __future__ import annotations
 
