@@ -334,6 +334,13 @@ def faults_steps(ctx: Context) -> list[Step | Note]:
              "not slow", "tests/faults", "tests/gpu/test_gpu_faults.py"], limit_s=300,
             env={"PYTHONPATH": path, "MPI4PY_LIBMPI": f"{prefix}/lib/libmpi.so.12",
                  "IPCSHARE_MPICH_BIN": f"{prefix}/bin"}))
+        # The attacks across PID namespaces with this node's kernel: a relay, a silent and
+        # a replaying stranger (ATTACK_JOBS jobs each).
+        steps.append(Step.of("socket attacks across PID namespaces (relay, stranger)", *(
+            [ctx.python, "tools/checks/socket_attacks.py", what, "--jobs",
+             ctx.knob("ATTACK_JOBS", "5")] for what in ("relay", "stranger")), limit_s=300,
+            env={"PYTHONPATH": path, "MPI4PY_LIBMPI": f"{prefix}/lib/libmpi.so.12",
+                 "IPCSHARE_MPICH_BIN": f"{prefix}/bin"}))
     if ctx.gpus >= 2:
         (ctx.out / "soak").mkdir(parents=True, exist_ok=True)
         soak = "tools/checks/soak.py"
@@ -638,13 +645,7 @@ def namespaces_steps(ctx: Context) -> list[Step | Note]:
     return [Step.of("ranks in separate PID namespaces (host, cuda-vmm, cuda-ipc)", [
         ctx.python, "-m", "pytest", "-q", "-s", "-rs", "-p", "no:cacheprovider",
         "tests/cli/test_pid_namespaces_cli.py", "-k", "not network"], limit_s=300,
-        env={"OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": "lo"}),
-            # The attacks across PID namespaces, with the node's own kernel and launcher:
-            # a relay, a silent and a replaying stranger (ATTACK_JOBS jobs each).
-            Step.of("socket attacks across PID namespaces (relay, stranger)", *(
-                [ctx.python, "tools/checks/socket_attacks.py", what, "--jobs",
-                 ctx.knob("ATTACK_JOBS", "5")] for what in ("relay", "stranger")),
-                limit_s=300)]
+        env={"OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": "lo"})]
 
 
 PACKAGE_CHECK = """

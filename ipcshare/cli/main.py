@@ -45,6 +45,9 @@ class _Parser(argparse.ArgumentParser):
             command = getattr(parsed, "command", None)
             prog = f"{self.prog} {command}" if command else self.prog
             raise CommandLineError(prog, f"unrecognized arguments: {' '.join(extras)}")
+        # The command as typed, for result documents (main() or a caller may pass the
+        # arguments, so sys.argv need not be them).
+        parsed.typed = [self.prog, *(sys.argv[1:] if args is None else args)]
         return parsed
 
 
@@ -241,8 +244,6 @@ def _run_command(argv: Sequence[str] | None) -> int:
     asked_for, done = None, 0  # --help or --version: argparse printed it, would leave
     try:
         args, usage_error = build_parser().parse_args(argv), None
-        # The command as typed, for result documents (main() may be given argv).
-        args.typed = ["ipcshare", *(sys.argv[1:] if argv is None else argv)]
     except CommandLineError as exc:
         args, usage_error = None, exc
     except SystemExit as exc:

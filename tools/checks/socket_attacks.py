@@ -38,8 +38,10 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-FAULTS = HERE.parent / "tests" / "faults"
-BIN = Path(sys.executable).parent
+FAULTS = HERE.parents[1] / "tests" / "faults"
+# MPICH's launchers: beside this Python (the mpich wheel), or where IPCSHARE_MPICH_BIN
+# says (a GPU node's own MPI is another one: tools/gpu_check.py's faults phase).
+BIN = Path(os.environ.get("IPCSHARE_MPICH_BIN") or Path(sys.executable).parent)
 HYDRA = str(BIN / "mpiexec")
 GFORKER = str(BIN / "mpiexec.gforker")
 UNSHARE = ["unshare", "-p", "-f", "--mount-proc"]
