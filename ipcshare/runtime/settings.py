@@ -103,9 +103,10 @@ SETTINGS = (
             "comes from the cache or NVRTC), e.g. to time a cold compile"),
     Setting(KERNEL_TRACE, "0", "1: build the collective kernels with phase stamps for "
             "tools/probes/timing/kernel_trace.py (a CUBIN of its own; results the same)"),
-    Setting(SOURCE_COMMIT, "unset", "the commit of a copy of the tree that has no git "
-            "folder (as on a GPU node), HASH or HASH+dirty: what result documents name "
-            "there (tools/gpu_check.py --commit sets it)"),
+    Setting(SOURCE_COMMIT, "unset", "the commit of the tree that runs, HASH or HASH+dirty: "
+            "what result documents name, before any git folder a copy of the tree may carry "
+            "(a GPU node's copy carried one of another commit); tools/gpu_check.py --commit "
+            "sets it"),
     Setting(DOCTOR_TEST_DIE_RANK, "unset", "tests only: the rank that dies during doctor"),
     Setting(DOCTOR_TEST_DIE_STAGE, "matrix", "tests only: the doctor stage at which it dies"),
 )

@@ -40,25 +40,26 @@ def _from_package() -> str | None:
 
 
 def source_commit() -> dict[str, Any]:
-    """``{"id", "dirty", "source"}`` as the result document holds it: the checkout's HEAD
-    and whether tracked files differ from it (``source`` "git"), the commit
-    IPCSHARE_SOURCE_COMMIT gives (``"given"``), the installed package's recorded commit
-    (``"package"``, dirtiness unknown), or ``"unknown"``.
+    """``{"id", "dirty", "source"}`` as the result document holds it: the commit
+    IPCSHARE_SOURCE_COMMIT gives (``"given"``: said on purpose, so it comes first: a copy
+    of the tree may carry a git folder of another commit, as a GPU node's copy did), the
+    checkout's HEAD and whether tracked files differ from it (``"git"``), the installed
+    package's recorded commit (``"package"``, dirtiness unknown), or ``"unknown"``.
 
     Raises:
         SettingError: IPCSHARE_SOURCE_COMMIT is malformed.
     """
     from .settings import given_source_commit
 
+    given = given_source_commit()
+    if given is not None:
+        return {"id": given[0], "dirty": given[1], "source": "given"}
     if (_CHECKOUT / ".git").exists():
         head = _git("rev-parse", "HEAD")
         if head:
             status = _git("status", "--porcelain", "--untracked-files=no")
             return {"id": head, "dirty": None if status is None else bool(status),
                     "source": "git"}
-    given = given_source_commit()
-    if given is not None:
-        return {"id": given[0], "dirty": given[1], "source": "given"}
     recorded = _from_package()
     if recorded:
         return {"id": recorded, "dirty": None, "source": "package"}

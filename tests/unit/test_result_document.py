@@ -219,7 +219,11 @@ def test_the_commit_of_a_copy_without_git_is_the_one_given(tmp_path, monkeypatch
     from ipcshare.runtime import source_commit as sc
     from ipcshare.runtime.errors import SettingError
 
+    monkeypatch.delenv("IPCSHARE_SOURCE_COMMIT", raising=False)
     assert sc.source_commit()["source"] == "git"   # this checkout
+    # Given on purpose, it beats a git folder the copy may carry (of another commit).
+    monkeypatch.setenv("IPCSHARE_SOURCE_COMMIT", "96097c8")
+    assert sc.source_commit() == {"id": "96097c8", "dirty": False, "source": "given"}
     monkeypatch.setattr(sc, "_CHECKOUT", tmp_path)   # a copy of the tree, no .git
     monkeypatch.delenv("IPCSHARE_SOURCE_COMMIT", raising=False)
     assert sc.source_commit()["id"] in ("unknown", sc._from_package())
