@@ -19,10 +19,16 @@ import time
 import ipcshare
 
 
+def say(line: str) -> None:
+    """One line in one write: the launcher merges every rank's output into one stream,
+    where a line written in parts can be cut by another rank's."""
+    os.write(1, (line + "\n").encode())
+
+
 def main() -> int:
     seconds = float(sys.argv[1])
     with ipcshare.Group(backend="host", exchange="socket") as group:
-        print(f"RANK {group.rank} pid {os.getpid()}", flush=True)
+        say(f"RANK {group.rank} pid {os.getpid()}")
         try:
             ends = time.monotonic() + seconds
             while time.monotonic() < ends:
@@ -30,9 +36,9 @@ def main() -> int:
                     window.barrier()
                 group.barrier()
         except Exception as exc:
-            print(f"RANK {group.rank} failed: {type(exc).__name__}: {exc}", flush=True)
+            say(f"RANK {group.rank} failed: {type(exc).__name__}: {exc}")
             raise SystemExit(3) from None
-    print(f"RANK {group.rank} done", flush=True)
+    say(f"RANK {group.rank} done")
     return 0
 
 
