@@ -25,7 +25,16 @@ from __future__ import annotations
 
 import sys
 
-from triton_harness import main, measure_with, parse_args, parser_for, programs_for, sweep, triton
+from triton_harness import (
+    Recorded,
+    main,
+    measure_with,
+    parse_args,
+    parser_for,
+    programs_for,
+    sweep,
+    triton,
+)
 
 from ipcshare.runtime.config import format_size
 
@@ -122,6 +131,7 @@ def cli(argv: list[str] | None = None) -> int:
     def run(group, torch, args):
         return sweep(group, torch, args, area=(3 * group.size * max(counts), torch.int32),
                      sizes=counts, measure=measure,
+                     recorded=Recorded("allgather", "int32", 4),
                      label=lambda count, us: f"all-gather of {format_size(count * 4)} per "
                                              f"rank on {group.size} ranks")
 

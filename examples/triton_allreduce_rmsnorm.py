@@ -33,7 +33,16 @@ from __future__ import annotations
 
 import sys
 
-from triton_harness import main, measure_with, parse_args, parser_for, programs_for, sweep, triton
+from triton_harness import (
+    Recorded,
+    main,
+    measure_with,
+    parse_args,
+    parser_for,
+    programs_for,
+    sweep,
+    triton,
+)
 
 from ipcshare.runtime.config import format_size
 
@@ -151,6 +160,7 @@ def cli(argv: list[str] | None = None) -> int:
         return sweep(group, torch, args,
                      area=(2 * group.size * max(row_counts) * args.hidden, torch.bfloat16),
                      sizes=row_counts, measure=measure,
+                     recorded=Recorded("allreduce-rmsnorm", "bfloat16", 2 * args.hidden),
                      exactness="(h bit for bit, y within one bfloat16 step of rms_norm)",
                      label=lambda rows, us: f"all-reduce + residual + RMSNorm of "
                                             f"{format_size(rows * args.hidden * 2)} ({rows} x "

@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import ipcshare
@@ -57,6 +58,8 @@ def parser_for(doc: str, sizes: str) -> argparse.ArgumentParser:
     parser.add_argument("--checks", type=int, default=3, help="checked graph replays per size")
     parser.add_argument("--backend", default="auto", choices=BACKENDS,
                         help="a GPU backend; host memory is refused (auto picks a GPU)")
+    parser.add_argument("--result", metavar="FILE",
+                        help="write the timings as a result document (rank 0; docs/CLI.md)")
     return parser
 
 
@@ -75,6 +78,13 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None, *,
         parser.error(f"--sizes {args.sizes!r}: {exc}")
     if any(size < unit or size % unit for size in sizes):
         parser.error(f"--sizes must be positive multiples of {unit} bytes, got {args.sizes}")
+    if args.result:   # refused now, not after the run
+        from ipcshare.runtime.output_files import check_writable
+
+        try:
+            check_writable(args.result)
+        except IpcShareError as exc:
+            parser.error(f"--result: {exc}")
     return args, sizes
 
 
@@ -224,14 +234,51 @@ class Setting:
     no_nccl: str | None
 
 
+@dataclasses.dataclass(frozen=True)
+class Recorded:
+    """What a sweep's result document calls its rows: ``op`` (as the CLI names it, or the
+    example's own fused op), the ``dtype`` moved and the bytes of one unit of ``sizes``
+    (an element or a row)."""
+
+    op: str
+    dtype: str
+    unit_bytes: int
+
+
+def result_rows(recorded: Recorded, world_size: int,
+                sizes_and_figures: list[tuple[int, int, int, float, float | None]]) -> list:
+    """The rows of one sweep (one launch): per size, Triton's time as ours and NCCL's in
+    the same graphs as its baseline (no time where NCCL was wrong or left out)."""
+    from ipcshare.runtime.result_document import (
+        baseline_figure,
+        figure,
+        make_row,
+        new_launch_id,
+    )
+
+    launch = new_launch_id()
+    rows = []
+    for size, bad, nccl_bad, us, nccl_us in sizes_and_figures:
+        nbytes = size * recorded.unit_bytes
+        baselines = [] if nccl_us is None else [baseline_figure(
+            "nccl", None if nccl_bad else nccl_us, wrong=nccl_bad)]
+        rows.append(make_row(op=recorded.op, size=nbytes, dtype=recorded.dtype,
+                             algorithm="triton", mode="graph", world_size=world_size,
+                             launch=launch, ours=figure(us), baselines=baselines, wrong=bad,
+                             details={"calls_per_graph": CALLS_PER_GRAPH}))
+    return rows
+
+
 def sweep(group, torch, args, *, area: tuple[int, Any], sizes: list[int],
           measure: Callable[[Setting, int], tuple[int, int, float, float | None]],
-          label: Callable[[int, float], str], skip_nccl: str | None = None,
+          label: Callable[[int, float], str], recorded: Recorded,
+          skip_nccl: str | None = None,
           exactness: str = "bit for bit") -> tuple[bool, list[str]]:
     """``measure(setting, size)`` for every size (verified, then timed: see
     ``verify_and_time``) in a communicator whose heap holds ``area`` (elements, torch
     dtype); a report line per size from ``label(size, our microseconds)``. NCCL is left
-    out where ``skip_nccl`` says why."""
+    out where ``skip_nccl`` says why. With ``--result``, rank 0 writes the sweep as a
+    result document (``recorded`` names its rows)."""
     dist, no_nccl = start_nccl(group, torch) if skip_nccl is None else (None, skip_nccl)
     stream = torch.cuda.Stream()
     lines, ok = [], True
@@ -245,15 +292,25 @@ def sweep(group, torch, args, *, area: tuple[int, Any], sizes: list[int],
             shared = torch.from_dlpack(comm.empty((elements,), dtype))
             setting = Setting(group, torch, args, stream, comm, view, flags, shared, dist,
                               no_nccl)
+            figures = []
             for size in sizes:
                 bad, nccl_bad, us, nccl_us = measure(setting, size)
-                ok = ok and bad == 0
+                # NCCL's wrong elements fail the run too: its figure is then no baseline.
+                ok = ok and bad == 0 and nccl_bad == 0
+                figures.append((size, bad, nccl_bad, us, nccl_us))
                 lines.append(verdict(label(size, us), bad, nccl_bad, us, nccl_us, no_nccl,
                                      args.checks, exactness))
             view.raise_kernel_error()
     finally:
         if dist is not None:
             dist.destroy_process_group()
+    if args.result and group.rank == 0:
+        from ipcshare.cli.result_file import write_result
+
+        write_result(args.result, tool=f"examples/{Path(sys.argv[0]).name}",
+                     world_size=group.size, rows=result_rows(recorded, group.size, figures),
+                     exit_status=0 if ok else 1, argv=["python", *sys.argv],
+                     extra=None if no_nccl is None else {"nccl_left_out": no_nccl})
     return ok, lines
 
 

@@ -18,7 +18,16 @@ from __future__ import annotations
 
 import sys
 
-from triton_harness import main, measure_with, parse_args, parser_for, programs_for, sweep, triton
+from triton_harness import (
+    Recorded,
+    main,
+    measure_with,
+    parse_args,
+    parser_for,
+    programs_for,
+    sweep,
+    triton,
+)
 
 from ipcshare.runtime.config import format_size
 
@@ -91,7 +100,7 @@ def cli(argv: list[str] | None = None) -> int:
 
     def run(group, torch, args):
         return sweep(group, torch, args, area=(max(counts), torch.int32), sizes=counts,
-                     measure=measure,
+                     measure=measure, recorded=Recorded("ring", "int32", 4),
                      skip_nccl="a ring of one rank" if group.size == 1 else None,
                      label=lambda count, us: f"ring step of {format_size(count * 4)} per "
                                              f"rank on {group.size} ranks "

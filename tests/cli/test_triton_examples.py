@@ -52,6 +52,8 @@ def test_a_gpu_backend_without_a_gpu_says_so_in_one_line(script, socket_dir):  #
      "--sizes must be positive multiples of 128 bytes"),
     ("triton_allreduce_rmsnorm", ["--hidden", "0"], "--hidden must be between 1 and 16384"),
     ("triton_ring", ["--sizes", "1Q"], "--sizes '1Q'"),
+    ("triton_allgather", ["--result", "/no-such-folder/r.json"],
+     "--result: cannot write '/no-such-folder/r.json': no directory '/no-such-folder'"),
 ])
 def test_bad_flags_are_refused_on_every_rank(script, flags, message):
     out = run_example(script, *flags, n=2)
