@@ -20,11 +20,6 @@ from ipcshare.topology.link_speed import Ceiling
 pytestmark = pytest.mark.mpi
 
 
-class _World:
-    def __init__(self, comm):
-        self.comm, self.rank, self.size = comm, comm.Get_rank(), comm.Get_size()
-
-
 class _RankTimer:
     """A timer that reads ``seconds`` and whose second clock reads ``wall``."""
 
@@ -61,7 +56,7 @@ def test_eager_timer_is_the_mean_of_every_rank(comm):
     n, me = comm.size, comm.rank
     engine = _Engine((me + 1) * 1e-3, (me + 1) * 1e-3)
     seconds, host, wall, errors, again = driver._back_to_back_seconds(
-        _World(comm), engine, [lambda: None], 10)
+        comm, engine, [lambda: None], 10)
     assert seconds == pytest.approx((n + 1) / 2 * 1e-4)
     assert wall == pytest.approx(seconds)
     assert host >= 0 and errors == [] and again == 0
@@ -71,7 +66,7 @@ def test_a_timer_that_disagrees_with_the_host_clock_is_an_error(comm):
     # The timer saw a tenth of what the host clock saw, every time: the work was elsewhere.
     engine = _Engine(1e-4, 1e-3 if comm.rank == comm.size - 1 else 1e-4)
     _seconds, _host, _wall, errors, again = driver._back_to_back_seconds(
-        _World(comm), engine, [lambda: None], 10)
+        comm, engine, [lambda: None], 10)
     mine = comm.rank == comm.size - 1
     assert bool(errors) == mine
     # every rank timed the stretch again as often, though only one disagreed
@@ -96,7 +91,7 @@ def test_a_host_hiccup_on_one_rank_is_timed_again_and_is_no_error(comm):
     if comm.rank == comm.size - 1:
         engine._timer = _HiccupTimer(181e-6, 1299e-6)
     seconds, _host, wall, errors, again = driver._back_to_back_seconds(
-        _World(comm), engine, [lambda: None], 50)
+        comm, engine, [lambda: None], 50)
     assert errors == [] and again == 1
     assert seconds == pytest.approx(181e-6 / 50) and wall == pytest.approx(seconds)
 
