@@ -550,12 +550,15 @@ def trace_steps(ctx: Context) -> list[Step | Note]:
             for algo in _words(ctx, "TRACE_ALGOS", "pull balanced ll push eager"):
                 if algo == "ll" and parse_size(size) > 2 << 20:
                     continue  # its buffers take 2 MiB a rank
+                result = ctx.scratch_file(f"kernel-trace-{algo}-{splits}-{size}",
+                                          ".result.json")
                 steps.append(Step.of(f"trace {algo} {splits} {size}", mpirun(
                     ctx, 2, ctx.python, "tools/probes/timing/kernel_trace.py", "--algo", algo,
                     "--splits", splits, "--bytes", size,
                     *(["--graph", graph] if graph != "0" else []), "--json",
-                    str(ctx.scratch / f"kernel-trace-{algo}-{splits}-{size}.json")),
-                    limit_s=120, tee="kernel-trace.md"))
+                    str(ctx.scratch / f"kernel-trace-{algo}-{splits}-{size}.json"),
+                    "--result", result),
+                    limit_s=120, tee="kernel-trace.md", results=[result]))
     return steps
 
 

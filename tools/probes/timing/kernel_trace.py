@@ -15,7 +15,8 @@ traced blocks, and the step from the mark before, beside the call's time by CUDA
 then the whole kernel's span (its first block's start to the last mark of any block) and,
 in graphs, the gap from one call's end to the next call's start. A graph's first call is
 left out of the marks and spans (the replay's launch is in it). ``--json`` keeps every
-rank's rows."""
+rank's rows; ``--result FILE`` writes the call's time by CUDA events (the slowest rank's
+median) as a result document, every rank's phase rows and spans in its details."""
 
 from __future__ import annotations
 
@@ -59,6 +60,25 @@ def table(rank: int, kernel: str, scale: float, rows, event_us: float, spans=Non
     return "\n".join(lines)
 
 
+def _write_result(args, op: str, kernel: str, nbytes: int, ranks: int, everyone) -> None:
+    """The traced call as a result document: the slowest rank's median time by CUDA
+    events as ours, every rank's phase rows and spans in the row's details (each call's
+    output was checked bit for bit, or the probe stopped before this)."""
+    from ipcshare.cli.result_file import write_result
+    from ipcshare.runtime.result_document import figure, make_row, new_launch_id
+
+    row = make_row(
+        op="alltoall", size=nbytes, dtype="float32", algorithm=args.algo,
+        mode="graph" if args.graph else "eager", world_size=ranks, launch=new_launch_id(),
+        ours=figure(max(median for *_, median in everyone)), wrong=0,
+        details={"kernel": kernel, "splits": args.splits, "registered": args.register,
+                 "calls_per_graph": args.graph or None,
+                 "phases": [rows for _, rows, _, _ in everyone],
+                 "spans": [spans for _, _, spans, _ in everyone]})
+    write_result(args.result, tool="tools/probes/timing/kernel_trace.py", world_size=ranks,
+                 rows=[row], exit_status=0, argv=["python", *sys.argv])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--algo", required=True,
@@ -76,7 +96,13 @@ def main() -> int:
                         help="register the arrays with the communicator (-R 1)")
     parser.add_argument("--backend", default="cuda-vmm")
     parser.add_argument("--json", help="every rank's rows, written by rank 0")
+    parser.add_argument("--result", metavar="FILE",
+                        help="the call's time as a result document (rank 0; docs/CLI.md)")
     args = parser.parse_args()
+    if args.result:   # refused now, not after the run
+        from ipcshare.runtime.output_files import check_writable
+
+        check_writable(args.result)
     os.environ["IPCSHARE_KERNEL_TRACE"] = "1"   # read when the kernels are first built
 
     import ipcshare
@@ -167,13 +193,14 @@ def main() -> int:
             span_summary = summarize_spans(spans, skip=first)
             text = table(me, kernel, scale, rows, float(np.median(times)), span_summary,
                          args.graph)
+            median_us = float(np.median(times))
             everyone = group.collective("kernel trace", (text, [row.__dict__ for row in rows],
-                                                            span_summary.__dict__))
+                                                            span_summary.__dict__, median_us))
             if me == 0:
                 how = f", graphs of {args.graph} calls" if args.graph else ", eager calls"
                 print(f"{args.algo} ({kernel}), {args.splits} splits, {nbytes} bytes a rank, "
                       f"{n} ranks{', registered' if args.register else ''}{how}")
-                for rank_text, _, _ in everyone:
+                for rank_text, *_ in everyone:
                     print(rank_text)
                     print()
                 if args.json:
@@ -181,8 +208,10 @@ def main() -> int:
                         json.dump({"algo": args.algo, "kernel": kernel, "splits": args.splits,
                                    "bytes": nbytes, "ranks": n, "registered": args.register,
                                    "graph": args.graph,
-                                   "rows": [rows for _, rows, _ in everyone],
-                                   "spans": [spans for _, _, spans in everyone]}, f, indent=1)
+                                   "rows": [rows for _, rows, _, _ in everyone],
+                                   "spans": [spans for _, _, spans, _ in everyone]}, f, indent=1)
+                if args.result:
+                    _write_result(args, op, kernel, count * 4, n, everyone)
             if args.register:
                 comm.unregister(source)
                 comm.unregister(out)
