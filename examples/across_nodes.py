@@ -6,11 +6,13 @@ code is the same as on one node.
     IPCSHARE_VIRTUAL_NODES=2 mpiexec -n 4 python examples/across_nodes.py   # 2 x 2, simulated
     srun -N 2 --ntasks-per-node=4 python examples/across_nodes.py       # a real cluster
         [--count N] [--iters K] [--backend auto|host|cuda-ipc|cuda-vmm] [--inter auto|nccl|mpi]
+        [--result FILE]
 
 Each rank all-reduces, all-gathers and reduce-scatters arrays of its own (numpy on host
 memory, torch tensors on GPUs), checks every result for equality (the inputs are small
 integers, exact in float32 whatever the summation order) and times the all-reduce. Rank 0
-prints one line: the layout, the engine between nodes, the checks and the time per call.
+prints one line: the layout, the engine between nodes, the checks and the time per call
+(rank 0's clock); ``--result FILE`` writes that time as a result document (docs/CLI.md).
 Exit status 0 when every check passed on every rank.
 """
 
@@ -46,8 +48,9 @@ def _arrays(group):
             torch.cuda.current_stream())
 
 
-def run(group, count: int, iters: int, inter: str) -> tuple[bool, str]:
-    """Every collective once, checked, then ``iters`` timed all-reduces."""
+def run(group, count: int, iters: int, inter: str) -> tuple[bool, str, dict]:
+    """Every collective once, checked, then ``iters`` timed all-reduces: whether every
+    rank's checks passed, rank 0's line, and the timing's facts."""
     me, n = group.rank, group.size
     to_array, to_numpy, wait, stream = _arrays(group)
     base = (np.arange(count) % 13).astype(np.float32)
@@ -76,9 +79,33 @@ def run(group, count: int, iters: int, inter: str) -> tuple[bool, str]:
     everywhere = all(group.collective("example checks", ok))
     layout = (f"{world.node_count} node(s) x {n // world.node_count} rank(s)"
               + (f", between nodes: {engine}" if engine else ""))
-    return everywhere, (f"{count} float32 per rank on {n} rank(s), {layout}: all_reduce, "
-                        f"all_gather, reduce_scatter {'verified' if everywhere else 'WRONG'}; "
-                        f"all_reduce {elapsed_us:.1f} us per call ({group.backend_name})")
+    line = (f"{count} float32 per rank on {n} rank(s), {layout}: all_reduce, all_gather, "
+            f"reduce_scatter {'verified' if everywhere else 'WRONG'}; all_reduce "
+            f"{elapsed_us:.1f} us per call ({group.backend_name})")
+    return everywhere, line, {"time_us": elapsed_us, "nodes": world.node_count,
+                              "inter": None if engine is None else str(engine),
+                              "backend": group.backend_name}
+
+
+def write_timing(path: str, facts: dict, *, count: int, size: int, iters: int,
+                 exit_status: int) -> None:
+    """The timed all-reduce as a result document: rank 0's time per call over ``iters``
+    back-to-back calls (eager, from Python). The checks compare whole arrays, so the count
+    of wrong elements is not known; the exit status says whether they passed."""
+    from ipcshare.cli.result_file import write_result
+    from ipcshare.runtime.result_document import figure, make_row, new_launch_id
+
+    nbytes = count * 4
+    seconds = facts["time_us"] * 1e-6
+    busbw = nbytes / seconds / 1e9 * 2 * (size - 1) / size
+    row = make_row(op="allreduce", size=nbytes, count=count, dtype="float32",
+                   algorithm="auto", mode="eager", world_size=size, launch=new_launch_id(),
+                   ours=figure(facts["time_us"], nbytes / seconds / 1e9, busbw), wrong=None,
+                   details={"clock": "rank 0's host clock", "iters": iters,
+                            "nodes": facts["nodes"], "between_nodes": facts["inter"],
+                            "backend": facts["backend"], "checked": "whole arrays"})
+    write_result(path, tool="examples/across_nodes.py", world_size=size, rows=[row],
+                 exit_status=exit_status, argv=["python", *sys.argv])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,15 +115,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", default="auto", choices=BACKENDS)
     parser.add_argument("--inter", default="auto", choices=INTER_ENGINES,
                         help="the engine between nodes (auto: NCCL where it can run)")
+    parser.add_argument("--result", metavar="FILE",
+                        help="write the timing as a result document (rank 0; docs/CLI.md)")
     args = parser.parse_args(argv)
     for flag, value in (("--count", args.count), ("--iters", args.iters)):
         if value < 1:
             parser.error(f"{flag} must be at least 1, got {value}")
     try:
+        if args.result:   # refused now, not after the run
+            from ipcshare.runtime.output_files import check_writable
+
+            check_writable(args.result)
         with ipcshare.Group(backend=args.backend) as group:
-            ok, line = run(group, args.count, args.iters, args.inter)
+            ok, line, facts = run(group, args.count, args.iters, args.inter)
             if group.rank == 0:
                 print(line, flush=True)
+                if args.result:
+                    write_timing(args.result, facts, count=args.count, size=group.size,
+                                 iters=args.iters, exit_status=0 if ok else 1)
     except IpcShareError as exc:  # every rank alike: one line each, no hang
         sys.stderr.write(f"across_nodes.py: error: {exc}\n")
         return 1

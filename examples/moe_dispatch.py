@@ -6,6 +6,7 @@ and, on GPUs, against NCCL (torch.distributed's ``all_to_all_single``).
     mpiexec -n 2 python examples/moe_dispatch.py                    # torch, a GPU per rank
         [--tokens T] [--hidden H] [--experts E] [--topk K] [--dtype float32|bfloat16]
         [--steps S] [--iters N] [--seed S] [--backend auto|host|cuda-ipc|cuda-vmm]
+        [--result FILE]   # on GPUs: the timing as a result document
 
 Every rank holds T tokens of H features, seeded by (seed, rank, step). A router (an H x E
 matrix seeded by the seed alone, the same on every rank) sends each token to its K
@@ -541,7 +542,8 @@ def step_communicator(group, layer: Layer):
                               heap_bytes=layer.exchanged_bytes + (6 << 20))
 
 
-def run_on_gpus(group, layer: Layer, steps: int, iters: int, seed: int) -> tuple[bool, str]:
+def run_on_gpus(group, layer: Layer, steps: int, iters: int, seed: int,
+                timed: list | None = None) -> tuple[bool, str]:
     """Eager steps, then ``steps`` replays of one CUDA graph of the step with new tokens,
     every one checked; then the step timed eager and replayed.
 
@@ -594,6 +596,8 @@ def run_on_gpus(group, layer: Layer, steps: int, iters: int, seed: int) -> tuple
     verdict = (f"verified bit for bit against {against}" if total == 0 else
                f"MISMATCH against {against} (#wrong {total} over all ranks, "
                f"{total_nccl} of them against NCCL)")
+    if timed is not None:   # (mode, microseconds per step, the slowest rank's), #wrong
+        timed += [("eager", eager_us, total), ("graph", graph_us, total)]
     return total == 0, (f"{_title(layer, group.backend_name)}: {EAGER_STEPS} eager steps and "
                         f"{steps} CUDA graph replays {verdict}; per step, this example's "
                         f"timing (not a benchmark): eager {eager_us:.1f} us, CUDA graph "
@@ -653,23 +657,56 @@ def make_layer(group, args: argparse.Namespace) -> Layer:
     return Layer(group.size, args.tokens, args.hidden, experts, args.topk, args.dtype)
 
 
+def write_timing(path: str, layer: Layer, timed: list, iters: int, exit_status: int) -> None:
+    """The step's eager and graph timings (one launch) as a result document: one row each,
+    the slowest rank's microseconds per step of ``iters`` back-to-back steps (the checked
+    steps' #wrong, eager and replayed together, in each row's details; the exit status
+    says whether they passed)."""
+    from ipcshare.cli.result_file import write_result
+    from ipcshare.runtime.result_document import figure, make_row, new_launch_id
+
+    launch = new_launch_id()
+    itemsize = 2 if layer.dtype in ("bfloat16", "float16") else 4
+    rows = [make_row(op="moe-step", size=layer.tokens * layer.hidden * itemsize,
+                     dtype=layer.dtype, algorithm="auto", mode=mode, world_size=layer.ranks,
+                     launch=launch, ours=figure(us), wrong=None,
+                     details={"wrong_over_every_checked_step": wrong,
+                              "tokens": layer.tokens, "hidden": layer.hidden,
+                              "experts": layer.experts, "topk": layer.topk, "iters": iters,
+                              "note": "this example's timing; moe_step_bench.py benchmarks "
+                                      "the step"})
+            for mode, us, wrong in timed]
+    write_result(path, tool="examples/moe_dispatch.py", world_size=layer.ranks, rows=rows,
+                 exit_status=exit_status, argv=["python", *sys.argv])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_layer_flags(parser)
     parser.add_argument("--steps", type=int, default=4,
                         help="checked steps (on GPUs: CUDA graph replays, after 2 eager ones)")
     parser.add_argument("--iters", type=int, default=20, help="timed steps on GPUs, each way")
+    parser.add_argument("--result", metavar="FILE",
+                        help="on GPUs, write the step's timing as a result document (rank 0; "
+                             "docs/CLI.md; moe_step_bench.py is the benchmark of this step)")
     args = parser.parse_args(argv)
     check_flags(parser, args, {**LAYER_MINIMUMS, "--steps": 1, "--iters": 1})
     try:
+        if args.result:   # refused now, not after the run
+            from ipcshare.runtime.output_files import check_writable
+
+            check_writable(args.result)
         with ipcshare.Group(backend=args.backend) as group:
             layer = make_layer(group, args)
+            timed: list = []
             if group.backend_name == "host":
                 ok, line = run_on_host(group, layer, args.steps, args.seed)
             else:
-                ok, line = run_on_gpus(group, layer, args.steps, args.iters, args.seed)
+                ok, line = run_on_gpus(group, layer, args.steps, args.iters, args.seed, timed)
             if group.rank == 0:
                 print(line, flush=True)
+                if args.result and timed:
+                    write_timing(args.result, layer, timed, args.iters, 0 if ok else 1)
     except (Refused, IpcShareError) as exc:  # every rank alike: one line each, no hang
         # One write per line: ranks' lines must not interleave.
         sys.stderr.write(f"moe_dispatch.py: error: {exc}\n")

@@ -81,20 +81,28 @@ def test_bad_flags_are_refused_on_every_rank(script, flag):
 
 _ACROSS = re.compile(r"(\d+) float32 per rank on (\d+) rank\(s\), (\d+) node\(s\) x (\d+) "
                      r"rank\(s\)(, between nodes: (\w+))?: all_reduce, all_gather, "
-                     r"reduce_scatter verified; all_reduce [\d.]+ us per call \(host\)")
+                     r"reduce_scatter verified; all_reduce ([\d.]+) us per call \(host\)")
 
 
 @pytest.mark.parametrize("n,nodes", [(4, 2), (2, 2), (2, 1)])
-def test_the_across_nodes_example_verifies_on_virtual_nodes(n, nodes, monkeypatch,
+def test_the_across_nodes_example_verifies_on_virtual_nodes(n, nodes, monkeypatch, tmp_path,
                                                            socket_dir):  # noqa: F811
     monkeypatch.setenv("IPCSHARE_VIRTUAL_NODES", str(nodes))
+    result = tmp_path / "result.json"
     out = run_example("across_nodes", "--backend", "host", "--count", "10001", "--iters", "3",
-                      n=n)
+                      "--result", str(result), n=n)
     assert out.returncode == 0, out.stderr
     match = _ACROSS.fullmatch(out.stdout.strip())
     assert match, out.stdout
     assert (int(match[2]), int(match[3]), int(match[4])) == (n, nodes, n // nodes)
     assert match[6] == ("mpi" if nodes > 1 else None)
+    # The result document holds the time rank 0 printed (to one decimal there).
+    document = load_result(result)
+    (row,) = document["rows"]
+    assert document["exit_status"] == 0 and row["op"] == "allreduce"
+    assert row["size"] == 40004 and row["world_size"] == n and row["mode"] == "eager"
+    assert row["details"]["nodes"] == nodes and row["details"]["between_nodes"] == match[6]
+    assert abs(row["ours"]["time_us"] - float(match[7])) <= 0.05 + 1e-9
 
 
 def test_the_across_nodes_example_refuses_nccl_on_host_memory_in_one_line(
