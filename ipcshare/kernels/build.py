@@ -124,8 +124,9 @@ def build_shipped(directory: Path, archs: Sequence[str], *, reuse: Sequence[Path
     """Write the CUBINs of every kernel source for ``archs`` and their manifest (with
     ``commit``, what the sources were checked out at, where known) into ``directory``; a
     CUBIN already in ``directory`` or a ``reuse`` folder under the same key (source,
-    headers, options, NVRTC version) is copied, not compiled again. Any other CUBIN in
-    ``directory`` is removed: the folder holds the manifest's alone.
+    headers, options, NVRTC version) is copied, not compiled again. A CUBIN that the
+    folder's previous manifest listed and this build does not is removed (an earlier
+    build wrote it); a file no manifest of ours names is left alone.
 
     Raises:
         KernelCompileError: NVRTC missing, or a source does not compile.
@@ -135,6 +136,9 @@ def build_shipped(directory: Path, archs: Sequence[str], *, reuse: Sequence[Path
     major, minor = nvrtc_version()
     nvrtc = f"{major}.{minor}"
     directory.mkdir(parents=True, exist_ok=True)
+    # What an earlier build wrote here (setuptools also copies the tree's folder, with
+    # its manifest, into a build folder): the only files this build may remove.
+    earlier = {entry.file for entry in read_manifest(directory).values()}
     entries: dict[tuple[str, str], ShippedCubin] = {}
     todo: list[tuple[str, str]] = []
     for source, arch in _ordered(KERNEL_SOURCES, archs):
@@ -165,15 +169,16 @@ def build_shipped(directory: Path, archs: Sequence[str], *, reuse: Sequence[Path
     manifest = {"format": MANIFEST_FORMAT, "nvrtc": nvrtc, "commit": commit,
                 "cubins": [entry.as_json() for entry in ordered]}
     _replace(directory / MANIFEST_NAME, json.dumps(manifest, indent=1).encode() + b"\n")
-    # The folder holds the shipped CUBINs alone: any other one is from an earlier build
-    # (setuptools copies the tree's into a build folder whose manifest may be newer).
+    # CUBINs an earlier build shipped and this one does not (an architecture dropped):
+    # named by that build's manifest, so provably ours.
     wanted = {entry.file for entry in ordered}
-    for path in directory.glob("*.cubin"):
-        if path.name not in wanted:
-            try:
-                path.unlink()
-            except OSError:
-                pass
+    for name in sorted(earlier - wanted):
+        if Path(name).name != name or not name.endswith(".cubin"):
+            continue   # a manifest entry is a file name in this folder, nothing else
+        try:
+            (directory / name).unlink()
+        except OSError:
+            pass
     if todo:
         progress(f"ipcshare kernels: {len(todo)} compiled in "
                  f"{time.perf_counter() - started:.0f} s on {min(jobs, len(todo))} processes")

@@ -177,14 +177,15 @@ def test_a_build_ships_every_source_and_compiles_only_what_changed(slow_compiler
         got = shipped.find_shipped(compiler.kernel_build(entry.source, arch=entry.arch),
                                    directory)
         assert got == b"\x7fELF fake cubin of " + entry.source.encode()
-    # Again, and with sm_80 dropped: nothing compiles, sm_80's files go, and so does a
-    # CUBIN no manifest lists (a build folder's, copied from an earlier build).
-    (directory / "stray-sm_75.cubin").write_bytes(b"\x7fELF from an earlier build")
+    # Again, and with sm_80 dropped: nothing compiles, sm_80's files go (the earlier
+    # manifest names them), and a file no manifest of ours names stays.
+    (directory / "not-ours-sm_75.cubin").write_bytes(b"\x7fELF put here by someone else")
     del slow_compiler[:]
     build.build_shipped(directory, ("sm_90",), jobs=1, progress=lines.append)
     assert slow_compiler == []
     assert sorted(path.name for path in directory.glob("*.cubin")) == sorted(
-        f"{source[:-3]}-sm_90.cubin" for source in compiler.KERNEL_SOURCES)
+        [*(f"{source[:-3]}-sm_90.cubin" for source in compiler.KERNEL_SOURCES),
+         "not-ours-sm_75.cubin"])
     assert len(shipped.read_manifest(directory)) == len(compiler.KERNEL_SOURCES)
 
 
