@@ -346,24 +346,26 @@ class GpuPath:
         meet the peers' as usual, every rank's kernels find the mark where the digest
         goes, move no element and record it, and every rank's ``synchronize()`` raises
         the same error (a CUDA graph capturing it replays the mark). Outside a capture
-        the refusing rank waits for its kernels and raises that error in the call.
+        the refusing rank waits for its kernels and raises that error in the call. Where
+        ranks take turns on this GPU and the guess is a stepped call, a guest hands its
+        leader the marked call, and a leader runs it for itself and its guests
+        (collectives/time_sliced.py).
 
         Raises:
             CollectiveError: at once, where no such call can be launched: ``guess`` is
-                None (the arguments do not say which call the peers make), or ranks take
-                turns on this GPU (stepped calls run by a leader); the peers then meet
-                this rank's next call, so close the communicator on every rank. And the
-                returned function, called outside a capture, raises the refused call's
-                error (the kernels' record of it); in a capture already invalidated (by
-                an operation not allowed there), either raises, naming the step.
+                None (the arguments do not say which call the peers make); the peers then
+                meet this rank's next call, so close the communicator on every rank. And
+                the returned function, called outside a capture, raises the refused
+                call's error (the kernels' record of it); in a capture already
+                invalidated (by an operation not allowed there), either raises, naming
+                the step.
         """
-        if guess is None or self._time_sliced is not None:
-            why = ("its arguments do not say which call the peers make" if guess is None
-                   else "ranks take turns on this GPU")
+        if guess is None:
             raise CollectiveError(
                 f"{call}: {problem.detail} (refused on rank {self.rank}, which cannot take "
-                f"part in the call marked: {why}; unless every rank refused it alike, the "
-                "ranks are out of step: close the communicator on every rank)")
+                "part in the call marked: its arguments do not say which call the peers "
+                "make; unless every rank refused it alike, the ranks are out of step: close "
+                "the communicator on every rank)")
         signature, algorithm = guess
         cu_stream = self.engine_for(stream).stream
         not_capturing = _not_capturing(cu_stream)
@@ -477,7 +479,7 @@ class GpuPath:
                                               recorded.append)
         guest_copies, provisional, checks = 0, False, []
         if mark is not None:
-            zero_copy = self._place_refused(args, signature, mark)
+            zero_copy = self._place_refused(args, signature, mark, time_sliced)
         elif time_sliced is not None and time_sliced.guest:
             placement = self._describe_guest_call(time_sliced, signature, algorithm,
                                                   input_ref, output_ref, in_place, bound.stream)
@@ -634,12 +636,21 @@ class GpuPath:
          args.output_offset) = self._reach(output_ref.ptr, output_ref.nbytes)
         return mode != _STAGED or not algorithm.stages_input
 
-    def _place_refused(self, args: Any, signature: Signature, mark: int) -> bool:
+    def _place_refused(self, args: Any, signature: Signature, mark: int,
+                       time_sliced: Any = None) -> bool:
         """Make ``args`` a refused call's: the mark where the digest goes, and this rank's
         staging areas as its arrays, the input read in place (nothing is staged, and no
         kernel writes an output or reads a peer's input once a digest differs). An
-        all-to-all-v sends and expects nothing (its digest fails first). Returns True:
-        the call copies nothing in."""
+        all-to-all-v sends and expects nothing (its digest fails first). A guest of a
+        time-sliced GPU (``time_sliced``: its steps) hands over the mark instead, its
+        own staging and result areas as its places, copying nothing (a leader's
+        ``args`` are marked as anyone's: its guests' rows keep their own calls). Returns
+        True: the call copies nothing in."""
+        if time_sliced is not None and time_sliced.guest:
+            time_sliced.placement = self._time_sliced.place_refused()
+            time_sliced.digest = mark
+            time_sliced.input = time_sliced.output = (0, 0)
+            return True
         args.digest = mark
         args.input = self._local_ptr + self.layout.staging_offset(0)
         # Another area than the copy-engine calls' inbox (staging area 0), which their

@@ -11,12 +11,22 @@ describe their call and hand it over:
 - a guest's stream: copy the input into staging area 0 if the leader cannot read it where
   it is; then, as one batch of stream memory operations, write the call's digest and
   where its input and output lie into its pad (``GUEST_CALL_SLOT``), set
-  ``GUEST_READY_SLOT``, wait for ``GUEST_DONE_SLOT`` and clear it; then copy the output
-  out of result area 0 if the leader could not write it in place;
+  ``GUEST_READY_SLOT``, wait for ``GUEST_DONE_SLOT`` and clear it; then, if the leader
+  could not write the output in place, copy it out of result area 0 with a kernel that
+  copies only where the leader's work kernel did the call (``GUEST_RESULT_SLOT``): a
+  copy-engine copy would run whatever happened, and a call that failed, for instance
+  one a rank refused, must leave the output as it was;
 - the leader's stream: wait for every guest's READY and clear it, the staging kernel for
   itself and for each guest, the first flag barrier for all of them, the work kernel for
   all, the second flag barrier for all, then set every guest's DONE. The barriers meet
   only the ranks of other GPUs: the ranks of this one are in order on this stream.
+
+A call the guest's own checks refused (call_marks.py) is handed over like any other, with
+its mark where the digest goes and its own staging and result areas as its places, and no
+copy either way (``place_refused_call``): the leader's kernels find the mark in that
+guest's row as they find any digest that differs, move no element, and record it for every
+rank. A leader that refused runs its steps for itself and its guests with its own argument
+block marked; its guests' rows keep their own digests, so they too find the mark.
 
 The leader reaches a guest's input and output where it has them mapped: the guest's
 window (arrays from ``Communicator.empty``, or the staging and result areas), registered
@@ -33,6 +43,7 @@ neither word is ever cleared over a newer store.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -50,12 +61,19 @@ from ..window.layout import (
     GUEST_OUTPUT,
     GUEST_READY_SLOT,
     GUEST_REGISTERED,
+    GUEST_RESULT_SLOT,
     GUEST_ROW_SHIFT,
 )
 
-__all__ = ["GuestPlacement", "TimeSlicedRole", "gpu_leaders", "pack_place", "place_guest_call"]
+__all__ = ["COPY_OUT_ENTRY", "GuestPlacement", "TimeSlicedRole", "gpu_leaders", "pack_place",
+           "place_guest_call", "place_refused_call"]
 
 Sink = Callable[[Callable[[], None]], None]  # runs a step now, or records it (bind)
+
+# The kernel a guest copies its result out of result area 0 with (stepped.cuh), and the
+# bytes each of its blocks copies.
+COPY_OUT_ENTRY = "guest_copy_out_bytes"
+_COPY_OUT_BYTES_PER_BLOCK = 64 << 10
 
 
 def gpu_leaders(time_sliced: dict[Any, list[int]]) -> dict[int, int]:
@@ -132,6 +150,15 @@ def place_guest_call(input_at: Location | None, output_at: Location | None, *,
                           output_row, copy_in, copy_out)
 
 
+def place_refused_call(*, staging_offset: int, result_offset: int) -> GuestPlacement:
+    """The placement of a call that the guest's own checks refused: its staging and result
+    areas 0 (``staging_offset`` / ``result_offset``, in its window, which the leader
+    reaches) and no copy of the user's memory either way. Its mark fails every digest
+    comparison, so no kernel stages, reads or writes either area."""
+    return GuestPlacement(0, staging_offset, 0, 0, result_offset, 0, copy_in=False,
+                          copy_out=False)
+
+
 class TimeSlicedRole:
     """This rank's part in stepped calls when its GPU is time-sliced: the leader, or a
     guest of ``leader``. ``of(path, channel)`` is None for a rank with a GPU of its own,
@@ -190,6 +217,12 @@ class TimeSlicedRole:
             self.locate(output_ref.ptr, output_ref.nbytes, may_post),
             may_alias=not in_place or algorithm.aliasing_safe,
             staging_offset=layout.staging_offset(0), result_offset=layout.result_offset(0))
+
+    def place_refused(self) -> GuestPlacement:
+        """The placement of a call this guest's checks refused (``place_refused_call``)."""
+        layout = self.path.layout
+        return place_refused_call(staging_offset=layout.staging_offset(0),
+                                  result_offset=layout.result_offset(0))
 
     def guest_steps(self, engine: Any, sink: Sink) -> GuestSteps:
         return GuestSteps(self, engine, sink)
@@ -260,20 +293,23 @@ class GuestSteps:
         # One batch of stream memory operations per distinct call: eager calls on the
         # same arrays reuse theirs.
         self._batches: dict[tuple, Callable[[], None]] = {}
+        self._copies_out: dict[tuple[int, int], Callable[[], None]] = {}
         self.placement: GuestPlacement | None = None
         self.digest = 0
         self.input: tuple[int, int] = (0, 0)
         self.output: tuple[int, int] = (0, 0)
 
     def _hand_over_batch(self, words: dict[int, int]) -> Callable[[], None]:
-        """Describe the call, set READY, wait for DONE and clear it: one stream operation."""
+        """Describe the call (and clear the word where the leader says it did it), set
+        READY, wait for DONE and clear it: one stream operation."""
         key = tuple(sorted(words.items()))
         found = self._batches.get(key)
         if found is None:
             pad = self._pad
             steps = [("write", pad, GUEST_CALL_SLOT + index, word)
                      for index, word in sorted(words.items())]
-            steps += [("write", pad, GUEST_READY_SLOT, 1),
+            steps += [("write", pad, GUEST_RESULT_SLOT, 0),
+                      ("write", pad, GUEST_READY_SLOT, 1),
                       ("wait", pad, GUEST_DONE_SLOT, 1, self._what),
                       ("write", pad, GUEST_DONE_SLOT, 0)]
             if len(self._batches) >= 64:
@@ -290,9 +326,35 @@ class GuestSteps:
                                    [(base + placement.input_offset, ptr, nbytes)]))
         sink(self._hand_over_batch(placement.words(self.digest)))
         if placement.copy_out and self.output[1]:
-            ptr, nbytes = self.output
-            sink(self._path.copier(self._engine,
-                                   [(ptr, base + placement.output_offset, nbytes)]))
+            sink(self._copy_out(*self.output, placement.output_offset))
+
+    def _copy_out(self, ptr: int, nbytes: int, offset: int) -> Callable[[], None]:
+        """A launch of ``COPY_OUT_ENTRY`` on this stream: ``nbytes`` from ``offset`` of
+        the window (result area 0) to ``ptr``, where the leader's work kernel did the
+        call (it reads GUEST_RESULT_SLOT); one argument block per distinct output."""
+        key = (ptr, nbytes, offset)
+        found = self._copies_out.get(key)
+        if found is None:
+            from ..kernels.launcher import CollectiveArgs
+            from .algorithms.gpu_kernel import MAX_BLOCKS
+
+            path, me = self._path, self._path.rank
+            args = CollectiveArgs()
+            args.windows[me], args.pads[me] = path.window.local.ptr, self._pad.ptr
+            args.rank, args.nranks = me, path.size
+            args.result_offset[0] = args.result_offset[1] = offset
+            args.output, args.count = ptr, nbytes
+            params = (ctypes.c_void_p * 1)(ctypes.addressof(args))
+            blocks = max(1, min(MAX_BLOCKS, -(-nbytes // _COPY_OUT_BYTES_PER_BLOCK)))
+            launch, stream, address = path.launch, self._engine.stream, ctypes.addressof(params)
+
+            def found() -> None:
+                launch(COPY_OUT_ENTRY, blocks, stream, address)
+            found.keep = (args, params)  # must outlive every launch
+            if len(self._copies_out) >= 64:
+                self._copies_out.clear()
+            self._copies_out[key] = found
+        return found
 
 
 class LeaderSteps:

@@ -59,7 +59,7 @@ COLLECTIVE_UNITS: dict[str, tuple[str, ...]] = {
                                              "reduce_scatter_one_shot"),
                                 "all_gather_pull_bytes"),
     "collectives_stepped.cu": (*_reductions("all_reduce_stepped", "reduce_scatter_stepped"),
-                               "all_gather_stepped_bytes",
+                               "all_gather_stepped_bytes", "guest_copy_out_bytes",
                                *(f"stage_and_publish_{kind}" for kind in ("bytes", *_DTYPES))),
     "collectives_copy_engine.cu": (*_reductions("all_reduce_copy_engine"), "publish_call",
                                    "finish_call"),

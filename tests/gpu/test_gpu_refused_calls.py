@@ -8,8 +8,8 @@ CUDA graphs (the mark replays), and an array of another device.
 
 Run under mpiexec, ranks sharing one GPU under MPS (docs/GPU.md), e.g.
 ``mpiexec -n 3 python -m pytest --with-mpi -m mpi tests/gpu/test_gpu_refused_calls.py``
-(and -n 4). Ranks that take turns on a GPU (no MPS) are skipped: there the refusing rank
-raises alone (docs/RELIABILITY.md)."""
+(and -n 4). Ranks that take turns on a GPU (no MPS) are skipped here: their stepped calls,
+which a leader runs for its guests, have tests/gpu/test_gpu_refused_calls_time_sliced.py."""
 
 from __future__ import annotations
 
@@ -45,8 +45,8 @@ def shared():
 def setup(shared):
     group, _comm, _stream = shared
     if group.time_sliced_gpus:
-        pytest.skip("ranks here take turns on a GPU (no MPS): a refused call cannot be "
-                    "launched there (it raises on the refusing rank alone)")
+        pytest.skip("ranks here take turns on a GPU (no MPS), where a leader runs the "
+                    "stepped calls of its guests: test_gpu_refused_calls_time_sliced.py")
     return shared
 
 
@@ -389,7 +389,8 @@ def test_an_array_of_another_device_on_rank_0_is_every_ranks_error(comm, setup):
 def test_closing_after_a_refused_call_takes_under_a_second(comm, algo):
     with torch_communicator("cuda-vmm", 1 << 20) as (group, communicator, stream):
         if group.time_sliced_gpus:
-            pytest.skip("ranks here take turns on a GPU (no MPS)")
+            pytest.skip("ranks here take turns on a GPU (no MPS): "
+                        "test_gpu_refused_calls_time_sliced.py")
         me, n = communicator.rank, communicator.size
         call = Call("all_to_all_v", communicator, me, n, group.backend.device, stream)
         where, error = _raise_where(lambda: call.run(me == 0, algo), communicator, stream)

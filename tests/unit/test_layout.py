@@ -61,7 +61,8 @@ def test_collective_call_header_matches_the_layout():
                    "kGuestRegistered": layout.GUEST_REGISTERED,
                    "kGuestLeaderStages": layout.GUEST_LEADER_STAGES,
                    "kGuestImported": layout.GUEST_IMPORTED,
-                   "kGuestCallSlot": layout.GUEST_CALL_SLOT}
+                   "kGuestCallSlot": layout.GUEST_CALL_SLOT,
+                   "kGuestResultSlot": layout.GUEST_RESULT_SLOT}
     assert {name: source[name] for name in guest_words} == guest_words
 
 

@@ -153,3 +153,154 @@ def test_only_the_stepped_algorithms_hand_calls_to_a_leader():
         assert not algorithm("cuda", op, name).leader_runs_time_sliced
     for op in ("all_reduce", "reduce_scatter", "all_gather"):
         assert algorithm("cuda", op, "stepped").leader_runs_time_sliced
+
+
+# -- a call one rank's own checks refused, on a time-sliced GPU --------------------------
+def _guest_steps(rank: int = 1, size: int = 3):
+    """A guest's steps on a recorded stream: (steps, stream items, copy-engine jobs, kernel
+    launches as (entry, blocks, the argument block they launch with))."""
+    import ctypes
+    from types import SimpleNamespace
+
+    from ipcshare.collectives.scratch import ScratchLayout
+    from ipcshare.collectives.time_sliced import GuestSteps, TimeSlicedRole
+    from ipcshare.kernels.launcher import CollectiveArgs
+
+    from .stream_model import Pad, StreamRecorder
+
+    pads = {r: Pad(r) for r in range(size)}
+    engine = StreamRecorder()
+    copies: list = []
+    launches: list = []
+
+    def launch(entry, blocks, stream, address):
+        args_at = ctypes.c_void_p.from_address(address).value
+        launches.append((entry, blocks, CollectiveArgs.from_buffer_copy(
+            (ctypes.c_char * ctypes.sizeof(CollectiveArgs)).from_address(args_at))))
+    window = SimpleNamespace(signal_pad=lambda r: pads[r], local=SimpleNamespace(ptr=1 << 40))
+    path = SimpleNamespace(window=window, rank=rank, size=size,
+                           layout=ScratchLayout(1 << 20, 0, size, gpu=True),
+                           group=SimpleNamespace(signal_timeout=1.0), launch=launch,
+                           copier=lambda engine, jobs: (lambda: copies.append(jobs)))
+    role = TimeSlicedRole(path, 0, [r for r in range(1, size)])
+    return role, GuestSteps(role, engine, lambda step: step()), engine.items, copies, launches
+
+
+def test_a_refused_guest_hands_over_its_mark_and_copies_nothing_of_the_users():
+    from ipcshare.collectives.call_marks import encode_mark, is_mark
+    from ipcshare.collectives.time_sliced import place_refused_call
+
+    placement = place_refused_call(staging_offset=STAGING, result_offset=RESULT)
+    assert not placement.copy_in and not placement.copy_out and not placement.copies_input
+    mark = encode_mark(1, "output", "all_gather")
+    words = placement.words(mark)
+    assert is_mark(words[layout.GUEST_DIGEST])
+    # Its own areas, in its window (flags 0: the leader reaches them there).
+    assert words[layout.GUEST_INPUT] == pack_place(0, STAGING, 0)
+    assert words[layout.GUEST_OUTPUT] == pack_place(0, RESULT, 0)
+
+    role, steps, items, copies, launches = _guest_steps()
+    steps.placement, steps.digest = role.place_refused(), mark
+    steps.input = steps.output = (0, 0)
+    algorithm("cuda", "all_gather", "stepped").run(GpuCall(
+        Signature("all_gather", 64, "uint8", 1, None, "stepped"), 3, None, 1 << 20,
+        time_sliced=steps))
+    assert copies == [] and launches == []   # nothing of the user's memory is touched
+    (kind, batch), = items
+    call, scratch = layout.GUEST_CALL_SLOT, role.path.layout
+    assert kind == "batch" and batch == [
+        ("write", 1, call + layout.GUEST_DIGEST, mark),
+        ("write", 1, call + layout.GUEST_INPUT, pack_place(0, scratch.staging_offset(0), 0)),
+        ("write", 1, call + layout.GUEST_OUTPUT, pack_place(0, scratch.result_offset(0), 0)),
+        ("write", 1, layout.GUEST_RESULT_SLOT, 0),
+        ("write", 1, layout.GUEST_READY_SLOT, 1),
+        ("wait", 1, layout.GUEST_DONE_SLOT, 1),
+        ("write", 1, layout.GUEST_DONE_SLOT, 0)]
+
+
+def test_a_guests_result_leaves_result_area_0_by_a_kernel_that_asks_if_the_call_was_done():
+    """The output of the user's own memory: copied in by the copy engine (into the guest's
+    own staging area, harmless whatever the call does), copied out by guest_copy_out,
+    which copies only where the leader's kernel set GUEST_RESULT_SLOT (a copy-engine copy
+    would run even after a call that failed, e.g. one a rank refused)."""
+    from ipcshare.collectives.time_sliced import COPY_OUT_ENTRY
+
+    role, steps, items, copies, launches = _guest_steps(rank=2)
+    base = role.path.window.local.ptr
+    result = role.path.layout.result_offset(0)
+    steps.placement = place_guest_call(None, None, may_alias=True,
+                                       staging_offset=role.path.layout.staging_offset(0),
+                                       result_offset=result)
+    steps.digest, steps.input, steps.output = 0xABC, (0x7000, 256), (0x9010, 3 << 20)
+    for _ in range(2):   # eager calls on the same arrays launch the same block
+        steps.hand_over()
+    assert [kind for kind, *_ in items] == ["batch", "batch"]
+    assert copies == [[(base + role.path.layout.staging_offset(0), 0x7000, 256)]] * 2
+    assert [entry for entry, _, _ in launches] == [COPY_OUT_ENTRY] * 2
+    _, blocks, args = launches[0]
+    assert 1 < blocks <= 128
+    assert (args.output, args.count, args.rank) == (0x9010, 3 << 20, 2)
+    assert (args.windows[2], args.result_offset[0]) == (base, result)
+    assert args.pads[2] == role.path.window.signal_pad(2).ptr
+    # The batch clears the word before READY: a stale 1 can never pass a failed call.
+    batch = items[0][1]
+    assert batch.index(("write", 2, layout.GUEST_RESULT_SLOT, 0)) < batch.index(
+        ("write", 2, layout.GUEST_READY_SLOT, 1))
+
+
+def test_the_stepped_kernels_say_a_guests_call_was_done_and_the_copy_out_asks():
+    """stepped.cuh: after_meet sets the guest's GUEST_RESULT_SLOT only where no digest
+    differed, guest_copy_out copies only where it is 1 (read from the source, so a
+    change there fails here)."""
+    import re
+    from pathlib import Path
+
+    import ipcshare.kernels
+
+    source = (Path(ipcshare.kernels.__file__).parent / "src" / "collectives"
+              / "stepped.cuh").read_text()
+    after_meet = source[source.index("__device__ __forceinline__ void after_meet"):]
+    after_meet = after_meet[:after_meet.index("\n}\n")]
+    assert re.search(r"if \(a\.guest != nullptr && !call\.failed[^;]*\n\s*\*reinterpret_cast"
+                     r"<volatile u64\*>\(a\.pads\[a\.rank\] \+ kGuestResultSlot\) = 1;",
+                     after_meet), after_meet
+    copy_out = source[source.index("void guest_copy_out"):]
+    copy_out = copy_out[:copy_out.index("\n}\n")]
+    asks = copy_out.index("if (own[kGuestResultSlot] != 1) return;")
+    assert asks < copy_out.index("block_copy"), copy_out
+
+
+def test_a_refused_leader_marks_its_own_block_and_keeps_its_guests_rows():
+    """_place_refused on a leader: the mark where the digest goes, its own staging areas
+    as arrays, and the guest mask its steps set untouched (the stepped kernels run every
+    guest's row with that guest's own words; the mark differs from their digests, so
+    every row finds it). On a guest: its steps carry the mark, its args are not used."""
+    from types import SimpleNamespace
+
+    from ipcshare.collectives.call_marks import encode_mark
+    from ipcshare.collectives.gpu_path import GpuPath
+    from ipcshare.collectives.scratch import ScratchLayout
+    from ipcshare.kernels.launcher import CollectiveArgs
+
+    scratch = ScratchLayout(1 << 20, 0, 3, gpu=True)
+    signature = Signature("all_reduce", 64, "float32", 4, "sum", "stepped")
+    path = SimpleNamespace(_local_ptr=1 << 40, layout=scratch, _table=SimpleNamespace(ptr=8),
+                           size=3, _time_sliced=SimpleNamespace(
+                               place_refused=lambda: "the refused placement"))
+    args = CollectiveArgs()
+    args.guest_mask, args.digest = 0b110, signature.digest
+    mark = encode_mark(0, "output", "all_reduce")
+    leader_steps = SimpleNamespace(guest=False)
+    assert GpuPath._place_refused(path, args, signature, mark, leader_steps)
+    assert (args.digest, args.guest_mask, args.zero_copy) == (mark, 0b110, 1)
+    assert args.input == (1 << 40) + scratch.staging_offset(0)
+    assert args.output == (1 << 40) + scratch.staging_offset(1)
+
+    args = CollectiveArgs()
+    args.digest = signature.digest
+    guest_steps = SimpleNamespace(guest=True)
+    mark = encode_mark(1, "output", "all_reduce")
+    assert GpuPath._place_refused(path, args, signature, mark, guest_steps)
+    assert guest_steps.placement == "the refused placement" and guest_steps.digest == mark
+    assert guest_steps.input == guest_steps.output == (0, 0)
+    assert args.digest == signature.digest

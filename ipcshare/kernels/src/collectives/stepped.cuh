@@ -98,7 +98,26 @@ __device__ __forceinline__ void after_meet(CollectiveArgs a) {
   begin_call(a, call);
   read_headers(a, call, true);
   if (!call.failed) C::work(a, call, s);
+  // A guest's call done: its result may leave result area 0 (guest_copy_out). The guest
+  // reads the word only after its DONE, which follows this whole kernel on our stream.
+  if (a.guest != nullptr && !call.failed && blockIdx.x == 0 && threadIdx.x == 0)
+    *reinterpret_cast<volatile u64*>(a.pads[a.rank] + kGuestResultSlot) = 1;
   ipcshare::end_epoch(a.pads[a.rank], a.epoch_word, call.epoch);
+}
+
+// A guest's result, copied out of its result area 0 into its output (which its leader could
+// not reach, collectives/time_sliced.py) on the guest's own stream after DONE: `output`,
+// `count` bytes, from windows[rank] + result_offset[0]. Only where the leader's work kernel
+// did the call (kGuestResultSlot is 1): a call that failed (a rank refused it, or the ranks
+// disagree) leaves the output as it was, as on every other rank. A copy-engine copy is fixed
+// when it is enqueued, so only a kernel can decide this on the GPU.
+__device__ __forceinline__ void guest_copy_out(const CollectiveArgs& a) {
+  const volatile u64* own = a.pads[a.rank];
+  if (own[kGuestResultSlot] != 1) return;
+  const Slice s = block_slice(a.count, 16);
+  if (s.begin < s.end)
+    ipcshare::block_copy(a.output + s.begin, a.windows[a.rank] + a.result_offset[0] + s.begin,
+                         s.end - s.begin);
 }
 
 template <class T, int OP>
