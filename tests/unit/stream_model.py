@@ -43,13 +43,16 @@ class StreamRecorder:
 
 
 def run_streams(streams: dict[int, list[tuple]], seed: int,
-                on_item: Callable[[int, tuple], None]) -> None:
+                on_item: Callable[[int, tuple], None],
+                memory: dict[tuple[int, int], int] | None = None) -> None:
     """Execute every stream to its end, one step at a time, in an order drawn with
     ``seed``: a batch's writes set words, its waits hold the stream until the word is
     at least the value, and every other item goes to ``on_item(rank, item)`` (which
-    asserts what the test promises). Fails when every unfinished stream waits."""
+    asserts what the test promises, and may read and write the words of ``memory``,
+    {(pad owner, slot): value}, which the batches use). Fails when every unfinished
+    stream waits."""
     rng = random.Random(seed)
-    memory: dict[tuple[int, int], int] = {}
+    memory = {} if memory is None else memory
     position = {rank: 0 for rank in streams}
     step_in_batch = {rank: 0 for rank in streams}
 
