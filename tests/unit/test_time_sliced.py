@@ -59,10 +59,10 @@ def test_the_users_own_memory_costs_the_guest_a_copy_each_way():
 
 def test_the_guest_words_lie_in_the_user_region_apart_from_the_headers():
     words = set(range(layout.GUEST_CALL_SLOT, layout.GUEST_CALL_SLOT + layout.GUEST_CALL_WORDS))
-    words |= {layout.GUEST_READY_SLOT, layout.GUEST_DONE_SLOT}
+    words |= {layout.GUEST_READY_SLOT, layout.GUEST_DONE_SLOT, layout.GUEST_RESULT_SLOT}
     taken = {layout.USER_SLOT_BASE + w for w in range(2 * layout.HEADER_WORDS)}
     taken |= {layout.LL_CLEANED_SLOT, layout.LL_CLEANED_SLOT + 1}
-    assert len(words) == layout.GUEST_CALL_WORDS + 2 and not words & taken
+    assert len(words) == layout.GUEST_CALL_WORDS + 3 and not words & taken
     assert layout.USER_SLOT_BASE <= min(words) and max(words) < layout.ERROR_SLOT
     fields = [layout.GUEST_DIGEST, layout.GUEST_INPUT, layout.GUEST_OUTPUT]
     assert fields == list(range(layout.GUEST_CALL_WORDS))

@@ -155,7 +155,7 @@ def test_importing_the_package_imports_neither_triton_nor_torch_nor_mpi():
 
 
 def test_the_triton_words_lie_in_the_user_words_above_the_communicators():
-    assert layout.GUEST_DONE_SLOT < layout.TRITON_BARRIER_SLOT_BASE
+    assert layout.GUEST_RESULT_SLOT < layout.TRITON_BARRIER_SLOT_BASE
     assert layout.USER_SLOT_BASE <= layout.TRITON_BARRIER_SLOT_BASE
     assert (layout.TRITON_BARRIER_SLOT_BASE + layout.TRITON_BARRIER_RANKS
             == layout.TRITON_EPOCH_SLOT)
