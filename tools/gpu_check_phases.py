@@ -939,7 +939,8 @@ REFUSED_ALGOS = "pull balanced ll push eager ll128"
 def refusals_steps(ctx: Context) -> list[Step | Note]:
     """A call that one rank's checks refuse, on GPUs at 3 and 4 ranks (REFUSED_RANKS; under
     MPS where they outnumber the GPUs): its GPU tests, then 50 refused all-to-all-v calls, each
-    followed by a good one, for every all-to-all-v algorithm (REFUSED_ALGOS)."""
+    followed by a good one, for every all-to-all-v algorithm (REFUSED_ALGOS); then the
+    stepped calls' refusals with 2 and 3 ranks taking turns on GPU 0 (no MPS)."""
     g = ctx.gpus
     limit = _limit(ctx, "STEP_TIMEOUT_TESTS", 420)
     files = ["tests/gpu/test_gpu_refused_calls.py", "tests/gpu/test_register_gpu.py",
@@ -959,6 +960,12 @@ def refusals_steps(ctx: Context) -> list[Step | Note]:
                        "--backend", "cuda-vmm", "--algo", algo,
                        forward=["IPCSHARE_SIGNAL_TIMEOUT"], mps=mps),
                 limit_s=120, env={"IPCSHARE_SIGNAL_TIMEOUT": "10"}, mps=mps))
+    for n in (2, 3):
+        steps.append(Step.of(
+            f"pytest the refused stepped calls, {n} ranks taking turns on GPU 0",
+            pytest_mpi(ctx, n, ["tests/gpu/test_gpu_refused_calls_time_sliced.py"],
+                       forward=["CUDA_VISIBLE_DEVICES", "IPCSHARE_SIGNAL_TIMEOUT"]),
+            limit_s=limit, env={"CUDA_VISIBLE_DEVICES": "0", "IPCSHARE_SIGNAL_TIMEOUT": "10"}))
     return steps
 
 
@@ -994,7 +1001,8 @@ PHASES: dict[str, Phase] = {phase.name: phase for phase in (
                    "2 ranks taking turns on GPU 0, tests/mpi under the node's MPI", 1,
           tests_steps),
     Phase("refusals", "a call one rank refuses, on GPUs at 3 and 4 ranks: its tests and 50 "
-                      "repetitions a GPU all-to-all-v algorithm", 1, refusals_steps),
+                      "repetitions a GPU all-to-all-v algorithm; the stepped calls' with 2 "
+                      "and 3 ranks taking turns on GPU 0", 1, refusals_steps),
     Phase("first-call", "the first collective of a fresh install from .dist/, cold cache, "
                         "2 ranks on one GPU", 1, first_call_steps),
     Phase("allreduce-quick", "all-reduce (graphs, eager) and all-to-all (graphs) 8 B - 1 MiB "
