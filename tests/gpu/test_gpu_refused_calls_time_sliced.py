@@ -233,14 +233,36 @@ def test_a_stepped_call_one_rank_refuses_is_every_ranks_error_and_moves_nothing(
         _good_calls_right(comm, call)
 
 
+def _spoilt_input(call: Call, how: str):
+    """This rank's input spoilt ``how``: of another dtype, or not contiguous (every other
+    element of fresh memory twice as long)."""
+    if how == "dtype":
+        return call.input.double()
+    wide = call.new(2 * call.inputs)
+    wide.fill_(float(call.comm.rank + 1))
+    return wide[::2]
+
+
+# case -> (collective, the argument blamed, the refusing rank's call)
+ARGUMENT_CASES = {
+    "unknown op": ("all_reduce", "op", lambda call: call.make(False, op="prod")),
+    "unknown algo": ("all_reduce", "algo", lambda call: call.make(False, algo="ring")),
+    # The input's guess differs from the agreed call, the output's is it: blamed.
+    "input of another dtype": ("all_gather", "output", lambda call: call.comm.all_gather(
+        call.output, _spoilt_input(call, "dtype"), stream=call.stream, algo="stepped")),
+    "input not contiguous": ("all_gather", "input", lambda call: call.comm.all_gather(
+        call.output, _spoilt_input(call, "stride"), stream=call.stream, algo="stepped")),
+}
+
+
 @pytest.mark.parametrize("who", ["leader", "guest"])
-@pytest.mark.parametrize(("argument", "extra"), [("op", {"op": "prod"}),
-                                                 ("algo", {"algo": "ring"})])
-def test_an_op_or_algo_one_rank_refuses_is_every_ranks_error(comm, setup, who, argument,
-                                                             extra):
-    with _case(comm, setup, "all_reduce", who) as (call, refuser):
-        mine = extra if call.comm.rank == refuser else {}
-        _refused_everywhere(comm, call, lambda: call.make(False, **mine), argument, refuser)
+@pytest.mark.parametrize("case", sorted(ARGUMENT_CASES))
+def test_each_argument_check_one_rank_fails_is_every_ranks_error(comm, setup, who, case):
+    op, argument, refused = ARGUMENT_CASES[case]
+    with _case(comm, setup, op, who) as (call, refuser):
+        make = (lambda: refused(call)) if call.comm.rank == refuser else (
+            lambda: call.make(False))
+        _refused_everywhere(comm, call, make, argument, refuser)
         _good_calls_right(comm, call)
 
 
