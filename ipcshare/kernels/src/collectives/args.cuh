@@ -42,6 +42,11 @@ constexpr u64 kGuestImported = 4;
 constexpr int kGuestCallSlot = 272;
 // Error-word code of a call whose ranks disagree (peer field all ones; see gpu_path.py).
 constexpr u64 kDisagreement = 0xFFFFull << 48;
+// Where the call whose disagreement the error word holds leaves the digests it found: word
+// kDisagreementDigests + r of the own pad holds rank r's digest where it differed from
+// ours (ours at our own rank; 0: the same as ours), so synchronize() names every rank's
+// call (DISAGREEMENT_DIGESTS_SLOT in window/layout.py).
+constexpr int kDisagreementDigests = 277;
 
 struct CollectiveArgs {
   char* windows[kMaxRanks];        // every rank's window, mapped here
