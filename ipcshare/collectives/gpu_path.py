@@ -26,6 +26,7 @@ from typing import Any
 from ..backends.device_buffer import DeviceArray, DeviceBuffer
 from ..runtime.errors import CollectiveError
 from ..window.layout import (
+    DISAGREEMENT_DIGESTS_SLOT,
     ERROR_SLOT,
     FLAG_BARRIER_RANKS,
     FLAG_BARRIER_SLOT_BASE,
@@ -690,6 +691,7 @@ class GpuPath:
         # Kernels that move bytes count bytes (all-to-all-v: the arrays' elements, per call).
         byte_ops = ("all_gather", "all_to_all")
         args.count = signature.nbytes if signature.op in byte_ops else signature.count
+        args.itemsize = signature.itemsize   # the copy-engine all-reduce's guard sizes by it
         args.digest = signature.digest
         bound = _BoundCall(args, cu_stream)
         ll_max_bytes = self.layout.ll_max_bytes
@@ -749,11 +751,31 @@ class GpuPath:
             self.window.engine.synchronize()
             raise CollectiveError(splits_problem(code))
         if code >> 48 == _DISAGREEMENT:
-            raise CollectiveError(
-                f"rank {self.rank}: ranks disagree on a collective call (found on the GPU "
-                f"at call {code & 0xFFFFFFFFFFFF} of this communicator): every rank must "
-                "make the same calls in the same order")
+            raise self._disagreement(code & 0xFFFFFFFFFFFF)
         self.window.raise_kernel_error("a collective kernel")
+
+    def _disagreement(self, call: int) -> CollectiveError:
+        """The error of call ``call``, whose ranks' digests differed: what each rank called,
+        by the digests the kernel that found it left in our pad (DISAGREEMENT_DIGESTS_SLOT)
+        and the signatures agreed before (a later call of shapes every rank made before),
+        the same line on every rank; without them, the call's number alone."""
+        pad = self.window.signal_pad(self.rank)
+        words = self.window.engine.download(
+            pad.slice(DISAGREEMENT_DIGESTS_SLOT * 8, self.size * 8)).view("<u8")
+        digests = [int(word) for word in words]
+        own = digests[self.rank]
+        where = f"found on the GPU at call {call} of this communicator"
+        if not own:
+            return CollectiveError(
+                f"rank {self.rank}: ranks disagree on a collective call ({where}): every "
+                "rank must make the same calls in the same order")
+        known = {signature.digest: signature.describe() for signature in self._agreed}
+        descriptions = [known.get(digest or own, f"a call of digest 0x{digest or own:016x} "
+                                                 "(a shape this rank never agreed)")
+                        for digest in digests]
+        error = disagreement_error(descriptions)
+        return CollectiveError(f"{error} ({where}); every rank must make the same calls in "
+                               "the same order")
 
     def close(self) -> None:
         """Close the window, then unmap the guests' allocations and free the

@@ -62,6 +62,7 @@ COLLECTIVE_UNITS: dict[str, tuple[str, ...]] = {
                                "all_gather_stepped_bytes", "guest_copy_out_bytes",
                                *(f"stage_and_publish_{kind}" for kind in ("bytes", *_DTYPES))),
     "collectives_copy_engine.cu": (*_reductions("all_reduce_copy_engine"), "publish_call",
+                                   "guard_all_to_all_output", "guard_all_reduce_output",
                                    "finish_call"),
 }
 # The name under which a backend's ``kernels()`` gives every collective unit at once.

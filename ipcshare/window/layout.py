@@ -21,8 +21,8 @@ __all__ = [
     "GUEST_ROW_SHIFT", "GUEST_OFFSET_SHIFT", "GUEST_REGISTERED", "GUEST_LEADER_STAGES",
     "GUEST_IMPORTED", "TRITON_BARRIER_SLOT_BASE", "TRITON_BARRIER_RANKS",
     "TRITON_EPOCH_SLOT", "TRITON_USER_SLOT_BASE",
-    "GUEST_READY_SLOT", "GUEST_DONE_SLOT", "GUEST_RESULT_SLOT", "STAGING_SLOTS",
-    "INBOX_HEADER_BYTES", "INBOX_BARRIER_WORD_BASE",
+    "GUEST_READY_SLOT", "GUEST_DONE_SLOT", "DISAGREEMENT_DIGESTS_SLOT", "GUEST_RESULT_SLOT",
+    "STAGING_SLOTS", "INBOX_HEADER_BYTES", "INBOX_BARRIER_WORD_BASE",
     "INBOX_READY_WORD_BASE", "INBOX_FREE_WORD_BASE", "slot_bytes_for", "slot_stride",
     "relay_staging_bytes", "inbox_bytes",
 ]
@@ -117,16 +117,22 @@ GUEST_LEADER_STAGES = 2
 GUEST_IMPORTED = 4
 GUEST_READY_SLOT = GUEST_CALL_SLOT + GUEST_CALL_WORDS
 GUEST_DONE_SLOT = GUEST_READY_SLOT + 1
-# Set to 1 by the leader's work kernel where it did the guest's call (every rank's digest
-# agreed); the guest's stream clears it with the call's words. A guest whose output its
-# leader cannot reach copies the result out of its result area 0 only where it is 1
-# (guest_copy_out in kernels/src/collectives/stepped.cuh), so a call that failed, for
-# instance one a rank refused, leaves the output as it was (kGuestResultSlot).
-GUEST_RESULT_SLOT = GUEST_DONE_SLOT + 1
+# A kernel that records a disagreement in the error word leaves the digests it compared in
+# MAX_KERNEL_RANKS own-pad words from here: word r holds rank r's where it differed from
+# the rank's own (its own at its rank, 0 where the same), so the error names every rank's
+# call (kDisagreementDigests in kernels/src/collectives/args.cuh).
+DISAGREEMENT_DIGESTS_SLOT = GUEST_DONE_SLOT + 1
+# After those 8 (MAX_KERNEL_RANKS) words: set to 1 by the leader's work kernel where it did
+# a guest's stepped call (every rank's digest agreed); the guest's stream clears it with the
+# call's words. A guest whose output its leader cannot reach copies the result out of its
+# result area 0 only where it is 1 (guest_copy_out in kernels/src/collectives/stepped.cuh),
+# so a call that failed, for instance one a rank refused, leaves the output as it was
+# (kGuestResultSlot).
+GUEST_RESULT_SLOT = DISAGREEMENT_DIGESTS_SLOT + 8
 
 # -- user words that ipcshare.triton's device functions own ----------------------------
 # The top of the user words, far above what the communicator's calls use (up to
-# GUEST_DONE_SLOT): ``barrier_all`` of a Triton kernel stores into word
+# GUEST_RESULT_SLOT): ``barrier_all`` of a Triton kernel stores into word
 # TRITON_BARRIER_SLOT_BASE + i of every peer's pad (written only by rank i) and keeps
 # its epoch, which the kernel increments on the device, in TRITON_EPOCH_SLOT of the own
 # pad; words TRITON_USER_SLOT_BASE up to ERROR_SLOT are left for users' Triton signals.

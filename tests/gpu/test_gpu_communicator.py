@@ -323,8 +323,9 @@ def test_ranks_that_disagree_raise_on_every_rank(setup, comm):
                                   "copy-engine", "push"])
 def test_known_calls_made_out_of_step_are_found_on_the_gpu(comm, algo):
     """Both shapes agreed at first sight, then the ranks make different ones: the kernels
-    compare the headers' digests, skip the work, and synchronize() raises on every rank
-    (a communicator of its own: the error word stays set)."""
+    compare the headers' digests, skip the work (the copy-engine call's guard keeps its
+    output), and synchronize() raises on every rank, naming what each rank called (a
+    communicator of its own: the error word stays set)."""
     if comm.size < 2:
         pytest.skip("needs 2 ranks")
     with torch_communicator("cuda-vmm", 1 << 20) as (group, cm, stream):
@@ -337,11 +338,11 @@ def test_known_calls_made_out_of_step_are_found_on_the_gpu(comm, algo):
         mine = shapes[comm.rank % 2]
         before = mine.clone()
         cm.all_reduce(mine, algo=algo, stream=stream)
-        with pytest.raises(CollectiveError, match="ranks disagree on a collective call "
-                                                  r"\(found on the GPU"):
+        with pytest.raises(CollectiveError) as raised:
             cm.synchronize(stream)
-        if algo != "copy-engine":  # its copies run whatever the kernel found
-            assert torch.equal(mine, before)  # the work was skipped
+        assert str(raised.value) == _named_disagreement(comm.size, "all_reduce", (1000, 1004),
+                                                        "float32", "sum", algo, raised)
+        assert torch.equal(mine, before)  # the work was skipped
 
 
 def test_an_ll_all_gather_made_out_of_step_writes_no_output(comm):
@@ -366,10 +367,29 @@ def test_an_ll_all_gather_made_out_of_step_writes_no_output(comm):
         before = out.clone()
         cm.all_gather(out, torch.full((count,), 3, dtype=torch.uint8, device=device),
                       algo="ll", stream=stream)
-        with pytest.raises(CollectiveError, match="ranks disagree on a collective call "
-                                                  r"\(found on the GPU"):
+        with pytest.raises(CollectiveError) as raised:
             cm.synchronize(stream)
+        assert str(raised.value) == _named_disagreement(comm.size, "all_gather", sizes,
+                                                        "uint8", None, "ll", raised)
         assert torch.equal(out, before)  # nothing written, our own block included
+
+
+def _named_disagreement(size: int, op: str, counts: tuple[int, int], dtype: str,
+                        redop: str | None, algo: str, raised) -> str:
+    """The line every rank raises where even ranks call ``op`` of ``counts[0]`` elements
+    and odd ranks of ``counts[1]`` (both agreed earlier), found on the GPU at the call
+    ``raised`` names."""
+    from ipcshare.collectives.agreement import Signature
+    from ipcshare.topology.world import format_ranks
+
+    itemsize = {"float32": 4, "uint8": 1}[dtype]
+    what = [Signature(op, count, dtype, itemsize, redop, algo).describe() for count in counts]
+    evens, odds = list(range(0, size, 2)), list(range(1, size, 2))
+    verb = "call" if len(evens) > 1 else "calls"
+    call = str(raised.value).rsplit("found on the GPU at call ", 1)[1].split()[0]
+    return (f"ranks disagree on a collective call: {format_ranks(evens)} {verb} {what[0]}, "
+            f"{format_ranks(odds)} {what[1]} (found on the GPU at call {call} of this "
+            "communicator); every rank must make the same calls in the same order")
 
 
 # Every algorithm of the barrier family, in an order that puts each after each other one.

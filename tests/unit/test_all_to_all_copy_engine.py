@@ -14,7 +14,7 @@ import pytest
 from ipcshare.collectives.agreement import Signature
 from ipcshare.collectives.algorithms import algorithm, algorithm_names
 from ipcshare.collectives.algorithms.gpu_all_to_all_copy_engine import copy_plan
-from ipcshare.collectives.algorithms.gpu_copy_engine import merged_copies
+from ipcshare.collectives.algorithms.gpu_copy_engine import GUARD_BLOCKS, merged_copies
 from ipcshare.collectives.algorithms.gpu_kernel import GpuCall
 from ipcshare.collectives.scratch import ScratchLayout
 from ipcshare.runtime.errors import CollectiveError, ConfigError
@@ -75,27 +75,25 @@ def _deliver(size: int, block_count: int, itemsize: int, in_place: bool) -> None
         for dst, src, nbytes in plan.sends:
             assert nbytes == block > 0
             receiver = node.owner_of_inbox(dst, nbytes)
-            if receiver is None:  # our own block, input to output, at its place
-                assert not in_place
-                assert (dst, src) == (node.outputs[rank] + rank * block,
-                                      node.inputs[rank] + rank * block)
-                output_writes[rank][rank * block:(rank + 1) * block] += 1
-                continue
-            # Block q of our input into slot `rank` of rank q's inbox.
-            assert receiver != rank
+            # Block q of our input into slot `rank` of rank q's inbox, ours too (not in
+            # place): every copy into the output reads the inbox, after the guard.
+            assert receiver is not None
+            assert not (receiver == rank and in_place)
             assert src == node.inputs[rank] + receiver * block
             assert dst == node.inboxes[receiver] + rank * block
             inbox_writes[receiver][rank * block:(rank + 1) * block] += 1
         for dst, src, nbytes in plan.receives:
-            # From our inbox into our output at the same place, never our own slot.
+            # From our inbox into our output at the same place; our own slot not in place.
             start = src - node.inboxes[rank]
             assert node.owner_of_inbox(src, nbytes) == rank
             assert dst == node.outputs[rank] + start
-            assert not _overlap((start, nbytes), (rank * block, block))
+            if in_place:
+                assert not _overlap((start, nbytes), (rank * block, block))
             output_writes[rank][start:start + nbytes] += 1
     for rank in range(size):
         slots = np.ones(count * itemsize, np.int64)
-        slots[rank * block:(rank + 1) * block] = 0
+        if in_place:
+            slots[rank * block:(rank + 1) * block] = 0
         assert np.array_equal(inbox_writes[rank][:count * itemsize], slots)
         assert not inbox_writes[rank][count * itemsize:].any()
         # In place our own block is never written: it is there already.
@@ -139,16 +137,18 @@ def test_the_receives_are_merged_into_the_runs_before_and_after_our_block(size):
     block_count, itemsize = 5, 4
     node = _Node(size, size * block_count, itemsize, in_place=False)
     for rank, plan in enumerate(node.plans(size * block_count, itemsize)):
-        # One copy per side of our own block that has any block.
-        assert len(plan.receives) == (rank > 0) + (rank < size - 1)
+        # One copy of the whole inbox (our own block's slot included).
+        assert len(plan.receives) == 1
         assert len(plan.sends) == size  # one per peer, and our own block
         # Rotated: the next rank first, so no rank is every sender's first target.
         if size > 1:
             first = node.owner_of_inbox(plan.sends[0][0], plan.sends[0][2])
             assert first == (rank + 1) % size
     in_place = _Node(size, size * block_count, itemsize, in_place=True)
-    for plan in in_place.plans(size * block_count, itemsize):
+    for rank, plan in enumerate(in_place.plans(size * block_count, itemsize)):
         assert len(plan.sends) == size - 1   # our own block is already where it goes
+        # One copy per side of our own block that has any block.
+        assert len(plan.receives) == (rank > 0) + (rank < size - 1)
 
 
 def test_merged_copies_join_runs_adjacent_on_both_sides_only():
@@ -183,22 +183,23 @@ def _steps(size: int, count: int, itemsize: int = 4) -> list[list[tuple]]:
 @pytest.mark.parametrize("size", SIZES)
 def test_every_rank_publishes_copies_meets_copies_finishes_and_meets_again(size):
     steps = _steps(size, size * 3)
-    frame = [("kernel", "publish_call", 1), ("meet", 0), ("kernel", "finish_call", 1),
-             ("meet", 1)]
+    frame = [("kernel", "publish_call", 1), ("meet", 0),
+             ("kernel", "guard_all_to_all_output", GUARD_BLOCKS),
+             ("kernel", "finish_call", 1), ("meet", 1)]
     for rank, mine in enumerate(steps):
         # Kernels and meetings alike on every rank, both flag sets in every call (they
-        # alternate whatever call follows: docs/MEMORY-ORDERING.md).
+        # alternate whatever call follows: docs/MEMORY-ORDERING.md); the guard before the
+        # only copy into the output.
         assert [step for step in mine if step[0] != "copy"] == frame
-        receives = (rank > 0) + (rank < size - 1)
-        want = [frame[0], ("copy", size), frame[1]]
-        want += [("copy", receives)] if receives else []
-        assert mine == [*want, *frame[2:]], rank
+        want = [frame[0], ("copy", size), frame[1], frame[2], ("copy", 1)]
+        assert mine == [*want, *frame[3:]], rank
 
 
 def test_an_empty_call_still_publishes_finishes_and_meets_but_copies_nothing():
     for size in (1, 2, 5):
         for mine in _steps(size, 0):
             assert mine == [("kernel", "publish_call", 1), ("meet", 0),
+                            ("kernel", "guard_all_to_all_output", GUARD_BLOCKS),
                             ("kernel", "finish_call", 1), ("meet", 1)]
 
 

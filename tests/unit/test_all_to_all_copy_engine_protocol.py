@@ -9,8 +9,9 @@ peer's staging area and ends with no barrier, so a slow peer may still read a st
 0 when a fast one has begun its next call. The checks: no stream waits for ever, every
 call of every rank gets its bytes (a copy that overwrote an inbox or a staging area still
 being read shows as a wrong byte), and ranks making the same calls never find a
-disagreement, while ranks that do not all find it. Without ``publish_call``'s wait for the
-peers' previous call, some order gives a wrong byte."""
+disagreement, while ranks that do not all find it and leave every output as it was.
+Without ``publish_call``'s wait for the peers' previous call, some order gives a wrong
+byte."""
 
 from __future__ import annotations
 
@@ -51,6 +52,8 @@ class _Node:
         self.headers: dict[tuple[int, int], int] = {}   # (rank, parity) -> digest
         self.disagreements: set[tuple[int, int]] = set()  # (rank, call) that found one
         self.checks: list[tuple[int, int, np.ndarray]] = []  # (output, call, bytes)
+        # (rank, call) -> (output, bytes, what it held before) of every all-to-all
+        self.untouched: dict[tuple[int, int], tuple[int, int, np.ndarray]] = {}
         self.publish_waits = publish_waits
         pads = {rank: Pad(rank) for rank in range(size)}
         self.streams = {}
@@ -77,6 +80,14 @@ class _Node:
             if any(self.headers.get((r, parity)) != digest for r in range(self.size)):
                 self.disagreements.add((me, number))
         return ("op", compare)
+
+    def _keep_output(self, me: int, number: int, output: int, nbytes: int) -> tuple:
+        """The guard's copy, where this call found a disagreement: the output into the
+        inbox, which the copies after it then write back."""
+        def keep() -> None:
+            if (me, number) in self.disagreements:
+                self.memory.copy([(self._staging(me, 0), output, nbytes)])
+        return ("op", keep)
 
     def _end(self, me: int, epoch: int) -> tuple:
         return ("batch", [("write", me, ONE_SHOT_EPOCH_SLOT, epoch)])
@@ -106,16 +117,21 @@ class _Node:
                  for q in range(n)])))
             signature = Signature("all_to_all", n * block, "uint8", 1, None, "copy-engine")
 
+            self.untouched[(me, number)] = (output, n * block,
+                                            memory.at(output, n * block).copy())
+
             def launch(entry: str, blocks: int) -> None:
-                assert blocks == 1
                 if entry == "publish_call":
+                    assert blocks == 1
                     items.append(self._publish(me, parity, signature.digest))
                     if self.publish_waits and others:
                         items.append(("batch", [("wait", r, ONE_SHOT_EPOCH_SLOT, epoch - 1)
                                                 for r in others]))
-                else:
-                    assert entry == "finish_call"
+                elif entry == "guard_all_to_all_output":
                     items.append(self._compare(me, number, parity, signature.digest))
+                    items.append(self._keep_output(me, number, output, n * block))
+                else:
+                    assert (entry, blocks) == ("finish_call", 1)
                     items.append(self._end(me, epoch))
             args = SimpleNamespace(rank=me, input=source, output=output, windows=self.windows,
                                    staging_offset=[self.layout.staging_offset(p)
@@ -188,6 +204,9 @@ def test_ranks_that_make_different_calls_all_find_it_and_none_waits_for_ever():
         node = _Node(size, calls, odd_rank_count=2)   # rank 0's third call is larger
         node.run(seed)
         assert node.disagreements == {(rank, 2) for rank in range(size)}, (size, seed)
-        # Every other call is right, before and after it.
+        # Every other call is right, before and after it; that one moved no element.
         wrong = node.wrong_outputs()
         assert all(place % len(calls) == 2 for place in wrong), (size, seed, wrong)
+        for rank in range(size):
+            output, nbytes, before = node.untouched[(rank, 2)]
+            assert np.array_equal(node.memory.at(output, nbytes), before), (size, seed)

@@ -64,6 +64,7 @@ def test_collective_call_header_matches_the_layout():
                    "kGuestCallSlot": layout.GUEST_CALL_SLOT,
                    "kGuestResultSlot": layout.GUEST_RESULT_SLOT}
     assert {name: source[name] for name in guest_words} == guest_words
+    assert source["kDisagreementDigests"] == layout.DISAGREEMENT_DIGESTS_SLOT
 
 
 def test_low_latency_lines_match_the_scratch_layout():
@@ -101,6 +102,11 @@ def test_pad_regions_do_not_overlap():
 def test_user_words_of_the_collectives_stay_in_the_user_region():
     last = max(layout.USER_SLOT_BASE + 2 * layout.HEADER_WORDS, layout.LL_CLEANED_SLOT + 2)
     assert last <= layout.ERROR_SLOT
+    # The guest words, the disagreement's digests and the guest's RESULT word, one after
+    # another, below the words of ipcshare.triton.
+    assert layout.GUEST_DONE_SLOT < layout.DISAGREEMENT_DIGESTS_SLOT
+    assert (layout.DISAGREEMENT_DIGESTS_SLOT + MAX_KERNEL_RANKS == layout.GUEST_RESULT_SLOT
+            < layout.TRITON_BARRIER_SLOT_BASE)
     assert layout.HEADER_REGISTRATION < layout.HEADER_OUTPUT_REGISTRATION < layout.HEADER_WORDS
 
 

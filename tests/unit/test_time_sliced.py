@@ -58,10 +58,14 @@ def test_the_users_own_memory_costs_the_guest_a_copy_each_way():
 
 
 def test_the_guest_words_lie_in_the_user_region_apart_from_the_headers():
+    from ipcshare.kernels.launcher import MAX_KERNEL_RANKS
+
     words = set(range(layout.GUEST_CALL_SLOT, layout.GUEST_CALL_SLOT + layout.GUEST_CALL_WORDS))
     words |= {layout.GUEST_READY_SLOT, layout.GUEST_DONE_SLOT, layout.GUEST_RESULT_SLOT}
     taken = {layout.USER_SLOT_BASE + w for w in range(2 * layout.HEADER_WORDS)}
     taken |= {layout.LL_CLEANED_SLOT, layout.LL_CLEANED_SLOT + 1}
+    taken |= set(range(layout.DISAGREEMENT_DIGESTS_SLOT,
+                       layout.DISAGREEMENT_DIGESTS_SLOT + MAX_KERNEL_RANKS))
     assert len(words) == layout.GUEST_CALL_WORDS + 3 and not words & taken
     assert layout.USER_SLOT_BASE <= min(words) and max(words) < layout.ERROR_SLOT
     fields = [layout.GUEST_DIGEST, layout.GUEST_INPUT, layout.GUEST_OUTPUT]

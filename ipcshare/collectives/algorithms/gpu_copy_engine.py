@@ -16,7 +16,11 @@ copy_engine.cuh has the safety argument):
    output;
 5. copies of that chunk into every peer's result area 0, at the chunk's place;
 6. a flag barrier (``meet(1)``);
-7. local copies of the other chunks from our result area into our output.
+7. ``guard_all_reduce_output``: where the ranks' digests differ (a rank refused the call
+   and carries a mark: collectives/call_marks.py), our result area is first filled from
+   our output, so that step 8 writes the output's own bytes back and no element moves
+   (the kernel of step 4 writes nothing then);
+8. local copies of the other chunks from our result area into our output.
 
 No peer reads our input or output, so any output may be the input (in place) and
 nothing is staged. Every step's cost is fixed per call (about ten stream operations), so
@@ -29,7 +33,11 @@ from __future__ import annotations
 from .gpu_kernel import GpuCall
 from .gpu_two_shot import GpuTwoShotAllReduce, chunk_elements, chunk_spans
 
-__all__ = ["GpuCopyEngineAllReduce", "merged_copies"]
+__all__ = ["GUARD_BLOCKS", "GpuCopyEngineAllReduce", "merged_copies"]
+
+# Blocks of the guards before a copy-engine call's last copies (copy_engine.cuh): each
+# compares the digests (a few loads) and, only where the call failed, copies its share.
+GUARD_BLOCKS = 8
 
 
 class GpuCopyEngineAllReduce(GpuTwoShotAllReduce):
@@ -58,6 +66,7 @@ class GpuCopyEngineAllReduce(GpuTwoShotAllReduce):
                         args.output + own_offset, own_bytes)
                        for peer in range(size) if peer != me])
         call.meet(1)
+        call.launch("guard_all_reduce_output", GUARD_BLOCKS)
         result = args.windows[me] + args.result_offset[0]
         call.copy(merged_copies([(args.output + offset, result + offset, nbytes)
                            for peer, (offset, nbytes) in enumerate(spans)

@@ -195,7 +195,8 @@ __device__ __forceinline__ bool read_headers_and_rows(const CollectiveArgs& a, C
       // Every rank that differs is recorded: a refused call's mark must reach the
       // error word from every rank that refused (the lowest one's is kept).
       if (heads[q][kHeaderDigest] != a.digest) {
-        record_disagreement(a.pads[a.rank], call.epoch, a.digest, heads[q][kHeaderDigest]);
+        record_disagreement(a.pads[a.rank], call.epoch, a.digest, heads[q][kHeaderDigest], q,
+                            a.rank);
         failed = 1;
       }
     }

@@ -70,7 +70,8 @@ __device__ __forceinline__ bool push_v_meet(const CollectiveArgs& a, Call& call,
     for (int q = 0; q < n && met; ++q) {
       // Every rank that differs is recorded (a refused call's mark, the lowest kept).
       if (heads[q][kHeaderDigest] != a.digest) {
-        record_disagreement(a.pads[a.rank], call.epoch, a.digest, heads[q][kHeaderDigest]);
+        record_disagreement(a.pads[a.rank], call.epoch, a.digest, heads[q][kHeaderDigest], q,
+                            a.rank);
         verdict = 1;
       }
     }

@@ -40,11 +40,17 @@ constexpr u64 kGuestLeaderStages = 2;
 constexpr u64 kGuestImported = 4;
 // The first of a guest's call words in its pad (GUEST_CALL_SLOT in window/layout.py).
 constexpr int kGuestCallSlot = 272;
-// The guest's word that the leader's work kernel sets to 1 where it did the call (every
-// digest agreed): guest_copy_out copies the result out only then (GUEST_RESULT_SLOT).
-constexpr int kGuestResultSlot = 277;
 // Error-word code of a call whose ranks disagree (peer field all ones; see gpu_path.py).
 constexpr u64 kDisagreement = 0xFFFFull << 48;
+// Where the call whose disagreement the error word holds leaves the digests it found: word
+// kDisagreementDigests + r of the own pad holds rank r's digest where it differed from
+// ours (ours at our own rank; 0: the same as ours), so synchronize() names every rank's
+// call (DISAGREEMENT_DIGESTS_SLOT in window/layout.py).
+constexpr int kDisagreementDigests = 277;
+// The guest's word that the leader's work kernel sets to 1 where it did the call (every
+// digest agreed), after the kMaxRanks digest words: guest_copy_out copies the result out
+// only then (GUEST_RESULT_SLOT).
+constexpr int kGuestResultSlot = 285;
 
 struct CollectiveArgs {
   char* windows[kMaxRanks];        // every rank's window, mapped here

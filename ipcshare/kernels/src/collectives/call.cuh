@@ -110,15 +110,23 @@ __device__ __forceinline__ bool mark_outranks(u64 value, u64 seen) {
   return is_mark(seen) && same_call && mark_rank(value) < mark_rank(seen);
 }
 
-// Record in our error word (in `own_pad`) that the ranks' calls of `epoch` differ: ours has
-// digest `own`, a peer's `peer`. A refused call's mark (ours or the peer's) is recorded with
-// the call's epoch in its low 24 bits (mark_outranks says what it replaces); otherwise the
-// first error of the call wins.
+// Record in our error word (in `own_pad`) that the ranks' calls of `epoch` differ: ours (rank
+// `own_rank`) has digest `own`, rank `peer_rank`'s `peer`. A refused call's mark (ours or the
+// peer's) is recorded with the call's epoch in its low 24 bits (mark_outranks says what it
+// replaces); otherwise the first error of the call wins, and the call that holds the word
+// leaves both digests at kDisagreementDigests (the same values from every block and
+// thread of that call, so stores in any order agree).
 __device__ __forceinline__ void record_disagreement(u64* own_pad, u64 epoch, u64 own,
-                                                    u64 peer) {
+                                                    u64 peer, int peer_rank, int own_rank) {
   u64* word = own_pad + ipcshare::kErrorWord;
   if (!is_mark(peer) && !is_mark(own)) {
-    atomicCAS(word, 0ull, kDisagreement | (epoch & 0xFFFFFFFFFFFFull));
+    const u64 value = kDisagreement | (epoch & 0xFFFFFFFFFFFFull);
+    const u64 seen = atomicCAS(word, 0ull, value);
+    if (seen == 0 || seen == value) {
+      volatile u64* digests = own_pad + kDisagreementDigests;
+      digests[peer_rank] = peer;
+      digests[own_rank] = own;
+    }
     return;
   }
   const u64 mark =
@@ -156,7 +164,7 @@ __device__ __forceinline__ void read_headers(const CollectiveArgs& a, Call& call
         : a.windows[threadIdx.x];
     if (flags & kFlagZeroCopy) atomicOr(&hold, 1);
     if (digest != a.digest) {
-      record_disagreement(own, call.epoch, a.digest, digest);
+      record_disagreement(own, call.epoch, a.digest, digest, threadIdx.x, a.rank);
       atomicOr(&failed, 1);
     }
   }

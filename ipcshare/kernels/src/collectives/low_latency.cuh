@@ -101,7 +101,7 @@ __device__ __forceinline__ void ll_check_digests(const CollectiveArgs& a, LLCall
       ipcshare::record_timeout(a.pads[a.rank], t, call.epoch);
       atomicOr(&failed, 1);
     } else if (digest != a.digest) {
-      record_disagreement(a.pads[a.rank], call.epoch, a.digest, digest);
+      record_disagreement(a.pads[a.rank], call.epoch, a.digest, digest, t, a.rank);
       atomicOr(&failed, 1);
     }
   }
