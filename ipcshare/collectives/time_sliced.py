@@ -293,7 +293,7 @@ class GuestSteps:
         # One batch of stream memory operations per distinct call: eager calls on the
         # same arrays reuse theirs.
         self._batches: dict[tuple, Callable[[], None]] = {}
-        self._copies_out: dict[tuple[int, int], Callable[[], None]] = {}
+        self._copies_out: dict[tuple[int, int, int], Callable[[], None]] = {}
         self.placement: GuestPlacement | None = None
         self.digest = 0
         self.input: tuple[int, int] = (0, 0)
