@@ -20,7 +20,7 @@ import json
 from importlib import metadata
 from pathlib import Path
 
-from .compiler import KernelBuild, _package_dir
+from .build_key import KernelBuild, package_dir
 
 __all__ = ["SHIPPED_DIR_NAME", "MANIFEST_NAME", "MANIFEST_FORMAT", "DEFAULT_ARCHS",
            "ShippedCubin", "shipped_dir", "read_manifest", "manifest_facts", "installed_nvrtc",
@@ -54,7 +54,7 @@ class ShippedCubin:
 
 def shipped_dir() -> Path:
     """The package's folder of shipped CUBINs (it may not exist: a build that shipped none)."""
-    return _package_dir() / SHIPPED_DIR_NAME
+    return package_dir() / SHIPPED_DIR_NAME
 
 
 def manifest_facts(directory: Path | None = None) -> dict:

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from ipcshare.kernels import build, compiler, shipped
+from ipcshare.kernels import build, build_key, compiler, shipped
 from ipcshare.runtime.errors import KernelCompileError
 
 
@@ -95,8 +95,8 @@ def test_the_cache_key_does_not_depend_on_where_the_package_lies(slow_compiler, 
 
     compiler.compile_kernel_source("barrier.cu")
     moved = tmp_path / "elsewhere"
-    shutil.copytree(compiler._package_dir(), moved)
-    monkeypatch.setattr(compiler, "_package_dir", lambda: moved)
+    shutil.copytree(build_key.package_dir(), moved)
+    monkeypatch.setattr(build_key, "package_dir", lambda: moved)
     assert compiler.include_dir() == moved / "include"
     compiler.compile_kernel_source("barrier.cu")
     assert slow_compiler == ["barrier.cu"]  # found in the cache
