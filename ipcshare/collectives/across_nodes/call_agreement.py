@@ -4,18 +4,19 @@ group before any step moves an element.
 A call that one rank's own checks refuse is still one call for every rank
 (call_marks.py). On one node the call's first meeting carries the refusing rank's mark.
 Across nodes there is no such meeting: each call is steps inside the nodes and steps on
-the rails, the rails' engine does not read what the node steps found (NCCL queues the
-rail step on the stream before any node step has run), and the first step of an
-all-reduce writes the user's output on every node that did not refuse. So the ranks
-agree first: each rank gives its call's signature digest, or ``REFUSED`` where its checks
-refused the call, and one MPI all-reduce of two words (the lowest word, and the lowest
-negated: the highest) tells every rank whether every rank gave the same digest. Only
-then does a step start. Where they did not (an error path), every rank sends what it
+the rails; a rail step's MPI collective needs every rail rank's count, which a refusing
+rank does not know; the all-gather's first step is a rail step, and the all-reduce's
+first step writes the user's output on every node that did not refuse; NCCL queues the
+rail step on the stream before any node step has run. So the ranks agree first: each
+rank gives its call's signature digest, or ``REFUSED`` where its checks refused the
+call, and one MPI all-reduce of two words (the lowest word, and the lowest negated: the
+highest) tells every rank whether every rank gave the same digest. Only then does a
+step start. Where they did not (an error path), every rank sends what it
 calls or why it refused, and every rank raises the same one-line error in that call; no
 element moved anywhere, and the ranks stay in step.
 
-Cost on the good path: one non-blocking all-reduce of 16 bytes over the group per call,
-waited for as the rail steps wait (docs/RELIABILITY.md gives the figure measured).
+Cost on the good path: one persistent all-reduce of 16 bytes over the group per call,
+waited for as the rail steps wait (docs/RELIABILITY.md, R9, gives the figures measured).
 """
 
 from __future__ import annotations
