@@ -235,3 +235,24 @@ def test_every_rank_refusing_alike_is_said_once(comm):
     assert message.count("not built") == 1
     _check_good_calls(c, me, n)
     assert_closes_within_a_second(comm, c, g)
+
+
+def test_a_call_whose_scratch_finds_no_room_on_one_rank_is_every_ranks_error(comm):
+    """The last rank's empty() arrays fill its node heap, where a call's scratch goes:
+    that rank refuses the call as a check would, every rank raises naming it, and once
+    the arrays are gone the next good calls are right on every rank."""
+    me, n = comm.rank, comm.size
+    g, c = _open()
+    hog = []
+    if me == n - 1:
+        with pytest.raises(CollectiveError, match="heap's largest free piece"):
+            while True:
+                hog.append(c.empty((1024,), "uint8"))
+    with pytest.raises(CollectiveError) as caught:
+        _gather(c, me, n)
+    message = _same_on_every_rank(comm, str(caught.value))
+    assert re.match(rf"all_gather: rank {n - 1}'s scratch failed its check there \(empty\(.*"
+                    r"heap's largest free piece", message), message
+    del caught, hog
+    _check_good_calls(c, me, n)
+    assert_closes_within_a_second(comm, c, g)
