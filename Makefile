@@ -77,6 +77,7 @@ refused-repeat: $(VENV)/.installed
 	for n in 2 3; do \
 	  IPCSHARE_SIGNAL_TIMEOUT=10 $(MPIEXEC) -n $$n $(PY) tools/checks/refused_calls_repeat.py $(REPEAT_ARGS) || exit 1; \
 	done
+	IPCSHARE_SIGNAL_TIMEOUT=10 $(MPIEXEC) -n 4 $(PY) tools/checks/refused_calls_repeat.py --nodes 2 $(REPEAT_ARGS)
 
 # Long run, not part of `make test`: the socket attacks and the stopped rank, 20-50 real
 # jobs each (docs/RELIABILITY.md, faults 44-47); needs unshare (root or user namespaces).

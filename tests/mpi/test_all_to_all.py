@@ -437,8 +437,8 @@ def test_a_group_spanning_nodes_runs_all_to_all_hierarchically(comm, monkeypatch
                                                                per_node_nodes):
     """Virtual nodes of this machine, the MPI engine between them: all_to_all through the
     node's IPC and the rails, bit-exact against MPI's Alltoall over the whole world, odd
-    blocks, every dtype, in place and bound; all_to_all_v refused on every rank, in one
-    line, and the communicator still works after it."""
+    blocks, every dtype, in place and bound; all_to_all_v refused by every rank, said
+    once in one line, and the communicator still works after it."""
     n = comm.size
     nodes = n if per_node_nodes == "one-per-node" else 2
     if n % nodes or nodes < 2:
@@ -468,7 +468,8 @@ def test_a_group_spanning_nodes_runs_all_to_all_hierarchically(comm, monkeypatch
         with pytest.raises(CollectiveError) as caught:
             c.all_to_all_v(data, data.copy(), [1] * n, [1] * n)
         message = str(caught.value)
-        assert message.startswith("all_to_all_v on a communicator spanning nodes is not "
-                                  "built") and f"across these {nodes} nodes" in message
+        assert message.startswith("all_to_all_v: every rank's collective failed its check "
+                                  "there (all_to_all_v on a communicator spanning nodes is "
+                                  "not built") and f"across these {nodes} nodes" in message
         assert "\n" not in message
         c.all_gather(np.zeros(n, np.float32), np.zeros(1, np.float32))  # still works

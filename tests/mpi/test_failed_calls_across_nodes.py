@@ -54,11 +54,12 @@ def test_a_call_across_nodes_that_timed_out_ends_the_calls(comm):
         first = "returned"
     except SignalTimeout:   # in a step inside the node
         first = "timeout"
-    except ipcshare.ExchangeTimeout as exc:   # in the rail step: before, no deadline
+    except ipcshare.ExchangeTimeout as exc:   # in the call's agreement or a rail step
         assert "between nodes: not every rank arrived within 1 s" in str(exc)
         first = "timeout"
-    # Rank 0 gave up on its node peer; the other node then waits in the rail step for
-    # it, and rank 1 in the last step for rank 0: every rank's call failed.
+    # The other ranks gave up on rank 1 in the agreement that starts the call; rank 1,
+    # late, completes that agreement with their abandoned parts and then waits for its
+    # node peer in the first step: every rank's call failed.
     assert first == "timeout"
     with pytest.raises(CollectiveError, match="takes no more calls"):
         c.all_reduce(np.full(4, comm.rank + 1, np.float32))

@@ -19,6 +19,7 @@ from ipcshare.collectives.algorithms.host_all_to_all import (
     splits_disagreement,
 )
 from ipcshare.collectives.call_guard import CallGuard
+from ipcshare.collectives.call_marks import ArgumentProblem
 from ipcshare.collectives.communicator import Communicator
 from ipcshare.runtime.errors import CollectiveError
 
@@ -163,11 +164,18 @@ def _fake(cls: type, memory: str, nodes: int = 1) -> Communicator:
 def test_all_to_all_is_refused_where_it_cannot_run(cls, memory, nodes, message):
     comm = _fake(cls, memory, nodes)
     array = np.zeros(4, np.float32)
+    if cls is NodesCommunicator:
+        # The check refuses the collective as an argument: the call still takes part in
+        # the group's agreement, so every rank raises (tests/mpi/test_all_to_all.py,
+        # test_refused_calls_across_nodes.py); across nodes all_to_all runs.
+        with pytest.raises(ArgumentProblem, match=message) as caught:
+            comm._refuse_all_to_all("all_to_all_v")
+        assert caught.value.argument == "collective"
+        return
     calls = [lambda: comm.all_to_all_v(array, array, [1, 1], [1, 1]),
-             lambda: comm.bind("all_to_all_v", array, array, [1, 1], [1, 1])]
-    if cls is Communicator:   # across nodes all_to_all runs (tests/mpi/test_all_to_all.py)
-        calls += [lambda: comm.all_to_all(array, array),
-                  lambda: comm.bind("all_to_all", array, array)]
+             lambda: comm.bind("all_to_all_v", array, array, [1, 1], [1, 1]),
+             lambda: comm.all_to_all(array, array),
+             lambda: comm.bind("all_to_all", array, array)]
     for call in calls:
         with pytest.raises(CollectiveError, match=message):
             call()

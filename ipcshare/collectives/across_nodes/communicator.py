@@ -10,10 +10,12 @@ from collections.abc import Callable
 from typing import Any
 
 from ...runtime.errors import CollectiveError, Unsupported
-from ..agreement import Signature, disagreement_error
+from ..agreement import Signature
 from ..call_guard import FAILED_CALL_ERRORS, CallGuard
+from ..call_marks import ArgumentProblem
 from ..communicator import Communicator, _Call, _Refused, agree_on_sizes
 from ..scratch import ALIGN
+from .call_agreement import CallAgreement, Refusal
 from .choice import open_inter_engine
 from .hierarchy import (
     HostBytes,
@@ -38,8 +40,10 @@ class NodesCommunicator(Communicator):
     (``Group.communicator`` makes one where the group's world has more than one node).
 
     Every call is collective over the whole group, checked as on one node (the same
-    errors, naming arguments and values); ranks that disagree on a call raise on every
-    rank at the first call of that shape. The steps inside a node run on a node
+    errors, naming arguments and values). Every call starts with an agreement of the
+    whole group (call_agreement.py): a call that one rank's checks refuse, or ranks whose
+    calls differ, raise the same error on every rank in that call, before any element
+    moves, and the next good call is right everywhere. The steps inside a node run on a node
     communicator of ``max_bytes``; its heap holds ``empty()`` arrays (``heap_bytes``,
     default ``2 * max_bytes``) and the calls' scratch (``2 * max_bytes`` more). With the
     NCCL engine GPU calls are stream-ordered; with MPI they wait on the host for the rail
@@ -65,6 +69,7 @@ class NodesCommunicator(Communicator):
         self.per_node = check_even_nodes(world.node_of_rank, "Group.communicator across nodes")
         self._node: Communicator | None = None
         self._inter: Any = None
+        self._agreement: CallAgreement | None = None
         self._node_group = group.node_group()
         try:
             # The node's heap holds the user's empty() arrays and a call's two scratch
@@ -72,13 +77,17 @@ class NodesCommunicator(Communicator):
             node_heap = user_heap + 2 * max_bytes + 4 * ALIGN
             self._node = Communicator(self._node_group, max_bytes, heap_bytes=node_heap)
             self._inter = open_inter_engine(inter, group)
+            # Collective too (a persistent MPI request over the group's communicator).
+            self._agreement = CallAgreement(group)
         except BaseException:
             self._release()
             raise
         self.max_bytes, self.heap_bytes = self._node.max_bytes, user_heap
         self._path = self._node._path  # memory, device, window: the checks read them
-        self._agreed_signatures: dict[tuple, Signature] = {}
-        self._bound: OrderedDict[tuple, Callable[[], None]] = OrderedDict()
+        # Each call's signature by what the call asked: built (and its digest computed)
+        # once, looked up after that.
+        self._signatures: dict[tuple, Signature] = {}
+        self._bound: OrderedDict[tuple, _Steps] = OrderedDict()
         self._recent = None
         self._closed = False
 
@@ -128,10 +137,12 @@ class NodesCommunicator(Communicator):
         need every rank's splits on every rank of its node and rail first.
 
         Raises:
-            CollectiveError: for all_to_all_v (on every rank, which all make the call).
+            ArgumentProblem: for all_to_all_v (the call still takes part in its agreement,
+                so a rank that calls it while its peers call another collective does not
+                leave them waiting; every rank raises).
         """
         if call == "all_to_all_v":
-            raise CollectiveError(
+            raise ArgumentProblem("collective",
                 f"all_to_all_v on a communicator spanning nodes is not built: its "
                 f"hierarchical steps would need every pair's counts on the ranks that relay "
                 f"them; across these {self.group.world.node_count} nodes use all_to_all "
@@ -139,14 +150,44 @@ class NodesCommunicator(Communicator):
                 "group, or MPI's Alltoallv")
 
     def _resolve_call(self, call: _Call) -> None:
-        """Nothing here: each call's signature is agreed on when it runs (``_agreed``)."""
+        """Set the call's signature (built once per shape); its ranks agree on it each
+        time it runs (call_agreement.py).
+
+        Raises:
+            CollectiveError: an algorithm other than hierarchical / auto (a check on this
+                rank: the caller turns it into the refusal every rank raises).
+        """
+        if call.algo not in ("auto", HIERARCHICAL):
+            raise CollectiveError(f"algo={call.algo!r}: a communicator spanning nodes runs "
+                                  f"the {HIERARCHICAL} algorithm; pass algo='auto' or "
+                                  f"'{HIERARCHICAL}'")
+        inp = call.inp
+        key = (call.op, inp.count, inp.dtype, inp.itemsize, call.redop)
+        signature = self._signatures.get(key)
+        if signature is None:
+            signature = self._signatures[key] = Signature(
+                call.op, inp.count, inp.dtype, inp.itemsize, call.redop, HIERARCHICAL)
+        call.signature = signature
+
+    def _guess(self, collective: str, given: dict[str, Any]) -> None:
+        """None: a refused call across nodes launches nothing (its ranks agree before
+        any step), so it needs no guess of the peers' call."""
+        return None
 
     def _bind_call(self, call: _Call | _Refused) -> tuple[str, Callable[[], None]]:
-        _raise_refused(call)
-        description, run = self._guard.run(lambda: (self._agreed(call).describe(),
-                                                    self._bind(call)))
-        guard = self._guard
-        return description, lambda: guard.run(run)
+        guard, agreement = self._guard, self._agreement
+        refusal = _refusal(call) if isinstance(call, _Refused) else None
+        if refusal is None:
+            try:
+                steps = guard.run(lambda: self._bind(call))
+            except CollectiveError as exc:   # no room for its scratch: refused here
+                refusal = _no_room(call.op, exc)
+        if refusal is not None:
+            return (f"{call.op} (refused on rank {self.rank})",
+                    lambda: guard.run(lambda: agreement.refuse(refusal)))
+        op, signature = call.op, call.signature
+        return signature.describe(), lambda: guard.run(
+            lambda: steps.agree_and_run(agreement, op, signature))
 
     def synchronize(self, stream: Any = None) -> None:
         self._check_open()
@@ -167,16 +208,33 @@ class NodesCommunicator(Communicator):
         return self.group.backend.engine().stream
 
     def _run(self, call: _Call | _Refused, key: tuple | None = None) -> Any:
-        _raise_refused(call)
+        if isinstance(call, _Refused):
+            refusal = _refusal(call)
+            return self._guard.run(lambda: self._agreement.refuse(refusal))
         return self._guard.run(lambda: self._run_steps(call))
 
     def _run_steps(self, call: _Call) -> Any:
-        self._agreed(call)
+        """Bind the call's steps (or find them bound), agree on it with every rank,
+        then run them.
+
+        Raises:
+            CollectiveError: as ``CallAgreement.agree``; a call whose scratch finds no
+                room in the node heap is this rank's refusal (on every rank).
+        """
+        try:
+            steps = self._binding(call)
+        except CollectiveError as exc:
+            self._agreement.refuse(_no_room(call.op, exc))   # raises
+        steps.agree_and_run(self._agreement, call.op, call.signature)
+        return call.result
+
+    def _binding(self, call: _Call) -> _Steps:
+        """The call's steps, bound on these arrays and stream (the last 16 kept)."""
         identity = (call.op, call.redop, call.inp.ptr, call.inp.nbytes, call.inp.dtype,
                     call.out.ptr, call.in_place, _stream_key(call.stream))
-        run = self._bound.get(identity)
-        if run is None:
-            run = self._bound[identity] = self._bind_making_room(call)
+        steps = self._bound.get(identity)
+        if steps is None:
+            steps = self._bound[identity] = self._bind_making_room(call)
             if len(self._bound) > _BOUND_KEPT:
                 # Its scratch returns to the heap: let work still queued on it finish.
                 oldest = next(iter(self._bound))
@@ -184,10 +242,9 @@ class NodesCommunicator(Communicator):
                 del self._bound[oldest]
         else:
             self._bound.move_to_end(identity)
-        run()
-        return call.result
+        return steps
 
-    def _bind_making_room(self, call: _Call) -> Callable[[], None]:
+    def _bind_making_room(self, call: _Call) -> _Steps:
         """``_bind``, and when the heap has no room left for the call's scratch, again
         after dropping the kept bindings (their scratch returns to the heap once the work
         queued on it has finished). Local: nothing here is collective."""
@@ -206,32 +263,7 @@ class NodesCommunicator(Communicator):
         for stream in dict.fromkeys(identity[-1] for identity in identities):
             self._node.synchronize(self.stream if stream is None else stream)
 
-    def _agreed(self, call: _Call) -> Signature:
-        """The call's signature, agreed on by every rank of the group the first time it
-        is seen (ranks of different nodes would otherwise meet in the rail step with
-        different sizes).
-
-        Raises:
-            CollectiveError: an algorithm other than hierarchical / auto (on this rank),
-                or ranks that disagree (on every rank).
-        """
-        if call.algo not in ("auto", HIERARCHICAL):
-            raise CollectiveError(f"algo={call.algo!r}: a communicator spanning nodes runs "
-                                  f"the {HIERARCHICAL} algorithm; pass algo='auto' or "
-                                  f"'{HIERARCHICAL}'")
-        inp = call.inp
-        key = (call.op, inp.count, inp.dtype, inp.itemsize, call.redop)
-        signature = self._agreed_signatures.get(key)
-        if signature is None:
-            signature = Signature(call.op, inp.count, inp.dtype, inp.itemsize, call.redop,
-                                  HIERARCHICAL)
-            seen = self.group.collective("collective call", signature.describe())
-            if len(set(seen)) > 1:
-                raise disagreement_error(seen)
-            self._agreed_signatures[key] = signature
-        return signature
-
-    def _bind(self, call: _Call) -> Callable[[], None]:
+    def _bind(self, call: _Call) -> _Steps:
         node = self._node
         memory = node.memory
         engine = node._path.window.engine
@@ -240,27 +272,27 @@ class NodesCommunicator(Communicator):
             # own by default (``stream``): on the node group's stream they would race
             # the caller's work on either side of the call.
             engine = engine.on_stream(self.stream if call.stream is None else call.stream)
-        if memory != "host" and not self._inter.stream_ordered:
-            return self._refuse_capture(engine, self._bind_steps(call, engine))
-        return self._bind_steps(call, engine)
+        check = (self._capture_check(engine) if memory != "host" and
+                 not self._inter.stream_ordered else None)
+        return _Steps(self._bind_steps(call, engine), check)
 
-    def _refuse_capture(self, engine: Any, run: Callable[[], None]) -> Callable[[], None]:
-        """``run`` behind a check that its stream is not being captured: a host-blocking
-        engine waits for the stream, which a CUDA graph cannot replay (and a wait inside a
-        capture would invalidate the user's graph with an error that names no cause)."""
+    def _capture_check(self, engine: Any) -> Callable[[], str | None]:
+        """A check, each time the call runs, that its stream is not being captured: a
+        host-blocking engine waits for the stream, which a CUDA graph cannot replay (and
+        a wait inside a capture would invalidate the user's graph with an error that
+        names no cause). It says why, or None."""
         from ...backends.cuda_streams import stream_capturing
 
         handle, name = int(engine.stream), self._inter.name
 
-        def run_uncaptured() -> None:
-            if stream_capturing(handle):
-                raise CollectiveError(
-                    f"a call across nodes is being captured in a CUDA graph, but the engine "
+        def capture_problem() -> str | None:
+            if not stream_capturing(handle):
+                return None
+            return (f"a call across nodes is being captured in a CUDA graph, but the engine "
                     f"between nodes is {name!r}, which waits on the host: create the "
                     "communicator with inter='nccl' to capture it, or call it outside the "
                     "capture")
-            run()
-        return run_uncaptured
+        return capture_problem
 
     def _bind_steps(self, call: _Call, engine: Any) -> Callable[[], None]:
         world, node = self.group.world, self._node
@@ -319,7 +351,10 @@ class NodesCommunicator(Communicator):
         node, self._node = self._node, None
         inter, self._inter = self._inter, None
         node_group, self._node_group = self._node_group, None
+        agreement, self._agreement = self._agreement, None
         try:
+            if agreement is not None:
+                agreement.close()
             if node is not None:
                 node.close()
             if inter is not None:
@@ -343,12 +378,36 @@ def _stream_key(stream: Any) -> Any:
     return stream_handle(stream)
 
 
-def _raise_refused(call: _Call | _Refused) -> None:
-    """Raise, on this rank alone, what its checks refused: the hierarchical steps have no
-    first meeting to carry a refused call's mark (docs/RELIABILITY.md).
+class _Steps:
+    """A call's steps bound on its arrays and stream (``run``), and the check it needs
+    each time it runs (``check``: None, or what says why it cannot run now)."""
 
-    Raises:
-        CollectiveError: the check's own error.
-    """
-    if isinstance(call, _Refused):
-        raise CollectiveError(call.problem.detail)
+    __slots__ = ("run", "check")
+
+    def __init__(self, run: Callable[[], None], check: Callable[[], str | None] | None
+                 ) -> None:
+        self.run, self.check = run, check
+
+    def agree_and_run(self, agreement: CallAgreement, op: str, signature: Signature) -> None:
+        """Agree on the call with every rank (this rank's refusal, if its check says
+        so), then run its steps.
+
+        Raises:
+            CollectiveError: as ``CallAgreement.agree`` / ``refuse``.
+        """
+        problem = None if self.check is None else self.check()
+        if problem is not None:
+            agreement.refuse(Refusal(op, "stream", problem))
+        agreement.agree(signature.digest, signature.describe)
+        self.run()
+
+
+def _refusal(call: _Refused) -> Refusal:
+    """What this rank's checks refused of ``call``, as the agreement tells every rank."""
+    return Refusal(call.op, call.problem.argument, call.problem.detail)
+
+
+def _no_room(call: str, error: CollectiveError) -> Refusal:
+    """A call whose steps found no room for their scratch in this rank's node heap (its
+    ``empty()`` arrays hold it): refused on this rank, as a check would."""
+    return Refusal(call, "scratch", str(error))
