@@ -944,7 +944,8 @@ def refusals_steps(ctx: Context) -> list[Step | Note]:
     g = ctx.gpus
     limit = _limit(ctx, "STEP_TIMEOUT_TESTS", 420)
     files = ["tests/gpu/test_gpu_refused_calls.py", "tests/gpu/test_register_gpu.py",
-             "tests/gpu/test_gpu_all_to_all.py"]
+             "tests/gpu/test_gpu_all_to_all.py",
+             "tests/gpu/test_gpu_refused_calls_across_nodes.py"]
     steps: list[Step | Note] = []
     for n in (int(word) for word in _words(ctx, "REFUSED_RANKS", "3 4")):
         mps = n > g
