@@ -355,7 +355,9 @@ class GpuPath:
         Raises:
             CollectiveError: at once, where no such call can be launched: ``guess`` is
                 None (the arguments do not say which call the peers make); the peers then
-                meet this rank's next call, so close the communicator on every rank. And
+                meet this rank's next call, so close the communicator on every rank. At
+                the first sight of the guessed call, where the peers make another: the
+                refusal, raised by every rank in the host's meeting (``_agree``). And
                 the returned function, called outside a capture, raises the refused
                 call's error (the kernels' record of it); in a capture already
                 invalidated (by an operation not allowed there), either raises, naming
@@ -375,6 +377,7 @@ class GpuPath:
                                  "its checks or earlier in the capture)")
         mark = encode_mark(self.rank, problem.argument, call)
         self._refusals[mark] = problem.detail
+        self._agree(signature, (mark, problem.detail))
         enqueue, _, _ = self._bind_once(signature, algorithm, None, None, in_place=False,
                                         stream=stream, mark=mark)
 
@@ -678,12 +681,35 @@ class GpuPath:
             function = self._functions[entry] = self._kernels.function(entry)
         return function
 
+    def _agree(self, signature: Signature, refusal: tuple[int, str] | None = None) -> None:
+        """At the first sight of ``signature``, meet every rank on the host and check that
+        every rank makes that call. A rank whose checks refused its call brings
+        ``refusal`` (its mark, what its check said) beside the call it guessed the peers
+        make: where the guess was right the call goes on (its kernels carry the mark);
+        where it was not, every rank raises the refusal, naming the rank and argument,
+        rather than a disagreement with a call the rank never made.
+
+        Raises:
+            CollectiveError: the ranks' calls differ (naming what each rank called), or
+                some rank refused its call and guessed wrong; on every rank.
+        """
+        if signature in self._agreed:
+            return
+        mine = signature.describe()
+        notes = self.group.collective("collective call",
+                                      mine if refusal is None else (mine, *refusal))
+        calls = [note if isinstance(note, str) else note[0] for note in notes]
+        if any(call != calls[0] for call in calls):
+            refused = [note for note in notes if not isinstance(note, str)]
+            if refused:
+                raise refused_error([mark for _, mark, _ in refused],
+                                    [None if isinstance(note, str) else note[2]
+                                     for note in notes])
+            raise disagreement_error(calls)
+        self._agreed.add(signature)
+
     def _bind(self, signature: Signature, algorithm: Algorithm, engine: Any) -> _BoundCall:
-        if signature not in self._agreed:
-            calls = self.group.collective("collective call", signature.describe())
-            if any(call != calls[0] for call in calls):
-                raise disagreement_error(calls)
-            self._agreed.add(signature)
+        self._agree(signature)
         args = type(self._template)()
         ctypes.memmove(ctypes.addressof(args), ctypes.addressof(self._template),
                        ctypes.sizeof(args))

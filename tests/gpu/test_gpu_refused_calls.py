@@ -383,6 +383,36 @@ def test_an_array_of_another_device_on_rank_0_is_every_ranks_error(comm, setup):
     assert bool(torch.all(good == communicator.size))
 
 
+def test_a_refused_call_whose_guess_is_not_the_peers_call_is_every_ranks_refusal(comm, setup):
+    """At the first sight of a shape, rank 0's checks refuse its all-gather (an output one
+    element long) and its input is one element longer than the peers': the call it guesses
+    the peers make is not theirs. The ranks meet on the host at a shape's first sight, so
+    every rank raises rank 0's refusal in the call, naming its output and what its check
+    said, not a disagreement with a call rank 0 never made; nothing is written and the
+    next good call is right."""
+    group, communicator, stream = setup
+    me, n = communicator.rank, communicator.size
+    if n < 2:
+        pytest.skip("needs 2 ranks")
+    cuda = f"cuda:{group.backend.device}"
+    count = 29   # a shape no other test here makes: its first sight
+    source = torch.full((count + (me == 0),), float(me + 1), device=cuda)
+    out = torch.full((n * count,), -7.0, device=cuda)
+    with pytest.raises(CollectiveError) as caught:
+        communicator.all_gather(torch.full((1,), -7.0, device=cuda) if me == 0 else out,
+                                source, stream=stream)
+    message = str(caught.value)
+    assert len(set(comm.allgather(message))) == 1, message
+    assert re.fullmatch(r"all_gather: rank 0's output failed its check there \(.+\); found "
+                        r"by every rank in the same call, no element moved", message), message
+    communicator.synchronize(stream)
+    assert bool(torch.all(out == -7.0))
+    communicator.all_gather(out, source[:count], stream=stream)
+    communicator.synchronize(stream)
+    ranks = torch.arange(1, n + 1, dtype=torch.float32, device=cuda)
+    assert torch.equal(out, ranks.repeat_interleave(count))
+
+
 @pytest.mark.parametrize("algo", algorithm_names("cuda", "all_to_all_v"))
 def test_closing_after_a_refused_call_takes_under_a_second(comm, algo):
     with torch_communicator("cuda-vmm", 1 << 20) as (group, communicator, stream):
