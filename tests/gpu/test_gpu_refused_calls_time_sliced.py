@@ -233,6 +233,26 @@ def test_a_stepped_call_one_rank_refuses_is_every_ranks_error_and_moves_nothing(
         _good_calls_right(comm, call)
 
 
+@pytest.mark.parametrize("who", ["leader", "guest"])
+def test_a_spinning_algorithm_asked_for_by_name_is_refused_alike(comm, setup, who):
+    """``algo="one-shot"`` by name where ranks take turns: no leader runs it, every rank
+    launches its own kernel, which spins and waits out the others' time slices, as under
+    MPS. Refused by one rank (its output one element long), every rank raises the same
+    line, nothing moves, and the next good calls are right."""
+    group, communicator, stream = setup
+    refuser = _refusers(group)[who]
+    with fresh_memory(group.backend.device) as new:
+        call = Call("all_reduce", communicator, stream, new)
+        call.make(False, algo="one-shot")   # the shape agreed at its first sight
+        communicator.synchronize(stream)
+        assert all(comm.allgather(bool(torch.equal(call.output, call.expected()))))
+        call.fresh()
+        me = communicator.rank
+        _refused_everywhere(comm, call, lambda: call.make(me == refuser, algo="one-shot"),
+                            "output", refuser)
+        _good_calls_right(comm, call)
+
+
 def _spoilt_input(call: Call, how: str):
     """This rank's input spoilt ``how``: of another dtype, or not contiguous (every other
     element of fresh memory twice as long)."""
