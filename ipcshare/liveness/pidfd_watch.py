@@ -19,34 +19,19 @@ from typing import Any
 
 from ..runtime.errors import PeerDied
 from ..runtime.logs import get_logger
-from ..topology.world import World
+from ..topology.world import World, mpi
+from .exit_policy import note_node_peers
 from .failure_notice import (
     note_continuation,
     survive_failure_notices,
     survive_interrupt_after_death,
 )
 from .mpi_segments import remove_stale_mpi_segments
-from .process_state import process_is_stopped
+from .process_state import process_is_stopped, process_start_time
 
 __all__ = ["PeerWatch", "process_start_time"]
 
 log = get_logger("peers")
-
-
-def process_start_time(pid: int | str = "self") -> int | None:
-    """Start time of process ``pid`` in clock ticks since boot (``/proc/PID/stat`` field
-    22), or None when it cannot be read. With the pid it names one process for good."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            text = stat.read()
-    except OSError:
-        return None
-    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-    fields = text[text.rfind(b")") + 2:].split()
-    try:
-        return int(fields[19])
-    except (IndexError, ValueError):
-        return None
 
 
 class PeerWatch:
@@ -107,6 +92,10 @@ class PeerWatch:
                     os.close(pidfd)
                     continue
                 watched[pidfd] = rank
+        # Whoever leaves without MPI_Finalize later waits for these peers to have spoken
+        # (exit_policy), however the group ends meanwhile.
+        note_node_peers({world.pids[rank]: start_times[rank] for rank in watched.values()},
+                        job_size=mpi().COMM_WORLD.Get_size())
         return cls(world, watched)
 
     @property
