@@ -13,13 +13,15 @@ import struct
 import time
 from typing import Any
 
+from ..runtime import settings
 from ..runtime.abandoned_requests import keep
-from ..runtime.errors import ExchangeTimeout, PeerDied
+from ..runtime.errors import ExchangeTimeout, PeerDied, SettingError
+from ..topology.arrival import arrival_timeout
 from .exit_policy import leave_without_finalize_at_exit
 from .pidfd_watch import PeerWatch
 
-__all__ = ["wait_request", "give_up_on_group", "watched_allgather", "watched_barrier",
-           "DeadlineComm"]
+__all__ = ["wait_request", "first_meeting_patience", "give_up_on_group", "watched_allgather",
+           "watched_barrier", "DeadlineComm"]
 
 # Waits on MPI requests poll MPI_Test and yield the core in between (small collectives
 # finish within microseconds and must not pay for a sleep); every _POLLS_PER_CHECK polls
@@ -93,6 +95,21 @@ def wait_request(request: Any, *, watch: PeerWatch | None, timeout: float, what:
             if not isinstance(exc, PeerDied) and watch.dead_ranks:
                 raise PeerDied(watch.describe(what)) from exc
         raise
+
+
+def first_meeting_patience(timeout: float | None = None) -> dict[str, float]:
+    """``timeout`` and ``extra_while_running`` for a wait among ranks that just arrived
+    (the first agreements of a command or a group, before its windows): a stopped or
+    dead rank is given up on after ``timeout`` (default: the exchange timeout, or its
+    default where the setting is malformed: it is refused by name later, on every rank
+    together), a running one is waited for as long as ranks may take to arrive
+    (``IPCSHARE_ARRIVAL_TIMEOUT``)."""
+    if timeout is None or settings.duration_problem(timeout) is not None:
+        try:
+            timeout = settings.exchange_timeout()
+        except SettingError:
+            timeout = settings.DEFAULT_EXCHANGE_TIMEOUT_S
+    return {"timeout": timeout, "extra_while_running": max(0.0, arrival_timeout() - timeout)}
 
 
 def give_up_on_group(watch: PeerWatch, reason: str) -> None:

@@ -13,12 +13,13 @@ import threading
 import time
 
 from ..runtime import settings
+from ..topology import job_ranks
+from ..topology.process_state import mark_leaving, peer_state
 from .mpi_segments import remove_mpi_segments
-from .process_state import mark_leaving, peer_state
 
 __all__ = ["peer_exit_grace", "DEFAULT_EXIT_GRACE_S", "leave_after_peer_death",
            "leave_without_finalize_at_exit", "leaving_without_finalize",
-           "stopped_peers_to_wake", "note_node_peers", "peers_have_spoken"]
+           "stopped_peers_to_wake", "peers_have_spoken"]
 
 # How long a rank stuck in a call that cannot notice a dead peer lives on after the death.
 DEFAULT_EXIT_GRACE_S = 2.0
@@ -43,7 +44,7 @@ def leave_after_peer_death(status: int, *, linger: float, wake: list[int] = ()) 
     other survivors: those waiting in ipcshare find out within milliseconds, those stuck
     in a blocking MPI call are ended by their guard after the grace period, those waiting
     in a collective time out within the exchange timeout. So this rank marks itself as
-    leaving (``process_state.mark_leaving``) and waits until each rank of the job is gone,
+    leaving (``topology.process_state.mark_leaving``) and waits until each rank of the job is gone,
     stopped or leaving too (``peers_have_spoken``); where it cannot see them all (ranks on
     other nodes or in other PID namespaces), it waits ``linger``: pass the longest a peer
     may take to speak (the grace, or the exchange timeout) plus a margin.
@@ -69,29 +70,14 @@ def leave_after_peer_death(status: int, *, linger: float, wake: list[int] = ()) 
     os._exit(status)
 
 
-# The job's other ranks that this process can see (pid -> start time), from the peer
-# watches of its groups, and how many ranks the job has: a leaving rank waits for them.
-_node_peers: dict[int, int | None] = {}
-_job_size = 0
-
-
-def note_node_peers(peers: dict[int, int | None], *, job_size: int) -> None:
-    """Remember the job's ranks that this process watches (pid -> start time, as
-    ``process_state.process_start_time`` read it) and the job's rank count
-    (``MPI.COMM_WORLD``'s): ``peers_have_spoken`` looks at them. Every group's watch adds
-    its own; they stay known after the group closes (the exit comes later)."""
-    global _job_size
-    _node_peers.update(peers)
-    _job_size = job_size
-
-
 def peers_have_spoken() -> bool:
-    """Whether every other rank of the job is known here and each is gone, stopped, or
-    leaving (it wrote its last line): nobody's line is lost when this process leaves. False
-    while some rank runs on, or is out of sight (another node, another PID namespace)."""
-    if not _job_size or len(_node_peers) + 1 < _job_size:
-        return False
-    return all(peer_state(pid, started) != "running" for pid, started in _node_peers.items())
+    """Whether every other rank of the job is seen here (``topology.job_ranks``) and each
+    is gone, stopped, or leaving (it wrote its last line): nobody's line is lost when this
+    process leaves. False while some rank runs on, or is out of sight (another node,
+    another PID namespace)."""
+    return job_ranks.every_rank_seen() and all(
+        peer_state(seen.pid, seen.start_time) != "running"
+        for seen in job_ranks.seen_ranks().values())
 
 
 _leaving_because: str | None = None

@@ -19,15 +19,14 @@ from typing import Any
 
 from ..runtime.errors import PeerDied
 from ..runtime.logs import get_logger
-from ..topology.world import World, mpi
-from .exit_policy import note_node_peers
+from ..topology.process_state import process_is_stopped, process_start_time
+from ..topology.world import World
 from .failure_notice import (
     note_continuation,
     survive_failure_notices,
     survive_interrupt_after_death,
 )
 from .mpi_segments import remove_stale_mpi_segments
-from .process_state import process_is_stopped, process_start_time
 
 __all__ = ["PeerWatch", "process_start_time"]
 
@@ -65,12 +64,13 @@ class PeerWatch:
 
     @classmethod
     def open(cls, world: World) -> PeerWatch:
-        """Collective over ``world.comm``: open a pidfd on every other rank of the node.
+        """Open a pidfd on every other rank of the node (no collective: the world knows
+        every rank's pid and start time).
 
         A peer whose pid does not name the same process here (another PID namespace)
         is left to the deadlines, and so is every rank when pidfds are unavailable.
         """
-        start_times = world.comm.allgather(process_start_time())
+        start_times = world.start_times  # what every rank told the others of itself
         if world.local_rank == 0:
             # Segments of jobs that their launcher SIGKILLed whole: no rank could unlink
             # them, so the next job on the node does, once no process uses them.
@@ -92,10 +92,6 @@ class PeerWatch:
                     os.close(pidfd)
                     continue
                 watched[pidfd] = rank
-        # Whoever leaves without MPI_Finalize later waits for these peers to have spoken
-        # (exit_policy), however the group ends meanwhile.
-        note_node_peers({world.pids[rank]: start_times[rank] for rank in watched.values()},
-                        job_size=mpi().COMM_WORLD.Get_size())
         return cls(world, watched)
 
     @property

@@ -14,12 +14,13 @@ import time
 import pytest
 
 from ipcshare.liveness import consensus, deadline_waits, exit_policy
-from ipcshare.liveness.process_state import (
+from ipcshare.runtime.errors import ExchangeTimeout, SignalTimeout
+from ipcshare.topology import job_ranks
+from ipcshare.topology.process_state import (
     LEAVING_NAME,
     peer_state,
     process_start_time,
 )
-from ipcshare.runtime.errors import ExchangeTimeout, SignalTimeout
 
 
 def _wait_for_state(pid: int, letters: str) -> None:
@@ -61,7 +62,7 @@ def test_a_peer_is_running_stopped_or_gone_as_proc_says(sleeper):
 def test_a_process_that_marked_itself_leaving_is_seen_leaving():
     child = subprocess.Popen([sys.executable, "-c", (
         "import sys, time\n"
-        "from ipcshare.liveness.process_state import mark_leaving\n"
+        "from ipcshare.topology.process_state import mark_leaving\n"
         "assert mark_leaving()\n"
         "print('marked', flush=True)\n"
         "time.sleep(600)\n")], stdout=subprocess.PIPE, text=True)
@@ -75,19 +76,47 @@ def test_a_process_that_marked_itself_leaving_is_seen_leaving():
         child.communicate()
 
 
-def test_every_rank_must_be_seen_to_have_spoken(monkeypatch, sleeper):
-    monkeypatch.setattr(exit_policy, "_node_peers", {})
-    monkeypatch.setattr(exit_policy, "_job_size", 0)
+def _note(pid: int, job_rank: int, started: int | None, *, job_size: int) -> None:
+    """What a world made here would note of a rank on this host."""
+    job_ranks.note_ranks([0, job_rank], ["here", "here"], [os.getpid(), pid],
+                         [process_start_time(), started], own_job_rank=0, job_size=job_size,
+                         host="here")
+
+
+@pytest.fixture
+def nothing_seen(monkeypatch):
+    monkeypatch.setattr(job_ranks, "_seen", {})
+    monkeypatch.setattr(job_ranks, "_job_size", 0)
+
+
+def test_only_ranks_proven_to_be_the_same_process_are_seen(nothing_seen, sleeper):
+    started = process_start_time(sleeper.pid)
+    _note(sleeper.pid, 1, started + 1, job_size=3)   # its pid is another process here
+    job_ranks.note_ranks([2], ["elsewhere"], [sleeper.pid], [started], own_job_rank=0,
+                         job_size=3, host="here")     # another host's pid means nothing
+    assert job_ranks.seen_ranks() == {}
+    _note(sleeper.pid, 1, started, job_size=3)
+    assert list(job_ranks.seen_ranks()) == [1] and not job_ranks.every_rank_seen()
+    assert job_ranks.stopped_ranks([1, 2]) == []
+    os.kill(sleeper.pid, signal.SIGSTOP)
+    _wait_for_state(sleeper.pid, "T")
+    assert job_ranks.stopped_ranks([1, 2]) == [1]
+    assert job_ranks.describe_stopped([1]) == (
+        f"rank 1@here (pid {sleeper.pid}) stopped responding (its process is stopped: "
+        "SIGSTOP, or a debugger)")
+
+
+def test_every_rank_must_be_seen_to_have_spoken(nothing_seen, sleeper):
     assert not exit_policy.peers_have_spoken()   # nothing known: wait the whole linger
-    exit_policy.note_node_peers({sleeper.pid: process_start_time(sleeper.pid)}, job_size=3)
+    _note(sleeper.pid, 1, process_start_time(sleeper.pid), job_size=3)
     os.kill(sleeper.pid, signal.SIGSTOP)
     _wait_for_state(sleeper.pid, "T")
     # The third rank is out of sight (another node): it may still have to speak.
     assert not exit_policy.peers_have_spoken()
     gone = subprocess.Popen(["true"])
     gone_started = process_start_time(gone.pid) or 0
+    _note(gone.pid, 2, gone_started, job_size=3)
     gone.wait()
-    exit_policy.note_node_peers({gone.pid: gone_started}, job_size=3)
     assert exit_policy.peers_have_spoken()   # one stopped, one gone
     os.kill(sleeper.pid, signal.SIGCONT)
     _wait_for_state(sleeper.pid, "SR")
@@ -95,11 +124,14 @@ def test_every_rank_must_be_seen_to_have_spoken(monkeypatch, sleeper):
 
 
 _LEAVER = """
-import sys
+import os, sys
 from ipcshare.liveness import exit_policy
-from ipcshare.liveness.process_state import process_start_time
+from ipcshare.topology import job_ranks
+from ipcshare.topology.process_state import process_start_time
 peer = int(sys.argv[1])
-exit_policy.note_node_peers({peer: process_start_time(peer)}, job_size=2)
+job_ranks.note_ranks([0, 1], ["h", "h"], [os.getpid(), peer],
+                     [process_start_time(), process_start_time(peer)], own_job_rank=0,
+                     job_size=2, host="h")
 print("leaving", flush=True)
 exit_policy.leave_after_peer_death(3, linger=float(sys.argv[2]))
 """
