@@ -68,10 +68,23 @@ def agree(world: World, step: str, error: BaseException | None, *, comm=None,
     ``extra_while_running`` seconds more where no watched peer is stopped (a step in which
     one rank is known to be busy: ``deadline_waits.wait_request``).
 
+    This rank's ``error`` a timeout (a wait of the step) while a watched peer is
+    stopped: that peer cannot take part, so this rank raises at once, naming it, instead
+    of waiting another timeout for it.
+
     Raises:
         IpcShareError (or the failing rank's subclass of it): when any rank failed.
         PeerDied / ExchangeTimeout: with a watch, as above.
     """
+    stopped = watch.stopped_ranks() if (watch is not None and error is not None
+                                        and isinstance(error, TimeoutError)) else []
+    if stopped:
+        # This rank waited a whole timeout already, and a peer is stopped: that peer
+        # cannot agree either, so waiting another timeout for it would only delay the
+        # line. Every other survivor times out by itself, or sees this rank leave.
+        reason = f"{step}: {watch.describe_stopped(stopped)}; {error}"
+        give_up_on_group(watch, reason)
+        raise ExchangeTimeout(reason) from error
     comm = world.comm if comm is None else comm
     status = None
     if error is not None:
@@ -118,11 +131,7 @@ def collective_step(world: World, step: str, *, comm=None, watch: PeerWatch | No
     """Run the body on every rank, then agree: all ranks raise if any rank raised
     (``agree``, which says what ``extra_while_running`` is for).
 
-    A body that timed out while a watched peer is stopped raises at once on this rank,
-    without the agreement: the stopped peer could not take part in it.
-
     Raises:
-        ExchangeTimeout: the body timed out while a watched peer is stopped, naming it.
         as ``agree``: when any rank raised in the body.
     """
     try:
@@ -132,15 +141,6 @@ def collective_step(world: World, step: str, *, comm=None, watch: PeerWatch | No
             # A dead rank cannot agree, and an abandoned collective leaves the
             # communicator unusable: every survivor finds out by itself.
             raise
-        stopped = watch.stopped_ranks() if (watch is not None
-                                            and isinstance(exc, TimeoutError)) else []
-        if stopped:
-            # This rank waited a whole timeout already, and a peer is stopped: that peer
-            # cannot agree either, so waiting another timeout for it would only delay the
-            # line. Every other survivor times out by itself, or sees this rank leave.
-            reason = f"{step}: {watch.describe_stopped(stopped)}; {exc}"
-            give_up_on_group(watch, reason)
-            raise ExchangeTimeout(reason) from exc
         agree(world, step, exc, comm=comm, watch=watch, timeout=timeout,
               extra_while_running=extra_while_running)
         raise  # agree always raises when exc is set; keeps type checkers honest

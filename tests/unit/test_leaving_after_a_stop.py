@@ -188,11 +188,7 @@ def test_a_step_whose_wait_timed_out_on_a_stopped_peer_does_not_wait_again(monke
     monkeypatch.setattr(deadline_waits, "leave_without_finalize_at_exit",
                         lambda reason, stopped_pids=(): leaving.append(list(stopped_pids)))
 
-    def agree(*_args, **_kwargs):
-        raise AssertionError("a stopped peer cannot agree: the step must not wait for it")
-
-    monkeypatch.setattr(consensus, "agree", agree)
-    watch = _StoppedPeerWatch()
+    watch = _StoppedPeerWatch()  # and no world: no agreement is tried
     started = time.monotonic()
     with pytest.raises(ExchangeTimeout, match=r"^checks at 1K ring: rank 1@h \(pid 101\) "
                                               r"stopped responding .*; rank 0@h in ring "
@@ -202,6 +198,12 @@ def test_a_step_whose_wait_timed_out_on_a_stopped_peer_does_not_wait_again(monke
                                 "2 < 3 after 3 s")
     assert time.monotonic() - started < 1
     assert watch.failed and leaving == [[101]]   # no MPI_Finalize: rank 1 cannot answer
+    # The descriptor exchange agrees by itself after a socket wait timed out: alike.
+    with pytest.raises(ExchangeTimeout, match=r"^descriptor exchange \(socket\): rank 1@h "
+                                              r"\(pid 101\) stopped responding .*; no "
+                                              r"descriptor from local rank\(s\) \[1\]"):
+        consensus.agree(None, "descriptor exchange (socket)", ExchangeTimeout(
+            "no descriptor from local rank(s) [1] within 3 s"), watch=watch, timeout=30)
 
 
 class _NeverDone:
