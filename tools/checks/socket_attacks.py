@@ -17,9 +17,10 @@ exchange, or replays a header captured from an earlier one (tests/faults/strange
 counts the jobs that stay green. ``stop``: ``mpiexec.gforker -n 3 ipcshare ring -b 1K -e 32M
 -n 100`` with signal and exchange timeouts of ``--timeout`` s, rank 1 SIGSTOPped 0-2.4 s
 after the group made its socket directory (group setup, window, ceiling, table): counts
-hangs, tracebacks, ranks without exactly one line, and the seconds from the stop
-to the job's end. Needs root or user namespaces (unshare) and MPICH's launchers next to the
-interpreter. Exit status 1 when any attack got through.
+hangs, tracebacks, ranks without exactly one line, and the seconds from the stop to the
+last rank's exit and to the launcher's return (gforker takes 1 s more for each rank that
+left without MPI_Finalize). Needs root or user namespaces (unshare) and MPICH's launchers
+next to the interpreter. Exit status 1 when any attack got through.
 """
 
 from __future__ import annotations
