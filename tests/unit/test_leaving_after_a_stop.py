@@ -23,6 +23,16 @@ from ipcshare.topology.process_state import (
 )
 
 
+@pytest.fixture(autouse=True)
+def _this_process_stays(monkeypatch):
+    """What a wait that gives up does to its process (leave without MPI_Finalize at exit,
+    hold the request given up on) must not happen to this test process: the CLI's
+    main() called in it later would leave at once, ending the worker."""
+    monkeypatch.setattr(deadline_waits, "leave_without_finalize_at_exit",
+                        lambda reason, stopped_pids=(): None)
+    monkeypatch.setattr(deadline_waits, "keep", lambda *requests, buffers=(): None)
+
+
 def _wait_for_state(pid: int, letters: str) -> None:
     """Until ``/proc/PID/stat`` shows one of ``letters`` (a stop takes effect
     asynchronously)."""
@@ -184,7 +194,7 @@ class _StoppedPeerWatch:
 
 
 def test_a_step_whose_wait_timed_out_on_a_stopped_peer_does_not_wait_again(monkeypatch):
-    leaving = []
+    leaving = []   # the autouse fixture's stand-in, recording this time
     monkeypatch.setattr(deadline_waits, "leave_without_finalize_at_exit",
                         lambda reason, stopped_pids=(): leaving.append(list(stopped_pids)))
 
@@ -214,8 +224,6 @@ class _NeverDone:
 @pytest.mark.parametrize("stopped,within", [(False, (0.55, 3)), (True, (0.1, 0.45))])
 def test_a_busy_rank_gets_more_time_only_while_nobody_is_stopped(monkeypatch, stopped,
                                                                  within):
-    monkeypatch.setattr(deadline_waits, "leave_without_finalize_at_exit",
-                        lambda reason, stopped_pids=(): None)
     watch = _StoppedPeerWatch()
     if not stopped:
         watch.stopped_ranks = lambda: []
