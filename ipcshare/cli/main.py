@@ -204,22 +204,27 @@ def _finish_mpi(status: int) -> None:
 
     A process that gave up on an MPI request leaves without MPI_Finalize: a request that
     never completed would be completed into freed memory, or waited for
-    (runtime/abandoned_requests.py), and its peers may have left without it. It first
-    lingers as long as a peer waiting in a collective may still take to time out and say
-    so (the exchange timeout, plus a margin): hydra ends the whole job when the first
-    process leaves without MPI_Finalize, cutting off the peers' lines (seen at a 1 ms
-    exchange timeout). Any other process finalizes now, under a watchdog that ends it
-    with ``status`` after ``FINALIZE_BOUND_S``, should a peer that left without
-    finalizing hold it there.
+    (runtime/abandoned_requests.py), and its peers may have left without it. So does one
+    that gave up on a stopped or dead peer (which could not answer MPI_Finalize). It first
+    waits until the other ranks have spoken, at most as long as a peer waiting in a
+    collective may still take to time out and say so (the exchange timeout, plus a
+    margin): hydra ends the whole job when the first process leaves without MPI_Finalize,
+    cutting off the peers' lines (seen at a 1 ms exchange timeout). Any other process
+    finalizes now, under a watchdog that ends it with ``status`` after
+    ``FINALIZE_BOUND_S``, should a peer that left without finalizing hold it there.
     """
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
         return
-    from ..liveness.exit_policy import leave_after_peer_death, stopped_peers_to_wake
+    from ..liveness.exit_policy import (
+        leave_after_peer_death,
+        leaving_without_finalize,
+        stopped_peers_to_wake,
+    )
     from ..runtime.abandoned_requests import abandoned
     from ..runtime.errors import SettingError
 
-    if abandoned():
+    if abandoned() or leaving_without_finalize():
         try:
             linger = settings.exchange_timeout()
         except SettingError:  # the command refused it already; not a traceback now

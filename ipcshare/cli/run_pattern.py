@@ -8,6 +8,8 @@ import sys
 
 from ..backends import check_handle
 from ..liveness.consensus import collective_step
+from ..liveness.deadline_waits import first_meeting_patience, watched_allgather
+from ..liveness.pidfd_watch import PeerWatch
 from ..runtime.config import PatternOptions, format_size, merge_options
 from ..runtime.errors import ConfigError, OptionError, WindowTooLarge
 from ..runtime.output_files import check_writable
@@ -106,8 +108,12 @@ def run_pattern_command(args: argparse.Namespace) -> int:
     from ..window import Group
 
     world = World.from_comm()
+    # The command's first agreements give up on a stopped or dead rank as a group's steps
+    # do, and wait for a running one as long as ranks may take to arrive.
+    watch = PeerWatch.open(world)
+    patience = first_meeting_patience()
     try:
-        with collective_step(world, "reading options"):
+        with collective_step(world, "reading options", watch=watch, **patience):
             origins = OptionOrigins.of(args, _OPTION_KEYS)
             options = resolve_options(args, origins)
             with origins.naming_options():  # the Group would refuse it naming no flag
@@ -122,11 +128,13 @@ def run_pattern_command(args: argparse.Namespace) -> int:
             grace = peer_exit_grace()
         # Before any window: a rank sweeping other sizes would otherwise be named only by
         # the window size its sizes make.
-        facts = world.comm.allgather(_run_facts(args, options))
-        with collective_step(world, "comparing options"):
+        facts = watched_allgather(world.comm, _run_facts(args, options), watch=watch,
+                                  what="comparing options", **patience)
+        with collective_step(world, "comparing options", watch=watch, **patience):
             check_same_run(facts)
     finally:
-        world.close()
+        watch.close()
+        world.close(keep=bool(watch.failed))  # a request given up on may still arrive
     with Group(options.backend, options.exchange, handle=options.handle) as group:
         # A rank stuck in a blocking MPI collective (the driver's timing reductions) when
         # a peer dies cannot notice it: the watch ends it after this grace.

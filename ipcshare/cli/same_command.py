@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import socket
 
+from ..liveness.deadline_waits import watched_allgather
 from ..runtime.errors import ConfigError
+from ..topology.arrival import arrival_timeout
 from ..topology.world import describe_disagreement, format_ranks, mpi
 
 __all__ = ["CommandLineError", "agree_on_command", "PATTERN_COMMANDS"]
@@ -39,6 +41,7 @@ def agree_on_command(command: str | None, usage_error: CommandLineError | None) 
     Raises:
         CommandLineError: some rank's command line failed to parse: its own error on that
             rank; on the others, one naming the first such rank, its host and its error.
+        ExchangeTimeout: not every rank came within ``IPCSHARE_ARRIVAL_TIMEOUT``.
         ConfigError: the ranks parsed different commands (a run needs them all alike).
     """
     comm = mpi().COMM_WORLD
@@ -46,7 +49,10 @@ def agree_on_command(command: str | None, usage_error: CommandLineError | None) 
         return
     facts = (socket.gethostname(), command,
              None if usage_error is None else (usage_error.prog, usage_error.message))
-    lines = comm.allgather(facts)
+    # The job's first meeting: ranks may arrive late (imports), so the arrival timeout;
+    # no rank's pid is known yet, so a stopped one cannot be told from a late one.
+    lines = watched_allgather(comm, facts, watch=None, timeout=arrival_timeout(),
+                              what="comparing the ranks' command lines")
     failed = [rank for rank, (_host, _command, error) in enumerate(lines) if error]
     if failed:
         if usage_error is not None:

@@ -14,7 +14,7 @@ from ..liveness.consensus import agree, collective_step
 from ..liveness.deadline_waits import watched_allgather, watched_barrier
 from ..liveness.pidfd_watch import PeerWatch
 from ..runtime import settings
-from ..runtime.errors import ConfigError, ExchangeError, errno_name_of
+from ..runtime.errors import ConfigError, ExchangeError, PeerDied, errno_name_of
 from ..runtime.logs import get_logger
 from ..runtime.owned_fd import OwnedFd
 from ..topology.world import World, format_ranks
@@ -193,7 +193,9 @@ class Exchange:
         if self.fd_path is None:  # auto, first time: try pidfd, agree, maybe fall back
             received, error = self._try(self._share_by_pidfd, fd)
             if self.watch is not None and self.watch.failed:
-                raise error  # a dead peer or an abandoned collective: nothing to agree on
+                for owned in received.values():
+                    owned.close()
+                self._raise_in_failed_group(error, "descriptor exchange (pidfd)")
             statuses = self._allgather(
                 self.world.comm, None if error is None else (str(error), errno_name_of(error)),
                 "descriptor exchange (pidfd)")
@@ -213,7 +215,7 @@ class Exchange:
         received, error = self._try(share, fd)
         try:
             if error is not None and self.watch is not None and self.watch.failed:
-                raise error
+                self._raise_in_failed_group(error, f"descriptor exchange ({self.fd_path})")
             agree(self.world, f"descriptor exchange ({self.fd_path})", error, watch=self.watch,
                   timeout=self.timeout)
         except BaseException:
@@ -221,6 +223,25 @@ class Exchange:
                 owned.close()
             raise
         return received
+
+    def _raise_in_failed_group(self, error: BaseException | None, doing: str) -> None:
+        """The group failed meanwhile (a peer died, a collective was abandoned): there is
+        nothing to agree on, so raise ``error`` here, or the death where a watched peer
+        died: whatever this rank ran into meanwhile (a peer's socket that a survivor's
+        cleanup removed, a refused connection) follows from it, and the death is what
+        every survivor must name (it was "the socket ... is gone" on a slow survivor).
+
+        Raises:
+            PeerDied: a watched peer died.
+            ExchangeError: the group failed otherwise, and this rank's part went well.
+            the error: otherwise.
+        """
+        assert self.watch is not None
+        if self.watch.dead_ranks and not isinstance(error, PeerDied):
+            raise PeerDied(self.watch.describe(doing)) from error
+        if error is None:
+            raise ExchangeError(f"{doing}: this group can no longer meet: {self.watch.failed}")
+        raise error
 
     def warm_up(self) -> None:
         """Collective, like ``share_fds``: pass one throwaway descriptor from every rank

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 
 from ..runtime.errors import (
     CollectiveFailure,
+    ExchangeTimeout,
     IpcShareError,
     PeerDied,
     SettingError,
@@ -16,7 +17,7 @@ from ..runtime.errors import (
 )
 from ..runtime.logs import get_logger
 from ..topology.world import World, describe_disagreement, format_ranks
-from .deadline_waits import watched_allgather
+from .deadline_waits import give_up_on_group, watched_allgather
 from .pidfd_watch import PeerWatch
 
 __all__ = ["agree", "collective_step", "failure_suffix", "check_same_step", "Rendezvous",
@@ -51,7 +52,8 @@ def check_same_step(tags: list[tuple[str, str]], ranks: list[int]) -> None:
 
 
 def agree(world: World, step: str, error: BaseException | None, *, comm=None,
-          watch: PeerWatch | None = None, timeout: float = 30.0) -> None:
+          watch: PeerWatch | None = None, timeout: float = 30.0,
+          extra_while_running: float = 0.0) -> None:
     """Collective: raise the same typed error on every rank if any rank failed ``step``.
 
     The message names the first failing rank, its host, the step and the cause, e.g.
@@ -62,12 +64,27 @@ def agree(world: World, step: str, error: BaseException | None, *, comm=None,
     error names), for readers that must not parse the message.
 
     With a ``watch``, waiting for the others gives up when one of them dies (PeerDied)
-    or after ``timeout`` seconds (ExchangeTimeout) instead of hanging.
+    or after ``timeout`` seconds (ExchangeTimeout) instead of hanging; after
+    ``extra_while_running`` seconds more where no watched peer is stopped (a step in which
+    one rank is known to be busy: ``deadline_waits.wait_request``).
+
+    This rank's ``error`` a timeout (a wait of the step) while a watched peer is
+    stopped: that peer cannot take part, so this rank raises at once, naming it, instead
+    of waiting another timeout for it.
 
     Raises:
         IpcShareError (or the failing rank's subclass of it): when any rank failed.
         PeerDied / ExchangeTimeout: with a watch, as above.
     """
+    stopped = watch.stopped_ranks() if (watch is not None and error is not None
+                                        and isinstance(error, TimeoutError)) else []
+    if stopped:
+        # This rank waited a whole timeout already, and a peer is stopped: that peer
+        # cannot agree either, so waiting another timeout for it would only delay the
+        # line. Every other survivor times out by itself, or sees this rank leave.
+        reason = f"{step}: {watch.describe_stopped(stopped)}; {error}"
+        give_up_on_group(watch, reason)
+        raise ExchangeTimeout(reason) from error
     comm = world.comm if comm is None else comm
     status = None
     if error is not None:
@@ -79,7 +96,8 @@ def agree(world: World, step: str, error: BaseException | None, *, comm=None,
     if watch is None:
         tagged = comm.allgather(mine)
     else:
-        tagged = watched_allgather(comm, mine, watch=watch, timeout=timeout, what=step)
+        tagged = watched_allgather(comm, mine, watch=watch, timeout=timeout, what=step,
+                                   extra_while_running=extra_while_running)
     check_same_step([tag for tag, _payload in tagged],
                     [payload[0] if tag[0] == "step" else index
                      for index, (tag, payload) in enumerate(tagged)])
@@ -109,8 +127,13 @@ def agree(world: World, step: str, error: BaseException | None, *, comm=None,
 
 @contextlib.contextmanager
 def collective_step(world: World, step: str, *, comm=None, watch: PeerWatch | None = None,
-                    timeout: float = 30.0) -> Iterator[None]:
-    """Run the body on every rank, then agree: all ranks raise if any rank raised."""
+                    timeout: float = 30.0, extra_while_running: float = 0.0) -> Iterator[None]:
+    """Run the body on every rank, then agree: all ranks raise if any rank raised
+    (``agree``, which says what ``extra_while_running`` is for).
+
+    Raises:
+        as ``agree``: when any rank raised in the body.
+    """
     try:
         yield
     except Exception as exc:
@@ -118,10 +141,12 @@ def collective_step(world: World, step: str, *, comm=None, watch: PeerWatch | No
             # A dead rank cannot agree, and an abandoned collective leaves the
             # communicator unusable: every survivor finds out by itself.
             raise
-        agree(world, step, exc, comm=comm, watch=watch, timeout=timeout)
+        agree(world, step, exc, comm=comm, watch=watch, timeout=timeout,
+              extra_while_running=extra_while_running)
         raise  # agree always raises when exc is set; keeps type checkers honest
     else:
-        agree(world, step, None, comm=comm, watch=watch, timeout=timeout)
+        agree(world, step, None, comm=comm, watch=watch, timeout=timeout,
+              extra_while_running=extra_while_running)
 
 
 # How long a rank leaving on an error of its own waits for its peers in a closing barrier

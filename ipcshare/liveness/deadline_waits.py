@@ -13,12 +13,15 @@ import struct
 import time
 from typing import Any
 
+from ..runtime import settings
 from ..runtime.abandoned_requests import keep
-from ..runtime.errors import ExchangeTimeout, PeerDied
+from ..runtime.errors import ExchangeTimeout, PeerDied, SettingError
+from ..topology.arrival import arrival_timeout
 from .exit_policy import leave_without_finalize_at_exit
 from .pidfd_watch import PeerWatch
 
-__all__ = ["wait_request", "watched_allgather", "watched_barrier", "DeadlineComm"]
+__all__ = ["wait_request", "first_meeting_patience", "give_up_on_group", "watched_allgather",
+           "watched_barrier", "DeadlineComm"]
 
 # Waits on MPI requests poll MPI_Test and yield the core in between (small collectives
 # finish within microseconds and must not pay for a sleep); every _POLLS_PER_CHECK polls
@@ -26,22 +29,32 @@ __all__ = ["wait_request", "watched_allgather", "watched_barrier", "DeadlineComm
 _POLLS_PER_CHECK = 64
 _POLLS_BEFORE_SLEEP = 50_000
 _LONG_WAIT_SLEEP_S = 50e-6
+# How often a wait past its timeout looks whether a peer is stopped (extra_while_running).
+_STOPPED_LOOK_S = 0.05
 # watched_allgather's fixed slot per rank, and the length word at its start.
 _SLOT_BYTES = 512
 _LENGTH = struct.Struct("=i")
 
 
-def wait_request(request: Any, *, watch: PeerWatch | None, timeout: float, what: str) -> None:
+def wait_request(request: Any, *, watch: PeerWatch | None, timeout: float, what: str,
+                 extra_while_running: float = 0.0) -> None:
     """Complete a non-blocking MPI request, giving up when a peer dies or time runs out.
+
+    ``extra_while_running``: seconds the wait goes on past ``timeout`` as long as no
+    watched peer is stopped, for a wait on a rank known to be busy for a while (one rank
+    measuring the machine while the others wait): a stopped peer ends it at ``timeout``
+    as any other wait, a slow but running one gets the extra time.
 
     Raises:
         PeerDied: a watched rank exited; the request is abandoned (``watch.failed``).
         ExchangeTimeout: not complete within ``timeout`` seconds (a rank on another node
-            died or hangs); the request is abandoned.
+            died or hangs, or a watched one is stopped), or ``timeout`` plus
+            ``extra_while_running``; the request is abandoned.
     """
     if request.Test():
         return
     deadline = time.monotonic() + timeout
+    last_chance = deadline + extra_while_running
     polls = 0
     try:
         while not request.Test():
@@ -55,14 +68,21 @@ def wait_request(request: Any, *, watch: PeerWatch | None, timeout: float, what:
                 continue
             if watch is not None:
                 watch.check(what)
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 stopped = watch.stopped_ranks() if watch is not None else []
+                if not stopped and now < last_chance:
+                    # Nobody is stopped: the busy rank is still at work. Look again in a
+                    # while, not at every poll (each look reads /proc).
+                    deadline = min(now + _STOPPED_LOOK_S, last_chance)
+                    continue
                 if stopped:
                     raise ExchangeTimeout(f"{what}: {watch.describe_stopped(stopped)}; "
                                           f"not every rank arrived within {timeout:g} s")
                 raise ExchangeTimeout(
-                    f"{what}: not every rank arrived within {timeout:g} s (a rank died or "
-                    "hangs; see its own output)")
+                    f"{what}: not every rank arrived within "
+                    f"{timeout + extra_while_running:g} s (a rank died or hangs; see its own "
+                    "output)")
             if polls > _POLLS_BEFORE_SLEEP:
                 time.sleep(_LONG_WAIT_SLEEP_S)  # a long wait: stop burning a shared core
     except BaseException as exc:   # Ctrl-C abandons the request too
@@ -70,25 +90,49 @@ def wait_request(request: Any, *, watch: PeerWatch | None, timeout: float, what:
         if not isinstance(exc, Exception):
             raise
         if watch is not None:
-            watch.fail(str(exc))
-            stopped = watch.stopped_ranks()
-            if watch.dead_ranks or stopped:
-                # That peer cannot answer MPI_Finalize either: leave without it.
-                leave_without_finalize_at_exit(
-                    str(exc), stopped_pids=[watch.world.pids[r] for r in stopped])
+            give_up_on_group(watch, str(exc))
             # MPICH may report the loss of a peer as an MPI error: name the peer instead.
             if not isinstance(exc, PeerDied) and watch.dead_ranks:
                 raise PeerDied(watch.describe(what)) from exc
         raise
 
 
+def first_meeting_patience(timeout: float | None = None) -> dict[str, float]:
+    """``timeout`` and ``extra_while_running`` for a wait among ranks that just arrived
+    (the first agreements of a command or a group, before its windows): a stopped or
+    dead rank is given up on after ``timeout`` (default: the exchange timeout, or its
+    default where the setting is malformed: it is refused by name later, on every rank
+    together), a running one is waited for as long as ranks may take to arrive
+    (``IPCSHARE_ARRIVAL_TIMEOUT``)."""
+    if timeout is None or settings.duration_problem(timeout) is not None:
+        try:
+            timeout = settings.exchange_timeout()
+        except SettingError:
+            timeout = settings.DEFAULT_EXCHANGE_TIMEOUT_S
+    return {"timeout": timeout, "extra_while_running": max(0.0, arrival_timeout() - timeout)}
+
+
+def give_up_on_group(watch: PeerWatch, reason: str) -> None:
+    """This rank gave up on a wait for ``reason``: mark the group failed (its
+    communicators may hold requests that never complete), and where a peer is dead or
+    stopped, have this process leave without MPI_Finalize, which that peer could not
+    answer (``exit_policy``)."""
+    watch.fail(reason)
+    stopped = watch.stopped_ranks()
+    if watch.dead_ranks or stopped:
+        leave_without_finalize_at_exit(reason,
+                                       stopped_pids=[watch.world.pids[r] for r in stopped])
+
+
 def watched_allgather(comm: Any, value: Any, *, watch: PeerWatch | None, timeout: float,
-                      what: str) -> list[Any]:
+                      what: str, extra_while_running: float = 0.0) -> list[Any]:
     """Collective: every rank's picklable ``value``, by rank, like ``comm.allgather``, but
     with a deadline and the watch consulted while waiting.
 
     Values that pickle to at most ``_SLOT_BYTES - 4`` bytes (statuses, sizes, handles)
     travel in one fixed-size all-gather; larger ones take a second, sized round.
+
+    ``extra_while_running``: as ``wait_request``.
 
     Raises:
         PeerDied / ExchangeTimeout: as ``wait_request``.
@@ -106,7 +150,7 @@ def watched_allgather(comm: Any, value: Any, *, watch: PeerWatch | None, timeout
         slot[_LENGTH.size:_LENGTH.size + len(data)] = data
     gathered = bytearray(size * _SLOT_BYTES)
     wait_request(comm.Iallgather([slot, MPI.BYTE], [gathered, MPI.BYTE]), watch=watch,
-                 timeout=timeout, what=what)
+                 timeout=timeout, what=what, extra_while_running=extra_while_running)
     lengths = [_LENGTH.unpack_from(gathered, r * _SLOT_BYTES)[0] for r in range(size)]
     if max(lengths) <= _SLOT_BYTES - _LENGTH.size:
         return [pickle.loads(gathered[r * _SLOT_BYTES + _LENGTH.size:
@@ -115,7 +159,8 @@ def watched_allgather(comm: Any, value: Any, *, watch: PeerWatch | None, timeout
     offsets = [sum(lengths[:r]) for r in range(size)]
     everything = bytearray(sum(lengths))
     wait_request(comm.Iallgatherv([data, MPI.BYTE], [everything, (lengths, offsets), MPI.BYTE]),
-                 watch=watch, timeout=timeout, what=what)
+                 watch=watch, timeout=timeout, what=what,
+                 extra_while_running=extra_while_running)
     return [pickle.loads(everything[o:o + n]) for o, n in zip(offsets, lengths, strict=True)]
 
 

@@ -24,7 +24,7 @@ import signal
 import sys
 from collections.abc import Callable
 
-from .process_state import process_is_stopped
+from ..topology.process_state import process_is_stopped
 
 __all__ = ["run_guard"]
 

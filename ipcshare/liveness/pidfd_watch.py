@@ -19,6 +19,7 @@ from typing import Any
 
 from ..runtime.errors import PeerDied
 from ..runtime.logs import get_logger
+from ..topology.process_state import process_is_stopped, process_start_time
 from ..topology.world import World
 from .failure_notice import (
     note_continuation,
@@ -26,27 +27,10 @@ from .failure_notice import (
     survive_interrupt_after_death,
 )
 from .mpi_segments import remove_stale_mpi_segments
-from .process_state import process_is_stopped
 
 __all__ = ["PeerWatch", "process_start_time"]
 
 log = get_logger("peers")
-
-
-def process_start_time(pid: int | str = "self") -> int | None:
-    """Start time of process ``pid`` in clock ticks since boot (``/proc/PID/stat`` field
-    22), or None when it cannot be read. With the pid it names one process for good."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            text = stat.read()
-    except OSError:
-        return None
-    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-    fields = text[text.rfind(b")") + 2:].split()
-    try:
-        return int(fields[19])
-    except (IndexError, ValueError):
-        return None
 
 
 class PeerWatch:
@@ -80,12 +64,13 @@ class PeerWatch:
 
     @classmethod
     def open(cls, world: World) -> PeerWatch:
-        """Collective over ``world.comm``: open a pidfd on every other rank of the node.
+        """Open a pidfd on every other rank of the node (no collective: the world knows
+        every rank's pid and start time).
 
         A peer whose pid does not name the same process here (another PID namespace)
         is left to the deadlines, and so is every rank when pidfds are unavailable.
         """
-        start_times = world.comm.allgather(process_start_time())
+        start_times = world.start_times  # what every rank told the others of itself
         if world.local_rank == 0:
             # Segments of jobs that their launcher SIGKILLed whole: no rank could unlink
             # them, so the next job on the node does, once no process uses them.

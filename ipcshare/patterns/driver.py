@@ -52,8 +52,9 @@ __all__ = ["run_pattern", "check_graph_mode", "check_after_kernel"]
 
 
 # How long the host memory ceiling's measurement may take (two 64 MiB buffers, a few
-# copies; well under a second on an idle core), beyond the group's timeout for the ranks
-# that wait for it.
+# copies; 0.1-0.7 s on 2 shared cores), beyond the group's timeout, for the ranks that
+# wait for it while every rank runs: a stopped one ends their wait at the group's timeout,
+# like any other step's.
 HOST_CEILING_MEASURE_S = 10.0
 # Eager rounds before a capture, each ended by a barrier: a guest of a time-sliced GPU
 # posts its arrays' allocations in the first, its leader maps them in the second, the
@@ -381,10 +382,11 @@ def run_ceiling(group: Group) -> Any:
 
     world = group.world
     backend = group.backend
-    # The others wait while rank 0 measures: the group's timeout plus the measurement's.
-    timeout = group.rendezvous.timeout + HOST_CEILING_MEASURE_S
+    # The others wait while rank 0 measures: the group's timeout, plus the measurement's
+    # as long as no rank is stopped.
     with collective_step(world, "reading the links' ceiling", watch=group.watch,
-                         timeout=timeout):
+                         timeout=group.rendezvous.timeout,
+                         extra_while_running=HOST_CEILING_MEASURE_S):
         mine = None
         if backend.device_memory:
             # Where some ranks share a GPU the group's figures mix both paths: the looser

@@ -84,7 +84,11 @@ SETTINGS = (
             "waits for every rank"),
     Setting(ARRIVAL_TIMEOUT, "600", "seconds a rank making a group waits for every other "
             "rank of the communicator to make it too (ranks start at different times), "
-            "before every rank gives up; a waiting rank warns after the group's timeout"),
+            "before every rank gives up; a waiting rank warns after the group's timeout, "
+            "and gives up then on a rank of its host whose process is stopped (SIGSTOP, a "
+            "debugger; known from an earlier meeting of the ranks, such as the CLI's first "
+            "agreements), naming it. The CLI's first agreements wait as long for a running "
+            "rank"),
     Setting(PEER_EXIT_GRACE, "2", "seconds a rank stuck in a blocking MPI call lives on "
             "after a peer died, before its guard ends it"),
     Setting(DOCTOR_TIMEOUT, "60", "seconds a rank may be late at a doctor checkpoint"),

@@ -10,19 +10,24 @@ giving up), so without the verdict it would go on into a split that nobody else 
 
 Ranks reach ``Group()`` at different times for good reasons (imports, loading data on one
 rank), so the deadline is long (``IPCSHARE_ARRIVAL_TIMEOUT``, 600 s by default); a rank
-still waiting after the group's own timeout logs once what it waits for.
+still waiting after the group's own timeout logs once what it waits for. A rank that an
+earlier world showed to this one (``job_ranks``: same host, same PID namespace) and whose
+process is stopped (SIGSTOP, a debugger) is not late: it is given up on after the group's
+own timeout, and named.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..runtime import settings
 from ..runtime.abandoned_requests import keep
 from ..runtime.errors import ExchangeTimeout, SettingError
 from ..runtime.logs import get_logger
+from . import job_ranks
 from .mpi_import import mpi
 
 __all__ = ["wait_for_every_rank", "DEFAULT_ARRIVAL_TIMEOUT_S"]
@@ -36,6 +41,8 @@ DEFAULT_ARRIVAL_TIMEOUT_S = 600.0
 _POLLS_PER_CHECK = 64
 _POLLS_BEFORE_SLEEP = 10_000
 _SLEEP_S = 0.001
+# How often a wait past the exchange timeout looks whether a rank is stopped.
+_STOP_LOOK_S = 0.05
 
 
 def arrival_timeout() -> float:
@@ -47,8 +54,12 @@ def arrival_timeout() -> float:
         return DEFAULT_ARRIVAL_TIMEOUT_S
 
 
-def _poll(request: Any, deadline: float, warn_at: float | None, on_warn) -> bool:
-    """Test ``request`` until it completes (True) or the deadline passes (False)."""
+def _poll(request: Any, deadline: float, warn_at: float | None, on_warn,
+          stopped: Callable[[], str | None] | None = None,
+          stop_look_at: float | None = None) -> str | None:
+    """Test ``request`` until it completes (None) or this rank gives up: ``"deadline"``
+    when the deadline passes, or what ``stopped()`` says (a rank is stopped), asked from
+    ``stop_look_at`` on, every ``_STOP_LOOK_S``."""
     polls = 0
     while not request.Test():
         polls += 1
@@ -60,10 +71,29 @@ def _poll(request: Any, deadline: float, warn_at: float | None, on_warn) -> bool
             on_warn()
             warn_at = None
         if now > deadline:
-            return False
+            return "deadline"
+        if stopped is not None and stop_look_at is not None and now > stop_look_at:
+            said = stopped()
+            if said:
+                return said
+            stop_look_at = now + _STOP_LOOK_S
         if polls > _POLLS_BEFORE_SLEEP:
             time.sleep(_SLEEP_S)
-    return True
+    return None
+
+
+def _stopped_members(comm: Any, MPI: Any, found: list[int]) -> Callable[[], str | None]:
+    """What says which ranks of ``comm`` seen here (``job_ranks``) are stopped, if any,
+    and puts their pids in ``found``."""
+    members = comm.Get_group().Translate_ranks(list(range(comm.Get_size())),
+                                               MPI.COMM_WORLD.Get_group())
+
+    def said() -> str | None:
+        stopped = job_ranks.stopped_ranks(members)
+        found[:] = [job_ranks.seen_ranks()[rank].pid for rank in stopped]
+        return job_ranks.describe_stopped(stopped) if stopped else None
+
+    return said
 
 
 def _post_verdict(comm: Any, MPI: Any, arrived: bool) -> tuple[Any, bytearray, bytearray]:
@@ -82,8 +112,10 @@ def wait_for_every_rank(comm: Any, *, warn_after: float | None = None, what: str
     ``timeout`` seconds (default ``IPCSHARE_ARRIVAL_TIMEOUT``) it gives up.
 
     Raises:
-        ExchangeTimeout: on the ranks that waited, when not every rank arrived in time;
-            on a rank that arrived after the others gave up, saying so.
+        ExchangeTimeout: on the ranks that waited, when not every rank arrived in time
+            (or, after ``warn_after``, a rank seen here is stopped: named, and its pid in
+            the error's ``stopped_pids``, for whoever must wake it on leaving); on a rank
+            that arrived after the others gave up, saying so.
     """
     MPI = mpi()
     size = comm.Get_size()
@@ -106,17 +138,29 @@ def wait_for_every_rank(comm: Any, *, warn_after: float | None = None, what: str
                     comm.Get_rank(), time.monotonic() - start, timeout,
                     settings.ARRIVAL_TIMEOUT)
 
+    # A rank of the job seen stopped (an earlier world told its pid) is given up on once
+    # the others have waited the exchange timeout for it: it is not merely late to start.
+    stopped_pids: list[int] = []
+    stopped = _stopped_members(comm, MPI, stopped_pids)
     barrier = comm.Ibarrier()
     try:
-        arrived = _poll(barrier, deadline, warn_at, warn)
+        gave_up = _poll(barrier, deadline, warn_at, warn, stopped,
+                        start + warn_after if warn_after is not None else None)
     except BaseException:   # Ctrl-C: tell the others not to go on without this rank
         verdict, *buffers = _post_verdict(comm, MPI, False)
         keep(barrier, verdict, buffers=tuple(buffers))
         raise
+    arrived = gave_up is None
     # The verdict: 1 from a rank whose barrier completed in time, 0 from one that gave up.
     # Every rank posts it (the ranks that gave up without waiting for it), so it completes
     # for any rank whose barrier did.
     verdict, mine, least = _post_verdict(comm, MPI, arrived)
+    if gave_up not in (None, "deadline"):
+        keep(barrier, verdict, buffers=(mine, least))
+        error = ExchangeTimeout(f"{what} over {size} ranks: {gave_up}; not every rank "
+                                f"arrived within {warn_after:g} s")
+        error.stopped_pids = list(stopped_pids)
+        raise error
     if not arrived:
         keep(barrier, verdict, buffers=(mine, least))
         raise ExchangeTimeout(
@@ -126,7 +170,7 @@ def wait_for_every_rank(comm: Any, *, warn_after: float | None = None, what: str
             f"{settings.ARRIVAL_TIMEOUT}")
     # Every rank has posted the verdict or is about to: it needs no long deadline.
     try:
-        agreed = _poll(verdict, time.monotonic() + max(timeout, 1.0), None, None)
+        agreed = _poll(verdict, time.monotonic() + max(timeout, 1.0), None, None) is None
     except BaseException:
         keep(verdict, buffers=(mine, least))
         raise

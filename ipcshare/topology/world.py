@@ -16,7 +16,9 @@ from ..runtime import settings
 from ..runtime.errors import ConfigError, SettingError
 from ..runtime.logs import configure_logging
 from .arrival import wait_for_every_rank
+from .job_ranks import note_ranks
 from .mpi_import import mpi
+from .process_state import process_start_time
 
 __all__ = ["World", "mpi", "mpi_library_version", "mpi_library_name", "short_library_name",
            "virtual_node_blocks", "VIRTUAL_NODES_ENV", "format_ranks", "parse_ranks",
@@ -110,6 +112,11 @@ class World:
     host_rank: int = 0
     host_size: int = 1
     _owns_local_comm: bool = True
+    # Each rank's process start time (``process_state.process_start_time``; None where it
+    # cannot be read), which tells its pid apart from another process's, and its rank in
+    # the job (MPI.COMM_WORLD), by rank.
+    start_times: list[int | None] = dataclasses.field(default_factory=list)
+    job_ranks: list[int] = dataclasses.field(default_factory=list)
 
     @classmethod
     def from_comm(cls, comm: Any = None, *,
@@ -166,7 +173,11 @@ class World:
         leader = local_comm.allreduce(rank, op=MPI.MIN)
         requested = settings.raw(VIRTUAL_NODES_ENV).strip()
         job_rank = MPI.COMM_WORLD.Get_rank()
-        facts = comm.allgather((hostname, os.getpid(), leader, requested, job_rank))
+        facts = comm.allgather((hostname, os.getpid(), leader, requested, job_rank,
+                                process_start_time()))
+        note_ranks([fact[4] for fact in facts], [fact[0] for fact in facts],
+                   [fact[1] for fact in facts], [fact[5] for fact in facts],
+                   own_job_rank=job_rank, job_size=MPI.COMM_WORLD.Get_size(), host=hostname)
         leaders = sorted({fact[2] for fact in facts})
         node_of_rank = [leaders.index(fact[2]) for fact in facts]
         virtual_nodes = None
@@ -196,6 +207,7 @@ class World:
             local_rank=local_rank, local_size=local_comm.Get_size(),
             node_index=node_index, node_count=node_count, hostname=hostname,
             hostnames=[fact[0] for fact in facts], pids=[fact[1] for fact in facts],
+            start_times=[fact[5] for fact in facts], job_ranks=[fact[4] for fact in facts],
             node_of_rank=node_of_rank, local_ranks=local_ranks, rail_comm=rail_comm,
             virtual_nodes=virtual_nodes, host_rank=host_rank, host_size=host_size)
 

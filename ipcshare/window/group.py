@@ -12,11 +12,12 @@ from ..backends import Backend, open_backend, resolve_backend_name
 from ..exchange import Exchange
 from ..exchange.node_reach import PID_NAMESPACE_FIX
 from ..liveness.consensus import Rendezvous, collective_step
-from ..liveness.deadline_waits import DeadlineComm
+from ..liveness.deadline_waits import DeadlineComm, first_meeting_patience
+from ..liveness.exit_policy import leave_without_finalize_at_exit
 from ..liveness.pidfd_watch import PeerWatch
 from ..runtime import settings
 from ..runtime.config import BACKENDS, EXCHANGES, HANDLES
-from ..runtime.errors import BackendUnavailable, ConfigError, WindowError
+from ..runtime.errors import BackendUnavailable, ConfigError, ExchangeTimeout, WindowError
 from ..topology.gpu_sharing import gpu_sharing
 from ..topology.peer_paths import (
     CHUNK_ENV,
@@ -107,10 +108,18 @@ class Group:
                  host_placement: tuple[int, int] | None = None) -> None:
         # A rank still waiting for the others to arrive after the group's timeout says
         # so (a malformed timeout is refused below, once every rank is here).
-        self.world = World.from_comm(comm, host_placement=host_placement,
-                                     warn_after=(timeout if timeout is not None
-                                                 and settings.duration_problem(timeout) is None
-                                                 else None))
+        try:
+            self.world = World.from_comm(comm, host_placement=host_placement,
+                                         warn_after=(timeout if timeout is not None
+                                                     and settings.duration_problem(timeout)
+                                                     is None else None))
+        except ExchangeTimeout as exc:
+            stopped = getattr(exc, "stopped_pids", None)
+            if stopped:
+                # A stopped rank was given up on: it cannot answer MPI_Finalize, and
+                # nobody else will continue it (exit_policy).
+                leave_without_finalize_at_exit(str(exc), stopped_pids=stopped)
+            raise
         # How each pair of the node's ranks reaches the other (peer_paths); all direct
         # until the GPUs say otherwise.
         self.paths: PathPlan = all_direct(self.world.local_ranks)
@@ -144,7 +153,11 @@ class Group:
         self.watch: PeerWatch | None = None
         try:
             self.watch = PeerWatch.open(self.world)
-            with collective_step(self.world, "group setup"):
+            # Before the group's own timeout is checked: a stopped or dead rank is given
+            # up on after it (or the exchange timeout), a running one waited for as long
+            # as ranks may take to arrive.
+            with collective_step(self.world, "group setup", watch=self.watch,
+                                 **first_meeting_patience(timeout)):
                 if backend not in BACKENDS:
                     raise ConfigError(
                         f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}")

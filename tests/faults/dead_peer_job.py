@@ -6,11 +6,14 @@ MODE says where the victim dies: ``handle-exchange`` or ``descriptor-exchange`` 
 the others build a window with it), ``pattern`` (in the middle of ring steps),
 ``signal`` (while the others wait for its signal) or ``mpi-collective`` (while the
 others sit in a blocking MPI call that cannot notice: the peer guard ends them after
-``GRACE`` seconds). The victim writes the time of its death to STAMP_FILE. Each
-survivor prints ``SURVIVOR rank R detected after S s: <error>`` and exits with status
-3; a survivor that never notices would hang (the test has a timeout). MARKER only tags
-the command line, so a test can look for leftovers. ``BACKEND`` (default host) and
-``EXCHANGE`` (default socket) choose the group's backend and exchange.
+``GRACE`` seconds). ``SLOW_SURVIVOR_S``: the last rank enters the descriptor exchange
+that much late (as on a loaded machine), after a faster survivor removed the node's
+socket directory; its guard gives it that much more grace. The victim writes the time of
+its death to STAMP_FILE. Each survivor prints ``SURVIVOR rank R detected after S s:
+<error>`` and exits with status 3; a survivor that never notices would hang (the test has
+a timeout). MARKER only tags the command line, so a test can look for leftovers.
+``BACKEND`` (default host) and ``EXCHANGE`` (default socket) choose the group's backend
+and exchange.
 """
 
 from __future__ import annotations
@@ -44,8 +47,9 @@ def main() -> int:
 
     group = ipcshare.Group(backend=os.environ.get("BACKEND", "host"),
                            exchange=os.environ.get("EXCHANGE", "socket"))
-    group.watch.exit_if_stuck(grace=float(os.environ.get("GRACE", "3")))
     me, n = group.rank, group.size
+    slow = float(os.environ.get("SLOW_SURVIVOR_S", "0")) if me == n - 1 else 0.0
+    group.watch.exit_if_stuck(grace=float(os.environ.get("GRACE", "3")) + slow)
     try:
         if mode == "handle-exchange":
             if me == victim:
@@ -54,6 +58,14 @@ def main() -> int:
         elif mode == "descriptor-exchange":
             if me == victim:
                 group.exchange.share_fds = die
+            elif slow:
+                share = group.exchange.share_fds
+
+                def share_late(fd):
+                    time.sleep(slow)
+                    return share(fd)
+
+                group.exchange.share_fds = share_late
             group.window(4096)
         elif mode == "pattern":
             window = group.window(64 * 1024)

@@ -114,3 +114,24 @@ def test_a_stopped_rank_ends_a_python_job(socket_base):
             assert "was stopped (SIGSTOP, or a debugger) and continued" in line, line
     assert took < 2 * (2 * TIMEOUT_S) + 4, took
     assert list(socket_base.iterdir()) == []
+
+
+def test_a_rank_stopped_before_the_group_is_given_up_on_after_the_timeout(socket_base):
+    """Ranks that met once know each other's pids: one that is stopped when the others
+    make a group is not waited for as a late starter (IPCSHARE_ARRIVAL_TIMEOUT), but
+    named after the timeout, and the others leave without MPI_Finalize. Under hydra,
+    which ends the job as the first survivor leaves (once both have spoken): gforker
+    would add a second for each rank that leaves without MPI_Finalize."""
+    launcher = mpich_launcher("mpiexec") or GFORKER
+    if launcher is None:
+        pytest.skip("needs an MPICH launcher (pip install mpich)")
+    out, took = run_and_stop([launcher, "-n", str(RANKS), sys.executable, str(JOB), "60",
+                              "before-group"], r"RANK (\d+) pid (\d+)", _env(socket_base),
+                             stop_after=0, bound=60)
+    survivors = [line for line in out.stdout.splitlines()
+                 if " failed: " in line and not line.startswith(f"RANK {VICTIM} ")]
+    assert len(survivors) == RANKS - 1, out.stdout + out.stderr
+    for line in survivors:
+        assert re.search(rf"making a group over {RANKS} ranks: rank {VICTIM}@\S+ \(pid \d+\) "
+                         rf"stopped responding .*within {TIMEOUT_S:g} s", line), line
+    assert took < 2 * TIMEOUT_S + 6, took

@@ -14,6 +14,20 @@ from ipcshare.liveness.pidfd_watch import process_start_time
 from ipcshare.runtime.errors import ExchangeTimeout, PeerDied
 
 
+@pytest.fixture(autouse=True)
+def _no_exit_without_finalize(monkeypatch):
+    """A wait that gives up on a dead or stopped peer has its process leave without
+    MPI_Finalize (exit_policy): not this test process, which goes on to other tests
+    (the CLI's main() called in it later would leave at once, ending the worker)."""
+    from ipcshare.liveness import deadline_waits
+
+    monkeypatch.setattr(deadline_waits, "leave_without_finalize_at_exit",
+                        lambda reason, stopped_pids=(): None)
+    # Nor does a fake request given up on stay held (runtime/abandoned_requests.py):
+    # the CLI's main() would then leave without MPI_Finalize too.
+    monkeypatch.setattr(deadline_waits, "keep", lambda *requests, buffers=(): None)
+
+
 class NeverDone:
     def Test(self) -> bool:  # the MPI spelling
         return False

@@ -17,9 +17,10 @@ exchange, or replays a header captured from an earlier one (tests/faults/strange
 counts the jobs that stay green. ``stop``: ``mpiexec.gforker -n 3 ipcshare ring -b 1K -e 32M
 -n 100`` with signal and exchange timeouts of ``--timeout`` s, rank 1 SIGSTOPped 0-2.4 s
 after the group made its socket directory (group setup, window, ceiling, table): counts
-hangs, tracebacks, ranks without exactly one line, and the seconds from the stop
-to the job's end. Needs root or user namespaces (unshare) and MPICH's launchers next to the
-interpreter. Exit status 1 when any attack got through.
+hangs, tracebacks, ranks without exactly one line, and the seconds from the stop to the
+last rank's exit and to the launcher's return (gforker takes 1 s more for each rank that
+left without MPI_Finalize). Needs root or user namespaces (unshare) and MPICH's launchers
+next to the interpreter. Exit status 1 when any attack got through.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -144,11 +146,16 @@ def stop(timeout: float) -> dict:
     while not os.listdir(folder) and job.poll() is None and time.monotonic() - started < 60:
         time.sleep(0.01)
     time.sleep(random.uniform(0.0, 2.4))
-    victim = _rank_pids(marker).get(1)
+    ranks = _rank_pids(marker)
+    victim = ranks.get(1)
     stopped = None
     if victim is not None:
         os.kill(victim, signal.SIGSTOP)
         stopped = time.monotonic()
+    last_exit: list[float] = []
+    watcher = threading.Thread(target=_note_last_exit, args=(list(ranks.values()), last_exit),
+                               daemon=True)
+    watcher.start()
     hung = False
     try:
         out, err = job.communicate(timeout=120)
@@ -159,16 +166,47 @@ def stop(timeout: float) -> dict:
         job.kill()
         out, err = job.communicate()
     took = None if stopped is None else time.monotonic() - stopped
+    watcher.join(timeout=5)
+    ranks_took = (round(last_exit[0] - stopped, 2) if stopped is not None and last_exit
+                  else None)
     shutil.rmtree(folder, ignore_errors=True)
     lines = [line for line in err.splitlines() if line.startswith("ipcshare: error:")]
     return {"rc": job.returncode, "stopped": stopped is not None, "hung": hung,
             "seconds_after_stop": None if took is None else round(took, 2),
+            "ranks_gone_after_stop": ranks_took,
             "traceback": "Traceback" in err, "lines": len(lines),
             "names_it": all("rank 1@" in line and "stopped responding" in line
                             for line in lines),
             "says_died": any(" died" in line for line in lines),
             "finished_first": "# Avg bus bandwidth" in out and stopped is not None,
             "stderr_tail": err.splitlines()[-6:]}
+
+
+def _note_last_exit(pids: list[int], when: list[float]) -> None:
+    """Append the moment the last of ``pids`` exited (gone or a zombie) to ``when``: the
+    launcher may take longer to return (gforker sleeps 1 s for each rank that left
+    without MPI_Finalize)."""
+    ends = time.monotonic() + 130
+    while time.monotonic() < ends:
+        alive = False
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as stat:
+                    alive |= stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+            except OSError:
+                pass
+        if not alive:
+            when.append(time.monotonic())
+            return
+        time.sleep(0.01)
+
+
+def _spread(values: list[float]) -> str:
+    """``min-max s (median m)`` of ``values``, or ``-``."""
+    if not values:
+        return "-"
+    ordered = sorted(values)
+    return f"{ordered[0]}-{ordered[-1]} s (median {ordered[len(ordered) // 2]})"
 
 
 def _summary(name: str, results: list[dict]) -> dict:
@@ -212,14 +250,17 @@ def main(argv: list[str] | None = None) -> int:
         bad = [r for r in stopped if r["hung"] or r["traceback"] or r["lines"] != 3
                or not r["names_it"] or r["says_died"]]
         failed |= bool(bad or late)
-        took = sorted(r["seconds_after_stop"] for r in stopped)
+        took = [r["seconds_after_stop"] for r in stopped]
+        gone = [r["ranks_gone_after_stop"] for r in stopped
+                if r["ranks_gone_after_stop"] is not None]
         print(f"stop: {len(results)} runs, {len(stopped)} stopped mid-run; hung "
               f"{sum(r['hung'] for r in stopped)}, traceback {sum(r['traceback'] for r in stopped)}"
               f", not one line per rank {sum(r['lines'] != 3 for r in stopped)}, not naming the "
-              f"stopped rank {sum(not r['names_it'] for r in stopped)}; ended "
-              f"{took[0] if took else '-'}-{took[-1] if took else '-'} s after the stop "
-              f"(median {took[len(took) // 2] if took else '-'}), over {bound:g} s: {len(late)}",
-              flush=True)
+              f"stopped rank {sum(not r['names_it'] for r in stopped)}, saying died "
+              f"{sum(r['says_died'] for r in stopped)}; the launcher returned {_spread(took)} "
+              f"after the stop, over {bound:g} s: {len(late)}, within {1.5 * bound / 2:g} s: "
+              f"{sum(t <= 1.5 * bound / 2 for t in took)}; every rank had exited "
+              f"{_spread(gone)} after it", flush=True)
         report.append(_summary("stop", results))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
