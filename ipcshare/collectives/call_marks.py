@@ -21,7 +21,7 @@ from __future__ import annotations
 from ..runtime.errors import CollectiveError
 
 __all__ = ["ARGUMENTS", "CALLS", "CALL_NUMBER_BITS", "MARK_TAG", "ArgumentProblem", "blame",
-           "decode_mark", "encode_mark", "is_mark", "refused_error"]
+           "decode_mark", "encode_mark", "is_mark", "refusal_error", "refused_error"]
 
 # The mark's top 16 bits (kMarkTag in kernels/src/collectives/call.cuh): above the
 # error-word codes of a disagreement (0xFFFF) and a splits problem (0xFFFE) in no order
@@ -117,10 +117,20 @@ def refused_error(marks: list[int], details: list[str | None] | None = None, *,
     moved``."""
     decoded = sorted(decode_mark(mark) for mark in marks)
     call = decoded[0][2]
+    return refusal_error(call, [
+        (f"rank {rank}", argument,
+         None if details is None or rank >= len(details) else details[rank])
+        for rank, argument, _, _ in decoded], where=where)
+
+
+def refusal_error(call: str, refusals: list[tuple[str, str, str | None]], *,
+                  where: str = "by every rank in the same call") -> CollectiveError:
+    """The one line of a refused ``call`` from ``(who, argument, detail)`` of each refusal
+    (``who``: ``rank 2``, or ``every rank``; ``detail``: what the check said, where known),
+    for one node's marks (``refused_error``) and for the agreement across nodes."""
     parts = []
-    for rank, argument, _, _ in decoded:
-        text = f"rank {rank}'s {argument} failed its check there"
-        detail = None if details is None or rank >= len(details) else details[rank]
+    for who, argument, detail in refusals:
+        text = f"{who}'s {argument} failed its check there"
         if detail:
             # The check's own text often starts with the call's name: said once, first.
             text += f" ({detail.removeprefix(f'{call}: ')})"

@@ -26,6 +26,7 @@ DEFAULT_EXIT_GRACE_S = 2.0
 # How often a leaving rank looks whether its node peers have spoken.
 _PEER_LOOK_S = 0.02
 
+
 def peer_exit_grace() -> float:
     """``IPCSHARE_PEER_EXIT_GRACE`` seconds, default 2 (see ``PeerWatch.exit_if_stuck``).
 

@@ -30,6 +30,7 @@ from ...liveness.deadline_waits import wait_request
 from ...runtime.errors import CollectiveError
 from ...topology.world import mpi
 from ..agreement import disagreement_error
+from ..call_marks import refusal_error
 
 __all__ = ["CallAgreement", "REFUSED", "Refusal", "refusals_error"]
 
@@ -144,10 +145,5 @@ def refusals_error(notes: list[tuple]) -> CollectiveError:
     if len(notes) > 1 and len({refusal for _, refusal in refusals} |
                               {note for note in notes if note[0] != "refused"}) == 1:
         refusals = [("every rank", refusals[0][1])]
-    parts = []
-    for who, (_call, argument, detail) in refusals:
-        # The check's own text often starts with the call's name: said once, first.
-        parts.append(f"{who if isinstance(who, str) else f'rank {who}'}'s {argument} "
-                     f"failed its check there ({detail.removeprefix(f'{call}: ')})")
-    return CollectiveError(f"{call}: {'; '.join(parts)}; found by every rank in the same "
-                           "call, no element moved")
+    return refusal_error(call, [(who if isinstance(who, str) else f"rank {who}", argument,
+                                 detail) for who, (_call, argument, detail) in refusals])
